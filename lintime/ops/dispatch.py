@@ -1,0 +1,51 @@
+"""The one place that chooses how an op is computed.
+
+Every op family registers its implementations by name (``naive``, ``chunk``, ``recurrent``,
+later ``triton``) and calls :func:`select` with the caller's ``backend=`` override.  With no
+override the choice depends only on the inputs (device, length) -- there is no module-level
+switch to flip.
+
+Automatic rule:
+
+* a CUDA tensor and a registered ``triton`` implementation -> ``triton``;
+* a single decoding step (``T == 1``) and a registered ``recurrent`` implementation -> ``recurrent``;
+* otherwise ``chunk`` (the chunked PyTorch form, O(T*C) memory, any device).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import torch
+
+BACKENDS = ("naive", "chunk", "recurrent", "triton")
+
+
+def triton_available(device: torch.device) -> bool:
+    """True when Triton kernels can run for tensors on ``device``."""
+    if device.type != "cuda":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def select(op: str, backend: str | None, impls: Mapping[str, Callable], x: torch.Tensor) -> Callable:
+    """Pick the implementation of ``op`` for input ``x`` (``[B, T, H, D]``).
+
+    ``backend`` is the explicit override (``None`` = automatic).  Asking for a backend the op
+    does not have raises ``ValueError`` naming the ones it has.
+    """
+    if backend is not None:
+        if backend not in BACKENDS:
+            raise ValueError(f"{op}: unknown backend {backend!r}; choose from {BACKENDS}")
+        if backend not in impls:
+            raise ValueError(f"{op}: backend {backend!r} is not implemented; available: {sorted(impls)}")
+        return impls[backend]
+    if "triton" in impls and triton_available(x.device):
+        return impls["triton"]
+    if "recurrent" in impls and x.shape[1] == 1:
+        return impls["recurrent"]
+    return impls["chunk"]

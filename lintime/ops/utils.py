@@ -1,0 +1,201 @@
+"""Pieces shared by the op families: input checks, sequence bounds, the per-sequence chunk
+layout used for packing (``cu_seqlens``), and the chunk-state scan.
+
+Notation: ``B`` batch, ``T`` time, ``H`` heads, ``C`` chunk size, ``R`` rows of the chunk
+layout (``B`` without packing, 1 with ``cu_seqlens``), ``NC`` chunks per row, ``N`` sequences.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def acc_dtype(x: torch.Tensor) -> torch.dtype:
+    """Accumulation dtype: fp32 for half inputs, the input dtype for fp32/fp64."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def check_tensor(op: str, name: str, x: torch.Tensor, ndim: int = 4) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != ndim:
+        raise ValueError(f"{op}: {name} must have {ndim} dims, got shape {tuple(x.shape)}")
+    if ndim == 4 and x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{op}: {name} must be a floating tensor, got {x.dtype}")
+
+
+def check_same_btH(op: str, ref_name: str, ref: torch.Tensor, **others: torch.Tensor) -> None:
+    """All ``others`` share ``ref``'s ``[B, T, H]`` and device."""
+    for name, x in others.items():
+        check_tensor(op, name, x)
+        if x.shape[:3] != ref.shape[:3]:
+            raise ValueError(
+                f"{op}: {name} has [B, T, H] = {tuple(x.shape[:3])}, but {ref_name} has {tuple(ref.shape[:3])}"
+            )
+        if x.device != ref.device:
+            raise ValueError(f"{op}: {name} is on {x.device}, {ref_name} on {ref.device}")
+
+
+def check_cu_seqlens(op: str, cu_seqlens: torch.Tensor | None, B: int, T: int) -> None:
+    if cu_seqlens is None:
+        return
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"{op}: cu_seqlens must be a 1-D tensor [N+1], got shape {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.dtype.is_floating_point:
+        raise TypeError(f"{op}: cu_seqlens must be an integer tensor, got {cu_seqlens.dtype}")
+    if B != 1:
+        raise ValueError(f"{op}: with cu_seqlens the batch size must be 1 (packed), got B={B}")
+    cu = cu_seqlens.tolist()
+    if cu[0] != 0 or cu[-1] != T or any(b < a for a, b in zip(cu, cu[1:])):
+        raise ValueError(f"{op}: cu_seqlens must start at 0, be non-decreasing and end at T={T}, got {cu}")
+
+
+def num_seqs(B: int, cu_seqlens: torch.Tensor | None) -> int:
+    return B if cu_seqlens is None else cu_seqlens.numel() - 1
+
+
+def seq_bounds(B: int, T: int, cu_seqlens: torch.Tensor | None) -> list[tuple[int, int, int]]:
+    """``(row, start, end)`` of every sequence, in order (python ints)."""
+    if cu_seqlens is None:
+        return [(b, 0, T) for b in range(B)]
+    cu = cu_seqlens.tolist()
+    return [(0, cu[n], cu[n + 1]) for n in range(len(cu) - 1)]
+
+
+@dataclass
+class ChunkLayout:
+    """Chunks laid out per sequence: every sequence starts a new chunk and its last chunk is
+    zero-padded.  Packed tokens of ``[B, T]`` map to slots of ``[R, NC * C]``.
+
+    ``dest``   ``[B * T]`` flat slot index of each token in the ``[R * NC * C]`` layout;
+    ``first``  ``[R, NC]`` the chunk opens a sequence (its incoming state is the initial state);
+    ``seq``    ``[R, NC]`` sequence index of each chunk (padding chunks of a row point at the row's seq);
+    ``valid``  ``[R, NC, C]`` the slot holds a real token;
+    ``last``   ``[N]`` flat chunk index of each sequence's last chunk, ``-1`` for an empty sequence;
+    ``lengths`` ``[N]`` python ints.
+    """
+
+    B: int
+    T: int
+    C: int
+    R: int
+    NC: int
+    dest: torch.Tensor
+    first: torch.Tensor
+    seq: torch.Tensor
+    valid: torch.Tensor
+    last: torch.Tensor
+    lengths: list[int]
+
+    @property
+    def N(self) -> int:
+        return len(self.lengths)
+
+    def to_chunks(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, T, *rest] -> [R, NC, C, *rest]``, zero in padding slots."""
+        rest = x.shape[2:]
+        out = x.new_zeros((self.R * self.NC * self.C, *rest))
+        out = out.index_copy(0, self.dest, x.reshape(self.B * self.T, *rest))
+        return out.view(self.R, self.NC, self.C, *rest)
+
+    def from_chunks(self, y: torch.Tensor) -> torch.Tensor:
+        """``[R, NC, C, *rest] -> [B, T, *rest]``."""
+        rest = y.shape[3:]
+        flat = y.reshape(self.R * self.NC * self.C, *rest)
+        return flat.index_select(0, self.dest).view(self.B, self.T, *rest)
+
+    def positions(self) -> torch.Tensor:
+        """``[R, NC, C]`` position of each slot inside its sequence."""
+        # chunk number inside its sequence = index - index of the sequence's first chunk
+        idx = torch.arange(self.NC, device=self.dest.device).expand(self.R, self.NC)
+        start = torch.where(self.first, idx, torch.zeros_like(idx))
+        start = torch.cummax(start, dim=1).values
+        nc = idx - start
+        return nc[..., None] * self.C + torch.arange(self.C, device=self.dest.device)
+
+
+def chunk_layout(B: int, T: int, C: int, cu_seqlens: torch.Tensor | None, device) -> ChunkLayout:
+    """Build the per-sequence chunk layout of a ``[B, T]`` batch (or a packed ``[1, T]`` one)."""
+    if C < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {C}")
+    if cu_seqlens is None:
+        NC = max(1, math.ceil(T / C))
+        R = B
+        t = torch.arange(T, device=device)
+        dest = (torch.arange(B, device=device)[:, None] * (NC * C) + t).reshape(-1)
+        first = torch.zeros(R, NC, dtype=torch.bool, device=device)
+        first[:, 0] = True
+        seq = torch.arange(B, device=device)[:, None].expand(R, NC).contiguous()
+        valid = (torch.arange(NC * C, device=device) < T).view(1, NC, C).expand(R, NC, C).contiguous()
+        nlast = math.ceil(T / C)
+        last = torch.arange(B, device=device) * NC + (nlast - 1) if T > 0 else torch.full((B,), -1, device=device)
+        return ChunkLayout(B, T, C, R, NC, dest, first, seq, valid, last.long(), [T] * B)
+    cu = cu_seqlens.tolist()
+    lengths = [b - a for a, b in zip(cu, cu[1:])]
+    nchunks = [math.ceil(n / C) for n in lengths]
+    NC = max(1, sum(nchunks))
+    starts = [0]
+    for n in nchunks:
+        starts.append(starts[-1] + n)
+    first = torch.zeros(1, NC, dtype=torch.bool)
+    seq = torch.zeros(1, NC, dtype=torch.long)
+    last = torch.full((len(lengths),), -1, dtype=torch.long)
+    dest_parts = []
+    for n, (L, s0, nch) in enumerate(zip(lengths, starts, nchunks)):
+        if nch == 0:
+            continue
+        first[0, s0] = True
+        seq[0, s0 : s0 + nch] = n
+        last[n] = s0 + nch - 1
+        dest_parts.append(torch.arange(L) + s0 * C)
+    dest = torch.cat(dest_parts) if dest_parts else torch.zeros(0, dtype=torch.long)
+    valid = torch.zeros(NC * C, dtype=torch.bool)
+    valid[dest] = True
+    return ChunkLayout(
+        1, T, C, 1, NC, dest.to(device), first.to(device), seq.to(device),
+        valid.view(1, NC, C).to(device), last.to(device), lengths,
+    )
+
+
+def chunk_scan(
+    layout: ChunkLayout,
+    delta: torch.Tensor,
+    decay: torch.Tensor | None = None,
+    initial: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass a state along the chunks of each sequence.
+
+    ``delta``   ``[R, NC, *S]`` what each chunk adds to the state;
+    ``decay``   ``[R, NC, *D]`` (broadcastable to ``S``) multiplicative factor applied to the
+                incoming state by each chunk (``None`` = 1);
+    ``initial`` ``[N, *S]`` state each sequence starts from (``None`` = 0).
+
+    Returns ``before [R, NC, *S]`` (the state each chunk starts from) and ``final [N, *S]``
+    (the state after each sequence's last chunk; ``initial`` for an empty sequence).
+    Differentiable in all tensor inputs.
+    """
+    R, NC = delta.shape[:2]
+    S = delta.shape[2:]
+    if initial is None:
+        initial = delta.new_zeros((layout.N, *S))
+    h = delta.new_zeros((R, *S))
+    befores, afters = [], []
+    for c in range(NC):
+        start = initial.index_select(0, layout.seq[:, c])
+        m = layout.first[:, c].view(R, *([1] * len(S)))
+        h = torch.where(m, start, h)
+        befores.append(h)
+        h = h * decay[:, c] + delta[:, c] if decay is not None else h + delta[:, c]
+        afters.append(h)
+    before = torch.stack(befores, dim=1)
+    after = torch.stack(afters, dim=1).reshape(R * NC, *S)
+    has = layout.last >= 0
+    final = torch.where(
+        has.view(-1, *([1] * len(S))), after.index_select(0, layout.last.clamp(min=0)), initial
+    )
+    return before, final

@@ -1,0 +1,50 @@
+"""Shared test fixtures.
+
+``poison_empty`` (autouse in tests/ops) makes every fresh allocation through ``torch.empty``,
+``torch.empty_like`` and ``Tensor.new_empty`` come back filled with NaN (floating dtypes), so
+an op that reads memory it never wrote fails its comparison instead of passing by luck
+(fla's conftest does the same).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# hypothesis: deterministic, CI-sized
+try:
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile(
+        "lintime", max_examples=int(os.environ.get("LINTIME_HYPOTHESIS_EXAMPLES", "12")),
+        deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow],
+    )
+    settings.load_profile("lintime")
+except ImportError:  # hypothesis is in the `test` extra
+    pass
+
+
+def _poisoned(fn):
+    def wrapper(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            out.fill_(float("nan"))
+        return out
+
+    return wrapper
+
+
+@pytest.fixture
+def poison_empty(monkeypatch):
+    monkeypatch.setattr(torch, "empty", _poisoned(torch.empty))
+    monkeypatch.setattr(torch, "empty_like", _poisoned(torch.empty_like))
+    monkeypatch.setattr(torch.Tensor, "new_empty", _poisoned(torch.Tensor.new_empty))
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield

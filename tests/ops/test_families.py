@@ -1,0 +1,57 @@
+"""Structure of lintime.ops: every op family folder has its textbook reference and exports
+exactly its public function(s); poisoning really poisons."""
+
+import importlib
+import pkgutil
+from pathlib import Path
+
+import torch
+
+import lintime.ops as ops
+
+FAMILIES = {
+    "softmax": ["softmax_attention"],
+    "gau": ["gau_attention"],
+    "mixed_chunk": ["mixed_chunk_attention", "MixedChunkState"],
+    "linear": ["linear_attention"],
+    "gla": ["gated_linear_attention"],
+    "vq": ["vq_attention", "VQState"],
+}
+
+
+def _family_dirs():
+    root = Path(ops.__file__).parent
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+
+
+def test_every_family_has_naive_and_chunk():
+    dirs = _family_dirs()
+    assert sorted(FAMILIES) == [d for d in dirs if d in FAMILIES], dirs
+    for d in dirs:
+        folder = Path(ops.__file__).parent / d
+        assert (folder / "naive.py").exists(), f"op family {d!r} has no naive.py"
+        assert (folder / "chunk.py").exists(), f"op family {d!r} has no chunk.py"
+
+
+def test_families_export_their_public_functions():
+    for fam, names in FAMILIES.items():
+        mod = importlib.import_module(f"lintime.ops.{fam}")
+        for name in names:
+            assert getattr(mod, name) is getattr(ops, name)
+        assert sorted(mod.__all__) == sorted(names)
+
+
+def test_poison_fixture_poisons():
+    x = torch.empty(4)
+    assert torch.isnan(x).all()
+    y = torch.zeros(3).new_empty(5)
+    assert torch.isnan(y).all()
+
+
+def test_ops_import_only_torch_and_triton():
+    """Layering (STYLE 1): nothing under lintime.ops imports a higher layer."""
+    root = Path(ops.__file__).parent
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        for higher in ("lintime.layers", "lintime.models", "lintime.training", "lintime.cli", "lintime.data"):
+            assert higher not in text, f"{path} imports {higher}"

@@ -1,0 +1,63 @@
+"""softmax_attention: dense textbook form vs SDPA, causal / non-causal, packing, gradients."""
+
+import pytest
+import torch
+
+from lintime.ops import softmax_attention
+from lintime.testing import assert_exact, assert_half_rule
+
+
+def _inputs(B, T, H, K, V, dtype):
+    g = torch.Generator().manual_seed(T * 7 + K)
+    q = torch.randn(B, T, H, K, generator=g, dtype=torch.float64).to(dtype)
+    k = torch.randn(B, T, H, K, generator=g, dtype=torch.float64).to(dtype)
+    v = torch.randn(B, T, H, V, generator=g, dtype=torch.float64).to(dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("T", [1, 2, 63, 257])
+def test_sdpa_matches_naive_with_grads(dtype, causal, T):
+    q, k, v = (x.requires_grad_() for x in _inputs(2, T, 3, 60, 24, dtype))
+    do = torch.randn(2, T, 3, 24, dtype=dtype)
+    outs = {}
+    for backend in ("naive", "chunk"):
+        o = softmax_attention(q, k, v, causal=causal, backend=backend)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        outs[backend] = (o, *grads)
+    for name, a, b in zip(("o", "dq", "dk", "dv"), outs["naive"], outs["chunk"]):
+        assert_exact(f"softmax {name}", a, b)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_packing_equals_separate_calls(causal):
+    lens = [5, 1, 40, 17]
+    q, k, v = _inputs(1, sum(lens), 2, 16, 8, torch.float64)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    for backend in ("naive", "chunk"):
+        o = softmax_attention(q, k, v, causal=causal, cu_seqlens=cu, backend=backend)
+        for n in range(len(lens)):
+            s, e = cu[n].item(), cu[n + 1].item()
+            ref = softmax_attention(q[:, s:e], k[:, s:e], v[:, s:e], causal=causal, backend="naive")
+            assert_exact(f"softmax packed seq {n} ({backend})", ref, o[:, s:e])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_rule(dtype):
+    q, k, v = _inputs(1, 96, 2, 32, 32, torch.float64)
+    ref = softmax_attention(q, k, v, backend="naive")
+    base = softmax_attention(q.to(dtype), k.to(dtype), v.to(dtype), backend="naive")
+    out = softmax_attention(q.to(dtype), k.to(dtype), v.to(dtype), backend="chunk")
+    assert out.dtype == dtype
+    assert_half_rule("softmax sdpa", ref, out, base)
+
+
+def test_bad_inputs_fail_clearly():
+    q, k, v = _inputs(2, 8, 1, 4, 4, torch.float32)
+    with pytest.raises(ValueError, match="batch size must be 1"):
+        softmax_attention(q, k, v, cu_seqlens=torch.tensor([0, 8]))
+    with pytest.raises(ValueError, match="not implemented"):
+        softmax_attention(q, k, v, backend="recurrent")
+    with pytest.raises(ValueError, match=r"\[B, T, H\]"):
+        softmax_attention(q, k[:, :4], v)
