@@ -3,22 +3,37 @@
 Each family lives in its own folder with ``naive.py`` (textbook reference), ``chunk.py``
 (chunked PyTorch, any device) and, where the op carries a state, ``recurrent.py``; the
 public function dispatches through :func:`lintime.ops.dispatch.select`.
+
+Families are imported on first use (PEP 562), so ``import lintime.ops`` stays cheap and a
+family's import cost (e.g. Triton) is paid only by code that uses it.
 """
 
-from lintime.ops.gau import gau_attention
-from lintime.ops.gla import gated_linear_attention
-from lintime.ops.linear import linear_attention
-from lintime.ops.mixed_chunk import MixedChunkState, mixed_chunk_attention
-from lintime.ops.softmax import softmax_attention
-from lintime.ops.vq import VQState, vq_attention
+from __future__ import annotations
 
-__all__ = [
-    "softmax_attention",
-    "gau_attention",
-    "mixed_chunk_attention",
-    "MixedChunkState",
-    "linear_attention",
-    "gated_linear_attention",
-    "vq_attention",
-    "VQState",
-]
+import importlib
+
+_EXPORTS = {
+    "softmax_attention": "softmax",
+    "gau_attention": "gau",
+    "mixed_chunk_attention": "mixed_chunk",
+    "MixedChunkState": "mixed_chunk",
+    "linear_attention": "linear",
+    "gated_linear_attention": "gla",
+    "vq_attention": "vq",
+    "VQState": "vq",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    family = _EXPORTS.get(name)
+    if family is None:
+        raise AttributeError(f"module 'lintime.ops' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"lintime.ops.{family}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,5 @@
+import sys
+
+from lintime.cli import main
+
+sys.exit(main())
