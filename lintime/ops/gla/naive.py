@@ -1,0 +1,42 @@
+"""Textbook gated linear attention: the seed's recurrent form (§4.1), one token at a time, one
+sequence at a time, in fp32 (fp64 for fp64 inputs)::
+
+    S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t        # G_t = alpha_t^T 1, g_t = log(alpha_t)
+    o_t = scale * q_t S_t
+
+``S_0`` is the sequence's initial state (zero by default).  No chunking, no log-space tricks:
+this is the reference every other form is checked against, gradients included (autograd
+through the loop).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lintime.ops.utils import acc_dtype, seq_bounds
+
+
+def naive_gla(
+    q, k, v, g, *, scale=None, chunk_size=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+):
+    """Same arguments and results as :func:`lintime.ops.gated_linear_attention` (``chunk_size``
+    is accepted for a common signature and unused)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K**-0.5 if scale is None else scale
+    dt = acc_dtype(q)
+    rows = [[None] * T for _ in range(B)]  # o[b][t] : [H, V]
+    finals = []
+    for n, (row, s, e) in enumerate(seq_bounds(B, T, cu_seqlens)):
+        S = q.new_zeros(H, K, V, dtype=dt) if initial_state is None else initial_state[n].to(dt)
+        for t in range(s, e):
+            qt, kt, vt, gt = (x[row, t].to(dt) for x in (q, k, v, g))  # [H, K] / [H, V]
+            S = gt.exp()[..., None] * S + kt[..., None] * vt[:, None, :]  # seed §4.1 recurrence
+            rows[row][t] = scale * torch.einsum("hk,hkv->hv", qt, S)
+        finals.append(S)
+    if T == 0:
+        o = q.new_zeros(B, 0, H, V)
+    else:
+        o = torch.stack([torch.stack(r) for r in rows]).to(q.dtype)  # [B, T, H, V]
+    state = torch.stack(finals) if output_final_state else None  # [N, H, K, V]
+    return o, state
