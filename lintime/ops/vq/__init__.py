@@ -1,0 +1,139 @@
+"""Transformer-VQ attention (SPEC 2.6; seed "transformer-vq": Theorem 3.7, Remark 3.9, Appendix E)."""
+
+from __future__ import annotations
+
+import torch
+
+from lintime.ops.dispatch import select
+from lintime.ops.utils import check_cu_seqlens, check_same_btH, check_tensor, num_seqs
+from lintime.ops.vq.chunk import REDUCTIONS, chunk_vq_attention
+from lintime.ops.vq.naive import naive_vq_attention
+from lintime.ops.vq.recurrent import recurrent_vq_attention
+from lintime.ops.vq.state import VQState
+
+_IMPLS = {"naive": naive_vq_attention, "chunk": chunk_vq_attention, "recurrent": recurrent_vq_attention}
+
+
+def vq_attention(
+    q: torch.Tensor,
+    k_hat: torch.Tensor,
+    codes: torch.Tensor,
+    v: torch.Tensor,
+    codebook: torch.Tensor,
+    *,
+    block_len: int,
+    bias: torch.Tensor | None = None,
+    reduction: str = "serial",
+    initial_state: VQState | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, VQState | None]:
+    """Causal softmax attention over vector-quantised keys in linear time.
+
+    ``o_i = sum_{j <= i} softmax_j(q_i . k_hat_j + b_ij) v_j`` (no extra scale), where for query
+    ``i`` in block ``n = i // L`` the bias ``b_ij = bias[:, i, :, j - (n - 1) L]`` when
+    ``0 <= j - (n - 1) L < 2L`` (the previous and the current block) and 0 otherwise.  Positions
+    count from the sequence start and continue across calls through ``initial_state``.  Keys
+    older than the window are read from the compressed cache: per code ``s``, the mean of their
+    values and their count, scored ``q_i . codebook[s] + log(count_s)`` (seed Remark 3.9).
+
+    Args:
+        q: ``[B, T, H, K]``.
+        k_hat: ``[B, T, H, K]`` quantised keys, ``codebook[h, codes]``.
+        codes: ``[B, T, H]`` integer shortcodes in ``[0, S)``.
+        v: ``[B, T, H, V]``.
+        codebook: ``[H, S, K]``.
+        block_len: ``L``, the block length (required).
+        bias: ``[B, T, H, 2L]`` additive bias on the window, or ``None``.
+        reduction: how per-block cache summaries are accumulated across blocks:
+            ``"serial"`` (seed Code 2), ``"matmul"`` (Code 3), ``"assoc"`` (Code 4); all agree.
+        initial_state: :class:`VQState` of ``N`` sequences to continue from.
+        output_final_state: also return the state after the last token.
+        cu_seqlens: ``[N + 1]`` int offsets of packed sequences (``B == 1``); no token attends
+            across a boundary, in the window or the cache.
+        backend: ``None`` (automatic), ``"naive"``, ``"chunk"`` or ``"recurrent"``.
+
+    Returns:
+        o: ``[B, T, H, V]`` in ``q``'s dtype.
+        final_state: :class:`VQState` (``N`` = ``B``, or the number of packed sequences) if
+            ``output_final_state`` else ``None``.
+
+    Gradients: ``q``, ``v``, ``bias``, the float fields of ``initial_state`` and the keys.  The
+    chunked and recurrent forms send the gradient of a key inside a query's window to ``k_hat``
+    and that of a cached key to ``codebook`` (as in the seed); the naive form sends all of it to
+    ``k_hat`` (and cached initial-state keys to ``codebook``).  With ``k_hat = codebook[codes]``
+    computed differentiably, the total gradient of ``codebook`` is the same in every form.
+    """
+    op = "vq_attention"
+    check_tensor(op, "q", q)
+    check_same_btH(op, "q", q, k_hat=k_hat, v=v)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if k_hat.shape[-1] != K:
+        raise ValueError(f"{op}: q and k_hat need the same feature size, got {K} and {k_hat.shape[-1]}")
+    for name, x in (("k_hat", k_hat), ("v", v)):
+        if x.dtype != q.dtype:
+            raise TypeError(f"{op}: {name} has dtype {x.dtype}, q has {q.dtype}")
+    if not isinstance(codes, torch.Tensor):
+        raise TypeError(f"{op}: codes must be a torch.Tensor, got {type(codes).__name__}")
+    if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
+        raise TypeError(f"{op}: codes must be an integer tensor, got {codes.dtype}")
+    if tuple(codes.shape) != (B, T, H):
+        raise ValueError(f"{op}: codes must have shape [B, T, H] = {(B, T, H)}, got {tuple(codes.shape)}")
+    check_tensor(op, "codebook", codebook, ndim=3)
+    if not codebook.dtype.is_floating_point:
+        raise TypeError(f"{op}: codebook must be a floating tensor, got {codebook.dtype}")
+    if codebook.shape[0] != H or codebook.shape[2] != K:
+        raise ValueError(f"{op}: codebook must have shape [H, S, K] = [{H}, S, {K}], got {tuple(codebook.shape)}")
+    S = codebook.shape[1]
+    if S < 1:
+        raise ValueError(f"{op}: codebook needs at least one code")
+    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= S):
+        raise ValueError(f"{op}: codes must lie in [0, {S}), got [{int(codes.min())}, {int(codes.max())}]")
+    if isinstance(block_len, bool) or not isinstance(block_len, int) or block_len < 1:
+        raise ValueError(f"{op}: block_len must be a positive int, got {block_len!r}")
+    L = block_len
+    if bias is not None:
+        check_same_btH(op, "q", q, bias=bias)
+        if bias.shape[-1] != 2 * L:
+            raise ValueError(f"{op}: bias must have shape [B, T, H, 2L] with 2L = {2 * L}, got {tuple(bias.shape)}")
+        if bias.dtype != q.dtype:
+            raise TypeError(f"{op}: bias has dtype {bias.dtype}, q has {q.dtype}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"{op}: reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}")
+    check_cu_seqlens(op, cu_seqlens, B, T)
+    if initial_state is not None:
+        _check_state(op, initial_state, num_seqs(B, cu_seqlens), H, S, K, V, L, q.device)
+    impl = select(op, backend, _IMPLS, q)
+    return impl(
+        q, k_hat, codes, v, codebook, block_len=L, bias=bias, reduction=reduction,
+        initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+    )
+
+
+def _check_state(op, st, N, H, S, K, V, L, device) -> None:
+    if not isinstance(st, VQState):
+        raise TypeError(f"{op}: initial_state must be a VQState, got {type(st).__name__}")
+    want = {
+        "cache_mean": (N, H, S, V), "cache_count": (N, H, S), "k_hat": (N, 2 * L, H, K),
+        "v": (N, 2 * L, H, V), "codes": (N, 2 * L, H), "pos": (N,),
+    }
+    for name, shape in want.items():
+        x = getattr(st, name)
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{op}: initial_state.{name} must have shape {shape}, got {got}")
+        if x.device != device:
+            raise ValueError(f"{op}: initial_state.{name} is on {x.device}, q on {device}")
+    for name in ("cache_mean", "cache_count", "k_hat", "v"):
+        if not getattr(st, name).dtype.is_floating_point:
+            raise TypeError(f"{op}: initial_state.{name} must be floating, got {getattr(st, name).dtype}")
+    for name in ("codes", "pos"):
+        if getattr(st, name).dtype.is_floating_point:
+            raise TypeError(f"{op}: initial_state.{name} must be an integer tensor")
+    if N and int(st.pos.min()) < 0:
+        raise ValueError(f"{op}: initial_state.pos must be >= 0, got {st.pos.tolist()}")
+
+
+__all__ = ["vq_attention", "VQState"]
