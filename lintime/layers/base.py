@@ -1,0 +1,140 @@
+"""The token-mixer protocol and the decoding-state base class.
+
+Every token mixer (softmax multi-head attention, GAU, FLASH, linear attention, GLA, VQ, ...)
+is an ``nn.Module`` that a model block calls the same way, so blocks and models never know
+which mixer they hold (STYLE 5, 6, 8).
+
+Mixer protocol
+--------------
+A mixer is a subclass of :class:`Mixer` (an ``nn.Module``) with::
+
+    forward(x, state=None, *, positions, cu_seqlens=None, aux_losses=None) -> (y, new_state)
+    init_state(batch_size, device, dtype) -> state
+
+* ``x``: ``[B, T, d_model]``, already normalised by the block (blocks are pre-norm
+  residual: ``x + mixer(norm(x))``; the mixer owns neither the norm nor the residual).
+  ``y``: ``[B, T, d_model]`` in ``x``'s dtype.
+* ``positions``: ``[B, T]`` int64, the position of every token *inside its own sequence*:
+  it restarts at 0 at every ``cu_seqlens`` boundary and continues from the number of tokens
+  already consumed when decoding from a state.  The model computes it once
+  (:func:`lintime.layers.positional.token_positions`) and every mixer and absolute embedding
+  reads the same tensor, so RoPE, relative biases and chunk boundaries agree.
+* ``cu_seqlens``: ``[N + 1]`` int offsets of packed sequences (``B == 1``), FlashAttention
+  convention (SPEC 1).  No token may see another sequence.
+* ``state``: ``None`` (training / full-sequence: the mixer allocates no cache and returns
+  ``new_state = None``) or the object returned by ``init_state`` / a previous call.  With a
+  state the mixer continues each sequence where the state stopped and returns the state
+  after the new tokens.  Row ``n`` of the state belongs to sequence ``n``: batch row ``n``
+  without packing, packed sequence ``n`` with ``cu_seqlens`` (so the state has ``N`` rows).
+  Continuing from a state must give what one long call gives, at any split point (SPEC 1).
+  States are values: a call never modifies the state it was given (old states stay valid,
+  e.g. for beam search), it returns a new one.
+* ``aux_losses``: ``None`` or a caller-owned ``dict[str, Tensor]``.  A mixer with a
+  training-side auxiliary loss (Transformer-VQ's commitment loss) *adds* its scalar to
+  ``aux_losses[name]`` when the dict is given; every other mixer ignores it.  No loss is
+  stored on the module.
+* ``init_state(batch_size, device, dtype)`` returns the empty state (nothing consumed) for
+  ``batch_size`` sequences.
+
+State protocol
+--------------
+A state is a small dataclass whose docstring gives every field's shape, with
+
+* ``select(index) -> state``: the state of rows ``index`` (``[B']`` int64), e.g. to reorder
+  beams; rows may repeat;
+* ``to(device) -> state``;
+* ``batch_size`` (property).
+
+:class:`BatchState` implements these for a dataclass whose tensor fields all have the batch
+as dimension 0 (non-tensor fields are copied as they are, nested states are recursed into).
+Op states from ``lintime.ops`` (``MixedChunkState``, ``VQState``, the ``[N, H, K, V]``
+tensors of linear attention / GLA) are wrapped by the layer in such a dataclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+
+def _map_state(value: Any, fn) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, BatchState):
+        return value._map(fn)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_state(v, fn) for v in value)
+    return value
+
+
+@dataclasses.dataclass
+class BatchState:
+    """Base for decoding states: every tensor field (and every nested ``BatchState``) has the
+    batch as dimension 0.  Subclasses are dataclasses; they document their fields' shapes."""
+
+    def _map(self, fn) -> "BatchState":
+        changes = {f.name: _map_state(getattr(self, f.name), fn) for f in dataclasses.fields(self)}
+        return dataclasses.replace(self, **changes)
+
+    def select(self, index: torch.Tensor) -> "BatchState":
+        """State of the rows ``index`` (``[B']`` int64; may reorder and repeat rows)."""
+        return self._map(lambda t: t.index_select(0, index.to(t.device)))
+
+    def to(self, device: torch.device | str) -> "BatchState":
+        return self._map(lambda t: t.to(device))
+
+    @property
+    def batch_size(self) -> int:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                return v.shape[0]
+            if isinstance(v, BatchState):
+                return v.batch_size
+        raise ValueError(f"{type(self).__name__} has no tensor field to read the batch size from")
+
+
+class Mixer(nn.Module, ABC):
+    """A token mixer (see the module docstring for the full protocol).
+
+    Subclasses set ``self.causal`` and implement :meth:`forward` and :meth:`init_state`;
+    :meth:`init_weights` and :meth:`no_weight_decay` are optional hooks.  Parameters that must not get weight decay although they are matrices (e.g. GAU's
+    per-dimension scale/offset ``[2, s]``) are named by :meth:`no_weight_decay`.
+    """
+
+    causal: bool
+
+    @abstractmethod
+    def forward(
+        self,
+        x: torch.Tensor,
+        state: Any | None = None,
+        *,
+        positions: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+        aux_losses: dict[str, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, Any | None]:
+        ...
+
+    @abstractmethod
+    def init_state(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> Any:
+        ...
+
+    def init_weights(self, std: float) -> None:
+        """Called by the model after its blanket init (every ``nn.Linear`` / ``nn.Embedding``
+        weight ``N(0, std)``, biases 0).  Mixers whose parameters need another init (gates,
+        codebooks, per-dim scales) override it; the default keeps the blanket init."""
+
+    def no_weight_decay(self) -> set[str]:
+        """Names (relative to this module) of parameters to exclude from weight decay, on top
+        of the model-wide rule (every 0-D / 1-D parameter: norms, biases, scalar scales)."""
+        return set()
+
+
+def num_seqs(batch_size: int, cu_seqlens: torch.Tensor | None) -> int:
+    """Number of sequences (rows of a state) in a ``[B, T]`` batch or a packed one."""
+    return batch_size if cu_seqlens is None else cu_seqlens.numel() - 1

@@ -1,0 +1,171 @@
+"""The shared backbone: token embedding (+ absolute positions), pre-norm residual blocks, final
+norm.  One block class for every family: the mixer comes from the family's builder (STYLE
+"share the block, vary the mixer").
+
+Notation: ``B`` batch, ``T`` tokens, ``d`` = ``d_model``, ``N`` sequences (``B``, or the number
+of packed sequences with ``cu_seqlens``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from lintime.layers.base import Mixer, num_seqs
+from lintime.layers.ffn import GLU, MLP
+from lintime.layers.norms import build_norm
+from lintime.layers.positional import LearnedPositionEmbedding, ScaledSinEmbedding, token_positions
+from lintime.models.config import FFNConfig, ModelConfig
+from lintime.models.registry import get_family
+
+
+def _select(s: Any, index: torch.Tensor) -> Any:
+    if s is None:
+        return None
+    if isinstance(s, torch.Tensor):
+        return s.index_select(0, index.to(s.device))
+    return s.select(index)
+
+
+def _to(s: Any, device) -> Any:
+    return None if s is None else s.to(device)
+
+
+@dataclasses.dataclass
+class ModelState:
+    """Decoding state of a whole model.
+
+    ``layers``  one mixer state per block (the mixer's own state class, e.g. ``KVCache``);
+    ``offset``  ``[N]`` int64 tokens each sequence has consumed (its next position).
+    """
+
+    layers: list[Any]
+    offset: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.offset.shape[0]
+
+    def select(self, index: torch.Tensor) -> "ModelState":
+        """Rows ``index`` of every layer's state (beam reordering; rows may repeat)."""
+        index = index.to(self.offset.device)
+        return ModelState([_select(s, index) for s in self.layers], self.offset.index_select(0, index))
+
+    def to(self, device: torch.device | str) -> "ModelState":
+        return ModelState([_to(s, device) for s in self.layers], self.offset.to(device))
+
+
+def build_ffn(cfg: FFNConfig, d_model: int) -> nn.Module:
+    hidden = cfg.hidden_size(d_model)
+    if cfg.kind == "mlp":
+        return MLP(d_model, hidden, activation_name=cfg.activation, bias=cfg.bias, dropout=cfg.dropout)
+    return GLU(d_model, hidden, activation_name=cfg.activation, value_activation=cfg.value_activation,
+               bias=cfg.bias, dropout=cfg.dropout)
+
+
+class Block(nn.Module):
+    """``x = x + drop(mixer(norm(x)))``; then, with an FFN, ``x = x + drop(ffn(norm(x)))``."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int, *, causal: bool):
+        super().__init__()
+        self.mixer_norm = build_norm(config.norm, config.d_model, config.norm_eps)
+        self.mixer = get_family(config.family).build_mixer(config, layer_idx, causal)
+        if not isinstance(self.mixer, Mixer):
+            raise TypeError(
+                f"family {config.family!r} built a {type(self.mixer).__name__}, which is not a "
+                f"lintime.layers.Mixer"
+            )
+        if config.ffn is not None:
+            self.ffn_norm = build_norm(config.norm, config.d_model, config.norm_eps)
+            self.ffn = build_ffn(config.ffn, config.d_model)
+        else:
+            self.ffn_norm = self.ffn = None
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, state=None, *, positions, cu_seqlens=None, aux_losses=None):
+        y, state = self.mixer(self.mixer_norm(x), state, positions=positions, cu_seqlens=cu_seqlens,
+                              aux_losses=aux_losses)
+        x = x + self.drop(y)
+        if self.ffn is not None:
+            x = x + self.drop(self.ffn(self.ffn_norm(x)))
+        return x, state
+
+
+class Backbone(nn.Module):
+    """Token ids ``[B, T]`` -> hidden states ``[B, T, d]`` (after the final norm)."""
+
+    def __init__(self, config: ModelConfig, *, causal: bool):
+        super().__init__()
+        self.config, self.causal = config, causal
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        if config.position == "scaled_sin":
+            self.pos = ScaledSinEmbedding(config.d_model)
+        elif config.position == "learned":
+            self.pos = LearnedPositionEmbedding(config.max_positions, config.d_model)
+        else:
+            self.pos = None
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, i, causal=causal) for i in range(config.n_layers))
+        self.norm = build_norm(config.norm, config.d_model, config.norm_eps) if config.final_norm else nn.Identity()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        state: ModelState | None = None,
+        *,
+        cu_seqlens: torch.Tensor | None = None,
+        aux_losses: dict[str, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, ModelState | None]:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
+        B, T = input_ids.shape
+        if cu_seqlens is not None:
+            _check_cu_seqlens(cu_seqlens, B, T)
+        N = num_seqs(B, cu_seqlens)
+        if state is not None:
+            if state.batch_size != N:
+                raise ValueError(f"the state holds {state.batch_size} sequences but the input has {N}")
+            if len(state.layers) != len(self.blocks):
+                raise ValueError(f"the state has {len(state.layers)} layers, the model {len(self.blocks)}")
+        offset = None if state is None else state.offset
+        positions = token_positions(B, T, offset=offset, cu_seqlens=cu_seqlens, device=input_ids.device)
+
+        x = self.embed(input_ids)  # [B, T, d]
+        if self.pos is not None:
+            x = x + self.pos(positions, dtype=x.dtype)
+        x = self.drop(x)
+        layer_states = [None] * len(self.blocks) if state is None else state.layers
+        new_states = []
+        for block, s in zip(self.blocks, layer_states):
+            x, s = block(x, s, positions=positions, cu_seqlens=cu_seqlens, aux_losses=aux_losses)
+            new_states.append(s)
+        x = self.norm(x)
+
+        if state is None:
+            return x, None
+        if cu_seqlens is None:
+            consumed = torch.full((B,), T, dtype=torch.long, device=input_ids.device)
+        else:
+            consumed = cu_seqlens.to(device=input_ids.device, dtype=torch.long).diff()
+        return x, ModelState(new_states, state.offset + consumed)
+
+    def init_state(self, batch_size: int, device=None, dtype=None) -> ModelState:
+        """Empty state for ``batch_size`` sequences (default device / dtype: the embedding's)."""
+        device = self.embed.weight.device if device is None else device
+        dtype = self.embed.weight.dtype if dtype is None else dtype
+        layers = [blk.mixer.init_state(batch_size, device, dtype) for blk in self.blocks]
+        return ModelState(layers, torch.zeros(batch_size, dtype=torch.long, device=device))
+
+
+def _check_cu_seqlens(cu_seqlens: torch.Tensor, B: int, T: int) -> None:
+    if B != 1:
+        raise ValueError(f"with cu_seqlens the batch must be packed into one row (B == 1), got B={B}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype.is_floating_point:
+        raise ValueError(f"cu_seqlens must be a 1-D integer tensor [N + 1], got {cu_seqlens.dtype} "
+                         f"of shape {tuple(cu_seqlens.shape)}")
+    cu = cu_seqlens.tolist()
+    if cu[0] != 0 or cu[-1] != T or any(b < a for a, b in zip(cu, cu[1:])):
+        raise ValueError(f"cu_seqlens must start at 0, be non-decreasing and end at T={T}, got {cu}")

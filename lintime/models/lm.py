@@ -1,0 +1,139 @@
+"""Language-model heads over the shared backbone: :class:`CausalLM` (next-token prediction,
+causal mixers, decoding state) and :class:`MaskedLM` (bidirectional mixers, no state).
+
+Both: ``logits = hidden @ W_out^T`` with ``W_out`` the token embedding when
+``config.tie_embeddings`` (the seed's parameter counts imply tied embeddings: see
+``docs/models.md``), a separate ``[vocab, d]`` matrix otherwise.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from lintime.layers.positional import LearnedPositionEmbedding
+from lintime.models.backbone import Backbone, ModelState
+from lintime.models.config import ModelConfig
+
+
+class _LanguageModel(nn.Module):
+    """Everything the two heads share; subclasses only fix ``causal``."""
+
+    causal: bool
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"{type(self).__name__} needs a ModelConfig, got {type(config).__name__}")
+        self.config = config
+        self.backbone = Backbone(config, causal=self.causal)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.reset_parameters()
+
+    # ------------------------------------------------------------------ init
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Seed init: every dense / embedding weight ``N(0, init_std)``, biases 0, norms at
+        their identity; then each module's own ``init_weights(std)`` hook (mixers with special
+        parameters, the learned position table); the ScaledSin scale (``1/sqrt(d)``) and
+        relative-bias tables keep the init they were built with."""
+        std = self.config.init_std
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Embedding):
+                nn.init.normal_(m.weight, std=std)
+        for m in self.modules():
+            hook = getattr(m, "init_weights", None)
+            if hook is not None:
+                hook(std)
+
+    # ------------------------------------------------------------------ forward
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        if self.lm_head is None:
+            return F.linear(h, self.backbone.embed.weight)
+        return self.lm_head(h)
+
+    def init_state(self, batch_size: int, device=None, dtype=None) -> ModelState:
+        """Empty decoding state for ``batch_size`` sequences."""
+        if not self.causal:
+            raise ValueError(f"{type(self).__name__} is bidirectional: it has no decoding state")
+        return self.backbone.init_state(batch_size, device, dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        state: ModelState | None = None,
+        return_state: bool = False,
+        cu_seqlens: torch.Tensor | None = None,
+        *,
+        aux_losses: dict[str, torch.Tensor] | None = None,
+    ):
+        """``input_ids [B, T]`` -> ``logits [B, T, vocab]`` (and the new state if ``return_state``)."""
+        if (state is not None or return_state) and not self.causal:
+            raise ValueError(f"{type(self).__name__} is bidirectional: it takes no state and returns none")
+        if return_state and state is None:
+            n = input_ids.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+            state = self.init_state(n)
+        h, new_state = self.backbone(input_ids, state, cu_seqlens=cu_seqlens, aux_losses=aux_losses)
+        logits = self._logits(h)
+        return (logits, new_state) if return_state else logits
+
+    # ------------------------------------------------------------------ parameters
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        """Trainable parameters (shared ones once).  ``exclude_embeddings`` leaves out the token
+        embedding, the learned position table and the output projection (tied or not)."""
+        skip = set()
+        if exclude_embeddings:
+            skip.add(id(self.backbone.embed.weight))
+            if isinstance(self.backbone.pos, LearnedPositionEmbedding):
+                skip.add(id(self.backbone.pos.weight))
+            if self.lm_head is not None:
+                skip.add(id(self.lm_head.weight))
+        return sum(p.numel() for p in self.parameters() if p.requires_grad and id(p) not in skip)
+
+    def param_groups(self, weight_decay: float) -> list[dict]:
+        """Two AdamW groups: ``weight_decay`` on matrices (dense and embedding weights), 0 on
+        0-D / 1-D tensors (norm gains and offsets, biases, the ScaledSin scale) and on whatever a
+        module names in its ``no_weight_decay()`` hook (e.g. relative-bias tables)."""
+        excluded: set[str] = set()
+        for mname, m in self.named_modules():
+            hook = getattr(m, "no_weight_decay", None)
+            if hook is not None:
+                excluded |= {f"{mname}.{n}" if mname else n for n in hook()}
+        decay, no_decay = [], []
+        for name, p in self.named_parameters():
+            if not p.requires_grad:
+                continue
+            (no_decay if p.dim() < 2 or name in excluded else decay).append(p)
+        return [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+
+
+class CausalLM(_LanguageModel):
+    """Auto-regressive LM.
+
+    ``forward(input_ids [B, T], state=None, return_state=False, cu_seqlens=None)`` returns the
+    logits ``[B, T, vocab]`` (position ``t`` predicts token ``t + 1``), and the state after the
+    input when ``return_state`` (continuing ``state``, or starting from an empty one).
+    Full-sequence logits equal chunked prefill plus token-by-token decoding with the returned
+    states.  With ``cu_seqlens`` (``B == 1``, packed sequences) the state has one row per
+    sequence.  ``aux_losses``: optional caller-owned dict that mixers with auxiliary training
+    losses add to (see :mod:`lintime.layers.base`).
+    """
+
+    causal = True
+
+
+class MaskedLM(_LanguageModel):
+    """Bidirectional (masked) LM: ``forward(input_ids [B, T], cu_seqlens=None) -> logits
+    [B, T, vocab]``; every token sees its whole sequence (and only it, with packing).  Same
+    signature as :class:`CausalLM`; asking it for a state raises.  Masking the input and
+    choosing the predicted positions is the training code's job."""
+
+    causal = False
