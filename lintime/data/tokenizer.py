@@ -242,7 +242,8 @@ class BPETokenizer(Tokenizer):
                 found = next((a for a in _ROLE_ALIASES[role] if tok.token_to_id(a) is not None), None)
                 if found is None:
                     found = _ROLE_ALIASES[role][0]
-                    tok.add_special_tokens([found])
+                # an existing token keeps its id and is only marked special (so decode drops it)
+                tok.add_special_tokens([found])
                 specials[role] = found
         return cls(tok, specials)
 
