@@ -25,14 +25,14 @@ def naive_gla(
     V = v.shape[-1]
     scale = K**-0.5 if scale is None else scale
     dt = acc_dtype(q)
-    rows = [[None] * T for _ in range(B)]  # o[b][t] : [H, V]
+    rows = [[] for _ in range(B)]  # per row, the outputs of its sequences in order
     finals = []
     for n, (row, s, e) in enumerate(seq_bounds(B, T, cu_seqlens)):
+        qs, ks, vs, gs = (x[row, s:e].to(dt) for x in (q, k, v, g))  # [L, H, K] / [L, H, V]
         S = q.new_zeros(H, K, V, dtype=dt) if initial_state is None else initial_state[n].to(dt)
-        for t in range(s, e):
-            qt, kt, vt, gt = (x[row, t].to(dt) for x in (q, k, v, g))  # [H, K] / [H, V]
+        for qt, kt, vt, gt in zip(qs, ks, vs, gs):
             S = gt.exp()[..., None] * S + kt[..., None] * vt[:, None, :]  # seed §4.1 recurrence
-            rows[row][t] = scale * torch.einsum("hk,hkv->hv", qt, S)
+            rows[row].append(scale * torch.einsum("hk,hkv->hv", qt, S))
         finals.append(S)
     if T == 0:
         o = q.new_zeros(B, 0, H, V)
