@@ -38,9 +38,8 @@ class _Tiles:
     def __init__(self, layout: ChunkLayout, causal: bool):
         C, dev = layout.C, layout.dest.device
         self.layout = layout
-        self.valid = layout.valid.reshape(-1, C)  # [F, C]
-        live = self.valid.any(-1)  # [F] tile holds a token
-        self.idx = torch.arange(self.valid.shape[0], device=dev)
+        live = layout.valid.reshape(-1, C).any(-1)  # [F] tile holds a token
+        self.idx = torch.arange(live.shape[0], device=dev)
         self.nc = (layout.positions()[..., 0] // C).reshape(-1)  # [F] tile number inside its sequence
         per_seq = [math.ceil(n / C) for n in layout.lengths]
         nch = torch.tensor(per_seq, dtype=torch.long, device=dev)
@@ -48,19 +47,21 @@ class _Tiles:
         m = max(per_seq, default=0)
         self.diagonals = range(0, m) if causal else range(-(m - 1), m)
         self.causal = causal
-        self.tril = torch.ones(C, C, dtype=torch.bool, device=dev).tril()
+        self.upper = torch.ones(C, C, dtype=torch.bool, device=dev).triu(1)  # future keys, d == 0
         self.rel = torch.arange(C, device=dev)[:, None] - torch.arange(C, device=dev)  # [C, C] a - b
         self.span = layout.NC * C  # bias offsets of any tile pair lie in (-span, span)
 
     def pairs(self, d: int):
-        """Query tiles ``iq`` whose key tile ``iq - d`` is in the same sequence; their mask."""
+        """Query tiles ``iq`` whose key tile ``iq - d`` is in the same sequence, and the mask of
+        their ``[C, C]`` score tiles (``None`` = keep all).
+
+        Padding slots need no mask: they hold zeros (``ChunkLayout.to_chunks``), so a padded key
+        adds ``relu(b)^2 * v_j = 0`` to every output, a padded query's output is never read, and
+        in the backward pass their ``ds`` vanishes (``v_j = 0`` or ``do_i = 0``).
+        """
         kn = self.nc - d
-        iq = self.idx[(self.nch > 0) & (kn >= 0) & (kn < self.nch)]
-        ik = iq - d
-        mask = self.valid[iq][:, None, :, None] & self.valid[ik][:, None, None, :]  # [P, 1, C, C]
-        if self.causal and d == 0:
-            mask = mask & self.tril
-        return iq, ik, mask
+        iq = self.idx[(kn >= 0) & (kn < self.nch)]
+        return iq, iq - d, (self.upper if self.causal and d == 0 else None)
 
     def bias(self, b_ext: torch.Tensor | None, d: int):
         """``[H, C, C]`` bias of the tiles on diagonal ``d`` (``b_ext`` is ``rel_bias`` zero-padded
@@ -82,12 +83,14 @@ class _Tiles:
         return lay.from_chunks(y).to(dtype)
 
 
-def _scores(qt, kt, bias, scale, mask):
-    """``relu(scale * q . k + b)`` on one diagonal's tiles, zero where masked: ``[P, H, C, C]``."""
-    s = torch.matmul(qt, kt.transpose(-1, -2)).mul_(scale)
+def _scores(qt, kt, bias, mask):
+    """``relu(q . k + b)`` on one diagonal's tiles (``q`` pre-scaled), zero where ``mask``:
+    ``[P, H, C, C]``."""
+    s = torch.matmul(qt, kt.transpose(-1, -2))
     if bias is not None:
         s.add_(bias)
-    return s.relu_().masked_fill_(~mask, 0.0)
+    s.relu_()
+    return s if mask is None else s.masked_fill_(mask, 0.0)
 
 
 class _GAUTiled(torch.autograd.Function):
@@ -97,6 +100,7 @@ class _GAUTiled(torch.autograd.Function):
         dt = acc_dtype(q)
         tiles = _Tiles(chunk_layout(B, T, chunk_size, cu_seqlens, q.device), causal)
         qt, kt, vt = (tiles.to_tiles(x, dt) for x in (q, k, v))  # [F, H, C, *]
+        qt.mul_(scale)  # scale once per token, not once per score
         b_ext = None
         if rel_bias is not None:
             pad = tiles.span - T
@@ -104,7 +108,7 @@ class _GAUTiled(torch.autograd.Function):
         ot = torch.zeros_like(vt)  # [F, H, C, E]
         for d in tiles.diagonals:
             iq, ik, mask = tiles.pairs(d)
-            r = _scores(qt[iq], kt[ik], tiles.bias(b_ext, d), scale, mask)  # [P, H, C, C]
+            r = _scores(qt[iq], kt[ik], tiles.bias(b_ext, d), mask)  # [P, H, C, C]
             ot.index_add_(0, iq, torch.matmul(r.square_(), vt[ik]))  # seed Eq. 5: relu^2 . V
         ctx.save_for_backward(q, k, v, rel_bias)
         ctx.tiles, ctx.scale = tiles, scale
@@ -118,21 +122,28 @@ class _GAUTiled(torch.autograd.Function):
         T = q.shape[1]
         dt = acc_dtype(q)
         qt, kt, vt, dot = (tiles.to_tiles(x, dt) for x in (q, k, v, do))
+        qt.mul_(scale)
         b_ext = None
         if rel_bias is not None:
             pad = tiles.span - T
             b_ext = F.pad(rel_bias.to(dt), (pad, pad))
-        need_b = rel_bias is not None and ctx.needs_input_grad[3]
+        need_q, need_k, need_v, need_b = ctx.needs_input_grad[:4]
+        need_b = need_b and rel_bias is not None
         dq, dk, dv = torch.zeros_like(qt), torch.zeros_like(kt), torch.zeros_like(vt)
         db_ext = torch.zeros_like(b_ext) if need_b else None
         for d in tiles.diagonals:
             iq, ik, mask = tiles.pairs(d)
             q_, k_, v_, do_ = qt[iq], kt[ik], vt[ik], dot[iq]
-            r = _scores(q_, k_, tiles.bias(b_ext, d), scale, mask)  # relu(s), recomputed
-            dv.index_add_(0, ik, torch.matmul((r * r).transpose(-1, -2), do_))
+            r = _scores(q_, k_, tiles.bias(b_ext, d), mask)  # relu(s), recomputed
+            if need_v:
+                dv.index_add_(0, ik, torch.matmul((r * r).transpose(-1, -2), do_))
+            if not (need_q or need_k or need_b):
+                continue
             ds = torch.matmul(do_, v_.transpose(-1, -2)).mul_(r).mul_(2.0)  # [P, H, C, C]
-            dq.index_add_(0, iq, torch.matmul(ds, k_).mul_(scale))
-            dk.index_add_(0, ik, torch.matmul(ds.transpose(-1, -2), q_).mul_(scale))
+            if need_q:
+                dq.index_add_(0, iq, torch.matmul(ds, k_).mul_(scale))
+            if need_k:
+                dk.index_add_(0, ik, torch.matmul(ds.transpose(-1, -2), q_))  # q_ carries the scale
             if need_b:
                 # every tile of diagonal d shares the bias slice: sum its ds over tiles, then
                 # along each within-tile diagonal a - b
@@ -143,7 +154,9 @@ class _GAUTiled(torch.autograd.Function):
             pad = tiles.span - T
             db = db_ext[:, pad : pad + 2 * T - 1].to(rel_bias.dtype)
         return (
-            tiles.from_tiles(dq, q.dtype), tiles.from_tiles(dk, k.dtype), tiles.from_tiles(dv, v.dtype),
+            tiles.from_tiles(dq, q.dtype) if need_q else None,
+            tiles.from_tiles(dk, k.dtype) if need_k else None,
+            tiles.from_tiles(dv, v.dtype) if need_v else None,
             db, None, None, None, None,
         )
 
