@@ -79,27 +79,28 @@ def recurrent_mixed_chunk_attention(
     state = MixedChunkState(init.kv.to(dt), init.count, bk, bl, bv, init.fill)
     bias = rel_bias.to(dt) if rel_bias is not None else None
 
-    # step t reads token t of every sequence from the flat [B * T] token axis
-    flat = [x.reshape(B * T, H, x.shape[-1]).to(dt) for x in (q_quad, k_quad, q_lin, k_lin, v)]
+    # token t of every sequence, gathered once into [steps, N, H, *] and unbound, so the backward
+    # pass does not touch the whole sequence at every step
     starts = torch.tensor([row * T + s for row, s, _ in bounds], device=dev)
     lengths = torch.tensor([e - s for _, s, e in bounds], device=dev)
     steps = max([e - s for _, s, e in bounds], default=0)
+    t = torch.arange(steps, device=dev)
+    valid = t[:, None] < lengths[None, :]  # [steps, N]
+    src = (starts[None, :] + t[:, None]).clamp(max=max(B * T - 1, 0))  # [steps, N]
+    tokens = [
+        x.reshape(B * T, H, x.shape[-1]).to(dt).index_select(0, src.reshape(-1)).view(steps, N, H, x.shape[-1])
+        .unbind(0)
+        for x in (q_quad, k_quad, q_lin, k_lin, v)
+    ]
     outs = []
-    for t in range(steps):
-        active = t < lengths
-        idx = (starts + t).clamp(max=max(B * T - 1, 0))
-        qq, kq, ql, kl, vv = (x.index_select(0, idx) for x in flat)
+    for step in range(steps):
         o_t, state = decode_one_token(
-            state, qq, kq, ql, kl, vv, active, rel_bias=bias, scale=scale, linear_norm=linear_norm
+            state, *(x[step] for x in tokens), valid[step], rel_bias=bias, scale=scale, linear_norm=linear_norm
         )
         outs.append(o_t)
     o = torch.zeros(B * T, H, E, dtype=dt, device=dev)
     if outs:
-        seq_t = torch.stack(outs, dim=1)  # [N, steps, H, E]
-        t = torch.arange(steps, device=dev)
-        valid = t[None, :] < lengths[:, None]
-        dest = (starts[:, None] + t[None, :])[valid]
-        o = o.index_copy(0, dest, seq_t[valid])
+        o = o.index_copy(0, src[valid], torch.stack(outs)[valid])  # [steps, N, H, E] -> tokens
     o = o.view(B, T, H, E).to(q_quad.dtype)
     if not output_final_state:
         return o, None
