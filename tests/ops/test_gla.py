@@ -103,6 +103,14 @@ def test_output_final_state_off_and_dtypes():
         assert final.dtype == torch.float32 and final.shape == (2, 1, 4, 3), backend
 
 
+def test_empty_call_returns_initial_state():
+    q, k, v, g, h0 = _inputs(2, 0, 1, 4, 3)
+    for backend in BACKENDS:
+        o, final = gla(q, k, v, g, initial_state=h0, output_final_state=True, backend=backend)
+        assert o.shape == (2, 0, 1, 3)
+        assert torch.equal(final, h0), backend
+
+
 def test_automatic_dispatch(monkeypatch):
     """T == 1 decodes with the recurrent form, longer calls use the chunked form."""
     calls = []
