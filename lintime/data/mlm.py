@@ -27,14 +27,30 @@ def mask_tokens(
     original id at selected positions and ``IGNORE_INDEX`` (-100) everywhere else.
 
     A position is maskable when its id is not in ``special_ids`` and ``maskable`` (a bool
-    tensor of the same shape, e.g. "not padding") is true there.  Three uniform tensors of the
-    input's shape are drawn from ``generator`` whatever the content, so a given generator
+    tensor of the same shape, e.g. "not padding") is true there.  One uniform tensor
+    ``[3, *shape]`` is drawn from ``generator`` whatever the content, so a given generator
     state always yields the same corruption.
 
     Shapes: ``input_ids`` any shape (``[B, T]``), integer; outputs the same shape, int64.
     """
     if not 0.0 <= mask_prob <= 1.0:
         raise ValueError(f"mask_prob must be in [0, 1], got {mask_prob}")
+    uniforms = torch.rand((3,) + tuple(input_ids.shape), generator=generator, device=input_ids.device)
+    return corrupt(input_ids, uniforms, mask_id=mask_id, vocab_size=vocab_size, special_ids=special_ids, mask_prob=mask_prob, maskable=maskable)
+
+
+def corrupt(
+    input_ids: torch.Tensor,
+    uniforms: torch.Tensor,
+    *,
+    mask_id: int,
+    vocab_size: int,
+    special_ids: Sequence[int] = (),
+    mask_prob: float = 0.15,
+    maskable: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`mask_tokens` with its randomness given: ``uniforms`` is ``[3, *input_ids.shape]`` in ``[0, 1)``
+    (selection, action, replacement token), so a batch can draw each row from its own generator."""
     ids = input_ids.long()
     special = torch.as_tensor(sorted(set(int(s) for s in special_ids)), dtype=torch.long, device=ids.device)
     can = ~torch.isin(ids, special)
@@ -46,10 +62,7 @@ def mask_tokens(
     allowed[special[(special >= 0) & (special < vocab_size)]] = False
     allowed_ids = allowed.nonzero().squeeze(1)
 
-    select_u = torch.rand(ids.shape, generator=generator, device=ids.device)
-    action_u = torch.rand(ids.shape, generator=generator, device=ids.device)
-    pick_u = torch.rand(ids.shape, generator=generator, device=ids.device)
-
+    select_u, action_u, pick_u = uniforms.unbind(0)
     selected = can & (select_u < mask_prob)
     to_mask = selected & (action_u < 0.8)
     to_random = selected & (action_u >= 0.8) & (action_u < 0.9)

@@ -40,7 +40,7 @@ import torch
 
 from .cache import TokenDataset, identity_digest
 from .errors import DataError
-from .mlm import IGNORE_INDEX, mask_tokens
+from .mlm import IGNORE_INDEX, corrupt
 from .tokenizer import Tokenizer
 
 Objective = Literal["clm", "mlm"]
@@ -227,24 +227,22 @@ def _collate(
 
 
 def _mlm_rows(inputs, in_docs, row_ids, epochs, tokenizer, seed, mlm_prob) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.from_numpy(np.ascontiguousarray(inputs))
-    out, targets = torch.empty_like(ids), torch.empty_like(ids)
-    maskable = torch.from_numpy(in_docs >= 0)
+    ids = torch.from_numpy(np.ascontiguousarray(inputs))  # [B, T]
+    # Randomness keyed by (seed, epoch, row): the same row is masked the same way on any rank,
+    # at any position of any batch, before or after a resume.
+    uniforms = torch.empty((3,) + tuple(ids.shape))
     for b in range(ids.shape[0]):
-        # Randomness keyed by (seed, epoch, row): the same row is masked the same way on any
-        # rank, in any batch, before or after a resume.
         row_seed = int(np.random.SeedSequence([seed, int(epochs[b]), int(row_ids[b]) + 1, 2]).generate_state(1, np.uint64)[0])
-        gen = torch.Generator().manual_seed(row_seed)
-        out[b], targets[b] = mask_tokens(
-            ids[b],
-            mask_id=tokenizer.mask_id,
-            vocab_size=tokenizer.vocab_size,
-            special_ids=tokenizer.special_ids,
-            mask_prob=mlm_prob,
-            generator=gen,
-            maskable=maskable[b],
-        )
-    return out, targets
+        uniforms[:, b] = torch.rand((3, ids.shape[1]), generator=torch.Generator().manual_seed(row_seed))
+    return corrupt(
+        ids,
+        uniforms,
+        mask_id=tokenizer.mask_id,
+        vocab_size=tokenizer.vocab_size,
+        special_ids=tokenizer.special_ids,
+        mask_prob=mlm_prob,
+        maskable=torch.from_numpy(in_docs >= 0),
+    )
 
 
 class BatchIterator:
