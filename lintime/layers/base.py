@@ -45,10 +45,13 @@ A state is a small dataclass whose docstring gives every field's shape, with
 * ``to(device) -> state``;
 * ``batch_size`` (property).
 
-:class:`BatchState` implements these for a dataclass whose tensor fields all have the batch
-as dimension 0 (non-tensor fields are copied as they are, nested states are recursed into).
-Op states from ``lintime.ops`` (``MixedChunkState``, ``VQState``, the ``[N, H, K, V]``
-tensors of linear attention / GLA) are wrapped by the layer in such a dataclass.
+:class:`BatchState` implements these for a dataclass whose tensors all have the batch as
+dimension 0 (non-tensor fields are copied, nested dataclasses and lists are recursed into).
+The model reaches layer states only through :func:`select_state` / :func:`state_to`, which
+also accept a bare batch-first tensor (the ``[N, H, K, V]`` state of linear attention / GLA)
+or a batch-first dataclass without methods (``MixedChunkState``; ``VQState`` brings its own
+``select`` / ``to``), so a layer may return an op's state as it is or wrap it in a
+``BatchState`` with extra fields.
 """
 
 from __future__ import annotations
@@ -61,49 +64,63 @@ import torch
 import torch.nn as nn
 
 
-def _map_state(value: Any, fn) -> Any:
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, BatchState):
-        return value._map(fn)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_map_state(v, fn) for v in value)
-    return value
+def map_state(state: Any, fn) -> Any:
+    """Apply ``fn`` to every tensor of a state: tensors, lists / tuples and dataclasses
+    (recursively, so op states such as ``MixedChunkState`` / ``VQState`` work as they are);
+    anything else (ints, strings, ``None``) is copied."""
+    if isinstance(state, torch.Tensor):
+        return fn(state)
+    if isinstance(state, (list, tuple)):
+        return type(state)(map_state(v, fn) for v in state)
+    if dataclasses.is_dataclass(state) and not isinstance(state, type):
+        changes = {f.name: map_state(getattr(state, f.name), fn) for f in dataclasses.fields(state) if f.init}
+        return dataclasses.replace(state, **changes)
+    return state
+
+
+def select_state(state: Any, index: torch.Tensor) -> Any:
+    """Rows ``index`` of any state: its own ``select`` if it has one, else every tensor's
+    dimension 0 (the batch-first convention of all lintime states)."""
+    if state is not None and not isinstance(state, torch.Tensor) and hasattr(state, "select"):
+        return state.select(index)
+    return map_state(state, lambda t: t.index_select(0, index.to(t.device)))
+
+
+def state_to(state: Any, device: torch.device | str) -> Any:
+    if state is not None and not isinstance(state, torch.Tensor) and hasattr(state, "to"):
+        return state.to(device)
+    return map_state(state, lambda t: t.to(device))
 
 
 @dataclasses.dataclass
 class BatchState:
-    """Base for decoding states: every tensor field (and every nested ``BatchState``) has the
-    batch as dimension 0.  Subclasses are dataclasses; they document their fields' shapes."""
-
-    def _map(self, fn) -> "BatchState":
-        changes = {f.name: _map_state(getattr(self, f.name), fn) for f in dataclasses.fields(self)}
-        return dataclasses.replace(self, **changes)
+    """Base for decoding states: every tensor field, at any depth (nested dataclasses such as
+    the ops' states, lists), has the batch as dimension 0; other fields are copied as they are.
+    Subclasses are dataclasses; they document their fields' shapes."""
 
     def select(self, index: torch.Tensor) -> "BatchState":
         """State of the rows ``index`` (``[B']`` int64; may reorder and repeat rows)."""
-        return self._map(lambda t: t.index_select(0, index.to(t.device)))
+        return map_state(self, lambda t: t.index_select(0, index.to(t.device)))
 
     def to(self, device: torch.device | str) -> "BatchState":
-        return self._map(lambda t: t.to(device))
+        return map_state(self, lambda t: t.to(device))
 
     @property
     def batch_size(self) -> int:
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, torch.Tensor):
-                return v.shape[0]
-            if isinstance(v, BatchState):
-                return v.batch_size
-        raise ValueError(f"{type(self).__name__} has no tensor field to read the batch size from")
+        found = []
+        map_state(self, lambda t: found.append(t.shape[0]) or t)
+        if not found:
+            raise ValueError(f"{type(self).__name__} has no tensor field to read the batch size from")
+        return found[0]
 
 
 class Mixer(nn.Module, ABC):
     """A token mixer (see the module docstring for the full protocol).
 
     Subclasses set ``self.causal`` and implement :meth:`forward` and :meth:`init_state`;
-    :meth:`init_weights` and :meth:`no_weight_decay` are optional hooks.  Parameters that must not get weight decay although they are matrices (e.g. GAU's
-    per-dimension scale/offset ``[2, s]``) are named by :meth:`no_weight_decay`.
+    :meth:`init_weights` and :meth:`no_weight_decay` are optional hooks.  Parameters that must
+    not get weight decay although they are matrices (e.g. GAU's per-dimension scale/offset
+    ``[2, s]``) are named by :meth:`no_weight_decay`.
     """
 
     causal: bool

@@ -14,24 +14,12 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from lintime.layers.base import Mixer, num_seqs
+from lintime.layers.base import Mixer, num_seqs, select_state, state_to
 from lintime.layers.ffn import GLU, MLP
 from lintime.layers.norms import build_norm
 from lintime.layers.positional import LearnedPositionEmbedding, ScaledSinEmbedding, token_positions
 from lintime.models.config import FFNConfig, ModelConfig
 from lintime.models.registry import get_family
-
-
-def _select(s: Any, index: torch.Tensor) -> Any:
-    if s is None:
-        return None
-    if isinstance(s, torch.Tensor):
-        return s.index_select(0, index.to(s.device))
-    return s.select(index)
-
-
-def _to(s: Any, device) -> Any:
-    return None if s is None else s.to(device)
 
 
 @dataclasses.dataclass
@@ -52,10 +40,10 @@ class ModelState:
     def select(self, index: torch.Tensor) -> "ModelState":
         """Rows ``index`` of every layer's state (beam reordering; rows may repeat)."""
         index = index.to(self.offset.device)
-        return ModelState([_select(s, index) for s in self.layers], self.offset.index_select(0, index))
+        return ModelState([select_state(s, index) for s in self.layers], self.offset.index_select(0, index))
 
     def to(self, device: torch.device | str) -> "ModelState":
-        return ModelState([_to(s, device) for s in self.layers], self.offset.to(device))
+        return ModelState([state_to(s, device) for s in self.layers], self.offset.to(device))
 
 
 def build_ffn(cfg: FFNConfig, d_model: int) -> nn.Module:

@@ -1,5 +1,6 @@
 """Layers against the seed's pseudocode (Codes 2-5, Eq. 1-2), written out literally here."""
 
+import dataclasses
 import math
 
 import pytest
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 
 from lintime.layers import (
     GLU,
+    BatchState,
     MLP,
     KVCache,
     LayerNorm,
@@ -19,6 +21,8 @@ from lintime.layers import (
     ToeplitzRelativeBias,
     apply_rope,
     build_norm,
+    select_state,
+    state_to,
     token_positions,
 )
 from lintime.testing import assert_exact
@@ -213,3 +217,30 @@ def test_kvcache_select_and_to():
     assert s.v[:, 0, 0, 0].tolist() == [-2.0, 0.0, 0.0, -1.0]
     assert s.lengths.tolist() == [2, 2, 2, 1]
     assert c.to("cpu").k.device.type == "cpu"
+
+
+# ----------------------------------------------------------------------------- state helpers
+@dataclasses.dataclass
+class _OpLikeState:  # like the ops' MixedChunkState: batch-first tensors, no methods
+    kv: torch.Tensor
+    fill: torch.Tensor
+
+
+@dataclasses.dataclass
+class _LayerState(BatchState):
+    op: _OpLikeState
+    extra: list
+    chunk: int = 7
+
+
+def test_state_helpers_select_any_batch_first_state():
+    idx = torch.tensor([1, 1, 0])
+    t = torch.arange(6.0).view(2, 3)
+    assert torch.equal(select_state(t, idx), t[idx])  # a bare [N, ...] tensor (linear attention / GLA)
+    op = _OpLikeState(torch.arange(2.0).view(2, 1, 1), torch.tensor([3, 4]))
+    assert select_state(op, idx).fill.tolist() == [4, 4, 3]  # a plain dataclass
+    st = _LayerState(op, [torch.tensor([10, 20])])
+    s = st.select(idx)
+    assert s.op.fill.tolist() == [4, 4, 3] and s.extra[0].tolist() == [20, 20, 10] and s.chunk == 7
+    assert s.batch_size == 3 and st.batch_size == 2
+    assert select_state(None, idx) is None and state_to(st, "cpu").op.kv.device.type == "cpu"
