@@ -68,9 +68,19 @@ def _add_function(sub: argparse._SubParsersAction, name: str, fn: Callable) -> N
     p.set_defaults(_fn=fn)
 
 
+def _load_command_modules() -> None:
+    """Import every ``lintime/cli/<name>.py``: each registers its subcommands with @command."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from lintime import __version__
 
+    _load_command_modules()
     parser = argparse.ArgumentParser(prog="lintime", description="Linear-time transformers: train, evaluate, sample, benchmark.")
     parser.add_argument("--version", action="version", version=f"lintime {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
@@ -103,6 +113,13 @@ def info() -> None:
     print(f"op backends on {dev.type}: {', '.join(backs)}")
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that are the user's to fix: one line on stderr, exit status 2, no traceback."""
+    from lintime.data import DataError
+
+    return (CLIError, DataError, ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
@@ -112,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     kwargs = {k: v for k, v in vars(ns).items() if k != "_fn"}
     try:
         ns._fn(**kwargs)
-    except (CLIError, ValueError, FileNotFoundError) as e:
+    except _user_errors() as e:
         print(f"lintime: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
