@@ -1,4 +1,4 @@
-"""The tiny presets learn: a few hundred AdamW steps overfit a small fixed batch."""
+"""The tiny presets learn: 60 AdamW steps overfit a small fixed batch (loss from ~ln 256 to < 10%)."""
 
 import pytest
 import torch
@@ -29,9 +29,9 @@ def test_causal_tiny_overfits(name):
     torch.manual_seed(0)
     model = CausalLM(get_preset(name))
     ids = torch.randint(0, 256, (4, 33))
-    losses = _fit(model, ids, _lm_loss, steps=120)
+    losses = _fit(model, ids, _lm_loss, steps=60)
     assert losses[0] > 5.0  # ~ln(256) at init
-    assert losses[-1] < 0.25 * losses[0], losses[::20]
+    assert losses[-1] < 0.1 * losses[0], losses[::10]
 
 
 def test_masked_tiny_overfits():
@@ -45,5 +45,5 @@ def test_masked_tiny_overfits():
         logits = model(inputs)
         return F.cross_entropy(logits[mask], ids[mask])
 
-    losses = _fit(model, ids, loss_fn, steps=120)
-    assert losses[-1] < 0.25 * losses[0], losses[::20]
+    losses = _fit(model, ids, loss_fn, steps=60)
+    assert losses[-1] < 0.1 * losses[0], losses[::10]
