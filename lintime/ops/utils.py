@@ -184,13 +184,17 @@ def chunk_scan(
     if initial is None:
         initial = delta.new_zeros((layout.N, *S))
     h = delta.new_zeros((R, *S))
+    # split along chunks once: indexing delta[:, c] inside the loop would make the backward
+    # build a full-size gradient per chunk (O(NC^2) time and memory traffic)
+    starts = initial.index_select(0, layout.seq.reshape(-1)).view(R, NC, *S).unbind(1)
+    deltas = delta.unbind(1)
+    decays = decay.unbind(1) if decay is not None else None
     befores, afters = [], []
     for c in range(NC):
-        start = initial.index_select(0, layout.seq[:, c])
         m = layout.first[:, c].view(R, *([1] * len(S)))
-        h = torch.where(m, start, h)
+        h = torch.where(m, starts[c], h)
         befores.append(h)
-        h = h * decay[:, c] + delta[:, c] if decay is not None else h + delta[:, c]
+        h = h * decays[c] + deltas[c] if decay is not None else h + deltas[c]
         afters.append(h)
     before = torch.stack(befores, dim=1)
     after = torch.stack(afters, dim=1).reshape(R * NC, *S)

@@ -16,22 +16,25 @@ from lintime.ops.utils import acc_dtype, seq_bounds
 def _recur(q, k, v, S, z, causal: bool, normalize: bool, scale: float):
     """``q, k [N, L, H, K]``, ``v [N, L, H, V]``, ``S [N, H, K, V]``, ``z [N, H, K]`` or ``None``.
     Returns ``o [N, L, H, V]`` and the final ``S, z``."""
+    # unbind once: indexing k[:, t] inside the loop would make autograd build a full-size
+    # gradient for every step (O(T^2) memory traffic in the backward)
+    qs, ks, vs = q.unbind(1), k.unbind(1), v.unbind(1)
     outs = []
-    for t in range(q.shape[1]):
-        S = S + torch.einsum("nhk,nhv->nhkv", k[:, t], v[:, t])  # seed: S_i = S_{i-1} + V_i K_i^T
+    for q_t, k_t, v_t in zip(qs, ks, vs):
+        S = S + k_t[..., :, None] * v_t[..., None, :]  # seed: S_i = S_{i-1} + V_i K_i^T
         if normalize:
-            z = z + k[:, t]
+            z = z + k_t
         if causal:
-            outs.append(_read(q[:, t], S, z, normalize, scale))
+            outs.append(_read(q_t, S, z, normalize, scale))
     if not causal:  # every query reads the state of the whole sequence
-        outs = [_read(q[:, t], S, z, normalize, scale) for t in range(q.shape[1])]
+        return _read(q, S[:, None], None if z is None else z[:, None], normalize, scale), S, z
     o = torch.stack(outs, dim=1) if outs else q.new_zeros(*q.shape[:3], v.shape[-1])
     return o, S, z
 
 
 def _read(q, S, z, normalize: bool, scale: float):
-    # q [N, H, K] -> [N, H, V]; seed: Y_i = S_i Q_i
-    num = scale * torch.einsum("nhk,nhkv->nhv", q, S)
+    # q [..., H, K], S [..., H, K, V], z [..., H, K] -> [..., H, V]; seed: Y_i = S_i Q_i
+    num = scale * (q[..., None] * S).sum(-2)
     if not normalize:
         return num
     return num / (scale * (q * z).sum(-1))[..., None]
