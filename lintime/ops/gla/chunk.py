@@ -131,7 +131,7 @@ def _reversed(layout: ChunkLayout) -> ChunkLayout:
     )
 
 
-def _forward_parts(q, k, v, g, h0, scale, layout, c):
+def _forward_parts(q, k, v, g, h0, layout, c):
     """Recompute everything the forward and backward share, in the accumulation dtype."""
     G = g.cumsum(2)  # [R, NC, C, H, K]
     decay = G[:, :, -1]  # [R, NC, H, K]: G_last (padding slots have g = 0)
@@ -150,7 +150,7 @@ class ChunkGLAFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, h0, scale, layout, c):
-        G, _, _, _, before, final, D = _forward_parts(q, k, v, g, h0, scale, layout, c)
+        G, _, _, _, before, final, D = _forward_parts(q, k, v, g, h0, layout, c)
         A = scale * D.scores(q, k)  # [R, NC, C, C, H]
         o = scale * torch.einsum("rnihk,rnhkv->rnihv", q * G.exp(), before)  # inter-chunk
         o = o + torch.einsum("rnijh,rnjhv->rnihv", A, v)  # intra-chunk
@@ -163,7 +163,7 @@ class ChunkGLAFunction(torch.autograd.Function):
     def backward(ctx, do, dfinal):
         q, k, v, g, h0 = ctx.saved_tensors
         scale, layout, c = ctx.scale, ctx.layout, ctx.c
-        G, k_out, delta, decay, before, _, D = _forward_parts(q, k, v, g, h0, scale, layout, c)
+        G, k_out, delta, decay, before, _, D = _forward_parts(q, k, v, g, h0, layout, c)
         if do is None:
             do = torch.zeros_like(v)
         q_in = q * G.exp()  # q_i * exp(G_i): how a query reads the incoming state
@@ -191,7 +191,6 @@ def chunk_gla(
 ):
     """Same arguments and results as :func:`lintime.ops.gated_linear_attention`; O(T * C) memory."""
     B, T, H, K = q.shape
-    V = v.shape[-1]
     scale = K**-0.5 if scale is None else scale
     dt = acc_dtype(q)
     layout = chunk_layout(B, T, chunk_size, cu_seqlens, q.device)
