@@ -1,0 +1,343 @@
+"""Run folders and checkpoints: the one on-disk contract shared by ``train``, ``eval`` and ``generate``.
+
+Layout of a run folder::
+
+    runs/<name>/config.json          {"model": ModelConfig.to_dict(), "objective": "clm" | "mlm",
+                                      "tokenizer": tokenizer.name, "train": TrainConfig as a dict,
+                                      "lintime_version": "..."}
+    runs/<name>/tokenizer/           tokenizer.save(dir)  (load_tokenizer(dir) reads it back)
+    runs/<name>/checkpoints/step_00000100/model.safetensors   weights (float32, tied tensors stored once)
+    runs/<name>/checkpoints/step_00000100/trainer_state.pt    optimizer, scheduler, data iterator,
+                                      RNG states, step, tokens seen, elapsed time; plain containers and
+                                      tensors only: ``torch.load(path, weights_only=True)`` reads it
+    runs/<name>/checkpoints/latest   text file: the name of the newest step folder ("step_00000100")
+
+Atomicity: every file is written to a temporary file beside it, flushed, fsynced and renamed; a
+step folder is written whole under a hidden temporary name (``.tmp-step_...``), fsynced, then
+renamed to ``step_NNNNNNNN``, and only then does ``latest`` move to it and are old step folders
+pruned.  A crash at any point leaves the previous checkpoint complete and ``latest`` naming a
+complete folder; hidden temporary folders are ignored by readers and removed by the next save.
+
+Entry points: :func:`write_run_config` (once per run), :func:`save_checkpoint` (every
+``--save-every`` steps), :func:`load_model` (eval / generate / sample), :func:`resolve_checkpoint`
+and :func:`load_trainer_state` (resume).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+CONFIG_FILE = "config.json"
+TOKENIZER_DIR = "tokenizer"
+CHECKPOINTS_DIR = "checkpoints"
+LATEST_FILE = "latest"
+WEIGHTS_FILE = "model.safetensors"
+STATE_FILE = "trainer_state.pt"
+_STEP_DIR = re.compile(r"^step_(\d{8,})$")
+
+
+def step_dir_name(step: int) -> str:
+    """``step_00000100`` (8 digits, zero-padded, so names sort like steps)."""
+    return f"step_{step:08d}"
+
+
+# ---------------------------------------------------------------------------------------------
+# small atomic-file helpers
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes renames durable; not possible everywhere (Windows), harmless to skip.
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``path`` all-or-nothing (temp file beside it, fsync, rename, fsync the folder)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+
+
+def write_run_config(
+    run_dir: str | os.PathLike,
+    *,
+    model_config,
+    objective: str,
+    tokenizer,
+    train: dict,
+) -> dict:
+    """Write ``config.json`` and ``tokenizer/`` of a run (atomically); return the config dict."""
+    from lintime import __version__
+
+    if objective not in ("clm", "mlm"):
+        raise ValueError(f"objective must be 'clm' or 'mlm', got {objective!r}")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = {
+        "model": model_config.to_dict(),
+        "objective": objective,
+        "tokenizer": tokenizer.name,
+        "train": train,
+        "lintime_version": __version__,
+    }
+    tok_dir = run_dir / TOKENIZER_DIR
+    if not tok_dir.is_dir():
+        tmp = Path(tempfile.mkdtemp(prefix=f".{TOKENIZER_DIR}.tmp-", dir=run_dir))
+        try:
+            tokenizer.save(tmp)
+            os.rename(tmp, tok_dir)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    atomic_write_json(run_dir / CONFIG_FILE, config)
+    return config
+
+
+def save_checkpoint(
+    run_dir: str | os.PathLike,
+    step: int,
+    model: nn.Module,
+    trainer_state: dict,
+    *,
+    keep: int = 0,
+) -> Path:
+    """Write ``checkpoints/step_<step>/`` (weights + trainer state) atomically, point ``latest`` at
+    it, then delete all but the newest ``keep`` step folders (``keep=0`` keeps all).
+
+    ``model`` is the plain module (not a ``torch.compile`` wrapper: its parameter names must be
+    the model's own).  ``trainer_state`` holds only tensors, numbers, strings, lists and dicts.
+    Returns the step folder.
+    """
+    from safetensors.torch import save_model
+
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    if keep < 0:
+        raise ValueError(f"keep must be >= 0 (0 keeps every checkpoint), got {keep}")
+    ckpt_root = Path(run_dir) / CHECKPOINTS_DIR
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temporaries(ckpt_root)
+    final = ckpt_root / step_dir_name(step)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=ckpt_root))
+    try:
+        weights = tmp / WEIGHTS_FILE
+        save_model(model, str(weights), metadata={"format": "lintime", "step": str(step)})
+        _fsync_file(weights)
+        with open(tmp / STATE_FILE, "wb") as f:
+            torch.save(trainer_state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o755)
+        _fsync_dir(tmp)
+        if final.exists():  # re-saving a step (e.g. after a resume): swap, never a half state
+            old = Path(tempfile.mkdtemp(prefix=f".old-{final.name}-", dir=ckpt_root))
+            os.rename(final, old / final.name)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(ckpt_root)
+    atomic_write_text(ckpt_root / LATEST_FILE, final.name + "\n")
+    if keep:
+        for old in list_checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _remove_stale_temporaries(ckpt_root: Path) -> None:
+    """Leftovers of a save that crashed (hidden ``.tmp-`` / ``.old-`` folders)."""
+    for p in ckpt_root.iterdir():
+        if p.is_dir() and (p.name.startswith(".tmp-") or p.name.startswith(".old-")):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Complete step folders of a run, oldest first (hidden temporaries are not listed)."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return [p for _, p in sorted(found) if (p / WEIGHTS_FILE).is_file()]
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """The step folder meant by ``path``: a step folder itself, or a run folder (its ``latest``;
+    when ``latest`` is missing or names a missing folder, the highest complete step folder).
+    Raises ``FileNotFoundError`` with one line when there is none."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    if (path / WEIGHTS_FILE).is_file():
+        return path
+    if _STEP_DIR.match(path.name):
+        raise FileNotFoundError(f"checkpoint {path} is incomplete: it has no {WEIGHTS_FILE}")
+    if (path / CHECKPOINTS_DIR).is_dir() or (path / CONFIG_FILE).is_file():
+        latest = path / CHECKPOINTS_DIR / LATEST_FILE
+        if latest.is_file():
+            cand = path / CHECKPOINTS_DIR / latest.read_text().strip()
+            if (cand / WEIGHTS_FILE).is_file():
+                return cand
+        found = list_checkpoints(path)
+        if found:
+            return found[-1]
+        raise FileNotFoundError(f"run {path} has no checkpoint yet (no {CHECKPOINTS_DIR}/step_* folder)")
+    raise FileNotFoundError(f"{path} is neither a run folder (with {CONFIG_FILE}) nor a checkpoint folder (with {WEIGHTS_FILE})")
+
+
+def run_dir_of(step_dir: str | os.PathLike) -> Path:
+    """The run folder of a step folder (``runs/<name>/checkpoints/step_N`` -> ``runs/<name>``)."""
+    return Path(step_dir).parent.parent
+
+
+def read_run_config(run_dir: str | os.PathLike) -> dict:
+    """``config.json`` of a run, checked for the keys every reader needs."""
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"run config not found: {path}")
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"run config {path} is not valid JSON ({err})") from None
+    missing = [k for k in ("model", "objective", "tokenizer") if k not in config]
+    if missing:
+        raise ValueError(f"run config {path} lacks {', '.join(missing)}: not a lintime run folder")
+    if config["objective"] not in ("clm", "mlm"):
+        raise ValueError(f"run config {path}: unknown objective {config['objective']!r}")
+    return config
+
+
+def build_model(config: dict) -> nn.Module:
+    """A fresh ``CausalLM`` / ``MaskedLM`` from a run config dict (``config.json``)."""
+    from lintime.models import CausalLM, MaskedLM, ModelConfig
+
+    try:
+        model_config = ModelConfig.from_dict(config["model"])
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"the run's model config cannot be built here: {_one_line(err)}") from None
+    return (CausalLM if config["objective"] == "clm" else MaskedLM)(model_config)
+
+
+def load_weights(model: nn.Module, step_dir: str | os.PathLike, device: str | torch.device = "cpu") -> None:
+    """Load ``model.safetensors`` of ``step_dir`` into ``model`` (strict: every name and shape must
+    match); a mismatch raises ``ValueError`` with one line naming the first differences."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_model as st_load_model
+
+    path = Path(step_dir) / WEIGHTS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"weights not found: {path}")
+    try:
+        missing, unexpected = st_load_model(model, str(path), strict=False, device=str(device))
+    except RuntimeError as err:  # size mismatch
+        shapes = re.findall(r"size mismatch for ([\w.]+)", str(err))
+        detail = f"shape mismatch for {', '.join(shapes[:3])}" if shapes else _one_line(err)
+        raise ValueError(f"checkpoint {path} does not fit this model: {detail}") from None
+    except (SafetensorError, OSError) as err:
+        raise ValueError(f"checkpoint {path} is unreadable: {_one_line(err)}") from None
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing (e.g. {', '.join(sorted(missing)[:3])})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(sorted(unexpected)[:3])})")
+        raise ValueError(f"checkpoint {path} does not fit this model: {'; '.join(parts)} tensors")
+
+
+def load_trainer_state(step_dir: str | os.PathLike) -> dict:
+    """``trainer_state.pt`` of ``step_dir`` (``torch.load(..., weights_only=True)``)."""
+    path = Path(step_dir) / STATE_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"trainer state not found: {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a truncated or foreign file raises several kinds of errors
+        raise ValueError(f"trainer state {path} is unreadable: {_one_line(err)}") from None
+
+
+@dataclass
+class LoadedModel:
+    """What :func:`load_model` returns: the model (eval mode), its tokenizer, the run's
+    ``config.json`` as a dict, and the checkpoint's step."""
+
+    model: nn.Module
+    tokenizer: Any
+    config: dict
+    step: int
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedModel:
+    """Load a trained model from a run folder (its ``latest`` checkpoint) or a step folder.
+
+    Returns :class:`LoadedModel` with the model on ``device`` in eval mode.  A missing folder or
+    file raises ``FileNotFoundError``, an incompatible or unreadable checkpoint ``ValueError``;
+    both with a one-line message (the CLI prints it and exits 2).
+    """
+    from lintime.data import DataError, load_tokenizer
+
+    step_dir = resolve_checkpoint(path)
+    run_dir = run_dir_of(step_dir)
+    config = read_run_config(run_dir)
+    try:
+        tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
+    except DataError as err:
+        raise FileNotFoundError(str(err)) from None
+    if tokenizer.name != config["tokenizer"]:
+        raise ValueError(f"run {run_dir}: tokenizer/ is {tokenizer.name!r} but config.json says {config['tokenizer']!r}")
+    model = build_model(config)
+    load_weights(model, step_dir)
+    model.to(device).eval()
+    m = _STEP_DIR.match(step_dir.name)
+    step = int(m.group(1)) if m else -1
+    return LoadedModel(model=model, tokenizer=tokenizer, config=config, step=step)
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= 300 else text[:297] + "..."
