@@ -49,8 +49,9 @@ def recurrent_gla(
         seq = layout.seq[0]  # [NC] sequence of each row
     S = h0 if seq is None else h0.index_select(0, seq)
     outs = []
-    for t in range(rows[0].shape[1]):
-        o_t, S = gla_step(*(x[:, t] for x in rows), S, scale)
+    # unbind once: indexing x[:, t] per step would make the backward O(T^2)
+    for q_t, k_t, v_t, g_t in zip(*(x.unbind(1) for x in rows)):
+        o_t, S = gla_step(q_t, k_t, v_t, g_t, S, scale)
         outs.append(o_t)
     o = torch.stack(outs, dim=1)  # [rows, L, H, V]
     if layout is not None:
