@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lintime.ops import linear_attention
 from lintime.ops.dispatch import select
@@ -308,6 +309,51 @@ def test_bf16_long_sequence(normalize):
     assert_close(f"fp32 T={T}", o64, o32, EXACT_TOL[torch.float32])
     for a, b in zip(_parts(fin64), _parts(fin32)):
         assert_close(f"fp32 T={T} state", a, b, EXACT_TOL[torch.float32])
+
+
+class _TensorProbe(TorchDispatchMode):
+    """Records the largest tensor any op produces and the elements produced in all."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for x in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(x, torch.Tensor):
+                self.largest = max(self.largest, x.numel())
+                self.total += x.numel()
+        return out
+
+
+def _probe(backend, T, causal, K, V, C, B=1, H=1):
+    q, k, v = (x.requires_grad_() for x in _inputs(B, T, H, K, V, torch.float32))
+    s = _leaf(_state(B, H, K, V, True, torch.float32)) if causal else None
+    with _TensorProbe() as probe:
+        o, fin = linear_attention(q, k, v, causal=causal, chunk_size=C, initial_state=s,
+                                  output_final_state=True, backend=backend)
+        torch.autograd.grad((o.sum() + fin[0].sum() + fin[1].sum()), (q, k, v, *_parts(s)))
+    return probe
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_chunked_memory_is_linear_in_T(causal):
+    """Forward + backward of the chunked form: no tensor larger than the [C, C] score blocks, the
+    chunked inputs or the per-chunk states (``T * max(C, K, V + 1)``, ``T / C * K * (V + 1)``
+    elements with B = H = 1), far below ``T * T`` (the probe does catch the quadratic naive
+    form); and the elements produced in all grow linearly with T (a per-chunk full-size
+    gradient in the state scan would make them quadratic)."""
+    # many small chunks so that a quadratic term would show: 128 chunks of 4 tokens, a 8 x 9 state
+    # (the pre-fix scan produced 3.1x the elements at 2x the length; linear gives 2.0x)
+    T, C, K, V = 512, 4, 8, 8
+    bound = max(T * max(C, K, V + 1), (T // C) * K * (V + 1))
+    small = _probe("chunk", T // 2, causal, K=K, V=V, C=C)
+    chunk = _probe("chunk", T, causal, K=K, V=V, C=C)
+    naive = _probe("naive", T, causal, K=K, V=V, C=C)
+    assert chunk.largest <= bound < naive.largest, (chunk.largest, bound, naive.largest)
+    assert chunk.total <= 2.05 * small.total, (small.total, chunk.total)
 
 
 # --------------------------------------------------------------------------------------------
