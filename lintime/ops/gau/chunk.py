@@ -38,12 +38,11 @@ class _Tiles:
     def __init__(self, layout: ChunkLayout, causal: bool):
         C, dev = layout.C, layout.dest.device
         self.layout = layout
-        live = layout.valid.reshape(-1, C).any(-1)  # [F] tile holds a token
-        self.idx = torch.arange(live.shape[0], device=dev)
         self.nc = (layout.positions()[..., 0] // C).reshape(-1)  # [F] tile number inside its sequence
+        self.idx = torch.arange(self.nc.shape[0], device=dev)
         per_seq = [math.ceil(n / C) for n in layout.lengths]
-        nch = torch.tensor(per_seq, dtype=torch.long, device=dev)
-        self.nch = torch.where(live, nch[layout.seq.reshape(-1)], torch.zeros_like(self.nc))  # [F]
+        # [F] tiles of the tile's sequence (0 for the placeholder tile of an all-empty batch)
+        self.nch = torch.tensor(per_seq, dtype=torch.long, device=dev)[layout.seq.reshape(-1)]
         m = max(per_seq, default=0)
         self.diagonals = range(0, m) if causal else range(-(m - 1), m)
         self.causal = causal
