@@ -91,8 +91,10 @@ def vq_attention(
         raise ValueError(f"{op}: codebook needs at least one code")
     if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= S):
         raise ValueError(f"{op}: codes must lie in [0, {S}), got [{int(codes.min())}, {int(codes.max())}]")
-    if isinstance(block_len, bool) or not isinstance(block_len, int) or block_len < 1:
-        raise ValueError(f"{op}: block_len must be a positive int, got {block_len!r}")
+    if isinstance(block_len, bool) or not isinstance(block_len, int):
+        raise TypeError(f"{op}: block_len must be an int, got {type(block_len).__name__}")
+    if block_len < 1:
+        raise ValueError(f"{op}: block_len must be >= 1, got {block_len}")
     L = block_len
     if bias is not None:
         check_same_btH(op, "q", q, bias=bias)

@@ -169,7 +169,7 @@ def chunk_vq_attention(
     L = block_len
     dt = acc_dtype(q)
     dev = q.device
-    st = initial_state
+    st = None if initial_state is None else initial_state.canonical()
     N = len(seq_bounds(B, T, cu_seqlens))
     pos0 = [0] * N if st is None else st.pos.tolist()
     lay = _layout(B, T, L, cu_seqlens, pos0, dev)

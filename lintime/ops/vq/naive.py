@@ -32,7 +32,7 @@ def naive_vq_attention(
     o = torch.zeros(B, T, H, V, dtype=dt, device=dev)
     finals = []
     for n, (row, s, e) in enumerate(seq_bounds(B, T, cu_seqlens)):
-        st = None if initial_state is None else initial_state.select(n).to(dtype=dt)
+        st = None if initial_state is None else initial_state.select(n).to(dtype=dt).canonical()
         pos0 = 0 if st is None else int(st.pos.item())
         b0 = pos0 // L
         # dense keys: the state's window buffers (positions (b0 - 1) L + r), then this call's
@@ -90,14 +90,16 @@ def naive_vq_attention(
             # window buffers: slot r holds the key at position cut + r, if seen
             slot_pos = cut + torch.arange(2 * L, device=dev)
             match = ok[None, :] & (pk[None, :] == slot_pos[:, None])  # [2L, J]
-            has = match.any(1)
-            j = match.to(torch.int8).argmax(1)
+            J = pk.shape[0]
+            j = (match.long() * torch.arange(J, device=dev)).sum(1)  # at most one match
+            j = torch.where(match.any(1), j, J)  # no key yet: index J, a zero row appended below
+            pad = lambda x: torch.cat([x, x.new_zeros((1, *x.shape[1:]))])[j]
             finals.append(VQState(
                 cache_mean=mean[None],
                 cache_count=cnt[None],
-                k_hat=(kk[j] * has[:, None, None]).to(k_hat.dtype)[None],
-                v=(vv[j] * has[:, None, None]).to(v.dtype)[None],
-                codes=(zz[j] * has[:, None])[None],
+                k_hat=pad(kk).to(k_hat.dtype)[None],
+                v=pad(vv).to(v.dtype)[None],
+                codes=pad(zz)[None],
                 pos=torch.tensor([pos1], dtype=torch.long, device=dev),
             ))
     final = None

@@ -94,24 +94,22 @@ def recurrent_vq_attention(
     if initial_state is None:
         st = VQState.initial(N, H, S, K, V, L, dtype=dt, device=dev)
     else:
-        st = initial_state.to(dtype=dt)
+        st = initial_state.to(dtype=dt).canonical()
     lens = [e - s for _, s, e in seqs]
     Tm = max(lens, default=0)
-    start = torch.tensor([row * T + s for row, s, _ in seqs], dtype=torch.long, device=dev)
     lens_t = torch.tensor(lens, dtype=torch.long, device=dev)
-    qf, kf, vf = (x.reshape(B * T, H, -1).to(dt) for x in (q, k_hat, v))
-    zf = codes.reshape(B * T, H)
-    bf = None if bias is None else bias.reshape(B * T, H, 2 * L).to(dt)
+    # token t of sequence n, [N, Tm] (clamped where the sequence is shorter), gathered once
+    start = torch.tensor([row * T + s for row, s, _ in seqs], dtype=torch.long, device=dev)
+    idx = (start[:, None] + torch.arange(Tm, device=dev)).clamp(max=max(B * T - 1, 0)).view(-1)
+    steps = lambda x: x.reshape(B * T, *x.shape[2:]).index_select(0, idx).view(N, Tm, *x.shape[2:]).unbind(1)
+    qs, ks, vs = (steps(x.to(dt)) for x in (q, k_hat, v))
+    zs = steps(codes)
+    bs = [None] * Tm if bias is None else steps(bias.to(dt))
     cb = codebook.to(dt)
     outs = []
     for t in range(Tm):
-        active = t < lens_t  # [N]
-        idx = (start + t).clamp(max=max(B * T - 1, 0))
-        pick = lambda x: x.index_select(0, idx)
-        o_t, st = vq_step(
-            st, pick(qf), pick(kf), pick(zf), pick(vf), cb,
-            None if bf is None else pick(bf), active=None if all(n > t for n in lens) else active,
-        )
+        active = None if all(n > t for n in lens) else t < lens_t  # [N]
+        o_t, st = vq_step(st, qs[t], ks[t], zs[t], vs[t], cb, bs[t], active=active)
         outs.append(o_t)
     if outs:
         on = torch.stack(outs, 1).reshape(N * Tm, H, V)  # [N * Tm, H, V]

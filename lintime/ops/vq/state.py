@@ -68,6 +68,27 @@ class VQState:
             pos=torch.zeros(N, dtype=torch.long, device=device),
         )
 
+    def live(self) -> torch.Tensor:
+        """``[N, 2L]`` bool: the window slots that hold a key."""
+        L = self.block_len
+        slot = torch.arange(2 * L, device=self.pos.device)
+        prev = (self.pos >= L)[:, None]
+        return torch.where(slot[None] < L, prev, (slot[None] - L) < (self.pos % L)[:, None])
+
+    def canonical(self) -> "VQState":
+        """Zero what no form reads: the mean of an empty code and the unused window slots
+        (every op returns canonical states; this makes any input state one)."""
+        live = self.live()
+        z = lambda x, m: torch.where(m, x, torch.zeros_like(x))
+        return VQState(
+            cache_mean=z(self.cache_mean, (self.cache_count > 0)[..., None]),
+            cache_count=self.cache_count,
+            k_hat=z(self.k_hat, live[..., None, None]),
+            v=z(self.v, live[..., None, None]),
+            codes=z(self.codes, live[..., None]),
+            pos=self.pos,
+        )
+
     def _map(self, fn_float, fn_int) -> "VQState":
         out = {}
         for f in fields(self):
