@@ -29,7 +29,10 @@ def _state(fills, counts, C, H, S, E, dtype, seed=1):
     """A random state; buffer slots beyond ``fill`` hold junk that every form must ignore."""
     g = torch.Generator().manual_seed(seed)
     N = len(fills)
-    rnd = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     return MixedChunkState(
         kv=rnd(N, H, S, E).to(acc) * 3,
@@ -124,11 +127,41 @@ def test_chain_naive_chunk_recurrent(dtype, mode, norm, T):
     causal = mode != "noncausal"
     # sequence 0 continues mid-chunk after two chunks, sequence 1 at a chunk boundary
     state = _state([5, 0], [2 * C, 3 * C], C, H, S, E, dtype) if mode == "causal+state" else None
-    kw = dict(chunk_size=C, causal=causal, linear_norm=norm, output_final_state=causal)
+    kw = {"chunk_size": C, "causal": causal, "linear_norm": norm, "output_final_state": causal}
     ref = _run("naive", xs, rb, state, **kw)
     assert ref["o"].dtype == dtype
     for backend in ("chunk", "recurrent") if causal else ("chunk",):
         _assert_same(f"{backend} vs naive ({mode}, {norm}, T={T})", ref, _run(backend, xs, rb, state, **kw))
+
+
+def _loops_reference(xs, rb, C, causal, norm, scale):
+    """SPEC 2.3 read literally, one (query, key) pair at a time: the anchor the naive form is
+    checked against (everything else is checked against the naive form)."""
+    qq, kq, ql, kl, v = (x[0].double() for x in xs)  # B = 1
+    T, H, E = v.shape
+    o = torch.zeros(T, H, E, dtype=torch.float64)
+    for h in range(H):
+        for i in range(T):
+            lin, n = torch.zeros(E, dtype=torch.float64), 0
+            for j in range(T):
+                if i // C == j // C and (j <= i or not causal):
+                    a = scale * torch.dot(qq[i, h], kq[j, h]) + rb[h, i - j + C - 1]
+                    o[i, h] += max(a.item(), 0.0) ** 2 * v[j, h]
+                if j // C < i // C or not causal:
+                    lin += torch.dot(ql[i, h], kl[j, h]) * v[j, h]
+                    n += 1
+            N = {"tokens": n, "chunk": C, "none": 1}[norm]
+            o[i, h] += lin / N if N > 0 else 0.0
+    return o[None]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("norm", NORMS)
+def test_naive_matches_spec_loops(causal, norm):
+    C = 3
+    xs, rb = _inputs(1, 8, 2, 3, 2, C, torch.float64, seed=9)
+    o, _ = mixed_chunk_attention(*xs, chunk_size=C, causal=causal, rel_bias=rb, linear_norm=norm, backend="naive")
+    assert_exact(f"naive vs loops ({norm}, causal={causal})", _loops_reference(xs, rb, C, causal, norm, 1 / C), o)
 
 
 def test_final_state_layout():
@@ -155,7 +188,7 @@ def test_buffer_slots_past_fill_are_ignored():
         getattr(clean, f)[0, 3:] = 0
         getattr(clean, f)[1, 6:] = 0
     for backend in ("naive", "chunk", "recurrent"):
-        kw = dict(chunk_size=C, rel_bias=rb, output_final_state=True, backend=backend)
+        kw = {"chunk_size": C, "rel_bias": rb, "output_final_state": True, "backend": backend}
         o1, s1 = mixed_chunk_attention(*xs, initial_state=state, **kw)
         o2, s2 = mixed_chunk_attention(*xs, initial_state=clean, **kw)
         assert torch.equal(o1, o2), backend
@@ -189,7 +222,7 @@ def test_half_precision_rule(dtype, causal, norm):
     xs64, rb64 = _inputs(2, T, H, S, E, C, torch.float64, seed=5)
     xs = [x.to(dtype) for x in xs64]
     rb = rb64.to(dtype)
-    kw = dict(chunk_size=C, causal=causal, linear_norm=norm)
+    kw = {"chunk_size": C, "causal": causal, "linear_norm": norm}
     ref = _run("naive", xs64, rb64, None, **kw)
     base = _run("naive", xs, rb, None, **kw)
     for backend in ("chunk", "recurrent") if causal else ("chunk",):
@@ -209,7 +242,7 @@ def test_long_bf16_sequence_is_finite_and_matches_fp32():
     xs = [(torch.randn(1, T, 1, 8, generator=g) * 0.5 + 0.3).to(torch.bfloat16) for _ in range(5)]
     rb = torch.randn(1, 2 * C - 1, generator=g).to(torch.bfloat16)
     for norm in ("tokens", "none"):
-        kw = dict(chunk_size=C, rel_bias=rb, linear_norm=norm, output_final_state=True, backend="chunk")
+        kw = {"chunk_size": C, "rel_bias": rb, "linear_norm": norm, "output_final_state": True, "backend": "chunk"}
         o16, s16 = mixed_chunk_attention(*xs, **kw)
         o32, s32 = mixed_chunk_attention(*[x.float() for x in xs], **kw)
         assert o16.dtype == torch.bfloat16 and torch.isfinite(o16).all() and torch.isfinite(s16.kv).all()
@@ -246,7 +279,7 @@ def test_packing_equals_separate_calls(backend, causal):
     lens = [13, 1, 0, 21, 8]
     xs, rb, cu = _packed_inputs(lens, H, S, E, C, torch.float64)
     state = _state([3, 7, 2, 0, 5], [8, 0, 16, 24, 0], C, H, S, E, torch.float64) if causal else None
-    kw = dict(chunk_size=C, causal=causal, output_final_state=causal, backend=backend)
+    kw = {"chunk_size": C, "causal": causal, "output_final_state": causal, "backend": backend}
 
     xl, rbl, sl = _leaves(xs, rb, state)
     o, final = mixed_chunk_attention(*xl, rel_bias=rbl, initial_state=sl, cu_seqlens=cu, **kw)
@@ -277,7 +310,7 @@ def test_packing_never_mixes_sequences():
     C, lens = 8, [11, 6, 17]
     xs, rb, cu = _packed_inputs(lens, 1, 4, 4, C, torch.float32)
     for causal in (True, False):
-        kw = dict(chunk_size=C, causal=causal, rel_bias=rb, cu_seqlens=cu, backend="chunk")
+        kw = {"chunk_size": C, "causal": causal, "rel_bias": rb, "cu_seqlens": cu, "backend": "chunk"}
         o, _ = mixed_chunk_attention(*xs, **kw)
         ys = [x.clone() for x in xs]
         for y in ys:
@@ -315,7 +348,7 @@ def test_continuation_equals_one_call(dtype, norm, backends):
     xs, rb = _inputs(2, T, H, S, E, C, dtype, seed=3)
     state = _state([6, 1], [C, 0], C, H, S, E, dtype)
     splits = [0, 2, 2, 10, 16, 17, 18, 29, 45]
-    kw = dict(chunk_size=C, linear_norm=norm)
+    kw = {"chunk_size": C, "linear_norm": norm}
 
     xl, rbl, sl = _leaves(xs, rb, state)
     o, final = mixed_chunk_attention(*xl, rel_bias=rbl, initial_state=sl, output_final_state=True,
@@ -337,7 +370,7 @@ def test_packed_continuation(backend):
     lens = [19, 1, 30]
     cut = [5, 1, 16]
     xs, rb, cu = _packed_inputs(lens, H, S, E, C, torch.float64)
-    kw = dict(chunk_size=C, rel_bias=rb, output_final_state=True, backend=backend)
+    kw = {"chunk_size": C, "rel_bias": rb, "output_final_state": True, "backend": backend}
     o, final = mixed_chunk_attention(*xs, cu_seqlens=cu, **kw)
     idx1 = torch.cat([torch.arange(cu[n], cu[n] + cut[n]) for n in range(3)])
     idx2 = torch.cat([torch.arange(cu[n] + cut[n], cu[n + 1]) for n in range(3)])
@@ -393,7 +426,7 @@ def test_single_token_dispatches_to_recurrent(monkeypatch):
 def test_hypothesis_forms_and_split_agree(B, T, C, H, S, E, causal, norm, use_bias, scale, cut, seed):
     xs, rb = _inputs(B, T, H, S, E, C, torch.float64, seed=seed)
     rb = rb if use_bias else None
-    kw = dict(chunk_size=C, causal=causal, linear_norm=norm, scale=scale, output_final_state=causal)
+    kw = {"chunk_size": C, "causal": causal, "linear_norm": norm, "scale": scale, "output_final_state": causal}
     ref = _run("naive", xs, rb, None, **kw)
     for backend in ("chunk", "recurrent") if causal else ("chunk",):
         _assert_same(f"hyp {backend}", ref, _run(backend, xs, rb, None, **kw))
@@ -411,7 +444,7 @@ def test_hypothesis_forms_and_split_agree(B, T, C, H, S, E, causal, norm, use_bi
 
 def test_bad_inputs_fail_clearly():
     C = 4
-    xs, rb = _inputs(2, 8, 2, 3, 5, C, torch.float32)
+    xs, _ = _inputs(2, 8, 2, 3, 5, C, torch.float32)
     q, k, ql, kl, v = xs
     f = mixed_chunk_attention
     with pytest.raises(ValueError, match=r"\[B, T, H\]"):

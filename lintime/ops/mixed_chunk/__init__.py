@@ -117,4 +117,4 @@ def mixed_chunk_attention(
     )
 
 
-__all__ = ["mixed_chunk_attention", "MixedChunkState"]
+__all__ = ["MixedChunkState", "mixed_chunk_attention"]

@@ -26,7 +26,7 @@ def _prepend_buffers(xs, bufs, fills, bounds):
     ``[N, C, H, *]``.  Returns the packed inputs, their ``cu_seqlens`` and ``keep`` ``[B * T]``,
     the packed index of every original token (in ``[B, T]`` order).
     """
-    qq, kq, ql, kl, v = xs
+    qq = xs[0]
     parts = [[] for _ in range(5)]
     cu, keep, pos = [0], [], 0
     for n, (row, s, e) in enumerate(bounds):

@@ -47,8 +47,8 @@ def _one_sequence(qq, kq, ql, kl, v, kv0, count0, *, C, causal, rel_bias, scale,
     # final state: completed chunks go into kv, the rest is the new partial chunk
     done = (M // C) * C
     kv = kv0 + torch.einsum("jhs,jhe->hse", kl[:done], v[:done])
-    pad = lambda x: torch.cat([x[done:], x.new_zeros((C - (M - done), *x.shape[1:]))])  # noqa: E731
-    return o, (kv, count0 + done, pad(kq), pad(kl), pad(v), M - done)
+    kq, kl, v = (torch.cat([x[done:], x.new_zeros((C - (M - done), *x.shape[1:]))]) for x in (kq, kl, v))
+    return o, (kv, count0 + done, kq, kl, v, M - done)
 
 
 def naive_mixed_chunk_attention(
@@ -73,11 +73,13 @@ def naive_mixed_chunk_attention(
     o = torch.zeros(B, T, H, E, dtype=dt, device=q_quad.device)
     finals = []
     for n, (row, s, e) in enumerate(bounds):
-        f = fills[n]
-        cat = lambda buf, x: torch.cat([buf[n, :f], x[row, s:e].to(dt)])  # noqa: E731
+        # keys and values: the f buffered tokens, then this call's tokens
+        kq_n, kl_n, v_n = (
+            torch.cat([buf[n, : fills[n]], x[row, s:e].to(dt)]) for buf, x in ((bk, k_quad), (bl, k_lin), (bv, v))
+        )
         o_n, fin = _one_sequence(
-            q_quad[row, s:e].to(dt), cat(bk, k_quad), q_lin[row, s:e].to(dt), cat(bl, k_lin), cat(bv, v),
-            state.kv[n].to(dt), counts[n], C=C, causal=causal, rel_bias=bias, scale=scale, linear_norm=linear_norm,
+            q_quad[row, s:e].to(dt), kq_n, q_lin[row, s:e].to(dt), kl_n, v_n, state.kv[n].to(dt), counts[n],
+            C=C, causal=causal, rel_bias=bias, scale=scale, linear_norm=linear_norm,
         )
         o[row, s:e] = o_n
         finals.append(fin)
