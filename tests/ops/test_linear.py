@@ -121,6 +121,14 @@ def test_automatic_backend_choice():
     assert_exact("auto backend", ref, o)
 
 
+def test_chunk_size_beyond_T_is_capped():
+    """A chunk size far beyond T costs nothing extra (no 10^6 x 10^6 block) and changes nothing."""
+    q, k, v = _inputs(2, 20, 2, 8, 6)
+    ref, _ = linear_attention(q, k, v, backend="naive")
+    o, _ = linear_attention(q, k, v, chunk_size=10**6, backend="chunk")
+    assert_exact("chunk_size 1e6", ref, o)
+
+
 def test_non_causal_state_is_the_whole_sequence_sum():
     """A non-causal call's final state is the sum over its sequence: the causal final state."""
     q, k, v = _inputs(2, 30, 2, 8, 6)

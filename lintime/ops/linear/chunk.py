@@ -36,7 +36,9 @@ def chunk_linear_attention(
     V = v.shape[-1]
     scale = K**-0.5 if scale is None else scale
     dt, out_dtype = acc_dtype(q), q.dtype
-    lay = chunk_layout(B, T, chunk_size, cu_seqlens, q.device)
+    # a chunk longer than the input only adds padding (and a C x C block): cap it at T
+    C = max(1, min(chunk_size, T))
+    lay = chunk_layout(B, T, C, cu_seqlens, q.device)
 
     q, k, v = q.to(dt), k.to(dt), v.to(dt)
     if normalize:
@@ -53,7 +55,7 @@ def chunk_linear_attention(
     if causal:
         # seed chunked mode: Y_i = S_{cn} Q_i + sum_{j=cn+1}^{i} K_j^T Q_i V_j
         A = torch.einsum("rnihk,rnjhk->rnhij", qc, kc)  # [R, NC, H, C, C]
-        A = A * torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
+        A = A * torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
         oc = torch.einsum("rnihk,rnhkv->rnihv", qc, before) + torch.einsum("rnhij,rnjhv->rnihv", A, vc)
     else:
         total = final.index_select(0, lay.seq.reshape(-1)).view(lay.R, lay.NC, H, K, -1)
