@@ -1,0 +1,167 @@
+"""Family ``gau``: FLASH-Quad, a stack of Gated Attention Units (FLASH seed Section 2, Code 6,
+Tables 1, 8-10).
+
+Blocks are mixer-only (``ffn=None``: the GAU is its own feed-forward), pre-norm, with a ScaledSin
+absolute embedding (``position='scaled_sin'``) and RoPE + a Toeplitz relative bias inside the
+layer.  ``flash-quad-base`` is Table 9's 24 GAU layers at d=768, e=1536, s=128; ``-large`` Table
+10's 72 layers at d=1024.  The sizes below are shared with the ``flash`` family.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from lintime.layers.gau import GAU
+from lintime.models.families.softmax import SEED_VOCAB
+from lintime.models.registry import register_family
+
+if TYPE_CHECKING:
+    from lintime.models.config import ModelConfig
+
+# Byte-level presets use lintime.data's ByteTokenizer: 256 bytes + <pad> <bos> <eos> <mask>.
+# (Hard-coded: models do not import data; tests/models/test_gau.py checks the two agree.)
+BYTE_VOCAB = 260
+
+# size -> (d_model, GAU layers, s, chunk size C, vocab, max_len n).  Seed Tables 8-9 (base) and 10
+# (large): 24 / 72 layers, expansion 2, s = 128, C = 256 / 512.  max_len is the fixed n of the
+# 1/n scaling: the shortest context of each table (512 on Wiki-40B / C4, 1024 on PG-19).
+SIZES = {
+    "tiny": (128, 4, 64, 64, BYTE_VOCAB, 512),
+    "small": (256, 8, 128, 128, BYTE_VOCAB, 512),
+    "base": (768, 24, 128, 256, SEED_VOCAB, 512),
+    "large": (1024, 72, 128, 512, SEED_VOCAB, 1024),
+}
+
+
+def fail(where: str, msg: str) -> None:
+    raise ValueError(f"{where}: {msg}")
+
+
+def check_int(where: str, name: str, value, lo: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+        fail(where, f"{name} must be an int >= {lo}, got {value!r}")
+
+
+def check_bool(where: str, **values) -> None:
+    for name, value in values.items():
+        if not isinstance(value, bool):
+            fail(where, f"{name} must be a bool, got {value!r}")
+
+
+def check_choice(where: str, name: str, value, choices) -> None:
+    if value not in choices:
+        fail(where, f"{name} must be one of {tuple(choices)}, got {value!r}")
+
+
+def check_rope_base(where: str, value) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 1:
+        fail(where, f"rope_base must be a number > 1, got {value!r}")
+
+
+def check_expansion(where: str, value) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        fail(where, f"expansion must be a positive number, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GAUConfig:
+    """One GAU per block (see :class:`lintime.layers.gau.GAU` for the math).
+
+    ``s``            shared key width (seed footnote 4: 128);
+    ``expansion``    ``e = round(expansion * d_model)`` (seed: 2);
+    ``max_len``      the fixed ``n`` of the ``1/n`` scalings and the relative-bias table size
+                     (``< 512``: a direct table, sequences may not be longer; ``>= 512``: the
+                     RoPE-built bias of seed Code 4, any length);
+    ``kernel``       ``'relu2'`` (seed) | ``'softmax'`` (Table 1 "relu^2 -> softmax", scale ``1/sqrt(s)``);
+    ``scaling``      relu2 only: ``'n'`` = seed Code 6 ``relu(qk/n + b)^2`` | ``'ns'`` = commentary
+                     ``relu(qk/sqrt(s) + b)^2 / n``; ``None`` = ``'n'`` (and must be ``None`` for softmax);
+    ``causal_norm``  relu2 only: ``n`` becomes the number of keys a query sees (commentary,
+                     "divide by t"; non-causal: the sequence length);
+    ``n_heads``      Table 1 "single-head -> multi-head" (``s`` and ``e`` split across heads);
+    ``gating``       ``False``: Table 1 "no gating" (``y = dense(A V)``, no ``u``);
+    ``rel_bias``     the Toeplitz bias (``False``: RoPE only, the commentary's choice);
+    ``rope_base``, ``bias`` (dense biases, the seed's default).
+    """
+
+    s: int = 128
+    expansion: float = 2.0
+    max_len: int = 512
+    kernel: str = "relu2"
+    scaling: str | None = None
+    causal_norm: bool = False
+    n_heads: int = 1
+    gating: bool = True
+    rel_bias: bool = True
+    rope_base: float = 10000.0
+    bias: bool = True
+
+    def __post_init__(self):
+        w = "GAUConfig"
+        check_int(w, "s", self.s)
+        check_expansion(w, self.expansion)
+        check_int(w, "max_len", self.max_len)
+        check_choice(w, "kernel", self.kernel, ("relu2", "softmax"))
+        check_bool(w, causal_norm=self.causal_norm, gating=self.gating, rel_bias=self.rel_bias, bias=self.bias)
+        if self.kernel == "softmax":
+            if self.scaling is not None:
+                fail(w, f"kernel='softmax' scales scores by 1/sqrt(s) and normalises itself; "
+                        f"leave scaling=None (got {self.scaling!r})")
+            if self.causal_norm:
+                fail(w, "causal_norm applies to the relu2 kernel (softmax normalises itself)")
+        else:
+            check_choice(w, "scaling", self.scaling, (None, "n", "ns"))
+        check_int(w, "n_heads", self.n_heads)
+        if self.s % self.n_heads or (self.s // self.n_heads) % 2:
+            fail(w, f"n_heads={self.n_heads} must split s={self.s} into heads of even width (RoPE)")
+        check_rope_base(w, self.rope_base)
+
+    @property
+    def resolved_scaling(self) -> str:
+        return self.scaling or "n"
+
+    def expansion_dim(self, d_model: int) -> int:
+        return max(1, round(self.expansion * d_model))
+
+    def check(self, config: "ModelConfig") -> None:
+        e = self.expansion_dim(config.d_model)
+        if e % self.n_heads:
+            fail("GAUConfig", f"n_heads={self.n_heads} does not divide e = expansion * d_model = {e}")
+
+
+def build(config: "ModelConfig", layer_idx: int, causal: bool) -> GAU:
+    m: GAUConfig = config.mixer
+    return GAU(
+        config.d_model, expansion_dim=m.expansion_dim(config.d_model), key_dim=m.s, max_len=m.max_len,
+        causal=causal, kernel=m.kernel, scaling=m.resolved_scaling, causal_norm=m.causal_norm,
+        n_heads=m.n_heads, gating=m.gating, rel_bias=m.rel_bias, rope_base=m.rope_base, bias=m.bias,
+    )
+
+
+def gau_model(size: str, family: str, mixer, norm: str = "layernorm") -> "ModelConfig":
+    """A FLASH-Quad / FLASH model of ``size`` (seed Tables 8-10 rows: GAU blocks, no separate FFN,
+    ScaledSin absolute positions + RoPE, LayerNorm for LM / ScaleNorm for MLM, tied embeddings)."""
+    from lintime.models.config import ModelConfig
+
+    d, L, _, _, vocab, _ = SIZES[size]
+    return ModelConfig(
+        vocab_size=vocab, d_model=d, n_layers=L, family=family, mixer=mixer, ffn=None, norm=norm,
+        position="scaled_sin", tie_embeddings=True,
+    )
+
+
+def presets() -> dict[str, "ModelConfig"]:
+    out = {}
+    for size, (_, _, s, _, _, n) in SIZES.items():
+        out[f"flash-quad-{size}"] = gau_model(size, "gau", GAUConfig(s=s, max_len=n))
+    # Table 8 (MLM on C4): ScaleNorm
+    out["flash-quad-base-mlm"] = gau_model("base", "gau", GAUConfig(max_len=512), norm="scalenorm")
+    return out
+
+
+FAMILY = register_family(
+    "gau", GAUConfig, build,
+    seed="flash-transformer-quality-in-linear-time.txt",
+    description="Gated Attention Unit, quadratic (FLASH-Quad)",
+    presets=presets,
+)
