@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn as nn
+from torch import nn
 
 CONFIG_FILE = "config.json"
 TOKENIZER_DIR = "tokenizer"

@@ -1,0 +1,52 @@
+"""``lintime data``: tokenise a corpus into the token cache (maps to :func:`lintime.data.prepare`)."""
+
+from __future__ import annotations
+
+from lintime.cli import command
+
+
+@command
+def data(
+    corpus: str = "stdlib",
+    tokenizer: str = "byte",
+    cache_dir: str | None = None,
+    splits: str = "train,validation,test",
+    text_field: str = "text",
+    val_fraction: float = 0.05,
+    test_fraction: float = 0.05,
+    source_hash: str = "stat",
+    rebuild: bool = False,
+    quiet: bool = False,
+) -> None:
+    """Tokenise a corpus into the memory-mapped token cache that `lintime train` reads.
+
+    A split whose cache matches (same files, tokenizer and split rule) is reused; otherwise it is
+    rebuilt atomically.  Reports each split on stderr and prints the cache folder on stdout.
+
+    Args:
+        corpus: stdlib (the Python standard library), a folder, a file (.txt, .jsonl, .parquet, ...) or a glob.
+        tokenizer: byte, bpe:N (train an N-token byte-level BPE on the train split) or bpe:FOLDER (load one).
+        cache_dir: cache folder (default: $LINTIME_CACHE/data/<corpus>-<tokenizer>, LINTIME_CACHE defaulting to ~/.cache/lintime).
+        splits: comma-separated splits to prepare (train, validation, test).
+        text_field: JSONL field / parquet column holding the text.
+        val_fraction: fraction of documents in the validation split (hash rule, see docs/data.md).
+        test_fraction: fraction of documents in the test split.
+        source_hash: stat (paths, sizes, mtimes: cheap) or content (hash the bytes) to decide cache reuse.
+        rebuild: rebuild even when the cache matches.
+        quiet: no progress bar or per-split lines on stderr.
+    """
+    from lintime.data import prepare
+
+    wanted = tuple(s.strip() for s in splits.split(",") if s.strip())
+    if not wanted:
+        raise ValueError("--splits names no split; use e.g. train,validation,test")
+    if source_hash not in ("stat", "content"):
+        raise ValueError(f"--source-hash must be 'stat' or 'content', got {source_hash!r}")
+    result = prepare(
+        corpus, tokenizer, cache_dir, splits=wanted, text_field=text_field, val_fraction=val_fraction,
+        test_fraction=test_fraction, source_hash=source_hash, rebuild=rebuild, quiet=quiet,
+    )
+    # prepare reports each split on stderr; stdout gets the folder to hand to `lintime train --cache-dir`
+    folder = next(iter(result.values())).path.parent
+    tokens = sum(ds.n_tokens for ds in result.values())
+    print(f"{folder}  ({', '.join(result)}: {tokens:,} tokens, tokenizer {next(iter(result.values())).tokenizer.name})")

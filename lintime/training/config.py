@@ -1,0 +1,299 @@
+"""The training config (:class:`TrainConfig`) and the seeds' optimisation recipes (:data:`RECIPES`).
+
+A recipe is a named set of optimiser and schedule settings taken from a seed; every field can be
+overridden in the :class:`TrainConfig` (``lr=1e-3`` on top of ``recipe="flash"``).
+:meth:`TrainConfig.resolved` fills the overrides left at ``None`` from the recipe and the budget
+default, and that resolved config is what a run stores in ``config.json``, so a run folder says
+exactly how it was trained.
+
+Batch geometry: ``tokens_per_batch`` and ``context_len`` are the first-class settings (the seeds
+fix tokens per batch, e.g. 2^18, and vary the context); a batch has
+``rows = tokens_per_batch / context_len`` rows, processed ``micro_batch_tokens / context_len``
+rows at a time with gradient accumulation.
+
+Warm-up is a *fraction of the schedule's horizon* (the step budget, or the time budget), so a
+recipe carries over to runs of any length: the FLASH seed's 10K warm-up steps of 125K are 0.08.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+DEFAULT_STEPS = 300  # budget when none of steps / tokens / time_minutes is given
+DECAYS = ("linear", "cosine", "constant")
+OBJECTIVES = ("clm", "mlm")
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """Optimiser (AdamW) and learning-rate schedule of one seed.
+
+    ``lr``              peak learning rate;
+    ``betas``, ``eps``, ``weight_decay``  AdamW (decay on matrices only: ``model.param_groups``);
+    ``warmup``          linear warm-up from 0, as a fraction of the horizon;
+    ``decay``           after warm-up: ``linear`` / ``cosine`` from ``lr`` to ``final_lr_ratio * lr``
+                        at the end of the horizon, or ``constant``;
+    ``clip``            max global gradient norm (0 = no clipping);
+    ``aux_weight``      weight of the mixers' auxiliary losses (Transformer-VQ's commit loss
+                        coefficient beta, seed Eq. 35);
+    ``source``          where each number comes from.
+    """
+
+    name: str
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    warmup: float
+    decay: str
+    final_lr_ratio: float
+    clip: float
+    aux_weight: float
+    source: str
+
+
+RECIPES: dict[str, Recipe] = {
+    "flash": Recipe(
+        name="flash",
+        lr=7e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
+        warmup=10_000 / 125_000, decay="linear", final_lr_ratio=0.0, clip=0.1, aux_weight=1e-4,
+        source="FLASH seed Tables 6-7 (MLM on C4, LM on Wiki-40B / PG-19): AdamW, peak 7e-4, eps 1e-6, "
+               "betas (0.9, 0.999), weight decay 0.01, 10K warm-up steps of 125K, linear decay, "
+               "local gradient clipping 0.1 (applied here as global-norm clipping at 0.1)",
+    ),
+    "vq": Recipe(
+        name="vq",
+        lr=4e-4, betas=(0.9, 0.98), eps=1e-9, weight_decay=2e-4,
+        warmup=10_000 / 125_000, decay="cosine", final_lr_ratio=0.1, clip=0.1, aux_weight=1e-4,
+        source="Transformer-VQ seed Appendix C (AdamW runs, Enwik8 column of Table 10): peak 4e-4, "
+               "betas (0.9, 0.98), eps 1e-9, gradient clip 0.1, weight decay 0.0002, 10K warm-up steps of "
+               "125K, cosine decay by 10x, commit coefficient beta 1e-4",
+    ),
+    "gla": Recipe(
+        name="gla",
+        lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01,
+        warmup=0.02, decay="cosine", final_lr_ratio=0.0, clip=1.0, aux_weight=1e-4,
+        source="GLA seed (training details): AdamW, peak 3e-4, cosine decay; the seed gives nothing else, "
+               "so betas (0.9, 0.95), eps 1e-8, weight decay 0.01, warm-up 2 %, decay to 0 and clipping "
+               "at 1.0 are lintime's choices",
+    ),
+}
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything that decides a training run (serialised as the ``train`` entry of ``config.json``).
+
+    Model and data: ``preset`` (a :func:`lintime.models.get_preset` name; its ``vocab_size`` is
+    replaced by the tokenizer's), ``objective`` (``clm`` causal LM | ``mlm`` masked LM),
+    ``corpus`` / ``tokenizer`` / ``cache_dir`` / ``text_field`` (:func:`lintime.data.prepare`),
+    ``mlm_prob``.
+
+    Batch: ``context_len`` (tokens per row), ``tokens_per_batch`` (per optimiser step, a multiple
+    of ``context_len``), ``micro_batch_tokens`` (tokens per forward/backward, dividing
+    ``tokens_per_batch``; ``None`` = the whole batch at once).
+
+    Budget (training stops at the first one reached; at least one is used): ``steps``, ``tokens``
+    (converted to ``ceil(tokens / tokens_per_batch)`` steps), ``time_minutes`` (wall clock, not
+    counting start-up, validation and checkpoints).  The schedule's horizon is the step budget
+    when there is one, else the time budget (then the schedule follows the clock and a run is
+    not reproducible step for step).  None of them: ``DEFAULT_STEPS`` steps.
+
+    Optimisation: ``recipe`` (a name in :data:`RECIPES`) and overrides ``lr``, ``warmup``,
+    ``decay``, ``final_lr_ratio``, ``weight_decay``, ``beta1``, ``beta2``, ``eps``, ``clip``,
+    ``aux_weight`` (``None`` = the recipe's value).
+
+    Running: ``seed``, ``device`` (``auto`` = cuda when available), ``precision`` (``auto`` = bf16
+    autocast on CUDA, fp32 on CPU), ``compile`` (``torch.compile`` the model),
+    ``deterministic`` (``torch.use_deterministic_algorithms``).
+
+    Watching and saving (every ``*_every`` counts optimiser steps; 0 = only at the end):
+    ``log_every``, ``eval_every`` / ``eval_tokens`` (validation tokens per evaluation),
+    ``save_every`` / ``keep`` (checkpoints kept; 0 = all), ``tensorboard``, ``plots``.
+
+    Final sample (causal LM only): ``sample_prompt``, ``sample_tokens`` (0 = none),
+    ``temperature`` (0 = greedy), ``top_k`` (0 = off).
+    """
+
+    preset: str = "flash-tiny"
+    objective: str = "clm"
+    corpus: str = "stdlib"
+    tokenizer: str = "byte"
+    cache_dir: str | None = None
+    text_field: str = "text"
+    mlm_prob: float = 0.15
+    context_len: int = 256
+    tokens_per_batch: int = 8192
+    micro_batch_tokens: int | None = None
+    steps: int | None = None
+    tokens: int | None = None
+    time_minutes: float | None = None
+    recipe: str = "flash"
+    lr: float | None = None
+    warmup: float | None = None
+    decay: str | None = None
+    final_lr_ratio: float | None = None
+    weight_decay: float | None = None
+    beta1: float | None = None
+    beta2: float | None = None
+    eps: float | None = None
+    clip: float | None = None
+    aux_weight: float | None = None
+    seed: int = 0
+    device: str = "auto"
+    precision: str = "auto"
+    compile: bool = False
+    deterministic: bool = False
+    log_every: int = 1
+    eval_every: int = 100
+    eval_tokens: int = 65536
+    save_every: int = 100
+    keep: int = 3
+    tensorboard: bool = False
+    plots: bool = True
+    sample_prompt: str = "def "
+    sample_tokens: int = 200
+    temperature: float = 0.8
+    top_k: int = 0
+
+    def __post_init__(self):
+        def fail(msg: str) -> None:
+            raise ValueError(f"train config: {msg}")
+
+        def positive_int(name: str, allow_none: bool = False, allow_zero: bool = False) -> None:
+            v = getattr(self, name)
+            if v is None and allow_none:
+                return
+            low = 0 if allow_zero else 1
+            if not _is_int(v) or v < low:
+                fail(f"{name} must be an integer >= {low}, got {v!r}")
+
+        for name in ("preset", "corpus", "tokenizer", "text_field"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                fail(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
+        if self.objective not in OBJECTIVES:
+            fail(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.recipe not in RECIPES:
+            fail(f"unknown recipe {self.recipe!r}; recipes: {', '.join(RECIPES)}")
+        if self.device not in DEVICES and not str(self.device).startswith("cuda:"):
+            fail(f"device must be one of {DEVICES} or 'cuda:N', got {self.device!r}")
+        if self.precision not in PRECISIONS:
+            fail(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if not _is_num(self.mlm_prob) or not 0 < self.mlm_prob < 1:
+            fail(f"mlm_prob must be in (0, 1), got {self.mlm_prob!r}")
+        positive_int("context_len")
+        positive_int("tokens_per_batch")
+        positive_int("micro_batch_tokens", allow_none=True)
+        if self.tokens_per_batch % self.context_len:
+            fail(f"tokens_per_batch ({self.tokens_per_batch}) must be a multiple of context_len ({self.context_len})")
+        if self.micro_batch_tokens is not None:
+            if self.micro_batch_tokens % self.context_len:
+                fail(f"micro_batch_tokens ({self.micro_batch_tokens}) must be a multiple of context_len ({self.context_len})")
+            if self.tokens_per_batch % self.micro_batch_tokens:
+                fail(f"micro_batch_tokens ({self.micro_batch_tokens}) must divide tokens_per_batch ({self.tokens_per_batch})")
+        positive_int("steps", allow_none=True)
+        positive_int("tokens", allow_none=True)
+        if self.time_minutes is not None and (not _is_num(self.time_minutes) or self.time_minutes <= 0):
+            fail(f"time_minutes must be > 0, got {self.time_minutes!r}")
+        if self.lr is not None and (not _is_num(self.lr) or self.lr <= 0):
+            fail(f"lr must be > 0, got {self.lr!r}")
+        if self.warmup is not None and (not _is_num(self.warmup) or not 0 <= self.warmup < 1):
+            fail(f"warmup is a fraction of the schedule in [0, 1), got {self.warmup!r}")
+        if self.decay is not None and self.decay not in DECAYS:
+            fail(f"decay must be one of {DECAYS}, got {self.decay!r}")
+        if self.final_lr_ratio is not None and (not _is_num(self.final_lr_ratio) or not 0 <= self.final_lr_ratio <= 1):
+            fail(f"final_lr_ratio must be in [0, 1], got {self.final_lr_ratio!r}")
+        for name in ("beta1", "beta2"):
+            v = getattr(self, name)
+            if v is not None and (not _is_num(v) or not 0 <= v < 1):
+                fail(f"{name} must be in [0, 1), got {v!r}")
+        if self.eps is not None and (not _is_num(self.eps) or self.eps <= 0):
+            fail(f"eps must be > 0, got {self.eps!r}")
+        for name in ("weight_decay", "clip", "aux_weight"):
+            v = getattr(self, name)
+            if v is not None and (not _is_num(v) or v < 0):
+                fail(f"{name} must be >= 0, got {v!r}")
+        if not _is_int(self.seed) or self.seed < 0:
+            fail(f"seed must be an integer >= 0, got {self.seed!r}")
+        for name in ("log_every", "eval_every", "save_every", "keep", "sample_tokens", "top_k"):
+            positive_int(name, allow_zero=True)
+        positive_int("eval_tokens")
+        if not _is_num(self.temperature) or self.temperature < 0:
+            fail(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        for name in ("compile", "deterministic", "tensorboard", "plots"):
+            if not isinstance(getattr(self, name), bool):
+                fail(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def rows_per_batch(self) -> int:
+        """Rows (sequences of ``context_len``) per optimiser step."""
+        return self.tokens_per_batch // self.context_len
+
+    @property
+    def rows_per_micro_batch(self) -> int:
+        return (self.micro_batch_tokens or self.tokens_per_batch) // self.context_len
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self.rows_per_batch // self.rows_per_micro_batch
+
+    @property
+    def step_budget(self) -> int | None:
+        """Steps to train, from ``steps`` and ``tokens`` (the smaller), or None (time only)."""
+        found = []
+        if self.steps is not None:
+            found.append(self.steps)
+        if self.tokens is not None:
+            found.append(math.ceil(self.tokens / self.tokens_per_batch))
+        return min(found) if found else None
+
+    # ------------------------------------------------------------------ recipe
+    def resolved(self) -> TrainConfig:
+        """This config with every ``None`` optimiser field taken from the recipe, and the default
+        step budget when no budget is given."""
+        r = RECIPES[self.recipe]
+        fill = {
+            "lr": r.lr, "warmup": r.warmup, "decay": r.decay, "final_lr_ratio": r.final_lr_ratio,
+            "weight_decay": r.weight_decay, "beta1": r.betas[0], "beta2": r.betas[1], "eps": r.eps,
+            "clip": r.clip, "aux_weight": r.aux_weight,
+        }
+        changes = {k: v for k, v in fill.items() if getattr(self, k) is None}
+        if self.steps is None and self.tokens is None and self.time_minutes is None:
+            changes["steps"] = DEFAULT_STEPS
+        return dataclasses.replace(self, **changes) if changes else self
+
+    # ------------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        if not isinstance(d, dict):
+            raise ValueError(f"train config must be a dict, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"train config: unknown field(s) {unknown}")
+        return cls(**d)
+
+
+# Settings a resumed run may change: they do not alter the sequence of updates (budgets only
+# move the end, and with a step budget they also move the schedule's horizon -- see resume docs).
+RESUMABLE_CHANGES = (
+    "steps", "tokens", "time_minutes", "log_every", "eval_every", "eval_tokens", "save_every", "keep",
+    "tensorboard", "plots", "sample_prompt", "sample_tokens", "temperature", "top_k", "device", "compile",
+    "cache_dir",
+)

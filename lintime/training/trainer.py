@@ -1,0 +1,557 @@
+"""The training loop.
+
+:func:`train` runs one :class:`~lintime.training.config.TrainConfig` into a run folder (layout:
+:mod:`lintime.training.checkpoint`), or continues one from a checkpoint.  The pieces it is made of
+are plain functions that tests and other tools call directly: :func:`packed_rows` (a slice of a
+batch in the packed layout), :func:`forward_backward` (one optimiser step's gradients, with
+accumulation), :func:`evaluate` (validation loss, bits per byte / perplexity).
+
+Notation: ``B`` rows per batch (``tokens_per_batch / context_len``), ``T`` = ``context_len``,
+``b`` rows per micro-batch, ``V`` vocabulary.
+
+Every step the model sees the batch in the packed layout, ``input_ids.reshape(1, b*T)`` with the
+batch's flattened ``cu_seqlens``, so documents never see each other.  The loss of a step is the
+mean cross-entropy over the predicted tokens of the *whole* batch (each micro-batch contributes
+its summed loss divided by the batch's number of targets, so accumulation gives the big batch's
+gradient), plus ``aux_weight`` times the mixers' auxiliary losses (Transformer-VQ's commitment
+loss, seed Eq. 35; each micro-batch's is weighted by its share ``b / B`` of the rows).  Mixers
+that keep state updated in training mode (the VQ codebook's EMA k-means) update it during the
+forward pass; evaluation runs the model in eval mode, which leaves such state alone.
+
+Resume: the checkpoint holds the optimiser, the data iterator's position, every RNG state, the
+step, tokens and elapsed time; the schedule is a pure function of the step.  So on a fixed device
+(CPU fp32 tested) a resumed run produces exactly the per-step losses of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import math
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from lintime.data import (
+    IGNORE_INDEX,
+    Batch,
+    BatchIterator,
+    TokenDataset,
+    Tokenizer,
+    prepare,
+)
+from lintime.training import checkpoint as ckpt
+from lintime.training.config import RESUMABLE_CHANGES, TrainConfig
+from lintime.training.metrics import MetricsWriter, plot_metrics
+from lintime.training.schedule import lr_at_progress, lr_at_step
+
+STATE_FORMAT = 1
+SAMPLE_FILE = "sample.txt"
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What :func:`train` returns."""
+
+    run_dir: Path
+    step: int
+    tokens: int
+    elapsed_s: float  # training wall time (without validation and checkpoints), summed over resumes
+    first_loss: float | None  # loss of the first step taken by this call
+    last_loss: float | None  # loss of the last step taken by this call
+    val: dict | None  # the final validation metrics: val_loss and val_bpb or val_ppl
+    sample: str | None
+    checkpoint: Path | None
+
+
+# ---------------------------------------------------------------------------------------------
+# devices and precision
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but CUDA is not available here (use --device cpu)")
+    return dev
+
+
+def autocast_dtype(device: torch.device, precision: str) -> torch.dtype | None:
+    """bf16 autocast on CUDA (``auto`` / ``bf16``), none (fp32) on CPU unless ``bf16`` is asked."""
+    if precision == "fp32" or (precision == "auto" and device.type != "cuda"):
+        return None
+    return torch.bfloat16
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# one step
+
+
+def packed_rows(batch: Batch, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows ``start:stop`` of ``batch`` in the packed layout: ``input_ids [1, n*T]``,
+    ``targets [n*T]`` and their ``cu_seqlens [N'+1]`` (int32; every row start is a boundary)."""
+    B, T = batch.input_ids.shape
+    if not 0 <= start < stop <= B:
+        raise ValueError(f"need 0 <= start < stop <= {B}, got {start}:{stop}")
+    cu = batch.cu_seqlens.long()
+    lo, hi = start * T, stop * T
+    cu = cu[(cu >= lo) & (cu <= hi)] - lo
+    ids = batch.input_ids[start:stop].reshape(1, -1)
+    return ids, batch.targets[start:stop].reshape(-1), cu.to(torch.int32)
+
+
+def forward_backward(
+    model: torch.nn.Module,
+    batch: Batch,
+    *,
+    micro_rows: int,
+    aux_weight: float = 0.0,
+    autocast: torch.dtype | None = None,
+) -> tuple[float, float]:
+    """Accumulate into ``.grad`` the gradient of the batch's loss (see the module docstring),
+    ``micro_rows`` rows per forward/backward.  Returns ``(loss, aux)``: the mean cross-entropy per
+    predicted token and the weighted auxiliary loss, as Python floats."""
+    B = batch.input_ids.shape[0]
+    if micro_rows < 1 or B % micro_rows:
+        raise ValueError(f"micro_rows ({micro_rows}) must divide the batch's {B} rows")
+    device = next(model.parameters()).device
+    n_targets = max(int((batch.targets != IGNORE_INDEX).sum()), 1)
+    ce_total, aux_total = 0.0, 0.0
+    for start in range(0, B, micro_rows):
+        ids, targets, cu = packed_rows(batch, start, start + micro_rows)
+        ids, targets, cu = ids.to(device), targets.to(device), cu.to(device)
+        aux: dict[str, torch.Tensor] = {}
+        with _autocast(device, autocast):
+            logits = model(ids, cu_seqlens=cu, aux_losses=aux)  # [1, b*T, V]
+        ce = F.cross_entropy(logits[0].float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+        loss = ce / n_targets
+        if aux:
+            aux_loss = aux_weight * (micro_rows / B) * sum(v.float() for v in aux.values())
+            loss = loss + aux_loss
+            aux_total += float(aux_loss.detach())
+        loss.backward()
+        ce_total += float(ce.detach())
+    return ce_total / n_targets, aux_total
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module,
+    dataset: TokenDataset,
+    *,
+    context_len: int,
+    rows: int,
+    max_tokens: int,
+    objective: str = "clm",
+    seed: int = 0,
+    mlm_prob: float = 0.15,
+    autocast: torch.dtype | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> dict:
+    """Validation on the first ``max_tokens`` tokens of ``dataset`` in split order (the same
+    tokens every time): ``{"val_loss", "val_bpb" | "val_ppl", "val_targets"}``.  ``val_bpb`` (byte
+    tokenizer: the mean loss in bits per predicted byte) or else ``val_ppl`` = exp(loss)."""
+    tok = tokenizer if tokenizer is not None else dataset.tokenizer
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    it = BatchIterator(dataset, batch_size=rows, context_len=context_len, tokenizer=tok, objective=objective,
+                       seed=seed, shuffle=False, epochs=1, mlm_prob=mlm_prob)
+    total, n, seen = 0.0, 0, 0
+    for batch in it:
+        ids, targets, cu = packed_rows(batch, 0, rows)
+        with _autocast(device, autocast):
+            logits = model(ids.to(device), cu_seqlens=cu.to(device))
+        targets = targets.to(device)
+        total += float(F.cross_entropy(logits[0].float(), targets, ignore_index=IGNORE_INDEX, reduction="sum"))
+        n += int((targets != IGNORE_INDEX).sum())
+        seen += rows * context_len
+        if seen >= max_tokens:
+            break
+    model.train(was_training)
+    if n == 0:
+        raise ValueError("the validation split has no tokens to predict")
+    loss = total / n
+    out = {"val_loss": loss, "val_targets": n}
+    if tok.bits_per_byte:
+        out["val_bpb"] = loss / math.log(2)
+    else:
+        out["val_ppl"] = math.exp(min(loss, 700.0))
+    return out
+
+
+def describe_val(val: dict) -> str:
+    score = f"{val['val_bpb']:.4f} bits/byte" if "val_bpb" in val else f"perplexity {val['val_ppl']:.2f}"
+    return f"val loss {val['val_loss']:.4f} ({score})"
+
+
+# ---------------------------------------------------------------------------------------------
+# RNG state (plain tensors and tuples, so torch.load(weights_only=True) reads it)
+
+
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_everything(seed: int, deterministic: bool = False) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        import os
+
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+
+
+# ---------------------------------------------------------------------------------------------
+# run set-up
+
+
+def default_run_name(preset: str) -> str:
+    return f"{preset}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def check_resume_compatible(saved: TrainConfig, asked: TrainConfig) -> None:
+    """Raise ``ValueError`` when ``asked`` changes a setting that a resumed run cannot change."""
+    diffs = []
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in RESUMABLE_CHANGES:
+            continue
+        a, b = getattr(saved, f.name), getattr(asked, f.name)
+        if a != b:
+            diffs.append(f"{f.name}={b!r} (the run has {a!r})")
+    if diffs:
+        raise ValueError(f"cannot resume: the checkpoint was trained with other settings: {'; '.join(diffs[:4])}")
+
+
+def _echo_default(line: str) -> None:
+    try:
+        from tqdm import tqdm
+
+        tqdm.write(line, file=sys.stdout)
+    except ImportError:
+        print(line, flush=True)
+
+
+class _Bar:
+    """tqdm progress bar (plain lines every 10 % when tqdm is missing, nothing when disabled)."""
+
+    def __init__(self, total: int | None, initial: int, enabled: bool, unit: str):
+        self._bar = None
+        self._plain_total = total
+        self._n = initial
+        self._last_print = initial
+        self.enabled = enabled
+        if not enabled:
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return
+        self._bar = tqdm(total=total, initial=initial, unit=unit, dynamic_ncols=True, file=sys.stderr,
+                         desc="train", smoothing=0.1)
+
+    def update(self, n: int, postfix: str) -> None:
+        self._n += n
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.set_postfix_str(postfix, refresh=False)
+            self._bar.update(n)
+        elif self._plain_total and self._n - self._last_print >= max(1, self._plain_total // 10):
+            self._last_print = self._n
+            print(f"train {self._n}/{self._plain_total} {postfix}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# the loop
+
+
+def train(
+    config: TrainConfig,
+    *,
+    out: str | Path = "runs",
+    name: str | None = None,
+    resume: str | Path | None = None,
+    progress: bool = True,
+    echo: Callable[[str], None] | None = _echo_default,
+    stop_after: int | None = None,
+) -> TrainResult:
+    """Train ``config`` into ``out/name`` (default name: preset + timestamp), or continue the run
+    that ``resume`` (a run or step folder) points at.
+
+    ``progress``: show a progress bar on stderr; ``echo``: where the summary lines go (``None``:
+    nowhere).  ``stop_after``: stop after this many steps of this call, as if interrupted (tests;
+    a checkpoint is written as at the end of a run).
+
+    Everything that can be checked is checked before the run folder is created (config, preset,
+    corpus, tokenizer, device, the resumed checkpoint's compatibility), so a user error never
+    leaves a half-made run behind.
+    """
+    say = echo or (lambda line: None)
+    cfg = config.resolved()
+
+    # ---- resume: the run's own folder, tokenizer and model config
+    state = None
+    if resume is not None:
+        step_dir = ckpt.resolve_checkpoint(resume)
+        run_dir = ckpt.run_dir_of(step_dir)
+        saved = ckpt.read_run_config(run_dir)
+        saved_cfg = TrainConfig.from_dict(saved.get("train", {}))
+        check_resume_compatible(saved_cfg, cfg)
+        if saved["objective"] != cfg.objective:
+            raise ValueError(f"cannot resume: the run's objective is {saved['objective']!r}, asked {cfg.objective!r}")
+        from lintime.data import DataError, load_tokenizer
+
+        try:
+            tokenizer = load_tokenizer(run_dir / ckpt.TOKENIZER_DIR)
+        except DataError as err:
+            raise FileNotFoundError(f"cannot resume: {err}") from None
+        model_cfg_dict = saved["model"]
+        state = ckpt.load_trainer_state(step_dir)
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"cannot resume: {step_dir} has trainer state format {state.get('format')!r}, expected {STATE_FORMAT}")
+    else:
+        from lintime.models import get_preset
+
+        get_preset(cfg.preset)  # an unknown preset fails here, before the data is prepared
+        tokenizer = cfg.tokenizer
+        run_dir = None
+
+    device = pick_device(cfg.device)
+    amp = autocast_dtype(device, cfg.precision)
+    if cfg.compile and not hasattr(torch, "compile"):
+        raise ValueError("--compile needs torch.compile (PyTorch >= 2.0)")
+    if cfg.tensorboard:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            raise ValueError("--tensorboard needs the 'tensorboard' package: pip install tensorboard") from None
+
+    # ---- data (DataError for a missing / empty corpus, before anything is written)
+    from lintime.data import default_cache_dir, open_corpus
+
+    corpus = open_corpus(cfg.corpus, text_field=cfg.text_field)
+    if cfg.cache_dir is None:
+        spec = tokenizer.name if isinstance(tokenizer, Tokenizer) else tokenizer
+        cfg = dataclasses.replace(cfg, cache_dir=str(default_cache_dir(corpus.name, spec)))
+    splits = prepare(corpus, tokenizer, cfg.cache_dir, splits=("train", "validation"), quiet=not progress)
+    tokenizer = splits["train"].tokenizer
+    train_ds, val_ds = splits["train"], splits["validation"]
+
+    # ---- model
+    from lintime.models import CausalLM, MaskedLM, ModelConfig, get_preset
+
+    if state is None:
+        model_cfg = get_preset(cfg.preset, vocab_size=tokenizer.vocab_size)  # the vocabulary is the tokenizer's
+    else:
+        model_cfg = ModelConfig.from_dict(model_cfg_dict)
+    seed_everything(cfg.seed, cfg.deterministic)
+    model = (CausalLM if cfg.objective == "clm" else MaskedLM)(model_cfg)
+    model.to(device)
+    if state is not None:
+        ckpt.load_weights(model, step_dir, device)
+    model.train()
+
+    opt = torch.optim.AdamW(
+        model.param_groups(cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+        **({"fused": True} if device.type == "cuda" else {}),
+    )
+    train_it = BatchIterator(train_ds, batch_size=cfg.rows_per_batch, context_len=cfg.context_len,
+                             tokenizer=tokenizer, objective=cfg.objective, seed=cfg.seed, mlm_prob=cfg.mlm_prob)
+    step, tokens_seen, elapsed = 0, 0, 0.0
+    if state is not None:
+        try:
+            opt.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError, RuntimeError) as err:
+            raise ValueError(f"cannot resume: the optimizer state in {step_dir} does not fit this model ({ckpt._one_line(err)})") from None
+        train_it.load_state_dict(state["data"])  # DataError if the data or settings changed
+        set_rng_state(state["rng"])
+        step, tokens_seen, elapsed = int(state["step"]), int(state["tokens"]), float(state["elapsed_s"])
+
+    # ---- the run folder (nothing was written before this point)
+    if run_dir is None:
+        run_dir = Path(out) / (name or default_run_name(cfg.preset))
+        if (run_dir / ckpt.CONFIG_FILE).exists():
+            raise ValueError(f"run folder {run_dir} already holds a run: pick another --name, or --resume {run_dir}")
+    ckpt.write_run_config(run_dir, model_config=model_cfg, objective=cfg.objective, tokenizer=tokenizer, train=cfg.to_dict())
+    fwd_model = torch.compile(model) if cfg.compile else model
+
+    horizon = cfg.step_budget
+    time_budget = cfg.time_minutes * 60 if cfg.time_minutes is not None else None
+    n_params = model.num_parameters()
+    say(f"lintime train: {cfg.preset} ({n_params / 1e6:.2f}M parameters, {cfg.objective}) on {corpus.name} "
+        f"({train_ds.n_tokens / 1e6:.1f}M train tokens, tokenizer {tokenizer.name}), {device.type}"
+        f"{' bf16' if amp is not None else ' fp32'}")
+    budget = []
+    if horizon is not None:
+        budget.append(f"{horizon} steps")
+    if time_budget is not None:
+        budget.append(f"{cfg.time_minutes:g} min")
+    say(f"  {' or '.join(budget)} x {cfg.rows_per_batch} rows x {cfg.context_len} tokens"
+        f"{f' ({cfg.accumulation_steps} micro-batches)' if cfg.accumulation_steps > 1 else ''}; "
+        f"recipe {cfg.recipe}: lr {cfg.lr:g}, warm-up {cfg.warmup:.0%}, {cfg.decay} decay, clip {cfg.clip:g}"
+        f"{f'; resuming at step {step}' if state is not None else ''}")
+    say(f"  run folder: {run_dir}")
+
+    def save(val: dict | None) -> Path:
+        trainer_state = {
+            "format": STATE_FORMAT,
+            "step": step,
+            "tokens": tokens_seen,
+            "elapsed_s": elapsed,
+            "optimizer": opt.state_dict(),
+            "scheduler": {"kind": cfg.decay, "horizon_steps": horizon, "time_budget_s": time_budget, "lr": last_lr},
+            "data": train_it.state_dict(),
+            "rng": rng_state(),
+            "val": val or {},
+        }
+        return ckpt.save_checkpoint(run_dir, step, model, trainer_state, keep=cfg.keep)
+
+    def run_eval() -> dict:
+        return evaluate(fwd_model, val_ds, context_len=cfg.context_len, rows=cfg.rows_per_micro_batch,
+                        max_tokens=cfg.eval_tokens, objective=cfg.objective, seed=cfg.seed,
+                        mlm_prob=cfg.mlm_prob, autocast=amp, tokenizer=tokenizer)
+
+    def done() -> bool:
+        if horizon is not None and step >= horizon:
+            return True
+        if time_budget is not None and elapsed >= time_budget:
+            return True
+        return stop_after is not None and taken >= stop_after
+
+    metrics = MetricsWriter(run_dir, resume_step=step if state is not None else None, tensorboard=cfg.tensorboard)
+    bar = _Bar(horizon, step, progress, unit="step")
+    taken = 0
+    first_loss = last_loss = None
+    last_lr = cfg.lr
+    val: dict | None = None
+    val_step = -1
+    last_ckpt = None
+    window_loss, window_n, window_tokens, window_time = 0.0, 0, 0, 0.0
+    try:
+        while not done():
+            batch = next(train_it)
+            t0 = time.perf_counter()
+            if horizon is not None:
+                lr = lr_at_step(step, horizon, peak=cfg.lr, warmup=cfg.warmup, decay=cfg.decay, final_lr_ratio=cfg.final_lr_ratio)
+            else:
+                lr = lr_at_progress(elapsed / time_budget, peak=cfg.lr, warmup=cfg.warmup, decay=cfg.decay,
+                                    final_lr_ratio=cfg.final_lr_ratio)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            loss, aux = forward_backward(fwd_model, batch, micro_rows=cfg.rows_per_micro_batch,
+                                         aux_weight=cfg.aux_weight, autocast=amp)
+            if not math.isfinite(loss):
+                raise ValueError(f"the loss is {loss} at step {step + 1}: training diverged; try a lower --lr")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip if cfg.clip > 0 else math.inf))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            step += 1
+            taken += 1
+            tokens_seen += cfg.tokens_per_batch
+            elapsed += dt
+            last_lr = lr
+            first_loss = loss if first_loss is None else first_loss
+            last_loss = loss
+            window_loss += loss
+            window_n += 1
+            window_tokens += cfg.tokens_per_batch
+            window_time += dt
+            tps = window_tokens / max(window_time, 1e-9)
+            postfix = f"loss {loss:.3f} lr {lr:.2e} {tps:,.0f} tok/s"
+            if time_budget is not None and horizon is None:
+                postfix += f" {max(time_budget - elapsed, 0) / 60:.1f} min left"
+            bar.update(1, postfix)
+
+            row = None
+            if cfg.log_every and step % cfg.log_every == 0:
+                row = {"step": step, "tokens": tokens_seen, "time_s": round(elapsed, 4), "loss": window_loss / window_n,
+                       "aux_loss": aux if aux else None, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": round(tps, 1)}
+                window_loss, window_n, window_tokens, window_time = 0.0, 0, 0, 0.0
+            end = done()
+            if cfg.eval_every and step % cfg.eval_every == 0 and not end:
+                val, val_step = run_eval(), step
+                row = (row or {"step": step, "tokens": tokens_seen, "time_s": round(elapsed, 4)}) | _val_fields(val)
+                say(f"step {step:>6}  train loss {loss:.4f}  {describe_val(val)}")
+            if row is not None:
+                metrics.write(row)
+            if cfg.save_every and step % cfg.save_every == 0 and not end:
+                last_ckpt = save(val if val_step == step else None)
+                if cfg.plots:
+                    plot_metrics(run_dir, title=f"{cfg.preset} ({run_dir.name})")
+    finally:
+        bar.close()
+
+    # ---- the end: final validation, checkpoint, plots, sample
+    if val_step != step and step > 0:
+        val, val_step = run_eval(), step
+        metrics.write({"step": step, "tokens": tokens_seen, "time_s": round(elapsed, 4)} | _val_fields(val))
+    metrics.close()
+    if step > 0:
+        last_ckpt = save(val)
+    if cfg.plots:
+        plot_metrics(run_dir, title=f"{cfg.preset} ({run_dir.name})")
+    text = None
+    if cfg.objective == "clm" and cfg.sample_tokens > 0 and step > 0:
+        from lintime.training.sampling import sample
+
+        text = sample(model, tokenizer, cfg.sample_prompt, cfg.sample_tokens, cfg.temperature, cfg.top_k, seed=cfg.seed)
+        ckpt.atomic_write_text(run_dir / SAMPLE_FILE, cfg.sample_prompt + text + "\n")
+    summary = f"done: {step} steps, {tokens_seen / 1e6:.2f}M tokens in {elapsed / 60:.1f} min of training"
+    if first_loss is not None:
+        summary += f"; train loss {first_loss:.3f} -> {last_loss:.3f}"
+    say(summary)
+    if val is not None:
+        say(f"validation: {describe_val(val)}")
+    if text is not None:
+        say(f"sample (prompt {cfg.sample_prompt!r}, temperature {cfg.temperature:g}):")
+        say(cfg.sample_prompt + text)
+    say(f"saved: {last_ckpt}, metrics.jsonl/.csv, plots{', sample.txt' if text is not None else ''} in {run_dir}")
+    return TrainResult(run_dir=run_dir, step=step, tokens=tokens_seen, elapsed_s=elapsed, first_loss=first_loss,
+                       last_loss=last_loss, val=val, sample=text, checkpoint=last_ckpt)
+
+
+def _val_fields(val: dict) -> dict:
+    return {k: v for k, v in val.items() if k in ("val_loss", "val_bpb", "val_ppl")}
+
