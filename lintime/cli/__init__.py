@@ -77,13 +77,21 @@ def _load_command_modules() -> None:
         importlib.import_module(f"{__name__}.{info.name}")
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is a user error like any other -- one line, exit 2 -- instead of argparse's
+    usage block (tens of lines for a subcommand with many flags)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from lintime import __version__
 
     _load_command_modules()
-    parser = argparse.ArgumentParser(prog="lintime", description="Linear-time transformers: train, evaluate, sample, benchmark.")
+    parser = _Parser(prog="lintime", description="Linear-time transformers: train, evaluate, sample, benchmark.")
     parser.add_argument("--version", action="version", version=f"lintime {__version__}")
-    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Parser)
     for name, fn in COMMANDS.items():
         _add_function(sub, name, fn)
     return parser
