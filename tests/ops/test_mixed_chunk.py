@@ -66,6 +66,8 @@ def _loss(o, final, seed=3):
 def _grads(loss, named):
     """Gradients of ``loss`` w.r.t. ``named`` leaves (zeros where unused)."""
     names = list(named)
+    if not loss.requires_grad:  # nothing reached the loss (an empty call)
+        return {f"d{n}": torch.zeros_like(named[n]) for n in names}
     gs = torch.autograd.grad(loss, [named[n] for n in names], allow_unused=True)
     return {f"d{n}": torch.zeros_like(named[n]) if g is None else g for n, g in zip(names, gs)}
 
@@ -421,22 +423,35 @@ def test_single_token_dispatches_to_recurrent(monkeypatch):
 @given(
     B=st.integers(1, 2), T=st.integers(1, 40), C=st.integers(1, 8), H=st.integers(1, 2),
     S=st.integers(1, 6), E=st.integers(1, 6), causal=st.booleans(), norm=st.sampled_from(NORMS),
-    use_bias=st.booleans(), scale=st.sampled_from([None, 0.3]), cut=st.floats(0, 1), seed=st.integers(0, 99),
+    use_bias=st.booleans(), scale=st.sampled_from([None, 0.3]), seed=st.integers(0, 99), data=st.data(),
 )
-def test_hypothesis_forms_and_split_agree(B, T, C, H, S, E, causal, norm, use_bias, scale, cut, seed):
+def test_hypothesis_forms_and_split_agree(B, T, C, H, S, E, causal, norm, use_bias, scale, seed, data):
+    """Random sizes and options, optionally packed and/or from a random state: the three forms agree
+    (forward, final state, every gradient), and a causal call split at a random point equals one call."""
+    cu = None
+    if data.draw(st.booleans(), label="packed"):
+        lens = data.draw(st.lists(st.integers(0, 12), min_size=1, max_size=3), label="lens")
+        B, T = 1, sum(lens)
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    N = B if cu is None else cu.numel() - 1
     xs, rb = _inputs(B, T, H, S, E, C, torch.float64, seed=seed)
     rb = rb if use_bias else None
-    kw = {"chunk_size": C, "causal": causal, "linear_norm": norm, "scale": scale, "output_final_state": causal}
-    ref = _run("naive", xs, rb, None, **kw)
+    state = None
+    if causal and data.draw(st.booleans(), label="from a state"):
+        fills = data.draw(st.lists(st.integers(0, C - 1), min_size=N, max_size=N), label="fills")
+        state = _state(fills, [C * k for k in range(N)], C, H, S, E, torch.float64, seed=seed)
+    kw = {"chunk_size": C, "causal": causal, "linear_norm": norm, "scale": scale, "output_final_state": causal,
+          "cu_seqlens": cu}
+    ref = _run("naive", xs, rb, state, **kw)
     for backend in ("chunk", "recurrent") if causal else ("chunk",):
-        _assert_same(f"hyp {backend}", ref, _run(backend, xs, rb, None, **kw))
-    if causal:
-        a = int(cut * T)
-        o, final = _continued(("chunk", "recurrent"), xs, rb, None, [0, a, T],
+        _assert_same(f"hyp {backend}", ref, _run(backend, xs, rb, state, **kw))
+    if causal and cu is None:
+        a = data.draw(st.integers(0, T), label="split")
+        o, final = _continued(("chunk", "recurrent"), xs, rb, state, [0, a, T],
                               chunk_size=C, linear_norm=norm, scale=scale)
         assert_exact("hyp split o", ref["o"], o)
         assert_exact("hyp split kv", ref["final.kv"], final.kv)
-        assert torch.equal(ref["final.fill"], final.fill)
+        assert torch.equal(ref["final.fill"], final.fill) and torch.equal(ref["final.count"], final.count)
 
 
 # --------------------------------------------------------------------------- errors
