@@ -2,6 +2,8 @@
 gradient, initial state included), packing, continuation at any split, half precision, a
 T = 131072 bf16 run, and the error paths."""
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,7 +14,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from lintime.ops import linear_attention
 from lintime.ops.dispatch import select
 from lintime.ops.linear import _IMPLS
-from lintime.testing import EXACT_TOL, HALF_FACTOR, HALF_FLOOR, assert_close, assert_exact, assert_half_rule, rel_rms
+from lintime.testing import (
+    EXACT_TOL,
+    HALF_FACTOR,
+    HALF_FLOOR,
+    assert_close,
+    assert_exact,
+    assert_half_rule,
+    rel_rms,
+)
 
 BACKENDS = ("naive", "chunk", "recurrent")
 
@@ -28,7 +38,7 @@ def _inputs(B, T, H, K, V, dtype=torch.float64, seed=0):
 
 def _state(N, H, K, V, normalize, dtype=torch.float64, seed=1):
     """A plausible state: the sums of a few earlier (positive-key) tokens."""
-    q, k, v = _inputs(N, 5, H, K, V, torch.float64, seed=seed)
+    _q, k, v = _inputs(N, 5, H, K, V, torch.float64, seed=seed)
     kv = torch.einsum("nthk,nthv->nhkv", k, v).to(dtype)
     return (kv, k.sum(1).to(dtype)) if normalize else kv
 
@@ -101,7 +111,7 @@ def test_chain_of_trust(dtype, causal, normalize, T, C, scale):
     B, H, K, V = 2, 2, 60, 12
     q, k, v = (x.requires_grad_() for x in _inputs(B, T, H, K, V, dtype))
     state = _leaf(_state(B, H, K, V, normalize, dtype)) if causal else None
-    opts = dict(causal=causal, normalize=normalize, scale=scale, chunk_size=C)
+    opts = {"causal": causal, "normalize": normalize, "scale": scale, "chunk_size": C}
     res = {b: _run(b, q, k, v, state, **opts) for b in BACKENDS}
     assert res["chunk"]["o"].dtype == dtype
     assert len([n for n in res["naive"] if n.startswith("final")]) == (2 if normalize else 1)
@@ -153,7 +163,7 @@ def test_packing_equals_separate_calls(causal, normalize):
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
     q, k, v = (x.requires_grad_() for x in _inputs(1, sum(lens), H, K, V))
     state = _leaf(_state(N, H, K, V, normalize)) if causal else None
-    opts = dict(causal=causal, normalize=normalize, chunk_size=16)
+    opts = {"causal": causal, "normalize": normalize, "chunk_size": 16}
 
     wrt = (q, k, v, *_parts(state))
     outs, fins = [], []
@@ -183,7 +193,7 @@ def _continue(backend, q, k, v, state, splits, **opts):
     T = q.shape[1]
     cuts = [0, *splits, T]
     outs = []
-    for s, e in zip(cuts, cuts[1:]):
+    for s, e in itertools.pairwise(cuts):
         o, state = linear_attention(q[:, s:e], k[:, s:e], v[:, s:e], initial_state=state,
                                     output_final_state=True, backend=backend, **opts)
         outs.append(o)
@@ -212,7 +222,7 @@ def test_continuation_equals_one_call(backend, normalize, splits):
     B, T, H, K, V = 2, 100, 2, 8, 6
     q, k, v = (x.requires_grad_() for x in _inputs(B, T, H, K, V))
     state = _leaf(_state(B, H, K, V, normalize))
-    opts = dict(normalize=normalize, chunk_size=16)
+    opts = {"normalize": normalize, "chunk_size": 16}
     one = _continued_run(backend, q, k, v, state, [], **opts)
     cut = _continued_run(backend, q, k, v, state, splits, **opts)
     _assert_all(f"continued {backend} normalize={normalize} splits={splits}", one, cut)
@@ -250,7 +260,7 @@ def test_random_shapes_splits_options(B, T, H, K, V, C, causal, normalize, scale
         q, k, v = (x.reshape(1, B * T, H, x.shape[-1]) for x in (q, k, v))
     q, k, v = (x.requires_grad_() for x in (q, k, v))
     state = _leaf(_state(B, H, K, V, normalize)) if causal else None
-    opts = dict(causal=causal, normalize=normalize, scale=scale, chunk_size=C, cu_seqlens=cu)
+    opts = {"causal": causal, "normalize": normalize, "scale": scale, "chunk_size": C, "cu_seqlens": cu}
     # normalised o does not depend on q when K == 1 (q cancels) or for one token seen
     # non-causally without a state (o = v)
     zero = ("dq",) if normalize and (K == 1 or (T == 1 and not causal)) else ()
@@ -276,7 +286,7 @@ def test_half_precision_rule(dtype, causal, normalize):
     B, T, H, K, V = 1, 200, 2, 32, 32
     q, k, v = _inputs(B, T, H, K, V)
     s = _state(B, H, K, V, normalize) if causal else None
-    opts = dict(causal=causal, normalize=normalize, chunk_size=64)
+    opts = {"causal": causal, "normalize": normalize, "chunk_size": 64}
 
     def run(backend, dt):
         x = tuple(t.to(dt).requires_grad_() for t in (q, k, v))
@@ -305,7 +315,7 @@ def test_bf16_long_sequence(normalize):
     exact tolerance of fp64 -- the fp32 chunk states do not drift over 2048 chunks."""
     T, H, K, V = 131072, 1, 8, 8
     q, k, v = _inputs(1, T, H, K, V, dtype=torch.float32)
-    opts = dict(normalize=normalize, backend="chunk")
+    opts = {"normalize": normalize, "backend": "chunk"}
     o64, fin64 = linear_attention(q.double(), k.double(), v.double(), output_final_state=True, **opts)
     o32, fin32 = linear_attention(q, k, v, output_final_state=True, **opts)
     qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
