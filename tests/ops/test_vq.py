@@ -16,6 +16,16 @@ from lintime.ops import VQState, vq_attention
 from lintime.testing import EXACT_TOL, HALF_FLOOR, assert_close, assert_exact, assert_half_rule, rel_rms
 
 REDUCTIONS = ("serial", "matmul", "assoc")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """These tests run thousands of small ops, where intra-op threads only add synchronisation
+    (and on a busy 2-core machine stall in busy-waiting, ~10x slower): one thread, restored after."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 FIELDS = ("cache_mean", "cache_count", "k_hat", "v", "codes", "pos")
 FLOAT_FIELDS = ("cache_mean", "cache_count", "k_hat", "v")
 
