@@ -56,8 +56,8 @@ def test_tiled_matches_naive_with_grads(dtype, causal, bias, T):
     do = torch.randn(2, T, 2, 12, dtype=dtype)
     kw = dict(causal=causal, scale=60**-0.5)
     ref = _run(_public("naive"), q, k, v, b, do, **kw)
-    # default tile 128 through the dispatcher (auto and explicit), and a small tile: T is never
-    # a multiple of either except T = 1, 2 with C = 1
+    # default tile 128 through the dispatcher (auto and explicit), small tiles (T = 63, 257 are
+    # multiples of neither 16 nor 128: partial last tiles) and one-token tiles
     for label, fn in [("auto", _public(None)), ("chunk", _public("chunk")), ("C=16", _tiled(16)), ("C=1", _tiled(1))]:
         if label == "C=1" and T > 63:
             continue  # 257 one-token tiles are slow and add nothing over C=16
@@ -66,6 +66,19 @@ def test_tiled_matches_naive_with_grads(dtype, causal, bias, T):
         for name, a, c in zip(NAMES, ref, out):
             assert_exact(f"gau {label} {name} (T={T}, causal={causal})", a, c)
     assert ref[0].dtype == dtype
+
+
+def test_gradients_of_any_subset_of_inputs():
+    """The tiled backward skips what is not needed; every subset still gets the naive's grads."""
+    q, k, v, b = _inputs(1, 40, 2, 6, 5, torch.float64)
+    do = torch.randn(1, 40, 2, 5, dtype=torch.float64)
+    for mask in range(1, 16):
+        xs = [x.detach().requires_grad_(bool(mask >> i & 1)) for i, x in enumerate((q, k, v, b))]
+        wanted = [x for x in xs if x.requires_grad]
+        ref = torch.autograd.grad(gau_attention(*xs[:3], rel_bias=xs[3], scale=0.4, backend="naive"), wanted, do)
+        out = torch.autograd.grad(_tiled(7)(*xs[:3], rel_bias=xs[3], scale=0.4), wanted, do)
+        for a, c in zip(ref, out):
+            assert_exact(f"gau grad subset {mask:04b}", a, c)
 
 
 # ---------------------------------------------------------------- half precision
@@ -95,13 +108,14 @@ def test_half_precision_rule(dtype, causal):
 # ---------------------------------------------------------------- packing
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("causal", [True, False])
-def test_packing_equals_separate_calls(causal):
+def test_packing_equals_separate_calls(dtype, causal):
     lens = [5, 1, 0, 40, 17]  # a length-1 and an empty sequence
     T = sum(lens)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-    q, k, v, b = _inputs(1, T, 2, 12, 6, torch.float64)
-    do = torch.randn(1, T, 2, 6, dtype=torch.float64)
+    q, k, v, b = _inputs(1, T, 2, 12, 6, dtype)
+    do = torch.randn(1, T, 2, 6, dtype=dtype)
     kw = dict(causal=causal, scale=0.3)
     # per-sequence reference: separate naive calls, each with the window of rel_bias its own
     # length needs (offset i - j is the same inside a packed sequence)
