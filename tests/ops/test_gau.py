@@ -10,7 +10,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from lintime.ops import gau_attention
 from lintime.ops.gau.chunk import chunk_gau_attention
-from lintime.testing import HALF_FLOOR, assert_close, assert_exact, assert_half_rule, rel_rms
+from lintime.testing import (
+    HALF_FLOOR,
+    assert_close,
+    assert_exact,
+    assert_half_rule,
+    rel_rms,
+)
 
 
 def _inputs(B, T, H, S, E, dtype, seed=0):
@@ -54,7 +60,7 @@ def test_tiled_matches_naive_with_grads(dtype, causal, bias, T):
     q, k, v, b = _inputs(2, T, 2, 60, 12, dtype)
     b = b if bias else None
     do = torch.randn(2, T, 2, 12, dtype=dtype)
-    kw = dict(causal=causal, scale=60**-0.5)
+    kw = {"causal": causal, "scale": 60**-0.5}
     ref = _run(_public("naive"), q, k, v, b, do, **kw)
     # default tile 128 through the dispatcher (auto and explicit), small tiles (T = 63, 257 are
     # multiples of neither 16 nor 128: partial last tiles) and one-token tiles
@@ -89,7 +95,7 @@ def test_gradients_of_any_subset_of_inputs():
 def test_half_precision_rule(dtype, causal):
     q, k, v, b = _inputs(1, 200, 2, 32, 16, dtype)
     do = torch.randn(1, 200, 2, 16, dtype=torch.float64).to(dtype)
-    kw = dict(causal=causal, scale=32**-0.5)
+    kw = {"causal": causal, "scale": 32**-0.5}
     ref = _run(_public("naive"), *(x.double() for x in (q, k, v, b, do)), **kw)
     base = _run(_public("naive"), q, k, v, b, do, **kw)
     for label, fn in [("chunk", _public("chunk")), ("C=48", _tiled(48))]:
@@ -116,7 +122,7 @@ def test_packing_equals_separate_calls(dtype, causal):
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     q, k, v, b = _inputs(1, T, 2, 12, 6, dtype)
     do = torch.randn(1, T, 2, 6, dtype=dtype)
-    kw = dict(causal=causal, scale=0.3)
+    kw = {"causal": causal, "scale": 0.3}
     # per-sequence reference: separate naive calls, each with the window of rel_bias its own
     # length needs (offset i - j is the same inside a packed sequence)
     o_ref, dq_ref, dk_ref, dv_ref = (torch.zeros_like(x) for x in (v, q, k, v))
@@ -194,7 +200,7 @@ def test_property_tiled_equals_naive(case):
     cu = None
     if c["lens"] is not None:
         cu = torch.tensor([0, *torch.tensor(c["lens"]).cumsum(0).tolist()])
-    kw = dict(causal=c["causal"], scale=c["scale"], cu_seqlens=cu)
+    kw = {"causal": c["causal"], "scale": c["scale"], "cu_seqlens": cu}
     ref = _run(_public("naive"), q, k, v, b, do, **kw)
     out = _run(_tiled(c["C"]), q, k, v, b, do, **kw)
     for name, a, o in zip(NAMES, ref, out):
@@ -272,7 +278,7 @@ def test_long_bf16_forward_finite_and_accurate():
 
 def test_bad_inputs_fail_clearly():
     q, k, v, b = _inputs(2, 8, 1, 4, 3, torch.float32)
-    ok = dict(scale=0.5)
+    ok = {"scale": 0.5}
     with pytest.raises(TypeError, match="scale"):
         gau_attention(q, k, v)  # scale is required: no default tied to the length
     for bad in ("0.5", None, True, torch.tensor(0.5)):

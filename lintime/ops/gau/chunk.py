@@ -44,7 +44,7 @@ class _Tiles:
         # [F] tiles of the tile's sequence (0 for the placeholder tile of an all-empty batch)
         self.nch = torch.tensor(per_seq, dtype=torch.long, device=dev)[layout.seq.reshape(-1)]
         m = max(per_seq, default=0)
-        self.diagonals = range(0, m) if causal else range(-(m - 1), m)
+        self.diagonals = range(m) if causal else range(-(m - 1), m)
         self.causal = causal
         self.upper = torch.ones(C, C, dtype=torch.bool, device=dev).triu(1)  # future keys, d == 0
         self.rel = torch.arange(C, device=dev)[:, None] - torch.arange(C, device=dev)  # [C, C] a - b
@@ -95,7 +95,7 @@ def _scores(qt, kt, bias, mask):
 class _GAUTiled(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, rel_bias, scale, causal, cu_seqlens, chunk_size):
-        B, T, H, _ = q.shape
+        B, T = q.shape[:2]
         dt = acc_dtype(q)
         tiles = _Tiles(chunk_layout(B, T, chunk_size, cu_seqlens, q.device), causal)
         qt, kt, vt = (tiles.to_tiles(x, dt) for x in (q, k, v))  # [F, H, C, *]
