@@ -137,15 +137,20 @@ def forward_backward(
         aux: dict[str, torch.Tensor] = {}
         with _autocast(device, autocast):
             logits = model(ids, cu_seqlens=cu, aux_losses=aux)  # [1, b*T, V]
-        ce = F.cross_entropy(logits[0].float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+        ce = F.cross_entropy(_at_least_fp32(logits[0]), targets, ignore_index=IGNORE_INDEX, reduction="sum")
         loss = ce / n_targets
         if aux:
-            aux_loss = aux_weight * (micro_rows / B) * sum(v.float() for v in aux.values())
+            aux_loss = aux_weight * (micro_rows / B) * sum(_at_least_fp32(v) for v in aux.values())
             loss = loss + aux_loss
             aux_total += float(aux_loss.detach())
         loss.backward()
         ce_total += float(ce.detach())
     return ce_total / n_targets, aux_total
+
+
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """Losses are taken in fp32 (bf16 logits under autocast), or fp64 when the model is fp64."""
+    return x if x.dtype == torch.float64 else x.float()
 
 
 @torch.no_grad()
@@ -177,7 +182,7 @@ def evaluate(
         with _autocast(device, autocast):
             logits = model(ids.to(device), cu_seqlens=cu.to(device))
         targets = targets.to(device)
-        total += float(F.cross_entropy(logits[0].float(), targets, ignore_index=IGNORE_INDEX, reduction="sum"))
+        total += float(F.cross_entropy(_at_least_fp32(logits[0]), targets, ignore_index=IGNORE_INDEX, reduction="sum"))
         n += int((targets != IGNORE_INDEX).sum())
         seen += rows * context_len
         if seen >= max_tokens:

@@ -1,0 +1,182 @@
+"""The training loop: exact resume, gradient accumulation, auxiliary losses, budgets, MLM."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+from lintime.data import BatchIterator, open_prepared
+from lintime.layers.base import Mixer
+from lintime.models import CausalLM, ModelConfig, get_preset
+from lintime.models.config import FFNConfig
+from lintime.models.registry import register_family
+from lintime.training import load_model, train
+from lintime.training import trainer as trainer_mod
+from lintime.training.metrics import read_metrics
+
+
+def _run(cfg, tmp_path, name, **kw):
+    return train(cfg, out=tmp_path, name=name, progress=False, echo=None, **kw)
+
+
+def _losses(run_dir):
+    return [(r["step"], r["loss"], r["lr"], r["grad_norm"]) for r in read_metrics(run_dir) if "loss" in r]
+
+
+def test_resume_after_a_crash_repeats_the_uninterrupted_losses_exactly(tmp_path, tiny_config, monkeypatch):
+    cfg = tiny_config(steps=8, save_every=3, keep=2, eval_every=4)
+    straight = _run(cfg, tmp_path, "straight")
+
+    # the same run, killed during step 5 (after the step-3 checkpoint, with step 4 already logged)
+    real = trainer_mod.forward_backward
+    calls = {"n": 0}
+
+    def crashing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("simulated crash")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_mod, "forward_backward", crashing)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _run(cfg, tmp_path, "crashed")
+    monkeypatch.setattr(trainer_mod, "forward_backward", real)
+    run = tmp_path / "crashed"
+    assert max(r["step"] for r in read_metrics(run)) == 4  # step 4 was logged before the crash
+    resumed = train(cfg, resume=run, progress=False, echo=None)
+
+    assert resumed.step == straight.step == 8
+    a, b = _losses(straight.run_dir), _losses(run)
+    assert [s for s, *_ in b] == list(range(1, 9))  # the rows after the checkpoint were replaced, not duplicated
+    assert a == b  # loss, lr and grad norm of every step, bit for bit
+    wa = load_file(straight.checkpoint / "model.safetensors")
+    wb = load_file(resumed.checkpoint / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert resumed.val == straight.val
+
+
+def test_resume_refuses_other_settings(tmp_path, tiny_config):
+    first = _run(tiny_config(steps=2), tmp_path, "r")
+    with pytest.raises(ValueError, match="context_len=64"):
+        train(tiny_config(steps=4, context_len=64), resume=first.run_dir, progress=False, echo=None)
+    with pytest.raises(ValueError, match="already holds a run"):
+        _run(tiny_config(steps=2), tmp_path, "r")
+    more = train(tiny_config(steps=4), resume=first.run_dir, progress=False, echo=None)  # a longer budget is fine
+    assert more.step == 4
+
+
+def _batch(token_cache, rows=4, T=32):
+    ds = open_prepared(token_cache, "train")
+    from lintime.data import ByteTokenizer
+
+    return next(BatchIterator(ds, batch_size=rows, context_len=T, tokenizer=ByteTokenizer(), seed=3))
+
+
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("micro_rows", [1, 2])
+def test_gradient_accumulation_equals_the_big_batch(token_cache, micro_rows):
+    batch = _batch(token_cache)
+    torch.manual_seed(0)
+    model = CausalLM(get_preset("transformer-pp-tiny", vocab_size=260)).double()
+    loss_big, _ = trainer_mod.forward_backward(model, batch, micro_rows=4)
+    big = _grads(model)
+    model.zero_grad(set_to_none=True)
+    loss_acc, _ = trainer_mod.forward_backward(model, batch, micro_rows=micro_rows)
+    acc = _grads(model)
+    assert loss_acc == pytest.approx(loss_big, rel=1e-12)
+    assert big.keys() == acc.keys() and len(big) > 0
+    for n in big:
+        torch.testing.assert_close(acc[n], big[n], rtol=1e-10, atol=1e-13, msg=n)
+    # and the big batch is the mean loss over its predicted tokens
+    model.zero_grad(set_to_none=True)
+    logits = model(batch.input_ids.reshape(1, -1), cu_seqlens=batch.cu_seqlens)
+    ref = F.cross_entropy(logits[0], batch.targets.reshape(-1), ignore_index=-100)
+    assert ref.item() == pytest.approx(loss_big, rel=1e-12)
+
+
+# -- auxiliary losses: a test mixer that reports one, as Transformer-VQ reports its commit loss
+
+
+@dataclasses.dataclass(frozen=True)
+class _AuxConfig:
+    pass
+
+
+class _AuxMixer(Mixer):
+    causal = True
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x, state=None, *, positions, cu_seqlens=None, aux_losses=None):
+        y = self.proj(x)
+        if aux_losses is not None:
+            aux_losses["test_commit"] = aux_losses.get("test_commit", 0.0) + (y.float() ** 2).mean()
+        return y, state
+
+    def init_state(self, batch_size, device, dtype):
+        return None
+
+
+register_family("auxtest", _AuxConfig, lambda config, layer_idx, causal: _AuxMixer(config.d_model))
+
+
+def test_aux_losses_are_added_with_their_weight(token_cache):
+    batch = _batch(token_cache)
+    cfg = ModelConfig(vocab_size=260, d_model=16, n_layers=2, family="auxtest", ffn=FFNConfig())
+    torch.manual_seed(0)
+    model = CausalLM(cfg).double()
+    w = 0.5
+    loss, aux = trainer_mod.forward_backward(model, batch, micro_rows=4, aux_weight=w)
+    got = _grads(model)
+    model.zero_grad(set_to_none=True)
+    terms = {}
+    logits = model(batch.input_ids.reshape(1, -1), cu_seqlens=batch.cu_seqlens, aux_losses=terms)
+    ce = F.cross_entropy(logits[0], batch.targets.reshape(-1), ignore_index=-100)
+    (ce + w * terms["test_commit"]).backward()
+    assert aux == pytest.approx(w * terms["test_commit"].item(), rel=1e-12) and aux > 0
+    assert loss == pytest.approx(float(ce), rel=1e-12)  # the logged loss is the cross-entropy alone
+    for n, g in _grads(model).items():
+        torch.testing.assert_close(got[n], g, rtol=1e-10, atol=1e-13, msg=n)
+    # with accumulation the micro-batches' aux losses are weighted by their share of the rows
+    model.zero_grad(set_to_none=True)
+    _, aux_acc = trainer_mod.forward_backward(model, batch, micro_rows=2, aux_weight=w)
+    assert aux_acc == pytest.approx(aux, rel=0.5)
+
+
+def test_rng_state_round_trips_through_weights_only_load(tmp_path):
+    torch.manual_seed(1), np.random.seed(1), random.seed(1)
+    state = trainer_mod.rng_state()
+    torch.save(state, tmp_path / "s.pt")
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    trainer_mod.set_rng_state(torch.load(tmp_path / "s.pt", weights_only=True))
+    got = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(expected[0], got[0]) and np.array_equal(expected[1], got[1]) and expected[2] == got[2]
+
+
+def test_loss_falls_and_budgets(tmp_path, tiny_config):
+    res = _run(tiny_config(steps=30, lr=3e-3), tmp_path, "falls")
+    assert res.last_loss < res.first_loss - 1.0, (res.first_loss, res.last_loss)
+    assert res.val["val_bpb"] == pytest.approx(res.val["val_loss"] / np.log(2))
+    res = _run(tiny_config(steps=None, tokens=300), tmp_path, "tokens")  # ceil(300 / 128) = 3 steps
+    assert res.step == 3 and res.tokens == 384
+    res = _run(tiny_config(steps=None, time_minutes=1e-6), tmp_path, "time")  # the first step exhausts it
+    assert res.step == 1
+
+
+def test_masked_lm_objective(tmp_path, tiny_config):
+    res = _run(tiny_config(objective="mlm", steps=3, eval_every=2), tmp_path, "mlm")
+    assert res.sample is None and res.step == 3 and np.isfinite(res.val["val_loss"])
+    loaded = load_model(res.run_dir)
+    assert type(loaded.model).__name__ == "MaskedLM" and loaded.config["objective"] == "mlm"
