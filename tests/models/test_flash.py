@@ -184,7 +184,7 @@ def test_full_sequence_equals_prefill_plus_decoding(opts):
     ids = torch.randint(0, V, (2, 30))
     with torch.no_grad():
         full = m(ids)
-        for splits in ([1], [8], [5, 16, 19]):
+        for splits in ([8], [5, 16, 19]):
             pieces, state = decode_in_pieces(m, ids, splits)
             assert_exact(f"flash {opts} prefill {splits}", full, pieces)
     assert state.offset.tolist() == [30, 30]
@@ -345,13 +345,13 @@ def test_bad_configs_fail_clearly(kwargs, msg):
 # ----------------------------------------------------------------------------- training
 def test_tiny_preset_overfits_causal_and_masked():
     torch.manual_seed(0)
-    ids = torch.randint(0, 256, (4, 33))
-    mask = torch.rand(4, 33) < 0.25
+    ids = torch.randint(0, 256, (2, 33))
+    mask = torch.rand(2, 33) < 0.25
     for cls in (CausalLM, MaskedLM):
         m = cls(get_preset("flash-tiny"))
-        opt = torch.optim.AdamW(m.param_groups(0.01), lr=3e-3)
+        opt = torch.optim.AdamW(m.param_groups(0.01), lr=5e-3)
         losses = []
-        for _ in range(60):
+        for _ in range(40):
             if cls is CausalLM:
                 logits = m(ids[:, :-1])
                 loss = F.cross_entropy(logits.reshape(-1, V), ids[:, 1:].reshape(-1))
