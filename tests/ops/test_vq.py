@@ -6,6 +6,8 @@ Keys are built as ``k_hat = codebook[codes]`` through a differentiable gather fr
 codebook: the naive form sends a key's gradient to ``k_hat``, the chunked and recurrent forms send
 a cached key's gradient to ``codebook``, and only the total ``d codebook`` is the same in all."""
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import given
@@ -13,7 +15,13 @@ from hypothesis import strategies as st
 
 import lintime.ops.vq as vq_mod
 from lintime.ops import VQState, vq_attention
-from lintime.testing import EXACT_TOL, HALF_FLOOR, assert_close, assert_exact, assert_half_rule, rel_rms
+from lintime.testing import (
+    EXACT_TOL,
+    assert_close,
+    assert_exact,
+    assert_half_rule,
+    rel_rms,
+)
 
 REDUCTIONS = ("serial", "matmul", "assoc")
 
@@ -40,13 +48,13 @@ def _gather(codebook, codes):
 def _inputs(B, T, H, K, V, S, L, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
     r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)
-    return dict(
-        q=(r(B, T, H, K) * 2 * K**-0.5).to(dtype),  # scores of a few units, as after the layer's scaling
-        v=r(B, T, H, V).to(dtype),
-        bias=r(B, T, H, 2 * L).to(dtype),
-        codebook=r(H, S, K).to(dtype),
-        codes=torch.randint(0, S, (B, T, H), generator=g),
-    )
+    return {
+        "q": (r(B, T, H, K) * 2 * K**-0.5).to(dtype),  # scores of a few units, as after the layer's scaling
+        "v": r(B, T, H, V).to(dtype),
+        "bias": r(B, T, H, 2 * L).to(dtype),
+        "codebook": r(H, S, K).to(dtype),
+        "codes": torch.randint(0, S, (B, T, H), generator=g),
+    }
 
 
 def _state(pos, H, K, V, S, L, dtype, seed=1):
@@ -58,14 +66,14 @@ def _state(pos, H, K, V, S, L, dtype, seed=1):
     slot = torch.arange(2 * L)
     live = torch.where(slot[None] < L, (p >= L)[:, None], (slot[None] - L) < (p % L)[:, None])  # [N, 2L]
     codes = torch.randint(0, S, (N, 2 * L, H), generator=g) * live[..., None]
-    return dict(
-        cache_mean=torch.randn(N, H, S, V, generator=g, dtype=torch.float64).to(dtype),
-        cache_count=torch.randint(0, 4, (N, H, S), generator=g).to(dtype),
-        v=(torch.randn(N, 2 * L, H, V, generator=g, dtype=torch.float64) * live[..., None, None]).to(dtype),
-        codes=codes,
-        pos=p,
-        live=live,
-    )
+    return {
+        "cache_mean": torch.randn(N, H, S, V, generator=g, dtype=torch.float64).to(dtype),
+        "cache_count": torch.randint(0, 4, (N, H, S), generator=g).to(dtype),
+        "v": (torch.randn(N, 2 * L, H, V, generator=g, dtype=torch.float64) * live[..., None, None]).to(dtype),
+        "codes": codes,
+        "pos": p,
+        "live": live,
+    }
 
 
 def _make_state(sd, codebook):
@@ -270,7 +278,7 @@ def test_packing_equals_separate_calls(backend):
     lens = [5, 1, 0, 22, 13]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
     inp = _inputs(1, sum(lens), H, K, V, S, L, torch.float64, seed=8)
-    sd = _state([6, 0, 3, 13, 4], H, K, V, S, L, torch.float64)
+    sd = _state([6, 0, 8, 13, 4], H, K, V, S, L, torch.float64)  # 8 = 2L: at a block end
     for red in REDUCTIONS if backend == "chunk" else ("serial",):
         packed = _run(backend, inp, L, reduction=red, sd=sd, cu=cu)
         for n in range(len(lens)):
@@ -341,8 +349,8 @@ def _continue(backend, inp, splits, L, red="serial", sd=None):
     T = inp["q"].shape[1]
     cuts = [0, *splits, T]
     os = []
-    for a, b in zip(cuts, cuts[1:]):
-        sl = lambda x: x[:, a:b]
+    for a, b in itertools.pairwise(cuts):
+        sl = lambda x, a=a, b=b: x[:, a:b]
         o, state = vq_attention(sl(leaves["q"]), sl(k_leaf), sl(inp["codes"]), sl(leaves["v"]), leaves["codebook"],
                                 block_len=L, bias=sl(leaves["bias"]), reduction=red, initial_state=state,
                                 output_final_state=True, backend=backend)
@@ -494,21 +502,21 @@ def test_bad_inputs_fail_clearly():
     k = _gather(cb, z)
     ok = VQState.initial(2, H, S, K, V, L)
     cases = [
-        (ValueError, "block_len", dict(block_len=0)),
-        (TypeError, "block_len", dict(block_len=True)),
-        (TypeError, "block_len", dict(block_len=2.0)),
-        (ValueError, "reduction", dict(reduction="cumsum")),
-        (ValueError, "batch size must be 1", dict(cu_seqlens=torch.tensor([0, 8]))),
-        (ValueError, r"2L", dict(bias=b[..., :L])),
-        (TypeError, "bias has dtype", dict(bias=b.double())),
-        (ValueError, "not implemented", dict(backend="triton")),
-        (ValueError, "unknown backend", dict(backend="fast")),
-        (TypeError, "VQState", dict(initial_state=(ok.cache_mean, ok.cache_count))),
-        (ValueError, "initial_state.k_hat", dict(initial_state=VQState.initial(2, H, S, K, V, L + 1))),
-        (ValueError, r"initial_state.cache_mean must have shape \(2,", dict(initial_state=VQState.initial(3, H, S, K, V, L))),
-        (ValueError, "initial_state.cache_mean", dict(initial_state=VQState.initial(2, H, S + 1, K, V, L))),
-        (ValueError, "pos must be >= 0", dict(initial_state=VQState(ok.cache_mean, ok.cache_count, ok.k_hat, ok.v,
-                                                                      ok.codes, torch.tensor([0, -1])))),
+        (ValueError, "block_len", {"block_len": 0}),
+        (TypeError, "block_len", {"block_len": True}),
+        (TypeError, "block_len", {"block_len": 2.0}),
+        (ValueError, "reduction", {"reduction": "cumsum"}),
+        (ValueError, "batch size must be 1", {"cu_seqlens": torch.tensor([0, 8])}),
+        (ValueError, r"2L", {"bias": b[..., :L]}),
+        (TypeError, "bias has dtype", {"bias": b.double()}),
+        (ValueError, "not implemented", {"backend": "triton"}),
+        (ValueError, "unknown backend", {"backend": "fast"}),
+        (TypeError, "VQState", {"initial_state": (ok.cache_mean, ok.cache_count)}),
+        (ValueError, "initial_state.k_hat", {"initial_state": VQState.initial(2, H, S, K, V, L + 1)}),
+        (ValueError, r"initial_state.cache_mean must have shape \(2,", {"initial_state": VQState.initial(3, H, S, K, V, L)}),
+        (ValueError, "initial_state.cache_mean", {"initial_state": VQState.initial(2, H, S + 1, K, V, L)}),
+        (ValueError, "pos must be >= 0", {"initial_state": VQState(ok.cache_mean, ok.cache_count, ok.k_hat, ok.v,
+                                                                      ok.codes, torch.tensor([0, -1]))}),
     ]
     for exc, match, kw in cases:
         kw = {"block_len": L, **kw}

@@ -138,4 +138,4 @@ def _check_state(op, st, N, H, S, K, V, L, device) -> None:
         raise ValueError(f"{op}: initial_state.pos must be >= 0, got {st.pos.tolist()}")
 
 
-__all__ = ["vq_attention", "VQState"]
+__all__ = ["VQState", "vq_attention"]

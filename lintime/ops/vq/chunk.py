@@ -163,7 +163,7 @@ def chunk_vq_attention(
     q, k_hat, codes, v, codebook, *, block_len, bias=None, reduction="serial",
     initial_state=None, output_final_state=False, cu_seqlens=None,
 ):
-    B, T, H, K = q.shape
+    B, T, H = q.shape[:3]
     V = v.shape[-1]
     S = codebook.shape[1]
     L = block_len

@@ -22,7 +22,7 @@ def naive_vq_attention(
     initial_state=None, output_final_state=False, cu_seqlens=None,
 ):
     # reduction: the naive form has no cross-block reduction; every value gives the same result.
-    B, T, H, K = q.shape
+    B, T, H = q.shape[:3]
     V = v.shape[-1]
     S = codebook.shape[1]
     L = block_len
@@ -93,7 +93,7 @@ def naive_vq_attention(
             J = pk.shape[0]
             j = (match.long() * torch.arange(J, device=dev)).sum(1)  # at most one match
             j = torch.where(match.any(1), j, J)  # no key yet: index J, a zero row appended below
-            pad = lambda x: torch.cat([x, x.new_zeros((1, *x.shape[1:]))])[j]
+            pad = lambda x, j=j: torch.cat([x, x.new_zeros((1, *x.shape[1:]))])[j]
             finals.append(VQState(
                 cache_mean=mean[None],
                 cache_count=cnt[None],

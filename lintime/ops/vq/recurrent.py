@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from lintime.ops.utils import acc_dtype, seq_bounds
-from lintime.ops.vq.state import VQState, _nonzero, block_summary, log_count, merge
+from lintime.ops.vq.state import VQState, block_summary, log_count, merge
 
 
 def vq_step(state: VQState, q, k_hat, codes, v, codebook, bias=None, active=None):
@@ -30,7 +30,7 @@ def vq_step(state: VQState, q, k_hat, codes, v, codebook, bias=None, active=None
     inactive sequences keep their state.  ``state`` must hold the compute dtype.
     Returns ``o [N, H, V]`` (compute dtype) and the new state.
     """
-    N, H, K = q.shape
+    N = q.shape[0]
     L = state.block_len
     S = codebook.shape[1]
     dev = q.device

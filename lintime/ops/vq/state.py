@@ -54,7 +54,7 @@ class VQState:
     def initial(
         cls, N: int, H: int, S_codes: int, K: int, V: int, block_len: int, *,
         dtype: torch.dtype = torch.float32, device=None,
-    ) -> "VQState":
+    ) -> VQState:
         """The state before the first token (empty cache and window, ``pos = 0``).  ``dtype`` is
         the buffers' dtype; the cache is fp32 (fp64 when ``dtype`` is fp64)."""
         cdt = torch.float64 if dtype == torch.float64 else torch.float32
@@ -75,7 +75,7 @@ class VQState:
         prev = (self.pos >= L)[:, None]
         return torch.where(slot[None] < L, prev, (slot[None] - L) < (self.pos % L)[:, None])
 
-    def canonical(self) -> "VQState":
+    def canonical(self) -> VQState:
         """Zero what no form reads: the mean of an empty code and the unused window slots
         (every op returns canonical states; this makes any input state one)."""
         live = self.live()
@@ -89,18 +89,18 @@ class VQState:
             pos=self.pos,
         )
 
-    def _map(self, fn_float, fn_int) -> "VQState":
+    def _map(self, fn_float, fn_int) -> VQState:
         out = {}
         for f in fields(self):
             x = getattr(self, f.name)
             out[f.name] = fn_float(x) if x.is_floating_point() else fn_int(x)
         return VQState(**out)
 
-    def to(self, device=None, dtype: torch.dtype | None = None) -> "VQState":
+    def to(self, device=None, dtype: torch.dtype | None = None) -> VQState:
         """Move every field to ``device``; ``dtype`` (if given) converts the floating fields."""
         return self._map(lambda x: x.to(device=device, dtype=dtype), lambda x: x.to(device=device))
 
-    def select(self, index) -> "VQState":
+    def select(self, index) -> VQState:
         """The states of sequences ``index`` (int, slice, list or index tensor) along ``N``."""
         if isinstance(index, int):
             index = [index]
@@ -108,7 +108,7 @@ class VQState:
             index = torch.tensor(index, dtype=torch.long, device=self.pos.device)
         return self._map(lambda x: x[index], lambda x: x[index])
 
-    def detach(self) -> "VQState":
+    def detach(self) -> VQState:
         """Cut the autograd graph (truncated backpropagation across calls)."""
         return self._map(lambda x: x.detach(), lambda x: x)
 
