@@ -1,0 +1,305 @@
+"""Transformer-VQ attention layer (seed ``transformer-vq.txt``: Definition 3.1, Eqs. 5-15 and
+35-37, Theorems 3.6-3.7, Appendix C and E).
+
+Notation: ``B`` batch, ``T`` tokens, ``d`` model width, ``H`` heads (1 in the seed: a single-head
+gated attention unit, Remark 3.2), ``K`` key width per head (``D_k`` = 128), ``E`` value width per
+head (``D_v / H``, ``D_v = 2d``), ``S`` codes, ``L`` block length, ``N`` sequences,
+``tau = sqrt(K)`` (the seed's fixed constant of Eqs. 8-9; the authors' code uses ``d_k ** 0.5``).
+
+The layer (the block owns the pre-norm ``x~ = RMSNorm(x)`` of Eq. 7 and the residual of Eq. 15)::
+
+    q     = tau^-1/2 RMS(x~ W_Q)                    # Eq. 8: RMS norm, unit gain, no bias
+    k     = tau^-1/2 RMS(x~ W_K)                    # Eq. 9
+    v, g  = silu(x~ W_V), silu(x~ W_G)              # Eqs. 10-11 (App. C: phi_v = phi_g = SiLU)
+    z     = argmin_s ||k - C_s||^2                  # Eq. 5, per head
+    k_hat = STVQ(k) = k + sg(C_z - k)               # Eq. 6 / 12 (forward value exactly C_z)
+    o     = softmax_j((q + u') . k_hat_j + b_ij) v  # Eq. 13, computed by vq_attention (Thm 3.7)
+    y     = (o * g) W_O                             # Eqs. 14-15
+
+Positions (Transformer-XL relative bias, the seed's ``XLBiasProducer``, App. C "dropout to the
+flipped sinusoidal embeddings used for (local) relative positional biases")::
+
+    r_m   = tau^-1/2 (sin(m) W_R),  m = 0..L        # sinusoid of width d, max wavelength 1e5 (App. C)
+    u'    = tau^-1/2 u,  v' = tau^-1/2 v_xl         # XL's global content / position biases [H, K]
+    b_ij  = (q_i + v') . r_{i-j}   if 0 <= i - j <= L, else 0     # Theorem 3.6: no bias beyond L
+
+``q + u'`` is the query of *every* key score, window and cache alike (XL's content term
+``u . k_j``), so it is what the op receives as ``q``; ``b`` goes to the op's window ``bias
+[B, T, H, 2L]`` (column ``r`` of query ``i`` in block ``n`` is the key at ``(n-1) L + r``, at
+distance ``i - (n-1) L - r``).  Keys further back than ``L`` get no positional bias, as in
+Theorem 3.6 and the authors' code (their locality mask).
+
+Codebook (seed Section 3.4.1, "EMA-smoothed k-means", van den Oord et al. 2017 / Razavi et al.
+2019).  Per head the layer keeps two **buffers** (not parameters: the optimizer never sees them,
+they are saved in the ``state_dict``): ``codebook_count [H, S]`` and ``codebook_sum [H, S, K]``;
+the codebook is ``C_s = sum_s / max(count_s, 0.01)`` (the authors' clip).  In **training mode
+only**, every forward call updates them, under ``torch.no_grad``, *after* the call has used the
+current codebook, from the ``n_s`` keys of the call assigned to code ``s``::
+
+    count_s <- gamma count_s + (1 - gamma) n_s
+    sum_s   <- gamma sum_s   + (1 - gamma) sum_{t: z_t = s} k_t          (gamma = 0.99)
+
+so each used codeword moves to the count-weighted mean of its old value and the mean of its
+assigned keys; an unused one keeps its value (both statistics decay by ``gamma``).  Eval mode
+(and so decoding with ``model.eval()``) never changes the codebook.  A training-mode call that
+continues a state (truncated backprop, seed Section 3.4.2) updates it too, as the seed updates
+its codebooks while carrying its cache; the cache stores counts and mean *values* per code and
+always scores the current codewords, exactly like the seed's.  With gradient accumulation each
+micro-batch's forward is one update.
+
+Commitment loss (Eq. 37): ``mean over the call's tokens of sum over heads ||k_t - sg(C_{z_t})||^2``,
+**added unweighted** to ``aux_losses["vq_commit"]`` when the caller passes ``aux_losses``; summed
+over layers by that key (Eq. 37 sums over layers).  Its weight ``beta`` (1e-4, Eq. 35, App. C) is
+applied once, by the training loop (``TrainConfig.aux_weight``, the ``vq`` recipe's 1e-4).  Its
+gradient reaches ``k`` (hence ``W_K`` and what feeds it) only.
+
+Gradients through the quantiser.  ``k_hat`` is straight-through (Eq. 6): ``d k = d k_hat``.  The
+op scores a key inside the query's two-block window through ``k_hat`` and a key older than that
+through the ``codebook`` argument (the compressed cache, Theorem 3.7).  The layer passes the EMA
+codebook **detached**, as the seed's implementation does (its ``get_codebook`` returns
+``sg(c_sum / c_count)``; the EMA codebook receives no gradient): so the cross-entropy reaches ``k``
+from the window keys only, while ``q``, ``u`` and the values ``v`` of cached keys get their full
+gradient (seed Section 3.4.2: "a learning signal is sent through any value vectors added to the
+compressed cache").  Routing a cached key's gradient to ``k`` exactly is not possible through a
+shared ``[H, S, K]`` codebook: it would need each key's own value (the cache only holds per-code
+means) and would mix the gradients of different sequences that share a code.  The quadratic
+``backend="naive"`` of the op gives the exact straight-through gradient of every key (tests use it
+to show the difference is only there).
+
+Decoding state :class:`VQAttentionState`: the op's :class:`~lintime.ops.VQState` (per-code count
+``[N, H, S]`` and mean value ``[N, H, S, E]`` of the cache, the two-block window of ``k_hat``,
+``v``, codes ``[N, 2L, H, *]``, and ``pos``): constant size in ``T``.  The XL bias reads the
+model's ``positions``, which continue from the state, so block boundaries agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from lintime.layers.base import BatchState, Mixer
+from lintime.layers.positional import sinusoid
+from lintime.ops import VQState, vq_attention
+
+REDUCTIONS = ("serial", "matmul", "assoc")
+COUNT_CLIP = 0.01  # C_s = sum_s / max(count_s, 0.01), the authors' clip
+
+
+@dataclasses.dataclass
+class VQAttentionState(BatchState):
+    """Decoding state of :class:`VQAttention` (``N`` sequences).
+
+    ``vq``  :class:`~lintime.ops.VQState`: ``cache_mean [N, H, S, E]`` and ``cache_count [N, H, S]``
+            (fp32; fp64 for fp64 models) summarise every key older than the window;
+            ``k_hat [N, 2L, H, K]``, ``v [N, 2L, H, E]``, ``codes [N, 2L, H]`` hold the previous
+            and the current block; ``pos [N]`` tokens seen.  Constant size in ``T``.
+    """
+
+    vq: VQState
+
+
+def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS norm with unit gain (seed Eqs. 8-9: "LayerNorms use unit gain and zero bias"), computed
+    in at least fp32, returned in ``x``'s dtype."""
+    xf = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class VQAttention(Mixer):
+    """Transformer-VQ attention (see the module docstring for the math).
+
+    Args:
+        dim: model width ``d``.
+        key_dim: ``K``, key width per head (seed: 128).
+        value_dim: ``D_v``, total value / gate width (seed: ``2d``); split into ``H`` heads.
+        n_codes: ``S``, codewords per head (seed: 512).
+        block_len: ``L`` (seed: 512).
+        n_heads: ``H`` (seed: 1, the single-head gated unit; >1 = the multi-head variant of the
+            seed's throughput study, one codebook per head).
+        causal: must be ``True``: Transformer-VQ is a decoder (seed Section 3.3).
+        gamma: EMA rate of the codebook (seed: 0.99).
+        rel_bias: the Transformer-XL relative bias within the window (``False``: no positions
+            inside the layer).
+        sin_dropout: dropout on the relative sinusoids (seed App. C ``p_dropsin``; one mask per
+            call, shared by the batch).
+        sin_base: maximum angular wavelength of the sinusoids (seed App. C: 1e5).
+        reduction: the op's cross-block cache reduction: ``serial`` | ``matmul`` | ``assoc``.
+        bias: biases on the dense projections (the authors' code has none).
+        norm_eps: epsilon of the q / k RMS norms.
+        backend: passed to :func:`lintime.ops.vq_attention` (``None`` = automatic).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        key_dim: int = 128,
+        value_dim: int,
+        n_codes: int = 512,
+        block_len: int = 512,
+        n_heads: int = 1,
+        causal: bool = True,
+        gamma: float = 0.99,
+        rel_bias: bool = True,
+        sin_dropout: float = 0.0,
+        sin_base: float = 1e5,
+        reduction: str = "serial",
+        bias: bool = False,
+        norm_eps: float = 1e-6,
+        backend: str | None = None,
+    ):
+        super().__init__()
+        w = "VQAttention"
+        if not causal:
+            raise ValueError(f"{w}: Transformer-VQ is causal (a decoder, seed Section 3.3); "
+                             f"a bidirectional / masked-LM version is not defined")
+        if min(dim, key_dim, value_dim, n_codes, block_len, n_heads) < 1:
+            raise ValueError(f"{w}: sizes must be >= 1, got dim={dim}, key_dim={key_dim}, value_dim={value_dim}, "
+                             f"n_codes={n_codes}, block_len={block_len}, n_heads={n_heads}")
+        if value_dim % n_heads:
+            raise ValueError(f"{w}: n_heads={n_heads} must divide value_dim={value_dim}")
+        if not 0.0 <= gamma < 1.0:
+            raise ValueError(f"{w}: gamma must be in [0, 1), got {gamma}")
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"{w}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        if rel_bias and dim % 2:
+            raise ValueError(f"{w}: the relative sinusoids need an even dim, got {dim}")
+        H, K, S = n_heads, key_dim, n_codes
+        self.dim, self.K, self.e, self.H, self.S, self.L = dim, K, value_dim, H, S, block_len
+        self.E = value_dim // H
+        self.causal, self.gamma, self.reduction, self.norm_eps = True, float(gamma), reduction, norm_eps
+        self.sin_base, self.backend = float(sin_base), backend
+        self.tau = K**0.5
+        self.q_proj = nn.Linear(dim, H * K, bias=bias)  # W_Q
+        self.kvg_proj = nn.Linear(dim, H * K + 2 * value_dim, bias=bias)  # W_K, W_V, W_G
+        self.out = nn.Linear(value_dim, dim, bias=bias)  # W_O
+        if rel_bias:
+            self.r_proj = nn.Linear(dim, H * K, bias=False)  # XL's W_{k,R}
+            self.xl_u = nn.Parameter(torch.zeros(H, K))
+            self.xl_v = nn.Parameter(torch.zeros(H, K))
+            self.sin_drop = nn.Dropout(sin_dropout)
+        else:
+            self.r_proj = self.xl_u = self.xl_v = self.sin_drop = None
+        self.register_buffer("codebook_count", torch.ones(H, S))
+        self.register_buffer("codebook_sum", torch.randn(H, S, K) * self.tau**-0.5)
+
+    # ------------------------------------------------------------------ parameters
+    @torch.no_grad()
+    def init_weights(self, std: float) -> None:
+        """Codebook: ``count = 1``, ``sum ~ N(0, 1 / tau)`` (codewords at the keys' scale: each key
+        component has RMS ``tau^-1/2``); XL biases ``u``, ``v`` zero.  Dense weights keep the
+        model's ``N(0, std)``."""
+        self.codebook_count.fill_(1.0)
+        self.codebook_sum.normal_().mul_(self.tau**-0.5)
+        if self.xl_u is not None:
+            self.xl_u.zero_()
+            self.xl_v.zero_()
+
+    def no_weight_decay(self) -> set[str]:
+        return {"xl_u", "xl_v"} if self.xl_u is not None else set()
+
+    def codebook(self) -> torch.Tensor:
+        """``[H, S, K]`` the current codewords ``sum / max(count, 0.01)`` (no gradient)."""
+        return (self.codebook_sum / self.codebook_count.clamp_min(COUNT_CLIP)[..., None]).detach()
+
+    # ------------------------------------------------------------------ pieces
+    def project(self, x: torch.Tensor):
+        """``x [B, T, d]`` -> ``q, k [B, T, H, K]``, ``v [B, T, H, E]``, ``g [B, T, D_v]`` (Eqs. 8-11)."""
+        B, T, _ = x.shape
+        H, K, e = self.H, self.K, self.e
+        q = _rms(self.q_proj(x).view(B, T, H, K), self.norm_eps) * self.tau**-0.5  # seed Eq. 8
+        k, v, g = self.kvg_proj(x).split([H * K, e, e], dim=-1)
+        k = _rms(k.view(B, T, H, K), self.norm_eps) * self.tau**-0.5  # seed Eq. 9
+        return q, k, F.silu(v).view(B, T, H, self.E), F.silu(g)  # seed Eqs. 10-11
+
+    @staticmethod
+    def quantize(k: torch.Tensor, codebook: torch.Tensor):
+        """STVQ (seed Eqs. 5-6).  ``k [B, T, H, K]``, ``codebook [H, S, K]`` -> ``codes [B, T, H]``
+        (int64), ``k_hat [B, T, H, K]`` (value exactly ``codebook[codes]``, gradient straight to
+        ``k``), ``c_z [B, T, H, K]`` (the codewords, no gradient, in the codebook's dtype)."""
+        H = k.shape[2]
+        # the assignment in the codebook's precision, also under autocast (bf16 distances would
+        # flip near-ties between calls)
+        with torch.no_grad(), torch.autocast(k.device.type, enabled=False):
+            kf = k.to(codebook.dtype)
+            # ||k - c||^2 = ||k||^2 - 2 k.c + ||c||^2; ||k||^2 does not change the argmin
+            dist = codebook.pow(2).sum(-1) - 2 * torch.einsum("bthk,hsk->bths", kf, codebook)  # [B, T, H, S]
+            codes = dist.argmin(-1)  # seed Eq. 5
+            c_z = codebook[torch.arange(H, device=k.device), codes]  # [B, T, H, K]
+        # seed Eq. 6, k + sg(c_z - k), written c_z + (k - sg(k)): the same gradient (identity to k)
+        # and a forward value that is exactly the codeword, so window and cache agree bit for bit
+        k_hat = c_z.to(k.dtype) + (k - k.detach())
+        return codes, k_hat, c_z
+
+    @torch.no_grad()
+    def update_codebook(self, k: torch.Tensor, codes: torch.Tensor) -> None:
+        """EMA k-means step from the keys of one call (see the module docstring)."""
+        H, S, K = self.H, self.S, self.K
+        dt = self.codebook_sum.dtype
+        flat = (codes + S * torch.arange(H, device=codes.device)).reshape(-1)  # [B*T*H] in [0, H*S)
+        n = torch.zeros(H * S, dtype=dt, device=k.device).index_add_(
+            0, flat, torch.ones(flat.shape, dtype=dt, device=k.device))
+        ksum = torch.zeros(H * S, K, dtype=dt, device=k.device).index_add_(0, flat, k.reshape(-1, K).to(dt))
+        g = self.gamma
+        self.codebook_count.mul_(g).add_(n.view(H, S), alpha=1 - g)
+        self.codebook_sum.mul_(g).add_(ksum.view(H, S, K), alpha=1 - g)
+
+    def window_bias(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """XL relative bias in the op's layout ``[B, T, H, 2L]`` (see the module docstring)."""
+        B, T, H, K = q.shape
+        L = self.L
+        dist = torch.arange(L + 1, device=q.device)
+        sin = self.sin_drop(sinusoid(dist, self.dim, self.r_proj.weight.dtype, self.sin_base))  # [L+1, d]
+        r = self.r_proj(sin).view(L + 1, H, K) * self.tau**-0.5  # r_m, m = 0..L
+        qv = q + (self.xl_v * self.tau**-0.5).to(q.dtype)
+        qr = torch.einsum("bthk,mhk->bthm", qv, r.to(q.dtype))  # [B, T, H, L+1] by distance
+        # column c of a query at offset a = p % L in its block is the key at distance a + L - c
+        m = (positions % L)[..., None] + L - torch.arange(2 * L, device=q.device)  # [B, T, 2L]
+        keep = (m >= 0) & (m <= L)  # Theorem 3.6: no bias further than L (or in the future)
+        idx = m.clamp(0, L)[:, :, None, :].expand(B, T, H, 2 * L)
+        return qr.gather(-1, idx) * keep[:, :, None, :].to(q.dtype)
+
+    # ------------------------------------------------------------------ mixer protocol
+    def forward(
+        self,
+        x: torch.Tensor,
+        state: VQAttentionState | None = None,
+        *,
+        positions: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+        aux_losses: dict[str, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, VQAttentionState | None]:
+        B, T, _ = x.shape
+        q, k, v, g = self.project(x)
+        codebook = self.codebook()  # [H, S, K], the one this call uses throughout
+        codes, k_hat, c_z = self.quantize(k, codebook)
+        if aux_losses is not None and T > 0:
+            # seed Eq. 37 for this layer: mean over tokens of sum over heads ||k - sg(C_z)||^2
+            kf = k if k.dtype == torch.float64 else k.float()
+            commit = (kf - c_z.to(kf.dtype)).pow(2).sum((-2, -1)).mean()
+            aux_losses["vq_commit"] = aux_losses["vq_commit"] + commit if "vq_commit" in aux_losses else commit
+        qu = q if self.xl_u is None else q + (self.xl_u * self.tau**-0.5).to(q.dtype)
+        bias = None if self.r_proj is None else self.window_bias(q, positions)
+        o, vq_state = vq_attention(
+            qu, k_hat, codes, v, codebook, block_len=self.L, bias=bias, reduction=self.reduction,
+            initial_state=None if state is None else state.vq, output_final_state=state is not None,
+            cu_seqlens=cu_seqlens, backend=self.backend,
+        )  # [B, T, H, E]
+        if self.training and T > 0:
+            self.update_codebook(k, codes)  # after the call used the old codebook
+        y = self.out(o.reshape(B, T, self.e) * g)  # seed Eqs. 14-15
+        return y, None if state is None else VQAttentionState(vq_state)
+
+    def init_state(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> VQAttentionState:
+        return VQAttentionState(VQState.initial(batch_size, self.H, self.S, self.K, self.E, self.L,
+                                                dtype=dtype, device=device))
+
+    def extra_repr(self) -> str:
+        return (f"K={self.K}, D_v={self.e}, heads={self.H}, codes={self.S}, block_len={self.L}, "
+                f"gamma={self.gamma}, rel_bias={self.r_proj is not None}, reduction={self.reduction}")
+
+
+__all__ = ["VQAttention", "VQAttentionState"]
