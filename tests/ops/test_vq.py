@@ -24,6 +24,8 @@ from lintime.testing import (
 )
 
 REDUCTIONS = ("serial", "matmul", "assoc")
+FIELDS = ("cache_mean", "cache_count", "k_hat", "v", "codes", "pos")
+FLOAT_FIELDS = ("cache_mean", "cache_count", "k_hat", "v")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -34,8 +36,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-FIELDS = ("cache_mean", "cache_count", "k_hat", "v", "codes", "pos")
-FLOAT_FIELDS = ("cache_mean", "cache_count", "k_hat", "v")
 
 
 def _gather(codebook, codes):
@@ -58,8 +58,9 @@ def _inputs(B, T, H, K, V, S, L, dtype, seed=0):
 
 
 def _state(pos, H, K, V, S, L, dtype, seed=1):
-    """A random state at positions ``pos``: cache counts in {0..3}, canonical window buffers
-    (zero where unused); its ``k_hat`` buffer is left to the caller (from the codebook)."""
+    """A random state at positions ``pos``: cache counts in {0..3} with random means (also for
+    empty codes, which the ops must ignore), window buffers zero where unused; its ``k_hat``
+    buffer is left to the caller (from the codebook)."""
     g = torch.Generator().manual_seed(seed)
     N = len(pos)
     p = torch.tensor(pos)
@@ -189,7 +190,8 @@ def test_no_bias_is_zero_bias_and_initial_state_is_no_state():
     empty = VQState.initial(2, H, S, K, V, L, dtype=torch.float64)
     for be in ("naive", "chunk", "recurrent"):
         args = (inp["q"], k_hat, inp["codes"], inp["v"], inp["codebook"])
-        o0, _ = vq_attention(*args, block_len=L, backend=be)
+        o0, none = vq_attention(*args, block_len=L, backend=be)
+        assert none is None  # output_final_state=False
         o1, _ = vq_attention(*args, block_len=L, bias=torch.zeros_like(inp["bias"]), backend=be)
         o2, _ = vq_attention(*args, block_len=L, initial_state=empty, backend=be)
         assert_exact(f"{be} bias None", o1, o0)
