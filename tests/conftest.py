@@ -26,6 +26,12 @@ except ImportError:  # hypothesis is in the `test` extra
     pass
 
 
+# One intra-op thread per test process: the suites run thousands of tiny ops, where a second
+# thread costs more in hand-off than it gains (measured: several-fold slower on the 2-core CI
+# machine whenever anything else runs); parallelism comes from pytest-xdist workers instead.
+torch.set_num_threads(1)
+
+
 def _poisoned(fn):
     def wrapper(*args, **kwargs):
         out = fn(*args, **kwargs)

@@ -270,7 +270,8 @@ def test_long_bf16_forward_finite_and_accurate():
     p = torch.relu(s).square() * (j <= rows[:, None])
     ref = p @ vd
     assert ref.abs().max() > 1e3  # the sums really are long and large
-    assert_close("gau bf16 T=65536", ref, o[0, rows, 0], HALF_FLOOR[torch.bfloat16])
+    # bound: bf16's unit roundoff (2**-8); rounding the output to bf16 alone costs ~1.5e-3 rel. RMS
+    assert_close("gau bf16 T=65536", ref, o[0, rows, 0], 2.0**-8)
 
 
 # ---------------------------------------------------------------- errors
