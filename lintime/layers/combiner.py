@@ -271,7 +271,7 @@ class CombinerAttention(Mixer):
 
     def init_state(self, batch_size, device, dtype) -> CombinerState:
         N, C, H, D = batch_size, self.chunk_size, self.n_heads, self.head_dim
-        z = lambda *s: torch.zeros(*s, device=device, dtype=dtype)  # noqa: E731
+        z = lambda *s: torch.zeros(*s, device=device, dtype=dtype)
         return CombinerState(
             sum_k=z(N, 0, C, H, D), sum_v=z(N, 0, C, H, D),
             rows=torch.zeros(N, dtype=torch.long, device=device),

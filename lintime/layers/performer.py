@@ -34,7 +34,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lintime.layers.base import Mixer
-from lintime.layers.linear_attention import LinearAttentionState, empty_linear_state, linear_mix
+from lintime.layers.linear_attention import (
+    LinearAttentionState,
+    empty_linear_state,
+    linear_mix,
+)
 from lintime.layers.positional import apply_rope
 
 FEATURES = ("random", "learned", "none")

@@ -30,12 +30,12 @@ def reference(layer, x, causal=True):
     ``i`` in row ``r``, column ``c`` attends to the keys of its row (``j <= i`` if causal) and to
     one summary per row ``u`` (``u < r`` if causal; every row holding a column ``c`` if not), the
     summary of row ``u`` at column ``c`` being row ``u``'s full-row attention output there."""
-    B, T, d = x.shape
+    B, T, _ = x.shape
     H, D, C = layer.n_heads, layer.head_dim, layer.chunk_size
     pos = torch.arange(T)
     q, k, v = layer.qkv(x).view(B, T, 3, H, D).unbind(2)
     q, k = apply_rope(q, pos.expand(B, T)), apply_rope(k, pos.expand(B, T))
-    row = lambda i: range((i // C) * C, min((i // C + 1) * C, T))  # noqa: E731
+    row = lambda i: range((i // C) * C, min((i // C + 1) * C, T))
     v_sum, k_wsum = torch.zeros_like(v), torch.zeros_like(k)
     for i in range(T):
         js = list(row(i))

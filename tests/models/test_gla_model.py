@@ -30,7 +30,7 @@ def seed_recurrence(layer, x):
     """Seed §4.1 / §4.4, one token at a time: ``alpha_t = sigmoid(x W_a1 W_a2 + b)^(1/16)``,
     ``S_t = diag(alpha_t) S_{t-1} + k_t^T v_t``, ``o_t = q_t S_t / sqrt(d_k)``, per-head LayerNorm,
     ``y = (silu(x W_r) * o) W_O``."""
-    B, T, d = x.shape
+    B, T, _ = x.shape
     H, K, V = layer.n_heads, layer.head_k, layer.head_v
     q = layer.q_proj(x).view(B, T, H, K)
     k = layer.k_proj(x).view(B, T, H, K)

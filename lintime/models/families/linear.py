@@ -13,7 +13,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from lintime.layers.linear_attention import FEATURE_MAPS, LinearAttention, check_feature_map
+from lintime.layers.linear_attention import (
+    FEATURE_MAPS,
+    LinearAttention,
+    check_feature_map,
+)
 from lintime.models.registry import register_family
 
 if TYPE_CHECKING:
