@@ -1,0 +1,127 @@
+"""``lintime eval``: held-out bits per byte / perplexity of a checkpoint at several context lengths."""
+
+from __future__ import annotations
+
+import json as _json
+import sys
+from pathlib import Path
+
+from lintime.cli import CLIError, command
+
+
+def parse_context_lens(text: str) -> list[int]:
+    """``"512,1024,2k"`` -> ``[512, 1024, 2048]`` (a ``k`` suffix is x1024)."""
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        mult = 1024 if part.endswith("k") else 1
+        digits = part[:-1] if part.endswith("k") else part
+        if not digits.isdigit() or int(digits) == 0:
+            raise CLIError(f"--context-lens takes positive integers separated by commas (e.g. 512,1024,2k), got {text!r}")
+        out.append(int(digits) * mult)
+    return list(dict.fromkeys(out))  # keep order, drop repeats
+
+
+@command
+def eval(  # noqa: A001 -- the subcommand's name is the function's
+    checkpoint: str,
+    split: str = "validation",
+    context_lens: str = "512,1024,2048",
+    max_tokens: int | None = None,
+    batch_tokens: int = 8192,
+    data: str | None = None,
+    device: str = "auto",
+    precision: str = "auto",
+    json: str | None = None,
+    progress: bool = True,
+) -> None:
+    """Score a causal LM on held-out text: bits per byte (and perplexity for BPE) at several
+    context lengths, including lengths longer than it was trained on (length extrapolation).
+
+    One exact pass over the split: every document's tokens (and its eos) are predicted once,
+    from windows of each context length aligned to the document's start; windows are
+    independent (no state carried across them).  See docs/cli_eval.md.
+
+    Args:
+        checkpoint: run folder (its latest checkpoint) or a step folder (runs/NAME/checkpoints/step_N).
+        split: validation or test.
+        context_lens: context lengths, comma-separated (a k suffix means x1024).
+        max_tokens: score only the first documents of the split, up to about this many tokens (whole documents).
+        batch_tokens: tokens per forward pass (windows are packed with cu_seqlens).
+        data: a corpus spec or a prepared cache folder (default: the run's training data, held-out split).
+        device: auto (cuda when available), cpu, cuda or cuda:N.
+        precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16.
+        json: also write the results to this JSON file.
+        progress: show progress on stderr.
+    """
+    from lintime.evaluation import evaluate, load_split
+    from lintime.training.checkpoint import load_model
+    from lintime.training.trainer import autocast_dtype, pick_device
+
+    lens = parse_context_lens(context_lens)
+    if precision not in ("auto", "fp32", "bf16"):
+        raise CLIError(f"--precision must be auto, fp32 or bf16, got {precision!r}")
+    if max_tokens is not None and max_tokens < 1:
+        raise CLIError(f"--max-tokens must be >= 1, got {max_tokens}")
+    if batch_tokens < 1:
+        raise CLIError(f"--batch-tokens must be >= 1, got {batch_tokens}")
+    dev = pick_device(device)
+    loaded = load_model(checkpoint, device=dev)
+    if loaded.config["objective"] != "clm":
+        raise CLIError(f"{checkpoint} is a masked LM ({loaded.config['objective']}): eval scores causal LMs")
+    dataset = load_split(loaded.config, loaded.tokenizer, split, data, quiet=not progress)
+    trained = (loaded.config.get("train") or {}).get("context_len")
+
+    show = progress and sys.stderr.isatty()
+
+    def tick(L: int, done: int, total: int) -> None:
+        if show:
+            print(f"\r  context {L}: {done:,}/{total:,} tokens", end="", file=sys.stderr, flush=True)
+
+    report = evaluate(loaded.model, dataset, lens, tokenizer=loaded.tokenizer, max_tokens=max_tokens,
+                      batch_tokens=batch_tokens, autocast=autocast_dtype(dev, precision), progress=tick)
+    if show:
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
+
+    model_cfg = loaded.config["model"]
+    print(f"{checkpoint}: step {loaded.step}, {model_cfg.get('family', '?')} family, "
+          f"{loaded.config['tokenizer']} tokenizer" + (f", trained at context {trained}" if trained else ""))
+    print(f"{report.split} split: {report.n_docs:,} documents, {report.n_bytes:,} bytes, {report.n_targets:,} tokens to predict")
+    print(format_table(report, trained, bpe=not loaded.tokenizer.bits_per_byte))
+
+    if json is not None:
+        out = {
+            "checkpoint": str(checkpoint),
+            "step": loaded.step,
+            "model": model_cfg,
+            "trained_context_len": trained,
+            "device": str(dev),
+            "precision": precision,
+            **report.to_dict(),
+        }
+        path = Path(json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(_json.dumps(out, indent=2) + "\n")
+        print(f"wrote {path}")
+
+
+def format_table(report, trained: int | None, *, bpe: bool) -> str:
+    head = ["context", "bits/byte", "bits/token", "loss"] + (["perplexity"] if bpe else []) + ["windows", "tokens/s"]
+    rows = []
+    for r in report.results:
+        mark = "*" if trained and r.context_len > trained else ""
+        if r.skipped:
+            rows.append([f"{r.context_len}{mark}", f"skipped: {r.skipped}"])
+            continue
+        rows.append([f"{r.context_len}{mark}", f"{r.bits_per_byte:.4f}", f"{r.bits_per_token:.4f}", f"{r.loss:.4f}"]
+                    + ([f"{r.perplexity:.2f}"] if bpe else []) + [f"{r.n_windows:,}", f"{r.tokens_per_s:,.0f}"])
+    widths = [max([len(head[i])] + [len(row[i]) for row in rows if len(row) > 2]) for i in range(len(head))]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
+    for row in rows:
+        if len(row) == 2:
+            lines.append(f"{row[0].rjust(widths[0])}  {row[1]}")
+        else:
+            lines.append("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+    if trained and any(r.context_len > trained for r in report.results):
+        lines.append(f"* longer than the training context ({trained}): length extrapolation")
+    return "\n".join(lines)

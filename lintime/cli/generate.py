@@ -1,0 +1,109 @@
+"""``lintime generate``: sample text from a checkpoint, streamed to stdout."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from lintime.cli import CLIError, command
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    r"""Interpret ``\n``, ``\t``, ``\r`` and ``\\`` (only those; any other character, non-ASCII
+    included, is kept as it is), so ``--stop '\n\n'`` means two newlines."""
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text) and text[i + 1] in _ESCAPES:
+            out.append(_ESCAPES[text[i + 1]])
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+@command
+def generate(
+    checkpoint: str,
+    prompt: str = "",
+    max_new_tokens: int = 256,
+    temperature: float = 0.8,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    num_samples: int = 1,
+    stop: str | None = None,
+    seed: int = 0,
+    prefill_chunk: int = 512,
+    device: str = "auto",
+    echo: bool = True,
+    compile: bool = False,
+    stats: bool = True,
+) -> None:
+    r"""Sample text from a causal LM, streamed to stdout as it is decoded.
+
+    The prompt (preceded by bos, as every training document) is prefilled in chunks through the
+    model's decoding state, then tokens are drawn one at a time from the state -- constant
+    memory per token for the linear-time families.  With --num-samples N the samples are
+    decoded together as one batch and each is printed when it is finished.
+
+    Args:
+        checkpoint: run folder (its latest checkpoint) or a step folder (runs/NAME/checkpoints/step_N).
+        prompt: text to continue (empty: start from bos alone).
+        max_new_tokens: tokens to draw per sample at most.
+        temperature: divide the logits by this; 0 = greedy.
+        top_k: sample from the k most likely tokens only (0 = all).
+        top_p: sample from the smallest set of tokens whose probability reaches p (1 = all).
+        num_samples: samples of the prompt, decoded as one batch.
+        stop: stop string: a sample ends before its first occurrence (\n, \t, \r and \\ are interpreted).
+        seed: sample i draws from a generator seeded with seed + i (same seed, same text).
+        prefill_chunk: prompt tokens per model call during prefill (0 = the whole prompt at once).
+        device: auto (cuda when available), cpu, cuda or cuda:N.
+        echo: print the prompt before the generated text.
+        compile: torch.compile the decoding step.
+        stats: print tokens/s and the decoding-state size on stderr at the end.
+    """
+    from lintime.generation import GenerationConfig, stream
+    from lintime.training.checkpoint import load_model
+    from lintime.training.trainer import pick_device
+
+    config = GenerationConfig(  # ValueError (one line, exit 2) for a bad value
+        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        num_samples=num_samples, stop=(unescape(stop),) if stop else (), seed=seed, prefill_chunk=prefill_chunk,
+        compile=compile,
+    )
+    dev = pick_device(device)
+    loaded = load_model(checkpoint, device=dev)
+    if loaded.config["objective"] != "clm":
+        raise CLIError(f"{checkpoint} is a masked LM ({loaded.config['objective']}): only causal LMs generate text")
+
+    out = sys.stdout
+    pending: dict[int, list[str]] = {}
+    info: dict = {}
+    if num_samples == 1 and echo:
+        out.write(prompt)
+        out.flush()
+    for piece in stream(loaded.model, loaded.tokenizer, prompt, config, stats=info):
+        if num_samples == 1:  # live
+            out.write(piece.text + ("\n" if piece.finish_reason else ""))
+            out.flush()
+            continue
+        pending.setdefault(piece.row, []).append(piece.text)
+        if piece.finish_reason is not None:  # several samples interleave: print each one whole
+            text = "".join(pending.pop(piece.row))
+            out.write(f"=== sample {piece.sample_index} ({piece.finish_reason}) ===\n{prompt if echo else ''}{text}\n")
+            out.flush()
+    if stats and info:
+        rate = info["new_tokens"] / info["decode_s"] if info["decode_s"] > 0 else float("inf")
+        print(
+            f"[prefill {info['prompt_tokens']} tokens in {info['prefill_s']:.2f} s; {info['new_tokens']} new tokens in "
+            f"{info['decode_s']:.2f} s ({rate:.1f} tokens/s); decoding state per sample "
+            f"{_kib(info['state_bytes_prefill'])} after the prompt, {_kib(info['state_bytes_final'])} at the end]",
+            file=sys.stderr,
+        )
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.1f} KiB"

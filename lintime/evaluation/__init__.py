@@ -1,0 +1,18 @@
+"""Evaluation: held-out bits per byte / perplexity at several context lengths
+(:func:`evaluate`, rules in :mod:`lintime.evaluation.lm`), and :func:`load_split` to find a
+checkpoint's held-out data.  ``lintime eval`` (:mod:`lintime.cli.eval`) is the command line.
+See ``docs/cli_eval.md``."""
+
+from lintime.evaluation.data import HELD_OUT, load_split
+from lintime.evaluation.lm import ContextResult, EvalReport, count_bytes, evaluate, score_context, select_documents
+
+__all__ = [
+    "HELD_OUT",
+    "load_split",
+    "ContextResult",
+    "EvalReport",
+    "evaluate",
+    "score_context",
+    "select_documents",
+    "count_bytes",
+]

@@ -1,0 +1,122 @@
+"""The two model calls of decoding (STYLE 8, gpt-fast ``generate.py``): :func:`prefill` runs the
+prompt through the decoding state, :func:`decode_one_token` feeds one token per sequence.
+
+Both are small pure functions over ``(model, tokens, state)`` that return ``(logits, new_state)``
+and never modify the state they were given (model states are values), so they can be wrapped
+in ``torch.compile`` from outside (:func:`compiled_decode_one_token`).
+
+Notation: ``B`` sequences decoded together, ``T`` prompt tokens, ``C`` prefill chunk, ``V``
+vocabulary.  Memory: the model state is all that is carried from one call to the next; for the
+linear-time families (FLASH, linear attention, GLA, VQ, ...) its size does not grow with the
+number of tokens consumed, for softmax attention it is a KV cache that grows by one entry per
+token.  Chunked prefill bounds the *activation* memory of the prompt to ``C`` tokens per call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def prefill(
+    model,
+    ids: torch.Tensor,
+    state=None,
+    chunk_size: int | None = None,
+    *,
+    cu_seqlens: torch.Tensor | None = None,
+):
+    """Run prompts through the decoding state; return ``(logits [N, V], state)``.
+
+    ``ids``: ``[B, T]`` (``N = B`` prompts of equal length) or, with ``cu_seqlens`` (``[N + 1]``,
+    FlashAttention convention), ``[1, T]`` holding ``N`` prompts of any lengths back to back.
+    ``state``: the state to continue (``None``: an empty one).  ``chunk_size``: feed at most
+    ``C`` tokens *per prompt* per model call (``None`` / ``0``: the whole prompt at once); the
+    result is the same for every ``C`` (the models' "any split point" contract), only memory and
+    speed change.  Returned logits are those of each prompt's last token (what the first new
+    token is drawn from); every prompt must have at least one token.
+    """
+    if ids.dim() != 2:
+        raise ValueError(f"ids must be [B, T], got shape {tuple(ids.shape)}")
+    if chunk_size is not None and chunk_size < 0:
+        raise ValueError(f"chunk_size must be >= 0 (0 or None: the whole prompt in one call), got {chunk_size}")
+    if cu_seqlens is None:
+        return _prefill_rows(model, ids, state, chunk_size or 0)
+    return _prefill_packed(model, ids, state, chunk_size or 0, cu_seqlens)
+
+
+def _prefill_rows(model, ids, state, C):
+    B, T = ids.shape
+    if T == 0:
+        raise ValueError("prefill needs at least one token per prompt")
+    if state is None:
+        state = model.init_state(B, device=ids.device)
+    C = C or T
+    logits = None
+    for start in range(0, T, C):
+        out, state = model(ids[:, start : start + C], state, return_state=True)  # [B, c, V]
+        logits = out[:, -1]
+    return logits, state
+
+
+def _prefill_packed(model, ids, state, C, cu_seqlens):
+    if ids.shape[0] != 1:
+        raise ValueError(f"with cu_seqlens the prompts must be packed into one row (B == 1), got B={ids.shape[0]}")
+    cu = [int(x) for x in cu_seqlens.tolist()]
+    if cu[0] != 0 or cu[-1] != ids.shape[1] or any(b < a for a, b in zip(cu, cu[1:])):
+        raise ValueError(f"cu_seqlens must start at 0, be non-decreasing and end at T={ids.shape[1]}, got {cu}")
+    lens = [b - a for a, b in zip(cu, cu[1:])]
+    N = len(lens)
+    if min(lens) == 0:
+        raise ValueError("prefill needs at least one token per prompt (cu_seqlens has an empty sequence)")
+    if state is None:
+        state = model.init_state(N, device=ids.device)
+    C = C or max(lens)
+    flat = ids[0]
+    last: list[torch.Tensor | None] = [None] * N
+    for start in range(0, max(lens), C):
+        # chunk: tokens [start, start + C) of every prompt, packed; a prompt already consumed
+        # contributes an empty sequence (its state row passes through unchanged)
+        pieces, bounds, ends = [], [0], []
+        for n in range(N):
+            a = min(cu[n] + start, cu[n + 1])
+            b = min(a + C, cu[n + 1])
+            pieces.append(flat[a:b])
+            bounds.append(bounds[-1] + (b - a))
+            ends.append(b == cu[n + 1] and b > a)
+        chunk_cu = torch.tensor(bounds, dtype=torch.int32, device=ids.device)
+        out, state = model(torch.cat(pieces)[None], state, return_state=True, cu_seqlens=chunk_cu)  # [1, t, V]
+        for n in range(N):
+            if ends[n]:
+                last[n] = out[0, bounds[n + 1] - 1]
+    return torch.stack(last), state
+
+
+def decode_one_token(model, token: torch.Tensor, state):
+    """One decoding step: ``token`` ``[B]`` or ``[B, 1]`` (int64), ``state`` with ``B`` rows ->
+    ``(logits [B, V], new_state)``."""
+    out, state = model(token.reshape(-1, 1), state, return_state=True)  # [B, 1, V]
+    return out[:, -1], state
+
+
+def compiled_decode_one_token(**compile_kwargs):
+    """:func:`decode_one_token` wrapped in ``torch.compile`` (``dynamic=True`` by default, so a
+    batch that shrinks as samples finish does not recompile at every size)."""
+    compile_kwargs.setdefault("dynamic", True)
+    return torch.compile(decode_one_token, **compile_kwargs)
+
+
+def state_nbytes(state) -> int:
+    """Bytes held by the tensors of a decoding state (all rows); divide by ``state.batch_size``
+    for one sequence.  Constant in the tokens consumed for the linear-time families, growing by
+    one key/value entry per token and layer for softmax attention."""
+    from lintime.layers.base import map_state
+
+    total = 0
+
+    def add(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    map_state(state, add)
+    return total

@@ -1,0 +1,96 @@
+"""Turning next-token logits into a token: temperature, top-k, nucleus (top-p), seeded draws.
+
+Notation: ``B`` rows (sequences being decoded), ``V`` vocabulary.
+
+Order (the usual one, e.g. HF ``generate``): divide by the temperature, keep the top ``k``
+logits, then keep the nucleus of the resulting distribution, renormalise, draw.  ``temperature
+== 0`` is greedy (argmax; the filters cannot change the argmax, so they are skipped).
+
+Every row draws from its own ``torch.Generator``: a sample's tokens depend only on its own seed
+and its own logits, never on how many other rows share the batch or when they stop.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """``logits [..., V]`` with everything below the ``k``-th largest value set to ``-inf``.
+
+    ``k <= 0`` or ``k >= V`` keeps all.  Ties with the ``k``-th value are kept (so more than
+    ``k`` tokens may survive when values tie), as in gpt-fast / HF.
+    """
+    V = logits.shape[-1]
+    if k <= 0 or k >= V:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # [..., 1]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """``logits [..., V]`` restricted to the nucleus: the most likely tokens whose probability
+    sums to at least ``p`` (Holtzman et al. 2020); the rest become ``-inf``.
+
+    A token (in decreasing order of probability) is kept when the mass of the tokens before it
+    is still below ``p``, so the most likely token is always kept and the nucleus is the
+    smallest prefix reaching ``p``.  ``p >= 1`` keeps all.
+    """
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {p}")
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits.float(), dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs  # [..., V] exclusive prefix sum
+    drop_sorted = mass_before >= p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def filtered_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """The distribution actually sampled from: ``softmax(top_p(top_k(logits / temperature)))``
+    in fp32, ``[..., V]``.  ``temperature`` must be > 0 (0 means greedy: use :func:`sample`)."""
+    if temperature <= 0:
+        raise ValueError(f"filtered_probs needs temperature > 0, got {temperature}")
+    logits = logits.float() / temperature
+    logits = top_k_filter(logits, top_k)
+    logits = top_p_filter(logits, top_p)
+    return torch.softmax(logits, dim=-1)
+
+
+def sample(
+    logits: torch.Tensor,
+    generators: list[torch.Generator] | None = None,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> torch.Tensor:
+    """Next tokens ``[B]`` (int64) from ``logits [B, V]``.
+
+    ``temperature == 0``: argmax (no randomness).  Otherwise row ``b`` draws one token from
+    :func:`filtered_probs` with ``generators[b]`` (``None``: the global RNG).  The draw is an
+    inverse-CDF lookup of one uniform number per row, so a row consumes exactly one number of
+    its generator per token.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    B = logits.shape[0]
+    if generators is not None and len(generators) != B:
+        raise ValueError(f"{len(generators)} generators for {B} rows")
+    probs = filtered_probs(logits, temperature, top_k, top_p)  # [B, V] fp32
+    if generators is None:
+        u = torch.rand(B, 1, device=probs.device)
+    else:
+        u = torch.stack([torch.rand(1, generator=g, device=g.device) for g in generators]).to(probs.device)
+    cdf = torch.cumsum(probs.double(), dim=-1)  # fp64: the last entry is 1 up to ~1e-16
+    cdf = cdf / cdf[:, -1:]
+    tokens = torch.searchsorted(cdf, u.double(), right=True).squeeze(-1)  # first index with cdf > u
+    # a zero-probability token can never be picked: searchsorted lands on the next entry whose
+    # cdf grew, i.e. a token with positive mass; clamp only guards u == 1 rounding.
+    return tokens.clamp_(max=probs.shape[-1] - 1)
