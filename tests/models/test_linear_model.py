@@ -113,16 +113,16 @@ def test_fp32_model_keeps_fp32_state_and_bf16_runs():
 
 
 def test_gpt2_shapes():
-    """``linear-gpt2-small`` is GPT-2 small with only the mixer changed: the same 124,439,808
+    """``linear-gpt2-124m`` is GPT-2 small with only the mixer changed: the same 124,439,808
     parameters as GPT-2 small (tied 50,257 x 768 embedding, 1024 learned positions); the seed's four
     scales run "from 120 million to 1.5 billion"."""
-    assert meta_params_m("linear-gpt2-small") * 1e6 == 124_439_808
-    assert_within_5pct("linear-gpt2-small", 120)
-    assert_within_5pct("linear-gpt2-xl", 1500)
-    cfg = get_preset("linear-gpt2-small")
+    assert meta_params_m("linear-gpt2-124m") * 1e6 == 124_439_808
+    assert_within_5pct("linear-gpt2-124m", 120)
+    assert_within_5pct("linear-gpt2-1.5b", 1500)
+    cfg = get_preset("linear-gpt2-124m")
     assert (cfg.d_model, cfg.n_layers, cfg.mixer.n_heads, cfg.vocab_size) == (768, 12, 12, 50257)
     assert (cfg.position, cfg.max_positions, cfg.ffn.activation, cfg.norm) == ("learned", 1024, "gelu_tanh", "layernorm")
-    assert get_preset("linear-gpt2-xl").d_model // get_preset("linear-gpt2-xl").mixer.n_heads == 64  # seed: d=64
+    assert get_preset("linear-gpt2-1.5b").d_model // get_preset("linear-gpt2-1.5b").mixer.n_heads == 64  # seed: d=64
 
 
 def test_tiny_overfits():

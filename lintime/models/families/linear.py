@@ -87,10 +87,10 @@ _SIZES = {
     # the four GPT-2 shapes of the seed's first plot ("120 million to 1.5 billion parameters");
     # 1024 positions like GPT-2 (the seed's "TODO: GPT2 is not suited for sampling for arbitrarily
     # long context due to the positional encodings": decoding past 1024 tokens raises)
-    "linear-gpt2-small": (768, 12, 12, GPT2_VOCAB, 1024),
-    "linear-gpt2-medium": (1024, 24, 16, GPT2_VOCAB, 1024),
-    "linear-gpt2-large": (1280, 36, 20, GPT2_VOCAB, 1024),
-    "linear-gpt2-xl": (1600, 48, 25, GPT2_VOCAB, 1024),
+    "linear-gpt2-124m": (768, 12, 12, GPT2_VOCAB, 1024),
+    "linear-gpt2-355m": (1024, 24, 16, GPT2_VOCAB, 1024),
+    "linear-gpt2-774m": (1280, 36, 20, GPT2_VOCAB, 1024),
+    "linear-gpt2-1.5b": (1600, 48, 25, GPT2_VOCAB, 1024),
 }
 
 
