@@ -23,7 +23,14 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from lintime.layers.vq import REDUCTIONS, VQAttention
-from lintime.models.families.gau import BYTE_VOCAB, check_bool, check_choice, check_expansion, check_int, fail
+from lintime.models.families.gau import (
+    BYTE_VOCAB,
+    check_bool,
+    check_choice,
+    check_expansion,
+    check_int,
+    fail,
+)
 from lintime.models.registry import register_family
 
 if TYPE_CHECKING:
