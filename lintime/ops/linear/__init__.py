@@ -18,6 +18,21 @@ _IMPLS = {
     "recurrent": recurrent_linear_attention,
 }
 
+try:  # the fused kernels, when Triton is installed (picked automatically for CUDA tensors)
+    import triton  # noqa: F401
+except ImportError:
+    pass
+else:
+
+    def _triton_linear_attention(*args, **kwargs):
+        # imported on first use: Triton decides interpreter vs compiler when a kernel module is
+        # imported (TRITON_INTERPRET), and importing the kernels costs nothing until they run
+        from lintime.ops.linear.triton import triton_linear_attention
+
+        return triton_linear_attention(*args, **kwargs)
+
+    _IMPLS["triton"] = _triton_linear_attention
+
 _OP = "linear_attention"
 
 def linear_attention(
@@ -54,8 +69,10 @@ def linear_attention(
         output_final_state: also return the state after the last token of each sequence.
         cu_seqlens: ``[N + 1]`` int offsets of packed sequences (``B == 1``); tokens never see
             another sequence and every sequence has its own state.
-        backend: ``None`` (automatic: ``recurrent`` for ``T == 1``, else ``chunk``), ``"naive"``
-            (quadratic attention mode), ``"chunk"`` or ``"recurrent"``.
+        backend: ``None`` (automatic: ``triton`` for CUDA tensors when Triton is installed,
+            else ``recurrent`` for ``T == 1`` and ``chunk`` otherwise), ``"naive"`` (quadratic
+            attention mode), ``"chunk"``, ``"recurrent"`` or ``"triton"`` (fused kernels; CPU
+            tensors only under ``TRITON_INTERPRET=1``).
     Returns:
         o: ``[B, T, H, V]`` in ``q``'s dtype;
         state: ``None`` unless ``output_final_state``; then ``kv [N, H, K, V]`` (unnormalised) or

@@ -1,0 +1,578 @@
+"""Pieces shared by lintime's Triton kernels: the chunk / segment layout of packed sequences,
+the chunk-state passing kernels, the sub-chunk (secondary) tiling helpers of gated linear
+attention, dtype rules and the custom-op registration helper.
+
+Notation (STYLE 10): ``B, T, H, K, V`` as everywhere; ``TT = B * T`` tokens of the flat
+``[TT, H, D]`` view of a contiguous ``[B, T, H, D]`` tensor (packed sequences with ``cu_seqlens``
+are already flat); ``N`` sequences; ``BT`` chunk length (64 tokens); ``BC`` sub-chunk length
+(16); ``NC = BT // BC``.
+
+**Chunks and segments.**  Every sequence is cut into chunks of ``BT`` tokens, starting at the
+sequence start (the last chunk of a sequence may be short; nothing ever crosses a sequence
+boundary).  Consecutive chunks of one sequence are grouped into *segments* of ``ns`` chunks.
+A kernel program owns one segment and walks its chunks in order, carrying the ``[K, V]`` state
+in registers (the "non-materialised" form of the GLA seed §3.3): inputs are read once and no
+per-chunk state touches HBM.  One segment per sequence (``ns = 0``) is the purely sequential
+form; it lacks parallelism when ``B * H`` is small, so long sequences are cut into several
+segments and the state entering each segment is *materialised* (seed §3.3 "materialization"),
+but per segment, not per chunk:
+
+1. :func:`seg_summary_kernel` -- in parallel over segments, what each segment adds to the state
+   (``delta``) and its total log-decay (``gsum``);
+2. :func:`seg_scan_kernel` -- per sequence, a short scan over its segments gives the state
+   entering each one (and the final state);
+3. the op's walk kernel starts each segment from that state.
+
+Backward passes use the same machinery in reverse for the state gradients.  ``ns`` is chosen per
+shape by :func:`choose_segment_chunks` (measured, see ``docs/notes/kernels_linear_gla.md``).
+
+**Layout tables.**  Without ``cu_seqlens`` the segment of a program id is arithmetic (no table,
+no host work).  With ``cu_seqlens`` :func:`segments` builds an ``int32 [NSEG, 4]`` table
+``(bos, eos, seq, first chunk)`` and the CSR offsets ``seq_ptr [N + 1]`` of each sequence's
+segments; this reads ``cu_seqlens`` on the host (one device sync), like the PyTorch chunked form.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+BT = 64  # chunk length (tokens) of every kernel
+BC = 16  # sub-chunk length: secondary tiling of GLA (seed Fig. 3)
+MAX_HEAD_DIM = 256  # K and V supported by the kernels
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def check_device(op: str, x: torch.Tensor) -> None:
+    """The Triton backend runs CUDA tensors, or CPU tensors under the interpreter (tests)."""
+    if x.device.type == "cuda" or (x.device.type == "cpu" and interpreting()):
+        return
+    raise ValueError(
+        f"{op}: backend 'triton' needs CUDA tensors (or TRITON_INTERPRET=1 for Triton's CPU "
+        f"interpreter), got a tensor on {x.device}"
+    )
+
+
+def supported(*dims: int, dtype: torch.dtype) -> bool:
+    """Head sizes and dtypes the kernels handle (others fall back to the chunked PyTorch form)."""
+    return dtype in (torch.float16, torch.bfloat16, torch.float32) and all(1 <= d <= MAX_HEAD_DIM for d in dims)
+
+
+def block(d: int) -> int:
+    """Tile width for a head dimension: a power of two >= 16 (``tl.dot``'s minimum)."""
+    return max(16, triton.next_power_of_2(d))
+
+
+def dot_config(dtype: torch.dtype):
+    """``(SDT, PREC)`` for inputs of ``dtype``.
+
+    Matmuls of two input tiles run in the input dtype with fp32 accumulation.  ``SDT`` is the dtype
+    the fp32 state is cast to when it meets an input tile in a matmul: bf16 for bf16 inputs (the
+    state keeps its range), fp32 for fp16 inputs (fp16's range is too small for a long sum) and
+    fp32 inputs.  ``PREC`` is the precision of fp32 matmuls: ``"ieee"`` for fp32 inputs (fp32
+    users get fp32 arithmetic), ``"tf32"`` for the state matmuls of fp16 inputs (10-bit mantissa
+    like fp16, with fp32's range).
+    """
+    if dtype == torch.bfloat16:
+        return tl.bfloat16, "tf32"
+    if dtype == torch.float16:
+        return tl.float32, "tf32"
+    return tl.float32, "ieee"
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of ``device`` (4 under the interpreter, so small tests exercise both forms)."""
+    if device.type != "cuda":
+        return 4
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def choose_segment_chunks(n_seq: int, total_tokens: int, max_len: int, programs_per_segment: int,
+                          device: torch.device) -> int:
+    """Chunks per segment ``ns`` (0 = one segment per sequence, nothing materialised).
+
+    The walk kernels run ``segments x programs_per_segment`` programs, each a sequential loop
+    over its segment's chunks.  One segment per sequence wins when that already gives every
+    multiprocessor at least two programs (measured on H100: the extra summary/scan passes cost
+    more than the idle SMs); otherwise sequences are cut so that about four programs per SM
+    exist, but never into segments shorter than 4 chunks (the summary + scan passes cost about
+    one read of k and v; shorter segments make the scan dominate).
+    """
+    sms = sm_count(device)
+    if n_seq * programs_per_segment >= 2 * sms:
+        return 0
+    chunks = max(1, math.ceil(total_tokens / BT))
+    want_segments = math.ceil(4 * sms / max(1, programs_per_segment))
+    ns = max(4, math.ceil(chunks / want_segments))
+    if ns >= math.ceil(max_len / BT):
+        return 0
+    return ns
+
+
+@dataclass(frozen=True)
+class Segments:
+    """The segment layout of one call (see the module docstring).
+
+    ``ns``          chunks per segment, 0 = one segment per sequence (nothing materialised);
+    ``NSEG``        segments (programs along the segment axis);
+    ``NSEG_ALLOC``  rows to allocate for per-segment states: a bound that depends only on the
+                    shapes (custom ops must know output shapes without reading ``cu_seqlens``);
+    ``NCH``         chunks in all;
+    regular layout (no ``cu_seqlens``): ``NSPS`` segments per sequence, ``SEG_LEN`` tokens per
+    segment, ``NT`` chunks per sequence, ``NSC`` chunks per segment;
+    varlen layout: ``table`` int32 ``[NSEG, 4]`` = (bos, eos, seq, first chunk), ``seq_ptr``
+    int32 ``[N + 1]``.
+    """
+
+    N: int
+    T: int
+    ns: int
+    NSEG: int
+    NSEG_ALLOC: int
+    NCH: int
+    NSPS: int
+    SEG_LEN: int
+    NT: int
+    NSC: int
+    varlen: bool
+    table: torch.Tensor | None
+    seq_ptr: torch.Tensor | None
+
+    @property
+    def materialized(self) -> bool:
+        return self.ns > 0
+
+    def kernel_args(self) -> dict:
+        """The layout arguments every segment kernel takes."""
+        return dict(seg=self.table, seq_ptr=self.seq_ptr, T=self.T, NSPS=self.NSPS, SEG_LEN=self.SEG_LEN,
+                    NT=self.NT, NSC=self.NSC, VARLEN=self.varlen)
+
+
+def seg_alloc_rows(B: int, T: int, n_seq: int, varlen: bool, ns: int) -> int:
+    """``Segments.NSEG_ALLOC`` from shapes alone (used by the fake implementations too)."""
+    if ns == 0:
+        return n_seq
+    if not varlen:
+        return B * math.ceil(math.ceil(T / BT) / ns)
+    return n_seq + (B * T) // (ns * BT)
+
+
+def segments(B: int, T: int, cu_seqlens: torch.Tensor | None, ns: int, device: torch.device) -> Segments:
+    """Build the segment layout of a ``[B, T]`` batch, or of packed sequences (``B == 1``)."""
+    if cu_seqlens is None:
+        NT = math.ceil(T / BT)
+        if ns == 0:
+            return Segments(B, T, 0, B, B, B * NT, 1, NT * BT, NT, NT, False, None, None)
+        NSPS = math.ceil(NT / ns)
+        return Segments(B, T, ns, B * NSPS, B * NSPS, B * NT, NSPS, ns * BT, NT, ns, False, None, None)
+    cu = cu_seqlens.tolist()
+    N = len(cu) - 1
+    rows, seq_ptr, ch = [], [0], 0
+    for n in range(N):
+        bos, eos = cu[n], cu[n + 1]
+        nt = math.ceil((eos - bos) / BT)
+        if ns == 0:
+            rows.append((bos, eos, n, ch))  # empty sequences too: their walk writes the final state
+        else:
+            for j in range(math.ceil(nt / ns)):
+                b = bos + j * ns * BT
+                rows.append((b, min(b + ns * BT, eos), n, ch + j * ns))
+        ch += nt
+        seq_ptr.append(len(rows))
+    table = torch.tensor(rows if rows else [(0, 0, 0, 0)], dtype=torch.int32).to(device)
+    ptr = torch.tensor(seq_ptr, dtype=torch.int32).to(device)
+    return Segments(N, T, ns, len(rows), seg_alloc_rows(B, T, N, True, ns), ch, 0, 0, 0, 0, True, table, ptr)
+
+
+def chunks(B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.device) -> Segments:
+    """One segment per chunk: the layout of kernels that are parallel over chunks."""
+    return segments(B, T, cu_seqlens, 1, device)
+
+
+# ---------------------------------------------------------------------------------------------
+# layout helpers (device side)
+
+
+@triton.jit
+def segment_bounds(seg, i_s, T, NSPS, SEG_LEN, NT, NSC, VARLEN: tl.constexpr):
+    """Tokens ``[bos, eos)`` of segment ``i_s`` in the flat token axis, its sequence ``i_n`` and
+    the global index ``ch0`` of its first chunk."""
+    if VARLEN:
+        bos = tl.load(seg + i_s * 4).to(tl.int64)
+        eos = tl.load(seg + i_s * 4 + 1).to(tl.int64)
+        i_n = tl.load(seg + i_s * 4 + 2).to(tl.int64)
+        ch0 = tl.load(seg + i_s * 4 + 3).to(tl.int64)
+    else:
+        i_n = (i_s // NSPS).to(tl.int64)
+        j = (i_s % NSPS).to(tl.int64)
+        bos = i_n * T + j * SEG_LEN
+        eos = tl.minimum(bos + SEG_LEN, i_n * T + T)
+        ch0 = i_n * NT + j * NSC
+    return bos, eos, i_n, ch0
+
+
+@triton.jit
+def sequence_segments(seq_ptr, i_n, NSPS, VARLEN: tl.constexpr):
+    """Segments ``[s0, s1)`` of sequence ``i_n``."""
+    if VARLEN:
+        s0 = tl.load(seq_ptr + i_n).to(tl.int64)
+        s1 = tl.load(seq_ptr + i_n + 1).to(tl.int64)
+    else:
+        s0 = i_n.to(tl.int64) * NSPS
+        s1 = s0 + NSPS
+    return s0, s1
+
+
+# ---------------------------------------------------------------------------------------------
+# chunk-state passing
+
+
+@triton.jit
+def seg_summary_kernel(
+    x, y, g, w, rdiv, delta, dz, gsum, alpha,
+    seg, seq_ptr, T, NSPS, SEG_LEN, NT, NSC,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    VARLEN: tl.constexpr, USE_G: tl.constexpr, REVERSE: tl.constexpr, NORM: tl.constexpr, HAS_W: tl.constexpr,
+    HAS_RDIV: tl.constexpr, SDT: tl.constexpr, PREC: tl.constexpr,
+):
+    """What segment ``i_s`` adds to a ``[K, V]`` state: ``delta = alpha * sum_t d_t x_t^T y_t``
+    with the decays ``d_t`` of the walk direction, and (``NORM``) the key-sum column
+    ``dz = alpha * sum_t d_t x_t w_t`` (``w = 1`` when absent); ``gsum`` = total log-decay.
+
+    Forward (``REVERSE=False``, x = k, y = v): the chunk recurrence ``S <- exp(G_last) S +
+    (x exp(G_last - G))^T y`` (seed §4.2), chunks in order.  Reverse (x = q, y = do): the state
+    gradient ``dS <- exp(G_last) dS + (x exp(G))^T y``, chunks from last to first.  ``G`` is the
+    in-chunk cumulative log-gate (fp32, every exponent <= 0).  ``rdiv`` divides each row of ``y``
+    (the normaliser of linear attention: ``do / den``).  Grid ``(NK * NV * NSEG, H)``.
+    """
+    NK: tl.constexpr = (K + BK - 1) // BK
+    NV: tl.constexpr = (V + BV - 1) // BV
+    i_p, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_s = i_p // (NK * NV)
+    i_k = (i_p % (NK * NV)) // NV
+    i_v = i_p % NV
+    bos, eos, i_n, ch0 = segment_bounds(seg, i_s, T, NSPS, SEG_LEN, NT, NSC, VARLEN)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    b_d = tl.zeros([BK, BV], dtype=tl.float32)
+    b_z = tl.zeros([BK], dtype=tl.float32)
+    b_gs = tl.zeros([BK], dtype=tl.float32)
+    n_c = tl.cdiv(eos - bos, BT)
+    for c in range(n_c):
+        if REVERSE:
+            t0 = bos + (n_c - 1 - c) * BT
+        else:
+            t0 = bos + c * BT
+        o_t = t0 + tl.arange(0, BT)
+        m_t = o_t < eos
+        b_x = tl.load(x + (o_t * H + i_h)[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+        b_y = tl.load(y + (o_t * H + i_h)[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)
+        if HAS_RDIV:
+            b_r = tl.load(rdiv + o_t * H + i_h, mask=m_t, other=1.)
+            b_y = (b_y.to(tl.float32) / b_r[:, None]).to(b_x.dtype)
+        if NORM:
+            if HAS_W:
+                b_w = tl.load(w + o_t * H + i_h, mask=m_t, other=0.)
+            else:
+                b_w = tl.where(m_t, 1., 0.)
+        if USE_G:
+            b_g = tl.load(g + (o_t * H + i_h)[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
+                          other=0.).to(tl.float32)
+            b_G = tl.cumsum(b_g, 0)
+            b_gl = tl.sum(b_g, 0)  # G at the chunk's last token (padding rows add 0)
+            if REVERSE:
+                b_xd = b_x.to(tl.float32) * tl.exp(b_G)
+            else:
+                b_xd = b_x.to(tl.float32) * tl.exp(b_gl[None, :] - b_G)
+            b_d = b_d * tl.exp(b_gl)[:, None]
+            b_d = tl.dot(tl.trans(b_xd.to(b_x.dtype)), b_y, b_d, input_precision=PREC)
+            b_gs += b_gl
+        else:
+            b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
+            if NORM:
+                b_z += tl.sum(b_x.to(tl.float32) * b_w[:, None], 0)
+    p_d = delta + ((i_s * H + i_h) * K + o_k[:, None]) * V + o_v[None, :]
+    tl.store(p_d, b_d * alpha, mask=m_k[:, None] & m_v[None, :])
+    if i_v == 0:
+        if NORM:
+            tl.store(dz + (i_s * H + i_h) * K + o_k, b_z * alpha, mask=m_k)
+        if USE_G:
+            tl.store(gsum + (i_s * H + i_h) * K + o_k, b_gs, mask=m_k)
+
+
+@triton.jit
+def seg_scan_kernel(
+    delta, dz, gsum, init, init_z, start, start_z, final, final_z,
+    seq_ptr, NSPS,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    VARLEN: tl.constexpr, USE_G: tl.constexpr, REVERSE: tl.constexpr, NORM: tl.constexpr,
+    HAS_INIT: tl.constexpr, STORE_START: tl.constexpr,
+):
+    """Per sequence, pass the state along its segments: ``start[s]`` = state entering segment
+    ``s`` in the walk direction, ``final[n]`` = state after the sequence (forward: the final
+    state; reverse: the gradient of the initial state).  ``init`` (``[N, H, K, V]``) is the
+    state a sequence starts from (forward: ``initial_state``, reverse: ``d final_state``).
+    Empty sequences have no segments: ``final = init``.  Grid ``(NK * NV, N, H)``; small tiles
+    so that the sequential loop has many programs.
+    """
+    NV: tl.constexpr = (V + BV - 1) // BV
+    i_kv, i_n, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    i_k, i_v = i_kv // NV, i_kv % NV
+    s0, s1 = sequence_segments(seq_ptr, i_n, NSPS, VARLEN)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_kv = m_k[:, None] & (o_v < V)[None, :]
+    o_kv = o_k[:, None] * V + o_v[None, :]
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    b_z = tl.zeros([BK], dtype=tl.float32)
+    if HAS_INIT:
+        b_h += tl.load(init + (i_n * H + i_h) * K * V + o_kv, mask=m_kv, other=0.)
+        if NORM:
+            b_z += tl.load(init_z + (i_n * H + i_h) * K + o_k, mask=m_k, other=0.)
+    for i in range(s1 - s0):
+        if REVERSE:
+            s = s1 - 1 - i
+        else:
+            s = s0 + i
+        if STORE_START:
+            tl.store(start + (s * H + i_h) * K * V + o_kv, b_h, mask=m_kv)
+            if NORM:
+                if i_v == 0:
+                    tl.store(start_z + (s * H + i_h) * K + o_k, b_z, mask=m_k)
+        b_d = tl.load(delta + (s * H + i_h) * K * V + o_kv, mask=m_kv, other=0.)
+        if USE_G:
+            b_h = b_h * tl.exp(tl.load(gsum + (s * H + i_h) * K + o_k, mask=m_k, other=0.))[:, None]
+        b_h += b_d
+        if NORM:
+            b_z += tl.load(dz + (s * H + i_h) * K + o_k, mask=m_k, other=0.)
+    tl.store(final + (i_n * H + i_h) * K * V + o_kv, b_h, mask=m_kv)
+    if NORM:
+        if i_v == 0:
+            tl.store(final_z + (i_n * H + i_h) * K + o_k, b_z, mask=m_k)
+
+
+def segment_states(x, y, seg: Segments, *, H: int, g=None, w=None, rdiv=None, reverse=False, alpha=1.0,
+                   init=None, init_z=None, norm=False, store_start=True):
+    """States entering each segment (``[NSEG_ALLOC, H, K, V]`` fp32, and the key-sum column
+    ``[NSEG_ALLOC, H, K]`` when ``norm``) and after each sequence (``[N, H, K, V]``, ``[N, H, K]``).
+
+    ``x [TT, H, K]``, ``y [TT, H, V]`` flat token-major views; see :func:`seg_summary_kernel`
+    for ``g, w, rdiv, reverse, alpha``.  Returns ``(start, start_z, final, final_z)``; the
+    ``*_z`` are empty tensors unless ``norm``.
+    """
+    K, V = x.shape[-1], y.shape[-1]
+    dev = x.device
+    f32 = dict(dtype=torch.float32, device=dev)
+    SDT, PREC = dot_config(x.dtype)
+    NSEG = seg.NSEG
+    delta = torch.empty(max(NSEG, 1), H, K, V, **f32)
+    dz = torch.empty(max(NSEG, 1), H, K, **f32) if norm else delta
+    gsum = torch.empty(max(NSEG, 1), H, K, **f32) if g is not None else delta
+    la = seg.kernel_args()
+    BK, BV = min(64, block(K)), min(64, block(V))
+    if NSEG > 0:
+        grid = (triton.cdiv(K, BK) * triton.cdiv(V, BV) * NSEG, H)
+        seg_summary_kernel[grid](
+            x, y, g, w, rdiv, delta, dz, gsum, float(alpha), **la, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+            USE_G=g is not None, REVERSE=reverse, NORM=norm, HAS_W=w is not None, HAS_RDIV=rdiv is not None,
+            SDT=SDT, PREC=PREC, num_warps=4,
+        )
+    start = torch.empty(seg.NSEG_ALLOC, H, K, V, **f32) if store_start else delta
+    start_z = torch.empty(seg.NSEG_ALLOC, H, K, **f32) if (store_start and norm) else x.new_empty(0, dtype=torch.float32)
+    final = torch.empty(seg.N, H, K, V, **f32)
+    final_z = torch.empty(seg.N, H, K, **f32) if norm else x.new_empty(0, dtype=torch.float32)
+    if seg.N > 0:
+        SK, SV = min(32, block(K)), min(32, block(V))
+        grid = (triton.cdiv(K, SK) * triton.cdiv(V, SV), seg.N, H)
+        seg_scan_kernel[grid](
+            delta, dz, gsum, init, init_z, start, start_z, final, final_z, seg.seq_ptr, seg.NSPS,
+            H=H, K=K, V=V, BK=SK, BV=SV, VARLEN=seg.varlen, USE_G=g is not None, REVERSE=reverse, NORM=norm,
+            HAS_INIT=init is not None, STORE_START=store_start, num_warps=2,
+        )
+    return start, start_z, final, final_z
+
+
+# ---------------------------------------------------------------------------------------------
+# secondary (sub-chunk) tiling of GLA: seed §4.3, Fig. 3
+#
+# Inside a chunk (rows i, j), with G the in-chunk cumulative log-gate (fp32, non-increasing):
+#   A_ij = sum_k q_ik k_jk exp(G_ik - G_jk),  j <= i.
+# Pairs in different sub-chunks (J < I, "inter", orange in Fig. 3) are one half-precision matmul
+# per sub-chunk I of the bounded factors q_i exp(G_i - z_I) and k_j exp(z_I - G_j), z_I = G at
+# the last row before sub-chunk I: both exponents are <= 0.  Pairs in the same sub-chunk
+# ("intra", pink) are summed in fp32 with exp(G_i - G_j) computed directly (log space, never
+# overflows); the in-sub-chunk offsets gcs_i = G_i - z_I keep those exponents small.
+# The row loops load the j-th row of each row's sub-chunk from memory (an L1 hit) rather than
+# gathering from registers.
+
+
+@triton.jit
+def tile_row(b_x, r, BT: tl.constexpr):
+    """Row ``r`` of the tile ``b_x [BT, BK]`` as a ``[BK]`` vector."""
+    o = tl.arange(0, BT)
+    return tl.sum(tl.where(o[:, None] == r, b_x, 0.), 0)
+
+
+@triton.jit
+def subchunk_offsets(b_G, BT: tl.constexpr, BC: tl.constexpr):
+    """``gcs = G - z_I`` per row (``z_I`` = G at the last row before the row's sub-chunk, 0 for the
+    first): the cumulative log-gate inside each sub-chunk, ``[BT, BK]`` fp32."""
+    NC: tl.constexpr = BT // BC
+    o = tl.arange(0, BT)
+    b_zb = tl.zeros_like(b_G)
+    for I in tl.static_range(1, NC):
+        b_z = tile_row(b_G, I * BC - 1, BT)
+        b_zb = tl.where((o // BC == I)[:, None], b_z[None, :], b_zb)
+    return b_G - b_zb
+
+
+@triton.jit
+def subchunk_inter_A(b_A, b_q, b_k, b_G, BT: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr,
+                     PREC: tl.constexpr):
+    """``b_A += sum_k q_ik k_jk exp(G_ik - G_jk)`` for ``j`` in an earlier sub-chunk than ``i``
+    (seed Fig. 3 orange): one half-precision matmul of bounded factors per sub-chunk."""
+    NC: tl.constexpr = BT // BC
+    o = tl.arange(0, BT)
+    sub = o // BC
+    for I in tl.static_range(1, NC):
+        b_z = tile_row(b_G, I * BC - 1, BT)
+        m_i = (sub == I)[:, None]
+        m_j = (sub < I)[:, None]
+        b_qg = tl.where(m_i, b_q * tl.exp(tl.where(m_i, b_G - b_z[None, :], 0.)), 0.)
+        b_kg = tl.where(m_j, b_k * tl.exp(tl.where(m_j, b_z[None, :] - b_G, 0.)), 0.)
+        b_A = tl.dot(b_qg.to(DT), tl.trans(b_kg.to(DT)), b_A, input_precision=PREC)
+    return b_A
+
+
+@triton.jit
+def subchunk_intra_A(b_A, b_q, b_gcs, k_ptr, g_ptr, t0, eos, o_k, m_k, STRIDE,
+                     BT: tl.constexpr, BC: tl.constexpr):
+    """``b_A += sum_k q_ik k_jk exp(G_ik - G_jk)`` for ``j <= i`` in the same sub-chunk, fp32 in
+    log space (seed Fig. 3 pink).  ``k_ptr``/``g_ptr`` point at the head's first feature (row
+    stride ``STRIDE``); rows ``t0 + r`` are the chunk's, those ``>= eos`` read as zero."""
+    o = tl.arange(0, BT)
+    r_in = o % BC
+    base = o - r_in
+    b_run = tl.zeros_like(b_gcs)  # gcs at row base + j of each sub-chunk
+    for j in range(BC):
+        o_r = t0 + base + j
+        m_r = (o_r < eos)[:, None] & m_k[None, :]
+        b_kj = tl.load(k_ptr + o_r[:, None] * STRIDE + o_k[None, :], mask=m_r, other=0.).to(tl.float32)
+        b_run += tl.load(g_ptr + o_r[:, None] * STRIDE + o_k[None, :], mask=m_r, other=0.).to(tl.float32)
+        b_e = tl.exp(tl.where((r_in >= j)[:, None], b_gcs - b_run, float("-inf")))
+        b_a = tl.sum(b_q * b_kj * b_e, 1)
+        b_A += tl.where(o[None, :] == (base + j)[:, None], b_a[:, None], 0.)
+    return b_A
+
+
+@triton.jit
+def subchunk_dq(b_dq, b_dA, b_k, b_G, b_gcs, k_ptr, g_ptr, t0, eos, o_k, m_k, STRIDE,
+                BT: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """``b_dq += sum_{j <= i} dA_ij k_j exp(G_i - G_j)`` (``b_dA`` already masked to ``j <= i``):
+    inter-sub-chunk as half-precision matmuls, intra-sub-chunk in fp32 log space."""
+    NC: tl.constexpr = BT // BC
+    o = tl.arange(0, BT)
+    sub = o // BC
+    for I in tl.static_range(1, NC):
+        b_z = tile_row(b_G, I * BC - 1, BT)
+        m_i = (sub == I)[:, None]
+        m_j = (sub < I)[:, None]
+        b_kg = tl.where(m_j, b_k * tl.exp(tl.where(m_j, b_z[None, :] - b_G, 0.)), 0.)
+        b_dAI = tl.where(m_i & (o[None, :] < I * BC), b_dA, 0.)
+        b_t = tl.dot(b_dAI.to(DT), b_kg.to(DT), input_precision=PREC)
+        b_dq += tl.where(m_i, tl.exp(tl.where(m_i, b_G - b_z[None, :], 0.)), 0.) * b_t
+    r_in = o % BC
+    base = o - r_in
+    b_run = tl.zeros_like(b_gcs)
+    for j in range(BC):
+        o_r = t0 + base + j
+        m_r = (o_r < eos)[:, None] & m_k[None, :]
+        b_kj = tl.load(k_ptr + o_r[:, None] * STRIDE + o_k[None, :], mask=m_r, other=0.).to(tl.float32)
+        b_run += tl.load(g_ptr + o_r[:, None] * STRIDE + o_k[None, :], mask=m_r, other=0.).to(tl.float32)
+        b_e = tl.exp(tl.where((r_in >= j)[:, None], b_gcs - b_run, float("-inf")))
+        b_c = tl.sum(tl.where(o[None, :] == (base + j)[:, None], b_dA, 0.), 1)  # dA[i, base_i + j]
+        b_dq += b_c[:, None] * b_kj * b_e
+    return b_dq
+
+
+@triton.jit
+def subchunk_dk(b_dk, b_dA, b_q, b_G, b_gcs, q_ptr, g_ptr, t0, eos, o_k, m_k, STRIDE,
+                BT: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """``b_dk += sum_{i >= j} dA_ij q_i exp(G_i - G_j)`` (``b_dA`` masked to ``j <= i``)."""
+    NC: tl.constexpr = BT // BC
+    o = tl.arange(0, BT)
+    sub = o // BC
+    for I in tl.static_range(1, NC):
+        b_z = tile_row(b_G, I * BC - 1, BT)
+        m_i = (sub == I)[:, None]
+        m_j = (sub < I)[:, None]
+        b_qg = tl.where(m_i, b_q * tl.exp(tl.where(m_i, b_G - b_z[None, :], 0.)), 0.)
+        b_dAI = tl.where(m_i & (o[None, :] < I * BC), b_dA, 0.)
+        b_t = tl.dot(tl.trans(b_dAI).to(DT), b_qg.to(DT), input_precision=PREC)
+        b_dk += tl.where(m_j, tl.exp(tl.where(m_j, b_z[None, :] - b_G, 0.)), 0.) * b_t
+    r_in = o % BC
+    base = o - r_in
+    b_dAt = tl.trans(b_dA)  # [j, i]
+    b_run = tl.zeros_like(b_gcs)
+    for ii in range(BC):
+        o_r = t0 + base + ii
+        m_r = (o_r < eos)[:, None] & m_k[None, :]
+        b_qi = tl.load(q_ptr + o_r[:, None] * STRIDE + o_k[None, :], mask=m_r, other=0.).to(tl.float32)
+        b_run += tl.load(g_ptr + o_r[:, None] * STRIDE + o_k[None, :], mask=m_r, other=0.).to(tl.float32)
+        b_e = tl.exp(tl.where((r_in <= ii)[:, None], b_run - b_gcs, float("-inf")))
+        b_c = tl.sum(tl.where(o[None, :] == (base + ii)[:, None], b_dAt, 0.), 1)  # dA[base_j + ii, j]
+        b_dk += b_c[:, None] * b_qi * b_e
+    return b_dk
+
+
+# ---------------------------------------------------------------------------------------------
+# custom ops
+
+
+def custom_op(name: str, fake: Callable, *, backward: Callable | None = None,
+              setup_context: Callable | None = None) -> Callable:
+    """Decorator: register ``fn`` as the ``torch.library.custom_op`` ``lintime::<name>`` with its
+    fake (shape) implementation and, when given, its autograd rule -- so ``torch.compile``
+    traces calls to it (STYLE 9).  The op never mutates its inputs."""
+
+    def wrap(fn: Callable):
+        op = torch.library.custom_op(f"lintime::{name}", fn, mutates_args=())
+        op.register_fake(fake)
+        if backward is not None:
+            op.register_autograd(backward, setup_context=setup_context)
+        return op
+
+    return wrap
+
+
+def none_if_empty(x: torch.Tensor | None) -> torch.Tensor | None:
+    """Custom ops cannot return ``None``: absent outputs travel as empty tensors."""
+    return None if x is None or x.numel() == 0 else x
+
+
+def empty_f32(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(0, dtype=torch.float32)
+
+
+def flat(x: torch.Tensor) -> torch.Tensor:
+    """``[B, T, H, D]`` -> contiguous ``[B * T, H, D]`` (a view when already contiguous)."""
+    return x.contiguous().view(-1, *x.shape[2:])
