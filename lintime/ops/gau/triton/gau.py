@@ -1,0 +1,162 @@
+"""GAU attention on fused Triton kernels (FlashAttention-style tiling, no ``T x T`` tensor).
+
+Notation: ``B`` batch, ``T`` time, ``H`` heads, ``S`` query/key width, ``E`` value width, ``N``
+sequences, ``LB = 2T - 1`` bias diagonals.  Each sequence is one *region* of
+:mod:`lintime.ops.gau.triton.kernels`; ``relu(scale q.k + b)^2`` tiles are recomputed per ``E``
+tile in the forward and dV kernels, and the backward reduces ``dp = do . v`` over all of ``E``
+inside one program per query tile.
+
+``lintime::gau_fwd`` / ``lintime::gau_bwd`` are ``torch.library`` custom ops (fake tensors for
+``torch.compile``), tied together by ``register_autograd``; the public entry is
+:func:`triton_gau_attention`, registered as the ``"triton"`` backend of
+:func:`lintime.ops.gau_attention`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from lintime.ops.gau.triton.kernels import relu2_bwd_dqk_kernel, relu2_bwd_dv_kernel, relu2_fwd_kernel
+from lintime.ops.gau.triton.plan import (
+    Blocks,
+    default_blocks,
+    dot_precision,
+    fold_bias_grad,
+    sequence_bounds,
+    tiles_of,
+    to_device,
+)
+
+
+def _plan(B, T, cu_seqlens, bm, device):
+    """Regions = non-empty sequences; returns the device tables and the longest sequence."""
+    starts, lengths = sequence_bounds(B, T, cu_seqlens)
+    keep = lengths > 0
+    starts, lengths = starts[keep], lengths[keep]
+    reg, off = tiles_of(lengths, bm)
+    longest = int(lengths.max()) if lengths.numel() else 0
+    tables = to_device(device, reg, off, starts, lengths)
+    return tables, reg.numel(), longest
+
+
+def _bias(rel_bias, H):
+    if rel_bias is None:
+        return None, 1
+    b = rel_bias.detach().to(torch.float32).contiguous()
+    return b, b.shape[1]
+
+
+@torch.library.custom_op("lintime::gau_fwd", mutates_args=())
+def gau_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None, scale: float, causal: bool, blocks: list[int],
+) -> torch.Tensor:
+    B, T, H, S = q.shape
+    E = v.shape[-1]
+    cfg = Blocks.from_list(blocks)
+    o = torch.empty_like(v)
+    (t_reg, t_off, r_start, r_len), NT, _ = _plan(B, T, cu_seqlens, cfg.bm, q.device)
+    if NT == 0:
+        return o
+    bias, LB = _bias(rel_bias, H)
+    grid = (triton.cdiv(E, cfg.be_fwd), NT, H)
+    relu2_fwd_kernel[grid](
+        q, k, v, o, bias if bias is not None else q,
+        q, q, q, q, q,  # no linear part
+        t_reg, t_off, r_start, r_len,
+        float(scale), S, E, H, LB, T - 1,
+        BM=cfg.bm, BS=cfg.bs, BE=cfg.be_fwd,
+        CAUSAL=causal, HAS_BIAS=bias is not None, HAS_LIN=False, HAS_LOCAL=False,
+        ONE_S=cfg.bs >= S, PREC=dot_precision(q.dtype), num_warps=cfg.warps_fwd, num_stages=cfg.stages,
+    )
+    return o
+
+
+@gau_fwd.register_fake
+def _(q, k, v, rel_bias, cu_seqlens, scale, causal, blocks):
+    return torch.empty_like(v)
+
+
+@torch.library.custom_op("lintime::gau_bwd", mutates_args=())
+def gau_bwd(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None, scale: float, causal: bool, need_db: bool, blocks: list[int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients ``dq, dk, dv`` (input dtype) and ``db`` (``[H, 2T-1]`` in ``rel_bias``'s dtype, or
+    an empty tensor when not asked for)."""
+    B, T, H, S = q.shape
+    E = v.shape[-1]
+    cfg = Blocks.from_list(blocks)
+    do = do.contiguous()
+    dv = torch.empty_like(v)
+    dq32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk32 = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
+    (t_reg, t_off, r_start, r_len), NT, longest = _plan(B, T, cu_seqlens, cfg.bm, q.device)
+    bias, LB = _bias(rel_bias, H)
+    need_db = need_db and bias is not None
+    ntd = 2 * triton.cdiv(max(longest, 1), cfg.bm) - 1
+    db_tiles = torch.zeros((H, ntd, cfg.bm, cfg.bm) if need_db else (1,), dtype=torch.float32, device=q.device)
+    if NT > 0:
+        common = dict(CAUSAL=causal, HAS_BIAS=bias is not None, HAS_LIN=False, HAS_LOCAL=False,
+                      ONE_S=cfg.bs >= S, PREC=dot_precision(q.dtype), num_warps=cfg.warps_bwd, num_stages=cfg.stages)
+        b_ptr = bias if bias is not None else q
+        relu2_bwd_dv_kernel[(triton.cdiv(E, cfg.be_dv), NT, H)](
+            q, k, do, dv, b_ptr,
+            q, q, q, q, q,
+            t_reg, t_off, r_start, r_len,
+            float(scale), S, E, H, LB, T - 1,
+            BM=cfg.bm, BS=cfg.bs, BE=cfg.be_dv, **common,
+        )
+        relu2_bwd_dqk_kernel[(NT, H)](
+            q, k, v, do, dq32, dk32, db_tiles, b_ptr,
+            q, q, q, q, q, q, q, q, q, q, q,
+            t_reg, t_off, r_start, r_len,
+            float(scale), S, E, H, LB, T - 1, ntd,
+            BM=cfg.bm, BS=cfg.bs, BE=cfg.be_red, NEED_DB=need_db, **common,
+        )
+    else:
+        dv.zero_()
+    if need_db:
+        db = fold_bias_grad(db_tiles, LB, T - 1, cfg.bm).to(rel_bias.dtype)
+    else:
+        db = q.new_empty(0)
+    return dq32.to(q.dtype), dk32.to(k.dtype), dv, db
+
+
+@gau_bwd.register_fake
+def _(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, blocks):
+    db = rel_bias.new_empty(rel_bias.shape) if (need_db and rel_bias is not None) else q.new_empty(0)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), db
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, rel_bias, cu_seqlens, scale, causal, blocks = inputs
+    ctx.save_for_backward(q, k, v, rel_bias, cu_seqlens)
+    ctx.scale, ctx.causal, ctx.blocks = scale, causal, blocks
+
+
+def _backward(ctx, do):
+    q, k, v, rel_bias, cu_seqlens = ctx.saved_tensors
+    need_db = rel_bias is not None and ctx.needs_input_grad[3]
+    dq, dk, dv, db = gau_bwd(do, q, k, v, rel_bias, cu_seqlens, ctx.scale, ctx.causal, need_db, ctx.blocks)
+    return dq, dk, dv, (db if need_db else None), None, None, None, None
+
+
+gau_fwd.register_autograd(_backward, setup_context=_setup)
+
+
+def triton_gau_attention(q, k, v, *, causal=True, rel_bias=None, scale, cu_seqlens=None, blocks: Blocks | None = None):
+    """Fused GAU attention: same arguments and result as
+    :func:`lintime.ops.gau.naive.naive_gau_attention` (q, k ``[B, T, H, S]``, v ``[B, T, H, E]``,
+    rel_bias ``[H, 2T - 1]``); fp16 / bf16 / fp32 inputs, fp32 accumulation.  ``blocks``
+    overrides the block sizes (:func:`default_blocks`).  fp64 inputs go to the chunked PyTorch
+    form (Triton's fp64 products are not worth a kernel variant)."""
+    if q.dtype == torch.float64:
+        from lintime.ops.gau.chunk import chunk_gau_attention
+
+        return chunk_gau_attention(q, k, v, causal=causal, rel_bias=rel_bias, scale=scale, cu_seqlens=cu_seqlens)
+    S, E = q.shape[-1], v.shape[-1]
+    blocks = blocks or default_blocks(S, E, q.dtype)
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    return gau_fwd(q, k, v, rel_bias, cu_seqlens, float(scale), bool(causal), blocks.to_list())
