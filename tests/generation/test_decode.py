@@ -1,0 +1,99 @@
+"""prefill / decode_one_token: decoding through the state equals recomputing the whole sequence."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gen_helpers import FAMILY_PRESETS, tiny_model
+
+from lintime.data import ByteTokenizer
+from lintime.generation import GenerationConfig, decode_one_token, generate, prefill
+from lintime.generation.decode import state_nbytes
+
+# a FLASH chunk of 8 so that 5 prompt tokens + 20 new ones cross several chunk boundaries
+SMALL_CHUNK = {"flash-tiny": {"chunk_size": 8}}
+
+
+def _model(name):
+    return tiny_model(name, **SMALL_CHUNK.get(name, {}))
+
+
+@pytest.mark.parametrize("name", FAMILY_PRESETS)
+def test_greedy_generation_equals_argmax_of_full_recomputation_at_every_step(name):
+    model, tok = _model(name), ByteTokenizer()
+    prompt = "def f"
+    cfg = GenerationConfig(max_new_tokens=20, temperature=0, stop_at_eos=False, prefill_chunk=2)
+    (s,) = generate(model, tok, prompt, cfg)
+    assert len(s.token_ids) == 20 and s.finish_reason == "length"
+    ids = [tok.bos_id] + tok.encode(prompt) + s.token_ids
+    P = 1 + len(prompt)
+    with torch.no_grad():
+        full = model(torch.tensor([ids]))[0]  # [T, V]: the whole sequence, no state
+    for t, token in enumerate(s.token_ids):
+        with torch.no_grad():
+            recomputed = model(torch.tensor([ids[: P + t]]))[0, -1]  # from scratch, no state
+        assert token == int(recomputed.argmax()), f"step {t}"
+        torch.testing.assert_close(full[P + t - 1], recomputed, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", FAMILY_PRESETS)
+def test_chunked_prefill_equals_one_shot_prefill_packed_prompts(name):
+    model = _model(name)
+    g = torch.Generator().manual_seed(1)
+    lens = [5, 13, 1, 9]
+    ids = torch.randint(0, 256, (1, sum(lens)), generator=g)
+    cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    nxt = torch.randint(0, 256, (len(lens),), generator=g)
+    with torch.no_grad():
+        ref_logits, ref_state = prefill(model, ids, None, None, cu_seqlens=cu)
+        ref_next, _ = decode_one_token(model, nxt, ref_state)
+        # each prompt alone, without packing
+        for n, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+            alone, _ = prefill(model, ids[:, a:b])
+            torch.testing.assert_close(alone[0], ref_logits[n], rtol=1e-5, atol=1e-5)
+        for C in (1, 3, 8, 100):
+            logits, state = prefill(model, ids, None, C, cu_seqlens=cu)
+            torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+            assert state.offset.tolist() == lens
+            after, _ = decode_one_token(model, nxt, state)  # the state continues identically
+            torch.testing.assert_close(after, ref_next, rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_rows_chunked_and_continuing_a_state():
+    model = _model("gla-tiny")
+    ids = torch.randint(0, 256, (3, 11))
+    with torch.no_grad():
+        full = model(ids)  # [3, 11, V]
+        one, _ = prefill(model, ids)
+        chunked, state = prefill(model, ids, chunk_size=4)
+        torch.testing.assert_close(one, full[:, -1], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(chunked, full[:, -1], rtol=1e-5, atol=1e-5)
+        # prefill continues a given state: two halves == the whole
+        _, half = prefill(model, ids[:, :6])
+        second, _ = prefill(model, ids[:, 6:], half, 2)
+        torch.testing.assert_close(second, full[:, -1], rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_rejects_bad_input():
+    model = _model("linear-tiny")
+    with pytest.raises(ValueError, match="at least one token"):
+        prefill(model, torch.zeros(1, 3, dtype=torch.long), cu_seqlens=torch.tensor([0, 3, 3]))
+    with pytest.raises(ValueError, match="chunk_size"):
+        prefill(model, torch.zeros(1, 3, dtype=torch.long), chunk_size=-1)
+    with pytest.raises(ValueError, match=r"\[B, T\]"):
+        prefill(model, torch.zeros(3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name,grows", [("gla-tiny", False), ("flash-tiny", False), ("transformer-pp-tiny", True)])
+def test_state_memory_per_token(name, grows):
+    """Linear-time families: the decoding state has the same size after 8 and after 40
+    tokens (constant memory per token); softmax attention's KV cache grows."""
+    model, tok = _model(name), ByteTokenizer()
+    sizes = []
+    for n in (8, 40):
+        stats = {}
+        generate(model, tok, "x", GenerationConfig(max_new_tokens=n, temperature=0, stop_at_eos=False), stats=stats)
+        sizes.append(stats["state_bytes_final"])
+        assert stats["new_tokens"] == n and stats["prompt_tokens"] == 2
+    assert (sizes[1] > sizes[0]) == grows, sizes
+    assert state_nbytes(model.init_state(2)) >= 0
