@@ -351,7 +351,7 @@ def test_tiny_preset_overfits_causal_and_masked():
         m = cls(get_preset("flash-tiny"))
         opt = torch.optim.AdamW(m.param_groups(0.01), lr=5e-3)
         losses = []
-        for _ in range(40):
+        for _ in range(30):
             if cls is CausalLM:
                 logits = m(ids[:, :-1])
                 loss = F.cross_entropy(logits.reshape(-1, V), ids[:, 1:].reshape(-1))

@@ -339,7 +339,7 @@ def test_tiny_preset_overfits():
     opt = torch.optim.AdamW(m.param_groups(0.01), lr=5e-3)
     ids = torch.randint(0, 256, (2, 33))
     losses = []
-    for _ in range(40):
+    for _ in range(30):
         logits = m(ids[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, V), ids[:, 1:].reshape(-1))
         opt.zero_grad()
