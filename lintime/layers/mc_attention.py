@@ -101,7 +101,8 @@ class MixedChunkMHA(Mixer):
             raise ValueError(f"MixedChunkMHA: RoPE needs an even head_dim, got {head_dim}")
         H, K = n_heads, head_dim
         self.dim, self.n_heads, self.head_dim, self.chunk_size = dim, H, K, chunk_size
-        self.causal, self.linear_norm, self.rope, self.rope_base, self.backend = causal, linear_norm, rope, rope_base, backend
+        self.causal, self.linear_norm, self.backend = causal, linear_norm, backend
+        self.rope, self.rope_base = rope, rope_base
         self.qkv = nn.Linear(dim, 3 * H * K, bias=bias)
         self.out = nn.Linear(H * K, dim, bias=bias)
         # linear-attention heads: per-head, per-dim scale and offset of q and k (identity at init)

@@ -142,7 +142,8 @@ def test_first_to_all_formula(causal):
     fta = _layer(causal=causal, first_to_all=True)
     plain = _layer(causal=causal)
     with torch.no_grad():
-        plain.load_state_dict({**fta.state_dict(), "heads.gamma": fta.heads.gamma[:4], "heads.beta": fta.heads.beta[:4]})
+        shared = {"heads.gamma": fta.heads.gamma[:4], "heads.beta": fta.heads.beta[:4]}
+        plain.load_state_dict({**fta.state_dict(), **shared})
     T = 21  # chunk starts 0, 6, 12, 18; the last chunk is partial
     x = torch.randn(2, T, 16, dtype=torch.float64)
     pos = torch.arange(T).expand(2, T)
@@ -301,7 +302,8 @@ def test_parameter_counts_match_seed_tables(name):
 
 def test_seed_table_rows():
     base, large = get_preset("flash-base"), get_preset("flash-large")
-    assert (base.d_model, base.n_layers, base.mixer.s, base.mixer.expansion, base.mixer.chunk_size) == (768, 24, 128, 2, 256)
+    m = base.mixer
+    assert (base.d_model, base.n_layers, m.s, m.expansion, m.chunk_size) == (768, 24, 128, 2, 256)
     assert (large.d_model, large.n_layers, large.mixer.chunk_size) == (1024, 72, 512)  # Table 10
     assert base.ffn is None and base.position == "scaled_sin" and base.norm == "layernorm"
     assert get_preset("flash-base-mlm").norm == "scalenorm"  # Table 8

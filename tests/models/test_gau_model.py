@@ -213,7 +213,8 @@ def test_packed_prefill_then_decoding_and_select():
         # a packed piece continues each sequence's cache
         lg, st2 = m(torch.cat([more[0:1], more[2:3, :1]], 1), state.select(torch.tensor([0, 2])),
                     return_state=True, cu_seqlens=torch.tensor([0, 3, 4]))
-        ref = torch.cat([m(torch.cat([seqs[0], more[0:1]], 1))[:, -3:], m(torch.cat([seqs[2], more[2:3, :1]], 1))[:, -1:]], 1)
+        ref = torch.cat([m(torch.cat([seqs[0], more[0:1]], 1))[:, -3:],
+                         m(torch.cat([seqs[2], more[2:3, :1]], 1))[:, -1:]], 1)
         assert_exact("packed continuation after select", ref, lg)
         assert st2.offset.tolist() == [8, 2]
 
