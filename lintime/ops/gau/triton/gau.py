@@ -18,15 +18,8 @@ import torch
 import triton
 
 from lintime.ops.gau.triton.kernels import relu2_bwd_dqk_kernel, relu2_bwd_dv_kernel, relu2_fwd_kernel
-from lintime.ops.gau.triton.plan import (
-    Blocks,
-    default_blocks,
-    dot_precision,
-    fold_bias_grad,
-    sequence_bounds,
-    tiles_of,
-    to_device,
-)
+from lintime.ops.gau.triton.plan import Blocks, default_blocks, fold_bias_grad, sequence_bounds, tiles_of, to_device
+from lintime.ops.triton_common import check_device, custom_op, dot_config
 
 
 def _plan(B, T, cu_seqlens, bm, device):
@@ -47,8 +40,11 @@ def _bias(rel_bias, H):
     return b, b.shape[1]
 
 
-@torch.library.custom_op("lintime::gau_fwd", mutates_args=())
-def gau_fwd(
+def _fwd_fake(q, k, v, rel_bias, cu_seqlens, scale, causal, blocks):
+    return torch.empty_like(v)
+
+
+def _gau_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None, scale: float, causal: bool, blocks: list[int],
 ) -> torch.Tensor:
@@ -68,17 +64,17 @@ def gau_fwd(
         float(scale), S, E, H, LB, T - 1,
         BM=cfg.bm, BS=cfg.bs, BE=cfg.be_fwd,
         CAUSAL=causal, HAS_BIAS=bias is not None, HAS_LIN=False, HAS_LOCAL=False,
-        ONE_S=cfg.bs >= S, PREC=dot_precision(q.dtype), num_warps=cfg.warps_fwd, num_stages=cfg.stages,
+        ONE_S=cfg.bs >= S, SDT=dot_config(q.dtype)[0], PREC=dot_config(q.dtype)[1], num_warps=cfg.warps_fwd, num_stages=cfg.stages,
     )
     return o
 
 
-@gau_fwd.register_fake
-def _(q, k, v, rel_bias, cu_seqlens, scale, causal, blocks):
-    return torch.empty_like(v)
+def _bwd_fake(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, blocks):
+    db = rel_bias.new_empty(rel_bias.shape) if (need_db and rel_bias is not None) else q.new_empty(0)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), db
 
 
-@torch.library.custom_op("lintime::gau_bwd", mutates_args=())
+@custom_op("gau_bwd", _bwd_fake)
 def gau_bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None, scale: float, causal: bool, need_db: bool, blocks: list[int],
@@ -99,7 +95,7 @@ def gau_bwd(
     db_tiles = torch.zeros((H, ntd, cfg.bm, cfg.bm) if need_db else (1,), dtype=torch.float32, device=q.device)
     if NT > 0:
         common = dict(CAUSAL=causal, HAS_BIAS=bias is not None, HAS_LIN=False, HAS_LOCAL=False,
-                      ONE_S=cfg.bs >= S, PREC=dot_precision(q.dtype), num_warps=cfg.warps_bwd, num_stages=cfg.stages)
+                      ONE_S=cfg.bs >= S, SDT=dot_config(q.dtype)[0], PREC=dot_config(q.dtype)[1], num_warps=cfg.warps_bwd, num_stages=cfg.stages)
         b_ptr = bias if bias is not None else q
         relu2_bwd_dv_kernel[(triton.cdiv(E, cfg.be_dv), NT, H)](
             q, k, do, dv, b_ptr,
@@ -124,12 +120,6 @@ def gau_bwd(
     return dq32.to(q.dtype), dk32.to(k.dtype), dv, db
 
 
-@gau_bwd.register_fake
-def _(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, blocks):
-    db = rel_bias.new_empty(rel_bias.shape) if (need_db and rel_bias is not None) else q.new_empty(0)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), db
-
-
 def _setup(ctx, inputs, output):
     q, k, v, rel_bias, cu_seqlens, scale, causal, blocks = inputs
     ctx.save_for_backward(q, k, v, rel_bias, cu_seqlens)
@@ -143,7 +133,7 @@ def _backward(ctx, do):
     return dq, dk, dv, (db if need_db else None), None, None, None, None
 
 
-gau_fwd.register_autograd(_backward, setup_context=_setup)
+gau_fwd = custom_op("gau_fwd", _fwd_fake, backward=_backward, setup_context=_setup)(_gau_fwd)
 
 
 def triton_gau_attention(q, k, v, *, causal=True, rel_bias=None, scale, cu_seqlens=None, blocks: Blocks | None = None):
@@ -156,6 +146,7 @@ def triton_gau_attention(q, k, v, *, causal=True, rel_bias=None, scale, cu_seqle
         from lintime.ops.gau.chunk import chunk_gau_attention
 
         return chunk_gau_attention(q, k, v, causal=causal, rel_bias=rel_bias, scale=scale, cu_seqlens=cu_seqlens)
+    check_device("gau_attention", q)
     S, E = q.shape[-1], v.shape[-1]
     blocks = blocks or default_blocks(S, E, q.dtype)
     q, k, v = (x.contiguous() for x in (q, k, v))

@@ -58,7 +58,7 @@ def relu2_fwd_kernel(
     scale, S, E, H, LB, OFF,
     BM: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_LIN: tl.constexpr, HAS_LOCAL: tl.constexpr,
-    ONE_S: tl.constexpr, PREC: tl.constexpr,
+    ONE_S: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
 ):
     """``O[tile, E tile] = sum_j relu2(s_ij) v_j (+ wq q_lin . H)``; grid ``(E tiles, tiles, H)``."""
     i_e, i_t, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -110,7 +110,7 @@ def relu2_fwd_kernel(
             b_h = tl.load(HST + (pidx * H + i_h) * S * E + o_st, mask=m_st, other=0.0)
             if HAS_LOCAL:
                 b_h += tl.load(HLOC + (r.to(tl.int64) * H + i_h) * S * E + o_st, mask=m_st, other=0.0).to(tl.float32)
-            lin += tl.dot(b_ql, b_h.to(b_ql.dtype), input_precision=PREC)
+            lin += tl.dot(b_ql.to(SDT), b_h.to(SDT), input_precision=PREC)
         acc += w * lin
     tl.store(O + ((rs + o_m) * H + i_h)[:, None] * E + o_e[None, :], acc.to(O.dtype.element_ty),
              mask=m_m[:, None] & m_e[None, :])
@@ -124,7 +124,7 @@ def relu2_bwd_dv_kernel(
     scale, S, E, H, LB, OFF,
     BM: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_LIN: tl.constexpr, HAS_LOCAL: tl.constexpr,
-    ONE_S: tl.constexpr, PREC: tl.constexpr,
+    ONE_S: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
 ):
     """``DV[key tile, E tile] = sum_i relu2(s_ij) do_i (+ wf k_lin . G)``; grid ``(E tiles, tiles, H)``."""
     i_e, i_t, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -175,7 +175,7 @@ def relu2_bwd_dv_kernel(
             b_g = tl.load(GST + (pidx * H + i_h) * S * E + o_st, mask=m_st, other=0.0)
             if HAS_LOCAL:
                 b_g += tl.load(GLOC + (r.to(tl.int64) * H + i_h) * S * E + o_st, mask=m_st, other=0.0).to(tl.float32)
-            lin += tl.dot(b_kl, b_g.to(b_kl.dtype), input_precision=PREC)
+            lin += tl.dot(b_kl.to(SDT), b_g.to(SDT), input_precision=PREC)
         acc += w * lin
     tl.store(DV + ((rs + o_n) * H + i_h)[:, None] * E + o_e[None, :], acc.to(DV.dtype.element_ty),
              mask=m_n[:, None] & m_e[None, :])
@@ -189,7 +189,7 @@ def relu2_bwd_dqk_kernel(
     scale, S, E, H, LB, OFF, NTD,
     BM: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DB: tl.constexpr, HAS_LIN: tl.constexpr,
-    HAS_LOCAL: tl.constexpr, ONE_S: tl.constexpr, PREC: tl.constexpr,
+    HAS_LOCAL: tl.constexpr, ONE_S: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
 ):
     """Per row tile: ``DQ`` (fp32, this program's rows only), ``DK`` (fp32 atomics), the bias
     gradient per tile diagonal, and the linear gradients; grid ``(tiles, H)``."""
@@ -282,8 +282,8 @@ def relu2_bwd_dqk_kernel(
                     loc = (r.to(tl.int64) * H + i_h) * S * E + o_st
                     b_h += tl.load(HLOC + loc, mask=m_st, other=0.0).to(tl.float32)
                     b_g += tl.load(GLOC + loc, mask=m_st, other=0.0).to(tl.float32)
-                b_dql += tl.dot(b_do, tl.trans(b_h.to(b_do.dtype)), input_precision=PREC)
-                b_dkl += tl.dot(b_v, tl.trans(b_g.to(b_v.dtype)), input_precision=PREC)
+                b_dql += tl.dot(b_do.to(SDT), tl.trans(b_h.to(SDT)), input_precision=PREC)
+                b_dkl += tl.dot(b_v.to(SDT), tl.trans(b_g.to(SDT)), input_precision=PREC)
             m_ms = m_m[:, None] & m_s[None, :]
             o_ms = rows_m[:, None] * S + s0 + o_s[None, :]
             tl.store(DQL + o_ms, (wq * b_dql).to(DQL.dtype.element_ty), mask=m_ms)

@@ -7,24 +7,11 @@ the sequence lengths with a handful of vectorised CPU ops and sent in one copy.
 
 from __future__ import annotations
 
-import os
 from dataclasses import astuple, dataclass
 
 import torch
 
-
-def interpreting() -> bool:
-    """True when Triton runs kernels through its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def dot_precision(dtype: torch.dtype) -> str:
-    """``tl.dot`` input precision: fp32 inputs follow ``torch.get_float32_matmul_precision()``
-    (``'highest'`` -> exact fp32 products, otherwise tf32, as PyTorch's own matmuls do); the
-    interpreter is always exact.  Half inputs ignore it (their products are exact in fp32)."""
-    if dtype == torch.float32 and not interpreting() and torch.get_float32_matmul_precision() != "highest":
-        return "tf32"
-    return "ieee" if dtype == torch.float32 else "tf32"
+from lintime.ops.triton_common import interpreting
 
 
 def pow2_at_least(x: int, lo: int = 16) -> int:
