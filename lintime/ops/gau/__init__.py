@@ -14,6 +14,21 @@ from lintime.ops.utils import check_cu_seqlens, check_same_btH, check_tensor
 
 _IMPLS = {"naive": naive_gau_attention, "chunk": chunk_gau_attention}
 
+try:  # the fused kernels, when Triton is installed (picked automatically for CUDA tensors)
+    import triton  # noqa: F401
+except ImportError:
+    pass
+else:
+
+    def _triton_gau_attention(*args, **kwargs):
+        # imported on first use: Triton decides interpreter vs compiler when a kernel module is
+        # imported (TRITON_INTERPRET)
+        from lintime.ops.gau.triton import triton_gau_attention
+
+        return triton_gau_attention(*args, **kwargs)
+
+    _IMPLS["triton"] = _triton_gau_attention
+
 
 def gau_attention(
     q: torch.Tensor,
@@ -42,8 +57,10 @@ def gau_attention(
             prefix) gives exactly the prefix of a long one.
         cu_seqlens: ``[N + 1]`` int offsets of packed sequences (``B == 1``); no token attends
             across a boundary.
-        backend: ``None`` (automatic: ``"chunk"``), ``"naive"`` (dense masked reference) or
-            ``"chunk"`` (tiled, O(T * C) memory, recomputing backward).
+        backend: ``None`` (automatic: ``"triton"`` for CUDA tensors when Triton is installed,
+            else ``"chunk"``), ``"naive"`` (dense masked reference), ``"chunk"`` (tiled, O(T * C)
+            memory, recomputing backward) or ``"triton"`` (fused kernels; CPU tensors only under
+            ``TRITON_INTERPRET=1``).
     Returns:
         o: ``[B, T, H, E]`` in ``q``'s dtype (accumulated in fp32, fp64 for fp64 inputs).
         There is no state: decoding keeps a KV cache in the layer.

@@ -18,6 +18,21 @@ _IMPLS = {
     "chunk": chunk_mixed_chunk_attention,
     "recurrent": recurrent_mixed_chunk_attention,
 }
+
+try:  # the fused kernels, when Triton is installed (picked automatically for CUDA tensors)
+    import triton  # noqa: F401
+except ImportError:
+    pass
+else:
+
+    def _triton_mixed_chunk_attention(*args, **kwargs):
+        # imported on first use: Triton decides interpreter vs compiler when a kernel module is
+        # imported (TRITON_INTERPRET)
+        from lintime.ops.mixed_chunk.triton import triton_mixed_chunk_attention
+
+        return triton_mixed_chunk_attention(*args, **kwargs)
+
+    _IMPLS["triton"] = _triton_mixed_chunk_attention
 # the recurrent form cannot see future chunks
 _NONCAUSAL_IMPLS = {k: f for k, f in _IMPLS.items() if k != "recurrent"}
 
@@ -63,8 +78,10 @@ def mixed_chunk_attention(
         output_final_state: also return the state after the last token (causal only).
         cu_seqlens: ``[N + 1]`` int offsets of packed sequences (``B == 1``); tokens never interact
             across a boundary and every sequence starts a fresh chunk.
-        backend: ``None`` (automatic: ``recurrent`` for ``T == 1``, else ``chunk``), ``"naive"``,
-            ``"chunk"`` or ``"recurrent"`` (causal only).
+        backend: ``None`` (automatic: ``triton`` for CUDA tensors when Triton is installed, else
+            ``recurrent`` for ``T == 1``, else ``chunk``), ``"naive"``, ``"chunk"``, ``"recurrent"``
+            (causal only) or ``"triton"`` (fused kernels; CPU tensors only under
+            ``TRITON_INTERPRET=1``).
     Returns:
         o: ``[B, T, H, E]`` in the inputs' dtype (accumulated in fp32);
         state: :class:`MixedChunkState` (``N = B``, or the number of packed sequences) or ``None``.
