@@ -21,7 +21,7 @@ import dataclasses
 import math
 from typing import Any
 
-DEFAULT_STEPS = 300  # budget when none of steps / tokens / time_minutes is given
+DEFAULT_STEPS = 200  # budget when none of steps / tokens / time_minutes is given
 DECAYS = ("linear", "cosine", "constant")
 OBJECTIVES = ("clm", "mlm")
 DEVICES = ("auto", "cpu", "cuda")
@@ -135,7 +135,7 @@ class TrainConfig:
     text_field: str = "text"
     mlm_prob: float = 0.15
     context_len: int = 256
-    tokens_per_batch: int = 8192
+    tokens_per_batch: int = 4096
     micro_batch_tokens: int | None = None
     steps: int | None = None
     tokens: int | None = None
@@ -157,8 +157,8 @@ class TrainConfig:
     compile: bool = False
     deterministic: bool = False
     log_every: int = 1
-    eval_every: int = 100
-    eval_tokens: int = 65536
+    eval_every: int = 50
+    eval_tokens: int = 32768
     save_every: int = 100
     keep: int = 3
     tensorboard: bool = False
