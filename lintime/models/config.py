@@ -22,6 +22,9 @@ from lintime.models.registry import get_family
 NORMS = ("layernorm", "scalenorm", "rmsnorm")
 POSITIONS = ("none", "scaled_sin", "learned")
 FFN_KINDS = ("mlp", "glu")
+# The byte tokenizer's vocabulary (lintime.data.ByteTokenizer): 256 byte values + pad, bos, eos,
+# mask.  Every family's CPU-sized presets use it; tests/models check the two agree.
+BYTE_VOCAB = 260
 FFN_ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "relu2", "sigmoid", "identity")
 
 

@@ -17,7 +17,7 @@ from lintime.layers.flash import FLASH, FLASHState
 from lintime.layers.positional import apply_rope
 from lintime.models import CausalLM, MaskedLM, ModelConfig, get_preset
 from lintime.models.families.flash import FlashConfig
-from lintime.models.families.gau import BYTE_VOCAB
+from lintime.models.config import BYTE_VOCAB
 from lintime.testing import assert_exact
 
 V = BYTE_VOCAB

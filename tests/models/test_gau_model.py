@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 from lintime.layers.gau import GAU
 from lintime.models import CausalLM, MaskedLM, ModelConfig, get_preset
-from lintime.models.families.gau import BYTE_VOCAB, GAUConfig
+from lintime.models.config import BYTE_VOCAB
+from lintime.models.families.gau import GAUConfig
 from lintime.testing import assert_exact
 
 V = BYTE_VOCAB

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from lintime.layers.vq import VQAttention, VQAttentionState
 from lintime.models import CausalLM, MaskedLM, ModelConfig, get_preset
-from lintime.models.families.gau import BYTE_VOCAB
+from lintime.models.config import BYTE_VOCAB
 from lintime.models.families.vq import VQConfig
 from lintime.testing import assert_close, assert_exact
 

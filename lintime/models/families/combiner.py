@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from lintime.layers.combiner import ROW_SUMMARIES, CombinerAttention
 from lintime.models.families.linear import check_heads, check_positive_int
 from lintime.models.registry import register_family
+from lintime.models.config import BYTE_VOCAB
 
 if TYPE_CHECKING:
     from lintime.models.config import ModelConfig
@@ -66,7 +67,6 @@ def build(config: "ModelConfig", layer_idx: int, causal: bool) -> CombinerAttent
 
 # ---------------------------------------------------------------------------- presets
 SEED_VOCAB = 32_000
-BYTE_VOCAB = 256
 
 # size -> (d_model, n_layers, n_heads, vocab, row length C)
 _SIZES = {

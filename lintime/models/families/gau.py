@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 from lintime.layers.gau import GAU
 from lintime.models.families.softmax import SEED_VOCAB
 from lintime.models.registry import register_family
+from lintime.models.config import BYTE_VOCAB
 
 if TYPE_CHECKING:
     from lintime.models.config import ModelConfig
 
 # Byte-level presets use lintime.data's ByteTokenizer: 256 bytes + <pad> <bos> <eos> <mask>.
 # (Hard-coded: models do not import data; tests/models/test_gau.py checks the two agree.)
-BYTE_VOCAB = 260
 
 # size -> (d_model, GAU layers, s, chunk size C, vocab, max_len n).  Seed Tables 8-9 (base) and 10
 # (large): 24 / 72 layers, expansion 2, s = 128, C = 256 / 512.  max_len is the fixed n of the

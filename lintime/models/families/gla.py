@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from lintime.layers.gla import HEAD_NORMS, GatedLinearAttention
 from lintime.models.families.linear import check_positive_int
 from lintime.models.registry import register_family
+from lintime.models.config import BYTE_VOCAB
 
 if TYPE_CHECKING:
     from lintime.models.config import ModelConfig
@@ -79,7 +80,6 @@ def build(config: "ModelConfig", layer_idx: int, causal: bool) -> GatedLinearAtt
 
 # ---------------------------------------------------------------------------- presets
 MISTRAL_VOCAB = 32_000  # seed A4: "Mistral tokenizer"
-BYTE_VOCAB = 256
 
 # name -> (d_model, n_layers, n_heads, vocab, SwiGLU width or None for 2/3 * 4d)
 _SIZES = {

@@ -19,6 +19,7 @@ from lintime.layers.linear_attention import (
     check_feature_map,
 )
 from lintime.models.registry import register_family
+from lintime.models.config import BYTE_VOCAB
 
 if TYPE_CHECKING:
     from lintime.models.config import ModelConfig
@@ -78,7 +79,6 @@ def build(config: "ModelConfig", layer_idx: int, causal: bool) -> LinearAttentio
 
 # ---------------------------------------------------------------------------- presets
 GPT2_VOCAB = 50_257  # GPT-2's byte-level BPE (the seed trains "an exact replica of GPT2")
-BYTE_VOCAB = 256
 
 # name -> (d_model, n_layers, n_heads, vocab, learned-position table)
 _SIZES = {

@@ -16,7 +16,8 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from lintime.layers.mc_attention import MixedChunkMHA
-from lintime.models.families.gau import BYTE_VOCAB, check_bool, check_choice, check_int, check_rope_base, fail
+from lintime.models.config import BYTE_VOCAB
+from lintime.models.families.gau import check_bool, check_choice, check_int, check_rope_base, fail
 from lintime.models.families.softmax import SEED_VOCAB
 from lintime.models.registry import register_family
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from lintime.layers.performer import FEATURES, PerformerAttention
 from lintime.models.families.linear import check_heads, check_positive_int
 from lintime.models.registry import register_family
+from lintime.models.config import BYTE_VOCAB
 
 if TYPE_CHECKING:
     from lintime.models.config import ModelConfig
@@ -79,7 +80,6 @@ def build(config: "ModelConfig", layer_idx: int, causal: bool) -> PerformerAtten
 
 # ---------------------------------------------------------------------------- presets
 SEED_VOCAB = 32_000  # the softmax family's reading of the FLASH tables (docs/models.md)
-BYTE_VOCAB = 256
 
 # size -> (d_model, n_layers, n_heads, vocab, num_features)
 _SIZES = {

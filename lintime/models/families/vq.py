@@ -23,8 +23,8 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from lintime.layers.vq import REDUCTIONS, VQAttention
+from lintime.models.config import BYTE_VOCAB
 from lintime.models.families.gau import (
-    BYTE_VOCAB,
     check_bool,
     check_choice,
     check_expansion,
