@@ -15,7 +15,7 @@ def parse_context_lens(text: str) -> list[int]:
     for part in text.split(","):
         part = part.strip().lower()
         mult = 1024 if part.endswith("k") else 1
-        digits = part[:-1] if part.endswith("k") else part
+        digits = part.removesuffix("k")
         if not digits.isdigit() or int(digits) == 0:
             raise CLIError(f"--context-lens takes positive integers separated by commas (e.g. 512,1024,2k), got {text!r}")
         out.append(int(digits) * mult)
@@ -23,7 +23,7 @@ def parse_context_lens(text: str) -> list[int]:
 
 
 @command
-def eval(  # noqa: A001 -- the subcommand's name is the function's
+def eval(
     checkpoint: str,
     split: str = "validation",
     context_lens: str = "512,1024,2048",

@@ -4,15 +4,22 @@ checkpoint's held-out data.  ``lintime eval`` (:mod:`lintime.cli.eval`) is the c
 See ``docs/cli_eval.md``."""
 
 from lintime.evaluation.data import HELD_OUT, load_split
-from lintime.evaluation.lm import ContextResult, EvalReport, count_bytes, evaluate, score_context, select_documents
+from lintime.evaluation.lm import (
+    ContextResult,
+    EvalReport,
+    count_bytes,
+    evaluate,
+    score_context,
+    select_documents,
+)
 
 __all__ = [
     "HELD_OUT",
-    "load_split",
     "ContextResult",
     "EvalReport",
+    "count_bytes",
     "evaluate",
+    "load_split",
     "score_context",
     "select_documents",
-    "count_bytes",
 ]

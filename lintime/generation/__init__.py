@@ -11,24 +11,39 @@
 See ``docs/cli_eval.md``.
 """
 
-from lintime.generation.decode import compiled_decode_one_token, decode_one_token, prefill
-from lintime.generation.generate import GenerationConfig, Sample, TextPiece, generate, stream
-from lintime.generation.sampling import filtered_probs, sample, top_k_filter, top_p_filter
+from lintime.generation.decode import (
+    compiled_decode_one_token,
+    decode_one_token,
+    prefill,
+)
+from lintime.generation.generate import (
+    GenerationConfig,
+    Sample,
+    TextPiece,
+    generate,
+    stream,
+)
+from lintime.generation.sampling import (
+    filtered_probs,
+    sample,
+    top_k_filter,
+    top_p_filter,
+)
 from lintime.generation.text import Detokenizer, StopMatcher
 
 __all__ = [
-    "prefill",
-    "decode_one_token",
-    "compiled_decode_one_token",
+    "Detokenizer",
     "GenerationConfig",
     "Sample",
+    "StopMatcher",
     "TextPiece",
-    "generate",
-    "stream",
-    "sample",
+    "compiled_decode_one_token",
+    "decode_one_token",
     "filtered_probs",
+    "generate",
+    "prefill",
+    "sample",
+    "stream",
     "top_k_filter",
     "top_p_filter",
-    "Detokenizer",
-    "StopMatcher",
 ]

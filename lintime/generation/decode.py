@@ -14,6 +14,8 @@ token.  Chunked prefill bounds the *activation* memory of the prompt to ``C`` to
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 
 
@@ -62,9 +64,9 @@ def _prefill_packed(model, ids, state, C, cu_seqlens):
     if ids.shape[0] != 1:
         raise ValueError(f"with cu_seqlens the prompts must be packed into one row (B == 1), got B={ids.shape[0]}")
     cu = [int(x) for x in cu_seqlens.tolist()]
-    if cu[0] != 0 or cu[-1] != ids.shape[1] or any(b < a for a, b in zip(cu, cu[1:])):
+    if cu[0] != 0 or cu[-1] != ids.shape[1] or any(b < a for a, b in pairwise(cu)):
         raise ValueError(f"cu_seqlens must start at 0, be non-decreasing and end at T={ids.shape[1]}, got {cu}")
-    lens = [b - a for a, b in zip(cu, cu[1:])]
+    lens = [b - a for a, b in pairwise(cu)]
     N = len(lens)
     if min(lens) == 0:
         raise ValueError("prefill needs at least one token per prompt (cu_seqlens has an empty sequence)")

@@ -21,12 +21,17 @@ batch size can make in the logits.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import torch
 
-from lintime.generation.decode import compiled_decode_one_token, decode_one_token, prefill, state_nbytes
+from lintime.generation.decode import (
+    compiled_decode_one_token,
+    decode_one_token,
+    prefill,
+    state_nbytes,
+)
 from lintime.generation.sampling import sample
 from lintime.generation.text import Detokenizer, StopMatcher
 

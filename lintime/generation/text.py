@@ -58,7 +58,7 @@ class Detokenizer:
         before = self.tokenizer.decode(self._ids[self._prefix : self._read])
         now = self.tokenizer.decode(self._ids[self._prefix :])
         self._prefix = self._read = len(self._ids)
-        return now[len(before) :] if now.startswith(before) else now
+        return now.removeprefix(before)
 
 
 class StopMatcher:

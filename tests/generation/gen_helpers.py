@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn as nn
+from torch import nn
 
 from lintime.data import ByteTokenizer
 from lintime.models import CausalLM, ModelState, get_preset

@@ -61,16 +61,18 @@ def test_chunked_prefill_equals_one_shot_prefill_packed_prompts(name):
 
 def test_prefill_rows_chunked_and_continuing_a_state():
     model = _model("gla-tiny")
-    ids = torch.randint(0, 256, (3, 11))
+    ids = torch.randint(0, 256, (3, 12))
     with torch.no_grad():
-        full = model(ids)  # [3, 11, V]
-        one, _ = prefill(model, ids)
-        chunked, state = prefill(model, ids, chunk_size=4)
-        torch.testing.assert_close(one, full[:, -1], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(chunked, full[:, -1], rtol=1e-5, atol=1e-5)
+        full = model(ids)  # [3, 12, V]
+        one, _ = prefill(model, ids[:, :11])
+        chunked, state = prefill(model, ids[:, :11], chunk_size=4)
+        torch.testing.assert_close(one, full[:, 10], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(chunked, full[:, 10], rtol=1e-5, atol=1e-5)
+        step, _ = decode_one_token(model, ids[:, 11], state)
+        torch.testing.assert_close(step, full[:, 11], rtol=1e-5, atol=1e-5)
         # prefill continues a given state: two halves == the whole
         _, half = prefill(model, ids[:, :6])
-        second, _ = prefill(model, ids[:, 6:], half, 2)
+        second, _ = prefill(model, ids[:, 6:], half, 2)  # tokens 6..11
         torch.testing.assert_close(second, full[:, -1], rtol=1e-5, atol=1e-5)
 
 

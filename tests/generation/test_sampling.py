@@ -9,7 +9,14 @@ import torch
 from gen_helpers import tiny_model
 
 from lintime.data import ByteTokenizer
-from lintime.generation import GenerationConfig, filtered_probs, generate, sample, top_k_filter, top_p_filter
+from lintime.generation import (
+    GenerationConfig,
+    filtered_probs,
+    generate,
+    sample,
+    top_k_filter,
+    top_p_filter,
+)
 
 NEG = float("-inf")
 

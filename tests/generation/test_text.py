@@ -8,7 +8,13 @@ import pytest
 from gen_helpers import scripted, tiny_model
 
 from lintime.data import ByteTokenizer
-from lintime.generation import Detokenizer, GenerationConfig, StopMatcher, generate, stream
+from lintime.generation import (
+    Detokenizer,
+    GenerationConfig,
+    StopMatcher,
+    generate,
+    stream,
+)
 
 TEXT = "héllo → 日本語 🙂 done"
 
@@ -77,7 +83,7 @@ def test_stop_matcher_earliest_stop_and_flush():
 def test_generation_ends_at_eos_at_stop_strings_and_at_the_length_limit():
     tok = ByteTokenizer()
     model = scripted("hello\n\nworld", prompt="ab")
-    greedy = dict(temperature=0)
+    greedy = {"temperature": 0}
     (s,) = generate(model, tok, "ab", GenerationConfig(**greedy))
     assert (s.text, s.finish_reason) == ("hello\n\nworld", "eos")
     assert s.token_ids == tok.encode("hello\n\nworld") + [tok.eos_id]
