@@ -14,6 +14,21 @@ from lintime.ops.utils import check_cu_seqlens, check_same_btH, check_tensor, nu
 
 _IMPLS = {"naive": naive_gla, "chunk": chunk_gla, "recurrent": recurrent_gla}
 
+try:  # the fused kernels, when Triton is installed (picked automatically for CUDA tensors)
+    import triton  # noqa: F401
+except ImportError:
+    pass
+else:
+
+    def _triton_gla(*args, **kwargs):
+        # imported on first use: Triton decides interpreter vs compiler when a kernel module is
+        # imported (TRITON_INTERPRET), and importing the kernels costs nothing until they run
+        from lintime.ops.gla.triton import triton_gla
+
+        return triton_gla(*args, **kwargs)
+
+    _IMPLS["triton"] = _triton_gla
+
 
 def gated_linear_attention(
     q: torch.Tensor,
@@ -45,8 +60,10 @@ def gated_linear_attention(
         output_final_state: also return the state after each sequence's last token.
         cu_seqlens: ``[N + 1]`` int offsets of packed sequences (``B == 1``); states never
             cross a boundary.
-        backend: ``None`` (automatic: ``recurrent`` for ``T == 1``, else ``chunk``),
-            ``"naive"``, ``"chunk"`` or ``"recurrent"``.
+        backend: ``None`` (automatic: ``triton`` for CUDA tensors when Triton is installed,
+            else ``recurrent`` for ``T == 1`` and ``chunk`` otherwise), ``"naive"``, ``"chunk"``,
+            ``"recurrent"`` or ``"triton"`` (fused kernels; CPU tensors only under
+            ``TRITON_INTERPRET=1``).
     Returns:
         o: ``[B, T, H, V]`` in ``q``'s dtype;
         final_state: ``[N, H, K, V]`` fp32 (fp64 for fp64 inputs), or ``None`` unless

@@ -1,0 +1,263 @@
+"""Host side of the GLA Triton kernels: launchers, the ``lintime::`` custom ops (forward,
+backward, decoding) and the backend entry :func:`triton_gla`.
+
+Kernel sequence (``ns`` = chunks per segment, see :mod:`lintime.ops.triton_common`):
+
+* forward: ``gla_fwd_A_kernel`` (per chunk) -> [segment summaries + scan, when materialised]
+  -> ``gla_fwd_kernel`` (output walk, final state);
+* backward: [reverse segment summaries of ``scale (q exp G)^T do`` + scan] ->
+  ``gla_bwd_dv_kernel`` (backward walk: ``dv``, per-chunk state gradients) ->
+  ``gla_bwd_dqkg_kernel`` (forward walk: ``dq, dk, dg``).
+"""
+
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from lintime.ops.gla.triton.kernels import (
+    gla_bwd_dqkg_kernel,
+    gla_bwd_dv_kernel,
+    gla_fwd_A_kernel,
+    gla_fwd_kernel,
+    gla_recurrent_kernel,
+)
+from lintime.ops.triton_common import (
+    BC,
+    BT,
+    block,
+    check_device,
+    choose_segment_chunks,
+    chunks,
+    custom_op,
+    dot_config,
+    empty_f32,
+    flat,
+    none_if_empty,
+    seg_alloc_rows,
+    segment_states,
+    segments,
+    supported,
+)
+
+DECODE_MAX_T = 16  # forward-only calls up to this many tokens use the recurrent kernel
+TILE = 8192  # fp32 elements of the state tile one program carries (32 KB)
+_TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+def _tiles(K: int, V: int):
+    """``[all K, BV]`` tiles for the output / dv walks, ``[BK, all V]`` for the dq/dk/dg walk."""
+    BKf, BVf = block(K), block(V)
+    return dict(v_walk=(BKf, min(BVf, max(16, TILE // BKf))), k_walk=(min(BKf, max(16, TILE // BVf)), BVf))
+
+
+def _warps(bk: int, bv: int) -> int:
+    return 8 if bk * bv >= 8192 else 4
+
+
+def _n_seq(q: Tensor, cu_seqlens: Optional[Tensor]) -> int:
+    return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+
+
+# --------------------------------------------------------------------------------------------
+# forward
+
+
+def _fwd_fake(q, k, v, g, h0, cu_seqlens, scale, ns):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = _n_seq(q, cu_seqlens)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    rows = seg_alloc_rows(B, T, N, cu_seqlens is not None, ns)
+    return (
+        q.new_empty(B, T, H, V),
+        q.new_empty(N, H, K, V, **f32),
+        q.new_empty(B, T, H, BT, **f32),
+        q.new_empty(rows, H, K, V, **f32) if ns > 0 else q.new_empty(0, **f32),
+    )
+
+
+def gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns):
+    """Forward launcher: ``o, ht, A, hs`` (final state, in-chunk scores, materialised segment
+    start states -- the last two kept for the backward)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    seg = segments(B, T, cu_seqlens, ns, q.device)
+    qf, kf, vf, gf = flat(q), flat(k), flat(v), flat(g)
+    SDT, PREC = dot_config(q.dtype)
+    DT = _TL[q.dtype]
+    f32 = dict(dtype=torch.float32, device=q.device)
+    A = torch.empty(B * T, H, BT, **f32)
+    ch = chunks(B, T, cu_seqlens, q.device)
+    if ch.NSEG > 0:
+        gla_fwd_A_kernel[(ch.NSEG, H)](
+            qf, kf, gf, A, scale, **ch.kernel_args(), H=H, K=K, BT=BT, BC=BC, BK=block(K), DT=DT, PREC=PREC,
+            num_warps=8 if block(K) >= 128 else 4,
+        )
+    if seg.materialized:
+        hs, _, ht, _ = segment_states(kf, vf, seg, H=H, g=gf, init=h0)
+    else:
+        hs, ht = empty_f32(q), torch.empty(seg.N, H, K, V, **f32)
+    o = torch.empty(B * T, H, V, dtype=q.dtype, device=q.device)
+    BK, BV = _tiles(K, V)["v_walk"]
+    if seg.NSEG > 0:
+        gla_fwd_kernel[(triton.cdiv(V, BV) * seg.NSEG, H)](
+            qf, kf, vf, gf, A, o, h0, hs, ht, scale, **seg.kernel_args(), H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+            HAS_H0=h0 is not None, MAT=seg.materialized, DT=DT, SDT=SDT, PREC=PREC, num_warps=_warps(BK, BV),
+            num_stages=2,
+        )
+    return o.view(B, T, H, V), ht, A.view(B, T, H, BT), hs
+
+
+# --------------------------------------------------------------------------------------------
+# backward
+
+
+def _bwd_fake(q, k, v, g, A, hs, do, dht, h0, cu_seqlens, scale, ns, need_dh0):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = _n_seq(q, cu_seqlens)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
+            q.new_empty(N, H, K, V, **f32) if need_dh0 else q.new_empty(0, **f32))
+
+
+def gla_bwd(q, k, v, g, A, hs, do, dht, h0, cu_seqlens, scale, ns, need_dh0):
+    """Backward launcher: ``dq, dk, dv, dg, dh0`` (``dh0`` empty unless ``need_dh0``)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    seg = segments(B, T, cu_seqlens, ns, q.device)
+    qf, kf, vf, gf, dof = flat(q), flat(k), flat(v), flat(g), flat(do)
+    Af = A.view(B * T, H, BT)
+    SDT, PREC = dot_config(q.dtype)
+    DT = _TL[q.dtype]
+    f32 = dict(dtype=torch.float32, device=q.device)
+    ds = None
+    if seg.materialized:
+        ds, _, dh0, _ = segment_states(qf, dof, seg, H=H, g=gf, reverse=True, alpha=scale, init=dht)
+    else:
+        dh0 = torch.empty(seg.N, H, K, V, **f32) if need_dh0 else empty_f32(q)
+    # per-chunk state gradients: half the traffic in bf16 (the state stays fp32 in registers)
+    dhs = torch.empty(max(seg.NCH, 1), H, K, V, dtype=torch.bfloat16 if q.dtype == torch.bfloat16 else torch.float32,
+                      device=q.device)
+    dq, dk, dv, dg = torch.empty_like(qf), torch.empty_like(kf), torch.empty_like(vf), torch.empty_like(gf)
+    common = dict(H=H, K=K, V=V, BT=BT, MAT=seg.materialized, DT=DT, SDT=SDT, PREC=PREC)
+    tiles = _tiles(K, V)
+    if seg.NSEG > 0:
+        BK, BV = tiles["v_walk"]
+        gla_bwd_dv_kernel[(triton.cdiv(V, BV) * seg.NSEG, H)](
+            qf, kf, gf, Af, dof, dv, dht, dh0, ds, dhs, scale, **seg.kernel_args(), BK=BK, BV=BV,
+            HAS_DHT=dht is not None, STORE_DH0=need_dh0 and not seg.materialized, **common,
+            num_warps=_warps(BK, BV), num_stages=2,
+        )
+        BK, BV = tiles["k_walk"]
+        gla_bwd_dqkg_kernel[(triton.cdiv(K, BK) * seg.NSEG, H)](
+            qf, kf, vf, gf, dof, dq, dk, dg, h0, hs, dhs, scale, **seg.kernel_args(), BC=BC, BK=BK, BV=BV,
+            HAS_H0=h0 is not None, **common, num_warps=_warps(BK, BV), num_stages=1,
+        )
+    if not need_dh0:
+        dh0 = empty_f32(q)
+    return dq.view_as(q), dk.view_as(k), dv.view_as(v), dg.view_as(g), dh0
+
+
+@custom_op("gla_bwd", fake=_bwd_fake)
+def _bwd_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, A: Tensor, hs: Tensor, do: Tensor, dht: Optional[Tensor],
+            h0: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float, ns: int,
+            need_dh0: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return gla_bwd(q, k, v, g, A, hs, do, dht, h0, cu_seqlens, scale, ns, need_dh0)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, g, h0, cu_seqlens, scale, ns = inputs
+    o, ht, A, hs = output
+    ctx.save_for_backward(q, k, v, g, h0, cu_seqlens, A, hs)
+    ctx.opts = (scale, ns)
+
+
+def _backward(ctx, do, dht, _dA, _dhs):
+    q, k, v, g, h0, cu_seqlens, A, hs = ctx.saved_tensors
+    scale, ns = ctx.opts
+    do = torch.zeros_like(v) if do is None else do.contiguous()
+    dq, dk, dv, dg, dh0 = _bwd_op(q, k, v, g, A, hs, do, None if dht is None else dht.contiguous(), h0, cu_seqlens,
+                                  scale, ns, ctx.needs_input_grad[4])
+    return dq, dk, dv, dg, none_if_empty(dh0), None, None, None
+
+
+@custom_op("gla_fwd", fake=_fwd_fake, backward=_backward, setup_context=_setup_context)
+def _fwd_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Optional[Tensor], cu_seqlens: Optional[Tensor],
+            scale: float, ns: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns)
+
+
+# --------------------------------------------------------------------------------------------
+# decoding
+
+
+def _recurrent_fake(q, k, v, g, h0, cu_seqlens, scale):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    return q.new_empty(B, T, H, V), q.new_empty(_n_seq(q, cu_seqlens), H, K, V, dtype=torch.float32)
+
+
+@custom_op("gla_recurrent", fake=_recurrent_fake)
+def _recurrent_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                  scale: float) -> tuple[Tensor, Tensor]:
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = _n_seq(q, cu_seqlens)
+    o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)
+    ht = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device)
+    BK = block(K)
+    BV = min(block(V), max(16, 4096 // BK))
+    if N > 0:
+        gla_recurrent_kernel[(triton.cdiv(V, BV), N, H)](
+            flat(q), flat(k), flat(v), flat(g), o, h0, ht, cu_seqlens, scale, T, H=H, K=K, V=V, BK=BK, BV=BV,
+            VARLEN=cu_seqlens is not None, HAS_H0=h0 is not None, num_warps=4,
+        )
+    return o, ht
+
+
+# --------------------------------------------------------------------------------------------
+# backend entry
+
+
+def segment_chunks_for(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor]) -> int:
+    """The automatic ``ns`` of a call, from shapes alone (see ``choose_segment_chunks``)."""
+    B, T, H, K = q.shape
+    BV = _tiles(K, v.shape[-1])["v_walk"][1]
+    return choose_segment_chunks(_n_seq(q, cu_seqlens), B * T, T, H * math.ceil(v.shape[-1] / BV), q.device)
+
+
+def triton_gla(
+    q, k, v, g, *, scale=None, chunk_size=64, initial_state=None, output_final_state=False, cu_seqlens=None,
+    segment_chunks=None,
+):
+    """Same arguments and results as :func:`lintime.ops.gated_linear_attention`, computed by the
+    Triton kernels (chunks of 64 tokens, sub-chunks of 16, whatever ``chunk_size``).
+
+    fp64 inputs and ``K`` or ``V`` above 256 fall back to the chunked PyTorch form.  Forward-only
+    calls of at most 16 tokens (decoding) run the recurrent kernel.  ``segment_chunks`` overrides
+    the automatic segment length (``0`` = one segment per sequence; tests, benchmarks).
+    """
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K**-0.5 if scale is None else float(scale)
+    if not supported(K, V, dtype=q.dtype) or g.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        from lintime.ops.gla.chunk import chunk_gla
+
+        return chunk_gla(q, k, v, g, scale=scale, chunk_size=chunk_size, initial_state=initial_state,
+                         output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+    check_device("gated_linear_attention", q)
+    h0 = None if initial_state is None else initial_state.float().contiguous()
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32)
+    grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, h0))
+    if not grad and T <= DECODE_MAX_T:
+        o, ht = _recurrent_op(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), h0, cu_seqlens, scale)
+    else:
+        ns = segment_chunks_for(q, v, cu_seqlens) if segment_chunks is None else int(segment_chunks)
+        o, ht, _, _ = _fwd_op(q, k, v, g, h0, cu_seqlens, scale, ns)
+    return o, (ht if output_final_state else None)
