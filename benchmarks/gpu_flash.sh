@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# FLASH kernels on a GPU machine: install the anchor wheels, run the CUDA tests of the mixed
+# chunk / GAU Triton kernels (real-size correctness), then the benchmark cases.  Logs and JSON
+# go to $OUT (default ./gpu_flash_out).  Usage: benchmarks/gpu_flash.sh [tests] [bench] [variants]
+# (default: all three; `bench` runs every case of lintime/bench/cases_flash.py).
+set -uo pipefail
+OUT=${OUT:-./gpu_flash_out}
+mkdir -p "$OUT"
+STEPS=${*:-tests variants bench}
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || echo "wheel install failed: anchors will be skipped"
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+rc=0
+if [[ " $STEPS " == *" tests "* ]]; then
+  python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops/test_gau_triton.py tests/ops/test_mixed_chunk_triton.py \
+    2>&1 | tee "$OUT/tests.log" || rc=1
+fi
+if [[ " $STEPS " == *" variants "* ]]; then
+  python3 -m lintime.bench.cases_flash --cases variants --out "$OUT/variants.json" 2>&1 | tee "$OUT/variants.log" || rc=1
+fi
+if [[ " $STEPS " == *" bench "* ]]; then
+  python3 -m lintime.bench.cases_flash --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" || rc=1
+fi
+exit $rc

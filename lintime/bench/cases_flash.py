@@ -1,0 +1,337 @@
+"""Benchmark cases of the FLASH ops: mixed chunk attention, GAU attention and a whole FLASH layer,
+with the anchors measured in the same run (PyTorch SDPA, fla 0.6.0 ``chunk_linear_attn``,
+lucidrains ``flash-pytorch`` 0.1.9 ``FLASH``).
+
+Every timing is the median of ``triton.testing.do_bench`` (CUDA events, warm-up first) on bf16
+inputs drawn fresh from N(0, 1); ``fwd`` times the forward, ``fwdbwd`` the forward plus the
+gradients of every input.  Shapes keep ``tokens = B * T`` fixed (32k by default).  Peak memory is
+``torch.cuda.max_memory_allocated`` over one forward + backward, minus what was allocated before.
+
+Run ``python -m lintime.bench.cases_flash --out results.json`` (CUDA only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+TOKENS = 32 * 1024
+T_MIXED = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+T_GAU = (1024, 2048, 4096, 8192, 16384)
+MEM_T = (8192, 32768, 131072)
+
+
+@dataclass
+class Result:
+    case: str
+    impl: str
+    T: int
+    B: int
+    shape: dict
+    fwd_ms: float | None = None
+    fwdbwd_ms: float | None = None
+    peak_mib: float | None = None
+    flops_fwdbwd: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _median_ms(fn, warmup=10, rep=40) -> float:
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def _timings(f, inputs, *, grad_out_like=None):
+    """Median forward and forward + backward times of ``f(*inputs)`` (first output)."""
+
+    def fwd():
+        with torch.no_grad():
+            f(*inputs)
+
+    out = f(*inputs)
+    out = out[0] if isinstance(out, tuple) else out
+    do = torch.randn_like(out)
+    leaves = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+
+    def fwdbwd():
+        o = f(*inputs)
+        o = o[0] if isinstance(o, tuple) else o
+        torch.autograd.grad(o, leaves, do)
+
+    return _median_ms(fwd), _median_ms(fwdbwd)
+
+
+def _peak_mib(f, inputs) -> float:
+    leaves = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    o = f(*inputs)
+    o = o[0] if isinstance(o, tuple) else o
+    torch.autograd.grad(o, leaves, torch.ones_like(o))
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def _rand(*shape, scale=1.0):
+    return (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * scale).requires_grad_()
+
+
+def matmul_peak_tflops() -> float:
+    """Measured bf16 matmul rate (8192^3, random data): the ceiling for the 'fraction' column."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = _median_ms(lambda: a @ b, warmup=20, rep=100)
+    return 2 * 8192**3 / ms / 1e9
+
+
+def mixed_chunk_flops(T, B, S, E, C, causal=True) -> float:
+    """Useful flops of one forward + backward (no recomputation counted): in-chunk pairs
+    ``p`` (causal ``C (C + 1) / 2`` per full chunk) cost ``2S + 2E`` forward and ``4S + 4E``
+    backward; every token costs ``4SE`` forward (``k^T v``, ``q . H``) and ``8SE`` backward."""
+    full, rest = divmod(T, C)
+    per = (lambda c: c * (c + 1) / 2) if causal else (lambda c: c * c)
+    pairs = B * (full * per(C) + per(rest))
+    return pairs * (6 * S + 6 * E) + B * T * 12 * S * E
+
+
+def gau_flops(T, B, S, E, causal=True) -> float:
+    pairs = B * (T * (T + 1) / 2 if causal else T * T)
+    return pairs * (6 * S + 6 * E)
+
+
+def sdpa_flops(T, B, H, D, causal=True) -> float:
+    pairs = B * H * (T * (T + 1) / 2 if causal else T * T)
+    return pairs * 4 * D * 3.5  # forward 4D per pair, backward 2.5x (FlashAttention's count)
+
+
+# ------------------------------------------------------------------------------------ cases
+
+
+def case_mixed_chunk(results, Ts=T_MIXED, S=128, E=2048, C=256, tokens=TOKENS, impls=("triton", "chunk"),
+                     blocks=None, tag="mixed_chunk"):
+    from lintime.ops import mixed_chunk_attention
+
+    for T in Ts:
+        B = max(1, tokens // T)
+        xs = [_rand(B, T, 1, S, scale=0.5) for _ in range(4)] + [_rand(B, T, 1, E)]
+        rb = _rand(1, 2 * C - 1, scale=0.1)
+        for impl in impls:
+            if impl == "chunk" and B * T > tokens:
+                continue
+            if blocks is not None and impl == "triton":
+                from lintime.ops.mixed_chunk.triton import triton_mixed_chunk_attention
+
+                def f(*a, _b=blocks):
+                    return triton_mixed_chunk_attention(*a[:5], rel_bias=a[5], chunk_size=C, blocks=_b)[0]
+            else:
+                def f(*a, _impl=impl):
+                    return mixed_chunk_attention(*a[:5], rel_bias=a[5], chunk_size=C, backend=_impl)[0]
+            try:
+                fwd, fb = _timings(f, xs + [rb])
+            except torch.OutOfMemoryError:
+                fwd = fb = None
+            torch.cuda.empty_cache()
+            results.append(Result(tag, impl, T, B, dict(H=1, S=S, E=E, C=C, causal=True), fwd, fb,
+                                  flops_fwdbwd=mixed_chunk_flops(T, B, S, E, C),
+                                  extra={} if blocks is None else {"blocks": blocks.to_list()}))
+            print(f"{tag:14s} {impl:8s} T={T:6d} B={B:3d}  fwd {fwd}  fwd+bwd {fb}", flush=True)
+
+
+def case_mixed_chunk_memory(results, Ts=MEM_T, S=128, E=2048, C=256):
+    from lintime.ops import mixed_chunk_attention
+
+    for T in Ts:
+        xs = [_rand(1, T, 1, S, scale=0.5) for _ in range(4)] + [_rand(1, T, 1, E)]
+        rb = _rand(1, 2 * C - 1, scale=0.1)
+
+        def f(*a):
+            return mixed_chunk_attention(*a[:5], rel_bias=a[5], chunk_size=C)[0]
+
+        f(*xs, rb)
+        inputs_mib = sum(x.numel() * x.element_size() for x in xs) / 2**20
+        peak = _peak_mib(f, xs + [rb])
+        results.append(Result("mixed_chunk_memory", "triton", T, 1, dict(H=1, S=S, E=E, C=C), peak_mib=peak,
+                              extra={"inputs_mib": inputs_mib, "peak_per_token_kib": peak * 1024 / T}))
+        print(f"mixed_chunk memory T={T}: peak {peak:.1f} MiB over inputs {inputs_mib:.1f} MiB", flush=True)
+        del xs
+        torch.cuda.empty_cache()
+
+
+def case_gau(results, Ts=T_GAU, S=128, E=2048, tokens=TOKENS, impls=("triton",)):
+    from lintime.ops import gau_attention, softmax_attention
+
+    for T in Ts:
+        B = max(1, tokens // T)
+        q, k = _rand(B, T, 1, S, scale=0.5), _rand(B, T, 1, S, scale=0.5)
+        v = _rand(B, T, 1, E)
+        rb = _rand(1, 2 * T - 1, scale=0.1)
+        for impl in impls:
+            def f(q, k, v, rb, _impl=impl):
+                return gau_attention(q, k, v, rel_bias=rb, scale=1.0 / 128, backend=_impl)
+
+            fwd, fb = _timings(f, [q, k, v, rb])
+            results.append(Result("gau", impl, T, B, dict(H=1, S=S, E=E, causal=True), fwd, fb,
+                                  flops_fwdbwd=gau_flops(T, B, S, E)))
+            print(f"gau            {impl:8s} T={T:6d} B={B:3d}  fwd {fwd:.3f}  fwd+bwd {fb:.3f}", flush=True)
+        del q, k, v
+        # anchor: SDPA causal H16 D64 at the same tokens
+        qs, ks, vs = (_rand(B, 16, T, 64) for _ in range(3))
+
+        def sdpa(q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        fwd, fb = _timings(sdpa, [qs, ks, vs])
+        results.append(Result("gau", "sdpa_h16_d64", T, B, dict(H=16, D=64, causal=True), fwd, fb,
+                              flops_fwdbwd=sdpa_flops(T, B, 16, 64)))
+        print(f"gau            sdpa     T={T:6d} B={B:3d}  fwd {fwd:.3f}  fwd+bwd {fb:.3f}", flush=True)
+        del qs, ks, vs
+        torch.cuda.empty_cache()
+
+
+def case_fla_linear(results, Ts=T_MIXED, K=128, V=2048, tokens=TOKENS):
+    try:
+        from fla.ops.linear_attn import chunk_linear_attn
+    except Exception as e:  # noqa: BLE001 - the anchor is optional
+        print(f"fla not available: {e!r}")
+        return
+    import fla
+
+    for T in Ts:
+        B = max(1, tokens // T)
+        q, k = _rand(B, T, 1, K, scale=0.5), _rand(B, T, 1, K, scale=0.5)
+        v = _rand(B, T, 1, V)
+
+        def f(q, k, v):
+            return chunk_linear_attn(q, k, v, normalize=False)[0]
+
+        fwd, fb = _timings(f, [q, k, v])
+        results.append(Result("fla_chunk_linear_attn", f"fla-{fla.__version__}", T, B, dict(H=1, K=K, V=V), fwd, fb))
+        print(f"fla linear     T={T:6d} B={B:3d}  fwd {fwd:.3f}  fwd+bwd {fb:.3f}", flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+
+
+def case_flash_layer(results, Ts=(1024, 4096, 8192, 32768), d=1024, tokens=TOKENS):
+    """A whole FLASH layer (pre-norm, projections, RoPE, four scale/offset heads, mixed chunk
+    attention with the Toeplitz bias, gate, output projection, residual) vs lucidrains'."""
+    import torch.nn as nn
+
+    from lintime.layers.flash import FLASH
+    from lintime.layers.positional import token_positions
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(d)
+            self.mixer = FLASH(d, expansion_dim=2 * d, key_dim=128, chunk_size=256, causal=True)
+
+        def forward(self, x, pos):
+            return x + self.mixer(self.norm(x), positions=pos)[0]
+
+    ours = Block().cuda().to(torch.bfloat16)
+    theirs = None
+    try:
+        from flash_pytorch import FLASH as LucidFLASH
+        from rotary_embedding_torch import RotaryEmbedding
+
+        theirs = LucidFLASH(dim=d, group_size=256, query_key_dim=128, expansion_factor=2.0, causal=True,
+                            rotary_pos_emb=RotaryEmbedding(dim=32)).cuda().to(torch.bfloat16)
+    except Exception as e:  # noqa: BLE001 - the anchor is optional
+        print(f"flash-pytorch not available: {e!r}")
+    for T in Ts:
+        B = max(1, tokens // T)
+        x = _rand(B, T, d)
+        pos = token_positions(B, T, device="cuda")
+        fwd, fb = _timings(lambda x: ours(x, pos), [x])
+        results.append(Result("flash_layer", "lintime", T, B, dict(d=d, e=2 * d, s=128, C=256), fwd, fb))
+        print(f"FLASH layer    lintime  T={T:6d} B={B:3d}  fwd {fwd:.3f}  fwd+bwd {fb:.3f}", flush=True)
+        if theirs is not None:
+            try:
+                fwd, fb = _timings(lambda x: theirs(x), [x])
+            except torch.OutOfMemoryError:
+                fwd = fb = None
+            results.append(Result("flash_layer", "flash-pytorch-0.1.9", T, B, dict(d=d, group=256), fwd, fb))
+            print(f"FLASH layer    lucid    T={T:6d} B={B:3d}  fwd {fwd}  fwd+bwd {fb}", flush=True)
+        del x
+        torch.cuda.empty_cache()
+
+
+def case_variants(results, Ts=(2048, 32768)):
+    """The materialisation / block-size choices, timed side by side (docs/notes/kernels_flash.md)."""
+    from lintime.ops.gau.triton.plan import default_blocks
+
+    base = default_blocks(128, 2048, torch.bfloat16)
+    variants = {
+        "default": base,
+        "G=1 (fp32 per-chunk states)": dataclasses.replace(base, seg_chunks=1),
+        "one segment per sequence": dataclasses.replace(base, seg_chunks=1 << 20),
+        "BE=256, 8 warps": dataclasses.replace(base, be_fwd=256, be_dv=256, warps_fwd=8, warps_bwd=8),
+        "stages=3": dataclasses.replace(base, stages=3),
+        "BM=128, 8 warps": dataclasses.replace(base, bm=128, warps_fwd=8, warps_bwd=8),
+    }
+    for name, blocks in variants.items():
+        try:
+            case_mixed_chunk(results, Ts=Ts, impls=("triton",), blocks=blocks, tag=f"variant:{name}")
+        except Exception as e:  # noqa: BLE001 - a variant that does not compile is a result too
+            print(f"variant {name} failed: {e!r}", flush=True)
+            results.append(Result(f"variant:{name}", "triton", 0, 0, {}, extra={"error": repr(e)[:500]}))
+
+
+def environment() -> dict:
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
+        "triton": triton.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench_flash.json")
+    p.add_argument("--cases", default="mixed,memory,gau,fla,layer")
+    p.add_argument("--quick", action="store_true", help="fewer lengths")
+    args = p.parse_args(argv)
+    torch.manual_seed(0)
+    env = environment()
+    env["matmul_bf16_tflops"] = matmul_peak_tflops()
+    print(env, flush=True)
+    results: list[Result] = []
+    cases = args.cases.split(",")
+    Tm = (2048, 32768) if args.quick else T_MIXED
+    if "variants" in cases:
+        case_variants(results)
+    if "mixed" in cases:
+        case_mixed_chunk(results, Ts=Tm)
+    if "memory" in cases:
+        case_mixed_chunk_memory(results)
+    if "gau" in cases:
+        case_gau(results, Ts=(2048, 8192) if args.quick else T_GAU)
+    if "fla" in cases:
+        case_fla_linear(results, Ts=Tm)
+    if "layer" in cases:
+        case_flash_layer(results, Ts=(4096,) if args.quick else (1024, 4096, 8192, 32768))
+    rows = []
+    for r in results:
+        row = dict(r.__dict__)
+        if r.flops_fwdbwd and r.fwdbwd_ms:
+            row["tflops_fwdbwd"] = r.flops_fwdbwd / r.fwdbwd_ms / 1e9
+            row["fraction_of_matmul_peak"] = row["tflops_fwdbwd"] / env["matmul_bf16_tflops"]
+        rows.append(row)
+    with open(args.out, "w") as f:
+        json.dump({"env": env, "results": rows}, f, indent=1)
+    print(f"wrote {args.out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""gau_attention, backend 'triton': the fused kernels against the naive form (forward and the
+gradients of q, k, v and rel_bias) -- on the CPU through the Triton interpreter at small sizes
+(fp32 exact, fp16 by the half-precision rule), on CUDA at real sizes (bf16 / fp16 by the
+half-precision rule, fp32 exact).
+
+Under the interpreter the kernels use 16-wide blocks
+(:func:`lintime.ops.gau.triton.plan.default_blocks`), so small shapes cross several query/key
+tiles, ``S`` tiles and ``E`` tiles, with partial tiles.
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Triton picks interpreter vs compiler when a kernel module is imported; tests/ops/conftest.py
+    # sets this too -- repeated here so this file also runs on its own
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from lintime.ops import gau_attention  # noqa: E402
+from lintime.testing import assert_exact, assert_half_rule  # noqa: E402
+
+triton = pytest.importorskip("triton")
+
+CUDA = torch.cuda.is_available()
+NAMES = ("o", "dq", "dk", "dv", "drel_bias")
+
+
+def _inputs(B, T, H, S, E, dtype, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed * 1000 + T * 7 + S)
+    q = torch.randn(B, T, H, S, generator=g, dtype=torch.float64)
+    k = torch.randn(B, T, H, S, generator=g, dtype=torch.float64)
+    v = torch.randn(B, T, H, E, generator=g, dtype=torch.float64)
+    b = 0.5 * torch.randn(H, 2 * T - 1, generator=g, dtype=torch.float64)
+    do = torch.randn(B, T, H, E, generator=g, dtype=torch.float64)
+    return [x.to(device, dtype) for x in (q, k, v, b, do)]
+
+
+def _run(backend, q, k, v, b, do, **kw):
+    """Output and the gradients of q, k, v (and rel_bias when given), by name."""
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    bias = None if b is None else b.detach().clone().requires_grad_()
+    o = gau_attention(*leaves, rel_bias=bias, backend=backend, **kw)
+    grads = torch.autograd.grad(o, leaves + ([] if bias is None else [bias]), do)
+    return dict(zip(NAMES, (o, *grads)))
+
+
+# ------------------------------------------------------------------------ interpreter (CPU)
+
+cpu_only = pytest.mark.skipif(CUDA, reason="interpreter tests: the CUDA tests below cover the compiled kernels")
+
+
+@cpu_only
+@pytest.mark.parametrize(
+    "causal, bias, T, H, S, E",
+    [
+        (True, True, 37, 2, 20, 12),  # two S tiles (S-tiled dq/dk path), partial tiles
+        (False, True, 37, 1, 12, 40),  # one S tile (register dq path), three E tiles
+        (True, False, 1, 1, 4, 4),
+        (False, False, 33, 1, 8, 16),
+    ],
+)
+def test_matches_naive_fp32(causal, bias, T, H, S, E):
+    q, k, v, b, do = _inputs(2, T, H, S, E, torch.float32)
+    kw = {"causal": causal, "scale": S**-0.5}
+    ref = _run("naive", q, k, v, b if bias else None, do, **kw)
+    out = _run("triton", q, k, v, b if bias else None, do, **kw)
+    assert sorted(ref) == sorted(out)
+    for name in ref:
+        assert out[name].dtype == ref[name].dtype
+        assert_exact(f"gau triton {name} (T={T}, causal={causal}, bias={bias})", ref[name], out[name])
+
+
+@cpu_only
+@pytest.mark.parametrize("causal", [True, False])
+def test_packing_matches_naive(causal):
+    """Packed sequences (one of length 1, one empty): no token attends across a boundary, and
+    the bias index ``i - j`` is taken inside each sequence of the packed length's table."""
+    lens = [13, 1, 0, 20]
+    q, k, v, b, do = _inputs(1, sum(lens), 1, 8, 6, torch.float32, seed=3)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    kw = {"causal": causal, "scale": 0.3, "cu_seqlens": cu}
+    ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, **kw)
+    for name in ref:
+        assert_exact(f"gau packed {name} (causal={causal})", ref[name], out[name])
+
+
+@cpu_only
+def test_gradient_subsets():
+    """Only some inputs need gradients (no bias gradient asked): the others still match."""
+    q, k, v, b, do = _inputs(1, 20, 1, 6, 5, torch.float32, seed=5)
+    qr = q.clone().requires_grad_()
+    o = gau_attention(qr, k, v, rel_bias=b, scale=0.4, backend="triton")
+    (dq,) = torch.autograd.grad(o, [qr], do)
+    qn = q.clone().requires_grad_()
+    (dq_ref,) = torch.autograd.grad(gau_attention(qn, k, v, rel_bias=b, scale=0.4, backend="naive"), [qn], do)
+    assert_exact("dq only", dq_ref, dq)
+
+
+@cpu_only
+def test_fp16_half_precision_rule():
+    q, k, v, b, do = _inputs(2, 40, 1, 32, 24, torch.float64, seed=6)
+    kw = {"causal": True, "scale": 32**-0.5}
+    ref = _run("naive", q, k, v, b, do, **kw)
+    half = [x.half() for x in (q, k, v, b, do)]
+    base, out = _run("naive", *half, **kw), _run("triton", *half, **kw)
+    assert out["o"].dtype == torch.float16
+    for name in ref:
+        assert_half_rule(f"gau fp16 {name}", ref[name], out[name], base[name])
+
+
+@cpu_only
+def test_torch_compile_traces_the_custom_ops():
+    """``torch.compile`` (aot_eager: fake tensors, no code generation) traces forward and
+    backward through ``lintime::gau_fwd`` / ``gau_bwd`` and gives the eager result."""
+    q, k, v, b, do = _inputs(1, 18, 1, 4, 6, torch.float32, seed=2)
+
+    def f(q, k, v, b):
+        return gau_attention(q, k, v, rel_bias=b, scale=0.5, backend="triton")
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="aot_eager")
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, b)]
+    g1 = torch.autograd.grad(compiled(*leaves), leaves, do)
+    leaves2 = [x.clone().requires_grad_() for x in (q, k, v, b)]
+    g2 = torch.autograd.grad(f(*leaves2), leaves2, do)
+    for a, c in zip(g2, g1):
+        assert_exact("compiled grad", a, c)
+
+
+# ------------------------------------------------------------------------ CUDA, real sizes
+
+cuda = pytest.mark.cuda
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+
+
+@cuda
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [True, False])
+def test_cuda_real_size_half_rule(dtype, causal):
+    """GAU's shape (H = 1, S = 128, E = 2048) at T = 1100 in half precision vs the fp64 naive."""
+    B, T, H, S, E = 2, 1100, 1, 128, 2048
+    q, k, v, b, do = _inputs(B, T, H, S, E, torch.float64, device="cuda", seed=1)
+    q, k = q * 0.5, k * 0.5
+    kw = {"causal": causal, "scale": 1.0 / 128}
+    ref = _run("naive", q, k, v, b, do, **kw)
+    half = [x.to(dtype) for x in (q, k, v, b, do)]
+    base, out = _run("naive", *half, **kw), _run("triton", *half, **kw)
+    for name in ref:
+        assert_half_rule(f"cuda gau {dtype} {name} (causal={causal})", ref[name], out[name], base[name])
+
+
+@cuda
+@needs_cuda
+def test_cuda_fp32_exact_packed():
+    """fp32 kernels (exact fp32 products) vs naive fp32: packed, S = 160 (two S tiles), E = 300."""
+    lens = [600, 1, 0, 333]
+    q, k, v, b, do = _inputs(1, sum(lens), 2, 160, 300, torch.float32, device="cuda", seed=4)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    kw = {"causal": True, "scale": 160**-0.5, "cu_seqlens": cu}
+    ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, **kw)
+    for name in ref:
+        assert_exact(f"cuda gau fp32 {name}", ref[name], out[name])
+
+
+@cuda
+@needs_cuda
+def test_cuda_dispatch_picks_triton(monkeypatch):
+    import lintime.ops.gau as gau_module
+
+    calls = []
+    impl = gau_module._IMPLS["triton"]
+    monkeypatch.setitem(gau_module._IMPLS, "triton", lambda *a, **kw: calls.append(1) or impl(*a, **kw))
+    q, k, v, b, _ = _inputs(1, 64, 1, 16, 16, torch.bfloat16, device="cuda")
+    gau_attention(q, k, v, rel_bias=b, scale=0.25)
+    assert calls == [1]

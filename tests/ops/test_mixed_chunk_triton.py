@@ -1,0 +1,320 @@
+"""mixed_chunk_attention, backend 'triton': the fused kernels against the naive form (forward,
+final state and every gradient, incl. rel_bias and the initial state) -- on the CPU through the
+Triton interpreter at small sizes (fp32 exact, fp16 by the half-precision rule), on CUDA at real
+sizes (bf16 / fp16 by the half-precision rule, fp32 exact).
+
+Under the interpreter the kernels use 16-wide blocks and 2-chunk segments
+(:func:`lintime.ops.gau.triton.plan.default_blocks`), so these small shapes still cross several
+query/key tiles per chunk, several ``S`` and ``E`` tiles, several segments per sequence, and
+partial tiles everywhere.
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Triton picks interpreter vs compiler when a kernel module is imported; tests/ops/conftest.py
+    # sets this too -- repeated here so this file also runs on its own
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from lintime.ops import MixedChunkState, mixed_chunk_attention  # noqa: E402
+from lintime.ops.gau.triton.plan import Blocks, default_blocks  # noqa: E402
+from lintime.testing import assert_close, assert_exact, assert_half_rule  # noqa: E402
+
+triton = pytest.importorskip("triton")
+
+FLOAT_FIELDS = ("kv", "k_quad", "k_lin", "v")
+INT_FIELDS = ("count", "fill")
+INPUTS = ("q_quad", "k_quad", "q_lin", "k_lin", "v")
+CUDA = torch.cuda.is_available()
+FP32_ORDER_TOL = 1e-4  # fp32 sums of up to ~1e5 terms in another order
+DEV = "cuda" if CUDA else "cpu"
+
+
+def _inputs(B, T, H, S, E, C, dtype, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed * 1009 + T * 7 + S)
+    xs = [torch.randn(B, T, H, S, generator=g, dtype=torch.float64) * 0.5 for _ in range(4)]
+    xs.append(torch.randn(B, T, H, E, generator=g, dtype=torch.float64))
+    rb = 0.5 * torch.randn(H, 2 * C - 1, generator=g, dtype=torch.float64)
+    return [x.to(device, dtype) for x in xs], rb.to(device, dtype)
+
+
+def _state(fills, counts, C, H, S, E, dtype, seed=1, device="cpu"):
+    """A random state; buffer slots beyond ``fill`` hold junk that every form must ignore."""
+    g = torch.Generator().manual_seed(seed)
+    N = len(fills)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    return MixedChunkState(
+        kv=(rnd(N, H, S, E) * 3).to(device, acc), count=torch.tensor(counts, dtype=torch.long, device=device),
+        k_quad=rnd(N, C, H, S).to(device, dtype), k_lin=rnd(N, C, H, S).to(device, dtype),
+        v=rnd(N, C, H, E).to(device, dtype), fill=torch.tensor(fills, dtype=torch.long, device=device),
+    )
+
+
+def _cast_state(state, dtype):
+    if state is None:
+        return None
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    return MixedChunkState(kv=state.kv.to(acc), count=state.count, k_quad=state.k_quad.to(dtype),
+                           k_lin=state.k_lin.to(dtype), v=state.v.to(dtype), fill=state.fill)
+
+
+def _run(backend, xs, rb, state, seed=3, **kw):
+    """Forward, final state and every gradient of one call, as a dict of named tensors; the
+    loss weights every output element and every float field of the final state."""
+    xs = [x.detach().clone().requires_grad_() for x in xs]
+    rb = None if rb is None else rb.detach().clone().requires_grad_()
+    if state is not None:
+        state = MixedChunkState(**{
+            f: getattr(state, f).detach().clone().requires_grad_(f in FLOAT_FIELDS) for f in FLOAT_FIELDS + INT_FIELDS
+        })
+    o, final = mixed_chunk_attention(*xs, rel_bias=rb, initial_state=state, backend=backend, **kw)
+    out = {"o": o}
+    g = torch.Generator().manual_seed(seed)
+
+    def w(x):
+        return torch.randn(x.shape, generator=g, dtype=torch.float64).to(x.device)
+
+    loss = (o.double() * w(o)).sum()
+    if final is not None:
+        out.update({f"final.{f}": getattr(final, f) for f in FLOAT_FIELDS + INT_FIELDS})
+        for f in FLOAT_FIELDS:
+            loss = loss + (getattr(final, f).double() * w(getattr(final, f))).sum()
+    named = dict(zip(INPUTS, xs))
+    if rb is not None:
+        named["rel_bias"] = rb
+    if state is not None:
+        named.update({f"state.{f}": getattr(state, f) for f in FLOAT_FIELDS})
+    grads = torch.autograd.grad(loss, list(named.values()), allow_unused=True)
+    out.update({f"d{n}": torch.zeros_like(x) if gr is None else gr for (n, x), gr in zip(named.items(), grads)})
+    return out
+
+
+def _assert_exact_all(tag, ref, out):
+    assert sorted(ref) == sorted(out), (sorted(ref), sorted(out))
+    for name in ref:
+        if name.split(".")[-1] in INT_FIELDS:
+            assert torch.equal(ref[name].cpu(), out[name].cpu()), f"{tag} {name}"
+        else:
+            assert out[name].dtype == ref[name].dtype, f"{tag} {name} dtype {out[name].dtype}"
+            assert_exact(f"{tag} {name}", ref[name], out[name])
+
+
+def _assert_half_all(tag, ref64, out, base):
+    for name in ref64:
+        if name.split(".")[-1] in INT_FIELDS:
+            assert torch.equal(ref64[name].cpu(), out[name].cpu()), f"{tag} {name}"
+        elif name in ("final.kv", "dstate.kv"):
+            # fp32 results of fp32 arithmetic on the same half inputs as the naive half run:
+            # they differ by fp32 summation order only
+            assert_close(f"{tag} {name}", base[name], out[name], FP32_ORDER_TOL)
+        else:
+            assert_half_rule(f"{tag} {name}", ref64[name], out[name], base[name])
+
+
+# ------------------------------------------------------------------------ interpreter (CPU)
+
+cpu_only = pytest.mark.skipif(CUDA, reason="interpreter tests: the CUDA tests below cover the compiled kernels")
+
+
+@cpu_only
+@pytest.mark.parametrize(
+    "mode, norm, T, H, S, E, C",
+    [
+        ("causal", "tokens", 37, 2, 20, 12, 16),  # two S tiles, partial tiles and chunks
+        ("causal+state", "chunk", 45, 1, 12, 40, 16),  # one S tile, three E tiles, mid-chunk state
+        ("causal+state", "tokens", 257, 1, 8, 8, 32),  # 9 chunks: several segments per sequence
+        ("noncausal", "tokens", 37, 1, 20, 12, 16),
+        ("noncausal", "none", 1, 1, 4, 4, 16),
+        ("causal", "none", 1, 1, 4, 4, 16),
+    ],
+)
+def test_matches_naive_fp32(mode, norm, T, H, S, E, C):
+    """Forward, final state and every gradient (inputs, rel_bias, initial state) vs naive."""
+    causal = mode != "noncausal"
+    xs, rb = _inputs(2, T, H, S, E, C, torch.float32)
+    state = _state([5, 0], [2 * C, 3 * C], C, H, S, E, torch.float32) if mode == "causal+state" else None
+    kw = {"chunk_size": C, "causal": causal, "linear_norm": norm, "output_final_state": causal}
+    _assert_exact_all(f"triton vs naive ({mode}, {norm}, T={T})", _run("naive", xs, rb, state, **kw),
+                      _run("triton", xs, rb, state, **kw))
+
+
+@cpu_only
+def test_segment_lengths_agree():
+    """One chunk per segment (G = 1: exact fp32 per-chunk states, nothing in registers), 3-chunk
+    segments, and one segment per sequence all give the naive result (13 chunks, scale given)."""
+    from lintime.ops.mixed_chunk.triton import triton_mixed_chunk_attention
+
+    C, H, S, E, T = 8, 1, 6, 5, 100
+    xs, rb = _inputs(1, T, H, S, E, C, torch.float32, seed=4)
+    state = _state([3], [16], C, H, S, E, torch.float32)
+    kw = {"chunk_size": C, "rel_bias": rb, "scale": 0.3, "initial_state": state, "output_final_state": True}
+    o_ref, s_ref = mixed_chunk_attention(*xs, backend="naive", **kw)
+    base = default_blocks(S, E, torch.float32)
+    for G in (1, 3, 100):
+        blocks = Blocks(**{**base.__dict__, "seg_chunks": G})
+        o, s = triton_mixed_chunk_attention(*xs, blocks=blocks, **kw)
+        assert_exact(f"G={G} o", o_ref, o)
+        assert_exact(f"G={G} kv", s_ref.kv, s.kv)
+
+
+@cpu_only
+@pytest.mark.parametrize("causal", [True, False])
+def test_fp16_half_precision_rule(causal):
+    """fp16 through the kernels (fp16 products, fp32 states at tf32) vs the fp64 naive: at most
+    twice the naive-fp16 error (plus the floor), forward and every gradient."""
+    C, H, S, E, T = 16, 1, 32, 16, 50
+    xs64, rb64 = _inputs(2, T, H, S, E, C, torch.float64, seed=5)
+    xs, rb = [x.half() for x in xs64], rb64.half()
+    kw = {"chunk_size": C, "causal": causal, "output_final_state": causal}
+    ref = _run("naive", xs64, rb64, None, **kw)
+    base = _run("naive", xs, rb, None, **kw)
+    out = _run("triton", xs, rb, None, **kw)
+    assert out["o"].dtype == torch.float16
+    _assert_half_all(f"fp16 causal={causal}", ref, out, base)
+
+
+@cpu_only
+@pytest.mark.parametrize("causal", [True, False])
+def test_packing_matches_naive(causal):
+    """Packed sequences (one of length 1, one empty, per-sequence states with partial chunks)."""
+    C, H, S, E = 8, 1, 5, 6
+    lens = [13, 1, 0, 21, 8]
+    xs, rb = _inputs(1, sum(lens), H, S, E, C, torch.float32, seed=7)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    state = _state([3, 7, 2, 0, 5], [8, 0, 16, 24, 0], C, H, S, E, torch.float32) if causal else None
+    kw = {"chunk_size": C, "causal": causal, "output_final_state": causal, "cu_seqlens": cu}
+    _assert_exact_all(f"packed causal={causal}", _run("naive", xs, rb, state, **kw), _run("triton", xs, rb, state, **kw))
+
+
+@cpu_only
+def test_continuation_equals_one_call():
+    """Pieces (mid-chunk, at a boundary, empty, one token) passed along by the state equal one
+    naive call: outputs, final state and the gradients of the first state and every input."""
+    C, H, S, E, T = 8, 1, 6, 5, 30
+    xs, rb = _inputs(2, T, H, S, E, C, torch.float32, seed=3)
+    state = _state([6, 1], [C, 0], C, H, S, E, torch.float32)
+    kw = {"chunk_size": C, "linear_norm": "tokens"}
+    one = _run("naive", xs, rb, state, output_final_state=True, **kw)
+
+    def pieces(*leaves):
+        *ins, rbl, kv, kq, kl, v = leaves
+        st = MixedChunkState(kv=kv, count=state.count, k_quad=kq, k_lin=kl, v=v, fill=state.fill)
+        outs = []
+        for s, e in [(0, 5), (5, 5), (5, 16), (16, 17), (17, 30)]:
+            o, st = mixed_chunk_attention(*[x[:, s:e] for x in ins], rel_bias=rbl, initial_state=st,
+                                          output_final_state=True, backend="triton", **kw)
+            outs.append(o)
+        return torch.cat(outs, 1), st
+
+    leaves = [x.clone().requires_grad_() for x in [*xs, rb, state.kv, state.k_quad, state.k_lin, state.v]]
+    o, final = pieces(*leaves)
+    g = torch.Generator().manual_seed(3)
+    loss = (o.double() * torch.randn(o.shape, generator=g, dtype=torch.float64)).sum()
+    for f in FLOAT_FIELDS:
+        x = getattr(final, f)
+        loss = loss + (x.double() * torch.randn(x.shape, generator=g, dtype=torch.float64)).sum()
+    grads = torch.autograd.grad(loss, leaves)
+    got = {"o": o, **{f"final.{f}": getattr(final, f) for f in FLOAT_FIELDS + INT_FIELDS}}
+    names = [f"d{n}" for n in INPUTS] + ["drel_bias"] + [f"dstate.{f}" for f in FLOAT_FIELDS]
+    got.update(dict(zip(names, grads)))
+    _assert_exact_all("continued (triton)", one, got)
+
+
+@cpu_only
+def test_torch_compile_traces_the_custom_ops():
+    """``torch.compile`` (aot_eager: fake tensors, no code generation) traces forward and
+    backward through ``lintime::mixed_chunk_fwd`` / ``mixed_chunk_bwd`` and gives the eager result."""
+    C, H, S, E, T = 8, 1, 4, 6, 20
+    xs, rb = _inputs(1, T, H, S, E, C, torch.float32, seed=2)
+
+    def f(*a):
+        o, st = mixed_chunk_attention(*a[:5], rel_bias=a[5], chunk_size=C, output_final_state=True,
+                                      backend="triton")
+        return o, st.kv
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=False)
+    leaves = [x.clone().requires_grad_() for x in [*xs, rb]]
+    o, kv = compiled(*leaves)
+    g1 = torch.autograd.grad((o.sum() + kv.sum()), leaves)
+    leaves2 = [x.clone().requires_grad_() for x in [*xs, rb]]
+    o2, kv2 = f(*leaves2)
+    g2 = torch.autograd.grad((o2.sum() + kv2.sum()), leaves2)
+    assert_exact("compiled o", o2, o)
+    for a, b in zip(g2, g1):
+        assert_exact("compiled grad", a, b)
+
+
+@cpu_only
+def test_fp64_and_empty_calls_fall_back_to_chunk():
+    xs, rb = _inputs(1, 10, 1, 4, 4, 4, torch.float64)
+    o, _ = mixed_chunk_attention(*xs, chunk_size=4, rel_bias=rb, backend="triton")
+    o_ref, _ = mixed_chunk_attention(*xs, chunk_size=4, rel_bias=rb, backend="naive")
+    assert_exact("fp64", o_ref, o)
+    state = _state([2], [4], 4, 1, 4, 4, torch.float32)
+    empty = [x[:, :0].float() for x in xs]
+    o, s = mixed_chunk_attention(*empty, chunk_size=4, initial_state=state, output_final_state=True, backend="triton")
+    assert o.shape == (1, 0, 1, 4) and torch.equal(s.kv, state.kv) and s.fill.tolist() == [2]
+
+
+# ------------------------------------------------------------------------ CUDA, real sizes
+
+cuda = pytest.mark.cuda
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+
+
+@cuda
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode", ["causal", "causal+state", "noncausal"])
+def test_cuda_real_size_half_rule(dtype, mode):
+    """FLASH's shape (H = 1, S = 128, E = 2048, C = 256) at T = 2085 (a partial chunk) in half
+    precision vs the fp64 naive: forward, final state and every gradient."""
+    C, H, S, E, T, B = 256, 1, 128, 2048, 2085, 2
+    causal = mode != "noncausal"
+    xs64, rb64 = _inputs(B, T, H, S, E, C, torch.float64, device="cuda")
+    st64 = _state([100, 0], [2 * C, 0], C, H, S, E, torch.float64, device="cuda") if mode == "causal+state" else None
+    kw = {"chunk_size": C, "causal": causal, "output_final_state": causal}
+    ref = _run("naive", xs64, rb64, st64, **kw)
+    xs, rb, st = [x.to(dtype) for x in xs64], rb64.to(dtype), _cast_state(st64, dtype)
+    base = _run("naive", xs, rb, st, **kw)
+    out = _run("triton", xs, rb, st, **kw)
+    _assert_half_all(f"cuda {dtype} {mode}", ref, out, base)
+
+
+@cuda
+@needs_cuda
+def test_cuda_fp32_exact_packed():
+    """fp32 kernels (exact fp32 products) vs naive fp32, packed sequences with states, S = 160
+    (two S tiles), E = 300 (partial E tiles), C = 128."""
+    C, H, S, E = 128, 2, 160, 300
+    lens = [700, 1, 0, 300, 129]
+    xs, rb = _inputs(1, sum(lens), H, S, E, C, torch.float32, device="cuda", seed=8)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    st = _state([3, 7, 2, 0, 127], [128, 0, 256, 0, 0], C, H, S, E, torch.float32, device="cuda")
+    kw = {"chunk_size": C, "output_final_state": True, "cu_seqlens": cu, "linear_norm": "chunk"}
+    _assert_exact_all("cuda fp32 packed", _run("naive", xs, rb, st, **kw), _run("triton", xs, rb, st, **kw))
+
+
+@cuda
+@needs_cuda
+def test_cuda_long_sequence_segments():
+    """T = 32768 in one sequence (the state pass is cut into segments across the SMs) vs the
+    chunked PyTorch form in fp64, bf16 by the half-precision rule."""
+    C, H, S, E, T = 256, 1, 128, 2048, 32768
+    xs64, rb64 = _inputs(1, T, H, S, E, C, torch.float64, device="cuda", seed=9)
+    kw = {"chunk_size": C, "rel_bias": None, "output_final_state": True}
+    with torch.no_grad():
+        ref, s_ref = mixed_chunk_attention(*xs64, backend="chunk", **kw)
+        xs = [x.bfloat16() for x in xs64]
+        base, _ = mixed_chunk_attention(*xs, backend="chunk", **kw)
+        out, s = mixed_chunk_attention(*xs, backend="triton", **kw)
+    assert_half_rule("cuda T=32768 o", ref, out, base)
+    assert_half_rule("cuda T=32768 kv", s_ref.kv.float(), s.kv.bfloat16(), s_ref.kv.bfloat16())
