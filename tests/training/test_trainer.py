@@ -146,7 +146,7 @@ def test_aux_losses_are_added_with_their_weight(token_cache):
     ce = F.cross_entropy(logits[0], batch.targets.reshape(-1), ignore_index=-100)
     (ce + w * terms["test_commit"]).backward()
     assert aux == pytest.approx(w * terms["test_commit"].item(), rel=1e-12) and aux > 0
-    assert loss == pytest.approx(float(ce), rel=1e-12)  # the logged loss is the cross-entropy alone
+    assert loss == pytest.approx(ce.item(), rel=1e-12)  # the logged loss is the cross-entropy alone
     for n, g in _grads(model).items():
         torch.testing.assert_close(got[n], g, rtol=1e-10, atol=1e-13, msg=n)
     # with accumulation the micro-batches' aux losses are weighted by their share of the rows
