@@ -78,6 +78,14 @@ def test_defaults_are_a_tiny_flash_on_the_stdlib():
             assert params[p].default == getattr(TrainConfig(), f), p
 
 
+def test_the_default_preset_trains(tmp_path, corpus, cache, capsys):
+    args = _tiny(corpus, cache, tmp_path, "--steps", "2", "--name", "default")
+    args = args[:1] + args[3:]  # no --preset: the default, flash-tiny
+    assert main(args) == 0
+    assert json.loads((tmp_path / "default" / "config.json").read_text())["model"]["family"] == "flash"
+    assert "validation:" in capsys.readouterr().out
+
+
 def test_a_run_leaves_every_file(finished_run, capsys):
     run = finished_run
     for name in ("config.json", "tokenizer", "metrics.jsonl", "metrics.csv", "loss_vs_steps.png",
