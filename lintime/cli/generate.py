@@ -84,16 +84,22 @@ def generate(
     if num_samples == 1 and echo:
         out.write(prompt)
         out.flush()
-    for piece in stream(loaded.model, loaded.tokenizer, prompt, config, stats=info):
-        if num_samples == 1:  # live
-            out.write(piece.text + ("\n" if piece.finish_reason else ""))
-            out.flush()
-            continue
-        pending.setdefault(piece.row, []).append(piece.text)
-        if piece.finish_reason is not None:  # several samples interleave: print each one whole
-            text = "".join(pending.pop(piece.row))
-            out.write(f"=== sample {piece.sample_index} ({piece.finish_reason}) ===\n{prompt if echo else ''}{text}\n")
-            out.flush()
+    try:
+        for piece in stream(loaded.model, loaded.tokenizer, prompt, config, stats=info):
+            if num_samples == 1:  # live
+                out.write(piece.text + ("\n" if piece.finish_reason else ""))
+                out.flush()
+                continue
+            pending.setdefault(piece.row, []).append(piece.text)
+            if piece.finish_reason is not None:  # several samples interleave: print each one whole
+                text = "".join(pending.pop(piece.row))
+                out.write(f"=== sample {piece.sample_index} ({piece.finish_reason}) ===\n{prompt if echo else ''}{text}\n")
+                out.flush()
+    except BrokenPipeError:  # `lintime generate ... | head`: the reader left, stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return
     if stats and info:
         rate = info["new_tokens"] / info["decode_s"] if info["decode_s"] > 0 else float("inf")
         print(
