@@ -41,9 +41,14 @@ class Result:
     extra: dict = field(default_factory=dict)
 
 
-def _median_ms(fn, warmup=10, rep=40) -> float:
+def _median_ms(fn, warmup=25, rep=100) -> float:
+    """Median of ``do_bench`` after two explicit calls (compilation and autotuning stay out of
+    its run-count estimate)."""
     import triton
 
+    fn()
+    fn()
+    torch.cuda.synchronize()
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
@@ -164,8 +169,10 @@ def case_mixed_chunk_memory(results, Ts=MEM_T, S=128, E=2048, C=256):
         torch.cuda.empty_cache()
 
 
-def case_gau(results, Ts=T_GAU, S=128, E=2048, tokens=TOKENS, impls=("triton",)):
-    from lintime.ops import gau_attention, softmax_attention
+def case_gau(results, Ts=T_GAU, S=128, E=2048, tokens=TOKENS, impls=("triton",), blocks=None, tag="gau",
+             anchor=True):
+    from lintime.ops import gau_attention
+    from lintime.ops.gau.triton import triton_gau_attention
 
     for T in Ts:
         B = max(1, tokens // T)
@@ -174,13 +181,18 @@ def case_gau(results, Ts=T_GAU, S=128, E=2048, tokens=TOKENS, impls=("triton",))
         rb = _rand(1, 2 * T - 1, scale=0.1)
         for impl in impls:
             def f(q, k, v, rb, _impl=impl):
+                if blocks is not None:
+                    return triton_gau_attention(q, k, v, rel_bias=rb, scale=1.0 / 128, blocks=blocks)
                 return gau_attention(q, k, v, rel_bias=rb, scale=1.0 / 128, backend=_impl)
 
             fwd, fb = _timings(f, [q, k, v, rb])
-            results.append(Result("gau", impl, T, B, dict(H=1, S=S, E=E, causal=True), fwd, fb,
-                                  flops_fwdbwd=gau_flops(T, B, S, E)))
-            print(f"gau            {impl:8s} T={T:6d} B={B:3d}  fwd {fwd:.3f}  fwd+bwd {fb:.3f}", flush=True)
+            results.append(Result(tag, impl, T, B, dict(H=1, S=S, E=E, causal=True), fwd, fb,
+                                  flops_fwdbwd=gau_flops(T, B, S, E),
+                                  extra={} if blocks is None else {"blocks": blocks.to_list()}))
+            print(f"{tag:14s} {impl:8s} T={T:6d} B={B:3d}  fwd {fwd:.3f}  fwd+bwd {fb:.3f}", flush=True)
         del q, k, v
+        if not anchor:
+            continue
         # anchor: SDPA causal H16 D64 at the same tokens
         qs, ks, vs = (_rand(B, 16, T, 64) for _ in range(3))
 
@@ -267,14 +279,16 @@ def case_variants(results, Ts=(2048, 32768)):
     """The materialisation / block-size choices, timed side by side (docs/notes/kernels_flash.md)."""
     from lintime.ops.gau.triton.plan import default_blocks
 
-    base = default_blocks(128, 2048, torch.bfloat16)
+    base = default_blocks(128, 2048, torch.bfloat16, 256)
     variants = {
         "default": base,
-        "G=1 (fp32 per-chunk states)": dataclasses.replace(base, seg_chunks=1),
+        "G=1 (state walk per chunk)": dataclasses.replace(base, seg_chunks=1),
         "one segment per sequence": dataclasses.replace(base, seg_chunks=1 << 20),
-        "BE=256, 8 warps": dataclasses.replace(base, be_fwd=256, be_dv=256, warps_fwd=8, warps_bwd=8),
+        "4 warps": dataclasses.replace(base, warps_fwd=4, warps_bwd=4),
         "stages=3": dataclasses.replace(base, stages=3),
-        "BM=128, 8 warps": dataclasses.replace(base, bm=128, warps_fwd=8, warps_bwd=8),
+        "BG=64, 4 warps": dataclasses.replace(base, bg=64, warps_fwd=4, warps_bwd=4),
+        "BG=64, BE=256, 8 warps": dataclasses.replace(base, bg=64, be_fwd=256, be_dv=256),
+        "BK=32, BE_red=128": dataclasses.replace(base, bk=32, be_red=128),
     }
     for name, blocks in variants.items():
         try:
@@ -282,6 +296,18 @@ def case_variants(results, Ts=(2048, 32768)):
         except Exception as e:  # noqa: BLE001 - a variant that does not compile is a result too
             print(f"variant {name} failed: {e!r}", flush=True)
             results.append(Result(f"variant:{name}", "triton", 0, 0, {}, extra={"error": repr(e)[:500]}))
+    gau_variants = {
+        "default": base,
+        "BM=128, 8 warps": dataclasses.replace(base, bm=128, warps_gau=8),
+        "BM=64, BE=256, 8 warps": dataclasses.replace(base, be_fwd=256, be_dv=256, warps_gau=8),
+        "stages=3": dataclasses.replace(base, stages=3),
+    }
+    for name, blocks in gau_variants.items():
+        try:
+            case_gau(results, Ts=(4096,), blocks=blocks, tag=f"gau variant:{name}", anchor=False)
+        except Exception as e:  # noqa: BLE001
+            print(f"gau variant {name} failed: {e!r}", flush=True)
+            results.append(Result(f"gau variant:{name}", "triton", 0, 0, {}, extra={"error": repr(e)[:500]}))
 
 
 def environment() -> dict:

@@ -14,6 +14,8 @@ inside one program per query tile.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -23,7 +25,19 @@ from lintime.ops.triton_common import check_device, custom_op, dot_config
 
 
 def _plan(B, T, cu_seqlens, bm, device):
-    """Regions = non-empty sequences; returns the device tables and the longest sequence."""
+    """Regions = non-empty sequences; returns the device tables and the longest sequence.
+    Unpacked calls reuse the tables of the same shape (no host work, no copy)."""
+    if cu_seqlens is None:
+        return _regular_plan(B, T, bm, str(device))
+    return _build_plan(B, T, cu_seqlens, bm, device)
+
+
+@functools.lru_cache(maxsize=64)
+def _regular_plan(B, T, bm, device):
+    return _build_plan(B, T, None, bm, torch.device(device))
+
+
+def _build_plan(B, T, cu_seqlens, bm, device):
     starts, lengths = sequence_bounds(B, T, cu_seqlens)
     keep = lengths > 0
     starts, lengths = starts[keep], lengths[keep]
@@ -59,12 +73,10 @@ def _gau_fwd(
     grid = (triton.cdiv(E, cfg.be_fwd), NT, H)
     relu2_fwd_kernel[grid](
         q, k, v, o, bias if bias is not None else q,
-        q, q, q, q, q,  # no linear part
         t_reg, t_off, r_start, r_len,
         float(scale), S, E, H, LB, T - 1,
-        BM=cfg.bm, BS=cfg.bs, BE=cfg.be_fwd,
-        CAUSAL=causal, HAS_BIAS=bias is not None, HAS_LIN=False, HAS_LOCAL=False,
-        ONE_S=cfg.bs >= S, SDT=dot_config(q.dtype)[0], PREC=dot_config(q.dtype)[1], num_warps=cfg.warps_fwd, num_stages=cfg.stages,
+        BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_fwd, CAUSAL=causal, HAS_BIAS=bias is not None,
+        ONE_S=cfg.bs_gau >= S, PREC=dot_config(q.dtype)[1], num_warps=cfg.warps_gau, num_stages=cfg.stages,
     )
     return o
 
@@ -94,22 +106,20 @@ def gau_bwd(
     ntd = 2 * triton.cdiv(max(longest, 1), cfg.bm) - 1
     db_tiles = torch.zeros((H, ntd, cfg.bm, cfg.bm) if need_db else (1,), dtype=torch.float32, device=q.device)
     if NT > 0:
-        common = dict(CAUSAL=causal, HAS_BIAS=bias is not None, HAS_LIN=False, HAS_LOCAL=False,
-                      ONE_S=cfg.bs >= S, SDT=dot_config(q.dtype)[0], PREC=dot_config(q.dtype)[1], num_warps=cfg.warps_bwd, num_stages=cfg.stages)
+        common = dict(CAUSAL=causal, HAS_BIAS=bias is not None, ONE_S=cfg.bs_gau >= S, PREC=dot_config(q.dtype)[1],
+                      num_warps=cfg.warps_gau, num_stages=cfg.stages)
         b_ptr = bias if bias is not None else q
         relu2_bwd_dv_kernel[(triton.cdiv(E, cfg.be_dv), NT, H)](
             q, k, do, dv, b_ptr,
-            q, q, q, q, q,
             t_reg, t_off, r_start, r_len,
             float(scale), S, E, H, LB, T - 1,
-            BM=cfg.bm, BS=cfg.bs, BE=cfg.be_dv, **common,
+            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_dv, **common,
         )
         relu2_bwd_dqk_kernel[(NT, H)](
             q, k, v, do, dq32, dk32, db_tiles, b_ptr,
-            q, q, q, q, q, q, q, q, q, q, q,
             t_reg, t_off, r_start, r_len,
             float(scale), S, E, H, LB, T - 1, ntd,
-            BM=cfg.bm, BS=cfg.bs, BE=cfg.be_red, NEED_DB=need_db, **common,
+            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red, NEED_DB=need_db, **common,
         )
     else:
         dv.zero_()

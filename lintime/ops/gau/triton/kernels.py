@@ -1,9 +1,8 @@
-"""Triton kernels of relu^2 attention inside regions: GAU (region = sequence) and the quadratic
-part of mixed chunk attention (region = chunk), which also adds its linear part here.
+"""Triton kernels of GAU attention: relu^2 attention inside regions (a region is a sequence).
 
 Notation: ``S`` query/key width, ``E`` value width, ``H`` heads; tokens are rows of the packed
 ``[B * T, H, D]`` inputs (token stride ``H * D``).  A *region* is a run of tokens that attend to
-each other (a whole sequence for GAU, one chunk for mixed chunk attention); a *tile* is ``BM``
+each other (a whole sequence); a *tile* is ``BM``
 consecutive tokens of a region starting at a multiple of ``BM`` (``BM == BN``).  Tables give, per
 tile, its region (``TILE_REG``) and offset (``TILE_OFF``), and per region its first token
 (``REG_START``) and length (``REG_LEN``).  Offsets ``i, j`` below are positions inside the region.
@@ -11,18 +10,16 @@ tile, its region (``TILE_REG``) and offset (``TILE_OFF``), and per region its fi
 Scores (seed Eq. 5, Code 6): ``s_ij = scale * q_i . k_j + b[i - j]`` with
 ``b[i - j] = BIAS[h, (i - j) + OFF]``; weights ``p = relu(s)^2``; ``o_i = sum_j p_ij v_j`` over
 ``j <= i`` (causal) or the whole region.  No normaliser, so tiles add up in fp32 and no ``T x T``
-tensor is ever formed.  Mixed chunk attention adds ``wq_c * q_lin_i . H_c`` (seed Eq. 8) where the
-state ``H_c = HST[pidx_c] (+ HLOC[c])`` comes from :mod:`lintime.ops.mixed_chunk.triton.kernels`.
+tensor is ever formed.
 
 Backward (``ds = 2 relu(s) dp``, ``dp = do . v``):
 
-* :func:`relu2_bwd_dv_kernel`, per (key tile, ``E`` tile): ``dv_j = sum_i p_ij do_i`` (+ the
-  linear ``wf_c k_lin_j G_c``), scores recomputed;
+* :func:`relu2_bwd_dv_kernel`, per (key tile, ``E`` tile): ``dv_j = sum_i p_ij do_i``, scores
+  recomputed;
 * :func:`relu2_bwd_dqk_kernel`, per row tile: ``dp`` reduced over all of ``E``, then ``dq`` (kept by
   the program), ``dk`` (fp32 atomics: key tiles get contributions from several query tiles) and
   the bias gradient, summed per tile diagonal into ``DB [H, NTD, BM, BN]`` (every tile pair on one
-  tile diagonal sees the same bias slice; the host folds the tiles into ``[H, LB]``); the linear
-  gradients ``dq_lin = wq_c do H_c^T`` and ``dk_lin = wf_c v G_c^T``.
+  tile diagonal sees the same bias slice; the host folds the tiles into ``[H, LB]``).
 """
 
 from __future__ import annotations
@@ -53,14 +50,12 @@ def _tile_scores(p_a, p_b, m_a, m_b, S, o_s, b_a, ONE_S: tl.constexpr, BS: tl.co
 @triton.jit
 def relu2_fwd_kernel(
     Q, K, V, O, BIAS,
-    QL, HST, HLOC, WQ, PIDX,
     TILE_REG, TILE_OFF, REG_START, REG_LEN,
     scale, S, E, H, LB, OFF,
     BM: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_LIN: tl.constexpr, HAS_LOCAL: tl.constexpr,
-    ONE_S: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, ONE_S: tl.constexpr, PREC: tl.constexpr,
 ):
-    """``O[tile, E tile] = sum_j relu2(s_ij) v_j (+ wq q_lin . H)``; grid ``(E tiles, tiles, H)``."""
+    """``O[tile, E tile] = sum_j relu2(s_ij) v_j``; grid ``(E tiles, tiles, H)``."""
     i_e, i_t, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     r = tl.load(TILE_REG + i_t)
     m0 = tl.load(TILE_OFF + i_t)
@@ -96,22 +91,6 @@ def relu2_fwd_kernel(
         b_v = tl.load(V + ((rs + o_n) * H + i_h)[:, None] * E + o_e[None, :],
                       mask=m_n[:, None] & m_e[None, :], other=0.0)
         acc += tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)
-    if HAS_LIN:
-        # seed Eq. 7 / 8: q_lin . (sum of k_lin^T v over earlier chunks) / N
-        w = tl.load(WQ + r)
-        pidx = tl.load(PIDX + r).to(tl.int64)
-        p_ql = QL + ((rs + o_m) * H + i_h) * S
-        lin = tl.zeros([BM, BE], dtype=tl.float32)
-        for s0 in range(0, S, BS):
-            m_s = (s0 + o_s) < S
-            b_ql = tl.load(p_ql[:, None] + s0 + o_s[None, :], mask=m_m[:, None] & m_s[None, :], other=0.0)
-            o_st = (s0 + o_s)[:, None] * E + o_e[None, :]
-            m_st = m_s[:, None] & m_e[None, :]
-            b_h = tl.load(HST + (pidx * H + i_h) * S * E + o_st, mask=m_st, other=0.0)
-            if HAS_LOCAL:
-                b_h += tl.load(HLOC + (r.to(tl.int64) * H + i_h) * S * E + o_st, mask=m_st, other=0.0).to(tl.float32)
-            lin += tl.dot(b_ql.to(SDT), b_h.to(SDT), input_precision=PREC)
-        acc += w * lin
     tl.store(O + ((rs + o_m) * H + i_h)[:, None] * E + o_e[None, :], acc.to(O.dtype.element_ty),
              mask=m_m[:, None] & m_e[None, :])
 
@@ -119,14 +98,12 @@ def relu2_fwd_kernel(
 @triton.jit
 def relu2_bwd_dv_kernel(
     Q, K, DO, DV, BIAS,
-    KL, GST, GLOC, WF, PIDX,
     TILE_REG, TILE_OFF, REG_START, REG_LEN,
     scale, S, E, H, LB, OFF,
     BM: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_LIN: tl.constexpr, HAS_LOCAL: tl.constexpr,
-    ONE_S: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, ONE_S: tl.constexpr, PREC: tl.constexpr,
 ):
-    """``DV[key tile, E tile] = sum_i relu2(s_ij) do_i (+ wf k_lin . G)``; grid ``(E tiles, tiles, H)``."""
+    """``DV[key tile, E tile] = sum_i relu2(s_ij) do_i``; grid ``(E tiles, tiles, H)``."""
     i_e, i_t, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     r = tl.load(TILE_REG + i_t)
     n0 = tl.load(TILE_OFF + i_t)
@@ -162,21 +139,6 @@ def relu2_bwd_dv_kernel(
         b_do = tl.load(DO + ((rs + o_m) * H + i_h)[:, None] * E + o_e[None, :],
                        mask=m_m[:, None] & m_e[None, :], other=0.0)
         acc += tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=PREC)
-    if HAS_LIN:
-        w = tl.load(WF + r)
-        pidx = tl.load(PIDX + r).to(tl.int64)
-        p_kl = KL + ((rs + o_n) * H + i_h) * S
-        lin = tl.zeros([BM, BE], dtype=tl.float32)
-        for s0 in range(0, S, BS):
-            m_s = (s0 + o_s) < S
-            b_kl = tl.load(p_kl[:, None] + s0 + o_s[None, :], mask=m_n[:, None] & m_s[None, :], other=0.0)
-            o_st = (s0 + o_s)[:, None] * E + o_e[None, :]
-            m_st = m_s[:, None] & m_e[None, :]
-            b_g = tl.load(GST + (pidx * H + i_h) * S * E + o_st, mask=m_st, other=0.0)
-            if HAS_LOCAL:
-                b_g += tl.load(GLOC + (r.to(tl.int64) * H + i_h) * S * E + o_st, mask=m_st, other=0.0).to(tl.float32)
-            lin += tl.dot(b_kl.to(SDT), b_g.to(SDT), input_precision=PREC)
-        acc += w * lin
     tl.store(DV + ((rs + o_n) * H + i_h)[:, None] * E + o_e[None, :], acc.to(DV.dtype.element_ty),
              mask=m_n[:, None] & m_e[None, :])
 
@@ -184,15 +146,14 @@ def relu2_bwd_dv_kernel(
 @triton.jit
 def relu2_bwd_dqk_kernel(
     Q, K, V, DO, DQ, DK, DB, BIAS,
-    QL, KL, DQL, DKL, HST, HLOC, GST, GLOC, WQ, WF, PIDX,
     TILE_REG, TILE_OFF, REG_START, REG_LEN,
     scale, S, E, H, LB, OFF, NTD,
     BM: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DB: tl.constexpr, HAS_LIN: tl.constexpr,
-    HAS_LOCAL: tl.constexpr, ONE_S: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DB: tl.constexpr, ONE_S: tl.constexpr,
+    PREC: tl.constexpr,
 ):
-    """Per row tile: ``DQ`` (fp32, this program's rows only), ``DK`` (fp32 atomics), the bias
-    gradient per tile diagonal, and the linear gradients; grid ``(tiles, H)``."""
+    """Per row tile: ``DQ`` (fp32, this program's rows only), ``DK`` (fp32 atomics) and the bias
+    gradient per tile diagonal; grid ``(tiles, H)``."""
     i_t, i_h = tl.program_id(0), tl.program_id(1)
     r = tl.load(TILE_REG + i_t)
     m0 = tl.load(TILE_OFF + i_t)
@@ -261,30 +222,3 @@ def relu2_bwd_dqk_kernel(
                               mask=m_n[:, None] & m_s[None, :], sem="relaxed")
     if ONE_S:
         tl.store(DQ + rows_m[:, None] * S + o_s[None, :], b_dq, mask=m_m[:, None] & (o_s < S)[None, :])
-    if HAS_LIN:
-        wq = tl.load(WQ + r)
-        wf = tl.load(WF + r)
-        pidx = tl.load(PIDX + r).to(tl.int64)
-        for s0 in range(0, S, BS):
-            m_s = (s0 + o_s) < S
-            b_dql = tl.zeros([BM, BS], dtype=tl.float32)
-            b_dkl = tl.zeros([BM, BS], dtype=tl.float32)
-            for e0 in range(0, E, BE):
-                m_e = (e0 + o_eb) < E
-                m_me = m_m[:, None] & m_e[None, :]
-                b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_eb[None, :], mask=m_me, other=0.0)
-                b_v = tl.load(V + rows_m[:, None] * E + e0 + o_eb[None, :], mask=m_me, other=0.0)
-                o_st = (s0 + o_s)[:, None] * E + e0 + o_eb[None, :]
-                m_st = m_s[:, None] & m_e[None, :]
-                b_h = tl.load(HST + (pidx * H + i_h) * S * E + o_st, mask=m_st, other=0.0)
-                b_g = tl.load(GST + (pidx * H + i_h) * S * E + o_st, mask=m_st, other=0.0)
-                if HAS_LOCAL:
-                    loc = (r.to(tl.int64) * H + i_h) * S * E + o_st
-                    b_h += tl.load(HLOC + loc, mask=m_st, other=0.0).to(tl.float32)
-                    b_g += tl.load(GLOC + loc, mask=m_st, other=0.0).to(tl.float32)
-                b_dql += tl.dot(b_do.to(SDT), tl.trans(b_h.to(SDT)), input_precision=PREC)
-                b_dkl += tl.dot(b_v.to(SDT), tl.trans(b_g.to(SDT)), input_precision=PREC)
-            m_ms = m_m[:, None] & m_s[None, :]
-            o_ms = rows_m[:, None] * S + s0 + o_s[None, :]
-            tl.store(DQL + o_ms, (wq * b_dql).to(DQL.dtype.element_ty), mask=m_ms)
-            tl.store(DKL + o_ms, (wf * b_dkl).to(DKL.dtype.element_ty), mask=m_ms)

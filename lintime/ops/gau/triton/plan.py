@@ -23,23 +23,35 @@ def pow2_at_least(x: int, lo: int = 16) -> int:
 
 @dataclass(frozen=True)
 class Blocks:
-    """Block sizes and launch settings.  ``bm``: tile (queries = keys); ``bs``: ``S`` step;
-    ``be_fwd`` / ``be_dv``: ``E`` tile of the forward / dV kernels; ``be_red``: ``E`` step of the
-    kernels that reduce over ``E``; ``bt``, ``bs_state``, ``be_state``: token step and tile of the
-    chunk-state kernels; ``seg_chunks``: chunks per segment of the state pass (0 = automatic)."""
+    """Block sizes and launch settings of both ops' kernels.
+
+    GAU (:mod:`lintime.ops.gau.triton.kernels`): ``bm`` query = key tile, ``bs_gau`` ``S`` step,
+    ``be_fwd`` / ``be_dv`` ``E`` tile of the forward / dV kernels, ``be_red`` ``E`` step of the
+    kernel that reduces ``do . v`` over ``E``, ``warps_gau`` warps of all three.
+
+    Mixed chunk (:mod:`lintime.ops.mixed_chunk.triton.kernels`): ``bg`` tile of the ``[C, C]``
+    chunk matrices (row tile of every kernel), ``bs`` ``S`` step / tile, ``be_fwd`` / ``be_dv``
+    ``E`` tile of the output / dV GEMMs, ``bk`` their reduction step, ``be_red`` the ``E`` step of
+    the kernels that reduce over ``E``, ``bt``, ``bs_state``, ``be_state`` the token step and tile
+    of the chunk-state walk, ``seg_chunks`` chunks per segment of that walk (0 = automatic).
+    """
 
     bm: int = 64
-    bs: int = 128
+    bs: int = 64
     be_fwd: int = 128
     be_dv: int = 128
     be_red: int = 64
     warps_fwd: int = 4
     warps_bwd: int = 4
     stages: int = 2
+    bg: int = 128
+    bk: int = 64
     bt: int = 64
-    bs_state: int = 64
+    bs_state: int = 128
     be_state: int = 64
     seg_chunks: int = 0
+    bs_gau: int = 128
+    warps_gau: int = 4
 
     def to_list(self) -> list[int]:
         return list(astuple(self))
@@ -49,8 +61,8 @@ class Blocks:
         return cls(*[int(x) for x in xs])
 
 
-def default_blocks(S: int, E: int, dtype: torch.dtype) -> Blocks:
-    """Block sizes for ``S``-wide keys and ``E``-wide values.
+def default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None = None) -> Blocks:
+    """Block sizes for ``S``-wide keys, ``E``-wide values (and chunks of ``C`` tokens).
 
     The interpreter gets 16-wide blocks so small test shapes still cross several tiles in every
     dimension (and every loop of the kernels runs more than once); on the GPU the sizes follow
@@ -58,12 +70,13 @@ def default_blocks(S: int, E: int, dtype: torch.dtype) -> Blocks:
     """
     if interpreting():
         return Blocks(bm=16, bs=16, be_fwd=16, be_dv=16, be_red=16, warps_fwd=1, warps_bwd=1, stages=1,
-                      bt=16, bs_state=16, be_state=16, seg_chunks=2)
-    bs = min(128, pow2_at_least(S))
-    wide = dtype != torch.float32
+                      bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1)
+    bg = 128 if C is None else min(128, pow2_at_least(C))
     return Blocks(
-        bm=64, bs=bs, be_fwd=128 if wide else 64, be_dv=128 if wide else 64, be_red=64, warps_fwd=4, warps_bwd=4,
-        stages=2, bt=64, bs_state=64, be_state=64, seg_chunks=0,
+        bm=64, bs=64, be_fwd=128, be_dv=128, be_red=64, warps_fwd=8 if bg >= 128 else 4,
+        warps_bwd=8 if bg >= 128 else 4, stages=2,
+        bg=bg, bk=64, bt=64, bs_state=min(128, pow2_at_least(S)), be_state=64, seg_chunks=0,
+        bs_gau=min(128, pow2_at_least(S)),
     )
 
 
@@ -87,14 +100,11 @@ def tiles_of(reg_len: torch.Tensor, bm: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def to_device(device, *xs: torch.Tensor) -> list[torch.Tensor]:
-    """Int tables to ``device`` as int32, in one host-to-device copy."""
+    """Int tables to ``device`` as int32, in one host-to-device copy (pageable memory: pinning a
+    fresh buffer per call costs more than the copy)."""
     sizes = [x.numel() for x in xs]
     flat = torch.cat([x.reshape(-1).to(torch.int32) for x in xs]) if xs else torch.zeros(0, dtype=torch.int32)
-    if device.type == "cuda":
-        flat = flat.pin_memory().to(device, non_blocking=True)
-    else:
-        flat = flat.to(device)
-    return list(torch.split(flat, sizes))
+    return list(torch.split(flat.to(device), sizes))
 
 
 def fold_bias_grad(db_tiles: torch.Tensor, LB: int, OFF: int, bm: int) -> torch.Tensor:
@@ -106,6 +116,7 @@ def fold_bias_grad(db_tiles: torch.Tensor, LB: int, OFF: int, bm: int) -> torch.
     td = torch.arange(NTD, device=dev)[:, None, None]
     a = torch.arange(bm, device=dev)
     idx = OFF + (td - mid) * bm + (a[:, None] - a[None, :])  # [NTD, BM, BM]
-    ok = (idx >= 0) & (idx < LB)
+    ok = (idx >= 0) & (idx < LB)  # entries outside hold zeros (padding rows / columns)
     out = torch.zeros(H, LB, dtype=db_tiles.dtype, device=dev)
-    return out.index_add_(1, idx[ok], db_tiles[:, ok])
+    # masked by multiplication, not boolean indexing: no device sync
+    return out.index_add_(1, idx.clamp(0, LB - 1).reshape(-1), (db_tiles * ok).reshape(H, -1))

@@ -1,24 +1,26 @@
-"""Triton kernel of the chunk-level linear state of mixed chunk attention (seed Eq. 8).
+"""Triton kernels of mixed chunk attention (seed §3.2, Eqs. 6-8, Codes 1 and 8).
 
-Notation: ``S`` key width, ``E`` value width, ``H`` heads, ``C`` chunk size; chunks are laid out
-per sequence (every sequence starts a chunk, its last one may be short) and numbered
-consecutively; a *segment* is a run of consecutive chunks of one sequence.  Tables: per chunk its
-first token ``CH_START`` and length ``CH_LEN``; per segment its first chunk ``SEG_FIRST`` and
-chunk count ``SEG_N``.
+Notation: ``S`` key width, ``E`` value width, ``H`` heads, ``C`` chunk size, ``NC`` chunks; chunks
+are laid out per sequence (every sequence starts a chunk, its last one may be short) and numbered
+consecutively, with first token ``CH_START[c]`` and length ``CH_LEN[c]``; tokens are rows of the
+flat ``[B * T, H, D]`` inputs.  ``BG`` is the tile of the chunk matrices: row tile ``m`` of chunk
+``c`` covers in-chunk positions ``[m * BG, (m + 1) * BG)``.
 
-:func:`chunk_state_kernel` walks the chunks of one segment, carrying an ``[BS, BE]`` fp32 tile of
-the state ``sum_c w_c X_c^T Y_c`` in registers:
+Per chunk the op is two GEMMs and their transposes::
 
-* forward (``X = k_lin``, ``Y = v``, ``w_c`` = 1, or 0 for a short last chunk whose sum no later
-  token sees), chunks in order;
-* backward (``X = q_lin``, ``Y = do``, ``w_c`` = the chunk's normaliser ``1 / N``), chunks from
-  last to first: the gradient flowing into each chunk's ``k_lin^T v`` from the queries of the
-  later chunks.
+    A_c  = relu(scale Qq Kq^T + b)^2, causal-masked   [C, C]   (Eq. 6)   mc_scores_kernel
+    O_c  = wq_c Ql H_c + A_c V                        [C, E]   (Eqs. 6, 8) mc_gemm_kernel
+    H_c  = kv0 + sum over earlier chunks of wf Kl^T V [S, E]   (Eq. 8)   chunk_state_kernel
 
-With ``STORE_LOCAL`` it stores, for every chunk, the state *entering* it from inside its segment
-(``LOC``, exclusive of the chunk itself); it always stores the segment's total (``TOT``, fp32).
-``lintime.ops.triton_common.seg_scan_kernel`` then passes the totals along each sequence's
-segments, so the state entering chunk ``c`` is ``start[seg(c)] + LOC[c]``.
+``A`` (input dtype, ``T * C`` elements: a sixteenth of ``v`` at ``C = 256, E = 2048``) and the
+per-chunk states ``H`` (SDT, ``dot_config``) are materialised, so each big product runs once with
+GEMM-shaped tiles instead of being recomputed per ``E`` tile.  Backward (``G_c`` = the gradient
+flowing into chunk ``c``'s ``k_lin^T v``: the reverse state pass on ``(q_lin, do)``)::
+
+    dP_c = do V^T -> dS = 2 relu(s) dP  [C, C]        mc_dp_kernel   (K = E)
+    dQl = wq do H^T, dKl = wf V G^T     [C, S]        mc_dlin_kernel (K = E)
+    dQq = scale dS Kq, dKq = scale dS^T Qq, db        mc_dqk_kernel  (K = C)
+    dV  = wf Kl G + A^T do              [C, E]        mc_gemm_kernel (transposed A)
 """
 
 from __future__ import annotations
@@ -29,13 +31,21 @@ import triton.language as tl
 
 @triton.jit
 def chunk_state_kernel(
-    X, Y, LOC, TOT, W,
-    SEG_FIRST, SEG_N, CH_START, CH_LEN,
+    X, Y, HOUT, TOT, START, W,
+    SEG_FIRST, SEG_N, SEG_SEQ, CH_START, CH_LEN,
     S, E, H,
     BS: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr,
-    REVERSE: tl.constexpr, STORE_LOCAL: tl.constexpr, PREC: tl.constexpr,
+    REVERSE: tl.constexpr, STORE: tl.constexpr, START_MODE: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Grid ``(S tiles * E tiles, segments, H)``."""
+    """Walk the chunks of one segment (a run of chunks of one sequence), carrying an ``[BS, BE]``
+    fp32 tile of ``sum_c w_c X_c^T Y_c`` in registers; grid ``(S tiles * E tiles, segments, H)``.
+
+    Forward: ``X = k_lin, Y = v``, ``w_c = 1`` (0 for a short last chunk of a causal call: no later
+    token sees it), chunks in order.  Reverse: ``X = q_lin, Y = do``, ``w_c`` = the chunk's
+    ``1 / N``, chunks from last to first.  The walk starts from ``START`` (``START_MODE`` 1: one
+    fp32 state per segment, 2: per sequence, 0: zero); with ``STORE`` it writes the state entering
+    every chunk (``HOUT [NC, H, S, E]``); it always writes the state after the segment (``TOT``).
+    """
     i_se, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NE = tl.cdiv(E, BE)
     i_s, i_e = i_se // NE, i_se % NE
@@ -49,13 +59,18 @@ def chunk_state_kernel(
     c0 = tl.load(SEG_FIRST + i_g)
     nc = tl.load(SEG_N + i_g)
     b_h = tl.zeros([BS, BE], dtype=tl.float32)
+    if START_MODE == 1:
+        b_h += tl.load(START + (i_g.to(tl.int64) * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
+    if START_MODE == 2:
+        i_n = tl.load(SEG_SEQ + i_g).to(tl.int64)
+        b_h += tl.load(START + (i_n * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
     for i in range(0, nc):
         if REVERSE:
             c = c0 + nc - 1 - i
         else:
             c = c0 + i
-        if STORE_LOCAL:
-            tl.store(LOC + (c.to(tl.int64) * H + i_h) * S * E + o_se, b_h.to(LOC.dtype.element_ty), mask=m_se)
+        if STORE:
+            tl.store(HOUT + (c.to(tl.int64) * H + i_h) * S * E + o_se, b_h.to(HOUT.dtype.element_ty), mask=m_se)
         cs = tl.load(CH_START + c).to(tl.int64)
         cl = tl.load(CH_LEN + c)
         w = tl.load(W + c)
@@ -65,6 +80,266 @@ def chunk_state_kernel(
             rows = (cs + t0 + o_t) * H + i_h
             b_x = tl.load(X + rows[:, None] * S + o_s[None, :], mask=m_t[:, None] & m_s[None, :], other=0.0)
             b_y = tl.load(Y + rows[:, None] * E + o_e[None, :], mask=m_t[:, None] & m_e[None, :], other=0.0)
-            b_d += tl.dot(tl.trans(b_x), b_y, input_precision=PREC)
+            b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
         b_h += w * b_d
     tl.store(TOT + (i_g.to(tl.int64) * H + i_h) * S * E + o_se, b_h, mask=m_se)
+
+
+@triton.jit
+def _row_tile(pid, CH_START, CH_LEN, NMT, BG: tl.constexpr):
+    """Chunk ``c``, its first token ``cs`` (int64), length ``cl`` and row-tile offset ``m0``."""
+    c = pid // NMT
+    m0 = (pid % NMT) * BG
+    cs = tl.load(CH_START + c).to(tl.int64)
+    cl = tl.load(CH_LEN + c)
+    return c, cs, cl, m0
+
+
+@triton.jit
+def mc_scores_kernel(
+    QQ, KQ, A, BIAS, CH_START, CH_LEN,
+    scale, S, H, C, LB, NMT,
+    BG: tl.constexpr, BS: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr,
+):
+    """``A[c, h, m tile, n tile] = relu(scale q_quad . k_quad + b[i - j])^2`` (seed Eq. 6), zero
+    where masked (keys past the chunk, future keys); grid ``(NC * NMT, NMT, H)``.  Tiles above
+    the diagonal (causal) or past the chunk are never read and not written."""
+    c, cs, cl, m0 = _row_tile(tl.program_id(0), CH_START, CH_LEN, NMT, BG)
+    n0 = tl.program_id(1) * BG
+    i_h = tl.program_id(2)
+    if m0 >= cl or n0 >= cl:
+        return
+    if CAUSAL and n0 > m0:
+        return
+    o_m = m0 + tl.arange(0, BG)
+    o_n = n0 + tl.arange(0, BG)
+    m_m = o_m < cl
+    m_n = o_n < cl
+    o_s = tl.arange(0, BS)
+    p_q = QQ + ((cs + o_m) * H + i_h) * S
+    p_k = KQ + ((cs + o_n) * H + i_h) * S
+    b_s = tl.zeros([BG, BG], dtype=tl.float32)
+    for s0 in range(0, S, BS):
+        m_s = (s0 + o_s) < S
+        b_q = tl.load(p_q[:, None] + s0 + o_s[None, :], mask=m_m[:, None] & m_s[None, :], other=0.0)
+        b_k = tl.load(p_k[:, None] + s0 + o_s[None, :], mask=m_n[:, None] & m_s[None, :], other=0.0)
+        b_s = tl.dot(b_q, tl.trans(b_k), b_s, input_precision=PREC)
+    b_s = b_s * scale
+    if HAS_BIAS:
+        b_s += tl.load(BIAS + i_h * LB + (C - 1) + o_m[:, None] - o_n[None, :],
+                       mask=m_m[:, None] & m_n[None, :], other=0.0)
+    b_p = tl.maximum(b_s, 0.0)
+    keep = m_n[None, :]
+    if CAUSAL:
+        keep = keep & (o_n[None, :] <= o_m[:, None])
+    b_p = tl.where(keep, b_p * b_p, 0.0)
+    p_a = A + ((c.to(tl.int64) * H + i_h) * C + o_m[:, None]) * C + o_n[None, :]
+    tl.store(p_a, b_p.to(A.dtype.element_ty), mask=m_m[:, None] & (o_n < C)[None, :])
+
+
+@triton.jit
+def mc_gemm_kernel(
+    A, Y, L, ST, W, ST_IDX, OUT, CH_START, CH_LEN,
+    S, E, H, C, NMT,
+    BG: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
+    TRANS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
+):
+    """``OUT[rows, E tile] = w_c L[rows] ST[idx_c] + A_c[rows, :] Y`` (``TRANS``: ``A_c^T``).
+
+    Forward: ``L = q_lin, ST = H, w = wq, Y = v`` gives ``o``; backward with ``TRANS``:
+    ``L = k_lin, ST = G, w = wf, Y = do`` gives ``dv``.  Grid ``(E tiles, NC * NMT, H)``.
+    """
+    i_e = tl.program_id(0)
+    c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
+    i_h = tl.program_id(2)
+    if m0 >= cl:
+        return
+    o_m = m0 + tl.arange(0, BG)
+    m_m = o_m < cl
+    o_e = i_e * BE + tl.arange(0, BE)
+    m_e = o_e < E
+    o_k = tl.arange(0, BK)
+    rows_m = (cs + o_m) * H + i_h
+    # linear part first, so one accumulator carries both (seed Eq. 8 / its gradient)
+    w = tl.load(W + c)
+    idx = tl.load(ST_IDX + c).to(tl.int64)
+    p_st = ST + (idx * H + i_h) * S * E
+    acc = tl.zeros([BG, BE], dtype=tl.float32)
+    for s0 in range(0, S, BK):
+        m_s = (s0 + o_k) < S
+        b_l = tl.load(L + rows_m[:, None] * S + s0 + o_k[None, :], mask=m_m[:, None] & m_s[None, :], other=0.0)
+        b_st = tl.load(p_st + (s0 + o_k)[:, None] * E + o_e[None, :], mask=m_s[:, None] & m_e[None, :], other=0.0)
+        acc = tl.dot(b_l.to(SDT), b_st.to(SDT), acc, input_precision=PREC)
+    acc = acc * w
+    # quadratic part (seed Eq. 6): A's masked entries are stored zeros
+    p_a = A + (c.to(tl.int64) * H + i_h) * C * C
+    if TRANS:
+        if CAUSAL:
+            lo = m0
+        else:
+            lo = 0
+        hi = cl
+    else:
+        lo = 0
+        if CAUSAL:
+            hi = tl.minimum(m0 + BG, cl)
+        else:
+            hi = cl
+    for k0 in range(lo, hi, BK):
+        o_kk = k0 + o_k
+        m_k = o_kk < hi
+        if TRANS:
+            b_a = tl.load(p_a + o_kk[None, :] * C + o_m[:, None], mask=m_m[:, None] & m_k[None, :], other=0.0)
+        else:
+            b_a = tl.load(p_a + o_m[:, None] * C + o_kk[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
+        b_y = tl.load(Y + ((cs + o_kk) * H + i_h)[:, None] * E + o_e[None, :], mask=m_k[:, None] & m_e[None, :],
+                      other=0.0)
+        acc = tl.dot(b_a, b_y, acc, input_precision=PREC)
+    tl.store(OUT + rows_m[:, None] * E + o_e[None, :], acc.to(OUT.dtype.element_ty), mask=m_m[:, None] & m_e[None, :])
+
+
+@triton.jit
+def mc_dp_kernel(
+    QQ, KQ, V, DO, DS, BIAS, CH_START, CH_LEN,
+    scale, S, E, H, C, LB, NMT,
+    BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr,
+):
+    """``dS[c, h, m tile, n tile] = 2 relu(s) (do_m . v_n)``, masked (reduction over all of ``E``;
+    the scores ``s`` recomputed); grid ``(NC * NMT, NMT, H)``, tiles as :func:`mc_scores_kernel`."""
+    c, cs, cl, m0 = _row_tile(tl.program_id(0), CH_START, CH_LEN, NMT, BG)
+    n0 = tl.program_id(1) * BG
+    i_h = tl.program_id(2)
+    if m0 >= cl or n0 >= cl:
+        return
+    if CAUSAL and n0 > m0:
+        return
+    o_m = m0 + tl.arange(0, BG)
+    o_n = n0 + tl.arange(0, BG)
+    m_m = o_m < cl
+    m_n = o_n < cl
+    rows_m = (cs + o_m) * H + i_h
+    rows_n = (cs + o_n) * H + i_h
+    o_e = tl.arange(0, BE)
+    b_dp = tl.zeros([BG, BG], dtype=tl.float32)
+    for e0 in range(0, E, BE):
+        m_e = (e0 + o_e) < E
+        b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_e[None, :], mask=m_m[:, None] & m_e[None, :], other=0.0)
+        b_v = tl.load(V + rows_n[:, None] * E + e0 + o_e[None, :], mask=m_n[:, None] & m_e[None, :], other=0.0)
+        b_dp = tl.dot(b_do, tl.trans(b_v), b_dp, input_precision=PREC)
+    o_s = tl.arange(0, BS)
+    b_s = tl.zeros([BG, BG], dtype=tl.float32)
+    for s0 in range(0, S, BS):
+        m_s = (s0 + o_s) < S
+        b_q = tl.load(QQ + rows_m[:, None] * S + s0 + o_s[None, :], mask=m_m[:, None] & m_s[None, :], other=0.0)
+        b_k = tl.load(KQ + rows_n[:, None] * S + s0 + o_s[None, :], mask=m_n[:, None] & m_s[None, :], other=0.0)
+        b_s = tl.dot(b_q, tl.trans(b_k), b_s, input_precision=PREC)
+    b_s = b_s * scale
+    if HAS_BIAS:
+        b_s += tl.load(BIAS + i_h * LB + (C - 1) + o_m[:, None] - o_n[None, :],
+                       mask=m_m[:, None] & m_n[None, :], other=0.0)
+    keep = m_m[:, None] & m_n[None, :]
+    if CAUSAL:
+        keep = keep & (o_n[None, :] <= o_m[:, None])
+    b_ds = tl.where(keep, 2.0 * tl.maximum(b_s, 0.0) * b_dp, 0.0)  # d relu(s)^2 / ds
+    p_ds = DS + ((c.to(tl.int64) * H + i_h) * C + o_m[:, None]) * C + o_n[None, :]
+    tl.store(p_ds, b_ds.to(DS.dtype.element_ty), mask=m_m[:, None] & (o_n < C)[None, :])
+
+
+@triton.jit
+def mc_dlin_kernel(
+    DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, CH_START, CH_LEN,
+    S, E, H, NMT,
+    BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
+):
+    """``dq_lin = wq do H_c^T``, ``dk_lin = wf v G_c^T`` for one row tile and ``S`` tile
+    (reduction over all of ``E``); grid ``(S tiles, NC * NMT, H)``."""
+    i_s = tl.program_id(0)
+    c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
+    i_h = tl.program_id(2)
+    if m0 >= cl:
+        return
+    o_m = m0 + tl.arange(0, BG)
+    m_m = o_m < cl
+    o_s = i_s * BS + tl.arange(0, BS)
+    m_s = o_s < S
+    o_e = tl.arange(0, BE)
+    rows_m = (cs + o_m) * H + i_h
+    idx = tl.load(ST_IDX + c).to(tl.int64)
+    p_h = HS + (idx * H + i_h) * S * E
+    p_g = GS + (idx * H + i_h) * S * E
+    b_dql = tl.zeros([BG, BS], dtype=tl.float32)
+    b_dkl = tl.zeros([BG, BS], dtype=tl.float32)
+    for e0 in range(0, E, BE):
+        m_e = (e0 + o_e) < E
+        m_me = m_m[:, None] & m_e[None, :]
+        m_se = m_s[:, None] & m_e[None, :]
+        b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_e[None, :], mask=m_me, other=0.0)
+        b_v = tl.load(V + rows_m[:, None] * E + e0 + o_e[None, :], mask=m_me, other=0.0)
+        b_h = tl.load(p_h + o_s[:, None] * E + e0 + o_e[None, :], mask=m_se, other=0.0)
+        b_g = tl.load(p_g + o_s[:, None] * E + e0 + o_e[None, :], mask=m_se, other=0.0)
+        b_dql = tl.dot(b_do.to(SDT), tl.trans(b_h.to(SDT)), b_dql, input_precision=PREC)
+        b_dkl = tl.dot(b_v.to(SDT), tl.trans(b_g.to(SDT)), b_dkl, input_precision=PREC)
+    wq = tl.load(WQ + c)
+    wf = tl.load(WF + c)
+    o_ms = rows_m[:, None] * S + o_s[None, :]
+    m_ms = m_m[:, None] & m_s[None, :]
+    tl.store(DQL + o_ms, (wq * b_dql).to(DQL.dtype.element_ty), mask=m_ms)
+    tl.store(DKL + o_ms, (wf * b_dkl).to(DKL.dtype.element_ty), mask=m_ms)
+
+
+@triton.jit
+def mc_dqk_kernel(
+    QQ, KQ, DS, DQQ, DKQ, DB, CH_START, CH_LEN,
+    scale, S, H, C, NMT, NTD,
+    BG: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, NEED_DB: tl.constexpr, PREC: tl.constexpr,
+):
+    """``dq_quad[m] = scale sum_n dS[m, n] k_quad[n]``, ``dk_quad[m] = scale sum_i dS[i, m]^T q_quad[i]``
+    for one row tile and ``S`` tile; with ``NEED_DB`` (first ``S`` tile only) the tiles
+    ``dS[m, n]`` are summed per tile diagonal into ``DB [H, NTD, BG, BG]`` (fp32 atomics: every
+    chunk adds to the same bias).  Grid ``(S tiles, NC * NMT, H)``."""
+    i_s = tl.program_id(0)
+    c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
+    i_h = tl.program_id(2)
+    if m0 >= cl:
+        return
+    o_m = m0 + tl.arange(0, BG)
+    m_m = o_m < cl
+    o_b = tl.arange(0, BG)
+    o_s = i_s * BS + tl.arange(0, BS)
+    m_s = o_s < S
+    p_ds = DS + (c.to(tl.int64) * H + i_h) * C * C
+    mid = (NTD - 1) // 2
+    b_dq = tl.zeros([BG, BS], dtype=tl.float32)
+    if CAUSAL:
+        hi = tl.minimum(m0 + BG, cl)
+    else:
+        hi = cl
+    for n0 in range(0, hi, BG):
+        o_n = n0 + o_b
+        m_n = o_n < cl
+        b_ds = tl.load(p_ds + o_m[:, None] * C + o_n[None, :], mask=m_m[:, None] & m_n[None, :], other=0.0)
+        b_k = tl.load(KQ + ((cs + o_n) * H + i_h)[:, None] * S + o_s[None, :], mask=m_n[:, None] & m_s[None, :],
+                      other=0.0)
+        b_dq = tl.dot(b_ds, b_k, b_dq, input_precision=PREC)
+        if NEED_DB:
+            if i_s == 0:
+                p_db = DB + ((i_h * NTD + (m0 - n0) // BG + mid) * BG + o_b[:, None]) * BG + o_b[None, :]
+                tl.atomic_add(p_db, b_ds.to(tl.float32), sem="relaxed")
+    if CAUSAL:
+        lo = m0
+    else:
+        lo = 0
+    b_dk = tl.zeros([BG, BS], dtype=tl.float32)
+    for i0 in range(lo, cl, BG):
+        o_i = i0 + o_b
+        m_i = o_i < cl
+        b_dst = tl.load(p_ds + o_i[None, :] * C + o_m[:, None], mask=m_m[:, None] & m_i[None, :], other=0.0)
+        b_q = tl.load(QQ + ((cs + o_i) * H + i_h)[:, None] * S + o_s[None, :], mask=m_i[:, None] & m_s[None, :],
+                      other=0.0)
+        b_dk = tl.dot(b_dst, b_q, b_dk, input_precision=PREC)
+    rows_m = (cs + o_m) * H + i_h
+    m_ms = m_m[:, None] & m_s[None, :]
+    tl.store(DQQ + rows_m[:, None] * S + o_s[None, :], (scale * b_dq).to(DQQ.dtype.element_ty), mask=m_ms)
+    tl.store(DKQ + rows_m[:, None] * S + o_s[None, :], (scale * b_dk).to(DKQ.dtype.element_ty), mask=m_ms)

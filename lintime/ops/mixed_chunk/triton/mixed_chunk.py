@@ -1,29 +1,29 @@
 """Mixed chunk attention on fused Triton kernels (seed §3.2, Eqs. 6-8, Codes 1 and 8).
 
 Notation: ``B`` batch, ``T`` time, ``H`` heads, ``S`` key width, ``E`` value width, ``C`` chunk
-size, ``N`` sequences, ``NC`` chunks (laid out per sequence), ``NSEG`` segments (runs of ``G``
-consecutive chunks of one sequence), ``SDT`` the state dtype of the products
-(:func:`lintime.ops.triton_common.dot_config`).
+size, ``N`` sequences, ``NC`` chunks (laid out per sequence), ``NSEG`` segments (runs of
+consecutive chunks of one sequence walked by one program), ``SDT`` the dtype of the per-chunk
+states (:func:`lintime.ops.triton_common.dot_config`: bf16 for bf16 inputs, fp32 otherwise).
 
-Forward, causal::
+Kernel sequence (:mod:`lintime.ops.mixed_chunk.triton.kernels`), causal forward::
 
-    chunk_state_kernel   per (segment, S x E tile): walk the segment's chunks, store the state
-                         entering each chunk from inside its segment (HLOC [NC, H, S, E], SDT)
-                         and the segment total (fp32); short last chunks add nothing (w_c = 0)
-    seg_scan_kernel      (triton_common) per sequence: the state entering each segment
-                         (P [NSEG, H, S, E], fp32, starting from initial_state.kv) and the final kv
-    relu2_fwd_kernel     per (chunk tile of BM queries, E tile): relu^2 scores of the chunk
-                         (Eq. 6) and wq_c * q_lin . (P[seg(c)] + HLOC[c]) (Eq. 8)
+    chunk_state_kernel  the state entering every chunk, H [NC, H, S, E] (SDT), and the final kv:
+                        one walk per sequence when that fills the GPU; otherwise a walk per
+                        segment gives segment totals, triton_common's seg_scan_kernel the state
+                        entering each segment, and a second walk the per-chunk states
+    mc_scores_kernel    A [NC, H, C, C] = relu(scale q_quad k_quad^T + b)^2, causal-masked
+    mc_gemm_kernel      o = wq q_lin H_c + A_c v
 
-Non-causal (Eq. 7): the state pass only sums each sequence (no per-chunk states) and every chunk
-reads its sequence's total.  The backward runs the same pass in reverse on ``(q_lin, do)`` with
-weights ``wq_c`` (the gradient flowing into each chunk's ``k_lin^T v``, ``G``), then
-``relu2_bwd_dv_kernel`` and ``relu2_bwd_dqk_kernel`` (:mod:`lintime.ops.gau.triton.kernels`).
+Non-causal (Eq. 7): every chunk reads its sequence's total.  Backward: the reverse walk on
+``(q_lin, do)`` with weights ``wq`` gives ``G`` (the gradient flowing into each chunk's
+``k_lin^T v``) and the initial state's gradient; then ``mc_gemm_kernel`` (``dv = wf k_lin G_c +
+A^T do``), ``mc_dp_kernel`` (``dS``, stored like ``A``), ``mc_dlin_kernel`` (``dq_lin, dk_lin``)
+and ``mc_dqk_kernel`` (``dq_quad, dk_quad`` and the bias gradient).
 
-What is materialised: ``HLOC`` per chunk (in SDT, half the bytes of ``v`` at ``S = 128, C = 256``
-in bf16) plus fp32 states per segment.  ``G`` (``Blocks.seg_chunks``) trades the two: ``G = 1``
-stores exact fp32 per-chunk states from a fully parallel pass and a scan over all chunks;
-larger ``G`` walks chunks in registers.  The measured choice is in ``docs/notes/kernels_flash.md``.
+What is materialised: ``A`` and ``dS`` (input dtype, ``T * C`` elements each), ``H`` and ``G``
+(``T * S * E / C`` elements each, half of ``v`` at ``S = 128, C = 256``), so each large product
+runs once, as a GEMM-shaped tile loop; the forward saves ``A`` and ``H`` for the backward.  The
+measured alternatives are in ``docs/notes/kernels_flash.md``.
 
 A state with a partial chunk (``fill > 0``) is a composition: its buffered tokens are prepended
 to their sequence (dummy queries, outputs dropped), exactly as the chunked PyTorch form does, so
@@ -33,19 +33,24 @@ gathered from the inputs with differentiable PyTorch indexing.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import triton
 
-from lintime.ops.gau.triton.kernels import relu2_bwd_dqk_kernel, relu2_bwd_dv_kernel, relu2_fwd_kernel
-from lintime.ops.gau.triton.plan import Blocks, default_blocks, fold_bias_grad, sequence_bounds, tiles_of, to_device
+from lintime.ops.gau.triton.plan import Blocks, default_blocks, fold_bias_grad, sequence_bounds, to_device
 from lintime.ops.mixed_chunk.state import MixedChunkState, clean_buffers
-from lintime.ops.mixed_chunk.triton.kernels import chunk_state_kernel
+from lintime.ops.mixed_chunk.triton.kernels import (
+    chunk_state_kernel,
+    mc_dlin_kernel,
+    mc_dp_kernel,
+    mc_dqk_kernel,
+    mc_gemm_kernel,
+    mc_scores_kernel,
+)
 from lintime.ops.triton_common import check_device, custom_op, dot_config, seg_scan_kernel, sm_count
-
-_NORMS = ("tokens", "chunk", "none")
 
 
 def _sdt_torch(dtype: torch.dtype) -> torch.dtype:
@@ -66,12 +71,12 @@ def _chunk_bound(B: int, T: int, C: int, cu_seqlens) -> int:
 
 
 def _seg_chunks(B, T, H, S, E, C, cu_seqlens, cfg: Blocks, device) -> int:
-    """Chunks per segment ``G``, from shapes only.  One segment per sequence when sequences x
-    state tiles already give every SM two programs; otherwise about four programs per SM, never
-    fewer than 2 chunks per segment."""
-    if cfg.seg_chunks > 0:
-        return cfg.seg_chunks
+    """Chunks per segment of the state walk, from shapes only.  One segment per sequence when
+    sequences x state tiles already give every SM two programs; otherwise about four programs per
+    SM, never fewer than 2 chunks per segment."""
     nct = max(1, _chunk_bound(B, T, C, cu_seqlens))
+    if cfg.seg_chunks > 0:
+        return min(cfg.seg_chunks, nct)
     tiles = H * triton.cdiv(S, cfg.bs_state) * triton.cdiv(E, cfg.be_state)
     sms = sm_count(device)
     if _n_seqs(B, cu_seqlens) * tiles >= 2 * sms:
@@ -94,21 +99,36 @@ class _Plan:
     N: int
     NC: int
     NSEG: int
-    NT: int
-    tile_reg: torch.Tensor
-    tile_off: torch.Tensor
+    NC_alloc: int
+    NSEG_alloc: int
+    one_segment: bool  # every sequence is one segment
     ch_start: torch.Tensor
     ch_len: torch.Tensor
     ch_seq: torch.Tensor
     ch_k: torch.Tensor
-    ch_seg: torch.Tensor
+    ch_id: torch.Tensor
     seg_first: torch.Tensor
     seg_n: torch.Tensor
+    seg_seq: torch.Tensor
     seq_ptr: torch.Tensor
     lengths: torch.Tensor  # [N] on the device
+    weights: dict  # (C, causal, linear_norm) -> (wq, wf) of calls without a state
 
 
-def _plan(B, T, C, cu_seqlens, bm, G, device) -> _Plan:
+def _plan(B, T, H, S, E, C, cu_seqlens, cfg, device) -> _Plan:
+    """The call's tables; unpacked calls reuse those of the same shape (no host work, no copy)."""
+    if cu_seqlens is None:
+        return _regular_plan(B, T, H, S, E, C, cfg, str(device))
+    return _build_plan(B, T, H, S, E, C, cu_seqlens, cfg, device)
+
+
+@functools.lru_cache(maxsize=64)
+def _regular_plan(B, T, H, S, E, C, cfg, device) -> _Plan:
+    return _build_plan(B, T, H, S, E, C, None, cfg, torch.device(device))
+
+
+def _build_plan(B, T, H, S, E, C, cu_seqlens, cfg, device) -> _Plan:
+    G = _seg_chunks(B, T, H, S, E, C, cu_seqlens, cfg, device)
     starts, lengths = sequence_bounds(B, T, cu_seqlens)
     N = lengths.numel()
     nch = (lengths + C - 1) // C  # [N]
@@ -118,22 +138,32 @@ def _plan(B, T, C, cu_seqlens, bm, G, device) -> _Plan:
     ch_k = torch.arange(ch_seq.numel()) - first_ch[ch_seq]
     ch_start = starts[ch_seq] + ch_k * C
     ch_len = torch.clamp(lengths[ch_seq] - ch_k * C, max=C)
-    tile_reg, tile_off = tiles_of(ch_len, bm)
     nseg = (nch + G - 1) // G
     seq_ptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(nseg, 0)])
     seg_seq = torch.repeat_interleave(seq, nseg)
     seg_k = torch.arange(seg_seq.numel()) - seq_ptr[seg_seq]
     seg_first = first_ch[seg_seq] + seg_k * G
     seg_n = torch.clamp(nch[seg_seq] - seg_k * G, max=G)
-    ch_seg = seq_ptr[ch_seq] + ch_k // G
-    t = to_device(device, tile_reg, tile_off, ch_start, ch_len, ch_seq, ch_k, ch_seg, seg_first, seg_n, seq_ptr,
-                  lengths)
-    return _Plan(N, ch_seq.numel(), seg_seq.numel(), tile_reg.numel(), *t)
+    t = to_device(device, ch_start, ch_len, ch_seq, ch_k, torch.arange(ch_seq.numel()), seg_first, seg_n, seg_seq,
+                  seq_ptr, lengths)
+    one = bool((nseg <= 1).all())
+    return _Plan(N, ch_seq.numel(), seg_seq.numel(), _chunk_bound(B, T, C, cu_seqlens),
+                 _seg_bound(B, T, C, cu_seqlens, G), one, *t, weights={})
 
 
 def _weights(plan: _Plan, C, causal, linear_norm, count0):
     """Per chunk: ``wq`` (the linear part's ``1 / N``) and ``wf`` (whether the chunk's sum enters
-    the states: a short last chunk of a causal call feeds no later token)."""
+    the states: a short last chunk of a causal call feeds no later token).  Kept with the plan
+    for calls without a state."""
+    if count0 is None:
+        key = (C, causal, linear_norm)
+        if key not in plan.weights:
+            plan.weights[key] = _compute_weights(plan, C, causal, linear_norm, None)
+        return plan.weights[key]
+    return _compute_weights(plan, C, causal, linear_norm, count0)
+
+
+def _compute_weights(plan: _Plan, C, causal, linear_norm, count0):
     seq, k, ln = plan.ch_seq.long(), plan.ch_k.long(), plan.ch_len
     if causal:
         wf = (ln == C).to(torch.float32)
@@ -154,42 +184,60 @@ def _weights(plan: _Plan, C, causal, linear_norm, count0):
     return wq.contiguous(), wf.contiguous()
 
 
-def _state_pass(x, y, w, plan: _Plan, *, H, G, cfg, reverse, local, init, causal, sdt):
-    """States of the walk direction: ``(LOC [NC_alloc, H, S, E] or empty, START, FINAL)`` where
-    causal ``START [NSEG_alloc, H, S, E]`` is the state entering each segment; non-causal calls
-    only need ``FINAL [N, H, S, E]`` (each sequence's total)."""
+def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, start=None, start_mode=0):
     S, E = x.shape[-1], y.shape[-1]
-    dev = x.device
-    f32 = dict(dtype=torch.float32, device=dev)
-    _, PREC = dot_config(x.dtype)
-    loc = torch.empty((plan.NC_alloc, H, S, E) if local else (0,), dtype=sdt, device=dev)
-    tot = torch.empty(max(plan.NSEG, 1), H, S, E, **f32)
-    if plan.NSEG > 0:
-        grid = (triton.cdiv(S, cfg.bs_state) * triton.cdiv(E, cfg.be_state), plan.NSEG, H)
-        chunk_state_kernel[grid](
-            x, y, loc, tot, w, plan.seg_first, plan.seg_n, plan.ch_start, plan.ch_len, S, E, H,
-            BS=cfg.bs_state, BE=cfg.be_state, BT=cfg.bt, REVERSE=reverse, STORE_LOCAL=local, PREC=PREC,
-            num_warps=cfg.warps_bwd, num_stages=cfg.stages,
-        )
-    start = torch.empty(plan.NSEG_alloc, H, S, E, **f32) if causal else tot
+    if plan.NSEG == 0:
+        return
+    grid = (triton.cdiv(S, cfg.bs_state) * triton.cdiv(E, cfg.be_state), plan.NSEG, H)
+    chunk_state_kernel[grid](
+        x, y, hout, tot, start if start is not None else tot, w,
+        plan.seg_first, plan.seg_n, plan.seg_seq, plan.ch_start, plan.ch_len, S, E, H,
+        BS=cfg.bs_state, BE=cfg.be_state, BT=cfg.bt, REVERSE=reverse, STORE=store, START_MODE=start_mode,
+        PREC=dot_config(x.dtype)[1], num_warps=4, num_stages=cfg.stages,
+    )
+
+
+def _scan(tot, plan: _Plan, *, H, S, E, reverse, init, store_start):
+    """triton_common's segment scan: the state entering each segment and after each sequence."""
+    f32 = dict(dtype=torch.float32, device=tot.device)
+    start = torch.empty(plan.NSEG_alloc, H, S, E, **f32) if store_start else tot
     final = torch.empty(plan.N, H, S, E, **f32)
     if plan.N > 0:
         SK, SV = min(32, triton.next_power_of_2(max(S, 16))), min(32, triton.next_power_of_2(max(E, 16)))
-        grid = (triton.cdiv(S, SK) * triton.cdiv(E, SV), plan.N, H)
-        seg_scan_kernel[grid](
+        seg_scan_kernel[(triton.cdiv(S, SK) * triton.cdiv(E, SV), plan.N, H)](
             tot, tot, tot, init, init, start, start, final, final, plan.seq_ptr, 0,
             H=H, K=S, V=E, BK=SK, BV=SV, VARLEN=True, USE_G=False, REVERSE=reverse, NORM=False,
-            HAS_INIT=init is not None, STORE_START=causal, num_warps=2,
+            HAS_INIT=init is not None, STORE_START=store_start, num_warps=2,
         )
-    return loc, start, final
+    return start, final
 
 
-def _launch_plan(B, T, H, S, E, C, cu_seqlens, cfg, device):
-    G = _seg_chunks(B, T, H, S, E, C, cu_seqlens, cfg, device)
-    plan = _plan(B, T, C, cu_seqlens, cfg.bm, G, device)
-    plan.NC_alloc = _chunk_bound(B, T, C, cu_seqlens)
-    plan.NSEG_alloc = _seg_bound(B, T, C, cu_seqlens, G)
-    return plan, G
+def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt):
+    """Per-chunk states of the walk direction and the per-sequence result.
+
+    Causal: ``(ST [NC_alloc, H, S, E] in sdt, the state entering each chunk; FINAL [N, H, S, E]
+    fp32)``.  Non-causal: ``(ST [N, H, S, E] in sdt, FINAL)``, each sequence's total.
+    """
+    S, E = x.shape[-1], y.shape[-1]
+    f32 = dict(dtype=torch.float32, device=x.device)
+    tot = torch.empty(max(plan.NSEG, 1), H, S, E, **f32)
+    if not causal:
+        _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=False, hout=tot, tot=tot)
+        _, final = _scan(tot, plan, H=H, S=S, E=E, reverse=reverse, init=None, store_start=False)
+        return final.to(sdt), final
+    hout = torch.empty(plan.NC_alloc, H, S, E, dtype=sdt, device=x.device)
+    if plan.one_segment:
+        # one walk per sequence from the initial state; the walk's total is the final state
+        _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=True, hout=hout, tot=tot, start=init,
+              start_mode=2 if init is not None else 0)
+        final = init.clone() if init is not None else torch.zeros(plan.N, H, S, E, **f32)
+        if plan.NSEG > 0:
+            final.index_copy_(0, plan.seg_seq.long(), tot[: plan.NSEG])
+        return hout, final
+    _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=False, hout=hout, tot=tot)
+    start, final = _scan(tot, plan, H=H, S=S, E=E, reverse=reverse, init=init, store_start=True)
+    _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=True, hout=hout, tot=tot, start=start, start_mode=1)
+    return hout, final
 
 
 def _bias(rel_bias):
@@ -204,16 +252,14 @@ def _bias(rel_bias):
 def _fwd_fake(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm, blocks):
     B, T, H, S = qq.shape
     E = v.shape[-1]
-    cfg = Blocks.from_list(blocks)
-    G = _seg_chunks(B, T, H, S, E, chunk_size, cu_seqlens, cfg, qq.device)
+    C = chunk_size
     N = _n_seqs(B, cu_seqlens)
+    nc = _chunk_bound(B, T, C, cu_seqlens)
     f32 = dict(dtype=torch.float32, device=qq.device)
-    if not causal:
-        return torch.empty_like(v), qq.new_empty(0, dtype=torch.float32), qq.new_empty(0), torch.empty(N, H, S, E, **f32)
-    nc = _chunk_bound(B, T, chunk_size, cu_seqlens)
-    hloc = qq.new_empty((nc, H, S, E) if G > 1 else (0,), dtype=_sdt_torch(qq.dtype))
-    nseg = _seg_bound(B, T, chunk_size, cu_seqlens, G)
-    return torch.empty_like(v), torch.empty(N, H, S, E, **f32), hloc, torch.empty(nseg, H, S, E, **f32)
+    a = qq.new_empty(nc, H, C, C)
+    st = qq.new_empty((nc if causal else N, H, S, E), dtype=_sdt_torch(qq.dtype))
+    final = torch.empty(N, H, S, E, **f32) if causal else qq.new_empty(0, dtype=torch.float32)
+    return torch.empty_like(v), final, a, st
 
 
 def _mixed_chunk_fwd(
@@ -222,39 +268,42 @@ def _mixed_chunk_fwd(
     cu_seqlens: torch.Tensor | None, chunk_size: int, causal: bool, scale: float, linear_norm: str,
     blocks: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(o, final kv, HLOC, START)``; the last two are what the backward reads (causal: per-chunk
-    and per-segment states; non-causal: ``HLOC`` empty, ``START`` the per-sequence totals)."""
+    """``(o, final kv, A, H)``; ``A`` and ``H`` are saved for the backward (non-causal: ``H`` holds
+    each sequence's total and the final kv is empty)."""
     B, T, H, S = qq.shape
     E = v.shape[-1]
     C = chunk_size
     cfg = Blocks.from_list(blocks)
-    plan, G = _launch_plan(B, T, H, S, E, C, cu_seqlens, cfg, qq.device)
-    local = causal and G > 1
-    sdt = _sdt_torch(qq.dtype)
+    plan = _plan(B, T, H, S, E, C, cu_seqlens, cfg, qq.device)
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
-    loc, start, final = _state_pass(kl, v, wf, plan, H=H, G=G, cfg=cfg, reverse=False, local=local,
-                                    init=kv0 if causal else None, causal=causal, sdt=sdt)
+    st, final = _states(kl, v, wf, plan, cfg, H=H, reverse=False, init=kv0 if causal else None, causal=causal,
+                        sdt=_sdt_torch(qq.dtype))
+    a = qq.new_empty(plan.NC_alloc, H, C, C)
     o = torch.empty_like(v)
     bias, LB = _bias(rel_bias)
     SDT, PREC = dot_config(qq.dtype)
-    if plan.NT > 0:
-        relu2_fwd_kernel[(triton.cdiv(E, cfg.be_fwd), plan.NT, H)](
-            qq, kq, v, o, bias if bias is not None else qq,
-            ql, start if causal else final, loc, wq, plan.ch_seg if causal else plan.ch_seq,
-            plan.tile_reg, plan.tile_off, plan.ch_start, plan.ch_len,
-            float(scale), S, E, H, LB, C - 1,
-            BM=cfg.bm, BS=cfg.bs, BE=cfg.be_fwd, CAUSAL=causal, HAS_BIAS=bias is not None, HAS_LIN=True,
-            HAS_LOCAL=local, ONE_S=cfg.bs >= S, PREC=PREC, SDT=SDT, num_warps=cfg.warps_fwd, num_stages=cfg.stages,
+    BG = cfg.bg
+    NMT = triton.cdiv(C, BG)
+    if plan.NC > 0:
+        mc_scores_kernel[(plan.NC * NMT, NMT, H)](
+            qq, kq, a, bias if bias is not None else qq, plan.ch_start, plan.ch_len,
+            float(scale), S, H, C, LB, NMT, BG=BG, BS=cfg.bs, CAUSAL=causal, HAS_BIAS=bias is not None, PREC=PREC,
+            num_warps=cfg.warps_fwd, num_stages=cfg.stages,
+        )
+        mc_gemm_kernel[(triton.cdiv(E, cfg.be_fwd), plan.NC * NMT, H)](
+            a, v, ql, st, wq, plan.ch_id if causal else plan.ch_seq, o, plan.ch_start, plan.ch_len,
+            S, E, H, C, NMT, BG=BG, BE=cfg.be_fwd, BK=cfg.bk, TRANS=False, CAUSAL=causal, PREC=PREC, SDT=SDT,
+            num_warps=cfg.warps_fwd, num_stages=cfg.stages,
         )
     if not causal:
-        return o, qq.new_empty(0, dtype=torch.float32), qq.new_empty(0), final
-    return o, final, loc if local else qq.new_empty(0, dtype=sdt), start
+        final = qq.new_empty(0, dtype=torch.float32)
+    return o, final, a, st
 
 
 # --------------------------------------------------------------------------------- backward op
 
 
-def _bwd_fake(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, hloc, start, chunk_size, causal, scale,
+def _bwd_fake(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, chunk_size, causal, scale,
               linear_norm, need_db, has_kv0, blocks):
     B, T, H, S = qq.shape
     E = v.shape[-1]
@@ -269,7 +318,7 @@ def _bwd_fake(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, hloc, st
 def mixed_chunk_bwd(
     do: torch.Tensor, dkv: torch.Tensor | None, qq: torch.Tensor, kq: torch.Tensor, ql: torch.Tensor,
     kl: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor | None, count0: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None, hloc: torch.Tensor, start: torch.Tensor, chunk_size: int, causal: bool,
+    cu_seqlens: torch.Tensor | None, a: torch.Tensor, st: torch.Tensor, chunk_size: int, causal: bool,
     scale: float, linear_norm: str, need_db: bool, has_kv0: bool, blocks: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of the five inputs, of ``rel_bias`` (empty unless ``need_db``) and of the initial
@@ -280,60 +329,69 @@ def mixed_chunk_bwd(
     cfg = Blocks.from_list(blocks)
     dev = qq.device
     do = do.contiguous()
-    plan, G = _launch_plan(B, T, H, S, E, C, cu_seqlens, cfg, dev)
-    local = causal and G > 1
+    plan = _plan(B, T, H, S, E, C, cu_seqlens, cfg, dev)
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
     init = dkv.contiguous() if (causal and dkv is not None) else None
-    gloc, gstart, gfinal = _state_pass(ql, do, wq, plan, H=H, G=G, cfg=cfg, reverse=True, local=local,
-                                       init=init, causal=causal, sdt=_sdt_torch(qq.dtype))
-    hst, gst = (start, gstart) if causal else (start, gfinal)
-    pidx = plan.ch_seg if causal else plan.ch_seq
+    gst, gfinal = _states(ql, do, wq, plan, cfg, H=H, reverse=True, init=init, causal=causal,
+                          sdt=_sdt_torch(qq.dtype))
+    idx = plan.ch_id if causal else plan.ch_seq
     bias, LB = _bias(rel_bias)
     need_db = need_db and bias is not None
     SDT, PREC = dot_config(qq.dtype)
+    BG = cfg.bg
+    NMT = triton.cdiv(C, BG)
     dv = torch.empty_like(v)
     dql, dkl = torch.empty_like(ql), torch.empty_like(kl)
-    dq32 = torch.zeros(qq.shape, dtype=torch.float32, device=dev)
-    dk32 = torch.zeros(kq.shape, dtype=torch.float32, device=dev)
-    ntd = 2 * triton.cdiv(C, cfg.bm) - 1
-    db_tiles = torch.zeros((H, ntd, cfg.bm, cfg.bm) if need_db else (1,), dtype=torch.float32, device=dev)
-    if plan.NT > 0:
+    dqq, dkq = torch.empty_like(qq), torch.empty_like(kq)
+    ds = qq.new_empty(plan.NC_alloc, H, C, C)
+    ntd = 2 * NMT - 1
+    db_tiles = torch.zeros((H, ntd, BG, BG) if need_db else (1,), dtype=torch.float32, device=dev)
+    if plan.NC > 0:
         b_ptr = bias if bias is not None else qq
-        common = dict(BM=cfg.bm, BS=cfg.bs, CAUSAL=causal, HAS_BIAS=bias is not None, HAS_LIN=True, HAS_LOCAL=local,
-                      ONE_S=cfg.bs >= S, PREC=PREC, SDT=SDT, num_warps=cfg.warps_bwd, num_stages=cfg.stages)
-        tables = (plan.tile_reg, plan.tile_off, plan.ch_start, plan.ch_len)
-        relu2_bwd_dv_kernel[(triton.cdiv(E, cfg.be_dv), plan.NT, H)](
-            qq, kq, do, dv, b_ptr, kl, gst, gloc, wf, pidx, *tables,
-            float(scale), S, E, H, LB, C - 1, BE=cfg.be_dv, **common,
+        rows = plan.NC * NMT
+        mc_gemm_kernel[(triton.cdiv(E, cfg.be_dv), rows, H)](
+            a, do, kl, gst, wf, idx, dv, plan.ch_start, plan.ch_len,
+            S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
+            num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
-        relu2_bwd_dqk_kernel[(plan.NT, H)](
-            qq, kq, v, do, dq32, dk32, db_tiles, b_ptr,
-            ql, kl, dql, dkl, hst, hloc, gst, gloc, wq, wf, pidx, *tables,
-            float(scale), S, E, H, LB, C - 1, ntd, BE=cfg.be_red, NEED_DB=need_db, **common,
+        mc_dp_kernel[(rows, NMT, H)](
+            qq, kq, v, do, ds, b_ptr, plan.ch_start, plan.ch_len,
+            float(scale), S, E, H, C, LB, NMT, BG=BG, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
+            HAS_BIAS=bias is not None, PREC=PREC, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
-    db = fold_bias_grad(db_tiles, LB, C - 1, cfg.bm).to(rel_bias.dtype) if need_db else qq.new_empty(0)
+        mc_dlin_kernel[(triton.cdiv(S, cfg.bs), rows, H)](
+            do, v, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
+            S, E, H, NMT, BG=BG, BS=cfg.bs, BE=cfg.be_red, PREC=PREC, SDT=SDT,
+            num_warps=cfg.warps_bwd, num_stages=cfg.stages,
+        )
+        mc_dqk_kernel[(triton.cdiv(S, cfg.bs), rows, H)](
+            qq, kq, ds, dqq, dkq, db_tiles, plan.ch_start, plan.ch_len,
+            float(scale), S, H, C, NMT, ntd, BG=BG, BS=cfg.bs, CAUSAL=causal, NEED_DB=need_db, PREC=PREC,
+            num_warps=cfg.warps_bwd, num_stages=cfg.stages,
+        )
+    db = fold_bias_grad(db_tiles, LB, C - 1, BG).to(rel_bias.dtype) if need_db else qq.new_empty(0)
     dkv0 = gfinal if (causal and has_kv0) else qq.new_empty(0, dtype=torch.float32)
-    return dq32.to(qq.dtype), dk32.to(kq.dtype), dql, dkl, dv, db, dkv0
+    return dqq, dkq, dql, dkl, dv, db, dkv0
 
 
 def _setup(ctx, inputs, output):
     qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm, blocks = inputs
-    _, _, hloc, start = output
-    ctx.mark_non_differentiable(hloc, start)
-    ctx.save_for_backward(qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, hloc, start)
+    _, _, a, st = output
+    ctx.mark_non_differentiable(a, st)
+    ctx.save_for_backward(qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st)
     ctx.args = (chunk_size, causal, scale, linear_norm)
     ctx.blocks = blocks
     ctx.has_kv0 = kv0 is not None
 
 
-def _backward(ctx, do, dkv, _dhloc, _dstart):
-    qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, hloc, start = ctx.saved_tensors
+def _backward(ctx, do, dkv, _da, _dst):
+    qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st = ctx.saved_tensors
     need_db = rel_bias is not None and ctx.needs_input_grad[5]
     has_kv0 = ctx.has_kv0 and ctx.needs_input_grad[6]
     if dkv is not None and dkv.numel() == 0:
         dkv = None
     dqq, dkq, dql, dkl, dv, db, dkv0 = mixed_chunk_bwd(
-        do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, hloc, start, *ctx.args, need_db, has_kv0,
+        do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, *ctx.args, need_db, has_kv0,
         ctx.blocks,
     )
     return (dqq, dkq, dql, dkl, dv, db if need_db else None, dkv0 if has_kv0 else None,
@@ -385,7 +443,7 @@ def triton_mixed_chunk_attention(
         )
     check_device("mixed_chunk_attention", q_quad)
     scale = 1.0 / C if scale is None else float(scale)
-    blocks = blocks or default_blocks(S, E, q_quad.dtype)
+    blocks = blocks or default_blocks(S, E, q_quad.dtype, C)
     xs = [q_quad, k_quad, q_lin, k_lin, v]
     kv0 = count0 = keep = None
     if initial_state is not None:
