@@ -310,6 +310,57 @@ def case_variants(results, Ts=(2048, 32768)):
             results.append(Result(f"gau variant:{name}", "triton", 0, 0, {}, extra={"error": repr(e)[:500]}))
 
 
+def case_profile(results, T=32768, S=128, E=2048, C=256, tokens=TOKENS):
+    """Per-kernel device time of one mixed chunk forward + backward (torch.profiler), to see what
+    bounds the total; also the same for GAU at T = 4096."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from lintime.ops import gau_attention, mixed_chunk_attention
+
+    def report(tag, fn, n=5):
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                fn()
+            torch.cuda.synchronize()
+        rows = []
+        for ev in prof.key_averages():
+            dt = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+            if dt > 0:
+                rows.append((dt / n / 1000.0, ev.key[:60], ev.count // n))
+        rows.sort(reverse=True)
+        total = sum(r[0] for r in rows)
+        print(f"profile {tag}: device total {total:.3f} ms per call", flush=True)
+        for ms, key, cnt in rows[:14]:
+            print(f"   {ms:8.3f} ms  x{cnt:<3d} {key}", flush=True)
+        results.append(Result(f"profile:{tag}", "triton", T, tokens // T, {}, extra={
+            "device_ms": total, "kernels": [[k, ms, c] for ms, k, c in rows[:20]]}))
+
+    B = max(1, tokens // T)
+    xs = [_rand(B, T, 1, S, scale=0.5) for _ in range(4)] + [_rand(B, T, 1, E)]
+    rb = _rand(1, 2 * C - 1, scale=0.1)
+    do = torch.randn(B, T, 1, E, device="cuda", dtype=torch.bfloat16)
+
+    def mc():
+        o, _ = mixed_chunk_attention(*xs, rel_bias=rb, chunk_size=C)
+        torch.autograd.grad(o, xs + [rb], do)
+
+    report(f"mixed_chunk T={T}", mc)
+    Tg = 4096
+    Bg = tokens // Tg
+    q, k = _rand(Bg, Tg, 1, S, scale=0.5), _rand(Bg, Tg, 1, S, scale=0.5)
+    v = _rand(Bg, Tg, 1, E)
+    rbg = _rand(1, 2 * Tg - 1, scale=0.1)
+    dog = torch.randn_like(v)
+
+    def gau():
+        o = gau_attention(q, k, v, rel_bias=rbg, scale=1.0 / 128)
+        torch.autograd.grad(o, [q, k, v, rbg], dog)
+
+    report(f"gau T={Tg}", gau)
+
+
 def environment() -> dict:
     import triton
 
@@ -324,7 +375,7 @@ def environment() -> dict:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench_flash.json")
-    p.add_argument("--cases", default="mixed,memory,gau,fla,layer")
+    p.add_argument("--cases", default="profile,mixed,memory,gau,fla,layer")
     p.add_argument("--quick", action="store_true", help="fewer lengths")
     args = p.parse_args(argv)
     torch.manual_seed(0)
@@ -336,6 +387,8 @@ def main(argv=None):
     Tm = (2048, 32768) if args.quick else T_MIXED
     if "variants" in cases:
         case_variants(results)
+    if "profile" in cases:
+        case_profile(results)
     if "mixed" in cases:
         case_mixed_chunk(results, Ts=Tm)
     if "memory" in cases:
