@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gen_helpers import FAMILY_PRESETS, tiny_model
+from gen_helpers import FAMILY_PRESETS, SMALL_CHUNKS, tiny_model
 
 from lintime.data import ByteTokenizer
 from lintime.generation import GenerationConfig, decode_one_token, generate, prefill
 from lintime.generation.decode import state_nbytes
 
-# a FLASH chunk of 8 so that 5 prompt tokens + 20 new ones cross several chunk boundaries
-SMALL_CHUNK = {"flash-tiny": {"chunk_size": 8}}
-
 
 def _model(name):
-    return tiny_model(name, **SMALL_CHUNK.get(name, {}))
+    return tiny_model(name, **SMALL_CHUNKS.get(name, {}))
 
 
 @pytest.mark.parametrize("name", FAMILY_PRESETS)
@@ -86,7 +83,10 @@ def test_prefill_rejects_bad_input():
         prefill(model, torch.zeros(3, dtype=torch.long))
 
 
-@pytest.mark.parametrize("name,grows", [("gla-tiny", False), ("flash-tiny", False), ("transformer-pp-tiny", True)])
+LINEAR_TIME = ["flash-tiny", "mc-tfm-pp-tiny", "gla-tiny", "linear-tiny", "performer-tiny", "vq-tiny"]
+
+
+@pytest.mark.parametrize("name,grows", [(n, False) for n in LINEAR_TIME] + [("transformer-pp-tiny", True)])
 def test_state_memory_per_token(name, grows):
     """Linear-time families: the decoding state has the same size after 8 and after 40
     tokens (constant memory per token); softmax attention's KV cache grows."""

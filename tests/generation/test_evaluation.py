@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from gen_helpers import tiny_model
+from gen_helpers import SMALL_CHUNKS, tiny_model
 
 from lintime.data import ByteTokenizer, prepare
 from lintime.evaluation import evaluate, load_split, select_documents
@@ -41,9 +41,9 @@ def hand_nll(model, docs: list[list[int]], tok, L: int) -> float:
     return total
 
 
-@pytest.mark.parametrize("name", ["gla-tiny", "transformer-pp-tiny"])
+@pytest.mark.parametrize("name", ["gla-tiny", "transformer-pp-tiny", "flash-tiny", "vq-tiny"])
 def test_bits_per_byte_equals_a_hand_computation(byte_split, name):
-    model, tok = tiny_model(name), ByteTokenizer()
+    model, tok = tiny_model(name, **SMALL_CHUNKS.get(name, {})), ByteTokenizer()
     docs = [byte_split[i].tolist() for i in range(len(byte_split))]
     n_bytes = sum(len(t.encode()) for t in DOCS)
     n_targets = sum(len(d) + 1 for d in docs)
