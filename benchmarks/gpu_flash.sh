@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # FLASH kernels on a GPU machine: install the anchor wheels, run the CUDA tests of the mixed
 # chunk / GAU Triton kernels (real-size correctness), then the benchmark cases.  Logs and JSON
-# go to $OUT (default ./gpu_flash_out).  Usage: benchmarks/gpu_flash.sh [tests] [bench] [variants]
-# (default: all three; `bench` runs every case of lintime/bench/cases_flash.py).
+# go to $OUT (default ./gpu_flash_out).  Usage: benchmarks/gpu_flash.sh [tests|quicktests] [variants]
+# [bench] [graph] (default: tests variants bench graph).  `bench` times eager calls (launch
+# overhead included) plus a per-kernel profile; `graph` times CUDA-graph replays (device time).
 set -uo pipefail
 OUT=${OUT:-./gpu_flash_out}
 mkdir -p "$OUT"
-STEPS=${*:-tests variants bench}
+STEPS=${*:-tests variants bench graph}
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -22,10 +23,17 @@ if [[ " $STEPS " == *" tests "* ]]; then
   python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops/test_gau_triton.py tests/ops/test_mixed_chunk_triton.py \
     2>&1 | tee "$OUT/tests.log" || rc=1
 fi
+if [[ " $STEPS " == *" quicktests "* ]]; then
+  python3 -m pytest -q -m cuda -p no:cacheprovider -k "fp32_exact or long_sequence or dispatch" \
+    tests/ops/test_gau_triton.py tests/ops/test_mixed_chunk_triton.py 2>&1 | tee "$OUT/quicktests.log" || rc=1
+fi
 if [[ " $STEPS " == *" variants "* ]]; then
   python3 -m lintime.bench.cases_flash --cases variants --out "$OUT/variants.json" 2>&1 | tee "$OUT/variants.log" || rc=1
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
   python3 -m lintime.bench.cases_flash --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" || rc=1
+fi
+if [[ " $STEPS " == *" graph "* ]]; then
+  python3 -m lintime.bench.cases_flash --cases graph --out "$OUT/graph.json" 2>&1 | tee "$OUT/graph.log" || rc=1
 fi
 exit $rc

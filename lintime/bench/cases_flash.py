@@ -361,6 +361,141 @@ def case_profile(results, T=32768, S=128, E=2048, C=256, tokens=TOKENS):
     report(f"gau T={Tg}", gau)
 
 
+def _graph_ms(fn) -> float:
+    """Median replay time of ``fn`` captured in a CUDA graph: the device time of the sequence,
+    without the host's launch overhead (METHOD.md: many small launches)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return _median_ms(graph.replay)
+
+
+def _graph_timings(f, inputs):
+    leaves = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+    out = f(*inputs)
+    out = out[0] if isinstance(out, tuple) else out
+    do = torch.randn_like(out)
+
+    def fwd():
+        with torch.no_grad():
+            f(*inputs)
+
+    def fwdbwd():
+        o = f(*inputs)
+        o = o[0] if isinstance(o, tuple) else o
+        torch.autograd.grad(o, leaves, do)
+
+    res = []
+    for fn in (fwd, fwdbwd):
+        try:
+            res.append(_graph_ms(fn))
+        except Exception as e:  # noqa: BLE001 - report, keep going
+            print(f"   graph capture failed: {e!r}"[:300], flush=True)
+            res.append(None)
+    return res
+
+
+def case_graph(results, tokens=TOKENS, S=128, E=2048, C=256):
+    """Device-bound timings (CUDA-graph replay) of the main cases and the variants."""
+    import torch.nn as nn
+
+    from lintime.layers.flash import FLASH
+    from lintime.layers.positional import token_positions
+    from lintime.ops import gau_attention, mixed_chunk_attention
+    from lintime.ops.gau.triton.plan import default_blocks
+    from lintime.ops.mixed_chunk.triton import triton_mixed_chunk_attention
+
+    def log(tag, impl, T, B, shape, fwd, fb, flops=None, extra=None):
+        results.append(Result(tag, impl, T, B, shape, fwd, fb, flops_fwdbwd=flops, extra=extra or {}))
+        print(f"{tag:22s} {impl:22s} T={T:6d} B={B:3d}  fwd {fwd}  fwd+bwd {fb}", flush=True)
+
+    base = default_blocks(S, E, torch.bfloat16, C)
+    variants = {
+        "default": base,
+        "4 warps": dataclasses.replace(base, warps_fwd=4, warps_bwd=4),
+        "stages=3": dataclasses.replace(base, stages=3),
+        "BG=64, 4 warps": dataclasses.replace(base, bg=64, warps_fwd=4, warps_bwd=4),
+        "one segment per sequence": dataclasses.replace(base, seg_chunks=1 << 20),
+        "G=1": dataclasses.replace(base, seg_chunks=1),
+    }
+    for T in T_MIXED:
+        B = max(1, tokens // T)
+        xs = [_rand(B, T, 1, S, scale=0.5) for _ in range(4)] + [_rand(B, T, 1, E)]
+        rb = _rand(1, 2 * C - 1, scale=0.1)
+        for name, blocks in variants.items():
+            if name != "default" and T not in (2048, 32768):
+                continue
+
+            def f(*a, _b=blocks):
+                return triton_mixed_chunk_attention(*a[:5], rel_bias=a[5], chunk_size=C, blocks=_b)[0]
+
+            fwd, fb = _graph_timings(f, xs + [rb])
+            log("graph:mixed_chunk", name, T, B, dict(H=1, S=S, E=E, C=C), fwd, fb,
+                mixed_chunk_flops(T, B, S, E, C), {"blocks": blocks.to_list()})
+        del xs
+        torch.cuda.empty_cache()
+    for T in (2048, 4096, 8192):
+        B = tokens // T
+        q, k = _rand(B, T, 1, S, scale=0.5), _rand(B, T, 1, S, scale=0.5)
+        v = _rand(B, T, 1, E)
+        rbg = _rand(1, 2 * T - 1, scale=0.1)
+        fwd, fb = _graph_timings(lambda q, k, v, b: gau_attention(q, k, v, rel_bias=b, scale=1 / 128), [q, k, v, rbg])
+        log("graph:gau", "triton", T, B, dict(H=1, S=S, E=E), fwd, fb, gau_flops(T, B, S, E))
+        del q, k, v
+        qs, ks, vs = (_rand(B, 16, T, 64) for _ in range(3))
+        fwd, fb = _graph_timings(
+            lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), [qs, ks, vs])
+        log("graph:gau", "sdpa_h16_d64", T, B, dict(H=16, D=64), fwd, fb, sdpa_flops(T, B, 16, 64))
+        del qs, ks, vs
+        torch.cuda.empty_cache()
+    try:
+        from fla.ops.linear_attn import chunk_linear_attn
+
+        for T in (2048, 32768):
+            B = tokens // T
+            q, k = _rand(B, T, 1, 128, scale=0.5), _rand(B, T, 1, 128, scale=0.5)
+            v = _rand(B, T, 1, 2048)
+            fwd, fb = _graph_timings(lambda q, k, v: chunk_linear_attn(q, k, v, normalize=False)[0], [q, k, v])
+            log("graph:fla_linear", "fla-0.6.0", T, B, dict(H=1, K=128, V=2048), fwd, fb)
+    except Exception as e:  # noqa: BLE001
+        print(f"fla graph timing skipped: {e!r}"[:300])
+    d = 1024
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(d)
+            self.mixer = FLASH(d, expansion_dim=2 * d, key_dim=128, chunk_size=256, causal=True)
+
+        def forward(self, x, pos):
+            return x + self.mixer(self.norm(x), positions=pos)[0]
+
+    ours = Block().cuda().to(torch.bfloat16)
+    try:
+        from flash_pytorch import FLASH as LucidFLASH
+        from rotary_embedding_torch import RotaryEmbedding
+
+        theirs = LucidFLASH(dim=d, group_size=256, query_key_dim=128, expansion_factor=2.0, causal=True,
+                            rotary_pos_emb=RotaryEmbedding(dim=32)).cuda().to(torch.bfloat16)
+    except Exception:  # noqa: BLE001
+        theirs = None
+    for T in (4096, 32768):
+        B = tokens // T
+        x = _rand(B, T, d)
+        pos = token_positions(B, T, device="cuda")
+        fwd, fb = _graph_timings(lambda x: ours(x, pos), [x])
+        log("graph:flash_layer", "lintime", T, B, dict(d=d), fwd, fb)
+        if theirs is not None:
+            fwd, fb = _graph_timings(lambda x: theirs(x), [x])
+            log("graph:flash_layer", "flash-pytorch-0.1.9", T, B, dict(d=d), fwd, fb)
+
+
 def environment() -> dict:
     import triton
 
@@ -389,6 +524,8 @@ def main(argv=None):
         case_variants(results)
     if "profile" in cases:
         case_profile(results)
+    if "graph" in cases:
+        case_graph(results)
     if "mixed" in cases:
         case_mixed_chunk(results, Ts=Tm)
     if "memory" in cases:
