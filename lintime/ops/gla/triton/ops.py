@@ -44,18 +44,24 @@ from lintime.ops.triton_common import (
 )
 
 DECODE_MAX_T = 16  # forward-only calls up to this many tokens use the recurrent kernel
-TILE = 8192  # fp32 elements of the state tile one program carries (32 KB)
+TILE = 8192  # fp32 elements of the [all K, BV] state tile of the output / dv walks (32 KB)
+TILE_K = 4096  # ... and of the [BK, all V] tile of the dq/dk/dg walk (which also loads dh_n)
 _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
 def _tiles(K: int, V: int):
     """``[all K, BV]`` tiles for the output / dv walks, ``[BK, all V]`` for the dq/dk/dg walk."""
     BKf, BVf = block(K), block(V)
-    return dict(v_walk=(BKf, min(BVf, max(16, TILE // BKf))), k_walk=(min(BKf, max(16, TILE // BVf)), BVf))
+    return dict(v_walk=(BKf, min(BVf, max(16, TILE // BKf))), k_walk=(min(BKf, max(16, TILE_K // BVf)), BVf))
+
+
+def _launch(cfg, name, num_warps, num_stages):
+    nw, st = (cfg or {}).get(name, (num_warps, num_stages))
+    return dict(num_warps=nw, num_stages=st)
 
 
 def _warps(bk: int, bv: int) -> int:
-    return 8 if bk * bv >= 8192 else 4
+    return 8 if bk * bv >= 4096 else 4
 
 
 def _n_seq(q: Tensor, cu_seqlens: Optional[Tensor]) -> int:
@@ -80,8 +86,9 @@ def _fwd_fake(q, k, v, g, h0, cu_seqlens, scale, ns):
     )
 
 
-def gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns):
-    """Forward launcher: ``o, ht, A, hs`` (final state, in-chunk scores, materialised segment
+def gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns, cfg=None):
+    """Forward launcher (``cfg``: ``{kernel: (num_warps, num_stages)}`` overrides, benchmarks only):
+    ``o, ht, A, hs`` (final state, in-chunk scores, materialised segment
     start states -- the last two kept for the backward)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -95,7 +102,7 @@ def gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns):
     if ch.NSEG > 0:
         gla_fwd_A_kernel[(ch.NSEG, H)](
             qf, kf, gf, A, scale, **ch.kernel_args(), H=H, K=K, BT=BT, BC=BC, BK=block(K), DT=DT, PREC=PREC,
-            num_warps=8 if block(K) >= 128 else 4,
+            **_launch(cfg, "A", 8 if block(K) >= 128 else 4, 1),
         )
     if seg.materialized:
         hs, _, ht, _ = segment_states(kf, vf, seg, H=H, g=gf, init=h0)
@@ -106,8 +113,8 @@ def gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns):
     if seg.NSEG > 0:
         gla_fwd_kernel[(triton.cdiv(V, BV) * seg.NSEG, H)](
             qf, kf, vf, gf, A, o, h0, hs, ht, scale, **seg.kernel_args(), H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-            HAS_H0=h0 is not None, MAT=seg.materialized, DT=DT, SDT=SDT, PREC=PREC, num_warps=_warps(BK, BV),
-            num_stages=2,
+            HAS_H0=h0 is not None, MAT=seg.materialized, DT=DT, SDT=SDT, PREC=PREC,
+            **_launch(cfg, "fwd", _warps(BK, BV), 1),
         )
     return o.view(B, T, H, V), ht, A.view(B, T, H, BT), hs
 
@@ -125,7 +132,7 @@ def _bwd_fake(q, k, v, g, A, hs, do, dht, h0, cu_seqlens, scale, ns, need_dh0):
             q.new_empty(N, H, K, V, **f32) if need_dh0 else q.new_empty(0, **f32))
 
 
-def gla_bwd(q, k, v, g, A, hs, do, dht, h0, cu_seqlens, scale, ns, need_dh0):
+def gla_bwd(q, k, v, g, A, hs, do, dht, h0, cu_seqlens, scale, ns, need_dh0, cfg=None):
     """Backward launcher: ``dq, dk, dv, dg, dh0`` (``dh0`` empty unless ``need_dh0``)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -151,12 +158,12 @@ def gla_bwd(q, k, v, g, A, hs, do, dht, h0, cu_seqlens, scale, ns, need_dh0):
         gla_bwd_dv_kernel[(triton.cdiv(V, BV) * seg.NSEG, H)](
             qf, kf, gf, Af, dof, dv, dht, dh0, ds, dhs, scale, **seg.kernel_args(), BK=BK, BV=BV,
             HAS_DHT=dht is not None, STORE_DH0=need_dh0 and not seg.materialized, **common,
-            num_warps=_warps(BK, BV), num_stages=2,
+            **_launch(cfg, "dv", _warps(BK, BV), 1),
         )
-        BK, BV = tiles["k_walk"]
+        BK, BV = (cfg or {}).get("dqkg_tile", tiles["k_walk"])
         gla_bwd_dqkg_kernel[(triton.cdiv(K, BK) * seg.NSEG, H)](
             qf, kf, vf, gf, dof, dq, dk, dg, h0, hs, dhs, scale, **seg.kernel_args(), BC=BC, BK=BK, BV=BV,
-            HAS_H0=h0 is not None, **common, num_warps=_warps(BK, BV), num_stages=1,
+            HAS_H0=h0 is not None, **common, **_launch(cfg, "dqkg", _warps(BK, BV), 1),
         )
     if not need_dh0:
         dh0 = empty_f32(q)

@@ -58,6 +58,11 @@ def _tiles(K: int, V: int):
     )
 
 
+def _launch(cfg, name, num_warps, num_stages):
+    nw, st = (cfg or {}).get(name, (num_warps, num_stages))
+    return dict(num_warps=nw, num_stages=st)
+
+
 def _n_seq(q: Tensor, cu_seqlens: Optional[Tensor]) -> int:
     return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
 
@@ -83,8 +88,8 @@ def _fwd_fake(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns):
     )
 
 
-def linear_fwd(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns):
-    """Forward launcher.  Returns ``o, ht, zt, den, hs, zs`` (empty tensors for absent parts):
+def linear_fwd(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns, cfg=None):
+    """Forward launcher (``cfg``: ``{kernel: (num_warps, num_stages)}`` overrides, benchmarks only).  Returns ``o, ht, zt, den, hs, zs`` (empty tensors for absent parts):
     final states (non-causal: the sequence totals), the normaliser and the materialised segment
     start states (kept for the backward)."""
     B, T, H, K = q.shape
@@ -108,7 +113,7 @@ def linear_fwd(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns):
         linear_fwd_kernel[(triton.cdiv(V, BV) * seg.NSEG, H)](
             qf, kf, vf, o, den, h0, z0, hs, zs, ht, zt, scale, **seg.kernel_args(),
             H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, CAUSAL=causal, NORM=normalize, HAS_H0=h0 is not None,
-            MAT=seg.materialized, SDT=SDT, PREC=PREC, num_warps=4, num_stages=2,
+            MAT=seg.materialized, SDT=SDT, PREC=PREC, **_launch(cfg, "fwd", 4, 2),
         )
     if not normalize:
         zt = empty_f32(q)
@@ -135,7 +140,7 @@ def _bwd_fake(q, k, v, o, den, ht, zt, hs, zs, do, dht, dzt, h0, z0, cu_seqlens,
 
 
 def linear_bwd(q, k, v, o, den, ht, zt, hs, zs, do, dht, dzt, h0, z0, cu_seqlens, scale, causal, normalize, ns,
-               need_dh0):
+               need_dh0, cfg=None):
     """Backward launcher: ``dq, dk, dv, dh0, dz0`` (the last two empty unless ``need_dh0``)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -169,7 +174,7 @@ def linear_bwd(q, k, v, o, den, ht, zt, hs, zs, do, dht, dzt, h0, z0, cu_seqlens
         BK, BV = tiles["dq"]
         linear_bwd_dq_kernel[(triton.cdiv(K, BK) * seg.NSEG, H)](
             kf, vf, dof, den_f, dd, dq, h0, z0, hs, zs, ht, zt, scale, **la, BK=BK, BV=BV,
-            HAS_H0=h0 is not None, **common, num_warps=4, num_stages=2,
+            HAS_H0=h0 is not None, **common, **_launch(cfg, "dq", 4, 2),
         )
         store_dh0 = causal and not seg.materialized and need_dh0
         launches = [("fused", True, True)] if tiles["fuse"] else [("dk", True, False), ("dv", False, True)]
@@ -179,7 +184,7 @@ def linear_bwd(q, k, v, o, den, ht, zt, hs, zs, do, dht, dzt, h0, z0, cu_seqlens
             linear_bwd_dkdv_kernel[(nblk * seg.NSEG, H)](
                 qf, kf, vf, dof, den_f, dd, dk, dv, dht, dzt, dh0, dz0, ds, dzs, scale, **la, BK=BK, BV=BV,
                 HAS_DHT=dht is not None, DO_DK=do_dk, DO_DV=do_dv, STORE_DH0=store_dh0, **common,
-                num_warps=4, num_stages=2,
+                **_launch(cfg, "dkdv", 4, 2),
             )
     if not need_dh0:
         dh0, dz0 = empty_f32(q), empty_f32(q)
