@@ -2,12 +2,13 @@
 # FLASH kernels on a GPU machine: install the anchor wheels, run the CUDA tests of the mixed
 # chunk / GAU Triton kernels (real-size correctness), then the benchmark cases.  Logs and JSON
 # go to $OUT (default ./gpu_flash_out).  Usage: benchmarks/gpu_flash.sh [tests|quicktests] [variants]
-# [bench] [graph] (default: tests variants bench graph).  `bench` times eager calls (launch
-# overhead included) plus a per-kernel profile; `graph` times CUDA-graph replays (device time).
+# [bench] [graph] (default: tests variants bench).  `bench` runs the default cases of
+# lintime/bench/cases_flash.py through `lintime bench ops` (eager calls, launch overhead included,
+# plus a per-kernel profile); `graph` times CUDA-graph replays (device time; not yet verified).
 set -uo pipefail
 OUT=${OUT:-./gpu_flash_out}
 mkdir -p "$OUT"
-STEPS=${*:-tests variants bench graph}
+STEPS=${*:-tests variants bench}
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -28,12 +29,12 @@ if [[ " $STEPS " == *" quicktests "* ]]; then
     tests/ops/test_gau_triton.py tests/ops/test_mixed_chunk_triton.py 2>&1 | tee "$OUT/quicktests.log" || rc=1
 fi
 if [[ " $STEPS " == *" variants "* ]]; then
-  python3 -m lintime.bench.cases_flash --cases variants --out "$OUT/variants.json" 2>&1 | tee "$OUT/variants.log" || rc=1
+  python3 -m lintime bench ops --cases flash.variants --out "$OUT/variants" 2>&1 | tee "$OUT/variants.log" || rc=1
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
-  python3 -m lintime.bench.cases_flash --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" || rc=1
+  python3 -m lintime bench ops --cases flash --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" || rc=1
 fi
 if [[ " $STEPS " == *" graph "* ]]; then
-  python3 -m lintime.bench.cases_flash --cases graph --out "$OUT/graph.json" 2>&1 | tee "$OUT/graph.log" || rc=1
+  python3 -m lintime bench ops --cases flash.graph --out "$OUT/graph" 2>&1 | tee "$OUT/graph.log" || rc=1
 fi
 exit $rc

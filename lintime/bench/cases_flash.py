@@ -1,78 +1,42 @@
-"""Benchmark cases of the FLASH ops: mixed chunk attention, GAU attention and a whole FLASH layer,
-with the anchors measured in the same run (PyTorch SDPA, fla 0.6.0 ``chunk_linear_attn``,
-lucidrains ``flash-pytorch`` 0.1.9 ``FLASH``).
+"""Bench cases of the FLASH ops: mixed chunk attention, GAU attention and a whole FLASH layer,
+with the anchors measured in the same run -- PyTorch SDPA (causal, ``H = 16, D = 64``), fla 0.6.0
+``chunk_linear_attn`` at FLASH's linear shape (``H = 1, K = 128, V = 2048``) and lucidrains'
+``flash-pytorch`` 0.1.9 ``FLASH`` layer -- when installed.
 
-Every timing is the median of ``triton.testing.do_bench`` (CUDA events, warm-up first) on bf16
-inputs drawn fresh from N(0, 1); ``fwd`` times the forward, ``fwdbwd`` the forward plus the
-gradients of every input.  Shapes keep ``tokens = B * T`` fixed (32k by default).  Peak memory is
-``torch.cuda.max_memory_allocated`` over one forward + backward, minus what was allocated before.
+bf16 inputs drawn from N(0, 1) (queries / keys scaled by 0.5), 32k tokens per batch
+(``B = max(1, 32768 // T)``).  Mixed chunk: ``H = 1, S = 128, E = 2048, C = 256``, causal, with the
+Toeplitz bias; GAU: ``H = 1, S = 128, E = 2048``, causal, bias ``[1, 2T - 1]``.  Times are the
+medians of :mod:`lintime.bench.measure` (eager calls: the host's launch overhead is included);
+``profile`` adds the per-kernel device time of one forward + backward (torch.profiler) and
+``graph`` (not run by default) the replay time of CUDA graphs.  ``flops_fwdbwd`` counts the useful
+work of the algorithm (no recomputation): see :func:`mixed_chunk_flops`.
 
-Run ``python -m lintime.bench.cases_flash --out results.json`` (CUDA only).
+Run: ``lintime bench ops --cases flash --out DIR`` (CUDA only; ``benchmarks/gpu_flash.sh``).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import platform
-import time
-from dataclasses import dataclass, field
 
 import torch
+
+from lintime.bench import Result
+from lintime.bench.measure import fwd_fwdbwd_ms, median_ms
 
 TOKENS = 32 * 1024
 T_MIXED = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 T_GAU = (1024, 2048, 4096, 8192, 16384)
+QUICK_TS = (2048, 8192, 32768)
 MEM_T = (8192, 32768, 131072)
+DEFAULT_CASES = ("mixed_chunk", "mixed_chunk_memory", "gau", "fla_linear", "flash_layer", "profile")
 
 
-@dataclass
-class Result:
-    case: str
-    impl: str
-    T: int
-    B: int
-    shape: dict
-    fwd_ms: float | None = None
-    fwdbwd_ms: float | None = None
-    peak_mib: float | None = None
-    flops_fwdbwd: float | None = None
-    extra: dict = field(default_factory=dict)
-
-
-def _median_ms(fn, warmup=25, rep=100) -> float:
-    """Median of ``do_bench`` after two explicit calls (compilation and autotuning stay out of
-    its run-count estimate)."""
-    import triton
-
-    fn()
-    fn()
-    torch.cuda.synchronize()
-    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
-
-
-def _timings(f, inputs, *, grad_out_like=None):
-    """Median forward and forward + backward times of ``f(*inputs)`` (first output)."""
-
-    def fwd():
-        with torch.no_grad():
-            f(*inputs)
-
-    out = f(*inputs)
-    out = out[0] if isinstance(out, tuple) else out
-    do = torch.randn_like(out)
-    leaves = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
-
-    def fwdbwd():
-        o = f(*inputs)
-        o = o[0] if isinstance(o, tuple) else o
-        torch.autograd.grad(o, leaves, do)
-
-    return _median_ms(fwd), _median_ms(fwdbwd)
+def _timings(f, inputs):
+    return fwd_fwdbwd_ms(f, inputs)
 
 
 def _peak_mib(f, inputs) -> float:
+    """Peak memory of one forward + backward above what was allocated before it."""
     leaves = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
@@ -86,14 +50,6 @@ def _peak_mib(f, inputs) -> float:
 
 def _rand(*shape, scale=1.0):
     return (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * scale).requires_grad_()
-
-
-def matmul_peak_tflops() -> float:
-    """Measured bf16 matmul rate (8192^3, random data): the ceiling for the 'fraction' column."""
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    ms = _median_ms(lambda: a @ b, warmup=20, rep=100)
-    return 2 * 8192**3 / ms / 1e9
 
 
 def mixed_chunk_flops(T, B, S, E, C, causal=True) -> float:
@@ -119,11 +75,12 @@ def sdpa_flops(T, B, H, D, causal=True) -> float:
 # ------------------------------------------------------------------------------------ cases
 
 
-def case_mixed_chunk(results, Ts=T_MIXED, S=128, E=2048, C=256, tokens=TOKENS, impls=("triton", "chunk"),
-                     blocks=None, tag="mixed_chunk"):
+def case_mixed_chunk(results, quick=False, Ts=T_MIXED, S=128, E=2048, C=256, tokens=TOKENS,
+                     impls=("triton", "chunk"), blocks=None, tag="mixed_chunk"):
+    """Triton kernels and the chunked PyTorch form, fwd and fwd + bwd, T from 1k to 64k."""
     from lintime.ops import mixed_chunk_attention
 
-    for T in Ts:
+    for T in QUICK_TS if quick else Ts:
         B = max(1, tokens // T)
         xs = [_rand(B, T, 1, S, scale=0.5) for _ in range(4)] + [_rand(B, T, 1, E)]
         rb = _rand(1, 2 * C - 1, scale=0.1)
@@ -143,13 +100,14 @@ def case_mixed_chunk(results, Ts=T_MIXED, S=128, E=2048, C=256, tokens=TOKENS, i
             except torch.OutOfMemoryError:
                 fwd = fb = None
             torch.cuda.empty_cache()
-            results.append(Result(tag, impl, T, B, dict(H=1, S=S, E=E, C=C, causal=True), fwd, fb,
+            results.append(Result(tag, impl, T, B, {"H": 1, "S": S, "E": E, "C": C, "causal": True}, fwd, fb,
                                   flops_fwdbwd=mixed_chunk_flops(T, B, S, E, C),
                                   extra={} if blocks is None else {"blocks": blocks.to_list()}))
             print(f"{tag:14s} {impl:8s} T={T:6d} B={B:3d}  fwd {fwd}  fwd+bwd {fb}", flush=True)
 
 
-def case_mixed_chunk_memory(results, Ts=MEM_T, S=128, E=2048, C=256):
+def case_mixed_chunk_memory(results, quick=False, Ts=MEM_T, S=128, E=2048, C=256):
+    """Peak memory of one forward + backward at T = 8k, 32k, 128k (one sequence)."""
     from lintime.ops import mixed_chunk_attention
 
     for T in Ts:
@@ -162,19 +120,20 @@ def case_mixed_chunk_memory(results, Ts=MEM_T, S=128, E=2048, C=256):
         f(*xs, rb)
         inputs_mib = sum(x.numel() * x.element_size() for x in xs) / 2**20
         peak = _peak_mib(f, xs + [rb])
-        results.append(Result("mixed_chunk_memory", "triton", T, 1, dict(H=1, S=S, E=E, C=C), peak_mib=peak,
+        results.append(Result("mixed_chunk_memory", "triton", T, 1, {"H": 1, "S": S, "E": E, "C": C}, peak_mib=peak,
                               extra={"inputs_mib": inputs_mib, "peak_per_token_kib": peak * 1024 / T}))
         print(f"mixed_chunk memory T={T}: peak {peak:.1f} MiB over inputs {inputs_mib:.1f} MiB", flush=True)
         del xs
         torch.cuda.empty_cache()
 
 
-def case_gau(results, Ts=T_GAU, S=128, E=2048, tokens=TOKENS, impls=("triton",), blocks=None, tag="gau",
-             anchor=True):
+def case_gau(results, quick=False, Ts=T_GAU, S=128, E=2048, tokens=TOKENS, impls=("triton",), blocks=None,
+             tag="gau", anchor=True):
+    """GAU attention against SDPA (causal, H = 16, D = 64) at the same tokens."""
     from lintime.ops import gau_attention
     from lintime.ops.gau.triton import triton_gau_attention
 
-    for T in Ts:
+    for T in (2048, 8192) if quick else Ts:
         B = max(1, tokens // T)
         q, k = _rand(B, T, 1, S, scale=0.5), _rand(B, T, 1, S, scale=0.5)
         v = _rand(B, T, 1, E)
@@ -186,7 +145,7 @@ def case_gau(results, Ts=T_GAU, S=128, E=2048, tokens=TOKENS, impls=("triton",),
                 return gau_attention(q, k, v, rel_bias=rb, scale=1.0 / 128, backend=_impl)
 
             fwd, fb = _timings(f, [q, k, v, rb])
-            results.append(Result(tag, impl, T, B, dict(H=1, S=S, E=E, causal=True), fwd, fb,
+            results.append(Result(tag, impl, T, B, {"H": 1, "S": S, "E": E, "causal": True}, fwd, fb,
                                   flops_fwdbwd=gau_flops(T, B, S, E),
                                   extra={} if blocks is None else {"blocks": blocks.to_list()}))
             print(f"{tag:14s} {impl:8s} T={T:6d} B={B:3d}  fwd {fwd:.3f}  fwd+bwd {fb:.3f}", flush=True)
@@ -200,14 +159,15 @@ def case_gau(results, Ts=T_GAU, S=128, E=2048, tokens=TOKENS, impls=("triton",),
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
         fwd, fb = _timings(sdpa, [qs, ks, vs])
-        results.append(Result("gau", "sdpa_h16_d64", T, B, dict(H=16, D=64, causal=True), fwd, fb,
+        results.append(Result("gau", "sdpa_h16_d64", T, B, {"H": 16, "D": 64, "causal": True}, fwd, fb,
                               flops_fwdbwd=sdpa_flops(T, B, 16, 64)))
         print(f"gau            sdpa     T={T:6d} B={B:3d}  fwd {fwd:.3f}  fwd+bwd {fb:.3f}", flush=True)
         del qs, ks, vs
         torch.cuda.empty_cache()
 
 
-def case_fla_linear(results, Ts=T_MIXED, K=128, V=2048, tokens=TOKENS):
+def case_fla_linear(results, quick=False, Ts=T_MIXED, K=128, V=2048, tokens=TOKENS):
+    """Anchor: fla's chunk_linear_attn (unnormalised) at FLASH's linear shape."""
     try:
         from fla.ops.linear_attn import chunk_linear_attn
     except Exception as e:  # noqa: BLE001 - the anchor is optional
@@ -215,7 +175,7 @@ def case_fla_linear(results, Ts=T_MIXED, K=128, V=2048, tokens=TOKENS):
         return
     import fla
 
-    for T in Ts:
+    for T in QUICK_TS if quick else Ts:
         B = max(1, tokens // T)
         q, k = _rand(B, T, 1, K, scale=0.5), _rand(B, T, 1, K, scale=0.5)
         v = _rand(B, T, 1, V)
@@ -224,16 +184,16 @@ def case_fla_linear(results, Ts=T_MIXED, K=128, V=2048, tokens=TOKENS):
             return chunk_linear_attn(q, k, v, normalize=False)[0]
 
         fwd, fb = _timings(f, [q, k, v])
-        results.append(Result("fla_chunk_linear_attn", f"fla-{fla.__version__}", T, B, dict(H=1, K=K, V=V), fwd, fb))
+        results.append(Result("fla_chunk_linear_attn", f"fla-{fla.__version__}", T, B, {"H": 1, "K": K, "V": V}, fwd, fb))
         print(f"fla linear     T={T:6d} B={B:3d}  fwd {fwd:.3f}  fwd+bwd {fb:.3f}", flush=True)
         del q, k, v
         torch.cuda.empty_cache()
 
 
-def case_flash_layer(results, Ts=(1024, 4096, 8192, 32768), d=1024, tokens=TOKENS):
+def case_flash_layer(results, quick=False, Ts=(1024, 4096, 8192, 32768), d=1024, tokens=TOKENS):
     """A whole FLASH layer (pre-norm, projections, RoPE, four scale/offset heads, mixed chunk
     attention with the Toeplitz bias, gate, output projection, residual) vs lucidrains'."""
-    import torch.nn as nn
+    from torch import nn
 
     from lintime.layers.flash import FLASH
     from lintime.layers.positional import token_positions
@@ -257,25 +217,25 @@ def case_flash_layer(results, Ts=(1024, 4096, 8192, 32768), d=1024, tokens=TOKEN
                             rotary_pos_emb=RotaryEmbedding(dim=32)).cuda().to(torch.bfloat16)
     except Exception as e:  # noqa: BLE001 - the anchor is optional
         print(f"flash-pytorch not available: {e!r}")
-    for T in Ts:
+    for T in (4096,) if quick else Ts:
         B = max(1, tokens // T)
         x = _rand(B, T, d)
         pos = token_positions(B, T, device="cuda")
-        fwd, fb = _timings(lambda x: ours(x, pos), [x])
-        results.append(Result("flash_layer", "lintime", T, B, dict(d=d, e=2 * d, s=128, C=256), fwd, fb))
+        fwd, fb = _timings(lambda x, _pos=pos: ours(x, _pos), [x])
+        results.append(Result("flash_layer", "lintime", T, B, {"d": d, "e": 2 * d, "s": 128, "C": 256}, fwd, fb))
         print(f"FLASH layer    lintime  T={T:6d} B={B:3d}  fwd {fwd:.3f}  fwd+bwd {fb:.3f}", flush=True)
         if theirs is not None:
             try:
                 fwd, fb = _timings(lambda x: theirs(x), [x])
             except torch.OutOfMemoryError:
                 fwd = fb = None
-            results.append(Result("flash_layer", "flash-pytorch-0.1.9", T, B, dict(d=d, group=256), fwd, fb))
+            results.append(Result("flash_layer", "flash-pytorch-0.1.9", T, B, {"d": d, "group": 256}, fwd, fb))
             print(f"FLASH layer    lucid    T={T:6d} B={B:3d}  fwd {fwd}  fwd+bwd {fb}", flush=True)
         del x
         torch.cuda.empty_cache()
 
 
-def case_variants(results, Ts=(2048, 32768)):
+def case_variants(results, quick=False, Ts=(2048, 32768)):
     """The materialisation / block-size choices, timed side by side (docs/notes/kernels_flash.md)."""
     from lintime.ops.gau.triton.plan import default_blocks
 
@@ -310,7 +270,7 @@ def case_variants(results, Ts=(2048, 32768)):
             results.append(Result(f"gau variant:{name}", "triton", 0, 0, {}, extra={"error": repr(e)[:500]}))
 
 
-def case_profile(results, T=32768, S=128, E=2048, C=256, tokens=TOKENS):
+def case_profile(results, quick=False, T=32768, S=128, E=2048, C=256, tokens=TOKENS):
     """Per-kernel device time of one mixed chunk forward + backward (torch.profiler), to see what
     bounds the total; also the same for GAU at T = 4096."""
     from torch.profiler import ProfilerActivity, profile
@@ -363,24 +323,28 @@ def case_profile(results, T=32768, S=128, E=2048, C=256, tokens=TOKENS):
 
 def _graph_ms(fn) -> float:
     """Median replay time of ``fn`` captured in a CUDA graph: the device time of the sequence,
-    without the host's launch overhead (METHOD.md: many small launches)."""
+    without the host's launch overhead (METHOD.md: many small launches).  Warm-up and capture
+    run on one side stream."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(side):
         for _ in range(3):
             fn()
+        side.synchronize()
+        with torch.cuda.graph(graph, stream=side):
+            fn()
     torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return _median_ms(graph.replay)
+    return median_ms(graph.replay)
 
 
 def _graph_timings(f, inputs):
     leaves = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
-    out = f(*inputs)
-    out = out[0] if isinstance(out, tuple) else out
-    do = torch.randn_like(out)
+    with torch.no_grad():  # no autograd graph may outlive this call (its nodes would pin the default stream)
+        out = f(*inputs)
+        out = out[0] if isinstance(out, tuple) else out
+        do = torch.randn_like(out)
+        del out
 
     def fwd():
         with torch.no_grad():
@@ -391,23 +355,20 @@ def _graph_timings(f, inputs):
         o = o[0] if isinstance(o, tuple) else o
         torch.autograd.grad(o, leaves, do)
 
-    res = []
-    for fn in (fwd, fwdbwd):
-        try:
-            res.append(_graph_ms(fn))
-        except Exception as e:  # noqa: BLE001 - report, keep going
-            print(f"   graph capture failed: {e!r}"[:300], flush=True)
-            res.append(None)
-    return res
+    # a failed capture leaves the CUDA context unusable: let it end the case
+    return [_graph_ms(fwd), _graph_ms(fwdbwd)]
 
 
-def case_graph(results, tokens=TOKENS, S=128, E=2048, C=256):
-    """Device-bound timings (CUDA-graph replay) of the main cases and the variants."""
-    import torch.nn as nn
+def case_graph(results, quick=False, tokens=TOKENS, S=128, E=2048, C=256):
+    """Device-bound timings (CUDA-graph replay) of the main cases and the variants.  Not run by
+    default: on 2026-11-22 (H100, torch 2.11) its first version captured the forward (T = 1024:
+    0.513 ms) but not the backward; this version (side-stream capture, no autograd graph kept
+    alive) has not run on a GPU yet."""
+    from torch import nn
 
     from lintime.layers.flash import FLASH
     from lintime.layers.positional import token_positions
-    from lintime.ops import gau_attention, mixed_chunk_attention
+    from lintime.ops import gau_attention
     from lintime.ops.gau.triton.plan import default_blocks
     from lintime.ops.mixed_chunk.triton import triton_mixed_chunk_attention
 
@@ -436,7 +397,7 @@ def case_graph(results, tokens=TOKENS, S=128, E=2048, C=256):
                 return triton_mixed_chunk_attention(*a[:5], rel_bias=a[5], chunk_size=C, blocks=_b)[0]
 
             fwd, fb = _graph_timings(f, xs + [rb])
-            log("graph:mixed_chunk", name, T, B, dict(H=1, S=S, E=E, C=C), fwd, fb,
+            log("graph:mixed_chunk", name, T, B, {"H": 1, "S": S, "E": E, "C": C}, fwd, fb,
                 mixed_chunk_flops(T, B, S, E, C), {"blocks": blocks.to_list()})
         del xs
         torch.cuda.empty_cache()
@@ -446,12 +407,12 @@ def case_graph(results, tokens=TOKENS, S=128, E=2048, C=256):
         v = _rand(B, T, 1, E)
         rbg = _rand(1, 2 * T - 1, scale=0.1)
         fwd, fb = _graph_timings(lambda q, k, v, b: gau_attention(q, k, v, rel_bias=b, scale=1 / 128), [q, k, v, rbg])
-        log("graph:gau", "triton", T, B, dict(H=1, S=S, E=E), fwd, fb, gau_flops(T, B, S, E))
+        log("graph:gau", "triton", T, B, {"H": 1, "S": S, "E": E}, fwd, fb, gau_flops(T, B, S, E))
         del q, k, v
         qs, ks, vs = (_rand(B, 16, T, 64) for _ in range(3))
         fwd, fb = _graph_timings(
             lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), [qs, ks, vs])
-        log("graph:gau", "sdpa_h16_d64", T, B, dict(H=16, D=64), fwd, fb, sdpa_flops(T, B, 16, 64))
+        log("graph:gau", "sdpa_h16_d64", T, B, {"H": 16, "D": 64}, fwd, fb, sdpa_flops(T, B, 16, 64))
         del qs, ks, vs
         torch.cuda.empty_cache()
     try:
@@ -462,7 +423,7 @@ def case_graph(results, tokens=TOKENS, S=128, E=2048, C=256):
             q, k = _rand(B, T, 1, 128, scale=0.5), _rand(B, T, 1, 128, scale=0.5)
             v = _rand(B, T, 1, 2048)
             fwd, fb = _graph_timings(lambda q, k, v: chunk_linear_attn(q, k, v, normalize=False)[0], [q, k, v])
-            log("graph:fla_linear", "fla-0.6.0", T, B, dict(H=1, K=128, V=2048), fwd, fb)
+            log("graph:fla_linear", "fla-0.6.0", T, B, {"H": 1, "K": 128, "V": 2048}, fwd, fb)
     except Exception as e:  # noqa: BLE001
         print(f"fla graph timing skipped: {e!r}"[:300])
     d = 1024
@@ -489,65 +450,8 @@ def case_graph(results, tokens=TOKENS, S=128, E=2048, C=256):
         B = tokens // T
         x = _rand(B, T, d)
         pos = token_positions(B, T, device="cuda")
-        fwd, fb = _graph_timings(lambda x: ours(x, pos), [x])
-        log("graph:flash_layer", "lintime", T, B, dict(d=d), fwd, fb)
+        fwd, fb = _graph_timings(lambda x, _pos=pos: ours(x, _pos), [x])
+        log("graph:flash_layer", "lintime", T, B, {"d": d}, fwd, fb)
         if theirs is not None:
             fwd, fb = _graph_timings(lambda x: theirs(x), [x])
-            log("graph:flash_layer", "flash-pytorch-0.1.9", T, B, dict(d=d), fwd, fb)
-
-
-def environment() -> dict:
-    import triton
-
-    props = torch.cuda.get_device_properties(0)
-    return {
-        "device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
-        "triton": triton.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-    }
-
-
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="bench_flash.json")
-    p.add_argument("--cases", default="profile,mixed,memory,gau,fla,layer")
-    p.add_argument("--quick", action="store_true", help="fewer lengths")
-    args = p.parse_args(argv)
-    torch.manual_seed(0)
-    env = environment()
-    env["matmul_bf16_tflops"] = matmul_peak_tflops()
-    print(env, flush=True)
-    results: list[Result] = []
-    cases = args.cases.split(",")
-    Tm = (2048, 32768) if args.quick else T_MIXED
-    if "variants" in cases:
-        case_variants(results)
-    if "profile" in cases:
-        case_profile(results)
-    if "graph" in cases:
-        case_graph(results)
-    if "mixed" in cases:
-        case_mixed_chunk(results, Ts=Tm)
-    if "memory" in cases:
-        case_mixed_chunk_memory(results)
-    if "gau" in cases:
-        case_gau(results, Ts=(2048, 8192) if args.quick else T_GAU)
-    if "fla" in cases:
-        case_fla_linear(results, Ts=Tm)
-    if "layer" in cases:
-        case_flash_layer(results, Ts=(4096,) if args.quick else (1024, 4096, 8192, 32768))
-    rows = []
-    for r in results:
-        row = dict(r.__dict__)
-        if r.flops_fwdbwd and r.fwdbwd_ms:
-            row["tflops_fwdbwd"] = r.flops_fwdbwd / r.fwdbwd_ms / 1e9
-            row["fraction_of_matmul_peak"] = row["tflops_fwdbwd"] / env["matmul_bf16_tflops"]
-        rows.append(row)
-    with open(args.out, "w") as f:
-        json.dump({"env": env, "results": rows}, f, indent=1)
-    print(f"wrote {args.out}")
-    return rows
-
-
-if __name__ == "__main__":
-    main()
+            log("graph:flash_layer", "flash-pytorch-0.1.9", T, B, {"d": d}, fwd, fb)

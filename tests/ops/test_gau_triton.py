@@ -3,23 +3,16 @@ gradients of q, k, v and rel_bias) -- on the CPU through the Triton interpreter 
 (fp32 exact, fp16 by the half-precision rule), on CUDA at real sizes (bf16 / fp16 by the
 half-precision rule, fp32 exact).
 
-Under the interpreter the kernels use 16-wide blocks
+Without CUDA, tests/ops/conftest.py sets ``TRITON_INTERPRET=1``.  Under the interpreter the kernels use 16-wide blocks
 (:func:`lintime.ops.gau.triton.plan.default_blocks`), so small shapes cross several query/key
 tiles, ``S`` tiles and ``E`` tiles, with partial tiles.
 """
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    # Triton picks interpreter vs compiler when a kernel module is imported; tests/ops/conftest.py
-    # sets this too -- repeated here so this file also runs on its own
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from lintime.ops import gau_attention  # noqa: E402
-from lintime.testing import assert_exact, assert_half_rule  # noqa: E402
+from lintime.ops import gau_attention
+from lintime.testing import assert_exact, assert_half_rule
 
 triton = pytest.importorskip("triton")
 
@@ -59,6 +52,8 @@ cpu_only = pytest.mark.skipif(CUDA, reason="interpreter tests: the CUDA tests be
         (False, True, 37, 1, 12, 40),  # one S tile (register dq path), three E tiles
         (True, False, 1, 1, 4, 4),
         (False, False, 33, 1, 8, 16),
+        (True, True, 63, 1, 60, 12),
+        (True, True, 257, 1, 8, 20),  # 17 query / key tiles
     ],
 )
 def test_matches_naive_fp32(causal, bias, T, H, S, E):
@@ -127,6 +122,19 @@ def test_torch_compile_traces_the_custom_ops():
     g2 = torch.autograd.grad(f(*leaves2), leaves2, do)
     for a, c in zip(g2, g1):
         assert_exact("compiled grad", a, c)
+
+
+@cpu_only
+def test_opcheck():
+    """``torch.library.opcheck``: schema, fake tensors, autograd registration and AOT tracing of
+    ``lintime::gau_fwd`` (packed, with a bias)."""
+    from lintime.ops.gau.triton.gau import gau_fwd
+    from lintime.ops.gau.triton.plan import default_blocks
+
+    q, k, v, b, _ = _inputs(1, 20, 1, 8, 12, torch.float32, seed=7)
+    q, k, v, b = (x.requires_grad_() for x in (q, k, v, b))
+    cu = torch.tensor([0, 9, 20], dtype=torch.int32)
+    torch.library.opcheck(gau_fwd, (q, k, v, b, cu, 0.3, True, default_blocks(8, 12, torch.float32).to_list()))
 
 
 # ------------------------------------------------------------------------ CUDA, real sizes

@@ -3,25 +3,18 @@ final state and every gradient, incl. rel_bias and the initial state) -- on the 
 Triton interpreter at small sizes (fp32 exact, fp16 by the half-precision rule), on CUDA at real
 sizes (bf16 / fp16 by the half-precision rule, fp32 exact).
 
-Under the interpreter the kernels use 16-wide blocks and 2-chunk segments
+Without CUDA, tests/ops/conftest.py sets ``TRITON_INTERPRET=1``.  Under the interpreter the kernels use 16-wide blocks and 2-chunk segments
 (:func:`lintime.ops.gau.triton.plan.default_blocks`), so these small shapes still cross several
 query/key tiles per chunk, several ``S`` and ``E`` tiles, several segments per sequence, and
 partial tiles everywhere.
 """
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    # Triton picks interpreter vs compiler when a kernel module is imported; tests/ops/conftest.py
-    # sets this too -- repeated here so this file also runs on its own
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from lintime.ops import MixedChunkState, mixed_chunk_attention  # noqa: E402
-from lintime.ops.gau.triton.plan import Blocks, default_blocks  # noqa: E402
-from lintime.testing import assert_close, assert_exact, assert_half_rule  # noqa: E402
+from lintime.ops import MixedChunkState, mixed_chunk_attention
+from lintime.ops.gau.triton.plan import Blocks, default_blocks
+from lintime.testing import assert_close, assert_exact, assert_half_rule
 
 triton = pytest.importorskip("triton")
 
@@ -130,6 +123,8 @@ cpu_only = pytest.mark.skipif(CUDA, reason="interpreter tests: the CUDA tests be
         ("causal", "tokens", 37, 2, 20, 12, 16),  # two S tiles, partial tiles and chunks
         ("causal+state", "chunk", 45, 1, 12, 40, 16),  # one S tile, three E tiles, mid-chunk state
         ("causal+state", "tokens", 257, 1, 8, 8, 32),  # 9 chunks: several segments per sequence
+        ("causal+state", "none", 63, 2, 60, 20, 16),  # S = 60: four S tiles, T = 63
+        ("noncausal", "chunk", 63, 1, 60, 12, 32),
         ("noncausal", "tokens", 37, 1, 20, 12, 16),
         ("noncausal", "none", 1, 1, 4, 4, 16),
         ("causal", "none", 1, 1, 4, 4, 16),
@@ -253,6 +248,27 @@ def test_torch_compile_traces_the_custom_ops():
 
 
 @cpu_only
+@pytest.mark.parametrize("causal", [True, False])
+def test_opcheck(causal):
+    """``torch.library.opcheck``: schema, fake tensors, autograd registration and AOT tracing of
+    ``lintime::mixed_chunk_fwd`` (causal: with an initial kv and count; non-causal: packed)."""
+    from lintime.ops.mixed_chunk.triton.mixed_chunk import mixed_chunk_fwd
+
+    C, S, E = 8, 8, 12
+    xs, rb = _inputs(1, 20, 1, S, E, C, torch.float32, seed=6)
+    xs = [x.requires_grad_() for x in xs]
+    rb.requires_grad_()
+    blocks = default_blocks(S, E, torch.float32, C).to_list()
+    if causal:
+        kv0 = torch.randn(1, 1, S, E, requires_grad=True)
+        args = (*xs, rb, kv0, torch.tensor([8]), None, C, True, 1 / C, "tokens", blocks)
+    else:
+        cu = torch.tensor([0, 7, 20], dtype=torch.int32)
+        args = (*xs, rb, None, None, cu, C, False, 1 / C, "chunk", blocks)
+    torch.library.opcheck(mixed_chunk_fwd, args)
+
+
+@cpu_only
 def test_fp64_and_empty_calls_fall_back_to_chunk():
     xs, rb = _inputs(1, 10, 1, 4, 4, 4, torch.float64)
     o, _ = mixed_chunk_attention(*xs, chunk_size=4, rel_bias=rb, backend="triton")
@@ -309,7 +325,7 @@ def test_cuda_long_sequence_segments():
     """T = 32768 in one sequence (the state pass is cut into segments across the SMs) vs the
     chunked PyTorch form in fp64, bf16 by the half-precision rule."""
     C, H, S, E, T = 256, 1, 128, 2048, 32768
-    xs64, rb64 = _inputs(1, T, H, S, E, C, torch.float64, device="cuda", seed=9)
+    xs64, _ = _inputs(1, T, H, S, E, C, torch.float64, device="cuda", seed=9)
     kw = {"chunk_size": C, "rel_bias": None, "output_final_state": True}
     with torch.no_grad():
         ref, s_ref = mixed_chunk_attention(*xs64, backend="chunk", **kw)

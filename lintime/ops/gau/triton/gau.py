@@ -19,8 +19,19 @@ import functools
 import torch
 import triton
 
-from lintime.ops.gau.triton.kernels import relu2_bwd_dqk_kernel, relu2_bwd_dv_kernel, relu2_fwd_kernel
-from lintime.ops.gau.triton.plan import Blocks, default_blocks, fold_bias_grad, sequence_bounds, tiles_of, to_device
+from lintime.ops.gau.triton.kernels import (
+    relu2_bwd_dqk_kernel,
+    relu2_bwd_dv_kernel,
+    relu2_fwd_kernel,
+)
+from lintime.ops.gau.triton.plan import (
+    Blocks,
+    default_blocks,
+    fold_bias_grad,
+    sequence_bounds,
+    tiles_of,
+    to_device,
+)
 from lintime.ops.triton_common import check_device, custom_op, dot_config
 
 
@@ -106,8 +117,8 @@ def gau_bwd(
     ntd = 2 * triton.cdiv(max(longest, 1), cfg.bm) - 1
     db_tiles = torch.zeros((H, ntd, cfg.bm, cfg.bm) if need_db else (1,), dtype=torch.float32, device=q.device)
     if NT > 0:
-        common = dict(CAUSAL=causal, HAS_BIAS=bias is not None, ONE_S=cfg.bs_gau >= S, PREC=dot_config(q.dtype)[1],
-                      num_warps=cfg.warps_gau, num_stages=cfg.stages)
+        common = {"CAUSAL": causal, "HAS_BIAS": bias is not None, "ONE_S": cfg.bs_gau >= S,
+                  "PREC": dot_config(q.dtype)[1], "num_warps": cfg.warps_gau, "num_stages": cfg.stages}
         b_ptr = bias if bias is not None else q
         relu2_bwd_dv_kernel[(triton.cdiv(E, cfg.be_dv), NT, H)](
             q, k, do, dv, b_ptr,

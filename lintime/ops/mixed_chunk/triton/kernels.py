@@ -64,7 +64,7 @@ def chunk_state_kernel(
     if START_MODE == 2:
         i_n = tl.load(SEG_SEQ + i_g).to(tl.int64)
         b_h += tl.load(START + (i_n * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
-    for i in range(0, nc):
+    for i in range(nc):
         if REVERSE:
             c = c0 + nc - 1 - i
         else:
@@ -323,7 +323,7 @@ def mc_dqk_kernel(
         b_k = tl.load(KQ + ((cs + o_n) * H + i_h)[:, None] * S + o_s[None, :], mask=m_n[:, None] & m_s[None, :],
                       other=0.0)
         b_dq = tl.dot(b_ds, b_k, b_dq, input_precision=PREC)
-        if NEED_DB:
+        if NEED_DB:  # noqa: SIM102 - a compile-time branch around a run-time one (Triton)
             if i_s == 0:
                 p_db = DB + ((i_h * NTD + (m0 - n0) // BG + mid) * BG + o_b[:, None]) * BG + o_b[None, :]
                 tl.atomic_add(p_db, b_ds.to(tl.float32), sem="relaxed")

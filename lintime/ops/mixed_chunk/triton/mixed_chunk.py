@@ -40,7 +40,13 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from lintime.ops.gau.triton.plan import Blocks, default_blocks, fold_bias_grad, sequence_bounds, to_device
+from lintime.ops.gau.triton.plan import (
+    Blocks,
+    default_blocks,
+    fold_bias_grad,
+    sequence_bounds,
+    to_device,
+)
 from lintime.ops.mixed_chunk.state import MixedChunkState, clean_buffers
 from lintime.ops.mixed_chunk.triton.kernels import (
     chunk_state_kernel,
@@ -50,7 +56,13 @@ from lintime.ops.mixed_chunk.triton.kernels import (
     mc_gemm_kernel,
     mc_scores_kernel,
 )
-from lintime.ops.triton_common import check_device, custom_op, dot_config, seg_scan_kernel, sm_count
+from lintime.ops.triton_common import (
+    check_device,
+    custom_op,
+    dot_config,
+    seg_scan_kernel,
+    sm_count,
+)
 
 
 def _sdt_torch(dtype: torch.dtype) -> torch.dtype:
@@ -199,7 +211,7 @@ def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, start=None
 
 def _scan(tot, plan: _Plan, *, H, S, E, reverse, init, store_start):
     """triton_common's segment scan: the state entering each segment and after each sequence."""
-    f32 = dict(dtype=torch.float32, device=tot.device)
+    f32 = {"dtype": torch.float32, "device": tot.device}
     start = torch.empty(plan.NSEG_alloc, H, S, E, **f32) if store_start else tot
     final = torch.empty(plan.N, H, S, E, **f32)
     if plan.N > 0:
@@ -219,13 +231,14 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt):
     fp32)``.  Non-causal: ``(ST [N, H, S, E] in sdt, FINAL)``, each sequence's total.
     """
     S, E = x.shape[-1], y.shape[-1]
-    f32 = dict(dtype=torch.float32, device=x.device)
+    f32 = {"dtype": torch.float32, "device": x.device}
     tot = torch.empty(max(plan.NSEG, 1), H, S, E, **f32)
     if not causal:
         _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=False, hout=tot, tot=tot)
         _, final = _scan(tot, plan, H=H, S=S, E=E, reverse=reverse, init=None, store_start=False)
         return final.to(sdt), final
     hout = torch.empty(plan.NC_alloc, H, S, E, dtype=sdt, device=x.device)
+    hout[plan.NC :].zero_()  # the shape bound's slack rows (packed calls)
     if plan.one_segment:
         # one walk per sequence from the initial state; the walk's total is the final state
         _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=True, hout=hout, tot=tot, start=init,
@@ -255,7 +268,7 @@ def _fwd_fake(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
     C = chunk_size
     N = _n_seqs(B, cu_seqlens)
     nc = _chunk_bound(B, T, C, cu_seqlens)
-    f32 = dict(dtype=torch.float32, device=qq.device)
+    f32 = {"dtype": torch.float32, "device": qq.device}
     a = qq.new_empty(nc, H, C, C)
     st = qq.new_empty((nc if causal else N, H, S, E), dtype=_sdt_torch(qq.dtype))
     final = torch.empty(N, H, S, E, **f32) if causal else qq.new_empty(0, dtype=torch.float32)
@@ -278,7 +291,9 @@ def _mixed_chunk_fwd(
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
     st, final = _states(kl, v, wf, plan, cfg, H=H, reverse=False, init=kv0 if causal else None, causal=causal,
                         sdt=_sdt_torch(qq.dtype))
-    a = qq.new_empty(plan.NC_alloc, H, C, C)
+    # unwritten entries of A (above the diagonal, past a short chunk, the shape bound's slack rows)
+    # are never read, but an op's outputs must be fully defined (torch.compile compares them)
+    a = qq.new_zeros(plan.NC_alloc, H, C, C)
     o = torch.empty_like(v)
     bias, LB = _bias(rel_bias)
     SDT, PREC = dot_config(qq.dtype)
@@ -305,7 +320,7 @@ def _mixed_chunk_fwd(
 
 def _bwd_fake(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, chunk_size, causal, scale,
               linear_norm, need_db, has_kv0, blocks):
-    B, T, H, S = qq.shape
+    B, _, H, S = qq.shape
     E = v.shape[-1]
     db = rel_bias.new_empty(rel_bias.shape) if (need_db and rel_bias is not None) else qq.new_empty(0)
     N = _n_seqs(B, cu_seqlens)
