@@ -539,9 +539,14 @@ def train(
         plot_metrics(run_dir, title=f"{cfg.preset} ({run_dir.name})")
     text = None
     if cfg.objective == "clm" and cfg.sample_tokens > 0 and step > 0:
-        from lintime.training.sampling import sample
+        from lintime.generation import GenerationConfig, generate
 
-        text = sample(model, tokenizer, cfg.sample_prompt, cfg.sample_tokens, cfg.temperature, cfg.top_k, seed=cfg.seed)
+        was_training = model.training
+        model.eval()
+        gen_cfg = GenerationConfig(max_new_tokens=cfg.sample_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
+                                   seed=cfg.seed)
+        text = generate(model, tokenizer, cfg.sample_prompt, gen_cfg)[0].text
+        model.train(was_training)
         ckpt.atomic_write_text(run_dir / SAMPLE_FILE, cfg.sample_prompt + text + "\n")
     summary = f"done: {step} steps, {tokens_seen / 1e6:.2f}M tokens in {elapsed / 60:.1f} min of training"
     if first_loss is not None:
