@@ -3,7 +3,7 @@
 #   1. install the anchor wheels (.whl/, carried: fla-core + flash-linear-attention 0.6.0),
 #   2. `tests`: the CUDA tests of tests/ops/test_{linear,gla}_triton.py (real sizes, bf16/fp16/fp32,
 #      against the naive / chunked PyTorch references),
-#   3. `tune`: launch configurations and segment lengths of the walk kernels (no anchors),
+#   3. `tune`: per-kernel profile, launch configurations and segment lengths of the walk kernels (no anchors),
 #   4. `bench`: `lintime bench ops --cases linear_gla` (ours, fla 0.6.0, SDPA), `quick` = T in 2k/8k/32k.
 # Every step has its own time limit so that a slow one (fla's autotuning on a cold machine) leaves
 # the others' results.  Logs and JSON go to $OUT (default ./gpu_linear_gla_out).
@@ -33,7 +33,7 @@ if [[ "$STEPS" == *" tests "* ]]; then
     tests/ops/test_linear_triton.py tests/ops/test_gla_triton.py 2>&1 | tee "$OUT/tests.log" || rc=1
 fi
 if [[ "$STEPS" == *" tune "* ]]; then
-  timeout "${TUNE_S:-120}" python3 -m lintime bench ops --cases linear_gla.kernel_configs,linear_gla.segments \
+  timeout "${TUNE_S:-120}" python3 -m lintime bench ops --cases "${TUNE_CASES:-linear_gla.profile,linear_gla.kernel_configs,linear_gla.segments}" \
     --out "$OUT/tune" 2>&1 | tee "$OUT/tune.log" || rc=1
 fi
 if [[ "$STEPS" == *" bench "* ]]; then

@@ -10,6 +10,11 @@ blocks): forward ``2 C (K + V) + 4 K V`` flops, forward + backward three times t
 each input read once and each output written once (forward: q, k, v[, g] in, o out;
 forward + backward: also do in, every gradient out).  ``extra`` holds the speed-up over the fla
 anchor and the relative RMS difference of the outputs (a sanity check, both in bf16).
+
+Two times per configuration: eager (``fwd_ms``, ``fwdbwd_ms``: the ops called from PyTorch, host
+launch overhead included, what an eager training step sees) and CUDA-graph replay
+(``extra.fwd_graph_ms``, ``extra.fwdbwd_graph_ms``: device time, what a captured / compiled step
+approaches).  Speed-ups are given for both.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from lintime.bench import Result
-from lintime.bench.measure import fwd_fwdbwd_ms, median_ms
+from lintime.bench.measure import fwd_fwdbwd_graph_ms, fwd_fwdbwd_ms, graph_ms, median_ms
 
 TOKENS = 32 * 1024
 TS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -49,13 +54,31 @@ def _fla():
     return lin, gla
 
 
+def _time(f, inputs):
+    """Eager and graph-replay medians: ``(fwd, fwdbwd, fwd_graph, fwdbwd_graph)`` in ms."""
+    return (*fwd_fwdbwd_ms(f, inputs), *fwd_fwdbwd_graph_ms(f, inputs))
+
+
 def _record(results, case, impl, T, B, shape, times, work, extra=None):
-    fwd, fb = times
+    fwd, fb, fwd_g, fb_g = times
     flops_fwd, bytes_fwd, bytes_fb = work
+    extra = dict(extra or {})
+    extra.update(fwd_graph_ms=fwd_g, fwdbwd_graph_ms=fb_g)
+    if fb_g:
+        extra["gbps_fwdbwd_graph"] = bytes_fb / fb_g / 1e6
+        extra["tflops_fwdbwd_graph"] = 3 * flops_fwd / fb_g / 1e9
     results.append(Result(case, impl, T, B, dict(shape), fwd_ms=fwd, fwdbwd_ms=fb, flops_fwd=flops_fwd,
-                          flops_fwdbwd=3 * flops_fwd, bytes_fwd=bytes_fwd, bytes_fwdbwd=bytes_fb,
-                          extra=dict(extra or {})))
+                          flops_fwdbwd=3 * flops_fwd, bytes_fwd=bytes_fwd, bytes_fwdbwd=bytes_fb, extra=extra))
     return results[-1]
+
+
+def _speedups(mine, ref):
+    mine.extra["speedup_fwd"] = ref.fwd_ms / mine.fwd_ms
+    mine.extra["speedup_fwdbwd"] = ref.fwdbwd_ms / mine.fwdbwd_ms
+    for kind in ("fwd", "fwdbwd"):
+        a, b = mine.extra.get(f"{kind}_graph_ms"), ref.extra.get(f"{kind}_graph_ms")
+        if a and b:
+            mine.extra[f"speedup_{kind}_graph"] = b / a
 
 
 def case_linear(results, quick=False, H=16, D=64):
@@ -74,20 +97,18 @@ def case_linear(results, quick=False, H=16, D=64):
             tag = "norm" if normalize else "plain"
             work = (_flops_fwd(B, T, H, D, D), 2 * 4 * n + (4 * B * T * H if normalize else 0), 2 * 8 * n)
             ours = lambda q, k, v, nz=normalize: linear_attention(q, k, v, normalize=nz, backend="triton")[0]
-            mine = _record(results, f"linear_{tag}", "lintime.triton", T, B, shape, fwd_fwdbwd_ms(ours, [q, k, v]), work)
+            mine = _record(results, f"linear_{tag}", "lintime.triton", T, B, shape, _time(ours, [q, k, v]), work)
             if lin is not None:
                 theirs = lambda q, k, v, nz=normalize: lin.chunk_linear_attn(q, k, v, normalize=nz)[0]
-                ref = _record(results, f"linear_{tag}", "fla.chunk_linear_attn", T, B, shape,
-                              fwd_fwdbwd_ms(theirs, [q, k, v]), work)
+                ref = _record(results, f"linear_{tag}", "fla.chunk_linear_attn", T, B, shape, _time(theirs, [q, k, v]),
+                              work)
                 with torch.no_grad():
                     mine.extra["rel_vs_fla"] = _rel(ours(q, k, v), theirs(q, k, v))
-                mine.extra["speedup_fwd"] = ref.fwd_ms / mine.fwd_ms
-                mine.extra["speedup_fwdbwd"] = ref.fwdbwd_ms / mine.fwdbwd_ms
+                _speedups(mine, ref)
         sdpa = lambda q, k, v: F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)
         fl = B * H * T * T * 2 * D  # causal: half of 4 T^2 D
-        _record(results, "sdpa_causal", "torch.sdpa", T, B, shape, fwd_fwdbwd_ms(sdpa, [q, k, v]),
-                (fl, 2 * 4 * n, 2 * 8 * n))
+        _record(results, "sdpa_causal", "torch.sdpa", T, B, shape, _time(sdpa, [q, k, v]), (fl, 2 * 4 * n, 2 * 8 * n))
         results[-1].flops_fwdbwd = 3.5 * fl  # FlashAttention's count: backward 2.5x forward
         del q, k, v
 
@@ -107,14 +128,13 @@ def case_gla(results, quick=False, H=4, K=128, V=256):
         work = (_flops_fwd(B, T, H, K, V), 2 * nt * (3 * K + 2 * V), 2 * nt * (6 * K + 4 * V))
         shape = dict(H=H, K=K, V=V)
         ours = lambda q, k, v, g: gated_linear_attention(q, k, v, g, backend="triton")[0]
-        mine = _record(results, "gla", "lintime.triton", T, B, shape, fwd_fwdbwd_ms(ours, [q, k, v, g]), work)
+        mine = _record(results, "gla", "lintime.triton", T, B, shape, _time(ours, [q, k, v, g]), work)
         if gla is not None:
             theirs = lambda q, k, v, g: gla.chunk_gla(q, k, v, g)[0]
-            ref = _record(results, "gla", "fla.chunk_gla", T, B, shape, fwd_fwdbwd_ms(theirs, [q, k, v, g]), work)
+            ref = _record(results, "gla", "fla.chunk_gla", T, B, shape, _time(theirs, [q, k, v, g]), work)
             with torch.no_grad():
                 mine.extra["rel_vs_fla"] = _rel(ours(q, k, v, g), theirs(q, k, v, g))
-            mine.extra["speedup_fwd"] = ref.fwd_ms / mine.fwd_ms
-            mine.extra["speedup_fwdbwd"] = ref.fwdbwd_ms / mine.fwdbwd_ms
+            _speedups(mine, ref)
         del q, k, v, g
 
 
@@ -150,10 +170,15 @@ def case_decode(results, quick=False):
             with torch.no_grad():
                 for impl, fn in impls.items():
                     ms[impl] = median_ms(fn, warmup=10, rep=50)
+                    gm = graph_ms(fn, rep=50)
                     results.append(Result(name, impl, 1, B, shape, fwd_ms=ms[impl], bytes_fwd=bytes_,
-                                          extra={"us_per_token": 1000 * ms[impl]}))
+                                          extra={"us_per_token": 1000 * ms[impl],
+                                                 "us_per_token_graph": None if gm is None else 1000 * gm}))
             if len(ms) == 2:
-                results[-2].extra["speedup_fwd"] = results[-1].fwd_ms / results[-2].fwd_ms
+                a, b = results[-2], results[-1]
+                a.extra["speedup_fwd"] = b.fwd_ms / a.fwd_ms
+                if a.extra["us_per_token_graph"] and b.extra["us_per_token_graph"]:
+                    a.extra["speedup_graph"] = b.extra["us_per_token_graph"] / a.extra["us_per_token_graph"]
 
 
 def case_segments(results, quick=False):
@@ -180,8 +205,10 @@ def case_segments(results, quick=False):
                     f = lambda q, k, v, g, ns=ns: triton_gla(q, k, v, g, segment_chunks=ns)[0]
                     inputs = [q, k, v, g]
                 fwd, fb = fwd_fwdbwd_ms(f, inputs, rep=50)
+                fwd_g, fb_g = fwd_fwdbwd_graph_ms(f, inputs, rep=50)
                 results.append(Result(f"segments_{op}", f"ns={ns}", T, B, dict(H=H, K=K, V=V), fwd_ms=fwd,
-                                      fwdbwd_ms=fb, extra={"auto": auto}))
+                                      fwdbwd_ms=fb, extra={"auto": auto, "fwd_graph_ms": fwd_g,
+                                                           "fwdbwd_graph_ms": fb_g}))
             del q, k, v, g
 
 
@@ -200,9 +227,8 @@ def case_kernel_configs(results, quick=False, T=8192):
     v = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
     do = torch.randn_like(v)
     ns = lin_auto(q, v, None)
-    for name, cfg in (("default", None), ("w8", {"fwd": (8, 2), "dq": (8, 2), "dkdv": (8, 2)}),
-                      ("s1", {"fwd": (4, 1), "dq": (4, 1), "dkdv": (4, 1)}),
-                      ("s3", {"fwd": (4, 3), "dq": (4, 3), "dkdv": (4, 3)})):
+    for name, cfg in (("default", None), ("s2", {"fwd": (4, 2), "dq": (4, 2), "dkdv": (4, 2)}),
+                      ("s4", {"fwd": (4, 4), "dq": (4, 4), "dkdv": (4, 4)})):
         out = linear_fwd(q, k, v, None, None, None, D**-0.5, True, True, ns, cfg)
         fwd = median_ms(lambda: linear_fwd(q, k, v, None, None, None, D**-0.5, True, True, ns, cfg), rep=50)
         bwd = median_ms(lambda: linear_bwd(q, k, v, out[0], out[3], out[1], out[2], out[4], out[5], do, None, None,
@@ -217,11 +243,46 @@ def case_kernel_configs(results, quick=False, T=8192):
     g = (F.logsigmoid(torch.randn(B, T, H, K, device="cuda")) / 16).bfloat16()
     do = torch.randn_like(v)
     ns = gla_auto(q, v, None)
-    for name, cfg in (("default", None), ("w4", {"A": (4, 1), "fwd": (4, 1), "dv": (4, 1), "dqkg": (4, 1)}),
-                      ("s2", {"A": (8, 2), "fwd": (8, 2), "dv": (8, 2), "dqkg": (8, 2)}),
-                      ("dqkg_bk32", {"dqkg_tile": (32, 256)}), ("dqkg_bk32_w4", {"dqkg_tile": (32, 256), "dqkg": (4, 1)})):
+    for name, cfg in (("default", None), ("s2", {"fwd": (8, 2), "dv": (8, 2)})):
         o, ht, A, hs = gla_fwd(q, k, v, g, None, None, K**-0.5, ns, cfg)
         fwd = median_ms(lambda: gla_fwd(q, k, v, g, None, None, K**-0.5, ns, cfg), rep=50)
         bwd = median_ms(lambda: gla_bwd(q, k, v, g, A, hs, do, None, None, None, K**-0.5, ns, False, cfg), rep=50)
         results.append(Result("configs_gla", name, T, B, dict(H=H, K=K, V=V, ns=ns), fwd_ms=fwd, fwdbwd_ms=fwd + bwd,
                               extra={"bwd_ms": bwd}))
+
+
+def case_profile(results, quick=False, T=8192):
+    """Device time per kernel of one forward + backward (torch.profiler, mean of 5), linear
+    attention (normalised) and GLA at T = 8k: rows ``profile_<op>`` with the kernel name as impl."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from lintime.ops import gated_linear_attention, linear_attention
+
+    B = _batch(T)
+    for op, H, K, V in (("linear", 16, 64, 64), ("gla", 4, 128, 256)):
+        q = torch.rand(B, T, H, K, device="cuda", dtype=torch.bfloat16).requires_grad_()
+        k = torch.rand(B, T, H, K, device="cuda", dtype=torch.bfloat16).requires_grad_()
+        v = torch.randn(B, T, H, V, device="cuda", dtype=torch.bfloat16).requires_grad_()
+        g = (F.logsigmoid(torch.randn(B, T, H, K, device="cuda")) / 16).bfloat16().requires_grad_()
+        if op == "linear":
+            f, inputs = (lambda q, k, v: linear_attention(q, k, v, backend="triton")[0]), [q, k, v]
+        else:
+            f, inputs = (lambda q, k, v, g: gated_linear_attention(q, k, v, g, backend="triton")[0]), [q, k, v, g]
+        do = torch.randn_like(f(*inputs))
+
+        def step():
+            torch.autograd.grad(f(*inputs), inputs, do)
+
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+        for e in prof.key_averages():
+            us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+            if us > 0 and e.count >= 5:
+                results.append(Result(f"profile_{op}", e.key[:60], T, B, dict(H=H, K=K, V=V), fwd_ms=us / 5 / 1000,
+                                      extra={"calls_per_step": e.count // 5}))
+        del q, k, v, g

@@ -45,6 +45,47 @@ def fwd_fwdbwd_ms(f, inputs: list, *, rep: int = 100) -> tuple[float, float]:
     return median_ms(fwd, rep=rep), median_ms(fwdbwd, rep=rep)
 
 
+def graph_ms(fn, rep: int = 100) -> float | None:
+    """Median device time of ``fn`` replayed from a CUDA graph: the launch overhead of the host
+    (Python, the dispatcher, Triton's launcher) is gone, what remains is the GPU's work and the
+    gaps between dependent kernels.  ``None`` when ``fn`` cannot be captured."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return median_ms(graph.replay, rep=rep)
+    except Exception as e:  # capture is best effort: report the eager time only
+        print(f"graph capture failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        torch.cuda.synchronize()
+        return None
+
+
+def fwd_fwdbwd_graph_ms(f, inputs: list, *, rep: int = 100) -> tuple[float | None, float | None]:
+    """:func:`fwd_fwdbwd_ms` replayed from CUDA graphs (device time)."""
+
+    def first(out):
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+    def fwd():
+        with torch.no_grad():
+            f(*inputs)
+
+    do = torch.randn_like(first(f(*inputs)))
+    leaves = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+
+    def fwdbwd():
+        torch.autograd.grad(first(f(*inputs)), leaves, do)
+
+    return graph_ms(fwd, rep=rep), graph_ms(fwdbwd, rep=rep)
+
+
 def matmul_peak_tflops() -> float:
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)

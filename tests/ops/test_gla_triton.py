@@ -110,10 +110,13 @@ def test_chain_of_trust_fp32(T, ns, with_h0, strong):
 
 
 def test_strong_decays_match_fp64_better_than_chunked():
-    """With 10% of the gates at -10, the fp32 kernels stay within the exact tolerance of the fp64
-    recurrence and no further from it than the fp32 PyTorch chunked form (the exponents are sums
-    local to the sub-chunks, never differences of chunk-wide cumulative sums)."""
+    """With 10% of the gates at -10 and a run of -30 gates (a sub-chunk decaying by more than
+    SPAN_MAX nats takes the direct log-space form), the fp32 kernels stay within the exact tolerance
+    of the fp64 recurrence and no further from it than the fp32 PyTorch chunked form (the exponents
+    are sums local to the sub-chunks, never differences of chunk-wide cumulative sums)."""
     q, k, v, g, h0 = _inputs(1, 128, 1, 16, 16, strong=True)
+    g = g.clone()
+    g[0, 70:73] = -30.0
     ref, do, dfinal = _run("naive", *(_to64(x) for x in (q, k, v, g)), _to64(h0))
     out, _, _ = _run("triton", q, k, v, g, h0, do.float(), dfinal.float(), segment_chunks=1)
     chunk, _, _ = _run("chunk", q, k, v, g, h0, do.float(), dfinal.float())
@@ -291,3 +294,16 @@ def test_cuda_long_bf16_strong_decays():
     o64, final64 = gla(*(t.double() for t in x32), output_final_state=True, backend="chunk")
     assert_close(f"gla triton fp32 T={T} vs fp64", o64, o32, 2e-5)
     assert_exact(f"gla triton fp32 T={T} final vs fp64", final64, final32)
+
+
+@cuda
+@needs_cuda
+@pytest.mark.parametrize("K,V", [(32, 16), (64, 64)])
+def test_cuda_small_heads_bf16(K, V):
+    """Small heads (smaller tiles, fewer warps) with materialised segments, bf16 half rule."""
+    q, k, v, g, h0 = _inputs(2, 700, 3, K, V, torch.float64, strong=True)
+    ref, do, dfinal = _run("naive", q, k, v, g, h0.double())
+    x = [t.bfloat16() for t in (q, k, v, g)]
+    base, _, _ = _run("naive", *x, h0, do.bfloat16(), dfinal.float())
+    out, _, _ = _run("triton", *x, h0, do.bfloat16(), dfinal.float(), segment_chunks=4)
+    _compare_half(f"gla cuda small heads K={K} V={V}", ref, base, out, torch.bfloat16)

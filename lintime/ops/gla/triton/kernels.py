@@ -33,14 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lintime.ops.triton_common import (
-    segment_bounds,
-    subchunk_dk,
-    subchunk_dq,
-    subchunk_gcs,
-    subchunk_inter_A,
-    subchunk_intra_A,
-)
+from lintime.ops.triton_common import segment_bounds, subchunk_A, subchunk_dqdk, subchunk_stats
 
 
 @triton.jit
@@ -50,22 +43,24 @@ def gla_fwd_A_kernel(
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
     VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
-    """The in-chunk score block ``A [BT, BT]`` of one chunk (layout: one segment per chunk);
-    grid ``(NCH, H)``.  Row ``t`` of ``A`` holds the scores of token ``t`` against its chunk."""
+    """The in-chunk score block ``A [BT, BT]`` of one chunk (layout: one segment per chunk), summed
+    over K-blocks of ``BK`` (every factor is per feature); grid ``(NCH, H)``.  Row ``t`` of ``A``
+    holds the scores of token ``t`` against its chunk."""
     i_c, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     bos, eos, _, _ = segment_bounds(seg, i_c, T, NSPS, SEG_LEN, NT, NSC, VARLEN)
     o_t = bos + tl.arange(0, BT)
     m_t = o_t < eos
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    m_tk = m_t[:, None] & m_k[None, :]
-    p = (o_t * H + i_h)[:, None] * K + o_k[None, :]
-    b_q = tl.load(q + p, mask=m_tk, other=0.).to(tl.float32)
-    b_k = tl.load(k + p, mask=m_tk, other=0.).to(tl.float32)
-    b_gcs = subchunk_gcs(g + i_h * K, bos, eos, o_k, m_k, H * K, BT, BC, BK)
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
-    b_A = subchunk_inter_A(b_A, b_q, b_k, b_gcs, BT, BC, DT, PREC)
-    b_A = subchunk_intra_A(b_A, b_q, b_gcs, k + i_h * K, g + i_h * K, bos, eos, o_k, m_k, H * K, BT, BC)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_tk = m_t[:, None] & m_k[None, :]
+        p = (o_t * H + i_h)[:, None] * K + o_k[None, :]
+        b_q = tl.load(q + p, mask=m_tk, other=0.).to(tl.float32)
+        b_k = tl.load(k + p, mask=m_tk, other=0.).to(tl.float32)
+        b_gcs, b_M, b_tot = subchunk_stats(tl.load(g + p, mask=m_tk, other=0.).to(tl.float32), BT, BC, BK)
+        b_A += subchunk_A(b_q, b_k, b_gcs, b_M, b_tot, k + i_h * K, g + i_h * K, bos, eos, o_k, m_k, H * K, BT, BC,
+                          DT, PREC)
     o_c = tl.arange(0, BT)
     tl.store(A + (o_t * H + i_h)[:, None] * BT + o_c[None, :], b_A * scale, mask=m_t[:, None])
 
@@ -222,11 +217,9 @@ def gla_bwd_dqkg_kernel(
         b_dA = tl.where(m_causal, b_dA * scale, 0.)
         b_dq = tl.dot(b_do.to(SDT), tl.trans(b_h).to(SDT), input_precision=PREC) * (scale * tl.exp(b_G))
         b_dk = tl.dot(b_v.to(SDT), tl.trans(b_dh).to(SDT), input_precision=PREC) * b_kd
-        b_gcs = subchunk_gcs(g + i_h * K, t0, eos, o_k, m_k, H * K, BT, BC, BK)
-        b_dq = subchunk_dq(b_dq, b_dA, b_k, b_gcs, k + i_h * K, g + i_h * K, t0, eos, o_k, m_k, H * K,
-                           BT, BC, DT, PREC)
-        b_dk = subchunk_dk(b_dk, b_dA, b_q, b_gcs, q + i_h * K, g + i_h * K, t0, eos, o_k, m_k, H * K,
-                           BT, BC, DT, PREC)
+        b_gcs, b_M, b_tot = subchunk_stats(b_g, BT, BC, BK)
+        b_dq, b_dk = subchunk_dqdk(b_dq, b_dk, b_dA, b_q, b_k, b_gcs, b_M, b_tot, q + i_h * K, k + i_h * K,
+                                   g + i_h * K, t0, eos, o_k, m_k, H * K, BT, BC, DT, PREC)
         b_h = tl.dot(tl.trans((b_k * b_kd).to(DT)), b_v.to(DT), b_h * tl.exp(b_gl)[:, None], input_precision=PREC)
         # closed-form gate gradient (seed §4.3): reverse cumsum of q dq - k dk inside the chunk,
         # plus the chunk's outgoing-state term sum_v dh_n * h_n+1

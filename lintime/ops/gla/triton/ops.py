@@ -61,7 +61,9 @@ def _launch(cfg, name, num_warps, num_stages):
 
 
 def _warps(bk: int, bv: int) -> int:
-    return 8 if bk * bv >= 4096 else 4
+    # 8 warps keep the [64, K] gate tiles of a chunk out of local memory; Triton 3.6 on Hopper
+    # was also seen to fault (illegal address) with 4 warps on the K = 128, V = 256 tiles
+    return 8 if bk * bv >= 2048 else 4
 
 
 def _n_seq(q: Tensor, cu_seqlens: Optional[Tensor]) -> int:
@@ -101,8 +103,8 @@ def gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns, cfg=None):
     ch = chunks(B, T, cu_seqlens, q.device)
     if ch.NSEG > 0:
         gla_fwd_A_kernel[(ch.NSEG, H)](
-            qf, kf, gf, A, scale, **ch.kernel_args(), H=H, K=K, BT=BT, BC=BC, BK=block(K), DT=DT, PREC=PREC,
-            **_launch(cfg, "A", 8 if block(K) >= 128 else 4, 1),
+            qf, kf, gf, A, scale, **ch.kernel_args(), H=H, K=K, BT=BT, BC=BC, BK=min(32, block(K)), DT=DT, PREC=PREC,
+            **_launch(cfg, "A", 8, 1),
         )
     if seg.materialized:
         hs, _, ht, _ = segment_states(kf, vf, seg, H=H, g=gf, init=h0)

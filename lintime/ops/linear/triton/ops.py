@@ -113,7 +113,7 @@ def linear_fwd(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns, cfg=No
         linear_fwd_kernel[(triton.cdiv(V, BV) * seg.NSEG, H)](
             qf, kf, vf, o, den, h0, z0, hs, zs, ht, zt, scale, **seg.kernel_args(),
             H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, CAUSAL=causal, NORM=normalize, HAS_H0=h0 is not None,
-            MAT=seg.materialized, SDT=SDT, PREC=PREC, **_launch(cfg, "fwd", 4, 2),
+            MAT=seg.materialized, SDT=SDT, PREC=PREC, **_launch(cfg, "fwd", 4, 3),
         )
     if not normalize:
         zt = empty_f32(q)
@@ -174,7 +174,7 @@ def linear_bwd(q, k, v, o, den, ht, zt, hs, zs, do, dht, dzt, h0, z0, cu_seqlens
         BK, BV = tiles["dq"]
         linear_bwd_dq_kernel[(triton.cdiv(K, BK) * seg.NSEG, H)](
             kf, vf, dof, den_f, dd, dq, h0, z0, hs, zs, ht, zt, scale, **la, BK=BK, BV=BV,
-            HAS_H0=h0 is not None, **common, **_launch(cfg, "dq", 4, 2),
+            HAS_H0=h0 is not None, **common, **_launch(cfg, "dq", 4, 3),
         )
         store_dh0 = causal and not seg.materialized and need_dh0
         launches = [("fused", True, True)] if tiles["fuse"] else [("dk", True, False), ("dv", False, True)]
@@ -184,7 +184,7 @@ def linear_bwd(q, k, v, o, den, ht, zt, hs, zs, do, dht, dzt, h0, z0, cu_seqlens
             linear_bwd_dkdv_kernel[(nblk * seg.NSEG, H)](
                 qf, kf, vf, dof, den_f, dd, dk, dv, dht, dzt, dh0, dz0, ds, dzs, scale, **la, BK=BK, BV=BV,
                 HAS_DHT=dht is not None, DO_DK=do_dk, DO_DV=do_dv, STORE_DH0=store_dh0, **common,
-                **_launch(cfg, "dkdv", 4, 2),
+                **_launch(cfg, "dkdv", 4, 3),
             )
     if not need_dh0:
         dh0, dz0 = empty_f32(q), empty_f32(q)
