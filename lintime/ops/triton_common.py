@@ -108,18 +108,19 @@ def choose_segment_chunks(n_seq: int, total_tokens: int, max_len: int, programs_
     """Chunks per segment ``ns`` (0 = one segment per sequence, nothing materialised).
 
     The walk kernels run ``segments x programs_per_segment`` programs, each a sequential loop
-    over its segment's chunks.  One segment per sequence wins when that already gives every
-    multiprocessor at least two programs (measured on H100: the extra summary/scan passes cost
-    more than the idle SMs); otherwise sequences are cut so that about four programs per SM
-    exist, but never into segments shorter than 4 chunks (the summary + scan passes cost about
-    one read of k and v; shorter segments make the scan dominate).
+    over its segment's chunks.  Measured on H200 (docs/notes/kernels_linear_gla.md): one segment
+    per sequence wins as soon as that already gives every multiprocessor a program (e.g. linear
+    attention at T = 2k, B * H = 256: 0.39 ms fwd+bwd against 0.51 ms with segments); otherwise
+    long segments win -- the summary and scan passes cost about one extra read of k and v, and
+    32 chunks per segment beat 16 (0.50 vs 0.52 ms) and 8 (0.58 ms) at T = 8k and 32k -- so
+    sequences are cut into segments of at least 16 chunks, aiming at two programs per SM.
     """
     sms = sm_count(device)
-    if n_seq * programs_per_segment >= 2 * sms:
+    if n_seq * programs_per_segment >= sms:
         return 0
     chunks = max(1, math.ceil(total_tokens / BT))
-    want_segments = math.ceil(4 * sms / max(1, programs_per_segment))
-    ns = max(4, math.ceil(chunks / want_segments))
+    want_segments = math.ceil(2 * sms / max(1, programs_per_segment))
+    ns = max(16, math.ceil(chunks / want_segments))
     if ns >= math.ceil(max_len / BT):
         return 0
     return ns

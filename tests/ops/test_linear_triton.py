@@ -278,13 +278,14 @@ def test_fallbacks_and_device_check(monkeypatch):
 
 
 def test_segment_choice():
-    """One segment per sequence when the walk already has two programs per SM; otherwise segments
-    of >= 4 chunks, about four programs per SM; never longer than the sequence."""
+    """One segment per sequence when the walk already has a program per SM; otherwise segments of
+    >= 16 chunks, about two programs per SM; never as long as the sequence."""
     dev = torch.device("cpu")  # 4 SMs under the interpreter
-    assert choose_segment_chunks(8, 8 * 64 * 100, 64 * 100, 1, dev) == 0
-    assert choose_segment_chunks(1, 64 * 100, 64 * 100, 1, dev) == 7
-    assert choose_segment_chunks(1, 64 * 8, 64 * 8, 1, dev) == 4
-    assert choose_segment_chunks(1, 64 * 3, 64 * 3, 1, dev) == 0
+    assert choose_segment_chunks(4, 4 * 64 * 100, 64 * 100, 1, dev) == 0
+    assert choose_segment_chunks(1, 64 * 400, 64 * 400, 1, dev) == 50
+    assert choose_segment_chunks(1, 64 * 100, 64 * 100, 1, dev) == 16
+    assert choose_segment_chunks(1, 64 * 40, 64 * 40, 1, dev) == 16
+    assert choose_segment_chunks(1, 64 * 16, 64 * 16, 1, dev) == 0
 
 
 # --------------------------------------------------------------------------------------------
