@@ -2,6 +2,7 @@
 final state and every gradient (q, k, v, g, initial_state); packing, continuation, half
 precision, a long bf16 run with strong decays, error paths."""
 
+import importlib
 import math
 
 import pytest
@@ -305,6 +306,9 @@ def test_bad_inputs_fail_clearly(monkeypatch):
         gla(q[:1], k[:1], v[:1], g[:1], cu_seqlens=torch.tensor([0.0, 8.0]))
     with pytest.raises(ValueError, match="unknown backend"):
         gla(q, k, v, g, backend="cuda")
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # a CPU tensor without the interpreter
+    # a CPU tensor without the interpreter; the kernel module is imported first, while the
+    # interpreter is on, so it is not built for a GPU that later tests in this process lack
+    importlib.import_module("lintime.ops.gla.triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         gla(q, k, v, g, backend="triton")

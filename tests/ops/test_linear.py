@@ -2,6 +2,7 @@
 gradient, initial state included), packing, continuation at any split, half precision, a
 T = 131072 bf16 run, and the error paths."""
 
+import importlib
 import itertools
 
 import pytest
@@ -428,6 +429,9 @@ def test_bad_inputs_fail_clearly(monkeypatch):
         la(q, k, v, output_final_state=None)
     with pytest.raises(ValueError, match="unknown backend"):
         la(q, k, v, backend="cuda")
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # a CPU tensor without the interpreter
+    # a CPU tensor without the interpreter; the kernel module is imported first, while the
+    # interpreter is on, so it is not built for a GPU that later tests in this process lack
+    importlib.import_module("lintime.ops.linear.triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         la(q, k, v, backend="triton")
