@@ -4,7 +4,7 @@ the state's documented memory, Tables 8-10 counts, training, configs."""
 
 import pytest
 import torch
-from linmix_helpers import (
+from model_helpers import (
     assert_within_5pct,
     check_json_round_trip,
     check_packed_equals_separate,

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from linmix_helpers import (
+from model_helpers import (
     MaskedLM,
     assert_within_5pct,
     check_json_round_trip,

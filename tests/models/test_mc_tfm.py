@@ -17,6 +17,7 @@ from lintime.models import CausalLM, FFNConfig, MaskedLM, ModelConfig, get_prese
 from lintime.models.families.mc_tfm import MCConfig
 from lintime.ops import MixedChunkState
 from lintime.testing import assert_exact
+from model_helpers import decode_in_pieces, packed
 
 V = 260
 
@@ -39,19 +40,6 @@ def model(config, dtype=torch.float64, cls=CausalLM):
     return _MODELS[key]
 
 
-def decode_in_pieces(m, ids, splits):
-    outs, state, start = [], None, 0
-    for end in [*splits, *range(splits[-1] + 1, ids.shape[1] + 1)]:
-        logits, state = m(ids[:, start:end], state, return_state=True)
-        outs.append(logits)
-        start = end
-    return torch.cat(outs, 1), state
-
-
-def packed(lengths):
-    seqs = [torch.randint(0, V, (1, n)) for n in lengths]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    return seqs, torch.cat(seqs, 1), cu
 
 
 # ----------------------------------------------------------------------------- the formula

@@ -6,7 +6,7 @@ counts, training, configs."""
 import pytest
 import torch
 import torch.nn.functional as F
-from linmix_helpers import (
+from model_helpers import (
     assert_within_5pct,
     check_json_round_trip,
     check_packed_equals_separate,

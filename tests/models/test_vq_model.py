@@ -21,6 +21,7 @@ from lintime.models import CausalLM, MaskedLM, ModelConfig, get_preset
 from lintime.models.config import BYTE_VOCAB
 from lintime.models.families.vq import VQConfig
 from lintime.testing import assert_close, assert_exact
+from model_helpers import decode_in_pieces, packed, state_numel
 
 V = BYTE_VOCAB
 
@@ -49,20 +50,6 @@ def model(config, dtype=torch.float64):
     return _MODELS[key]
 
 
-def decode_in_pieces(m, ids, splits):
-    """Logits of ``ids`` fed as pieces ending at ``splits``, then one token at a time."""
-    outs, state, start = [], None, 0
-    for end in [*splits, *range(splits[-1] + 1, ids.shape[1] + 1)]:
-        logits, state = m(ids[:, start:end], state, return_state=True)
-        outs.append(logits)
-        start = end
-    return torch.cat(outs, 1), state
-
-
-def packed(lengths):
-    seqs = [torch.randint(0, V, (1, n)) for n in lengths]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    return seqs, torch.cat(seqs, 1), cu
 
 
 def codebook_buffers(m):
@@ -203,23 +190,6 @@ def test_packed_prefill_then_decoding_and_select():
         assert_exact("packed continuation after select", ref, lg)
         assert st2.offset.tolist() == [16, 13, 16]
 
-
-def state_numel(state) -> int:
-    total = 0
-
-    def count(x):
-        nonlocal total
-        if isinstance(x, torch.Tensor):
-            total += x.numel()
-        elif dataclasses.is_dataclass(x):
-            for f in dataclasses.fields(x):
-                count(getattr(x, f.name))
-        elif isinstance(x, (list, tuple)):
-            for y in x:
-                count(y)
-
-    count(state.layers)
-    return total
 
 
 def test_decoding_state_size_is_constant_in_T():

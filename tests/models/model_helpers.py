@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from lintime.models import CausalLM, MaskedLM, ModelConfig, get_preset
+from lintime.models.config import BYTE_VOCAB
 from lintime.testing import assert_exact
 
 _MODELS: dict = {}
@@ -28,7 +29,7 @@ def model(name: str, dtype=torch.float64, cls=CausalLM, **overrides):
 
 
 def decode_in_pieces(m, ids, splits):
-    """Logits of ``ids`` fed as chunks ending at ``splits``, then one token at a time."""
+    """Logits of ``ids`` fed as pieces ending at ``splits``, then one token at a time."""
     outs, state, start = [], None, 0
     for end in [*splits, *range(splits[-1] + 1, ids.shape[1] + 1)]:
         logits, state = m(ids[:, start:end], state, return_state=True)
@@ -48,18 +49,19 @@ def check_prefill_plus_decoding(name, dtype, T=37, splits=([1], [16], [5, 20, 33
             assert state.offset.tolist() == [T] * 3
 
 
-def _packed(lengths):
-    seqs = [torch.randint(0, 256, (1, n)) for n in lengths]
+def packed(lengths, vocab=BYTE_VOCAB):
+    """Random sequences of ``lengths``, their packed concatenation ``[1, sum]`` and ``cu_seqlens``."""
+    seqs = [torch.randint(0, vocab, (1, n)) for n in lengths]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     return seqs, torch.cat(seqs, 1), cu
 
 
 def check_packed_equals_separate(name, cls=CausalLM):
     m = model(name, cls=cls)
-    seqs, packed, cu = _packed([7, 1, 0, 19, 12])
+    seqs, ids, cu = packed([7, 1, 0, 19, 12])
     with torch.no_grad():
         ref = torch.cat([m(s) for s in seqs if s.shape[1]], 1)
-        out = m(packed, cu_seqlens=cu)
+        out = m(ids, cu_seqlens=cu)
     assert_exact(f"{name} {cls.__name__} packed", ref, out)
 
 
@@ -68,11 +70,11 @@ def check_packed_prefill_then_decoding(name):
     packed chunk with a state continues each sequence."""
     m = model(name)
     lengths = [5, 12, 1, 9]
-    seqs, packed, cu = _packed(lengths)
+    seqs, ids, cu = packed(lengths)
     more = torch.randint(0, 256, (4, 3))
     with torch.no_grad():
-        logits, state = m(packed, cu_seqlens=cu, return_state=True)
-        assert_exact("packed prefill logits", m(packed, cu_seqlens=cu), logits)
+        logits, state = m(ids, cu_seqlens=cu, return_state=True)
+        assert_exact("packed prefill logits", m(ids, cu_seqlens=cu), logits)
         assert state.offset.tolist() == lengths
         steps = []
         for t in range(3):
@@ -164,7 +166,7 @@ def assert_within_5pct(name, want_m):
 
 
 __all__ = [
-    "model", "decode_in_pieces", "check_prefill_plus_decoding", "check_packed_equals_separate",
+    "model", "decode_in_pieces", "packed", "check_prefill_plus_decoding", "check_packed_equals_separate",
     "check_packed_prefill_then_decoding", "check_select", "state_numel", "check_json_round_trip", "overfit",
     "meta_params_m", "assert_within_5pct", "MaskedLM", "CausalLM",
 ]
