@@ -5,8 +5,10 @@
 #      against the naive / chunked PyTorch references),
 #   3. `tune`: per-kernel profile, launch configurations and segment lengths of the walk kernels (no anchors),
 #   4. `bench`: `lintime bench ops --cases linear_gla` (ours, fla 0.6.0, SDPA), `quick` = T in 2k/8k/32k.
-# Every step has its own time limit so that a slow one (fla's autotuning on a cold machine) leaves
-# the others' results.  Logs and JSON go to $OUT (default ./gpu_linear_gla_out).
+# Every step has its own time limit so that a slow one leaves the others' results: on a cold
+# machine the linear case (with fla 0.6.0's autotuning of chunk_linear_attn: hundreds of Triton
+# configs compiled one by one) took ~3 min, and the GLA case (our kernels' first compile plus fla's
+# chunk_gla autotuning) did not finish in the 4 min left, so the cheap cases run first.  Logs and JSON go to $OUT (default ./gpu_linear_gla_out).
 # Usage: benchmarks/gpu_linear_gla.sh [tests] [tune] [bench] [quick]   (default: tests tune bench quick;
 # split over two calls on a warm machine when the whole exceeds one call: compiled kernels persist)
 set -uo pipefail
@@ -39,7 +41,7 @@ fi
 if [[ "$STEPS" == *" bench "* ]]; then
   QUICK=""
   [[ "$STEPS" == *" quick "* ]] && QUICK="--quick"
-  timeout "${BENCH_S:-420}" python3 -m lintime bench ops --cases "${CASES:-linear_gla.linear,linear_gla.gla,linear_gla.decode}" $QUICK --out "$OUT" 2>&1 \
+  timeout "${BENCH_S:-420}" python3 -m lintime bench ops --cases "${CASES:-linear_gla.decode,linear_gla.linear,linear_gla.gla}" $QUICK --out "$OUT" 2>&1 \
     | tee "$OUT/bench.log" || rc=1
 fi
 exit $rc
