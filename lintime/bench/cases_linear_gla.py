@@ -23,7 +23,12 @@ import torch
 import torch.nn.functional as F
 
 from lintime.bench import Result
-from lintime.bench.measure import fwd_fwdbwd_graph_ms, fwd_fwdbwd_ms, graph_ms, median_ms
+from lintime.bench.measure import (
+    fwd_fwdbwd_graph_ms,
+    fwd_fwdbwd_ms,
+    graph_ms,
+    median_ms,
+)
 
 TOKENS = 32 * 1024
 TS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)

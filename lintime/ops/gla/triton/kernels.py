@@ -33,7 +33,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lintime.ops.triton_common import segment_bounds, subchunk_A, subchunk_dqdk, subchunk_stats
+from lintime.ops.triton_common import (
+    segment_bounds,
+    subchunk_A,
+    subchunk_dqdk,
+    subchunk_stats,
+)
 
 
 @triton.jit
