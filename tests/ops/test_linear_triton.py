@@ -279,10 +279,10 @@ def test_fallbacks_and_device_check(monkeypatch):
 
 def test_segment_choice():
     """One segment per sequence when the walk already has a program per SM; otherwise segments of
-    >= 16 chunks, about two programs per SM; never as long as the sequence."""
+    >= 16 chunks (a power of two), about two programs per SM; never as long as the sequence."""
     dev = torch.device("cpu")  # 4 SMs under the interpreter
     assert choose_segment_chunks(4, 4 * 64 * 100, 64 * 100, 1, dev) == 0
-    assert choose_segment_chunks(1, 64 * 400, 64 * 400, 1, dev) == 50
+    assert choose_segment_chunks(1, 64 * 400, 64 * 400, 1, dev) == 64
     assert choose_segment_chunks(1, 64 * 100, 64 * 100, 1, dev) == 16
     assert choose_segment_chunks(1, 64 * 40, 64 * 40, 1, dev) == 16
     assert choose_segment_chunks(1, 64 * 16, 64 * 16, 1, dev) == 0
