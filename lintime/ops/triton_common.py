@@ -114,8 +114,8 @@ def choose_segment_chunks(n_seq: int, total_tokens: int, max_len: int, programs_
     long segments win -- the summary and scan passes cost about one extra read of k and v, and
     32 chunks per segment beat 16 (0.50 vs 0.52 ms) and 8 (0.58 ms) at T = 8k and 32k -- so
     sequences are cut into segments of at least 16 chunks, aiming at two programs per SM, rounded
-    up to a power of two so that power-of-two lengths split evenly (31 chunks at T = 8k left a
-    short fifth segment: 0.58 ms against 0.50 ms with 32).
+    up to a power of two so that power-of-two lengths split evenly (31 chunks at T = 8k, which
+    leaves a short fifth segment, measured 0.58 ms against 0.50 ms for 32 in another run).
     """
     sms = sm_count(device)
     if n_seq * programs_per_segment >= sms:
