@@ -109,6 +109,15 @@ def test_chain_of_trust_fp32(T, ns, with_h0, strong):
     _compare(f"gla triton T={T} ns={ns}", ref, out)
 
 
+def test_wide_heads_split_tiles_fp32():
+    """K = 40, V = 160: the output and dv walks run 2 V-blocks, the dq/dk/dg walk 3 K-blocks, the
+    A kernel 2 K-blocks, all with partial last blocks; materialised segments, initial state."""
+    q, k, v, g, h0 = _inputs(1, 100, 1, 40, 160)
+    ref, do, dfinal = _run("naive", q, k, v, g, h0)
+    out, _, _ = _run("triton", q, k, v, g, h0, do, dfinal, segment_chunks=1)
+    _compare("gla triton wide heads", ref, out)
+
+
 def test_strong_decays_match_fp64_better_than_chunked():
     """With 10% of the gates at -10 and a run of -30 gates (a sub-chunk decaying by more than
     SPAN_MAX nats takes the direct log-space form), the fp32 kernels stay within the exact tolerance

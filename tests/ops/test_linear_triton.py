@@ -137,6 +137,19 @@ def test_chain_of_trust_fp32(causal, normalize, T, ns):
     _assert_all(f"triton causal={causal} normalize={normalize} T={T} ns={ns}", ref, out, zero)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_wide_heads_split_tiles_fp32(causal):
+    """K = 100, V = 72: the state no longer fits one tile, so the output walk runs 3 V-blocks, the
+    dq walk 4 K-blocks, and dk / dv take separate walks (4 K-blocks, 3 V-blocks), all with partial
+    last blocks; materialised segments, normalised, with an initial state."""
+    B, T, H, K, V = 1, 130, 1, 100, 72
+    q, k, v = _inputs(B, T, H, K, V)
+    state = _state(B, H, K, V, True) if causal else None
+    ref = _run("naive", q, k, v, state, causal=causal)
+    out = _run("triton", q, k, v, state, segment_chunks=1, causal=causal)
+    _assert_all(f"triton wide heads causal={causal}", ref, out)
+
+
 @pytest.mark.parametrize("causal,normalize", [(True, True), (True, False), (False, True)])
 def test_half_precision_fp16(causal, normalize):
     B, T, H, K, V = 1, 100, 2, 16, 16
