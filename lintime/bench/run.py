@@ -19,7 +19,8 @@ def _fmt(x, spec):
 
 
 def table(rows: list[dict]) -> str:
-    head = f"{'case':<22} {'impl':<30} {'T':>6} {'B':>3} {'fwd ms':>9} {'fwd+bwd ms':>11} {'TFLOP/s':>8} {'GB/s':>7}  notes"
+    head = (f"{'case':<22} {'impl':<30} {'T':>6} {'B':>3} {'fwd ms':>9} {'fwd+bwd ms':>11} {'TFLOP/s':>8} "
+            f"{'GB/s':>7}  notes")
     lines = [head, "-" * len(head)]
     for r in rows:
         notes = " ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.get("extra", {}).items())

@@ -400,7 +400,8 @@ def segment_states(x, y, seg: Segments, *, H: int, g=None, w=None, rdiv=None, re
             SDT=SDT, PREC=PREC, num_warps=4,
         )
     start = torch.empty(seg.NSEG_ALLOC, H, K, V, **f32) if store_start else delta
-    start_z = torch.empty(seg.NSEG_ALLOC, H, K, **f32) if (store_start and norm) else x.new_empty(0, dtype=torch.float32)
+    start_z = (torch.empty(seg.NSEG_ALLOC, H, K, **f32) if (store_start and norm)
+               else x.new_empty(0, dtype=torch.float32))
     final = torch.empty(seg.N, H, K, V, **f32)
     final_z = torch.empty(seg.N, H, K, **f32) if norm else x.new_empty(0, dtype=torch.float32)
     if seg.N > 0:

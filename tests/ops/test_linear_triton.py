@@ -257,7 +257,8 @@ def test_custom_op_compiles_and_checks():
 
     q, k, v = _inputs(1, 20, 1, 16, 16)
     kv, ks = _state(1, 1, 16, 16, True)
-    args = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), kv.requires_grad_(), ks, None, 0.25, True, True, 0)
+    leaves = tuple(x.requires_grad_() for x in (q, k, v, kv))
+    args = (*leaves, ks, None, 0.25, True, True, 0)
     torch.library.opcheck(_fwd_op, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
     def f(q, k, v):
