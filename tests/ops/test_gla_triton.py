@@ -4,7 +4,7 @@ every gradient (q, k, v, the gates by the closed form, the initial state), both 
 segment per sequence; materialised segment states), odd lengths, strong decays, packing,
 continuation, the decoding kernel, fallbacks, and the custom ops under ``torch.compile``.
 
-On the CPU the kernels run in Triton's interpreter (tests/ops/conftest.py) at small sizes, fp32
+On the CPU the kernels run in Triton's interpreter (tests/conftest.py) at small sizes, fp32
 (exact tolerance) and fp16 (half-precision rule); the tests marked ``cuda`` repeat the checks at
 real sizes, bf16 included.
 """
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 if not torch.cuda.is_available():
-    # Triton picks interpreter vs compiler when a kernel module is imported; tests/ops/conftest.py
+    # Triton picks interpreter vs compiler when a kernel module is imported; tests/conftest.py
     # sets this too -- repeated so this file also runs on its own
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

@@ -4,7 +4,7 @@ gradient (both parts of the initial state included), causal and not, normalised 
 state forms (one segment per sequence; materialised segment states), odd lengths, packing,
 continuation, the decoding kernel, fallbacks, and the custom ops under ``torch.compile``.
 
-On the CPU the kernels run in Triton's interpreter (tests/ops/conftest.py) at small sizes: fp32
+On the CPU the kernels run in Triton's interpreter (tests/conftest.py) at small sizes: fp32
 (exact tolerance -- fp32 inputs use IEEE matmuls) and fp16 (half-precision rule; the
 interpreter's bf16 matmul is wrong, so bf16 runs on CUDA only).  The tests marked ``cuda`` repeat
 the checks at real sizes, bf16 included.
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 if not torch.cuda.is_available():
-    # Triton picks interpreter vs compiler when a kernel module is imported; tests/ops/conftest.py
+    # Triton picks interpreter vs compiler when a kernel module is imported; tests/conftest.py
     # sets this too -- repeated so this file also runs on its own
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
