@@ -90,6 +90,32 @@ def check_packed_prefill_then_decoding(name):
         assert st.offset.tolist() == [10, 6]
 
 
+def check_packed_decode_and_select(m, label, steps, vocab=BYTE_VOCAB):
+    """Packed prefill of four sequences, then ``steps`` tokens decoded for each (choose ``steps``
+    so every sequence crosses a chunk / block boundary), then beams: state rows reordered and
+    repeated with ``select``, and a packed piece continues each of them."""
+    lengths = [5, 12, 1, 9]
+    seqs, ids, cu = packed(lengths, vocab)
+    more = torch.randint(0, vocab, (4, steps))
+    with torch.no_grad():
+        logits, state = m(ids, cu_seqlens=cu, return_state=True)
+        assert_exact(f"{label} packed prefill", m(ids, cu_seqlens=cu), logits)
+        assert state.offset.tolist() == lengths
+        outs, st = [], state
+        for t in range(steps):
+            lg, st = m(more[:, t : t + 1], st, return_state=True)
+            outs.append(lg)
+        ref = torch.stack([m(torch.cat([s, more[i : i + 1]], 1))[0, -steps:] for i, s in enumerate(seqs)])
+        assert_exact(f"{label} decode after packed prefill", ref, torch.cat(outs, 1))
+        index = torch.tensor([3, 1, 1])
+        pieces = [more[0, : steps - 2], more[1, :1], more[2, :4]]
+        cu_pieces = torch.tensor([0, *torch.tensor([len(p) for p in pieces]).cumsum(0).tolist()])
+        lg, st2 = m(torch.cat(pieces)[None], state.select(index), return_state=True, cu_seqlens=cu_pieces)
+        ref = torch.cat([m(torch.cat([seqs[i][0], p])[None])[:, -len(p):] for i, p in zip(index.tolist(), pieces)], 1)
+        assert_exact(f"{label} packed continuation after select", ref, lg)
+        assert st2.offset.tolist() == [lengths[i] + len(p) for i, p in zip(index.tolist(), pieces)]
+
+
 def check_select(name):
     """``state.select`` reorders / repeats rows (beam search); the old state stays valid."""
     m = model(name)
@@ -167,6 +193,6 @@ def assert_within_5pct(name, want_m):
 
 __all__ = [
     "model", "decode_in_pieces", "packed", "check_prefill_plus_decoding", "check_packed_equals_separate",
-    "check_packed_prefill_then_decoding", "check_select", "state_numel", "check_json_round_trip", "overfit",
+    "check_packed_prefill_then_decoding", "check_packed_decode_and_select", "check_select", "state_numel", "check_json_round_trip", "overfit",
     "meta_params_m", "assert_within_5pct", "MaskedLM", "CausalLM",
 ]

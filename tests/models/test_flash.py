@@ -19,7 +19,7 @@ from lintime.models import CausalLM, MaskedLM, ModelConfig, get_preset
 from lintime.models.families.flash import FlashConfig
 from lintime.models.config import BYTE_VOCAB
 from lintime.testing import assert_exact
-from model_helpers import decode_in_pieces, packed, state_numel
+from model_helpers import check_packed_decode_and_select, decode_in_pieces, packed, state_numel
 
 V = BYTE_VOCAB
 
@@ -197,27 +197,7 @@ def test_packed_equals_separate(opts, cls):
 @pytest.mark.parametrize("opts", [dict(), dict(first_to_all=True)], ids=_id)
 def test_packed_prefill_then_decoding_and_select(opts):
     m = model(cfg(**opts))
-    lengths = [5, 12, 1, 9]
-    seqs, ids, cu = packed(lengths)
-    more = torch.randint(0, V, (4, 11))
-    with torch.no_grad():
-        logits, state = m(ids, cu_seqlens=cu, return_state=True)
-        assert_exact("packed prefill", m(ids, cu_seqlens=cu), logits)
-        assert state.offset.tolist() == lengths
-        steps, st = [], state
-        for t in range(11):  # every sequence crosses a chunk boundary
-            lg, st = m(more[:, t : t + 1], st, return_state=True)
-            steps.append(lg)
-        ref = torch.stack([m(torch.cat([s, more[i : i + 1]], 1))[0, -11:] for i, s in enumerate(seqs)])
-        assert_exact("decode after packed prefill", ref, torch.cat(steps, 1))
-        # beams: rows reordered / repeated, then a packed piece continues each of them
-        index = torch.tensor([3, 1, 1])
-        pieces = [more[0, :9], more[1, :1], more[2, :4]]
-        lg, st2 = m(torch.cat(pieces)[None], state.select(index), return_state=True,
-                    cu_seqlens=torch.tensor([0, 9, 10, 14]))
-        ref = torch.cat([m(torch.cat([seqs[i][0], p])[None])[:, -len(p):] for i, p in zip(index.tolist(), pieces)], 1)
-        assert_exact("packed continuation after select", ref, lg)
-        assert st2.offset.tolist() == [18, 13, 16]
+    check_packed_decode_and_select(m, "flash", steps=11, vocab=V)
 
 
 def test_decoding_state_size_is_constant_in_T():
