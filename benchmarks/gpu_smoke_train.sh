@@ -13,7 +13,7 @@ run() {  # name, extra args...
   local name=$1; shift
   local t0=$SECONDS
   timeout 240 python3 -m lintime train --device cuda --steps "$STEPS" --context-len "$CTX" \
-    --tokens-per-batch "$TPB" --eval-every 0 --save-every 0 --no-plots --no-progress \
+    --tokens-per-batch "$TPB" --log-every 1 --eval-every 0 --save-every 0 --no-plots --no-progress \
     --sample-tokens 32 --out "$OUT/runs" --name "$name" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   echo "== $name rc=$rc wall=$((SECONDS - t0))s"; tail -n 4 "$OUT/$name.log"
