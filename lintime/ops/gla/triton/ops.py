@@ -3,11 +3,12 @@ backward, decoding) and the backend entry :func:`triton_gla`.
 
 Kernel sequence (``ns`` = chunks per segment, see :mod:`lintime.ops.triton_common`):
 
-* forward: ``gla_fwd_A_kernel`` (per chunk) -> [segment summaries + scan, when materialised]
-  -> ``gla_fwd_kernel`` (output walk, final state);
+* forward: ``gla_fwd_prep_kernel`` (per chunk: ``A``, ``q exp G``, ``k exp(G_l - G)``, ``G_l``)
+  -> [segment summaries + scan, when materialised] -> ``gla_fwd_kernel`` (output walk, per-chunk
+  states, final state);
 * backward: [reverse segment summaries of ``scale (q exp G)^T do`` + scan] ->
   ``gla_bwd_dv_kernel`` (backward walk: ``dv``, per-chunk state gradients) ->
-  ``gla_bwd_dqkg_kernel`` (forward walk: ``dq, dk, dg``).
+  ``gla_bwd_dqkg_kernel`` (per chunk: ``dq, dk, dg``).
 """
 
 import math
@@ -21,9 +22,10 @@ from torch import Tensor
 from lintime.ops.gla.triton.kernels import (
     gla_bwd_dqkg_kernel,
     gla_bwd_dv_kernel,
-    gla_fwd_A_kernel,
     gla_fwd_kernel,
+    gla_fwd_prep_kernel,
     gla_recurrent_kernel,
+    gla_seg_summary_kernel,
 )
 from lintime.ops.triton_common import (
     BC,
@@ -38,21 +40,21 @@ from lintime.ops.triton_common import (
     flat,
     none_if_empty,
     seg_alloc_rows,
-    segment_states,
+    seg_scan_kernel,
     segments,
     supported,
 )
 
 DECODE_MAX_T = 16  # forward-only calls up to this many tokens use the recurrent kernel
 TILE = 8192  # fp32 elements of the [all K, BV] state tile of the output / dv walks (32 KB)
-TILE_K = 4096  # ... and of the [BK, all V] tile of the dq/dk/dg walk (which also loads dh_n)
 _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
 def _tiles(K: int, V: int):
-    """``[all K, BV]`` tiles for the output / dv walks, ``[BK, all V]`` for the dq/dk/dg walk."""
+    """``[all K, BV]`` tiles for the output / dv walks; ``(BK, BV)`` of the dq/dk/dg kernel (a K-block
+    per program, V walked in blocks)."""
     BKf, BVf = block(K), block(V)
-    return dict(v_walk=(BKf, min(BVf, max(16, TILE // BKf))), k_walk=(min(BKf, max(16, TILE_K // BVf)), BVf))
+    return dict(v_walk=(BKf, min(BVf, max(16, TILE // BKf))), dqkg=(min(32, BKf), min(64, BVf)))
 
 
 def _launch(cfg, name, num_warps, num_stages):
@@ -61,13 +63,52 @@ def _launch(cfg, name, num_warps, num_stages):
 
 
 def _warps(bk: int, bv: int) -> int:
-    # 8 warps keep the [64, K] gate tiles of a chunk out of local memory; Triton 3.6 on Hopper
-    # was also seen to fault (illegal address) with 4 warps on the K = 128, V = 256 tiles
+    # 8 warps keep the [64, K] tiles of a chunk out of local memory; Triton 3.6 on Hopper was
+    # also seen to fault (illegal address) with 4 warps on the K = 128, V = 256 tiles
     return 8 if bk * bv >= 2048 else 4
 
 
 def _n_seq(q: Tensor, cu_seqlens: Optional[Tensor]) -> int:
     return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+
+
+def _state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Per-chunk states and state gradients in HBM: bf16 for bf16 inputs (the matmuls that read
+    them run in bf16 anyway), fp32 otherwise (fp16's range is too small for a state)."""
+    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+
+
+def _chunk_rows(B: int, T: int, N: int, varlen: bool) -> int:
+    """Rows of per-chunk tensors, from shapes alone (a bound with ``cu_seqlens``)."""
+    return seg_alloc_rows(B, T, N, varlen, 1)
+
+
+def _segment_states(x, y, gl, seg, *, H, reverse=False, alpha=1.0, init=None):
+    """States entering each segment (``[NSEG_ALLOC, H, K, V]`` fp32) and after each sequence
+    (``[N, H, K, V]``) from the gated inputs ``x [TT, H, K]``, ``y [TT, H, V]`` and the per-chunk
+    log-decays ``gl`` (:func:`gla_seg_summary_kernel`, then ``seg_scan_kernel``)."""
+    K, V = x.shape[-1], y.shape[-1]
+    f32 = dict(dtype=torch.float32, device=x.device)
+    _, PREC = dot_config(x.dtype)
+    delta = torch.empty(max(seg.NSEG, 1), H, K, V, **f32)
+    gsum = torch.empty(max(seg.NSEG, 1), H, K, **f32)
+    la = seg.kernel_args()
+    BK, BV = min(64, block(K)), min(64, block(V))
+    if seg.NSEG > 0:
+        gla_seg_summary_kernel[(triton.cdiv(K, BK) * triton.cdiv(V, BV) * seg.NSEG, H)](
+            x, y, gl, delta, gsum, float(alpha), **la, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, REVERSE=reverse,
+            PREC=PREC, num_warps=4,
+        )
+    start = torch.empty(seg.NSEG_ALLOC, H, K, V, **f32)
+    final = torch.empty(seg.N, H, K, V, **f32)
+    if seg.N > 0:
+        SK, SV = min(32, block(K)), min(32, block(V))
+        seg_scan_kernel[(triton.cdiv(K, SK) * triton.cdiv(V, SV), seg.N, H)](
+            delta, delta, gsum, init, None, start, None, final, None, seg.seq_ptr, seg.NSPS,
+            H=H, K=K, V=V, BK=SK, BV=SV, VARLEN=seg.varlen, USE_G=True, REVERSE=reverse, NORM=False,
+            HAS_INIT=init is not None, STORE_START=True, num_warps=2,
+        )
+    return start, final
 
 
 # --------------------------------------------------------------------------------------------
@@ -79,53 +120,62 @@ def _fwd_fake(q, k, v, g, h0, cu_seqlens, scale, ns):
     V = v.shape[-1]
     N = _n_seq(q, cu_seqlens)
     f32 = dict(dtype=torch.float32, device=q.device)
-    rows = seg_alloc_rows(B, T, N, cu_seqlens is not None, ns)
+    rows = _chunk_rows(B, T, N, cu_seqlens is not None)
     return (
         q.new_empty(B, T, H, V),
         q.new_empty(N, H, K, V, **f32),
         q.new_empty(B, T, H, BT, **f32),
-        q.new_empty(rows, H, K, V, **f32) if ns > 0 else q.new_empty(0, **f32),
+        q.new_empty(B * T, H, K),
+        q.new_empty(B * T, H, K),
+        q.new_empty(rows, H, K, **f32),
+        q.new_empty(rows, H, K, V, dtype=_state_dtype(q.dtype)),
     )
 
 
 def gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns, cfg=None):
     """Forward launcher (``cfg``: ``{kernel: (num_warps, num_stages)}`` overrides, benchmarks only):
-    ``o, ht, A, hs`` (final state, in-chunk scores, materialised segment
-    start states -- the last two kept for the backward)."""
+    ``o, ht, A, qg, kg, gl, hc`` -- output, final state, and for the backward the in-chunk scores,
+    the gated inputs ``q exp G``, ``k exp(G_l - G)`` (``[TT, H, K]``), the per-chunk log-decays
+    (``[NCH, H, K]`` fp32) and the state entering each chunk (``[NCH, H, K, V]``)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
+    N = _n_seq(q, cu_seqlens)
     seg = segments(B, T, cu_seqlens, ns, q.device)
     qf, kf, vf, gf = flat(q), flat(k), flat(v), flat(g)
     SDT, PREC = dot_config(q.dtype)
     DT = _TL[q.dtype]
     f32 = dict(dtype=torch.float32, device=q.device)
+    rows = _chunk_rows(B, T, N, cu_seqlens is not None)
     A = torch.empty(B * T, H, BT, **f32)
-    ch = chunks(B, T, cu_seqlens, q.device)
+    qg, kg = torch.empty_like(qf), torch.empty_like(kf)
+    gl = torch.empty(rows, H, K, **f32)
+    hc = torch.empty(rows, H, K, V, dtype=_state_dtype(q.dtype), device=q.device)
+    ch = seg if seg.ns == 1 else chunks(B, T, cu_seqlens, q.device)
     if ch.NSEG > 0:
-        gla_fwd_A_kernel[(ch.NSEG, H)](
-            qf, kf, gf, A, scale, **ch.kernel_args(), H=H, K=K, BT=BT, BC=BC, BK=min(32, block(K)), DT=DT, PREC=PREC,
-            **_launch(cfg, "A", 8, 1),
+        gla_fwd_prep_kernel[(ch.NSEG, H)](
+            qf, kf, gf, A, qg, kg, gl, scale, **ch.kernel_args(), H=H, K=K, BT=BT, BC=BC, BK=min(32, block(K)),
+            DT=DT, PREC=PREC, **_launch(cfg, "A", 8, 1),
         )
     if seg.materialized:
-        hs, _, ht, _ = segment_states(kf, vf, seg, H=H, g=gf, init=h0)
+        hs, ht = _segment_states(kg, vf, gl, seg, H=H, init=h0)
     else:
         hs, ht = empty_f32(q), torch.empty(seg.N, H, K, V, **f32)
     o = torch.empty(B * T, H, V, dtype=q.dtype, device=q.device)
     BK, BV = _tiles(K, V)["v_walk"]
     if seg.NSEG > 0:
         gla_fwd_kernel[(triton.cdiv(V, BV) * seg.NSEG, H)](
-            qf, kf, vf, gf, A, o, h0, hs, ht, scale, **seg.kernel_args(), H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+            qg, kg, vf, gl, A, o, h0, hs, ht, hc, scale, **seg.kernel_args(), H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
             HAS_H0=h0 is not None, MAT=seg.materialized, DT=DT, SDT=SDT, PREC=PREC,
             **_launch(cfg, "fwd", _warps(BK, BV), 1),
         )
-    return o.view(B, T, H, V), ht, A.view(B, T, H, BT), hs
+    return o.view(B, T, H, V), ht, A.view(B, T, H, BT), qg, kg, gl, hc
 
 
 # --------------------------------------------------------------------------------------------
 # backward
 
 
-def _bwd_fake(q, k, v, g, A, hs, do, dht, h0, cu_seqlens, scale, ns, need_dh0):
+def _bwd_fake(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, need_dh0):
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = _n_seq(q, cu_seqlens)
@@ -134,10 +184,12 @@ def _bwd_fake(q, k, v, g, A, hs, do, dht, h0, cu_seqlens, scale, ns, need_dh0):
             q.new_empty(N, H, K, V, **f32) if need_dh0 else q.new_empty(0, **f32))
 
 
-def gla_bwd(q, k, v, g, A, hs, do, dht, h0, cu_seqlens, scale, ns, need_dh0, cfg=None):
-    """Backward launcher: ``dq, dk, dv, dg, dh0`` (``dh0`` empty unless ``need_dh0``)."""
+def gla_bwd(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, need_dh0, cfg=None):
+    """Backward launcher: ``dq, dk, dv, dg, dh0`` (``dh0`` empty unless ``need_dh0``); ``A, qg, kg,
+    gl, hc`` from :func:`gla_fwd`."""
     B, T, H, K = q.shape
     V = v.shape[-1]
+    N = _n_seq(q, cu_seqlens)
     seg = segments(B, T, cu_seqlens, ns, q.device)
     qf, kf, vf, gf, dof = flat(q), flat(k), flat(v), flat(g), flat(do)
     Af = A.view(B * T, H, BT)
@@ -146,26 +198,25 @@ def gla_bwd(q, k, v, g, A, hs, do, dht, h0, cu_seqlens, scale, ns, need_dh0, cfg
     f32 = dict(dtype=torch.float32, device=q.device)
     ds = None
     if seg.materialized:
-        ds, _, dh0, _ = segment_states(qf, dof, seg, H=H, g=gf, reverse=True, alpha=scale, init=dht)
+        ds, dh0 = _segment_states(qg, dof, gl, seg, H=H, reverse=True, alpha=scale, init=dht)
     else:
         dh0 = torch.empty(seg.N, H, K, V, **f32) if need_dh0 else empty_f32(q)
-    # per-chunk state gradients: half the traffic in bf16 (the state stays fp32 in registers)
-    dhs = torch.empty(max(seg.NCH, 1), H, K, V, dtype=torch.bfloat16 if q.dtype == torch.bfloat16 else torch.float32,
+    dhs = torch.empty(_chunk_rows(B, T, N, cu_seqlens is not None), H, K, V, dtype=_state_dtype(q.dtype),
                       device=q.device)
     dq, dk, dv, dg = torch.empty_like(qf), torch.empty_like(kf), torch.empty_like(vf), torch.empty_like(gf)
-    common = dict(H=H, K=K, V=V, BT=BT, MAT=seg.materialized, DT=DT, SDT=SDT, PREC=PREC)
     tiles = _tiles(K, V)
     if seg.NSEG > 0:
         BK, BV = tiles["v_walk"]
         gla_bwd_dv_kernel[(triton.cdiv(V, BV) * seg.NSEG, H)](
-            qf, kf, gf, Af, dof, dv, dht, dh0, ds, dhs, scale, **seg.kernel_args(), BK=BK, BV=BV,
-            HAS_DHT=dht is not None, STORE_DH0=need_dh0 and not seg.materialized, **common,
-            **_launch(cfg, "dv", _warps(BK, BV), 1),
+            qg, kg, gl, Af, dof, dv, dht, dh0, ds, dhs, scale, **seg.kernel_args(), H=H, K=K, V=V, BT=BT, BK=BK,
+            BV=BV, HAS_DHT=dht is not None, MAT=seg.materialized, STORE_DH0=need_dh0 and not seg.materialized,
+            DT=DT, SDT=SDT, PREC=PREC, **_launch(cfg, "dv", _warps(BK, BV), 1),
         )
-        BK, BV = (cfg or {}).get("dqkg_tile", tiles["k_walk"])
-        gla_bwd_dqkg_kernel[(triton.cdiv(K, BK) * seg.NSEG, H)](
-            qf, kf, vf, gf, dof, dq, dk, dg, h0, hs, dhs, scale, **seg.kernel_args(), BC=BC, BK=BK, BV=BV,
-            HAS_H0=h0 is not None, **common, **_launch(cfg, "dqkg", _warps(BK, BV), 1),
+        ch = seg if seg.ns == 1 else chunks(B, T, cu_seqlens, q.device)
+        BK, BV = (cfg or {}).get("dqkg_tile", tiles["dqkg"])
+        gla_bwd_dqkg_kernel[(triton.cdiv(K, BK) * ch.NSEG, H)](
+            qf, kf, vf, gf, dof, hc, dhs, dq, dk, dg, scale, **ch.kernel_args(), H=H, K=K, V=V, BT=BT, BC=BC,
+            BK=BK, BV=BV, DT=DT, SDT=SDT, PREC=PREC, **_launch(cfg, "dqkg", _warps(BT, BK), 2),
         )
     if not need_dh0:
         dh0 = empty_f32(q)
@@ -173,31 +224,31 @@ def gla_bwd(q, k, v, g, A, hs, do, dht, h0, cu_seqlens, scale, ns, need_dh0, cfg
 
 
 @custom_op("gla_bwd", fake=_bwd_fake)
-def _bwd_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, A: Tensor, hs: Tensor, do: Tensor, dht: Optional[Tensor],
-            h0: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float, ns: int,
+def _bwd_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, A: Tensor, qg: Tensor, kg: Tensor, gl: Tensor, hc: Tensor,
+            do: Tensor, dht: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float, ns: int,
             need_dh0: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    return gla_bwd(q, k, v, g, A, hs, do, dht, h0, cu_seqlens, scale, ns, need_dh0)
+    return gla_bwd(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, need_dh0)
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, g, h0, cu_seqlens, scale, ns = inputs
-    o, ht, A, hs = output
-    ctx.save_for_backward(q, k, v, g, h0, cu_seqlens, A, hs)
+    o, ht, A, qg, kg, gl, hc = output
+    ctx.save_for_backward(q, k, v, g, cu_seqlens, A, qg, kg, gl, hc)
     ctx.opts = (scale, ns)
 
 
-def _backward(ctx, do, dht, _dA, _dhs):
-    q, k, v, g, h0, cu_seqlens, A, hs = ctx.saved_tensors
+def _backward(ctx, do, dht, *_unused):
+    q, k, v, g, cu_seqlens, A, qg, kg, gl, hc = ctx.saved_tensors
     scale, ns = ctx.opts
     do = torch.zeros_like(v) if do is None else do.contiguous()
-    dq, dk, dv, dg, dh0 = _bwd_op(q, k, v, g, A, hs, do, None if dht is None else dht.contiguous(), h0, cu_seqlens,
-                                  scale, ns, ctx.needs_input_grad[4])
+    dq, dk, dv, dg, dh0 = _bwd_op(q, k, v, g, A, qg, kg, gl, hc, do, None if dht is None else dht.contiguous(),
+                                  cu_seqlens, scale, ns, ctx.needs_input_grad[4])
     return dq, dk, dv, dg, none_if_empty(dh0), None, None, None
 
 
 @custom_op("gla_fwd", fake=_fwd_fake, backward=_backward, setup_context=_setup_context)
 def _fwd_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Optional[Tensor], cu_seqlens: Optional[Tensor],
-            scale: float, ns: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+            scale: float, ns: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     return gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns)
 
 
@@ -268,5 +319,5 @@ def triton_gla(
         o, ht = _recurrent_op(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), h0, cu_seqlens, scale)
     else:
         ns = segment_chunks_for(q, v, cu_seqlens) if segment_chunks is None else int(segment_chunks)
-        o, ht, _, _ = _fwd_op(q, k, v, g, h0, cu_seqlens, scale, ns)
+        o, ht, *_ = _fwd_op(q, k, v, g, h0, cu_seqlens, scale, ns)
     return o, (ht if output_final_state else None)
