@@ -54,6 +54,36 @@ def test_cpu_presets_are_small(name):
     assert m.num_parameters() < 5e6
 
 
+# The GPU quality study (benchmarks/quality) trains these at equal tokens: byte vocabulary, 10-40M
+# parameters, and within 15 % of Transformer++-medium so the comparison is at about equal size.
+STUDY_MEDIUM = ["flash-medium", "flash-quad-medium", "transformer-pp-medium", "transformer-p-medium",
+                "gla-medium", "vq-medium", "linear-medium", "performer-medium"]
+
+
+def test_study_medium_presets_are_byte_level_and_comparable():
+    assert set(STUDY_MEDIUM) <= {n for n in all_presets() if n.endswith("-medium")}
+    counts = {}
+    for name in STUDY_MEDIUM:
+        cfg = get_preset(name)
+        assert cfg.vocab_size == 260, name  # bytes + <pad> <bos> <eos> <mask>
+        with torch.device("meta"):
+            counts[name] = CausalLM(cfg).num_parameters(exclude_embeddings=True)
+        assert 10e6 <= counts[name] <= 40e6, (name, counts[name])
+    ref = counts["transformer-pp-medium"]
+    for name, n in counts.items():
+        assert abs(n - ref) <= 0.15 * ref, (name, n, ref)
+
+
+@pytest.mark.parametrize("name", ["gla-base", "vq-base"])
+def test_base_presets_of_the_newer_families(name):
+    """~110M at vocabulary 32,000, the size of the seed-table ``-base`` presets above."""
+    cfg = get_preset(name)
+    assert (cfg.vocab_size, cfg.d_model) == (32_000, 768)
+    with torch.device("meta"):
+        got = CausalLM(cfg).num_parameters() / 1e6
+    assert abs(got - 110) <= 0.05 * 110, f"{name}: {got:.2f}M"
+
+
 def test_init_is_seed_normal_002():
     torch.manual_seed(0)
     m = CausalLM(get_preset("transformer-p-small"))

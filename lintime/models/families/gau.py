@@ -26,9 +26,13 @@ if TYPE_CHECKING:
 # size -> (d_model, GAU layers, s, chunk size C, vocab, max_len n).  Seed Tables 8-9 (base) and 10
 # (large): 24 / 72 layers, expansion 2, s = 128, C = 256 / 512.  max_len is the fixed n of the
 # 1/n scaling: the shortest context of each table (512 on Wiki-40B / C4, 1024 on PG-19).
+# ``medium`` (~26M parameters, byte vocabulary) is the GPU quality study's size
+# (benchmarks/quality): the seed's base shape at d=512 and 16 layers, two GAUs per
+# Transformer++-medium block, so the families compare at about equal parameters.
 SIZES = {
     "tiny": (128, 4, 64, 64, BYTE_VOCAB, 512),
     "small": (256, 8, 128, 128, BYTE_VOCAB, 512),
+    "medium": (512, 16, 128, 256, BYTE_VOCAB, 512),
     "base": (768, 24, 128, 256, SEED_VOCAB, 512),
     "large": (1024, 72, 128, 512, SEED_VOCAB, 1024),
 }

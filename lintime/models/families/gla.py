@@ -11,6 +11,8 @@ Mistral tokenizer: vocabulary 32,000) and fixes 4 heads, ``d_k = d/2``, ``d_v = 
 ``tau = 16``; it does not print the widths.  ``d_model`` 1024 / 2048, 24 layers and the SwiGLU
 width (``2/3 * 4d`` rounded up to a multiple of 256: 2816 / 5632) are the GLA authors' released
 configurations.  With tied embeddings they give 341.7M / 1.299B (see ``docs/models_linear.md``).
+``gla-medium`` (~25M, byte vocabulary) is the GPU quality study's size (``benchmarks/quality``),
+``gla-base`` (~110M, vocabulary 32,000) the size of the other ``-base`` presets.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from lintime.layers.gla import HEAD_NORMS, GatedLinearAttention
 from lintime.models.families.linear import check_positive_int
 from lintime.models.registry import register_family
 from lintime.models.config import BYTE_VOCAB
+from lintime.models.families.softmax import SEED_VOCAB
 
 if TYPE_CHECKING:
     from lintime.models.config import ModelConfig
@@ -85,6 +88,11 @@ MISTRAL_VOCAB = 32_000  # seed A4: "Mistral tokenizer"
 _SIZES = {
     "gla-tiny": (64, 2, 4, BYTE_VOCAB, None),
     "gla-small": (256, 4, 4, BYTE_VOCAB, None),
+    "gla-medium": (512, 8, 4, BYTE_VOCAB, None),  # the GPU quality study's size (benchmarks/quality)
+    # the ~110M size of the other ``-base`` presets (d=768, 12 layers, vocabulary 32,000) with the
+    # seed's GLA block: 4 heads, d_k = d/2, SwiGLU width 2/3 * 4d = 2048 (a multiple of 256, like
+    # the released 340M / 1.3B configurations)
+    "gla-base": (768, 12, 4, SEED_VOCAB, 2048),
     "gla-340m": (1024, 24, 4, MISTRAL_VOCAB, 2816),
     "gla-1.3b": (2048, 24, 4, MISTRAL_VOCAB, 5632),
 }

@@ -84,6 +84,10 @@ GPT2_VOCAB = 50_257  # GPT-2's byte-level BPE (the seed trains "an exact replica
 _SIZES = {
     "linear-tiny": (64, 2, 4, BYTE_VOCAB, 1024),
     "linear-small": (256, 4, 4, BYTE_VOCAB, 1024),
+    # the GPU quality study's size (benchmarks/quality, ~29M parameters with the table): GPT-2's layout
+    # at d=512; the learned table covers the study's longest context (8k), so evaluating a model
+    # trained at 1k at 2k-8k reads positions it never trained (what learned positions give)
+    "linear-medium": (512, 8, 8, BYTE_VOCAB, 8192),
     # the four GPT-2 shapes of the seed's first plot ("120 million to 1.5 billion parameters");
     # 1024 positions like GPT-2 (the seed's "TODO: GPT2 is not suited for sampling for arbitrarily
     # long context due to the positional encodings": decoding past 1024 tokens raises)

@@ -85,6 +85,7 @@ SEED_VOCAB = 32_000  # the softmax family's reading of the FLASH tables (docs/mo
 _SIZES = {
     "tiny": (64, 2, 4, BYTE_VOCAB, 32),
     "small": (256, 4, 4, BYTE_VOCAB, 64),
+    "medium": (512, 8, 8, BYTE_VOCAB, 128),  # the GPU quality study's size (benchmarks/quality)
     "base": (768, 12, 12, SEED_VOCAB, 256),  # Tables 8-9
     # Table 10 (PG-19) has no Performer row: Transformer+'s large shape (36 blocks, d=1024, 16 heads)
     "large": (1024, 36, 16, SEED_VOCAB, 256),

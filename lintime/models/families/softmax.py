@@ -75,6 +75,9 @@ SEED_VOCAB = 32_000
 _SIZES = {
     "tiny": (64, 2, 4, BYTE_VOCAB, 1024),
     "small": (256, 4, 4, BYTE_VOCAB, 1024),
+    # the GPU quality study's size (benchmarks/quality, ~26M parameters): head width 64 as in the seed's
+    # base models; the learned table (vanilla Transformer only) covers the study's longest context
+    "medium": (512, 8, 8, BYTE_VOCAB, 8192),
     "base": (768, 12, 12, SEED_VOCAB, 512),  # seed Tables 8-9
     "large": (1024, 36, 16, SEED_VOCAB, 1024),  # seed Table 10
 }

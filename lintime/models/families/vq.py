@@ -14,7 +14,9 @@ and is independently parameterized" (App. C.2: ``final_norm=False``, ``tie_embed
 Vocabulary: **260**, Enwik8's 256 bytes plus the 4 specials of lintime's byte tokenizer
 (``<pad> <bos> <eos> <mask>``).  Regularisation of the Enwik8 column: residual dropout 0.5
 (``dropout``; lintime also applies it to the embedding output), relative-sinusoid dropout 0.2;
-LayerDrop 0.3 is not implemented.  ``vq-tiny`` / ``vq-small`` are byte-level CPU models.
+LayerDrop 0.3 is not implemented.  ``vq-tiny`` / ``vq-small`` are byte-level CPU models, ``vq-medium``
+(~29M) the byte-level model of the GPU quality study (``benchmarks/quality``), ``vq-base`` the ~110M
+size of the other ``-base`` presets (vocabulary 32,000).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from lintime.layers.vq import REDUCTIONS, VQAttention
 from lintime.models.config import BYTE_VOCAB
+from lintime.models.families.softmax import SEED_VOCAB
 from lintime.models.families.gau import (
     check_bool,
     check_choice,
@@ -36,11 +39,19 @@ from lintime.models.registry import register_family
 if TYPE_CHECKING:
     from lintime.models.config import ModelConfig
 
-# size -> (d_model, gated units, D_k, codes S, block length L, model dropout, sinusoid dropout)
+# size -> (d_model, gated units, D_k, codes S, block length L, model dropout, sinusoid dropout, vocab)
 SIZES = {
-    "tiny": (128, 4, 64, 64, 64, 0.0, 0.0),
-    "small": (256, 8, 128, 256, 128, 0.0, 0.0),
-    "190m": (768, 48, 128, 512, 512, 0.5, 0.2),  # seed Table 10, Enwik8 column
+    "tiny": (128, 4, 64, 64, 64, 0.0, 0.0, BYTE_VOCAB),
+    "small": (256, 8, 128, 256, 128, 0.0, 0.0, BYTE_VOCAB),
+    # the GPU quality study's size (benchmarks/quality, ~27M parameters): 16 units at d=512 like
+    # flash-medium; L = 256 so that the compressive cache is in use from the study's shortest
+    # context (512) on; no dropout (the study trains less than one epoch)
+    "medium": (512, 16, 128, 512, 256, 0.0, 0.0, BYTE_VOCAB),
+    "190m": (768, 48, 128, 512, 512, 0.5, 0.2, BYTE_VOCAB),  # seed Table 10, Enwik8 column
+    # the ~110M size of the other ``-base`` presets (d=768, vocabulary 32,000): the 190M model's
+    # units (D_k=128, D_v=1536, S=512, L=512), 16 of them, with its separate classifier (untied:
+    # 2 x 24.6M of embeddings; 110.6M in all); no dropout, like the other base presets
+    "base": (768, 16, 128, 512, 512, 0.0, 0.0, SEED_VOCAB),
 }
 
 
@@ -124,9 +135,9 @@ def vq_model(size: str) -> "ModelConfig":
     """A Transformer-VQ of ``size`` (see the module docstring)."""
     from lintime.models.config import ModelConfig
 
-    d, n, d_k, S, L, drop, sin_drop = SIZES[size]
+    d, n, d_k, S, L, drop, sin_drop, vocab = SIZES[size]
     return ModelConfig(
-        vocab_size=BYTE_VOCAB, d_model=d, n_layers=n, family="vq",
+        vocab_size=vocab, d_model=d, n_layers=n, family="vq",
         mixer=VQConfig(n_codes=S, block_len=L, d_k=d_k, sin_dropout=sin_drop),
         ffn=None, norm="rmsnorm", position="none", final_norm=False, tie_embeddings=False, dropout=drop,
     )
