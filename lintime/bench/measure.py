@@ -1,15 +1,22 @@
-"""Timing and environment helpers shared by the bench cases (CUDA only).
+"""Timing and environment helpers shared by the bench cases.
 
-Every time is the median of ``triton.testing.do_bench`` (CUDA events around each call, warm-up
+Op cases (CUDA only): every time is the median of ``triton.testing.do_bench`` (CUDA events around each call, warm-up
 first, a flush of the L2 cache between calls), after two untimed calls that keep compilation and
 autotuning out of its run-count estimate.  Peaks are measured on the machine, not copied from a
 datasheet: a large device-to-device copy (bytes read + written) and an 8192^3 bf16 matmul on
 random data (METHOD.md).
+
+Whole-model steps (:mod:`lintime.bench.model`, CPU or CUDA): :func:`call_times_ms` times each call
+on its own (``do_bench`` does not fit a training step or a decoding step: it picks one run count
+from a time estimate -- a single run for a 300 ms step -- gives no spread, and flushing L2 between
+100 ms calls measures nothing); :func:`quantiles` summarises the list.
 """
 
 from __future__ import annotations
 
+import os
 import platform
+import subprocess
 import time
 
 import torch
@@ -86,6 +93,59 @@ def fwd_fwdbwd_graph_ms(f, inputs: list, *, rep: int = 100) -> tuple[float | Non
     return graph_ms(fwd, rep=rep), graph_ms(fwdbwd, rep=rep)
 
 
+def call_times_ms(fn, n: int, device: torch.device, *, budget_s: float | None = None) -> list[float]:
+    """Wall time of each of ``n`` calls of ``fn()`` in ms, the device synchronised before and after
+    every call, so a time holds all the work the call queued (host overhead included: what an
+    eager training or decoding loop sees).  With ``budget_s`` it stops early once the calls so far
+    took that long (at least one call is always timed)."""
+    cuda = device.type == "cuda"
+    times: list[float] = []
+    spent = 0.0
+    for _ in range(n):
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+        dt = time.perf_counter() - t0
+        times.append(dt * 1e3)
+        spent += dt
+        if budget_s is not None and spent >= budget_s:
+            break
+    return times
+
+
+def quantiles(times_ms: list[float]) -> dict:
+    """``{"median", "p10", "p90"}`` of a list of times (linear interpolation between order
+    statistics; one time gives the same value three times)."""
+    if not times_ms:
+        raise ValueError("quantiles of an empty list")
+    xs = sorted(times_ms)
+
+    def q(p: float) -> float:
+        pos = p * (len(xs) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+    return {"median": q(0.5), "p10": q(0.1), "p90": q(0.9)}
+
+
+def git_commit() -> str | None:
+    """The lintime checkout's commit (``+dirty`` when tracked files differ), ``None`` outside git."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        sha = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False)
+        if sha.returncode:
+            return None
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=False)
+        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def matmul_peak_tflops() -> float:
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -98,15 +158,27 @@ def copy_peak_gbps(n_bytes: int = 2 << 30) -> float:
     return 2 * n_bytes / median_ms(lambda: y.copy_(x), warmup=10, rep=50) / 1e6
 
 
-def environment(peaks: bool = True) -> dict:
-    import triton
+def environment(peaks: bool = True, device: torch.device | None = None) -> dict:
+    """Versions, date, commit and the device; ``peaks`` adds the measured matmul / copy peaks
+    (CUDA only).  ``device``: default the first CUDA device."""
+    try:
+        import triton
 
-    props = torch.cuda.get_device_properties(0)
-    env = {
-        "device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
-        "triton": triton.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-    }
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    device = torch.device("cuda") if device is None else device
+    env = {"torch": torch.__version__, "triton": triton_version,
+           "cuda": torch.version.cuda, "python": platform.python_version(),
+           "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "git_commit": git_commit()}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(device=props.name, sms=props.multi_processor_count,
+                   memory_gib=round(props.total_memory / 2**30, 1))
+    else:
+        env.update(device=f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+                          f"{torch.get_num_threads()} threads)")
+        peaks = False
     try:
         import fla
 

@@ -1,0 +1,642 @@
+"""``lintime bench model``: whole causal LMs against context length -- training-step latency,
+tokens/s and peak memory, and decoding latency and state memory per token.
+
+Notation: ``T`` training context (tokens per row), ``rows = max(1, tokens_per_batch // T)`` rows
+per step (so every step holds the same ``tokens_per_batch`` tokens while ``T <= tokens_per_batch``;
+above it a step is one row of ``T`` tokens), ``L`` decoding context (tokens already in the state),
+``Bd`` sequences decoded together.
+
+Training (:func:`bench_train`): for each preset and ``T``, a fresh model and a fused (on CUDA)
+AdamW, then warm-up steps and timed steps, each exactly what ``lintime train`` runs per step:
+:func:`lintime.training.trainer.forward_backward` over the batch in the packed layout (one
+document per row, bf16 autocast on CUDA by default), gradient clipping, ``opt.step()``,
+``zero_grad``.  Reported: the median step time with its 10th / 90th percentiles, tokens/s
+(``rows * T / median``), and the peak memory allocated by PyTorch during the timed steps
+(weights, gradients, optimiser state and activations).
+
+Decoding (:func:`bench_decode`): one model per preset; the state is built by chunked
+:func:`lintime.generation.prefill` and carried from one context to the next (the state at
+``L = 1k`` is continued to ``2k``, ...: states are values, so the timed steps never alter it).  At
+each ``L``, :func:`lintime.generation.decode_one_token` is timed for ``decode_steps`` tokens fed
+one after the other (context ``L``, ``L + 1``, ...).  Reported: the median latency per token with
+its percentiles, the state's bytes per sequence (every tensor of the state object, capacity
+included: a softmax KV cache grows with ``L``, a linear-time state does not) and the peak memory
+during the timed steps.
+
+Failures never end the run: an out-of-memory error gives the row ``status = "OOM"`` (memory is
+freed and the next case runs; longer contexts of that preset are then skipped with a reason), any
+other exception ``status = "error: <one line>"``; a preset that does not exist, or that the
+model cannot run at some ``T``, gives ``skipped: <reason>`` rows.  A per-case time budget keeps
+one slow case from eating the run: the timed steps stop once they took ``case_budget_s``, and a
+preset whose single warm-up step already exceeds it skips its longer contexts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from lintime.bench.measure import call_times_ms, environment, quantiles
+
+# family -> its ~110M preset (the seed's "base" size; linear GPT-2's 124M is its smallest)
+DEFAULT_PRESETS = (
+    "flash-base", "flash-quad-base", "transformer-pp-base", "transformer-p-base", "mc-tfm-pp-base",
+    "linear-gpt2-124m", "performer-base", "combiner-base", "gla-base", "vq-base",
+)
+# the same families at CPU size (``--quick``)
+QUICK_PRESETS = (
+    "flash-tiny", "flash-quad-tiny", "transformer-pp-tiny", "transformer-p-tiny", "mc-tfm-pp-tiny",
+    "linear-tiny", "performer-tiny", "combiner-tiny", "gla-tiny", "vq-tiny",
+)
+CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+QUICK_CONTEXTS = (32, 64, 128)
+TOKENS_PER_BATCH = 32768
+QUICK_TOKENS_PER_BATCH = 128
+STEPS, QUICK_STEPS = 5, 2
+WARMUP, QUICK_WARMUP = 2, 1
+DECODE_STEPS, QUICK_DECODE_STEPS = 16, 3
+PREFILL_CHUNK = 2048
+CASE_BUDGET_S = 60.0
+LR = 1e-5  # small: the weights barely move over the timed steps (random tokens)
+CLIP = 1.0
+
+
+@dataclasses.dataclass
+class TrainRow:
+    """One training configuration.  Times in ms; ``tokens = rows * T`` per step."""
+
+    preset: str
+    family: str | None
+    T: int
+    rows: int
+    tokens: int
+    status: str = "ok"  # "ok" | "OOM" | "error: ..." | "skipped: ..."
+    step_ms: float | None = None  # median
+    step_p10_ms: float | None = None
+    step_p90_ms: float | None = None
+    tokens_per_s: float | None = None
+    peak_mib: float | None = None
+    steps: int = 0  # timed steps actually run
+    params: int | None = None
+    note: str = ""
+
+
+@dataclasses.dataclass
+class DecodeRow:
+    """One decoding context.  ``state_mib`` is per sequence; times are per decoding step (one
+    token for each of the ``batch`` sequences)."""
+
+    preset: str
+    family: str | None
+    L: int
+    batch: int
+    status: str = "ok"
+    token_ms: float | None = None  # median latency of one decoding step
+    token_p10_ms: float | None = None
+    token_p90_ms: float | None = None
+    tokens_per_s: float | None = None  # batch / token_ms
+    state_mib: float | None = None
+    peak_mib: float | None = None
+    steps: int = 0
+    prefill_s: float | None = None  # wall time to extend the state to L from the previous context
+    params: int | None = None
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What one ``lintime bench model`` run measures (stored in the JSON)."""
+
+    presets: tuple[str, ...]
+    contexts: tuple[int, ...]
+    decode_contexts: tuple[int, ...]
+    tokens_per_batch: int
+    steps: int
+    warmup: int
+    decode_steps: int
+    decode_batch: int
+    prefill_chunk: int
+    dtype: str  # autocast dtype name, "fp32" = none
+    device: str
+    case_budget_s: float
+    train: bool = True
+    decode: bool = True
+
+
+# ---------------------------------------------------------------------------------------------
+# parsing and settings
+
+
+def parse_sizes(spec: str, what: str) -> tuple[int, ...]:
+    """``"1k,2k,4096"`` -> ``(1024, 2048, 4096)`` (``k`` = 1024, ``m`` = 1024**2); sorted, unique."""
+    out = []
+    for item in (s.strip().lower() for s in spec.split(",") if s.strip()):
+        mult = {"k": 1024, "m": 1024**2}.get(item[-1], 1)
+        num = item[:-1] if mult > 1 else item
+        try:
+            n = int(num) * mult
+        except ValueError:
+            raise ValueError(f"--{what}: {item!r} is not a size (e.g. 4096, 4k, 1m)") from None
+        if n < 1:
+            raise ValueError(f"--{what}: sizes must be >= 1, got {item!r}")
+        out.append(n)
+    if not out:
+        raise ValueError(f"--{what}: no sizes given")
+    return tuple(sorted(set(out)))
+
+
+def _fmt_size(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def autocast_for(dtype: str, device: torch.device) -> torch.dtype | None:
+    """``auto``: bf16 on CUDA, none (fp32) on CPU -- the rule of ``lintime train``."""
+    table = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else None
+    if dtype not in table:
+        raise ValueError(f"--dtype must be one of auto, bf16, fp16, fp32; got {dtype!r}")
+    return table[dtype]
+
+
+def make_settings(
+    *, presets: str = "", contexts: str = "", decode_contexts: str = "", tokens_per_batch: int = 0,
+    steps: int = 0, warmup: int = 0, decode_steps: int = 0, decode_batch: int = 1,
+    prefill_chunk: int = PREFILL_CHUNK, dtype: str = "auto", device: str = "auto", quick: bool = False,
+    case_budget_s: float = CASE_BUDGET_S, parts: str = "train,decode",
+) -> Settings:
+    """Settings from the command line's flags: empty / 0 = the default (``--quick``'s when set)."""
+    from lintime.training.trainer import pick_device
+
+    dev = pick_device(device)
+    names = tuple(p.strip() for p in presets.split(",") if p.strip()) or (QUICK_PRESETS if quick else DEFAULT_PRESETS)
+    ctx = parse_sizes(contexts, "contexts") if contexts else (QUICK_CONTEXTS if quick else CONTEXTS)
+    dctx = parse_sizes(decode_contexts, "decode-contexts") if decode_contexts else ctx
+    chosen = {p.strip() for p in parts.split(",") if p.strip()}
+    if not chosen or chosen - {"train", "decode"}:
+        raise ValueError(f"--parts must name train and/or decode, got {parts!r}")
+    for name, v, lo in (("steps", steps, 0), ("warmup", warmup, 0), ("decode-steps", decode_steps, 0),
+                        ("decode-batch", decode_batch, 1), ("prefill-chunk", prefill_chunk, 1),
+                        ("tokens-per-batch", tokens_per_batch, 0)):
+        if v < lo:
+            raise ValueError(f"--{name} must be >= {lo}, got {v}")
+    if not case_budget_s > 0:
+        raise ValueError(f"--case-budget-s must be > 0, got {case_budget_s}")
+    amp = autocast_for(dtype, dev)
+    return Settings(
+        presets=names, contexts=ctx, decode_contexts=dctx,
+        tokens_per_batch=tokens_per_batch or (QUICK_TOKENS_PER_BATCH if quick else TOKENS_PER_BATCH),
+        steps=steps or (QUICK_STEPS if quick else STEPS), warmup=warmup or (QUICK_WARMUP if quick else WARMUP),
+        decode_steps=decode_steps or (QUICK_DECODE_STEPS if quick else DECODE_STEPS), decode_batch=decode_batch,
+        prefill_chunk=prefill_chunk, dtype={None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp],
+        device=str(dev), case_budget_s=float(case_budget_s), train="train" in chosen, decode="decode" in chosen,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# models and memory
+
+
+def _is_oom(err: BaseException) -> bool:
+    return isinstance(err, torch.cuda.OutOfMemoryError) or (
+        isinstance(err, RuntimeError) and "out of memory" in str(err).lower())
+
+
+def _one_line(err: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
+
+
+def free_memory(device: torch.device) -> None:
+    """Give back what a finished (or failed) case held: Python garbage, then CUDA's cached blocks."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_mib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+
+
+def preset_config(name: str, max_tokens: int):
+    """The preset's config, and a note of what had to change for contexts up to ``max_tokens``:
+    a learned position table (linear GPT-2) is extended to ``max_tokens`` positions (its
+    parameter count grows with it; ``params`` in every row says by how much).  ``ValueError``
+    for an unknown preset."""
+    from lintime.models import get_preset
+
+    cfg = get_preset(name)
+    if cfg.position == "learned" and cfg.max_positions < max_tokens:
+        note = f"position table {cfg.max_positions} -> {max_tokens}"
+        return dataclasses.replace(cfg, max_positions=max_tokens), note
+    return cfg, ""
+
+
+def build_model(cfg, device: torch.device):
+    """A :class:`~lintime.models.CausalLM` built directly on ``device`` (no CPU init of 110M weights)."""
+    from lintime.models import CausalLM
+
+    with torch.device(device):
+        model = CausalLM(cfg)
+    return model.to(device)
+
+
+def random_batch(rows: int, T: int, vocab: int, device: torch.device, seed: int = 0):
+    """A :class:`~lintime.data.Batch` of uniform random tokens, one document per row
+    (``cu_seqlens`` = row starts): a full-context training batch."""
+    from lintime.data.packing import Batch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (rows, T + 1), generator=g)
+    cu = torch.arange(0, rows * T + 1, T, dtype=torch.int32)
+    return Batch(
+        input_ids=ids[:, :-1].contiguous().to(device), targets=ids[:, 1:].contiguous().to(device), cu_seqlens=cu,
+        doc_ids=torch.arange(rows).repeat_interleave(T).view(rows, T), position_ids=torch.arange(T).repeat(rows, 1),
+        row_ids=torch.arange(rows), epochs=torch.zeros(rows, dtype=torch.long),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# training
+
+
+def train_step_fn(model, batch, amp: torch.dtype | None) -> tuple[Callable[[], float], torch.optim.Optimizer]:
+    """One ``lintime train`` step over ``batch`` (all rows in one micro-batch): returns
+    ``(step, optimizer)``; ``step()`` returns the loss."""
+    from lintime.training.trainer import forward_backward
+
+    device = next(model.parameters()).device
+    opt = torch.optim.AdamW(model.param_groups(0.1), lr=LR, **({"fused": True} if device.type == "cuda" else {}))
+    rows = batch.input_ids.shape[0]
+
+    def step() -> float:
+        loss, _ = forward_backward(model, batch, micro_rows=rows, autocast=amp)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step, opt
+
+
+def _train_case(row: TrainRow, cfg, s: Settings, device: torch.device, amp) -> float:
+    """Fill ``row``; returns the warm-up step time in seconds (for the budget rule)."""
+    model = build_model(cfg, device)
+    model.train()
+    row.params = model.num_parameters()
+    batch = random_batch(row.rows, row.T, cfg.vocab_size, device)
+    step, opt = train_step_fn(model, batch, amp)
+    t0 = time.perf_counter()
+    first = None
+    for i in range(s.warmup):  # untimed: compilation, autotuning, the allocator's first pass
+        loss = step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i == 0:
+            first = time.perf_counter() - t0
+        if not math.isfinite(loss):
+            raise RuntimeError(f"loss is {loss}")
+        if time.perf_counter() - t0 > s.case_budget_s:
+            break
+    _reset_peak(device)
+    times = call_times_ms(step, s.steps, device, budget_s=s.case_budget_s)
+    q = quantiles(times)
+    row.step_ms, row.step_p10_ms, row.step_p90_ms = q["median"], q["p10"], q["p90"]
+    row.tokens_per_s = row.tokens / (q["median"] / 1e3)
+    row.peak_mib = _peak_mib(device)
+    row.steps = len(times)
+    if len(times) < s.steps:
+        row.note = (row.note + "; " if row.note else "") + f"{len(times)}/{s.steps} steps (budget {s.case_budget_s:g} s)"
+    del step, opt, batch, model
+    return first or 0.0
+
+
+def bench_train(s: Settings, on_row: Callable[[TrainRow], None] = lambda r: None,
+                train_case: Callable | None = None) -> list[TrainRow]:
+    """Training rows for every preset x context of ``s`` (see the module docstring).
+    ``train_case(row, cfg, settings, device, amp) -> warm-up seconds`` replaces the measurement
+    (tests); ``on_row`` is called after each row."""
+    device = torch.device(s.device)
+    amp = autocast_for(s.dtype, device)
+    train_case = train_case or _train_case
+    rows: list[TrainRow] = []
+
+    def emit(r: TrainRow) -> None:
+        rows.append(r)
+        on_row(r)
+
+    for name in s.presets:
+        try:
+            cfg, note = preset_config(name, max(s.contexts))
+        except ValueError as e:
+            for T in s.contexts:
+                emit(TrainRow(name, None, T, 0, 0, status=f"skipped: {e}"))
+            continue
+        stop = None  # reason to skip the remaining (longer) contexts
+        for T in s.contexts:
+            n = max(1, s.tokens_per_batch // T)
+            row = TrainRow(name, cfg.family, T, n, n * T, note=note)
+            if stop:
+                row.status = f"skipped: {stop}"
+                emit(row)
+                continue
+            torch.manual_seed(0)
+            try:
+                warm = train_case(row, cfg, s, device, amp)
+                if warm > s.case_budget_s:
+                    stop = f"one step at T={_fmt_size(T)} took {warm:.0f} s > budget {s.case_budget_s:g} s"
+            except Exception as e:  # one failing case must not end the run
+                if _is_oom(e):
+                    row.status = "OOM"
+                    stop = f"OOM at T={_fmt_size(T)}"
+                else:
+                    row.status = f"error: {_one_line(e)}"
+                row.step_ms = row.tokens_per_s = None
+                row.peak_mib = _peak_mib(device)
+                del e
+            free_memory(device)
+            emit(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# decoding
+
+
+def _decode_contexts(model, s: Settings, device, amp, name, cfg, note, emit,
+                     decode_case: Callable | None) -> None:
+    from lintime.generation import decode_one_token, prefill
+    from lintime.generation.decode import state_nbytes
+
+    Bd = s.decode_batch
+    g = torch.Generator().manual_seed(1)
+    params = model.num_parameters()
+    state, have, stop = None, 0, None
+    for L in s.decode_contexts:
+        row = DecodeRow(name, cfg.family, L, Bd, params=params, note=note)
+        if stop:
+            row.status = f"skipped: {stop}"
+            emit(row)
+            continue
+        try:
+            if decode_case is not None:
+                decode_case(row, model, s, device, amp)
+            else:
+                t0 = time.perf_counter()
+                ids = torch.randint(0, cfg.vocab_size, (Bd, L - have), generator=g).to(device)
+                with torch.no_grad(), _autocast(device, amp):
+                    _, state = prefill(model, ids, state, chunk_size=s.prefill_chunk)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                have = L
+                row.prefill_s = time.perf_counter() - t0
+                row.state_mib = state_nbytes(state) / Bd / 2**20
+                tokens = torch.randint(0, cfg.vocab_size, (s.decode_steps + 1, Bd), generator=g).to(device)
+                cur = {"state": state, "i": 0}
+
+                def one(cur=cur, tokens=tokens) -> None:
+                    with torch.no_grad(), _autocast(device, amp):
+                        _, cur["state"] = decode_one_token(model, tokens[cur["i"]], cur["state"])
+                    cur["i"] += 1
+
+                with torch.no_grad(), _autocast(device, amp):  # untimed: first-call compilation
+                    decode_one_token(model, tokens[-1], state)
+                _reset_peak(device)
+                times = call_times_ms(one, s.decode_steps, device, budget_s=s.case_budget_s)
+                del cur
+                q = quantiles(times)
+                row.token_ms, row.token_p10_ms, row.token_p90_ms = q["median"], q["p10"], q["p90"]
+                row.tokens_per_s = Bd / (q["median"] / 1e3)
+                row.peak_mib = _peak_mib(device)
+                row.steps = len(times)
+                if row.prefill_s > s.case_budget_s:
+                    stop = f"prefill to L={_fmt_size(L)} took {row.prefill_s:.0f} s > budget {s.case_budget_s:g} s"
+        except Exception as e:
+            if _is_oom(e):
+                row.status = "OOM"
+                stop = f"OOM at L={_fmt_size(L)}"
+            else:
+                row.status = f"error: {_one_line(e)}"
+                stop = f"error at L={_fmt_size(L)}"  # the state could not be extended
+            row.token_ms = row.tokens_per_s = None
+            row.peak_mib = _peak_mib(device)
+            state = None
+            del e
+        if row.status != "ok":
+            free_memory(device)  # outside the except block: the traceback no longer pins the tensors
+        emit(row)
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    import contextlib
+
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def bench_decode(s: Settings, on_row: Callable[[DecodeRow], None] = lambda r: None,
+                 decode_case: Callable | None = None) -> list[DecodeRow]:
+    """Decoding rows for every preset x decoding context of ``s`` (see the module docstring).
+    ``decode_case(row, model, settings, device, amp)`` replaces one context's measurement (tests)."""
+    device = torch.device(s.device)
+    amp = autocast_for(s.dtype, device)
+    rows: list[DecodeRow] = []
+
+    def emit(r: DecodeRow) -> None:
+        rows.append(r)
+        on_row(r)
+
+    for name in s.presets:
+        try:
+            cfg, note = preset_config(name, max(s.decode_contexts) + s.decode_steps + 1)
+        except ValueError as e:
+            for L in s.decode_contexts:
+                emit(DecodeRow(name, None, L, s.decode_batch, status=f"skipped: {e}"))
+            continue
+        torch.manual_seed(0)
+        model = None
+        try:
+            model = build_model(cfg, device).eval()
+            _decode_contexts(model, s, device, amp, name, cfg, note, emit, decode_case)
+        except Exception as e:  # building the model failed (OOM or otherwise): one row per context
+            status = "OOM" if _is_oom(e) else f"error: {_one_line(e)}"
+            done = {r.L for r in rows if r.preset == name}
+            for L in s.decode_contexts:
+                if L not in done:
+                    emit(DecodeRow(name, cfg.family, L, s.decode_batch, status=status, note=note))
+            del e
+        del model
+        free_memory(device)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# output: table, JSON, plots
+
+
+def _f(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def train_table(rows: Sequence[dict]) -> str:
+    head = (f"{'preset':<20} {'T':>6} {'rows':>5} {'step ms':>9} {'p10':>9} {'p90':>9} {'tokens/s':>10} "
+            f"{'peak MiB':>9}  status")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        status = r["status"] + (f" ({r['note']})" if r.get("note") else "")
+        lines.append(f"{r['preset']:<20} {_fmt_size(r['T']):>6} {r['rows']:>5} {_f(r['step_ms'], '9.1f')} "
+                     f"{_f(r['step_p10_ms'], '9.1f')} {_f(r['step_p90_ms'], '9.1f')} {_f(r['tokens_per_s'], '10,.0f')} "
+                     f"{_f(r['peak_mib'], '9,.0f')}  {status}")
+    return "\n".join(lines)
+
+
+def decode_table(rows: Sequence[dict]) -> str:
+    head = (f"{'preset':<20} {'L':>6} {'B':>3} {'ms/token':>9} {'p10':>8} {'p90':>8} {'tokens/s':>9} "
+            f"{'state MiB':>10} {'peak MiB':>9}  status")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        status = r["status"] + (f" ({r['note']})" if r.get("note") else "")
+        lines.append(f"{r['preset']:<20} {_fmt_size(r['L']):>6} {r['batch']:>3} {_f(r['token_ms'], '9.2f')} "
+                     f"{_f(r['token_p10_ms'], '8.2f')} {_f(r['token_p90_ms'], '8.2f')} {_f(r['tokens_per_s'], '9,.0f')} "
+                     f"{_f(r['state_mib'], '10.3f')} {_f(r['peak_mib'], '9,.0f')}  {status}")
+    return "\n".join(lines)
+
+
+def plot(result: dict, out: str) -> list[str]:
+    """Log-log figures, one line per preset (only ``ok`` rows are drawn; OOM and skipped points
+    are in the table and the JSON): ``bench_model_train.png`` (tokens/s and peak memory against
+    T), ``bench_model_decode.png`` (ms per token and state MiB per sequence against L).
+    Returns the paths written ([] without matplotlib or without data)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written = []
+    panels = {
+        "train": ("T", [("tokens_per_s", "training tokens/s"), ("peak_mib", "peak memory (MiB)")],
+                  "T (training context, tokens)"),
+        "decode": ("L", [("token_ms", "decoding ms per token"), ("state_mib", "state MiB per sequence")],
+                   "L (decoding context, tokens)"),
+    }
+    for part, (xkey, ys, xlabel) in panels.items():
+        rows = [r for r in result.get(part, []) if r["status"] == "ok"]
+        if not rows:
+            continue
+        fig, axes = plt.subplots(1, len(ys), figsize=(6 * len(ys), 4.5), squeeze=False)
+        for ax, (ykey, ylabel) in zip(axes[0], ys):
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            drawn = False
+            for preset in dict.fromkeys(r["preset"] for r in rows):
+                pts = sorted((r[xkey], r[ykey]) for r in rows if r["preset"] == preset and r.get(ykey))
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=preset)
+                    drawn = True
+            if not drawn:  # e.g. peak memory on CPU
+                ax.text(0.5, 0.5, "not measured on this device", ha="center", va="center", transform=ax.transAxes)
+                continue
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+        env = result.get("env", {})
+        fig.suptitle(f"lintime bench model ({part}) -- {env.get('device', '?')}, {result['settings'].get('dtype')}",
+                     fontsize=9)
+        fig.tight_layout()
+        path = os.path.join(out, f"bench_model_{part}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write_outputs(result: dict, out: str, echo: Callable[[str], None] = print) -> str:
+    """Tables on ``echo``, ``bench_model.json`` and the plots in ``out``; returns the JSON path."""
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "bench_model.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    if result.get("train"):
+        echo("training step (fwd + bwd + AdamW), median of the timed steps\n" + train_table(result["train"]))
+    if result.get("decode"):
+        echo("decoding, per token\n" + decode_table(result["decode"]))
+    for p in plot(result, out):
+        echo(f"plot: {p}")
+    echo(f"wrote {path}")
+    return path
+
+
+def merge(paths: Sequence[str]) -> dict:
+    """Several ``bench_model.json`` files as one result (rows concatenated in the given order,
+    ``env`` and ``settings`` of the first, the others' kept under ``parts``): e.g. one file per
+    preset from ``benchmarks/gpu_model.sh``.  A folder stands for its ``bench_model.json``."""
+    results = []
+    for p in paths:
+        f = os.path.join(p, "bench_model.json") if os.path.isdir(p) else p
+        if not os.path.isfile(f):
+            raise FileNotFoundError(f"no bench_model.json at {p}")
+        with open(f) as fh:
+            try:
+                results.append(json.load(fh))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{f} is not JSON: {e}") from None
+    if not results:
+        raise ValueError("--from-json: no files given")
+    merged = {"env": results[0].get("env", {}), "settings": results[0].get("settings", {}), "train": [], "decode": [],
+              "parts": [{"file": p, "env": r.get("env"), "settings": r.get("settings")} for p, r in zip(paths, results)]}
+    for r in results:
+        for key in ("train", "decode"):
+            merged[key].extend(r.get(key, []))
+    return merged
+
+
+def run_model(s: Settings, out: str, *, echo: Callable[[str], None] = print,
+              train_case: Callable | None = None, decode_case: Callable | None = None) -> dict:
+    """Run the benchmark of ``s``, printing rows as they come and rewriting ``out/bench_model.json``
+    after every row (an interrupted run keeps what it measured); then the tables and plots."""
+    device = torch.device(s.device)
+    os.makedirs(out, exist_ok=True)
+    result = {"env": environment(peaks=False, device=device), "settings": dataclasses.asdict(s),
+              "train": [], "decode": []}
+    path = os.path.join(out, "bench_model.json")
+
+    def save() -> None:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(tmp, path)
+
+    def on_train(r: TrainRow) -> None:
+        result["train"].append(dataclasses.asdict(r))
+        echo(train_table([result["train"][-1]]).splitlines()[-1])
+        save()
+
+    def on_decode(r: DecodeRow) -> None:
+        result["decode"].append(dataclasses.asdict(r))
+        echo(decode_table([result["decode"][-1]]).splitlines()[-1])
+        save()
+
+    echo(json.dumps(result["env"]))
+    if s.train:
+        echo(train_table([]).splitlines()[0])
+        bench_train(s, on_train, train_case)
+    if s.decode:
+        echo(decode_table([]).splitlines()[0])
+        bench_decode(s, on_decode, decode_case)
+    write_outputs(result, out, echo)
+    return result

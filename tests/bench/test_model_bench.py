@@ -1,0 +1,218 @@
+"""``lintime bench model`` on CPU at tiny sizes: JSON structure, values that make sense (positive,
+ordered percentiles, tokens/s consistent with the step time, a KV cache that grows with the
+context and a linear-time state that does not), the OOM / error / budget paths (a case raising
+``torch.cuda.OutOfMemoryError`` gives an "OOM" row and the run goes on), tables, plots, the
+command line and merging JSON files."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pytest
+import torch
+
+from lintime.bench import model as bm
+from lintime.bench.measure import quantiles
+from lintime.cli import main
+
+SOFTMAX, LINEAR = "transformer-pp-tiny", "gla-tiny"
+
+
+def _settings(**kw) -> bm.Settings:
+    base = dict(presets=f"{SOFTMAX},{LINEAR}", contexts="16,32", decode_contexts="8,24", tokens_per_batch=32,
+                steps=2, warmup=1, decode_steps=2, prefill_chunk=8, dtype="fp32", device="cpu")
+    base.update(kw)
+    return bm.make_settings(**base)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench_model")
+    lines: list[str] = []
+    s = _settings(presets=f"{SOFTMAX},no-such-base,{LINEAR}")
+    result = bm.run_model(s, str(out), echo=lines.append)
+    return result, out, "\n".join(lines)
+
+
+def test_json_structure_and_environment(run):
+    result, out, _ = run
+    with open(out / "bench_model.json") as f:
+        saved = json.load(f)
+    assert saved == json.loads(json.dumps(result))
+    env = saved["env"]
+    for key in ("device", "torch", "triton", "python", "date", "git_commit"):
+        assert key in env
+    assert env["device"].startswith("cpu") and env["torch"] == torch.__version__
+    assert saved["settings"]["contexts"] == [16, 32] and saved["settings"]["dtype"] == "fp32"
+    assert [(r["preset"], r["T"]) for r in saved["train"]] == [
+        (p, T) for p in (SOFTMAX, "no-such-base", LINEAR) for T in (16, 32)]
+    assert [(r["preset"], r["L"]) for r in saved["decode"]] == [
+        (p, L) for p in (SOFTMAX, "no-such-base", LINEAR) for L in (8, 24)]
+    assert set(saved["train"][0]) == {f.name for f in dataclasses.fields(bm.TrainRow)}
+    assert set(saved["decode"][0]) == {f.name for f in dataclasses.fields(bm.DecodeRow)}
+
+
+def test_missing_preset_is_a_skip_row_with_its_reason(run):
+    result, _, _ = run
+    for part in ("train", "decode"):
+        rows = [r for r in result[part] if r["preset"] == "no-such-base"]
+        assert len(rows) == 2
+        for r in rows:
+            assert r["status"].startswith("skipped: unknown preset 'no-such-base'")
+            assert r["family"] is None
+
+
+def test_training_rows_are_measured_and_consistent(run):
+    result, _, _ = run
+    rows = [r for r in result["train"] if r["preset"] != "no-such-base"]
+    assert rows and all(r["status"] == "ok" for r in rows)
+    for r in rows:
+        assert r["rows"] == 32 // r["T"] and r["tokens"] == 32
+        assert r["steps"] == 2
+        assert 0 < r["step_p10_ms"] <= r["step_ms"] <= r["step_p90_ms"]
+        assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["step_ms"] * 1e3)
+        assert r["params"] > 0 and r["family"] in ("softmax", "gla")
+        assert r["peak_mib"] is None  # CPU: not measured
+
+
+def test_decoding_state_grows_for_softmax_and_not_for_gla(run):
+    result, _, _ = run
+    by = {(r["preset"], r["L"]): r for r in result["decode"]}
+    for p in (SOFTMAX, LINEAR):
+        for L in (8, 24):
+            r = by[p, L]
+            assert r["status"] == "ok" and r["steps"] == 2 and r["batch"] == 1
+            assert 0 < r["token_p10_ms"] <= r["token_ms"] <= r["token_p90_ms"]
+            assert r["tokens_per_s"] == pytest.approx(1e3 / r["token_ms"])
+            assert r["state_mib"] > 0 and r["prefill_s"] > 0
+    assert by[SOFTMAX, 24]["state_mib"] > by[SOFTMAX, 8]["state_mib"]  # KV cache
+    assert by[LINEAR, 24]["state_mib"] == by[LINEAR, 8]["state_mib"]  # constant state
+
+
+def test_tables_and_plots(run):
+    result, out, text = run
+    assert "training step" in text and "decoding, per token" in text
+    table = bm.train_table(result["train"])
+    assert len(table.splitlines()) == 2 + len(result["train"])
+    assert "skipped: unknown preset" in table and f"{SOFTMAX:<20}" in table
+    assert len(bm.decode_table(result["decode"]).splitlines()) == 2 + len(result["decode"])
+    for name in ("bench_model_train.png", "bench_model_decode.png"):
+        path = out / name
+        assert path.is_file() and path.stat().st_size > 1000
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def _raising(err_at: dict):
+    """A train_case that raises ``err_at[T]`` (an exception instance) and measures the rest."""
+
+    def case(row, cfg, s, device, amp):
+        if row.T in err_at:
+            raise err_at[row.T]
+        return bm._train_case(row, cfg, s, device, amp)
+
+    return case
+
+
+def test_oom_row_then_longer_contexts_skipped_and_the_run_goes_on():
+    s = _settings(contexts="8,16,32", parts="train")
+    seen = []
+    rows = bm.bench_train(s, seen.append, train_case=_raising({16: torch.cuda.OutOfMemoryError("CUDA out of memory")}))
+    assert seen == rows
+    status = {(r.preset, r.T): r.status for r in rows}
+    for p in (SOFTMAX, LINEAR):
+        assert status[p, 8] == "ok"
+        assert status[p, 16] == "OOM"
+        assert status[p, 32] == "skipped: OOM at T=16"
+    oom = next(r for r in rows if r.status == "OOM")
+    assert oom.step_ms is None and oom.tokens_per_s is None
+
+
+def test_runtime_error_out_of_memory_counts_as_oom_other_errors_do_not_stop_the_preset():
+    s = _settings(presets=SOFTMAX, contexts="8,16,32", parts="train")
+    rows = bm.bench_train(s, train_case=_raising({8: RuntimeError("boom\nsecond line"),
+                                                 32: RuntimeError("CUDA error: out of memory")}))
+    assert [r.status for r in rows] == ["error: RuntimeError: boom second line", "ok", "OOM"]
+
+
+def test_decode_oom_row_then_skips():
+    calls = []
+
+    def case(row, model, s, device, amp):
+        calls.append(row.L)
+        if row.L == 24:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        row.token_ms = 1.0
+
+    s = _settings(presets=SOFTMAX, decode_contexts="8,24,40", parts="decode")
+    rows = bm.bench_decode(s, decode_case=case)
+    assert calls == [8, 24]
+    assert [r.status for r in rows] == ["ok", "OOM", "skipped: OOM at L=24"]
+    assert rows[1].token_ms is None
+
+
+def test_case_budget_cuts_the_timed_steps_and_skips_longer_contexts():
+    s = _settings(presets=SOFTMAX, contexts="8,16", steps=3, case_budget_s=1e-6, parts="train")
+    rows = bm.bench_train(s)
+    assert rows[0].status == "ok" and rows[0].steps == 1 and "1/3 steps" in rows[0].note
+    assert rows[1].status.startswith("skipped: one step at T=8 took") and rows[1].step_ms is None
+
+
+def test_learned_position_table_is_extended_and_said_so():
+    cfg, note = bm.preset_config("linear-tiny", 5000)
+    assert cfg.max_positions == 5000 and note == "position table 1024 -> 5000"
+    cfg, note = bm.preset_config("linear-tiny", 100)
+    assert cfg.max_positions == 1024 and note == ""
+    with pytest.raises(ValueError, match="unknown preset"):
+        bm.preset_config("nope", 10)
+
+
+def test_parse_sizes_and_quantiles():
+    assert bm.parse_sizes("4k, 1k,512,1k", "contexts") == (512, 1024, 4096)
+    assert bm.parse_sizes("1m", "contexts") == (1 << 20,)
+    for bad in ("4q", "0", ",", "k"):
+        with pytest.raises(ValueError, match="--contexts"):
+            bm.parse_sizes(bad, "contexts")
+    q = quantiles([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert q == pytest.approx({"median": 3.0, "p10": 1.4, "p90": 4.6})
+    assert quantiles([7.0]) == {"median": 7.0, "p10": 7.0, "p90": 7.0}
+
+
+def test_default_and_quick_settings():
+    s = bm.make_settings(device="cpu")
+    assert s.contexts == (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072) and s.decode_contexts == s.contexts
+    assert s.tokens_per_batch == 32768 and s.dtype == "fp32" and len(s.presets) == 10
+    q = bm.make_settings(device="cpu", quick=True)
+    assert all(p.endswith("-tiny") for p in q.presets) and len(q.presets) == len(s.presets)
+    assert bm.make_settings(device="cpu", dtype="bf16").dtype == "bf16"
+
+
+def test_cli_runs_merges_and_reports_user_errors(tmp_path, capsys):
+    a, b, m = (str(tmp_path / x) for x in "abm")
+    common = ["--contexts", "16", "--decode-contexts", "8", "--tokens-per-batch", "16", "--steps", "1",
+              "--warmup", "1", "--decode-steps", "1", "--device", "cpu"]
+    assert main(["bench", "model", "--presets", SOFTMAX, "--out", a, *common]) == 0
+    assert main(["bench", "model", "--presets", LINEAR, "--out", b, "--parts", "train", *common]) == 0
+    out = capsys.readouterr().out
+    assert f"{SOFTMAX:<20}" in out and "wrote" in out
+    assert main(["bench", "model", "--from-json", f"{a},{b}", "--out", m]) == 0
+    with open(os.path.join(m, "bench_model.json")) as f:
+        merged = json.load(f)
+    assert [r["preset"] for r in merged["train"]] == [SOFTMAX, LINEAR]
+    assert [r["preset"] for r in merged["decode"]] == [SOFTMAX]
+    assert os.path.getsize(os.path.join(m, "bench_model_train.png")) > 1000
+    capsys.readouterr()
+    for argv, msg in (
+        (["bench", "model", "--contexts", "4q"], "--contexts: '4q' is not a size"),
+        (["bench", "model", "--dtype", "int8", "--device", "cpu"], "--dtype must be one of"),
+        (["bench", "model", "--parts", "eval"], "--parts must name train and/or decode"),
+        (["bench", "ops", "--presets", SOFTMAX], "--presets applies to `lintime bench model`"),
+        (["bench", "model", "--cases", "linear_gla"], "--cases applies to `lintime bench ops`"),
+        (["bench", "model", "--from-json", str(tmp_path / "none")], "no bench_model.json"),
+        (["bench", "weights"], "unknown bench target 'weights'"),
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert msg in err and len(err.strip().splitlines()) == 1, (argv, err)
