@@ -213,7 +213,7 @@ def test_custom_op_compiles_and_checks():
     from lintime.ops.gla.triton.ops import _fwd_op
 
     q, k, v, g, h0 = _inputs(1, 20, 1, 16, 16)
-    args = tuple(x.requires_grad_() for x in (q, k, v, g, h0)) + (None, 0.25, 0)
+    args = tuple(x.requires_grad_() for x in (q, k, v, g, h0)) + (None, 0.25, 0, True)
     torch.library.opcheck(_fwd_op, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
     def f(q, k, v, g):

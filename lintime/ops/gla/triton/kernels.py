@@ -130,12 +130,12 @@ def gla_fwd_kernel(
     qg, kg, v, gl, A, o, h0, hs, ht, hc, scale,
     seg, seq_ptr, T, NSPS, SEG_LEN, NT, NSC,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    VARLEN: tl.constexpr, HAS_H0: tl.constexpr, MAT: tl.constexpr, DT: tl.constexpr, SDT: tl.constexpr,
-    PREC: tl.constexpr,
+    VARLEN: tl.constexpr, HAS_H0: tl.constexpr, MAT: tl.constexpr, STORE_HC: tl.constexpr, DT: tl.constexpr,
+    SDT: tl.constexpr, PREC: tl.constexpr,
 ):
     """Output of one segment, V-block ``i_v`` (all of K in the tile); the state walks the
     segment's chunks in registers and is written per chunk (``hc [NCH, H, K, V]``, the state
-    entering the chunk) for the backward.  Grid ``(NV * NSEG, H)``."""
+    entering the chunk) for the backward when ``STORE_HC``.  Grid ``(NV * NSEG, H)``."""
     NV: tl.constexpr = (V + BV - 1) // BV
     i_p, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_s, i_v = i_p // NV, i_p % NV
@@ -157,7 +157,8 @@ def gla_fwd_kernel(
         m_t = o_t < eos
         m_tk = m_t[:, None] & m_k[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
-        tl.store(hc + ((ch0 + c) * H + i_h) * K * V + o_kv, b_h.to(hc.dtype.element_ty), mask=m_kv)
+        if STORE_HC:
+            tl.store(hc + ((ch0 + c) * H + i_h) * K * V + o_kv, b_h.to(hc.dtype.element_ty), mask=m_kv)
         p_k = (o_t * H + i_h)[:, None] * K + o_k[None, :]
         b_qg = tl.load(qg + p_k, mask=m_tk, other=0.)
         b_kg = tl.load(kg + p_k, mask=m_tk, other=0.)
