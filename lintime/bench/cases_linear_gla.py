@@ -186,7 +186,7 @@ def case_decode(results, quick=False):
                     a.extra["speedup_graph"] = b.extra["us_per_token_graph"] / a.extra["us_per_token_graph"]
 
 
-def case_segments(results, quick=False):
+def case_segments(results, quick=False, ops=("linear", "gla")):
     """The materialisation choice: chunks per segment ``ns`` (0 = one segment per sequence, i.e.
     non-materialised; ``auto`` = the rule in ``triton_common.choose_segment_chunks``)."""
     from lintime.ops.gla.triton.ops import segment_chunks_for as gla_auto
@@ -197,12 +197,14 @@ def case_segments(results, quick=False):
     for T in (2048, 8192, 32768):
         B = _batch(T)
         for op, H, K, V in (("linear", 16, 64, 64), ("gla", 4, 128, 256)):
+            if op not in ops:
+                continue
             q = torch.rand(B, T, H, K, device="cuda", dtype=torch.bfloat16).requires_grad_()
             k = torch.rand(B, T, H, K, device="cuda", dtype=torch.bfloat16).requires_grad_()
             v = torch.randn(B, T, H, V, device="cuda", dtype=torch.bfloat16).requires_grad_()
             g = (F.logsigmoid(torch.randn(B, T, H, K, device="cuda")) / 16).bfloat16().requires_grad_()
             auto = (lin_auto if op == "linear" else gla_auto)(q, v, None)
-            for ns in (0, 4, 8, 16, 32):
+            for ns in (0, 4, 8, 16, 32) if op == "linear" else (0, 8, 16, 32, 64):
                 if op == "linear":
                     f = lambda q, k, v, ns=ns: triton_linear_attention(q, k, v, segment_chunks=ns)[0]
                     inputs = [q, k, v]
@@ -217,16 +219,20 @@ def case_segments(results, quick=False):
             del q, k, v, g
 
 
-def case_kernel_configs(results, quick=False, T=8192):
-    """Launch configurations of the walk kernels (num_warps, num_stages; the dq/dk/dg tile of
-    GLA), forward and backward launchers timed separately (no autograd), T = 8k, 32k tokens."""
-    from lintime.ops.gla.triton.ops import gla_bwd, gla_fwd
-    from lintime.ops.gla.triton.ops import segment_chunks_for as gla_auto
-    from lintime.ops.linear.triton.ops import linear_bwd, linear_fwd
-    from lintime.ops.linear.triton.ops import segment_chunks_for as lin_auto
+# GLA launch variants timed by case_kernel_configs (8 warps only: Triton 3.6 on Hopper was seen to
+# fault with 4-warp GLA kernels); "dqkg32": K-blocks of 32 in the dq/dk/dg kernel (620 B of
+# spills in the sm_90a ptxas report, against none for the default 16, which reads do and v twice
+# as often)
+GLA_CONFIGS = (
+    ("default", None),
+    ("s2", {"fwd": (8, 2), "dv": (8, 2)}),
+    ("dqkg32", {"dqkg_tile": (32, 64)}),
+    ("dqkg_s1", {"dqkg": (8, 1)}),
+    ("dqkg_s3", {"dqkg": (8, 3)}),
+)
 
-    B = _batch(T)
-    H, D = 16, 64
+
+def _linear_configs(results, T, B, H, D, linear_fwd, linear_bwd, lin_auto):
     q = torch.rand(B, T, H, D, device="cuda", dtype=torch.bfloat16)
     k = torch.rand(B, T, H, D, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
@@ -241,6 +247,22 @@ def case_kernel_configs(results, quick=False, T=8192):
         results.append(Result("configs_linear_norm", name, T, B, dict(H=H, K=D, V=D, ns=ns), fwd_ms=fwd,
                               fwdbwd_ms=fwd + bwd, extra={"bwd_ms": bwd}))
     del q, k, v, do
+
+
+def case_kernel_configs(results, quick=False, T=8192, ops=("linear", "gla")):
+    """Launch configurations of the walk kernels (num_warps, num_stages; the dq/dk/dg tile of
+    GLA), forward and backward launchers timed separately (no autograd), T = 8k, 32k tokens."""
+    from lintime.ops.gla.triton.ops import gla_bwd, gla_fwd
+    from lintime.ops.gla.triton.ops import segment_chunks_for as gla_auto
+    from lintime.ops.linear.triton.ops import linear_bwd, linear_fwd
+    from lintime.ops.linear.triton.ops import segment_chunks_for as lin_auto
+
+    B = _batch(T)
+    H, D = 16, 64
+    if "linear" in ops:
+        _linear_configs(results, T, B, H, D, linear_fwd, linear_bwd, lin_auto)
+    if "gla" not in ops:
+        return
     H, K, V = 4, 128, 256
     q = torch.randn(B, T, H, K, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(B, T, H, K, device="cuda", dtype=torch.bfloat16)
@@ -248,15 +270,15 @@ def case_kernel_configs(results, quick=False, T=8192):
     g = (F.logsigmoid(torch.randn(B, T, H, K, device="cuda")) / 16).bfloat16()
     do = torch.randn_like(v)
     ns = gla_auto(q, v, None)
-    for name, cfg in (("default", None), ("s2", {"fwd": (8, 2), "dv": (8, 2)})):
-        o, ht, A, hs = gla_fwd(q, k, v, g, None, None, K**-0.5, ns, cfg)
-        fwd = median_ms(lambda: gla_fwd(q, k, v, g, None, None, K**-0.5, ns, cfg), rep=50)
-        bwd = median_ms(lambda: gla_bwd(q, k, v, g, A, hs, do, None, None, None, K**-0.5, ns, False, cfg), rep=50)
+    for name, cfg in GLA_CONFIGS:
+        o, ht, *saved = gla_fwd(q, k, v, g, None, None, K**-0.5, ns, True, cfg)
+        fwd = median_ms(lambda: gla_fwd(q, k, v, g, None, None, K**-0.5, ns, True, cfg), rep=50)
+        bwd = median_ms(lambda: gla_bwd(q, k, v, g, *saved, do, None, None, K**-0.5, ns, False, cfg), rep=50)
         results.append(Result("configs_gla", name, T, B, dict(H=H, K=K, V=V, ns=ns), fwd_ms=fwd, fwdbwd_ms=fwd + bwd,
                               extra={"bwd_ms": bwd}))
 
 
-def case_profile(results, quick=False, T=8192):
+def case_profile(results, quick=False, T=8192, ops=("linear", "gla")):
     """Device time per kernel of one forward + backward (torch.profiler, mean of 5), linear
     attention (normalised) and GLA at T = 8k: rows ``profile_<op>`` with the kernel name as impl."""
     from torch.profiler import ProfilerActivity, profile
@@ -265,6 +287,8 @@ def case_profile(results, quick=False, T=8192):
 
     B = _batch(T)
     for op, H, K, V in (("linear", 16, 64, 64), ("gla", 4, 128, 256)):
+        if op not in ops:
+            continue
         q = torch.rand(B, T, H, K, device="cuda", dtype=torch.bfloat16).requires_grad_()
         k = torch.rand(B, T, H, K, device="cuda", dtype=torch.bfloat16).requires_grad_()
         v = torch.randn(B, T, H, V, device="cuda", dtype=torch.bfloat16).requires_grad_()
@@ -291,3 +315,18 @@ def case_profile(results, quick=False, T=8192):
                 results.append(Result(f"profile_{op}", e.key[:60], T, B, dict(H=H, K=K, V=V), fwd_ms=us / 5 / 1000,
                                       extra={"calls_per_step": e.count // 5}))
         del q, k, v, g
+
+
+def case_gla_profile(results, quick=False):
+    """:func:`case_profile` for GLA only (T = 8k)."""
+    case_profile(results, quick, ops=("gla",))
+
+
+def case_gla_configs(results, quick=False):
+    """:func:`case_kernel_configs` for GLA only (T = 8k)."""
+    case_kernel_configs(results, quick, ops=("gla",))
+
+
+def case_gla_segments(results, quick=False):
+    """:func:`case_segments` for GLA only (T = 2k, 8k, 32k)."""
+    case_segments(results, quick, ops=("gla",))
