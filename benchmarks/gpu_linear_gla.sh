@@ -11,6 +11,11 @@
 # chunk_gla autotuning) did not finish in the 4 min left, so the cheap cases run first.  Logs and JSON go to $OUT (default ./gpu_linear_gla_out).
 # Usage: benchmarks/gpu_linear_gla.sh [tests] [tune] [bench] [quick]   (default: tests tune bench quick;
 # split over two calls on a warm machine when the whole exceeds one call: compiled kernels persist)
+#        benchmarks/gpu_linear_gla.sh gla   -- GLA only, one call of < 6 min on a single H200 (issue #6):
+#   the CUDA GLA tests (they also compile our kernels for the bench shapes), ours vs fla chunk_gla at
+#   T = 2k/8k/32k (eager and CUDA-graph device time, fwd and fwd+bwd), the per-kernel profile at 8k,
+#   the launch variants at 8k, then the segment-length sweep with whatever time is left (a global
+#   deadline of GLA_DEADLINE_S, default 345 s, caps every step).
 set -uo pipefail
 OUT=${OUT:-./gpu_linear_gla_out}
 mkdir -p "$OUT"
@@ -30,6 +35,63 @@ fi
   date -u
 } | tee "$OUT/gpu.txt"
 rc=0
+if [[ "$STEPS" == *" gla "* ]]; then
+  T0=$SECONDS
+  left() {  # seconds left for a step: min(cap, deadline - elapsed), at least 1
+    local l=$(( ${GLA_DEADLINE_S:-345} - (SECONDS - T0) ))
+    (( l > $1 )) && l=$1
+    (( l < 1 )) && l=1
+    echo $l
+  }
+  timeout "$(left 110)" python3 -m pytest -q -m cuda -n 4 -p no:cacheprovider --durations=10 \
+    tests/ops/test_gla_triton.py 2>&1 | tee "$OUT/gla_tests.log" || rc=1
+  # ours vs fla chunk_gla, one T at a time, each row printed and saved as soon as it is measured
+  mkdir -p "$OUT/gla_bench"
+  timeout "$(left 200)" python3 - "$OUT/gla_bench/bench_ops.json" <<'PY' 2>&1 | tee "$OUT/gla_bench.log" || rc=1
+import json, sys, time, traceback
+from lintime.bench.cases_linear_gla import case_gla
+from lintime.bench.run import as_row
+rows, path = [], sys.argv[1]
+for T in (8192, 2048, 32768):
+    t0, res = time.time(), []
+    try:
+        case_gla(res, Ts=(T,))
+    except Exception:
+        traceback.print_exc()
+    for r in res:
+        rows.append(as_row(r))
+        x = r.extra
+        print(f"T={T} {r.impl:<16} eager fwd {r.fwd_ms:.3f} fb {r.fwdbwd_ms:.3f} | graph fwd {x.get('fwd_graph_ms')} "
+              f"fb {x.get('fwdbwd_graph_ms')} | speedup fb {x.get('speedup_fwdbwd')} graph "
+              f"{x.get('speedup_fwdbwd_graph')} rel_vs_fla {x.get('rel_vs_fla')}", flush=True)
+    print(f"T={T}: {time.time() - t0:.0f} s", flush=True)
+    with open(path, "w") as f:
+        json.dump({"results": rows}, f, indent=1)
+PY
+  for c in gla_profile gla_configs gla_segments; do
+    timeout "$(left 60)" python3 -m lintime bench ops --cases "linear_gla.$c" --out "$OUT/$c" 2>&1 \
+      | tee "$OUT/$c.log" || rc=1
+  done
+  python3 - "$OUT" <<'PY' 2>&1 | tee "$OUT/gla_summary.txt"
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+for f in sorted(out.glob("gla_*/bench_ops.json")):
+    try:
+        rows = json.loads(f.read_text())
+        rows = rows.get("results", rows) if isinstance(rows, dict) else rows
+    except Exception as e:  # a step that timed out leaves no JSON
+        print(f.parent.name, "unreadable:", e)
+        continue
+    print("==", f.parent.name)
+    for r in rows:
+        x = r.get("extra") or {}
+        fmt = lambda v: "-" if v is None else f"{v:.3f}"
+        print(f"{r.get('case'):>14} {str(r.get('impl'))[:44]:<44} T={r.get('T'):>6} fwd {fmt(r.get('fwd_ms'))} "
+              f"fb {fmt(r.get('fwdbwd_ms'))} | graph fwd {fmt(x.get('fwd_graph_ms'))} fb {fmt(x.get('fwdbwd_graph_ms'))}"
+              f" | x fb {fmt(x.get('speedup_fwdbwd'))} graph {fmt(x.get('speedup_fwdbwd_graph'))}")
+PY
+  echo "gla steps took $(( SECONDS - T0 )) s"
+fi
 if [[ "$STEPS" == *" tests "* ]]; then
   timeout "${TESTS_S:-240}" python3 -m pytest -q -m cuda -n 4 -p no:cacheprovider --durations=15 \
     tests/ops/test_linear_triton.py tests/ops/test_gla_triton.py 2>&1 | tee "$OUT/tests.log" || rc=1

@@ -118,12 +118,12 @@ def case_linear(results, quick=False, H=16, D=64):
         del q, k, v
 
 
-def case_gla(results, quick=False, H=4, K=128, V=256):
-    """GLA vs fla ``chunk_gla``."""
+def case_gla(results, quick=False, H=4, K=128, V=256, Ts=None):
+    """GLA vs fla ``chunk_gla`` (``Ts``: context lengths, default by ``quick``)."""
     from lintime.ops import gated_linear_attention
 
     _, gla = _fla()
-    for T in QUICK_TS if quick else TS:
+    for T in Ts or (QUICK_TS if quick else TS):
         B = _batch(T)
         q = torch.randn(B, T, H, K, device="cuda", dtype=torch.bfloat16).requires_grad_()
         k = torch.randn(B, T, H, K, device="cuda", dtype=torch.bfloat16).requires_grad_()
