@@ -209,12 +209,17 @@ def test_prefill_then_decode():
 
 def test_custom_op_compiles_and_checks():
     """The forward op passes torch.library.opcheck (schema, fake tensors, autograd registration),
-    and a torch.compile'd call (fullgraph) traces through it, gradients included."""
+    refuses a backward when it kept no per-chunk states, and a torch.compile'd call (fullgraph)
+    traces through it, gradients included."""
     from lintime.ops.gla.triton.ops import _fwd_op
 
     q, k, v, g, h0 = _inputs(1, 20, 1, 16, 16)
     args = tuple(x.requires_grad_() for x in (q, k, v, g, h0)) + (None, 0.25, 0, True)
     torch.library.opcheck(_fwd_op, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    # a forward that kept no per-chunk states (keep=False, forward-only calls) refuses a backward
+    o = _fwd_op(*args[:-1], False)[0]
+    with pytest.raises(RuntimeError, match="keep=False"):
+        o.sum().backward()
 
     def f(q, k, v, g):
         o, s = gla(q, k, v, g, output_final_state=True, backend="triton")
