@@ -45,6 +45,8 @@ def train(
     precision: str = _D.precision,
     compile: bool = _D.compile,
     deterministic: bool = _D.deterministic,
+    parallel: str = _D.parallel,
+    context_parallel: int = _D.context_parallel,
     log_every: int = _D.log_every,
     eval_every: int = _D.eval_every,
     eval_tokens: int = _D.eval_tokens,
@@ -98,6 +100,8 @@ def train(
         precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16.
         compile: torch.compile the model.
         deterministic: torch.use_deterministic_algorithms (slower on CUDA).
+        parallel: under torchrun: none, ddp (DistributedDataParallel) or fsdp (FSDP2 fully_shard); --tokens-per-batch stays the global batch (see docs/distributed.md).
+        context_parallel: under torchrun: split every row over this many processes (linear-time families; context_len / N a multiple of the chunk size).
         log_every: write a metrics row every N steps (0 = none).
         eval_every: validate every N steps (0 = only at the end).
         eval_tokens: validation tokens per evaluation.

@@ -382,11 +382,27 @@ class BatchIterator:
         """Position of the iterator: ``{"version", "epoch", "index", "fingerprint"}`` (JSON-serialisable)."""
         return {"version": STATE_VERSION, "epoch": self.epoch, "index": self.index, "fingerprint": self._fingerprint()}
 
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state``; raises :class:`DataError` if it belongs to other data or settings."""
+    def load_state_dict(self, state: dict, reshard: bool = False) -> None:
+        """Continue from ``state``; raises :class:`DataError` if it belongs to other data or settings.
+
+        ``reshard=True`` also accepts a state saved with another ``world_size`` (a run resumed on
+        another number of processes): the ranks had visited ``index * old_world_size`` positions
+        of the epoch's visiting order, which become ``index = visited / world_size`` here (they
+        must divide evenly, as they do when the global batch is a multiple of both world sizes
+        and the epoch has not been wrapped mid-batch; else :class:`DataError`)."""
         if state.get("version") != STATE_VERSION:
             raise DataError(f"data iterator state version {state.get('version')!r} is not {STATE_VERSION}")
         mine, theirs = self._fingerprint(), state.get("fingerprint", {})
+        old_ws = theirs.get("world_size")
+        if reshard and isinstance(old_ws, int) and old_ws >= 1 and old_ws != self.world_size:
+            visited = int(state["index"]) * old_ws
+            if visited % self.world_size:
+                raise DataError(f"cannot resume the data iterator on {self.world_size} processes: "
+                                f"{visited} rows of epoch {state['epoch']} were read by {old_ws} processes")
+            # past the end of the epoch (padding visits of the old layout): the epoch is done
+            index = min(visited // self.world_size, self.rows_per_epoch)
+            state = dict(state, index=index, fingerprint=dict(theirs, world_size=self.world_size))
+            theirs = state["fingerprint"]
         diff = [k for k in mine if mine[k] != theirs.get(k)]
         if diff:
             detail = ", ".join(f"{k}: saved {theirs.get(k)!r}, now {mine[k]!r}" for k in diff)

@@ -12,6 +12,17 @@ Layout of a run folder::
                                       tensors only: ``torch.load(path, weights_only=True)`` reads it
     runs/<name>/checkpoints/latest   text file: the name of the newest step folder ("step_00000100")
 
+Distributed runs (``torchrun``, :mod:`lintime.training.parallel`) write the same folder, plus
+the optimizer's shards::
+
+    runs/<name>/checkpoints/step_00000100/optimizer/  torch.distributed.checkpoint (DCP) of the
+                                      optimizer state, sharded as trained; DCP re-shards it on load,
+                                      so a run resumes on any number of processes (or on one)
+
+``model.safetensors`` is still the full fp32 model (gathered on rank 0), so :func:`load_model`,
+``lintime eval / generate`` and the HF export read distributed runs unchanged, and the
+``optimizer`` entry of ``trainer_state.pt`` is the string ``"dcp"``.
+
 Atomicity: every file is written to a temporary file beside it, flushed, fsynced and renamed; a
 step folder is written whole under a hidden temporary name (``.tmp-step_...``), fsynced, then
 renamed to ``step_NNNNNNNN``, and only then does ``latest`` move to it and are old step folders
@@ -44,6 +55,8 @@ CHECKPOINTS_DIR = "checkpoints"
 LATEST_FILE = "latest"
 WEIGHTS_FILE = "model.safetensors"
 STATE_FILE = "trainer_state.pt"
+OPTIM_DIR = "optimizer"
+DCP_MARK = "dcp"  # trainer_state["optimizer"] of a distributed checkpoint
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
 
 
@@ -185,6 +198,115 @@ def save_checkpoint(
         for old in list_checkpoints(run_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def save_distributed_checkpoint(
+    run_dir: str | os.PathLike,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trainer_state: dict,
+    *,
+    build,
+    keep: int = 0,
+) -> Path:
+    """The distributed form of :func:`save_checkpoint`; every rank calls it (it is collective).
+
+    Rank 0 makes the hidden temporary step folder and tells the others its name; all ranks write
+    their optimizer shards into ``optimizer/`` (DCP) and take part in gathering the full model
+    state, which rank 0 loads into ``build()`` (a plain model) and writes as ``model.safetensors``
+    with ``trainer_state.pt``; then, after a barrier, rank 0 renames the folder into place, moves
+    ``latest`` and prunes, exactly as :func:`save_checkpoint`.  Returns the step folder."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_model
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    main = dist.get_rank() == 0
+    ckpt_root = Path(run_dir) / CHECKPOINTS_DIR
+    final = ckpt_root / step_dir_name(step)
+    box = [None]
+    if main:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temporaries(ckpt_root)
+        box[0] = tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=ckpt_root)
+    dist.broadcast_object_list(box, src=0)
+    tmp = Path(box[0])
+    try:
+        dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=str(tmp / OPTIM_DIR))
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if main:
+            plain = build()
+            plain.load_state_dict({k: v.float() for k, v in full.items()})
+            weights = tmp / WEIGHTS_FILE
+            save_model(plain, str(weights), metadata={"format": "lintime", "step": str(step)})
+            _fsync_file(weights)
+            with open(tmp / STATE_FILE, "wb") as f:
+                torch.save(trainer_state, f)
+                f.flush()
+                os.fsync(f.fileno())
+        del full
+        dist.barrier()
+        if main:
+            os.chmod(tmp, 0o755)
+            _fsync_dir(tmp)
+            if final.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".old-{final.name}-", dir=ckpt_root))
+                os.rename(final, old / final.name)
+                os.rename(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(tmp, final)
+            _fsync_dir(ckpt_root)
+            atomic_write_text(ckpt_root / LATEST_FILE, final.name + "\n")
+            if keep:
+                for old in list_checkpoints(run_dir)[:-keep]:
+                    shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    dist.barrier()
+    return final
+
+
+def load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, step_dir: str | os.PathLike) -> None:
+    """Load the DCP optimizer state of a distributed checkpoint into ``optimizer`` (any number of
+    processes, including one: DCP re-shards by parameter name)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    path = Path(step_dir) / OPTIM_DIR
+    if not path.is_dir():
+        raise FileNotFoundError(f"cannot resume: {step_dir} is a distributed checkpoint without its {OPTIM_DIR}/ folder")
+    osd = get_optimizer_state_dict(model, optimizer)
+    box = {"optimizer": osd}
+    try:
+        dcp.load(box, checkpoint_id=str(path))
+    except Exception as err:  # missing keys / shapes: DCP raises several kinds
+        raise ValueError(f"cannot resume: the optimizer state in {step_dir} does not fit this model ({_one_line(err)})") from None
+    set_optimizer_state_dict(model, optimizer, box["optimizer"])
+
+
+def optimizer_state_by_name(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict, step_dir) -> dict:
+    """A single-process checkpoint's optimizer state (``opt.state_dict()``, keyed by parameter
+    index) re-keyed by parameter name, for a distributed resume: ``model`` is the plain model
+    and ``optimizer`` a fresh one built on it the same way as the saved one."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    try:
+        optimizer.load_state_dict(saved)
+    except (ValueError, KeyError, RuntimeError) as err:
+        raise ValueError(f"cannot resume: the optimizer state in {step_dir} does not fit this model ({_one_line(err)})") from None
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+
+
+def set_optimizer_by_name(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load a full, name-keyed optimizer state (:func:`optimizer_state_by_name`) into the
+    optimizer of a wrapped / sharded model (every rank holds the full state)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
 def _remove_stale_temporaries(ckpt_root: Path) -> None:

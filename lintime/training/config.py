@@ -25,6 +25,7 @@ DEFAULT_STEPS = 200  # budget when none of steps / tokens / time_minutes is give
 DECAYS = ("linear", "cosine", "constant")
 OBJECTIVES = ("clm", "mlm")
 DEVICES = ("auto", "cpu", "cuda")
+PARALLEL = ("none", "ddp", "fsdp")
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
@@ -119,6 +120,11 @@ class TrainConfig:
     autocast on CUDA, fp32 on CPU), ``compile`` (``torch.compile`` the model),
     ``deterministic`` (``torch.use_deterministic_algorithms``).
 
+    Distributed (under ``torchrun``, :mod:`lintime.training.parallel`): ``parallel`` (``none`` |
+    ``ddp`` | ``fsdp``: data parallelism over the processes; ``tokens_per_batch`` stays the
+    *global* batch), ``context_parallel`` (``P`` processes share every row, each holding ``T / P``
+    consecutive tokens).  Neither changes the updates, so both may change on resume.
+
     Watching and saving (every ``*_every`` counts optimiser steps; 0 = only at the end):
     ``log_every``, ``eval_every`` / ``eval_tokens`` (validation tokens per evaluation),
     ``save_every`` / ``keep`` (checkpoints kept; 0 = all), ``tensorboard``, ``plots``.
@@ -156,6 +162,8 @@ class TrainConfig:
     precision: str = "auto"
     compile: bool = False
     deterministic: bool = False
+    parallel: str = "none"
+    context_parallel: int = 1
     log_every: int = 1
     eval_every: int = 50
     eval_tokens: int = 32768
@@ -189,6 +197,9 @@ class TrainConfig:
             fail(f"unknown recipe {self.recipe!r}; recipes: {', '.join(RECIPES)}")
         if self.device not in DEVICES and not str(self.device).startswith("cuda:"):
             fail(f"device must be one of {DEVICES} or 'cuda:N', got {self.device!r}")
+        if self.parallel not in PARALLEL:
+            fail(f"parallel must be one of {PARALLEL}, got {self.parallel!r}")
+        positive_int("context_parallel")
         if self.precision not in PRECISIONS:
             fail(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if not _is_num(self.mlm_prob) or not 0 < self.mlm_prob < 1:
@@ -295,5 +306,5 @@ class TrainConfig:
 RESUMABLE_CHANGES = (
     "steps", "tokens", "time_minutes", "log_every", "eval_every", "eval_tokens", "save_every", "keep",
     "tensorboard", "plots", "sample_prompt", "sample_tokens", "temperature", "top_k", "device", "compile",
-    "cache_dir",
+    "cache_dir", "parallel", "context_parallel",
 )

@@ -121,29 +121,50 @@ def forward_backward(
     micro_rows: int,
     aux_weight: float = 0.0,
     autocast: torch.dtype | None = None,
+    n_targets: int | None = None,
+    replicas: int = 1,
+    loss_scale: float = 1.0,
+    context=None,
 ) -> tuple[float, float]:
     """Accumulate into ``.grad`` the gradient of the batch's loss (see the module docstring),
     ``micro_rows`` rows per forward/backward.  Returns ``(loss, aux)``: the mean cross-entropy per
-    predicted token and the weighted auxiliary loss, as Python floats."""
+    predicted token and the weighted auxiliary loss, as Python floats.
+
+    Distributed (:mod:`lintime.training.parallel`): ``n_targets`` is the number of predicted
+    tokens of the *global* batch (all ranks), ``replicas`` the number of ranks that share the
+    auxiliary losses (data x context parallel), ``loss_scale`` undoes the wrapper's averaging
+    (the world size for DDP / FSDP), ``context`` a :class:`~lintime.training.parallel.ContextParallel`
+    that runs this rank's slice of every row.  The returned numbers are then this rank's share:
+    their sum over ranks is the global loss.  Gradients are reduced on the last micro-batch only.
+    """
+    from lintime.training.parallel import grad_sync
+
     B = batch.input_ids.shape[0]
     if micro_rows < 1 or B % micro_rows:
         raise ValueError(f"micro_rows ({micro_rows}) must divide the batch's {B} rows")
     device = next(model.parameters()).device
-    n_targets = max(int((batch.targets != IGNORE_INDEX).sum()), 1)
+    if n_targets is None:
+        n_targets = int((batch.targets != IGNORE_INDEX).sum())
+    n_targets = max(n_targets, 1)
     ce_total, aux_total = 0.0, 0.0
     for start in range(0, B, micro_rows):
         ids, targets, cu = packed_rows(batch, start, start + micro_rows)
         ids, targets, cu = ids.to(device), targets.to(device), cu.to(device)
         aux: dict[str, torch.Tensor] = {}
-        with _autocast(device, autocast):
-            logits = model(ids, cu_seqlens=cu, aux_losses=aux)  # [1, b*T, V]
-        ce = F.cross_entropy(_at_least_fp32(logits[0]), targets, ignore_index=IGNORE_INDEX, reduction="sum")
-        loss = ce / n_targets
-        if aux:
-            aux_loss = aux_weight * (micro_rows / B) * sum(_at_least_fp32(v) for v in aux.values())
-            loss = loss + aux_loss
-            aux_total += float(aux_loss.detach())
-        loss.backward()
+        with grad_sync(model, start + micro_rows == B):
+            with _autocast(device, autocast):
+                if context is None:
+                    logits = model(ids, cu_seqlens=cu, aux_losses=aux)  # [1, b*T, V]
+                else:
+                    ids, targets, cu, offset = context.shard(ids, targets, cu, micro_rows)
+                    logits = context.forward(model, ids, cu, offset, aux)  # [1, b*T/P, V]
+            ce = F.cross_entropy(_at_least_fp32(logits[0]), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+            loss = ce / n_targets
+            if aux:
+                aux_loss = aux_weight * (micro_rows / (B * replicas)) * sum(_at_least_fp32(v) for v in aux.values())
+                loss = loss + aux_loss
+                aux_total += float(aux_loss.detach())
+            (loss * loss_scale if loss_scale != 1.0 else loss).backward()
         ce_total += float(ce.detach())
     return ce_total / n_targets, aux_total
 
@@ -330,8 +351,28 @@ def train(
     corpus, tokenizer, device, the resumed checkpoint's compatibility), so a user error never
     leaves a half-made run behind.
     """
-    say = echo or (lambda line: None)
+    from lintime.training import parallel as par
+
     cfg = config.resolved()
+    if cfg.context_parallel > 1 and cfg.objective != "clm":
+        raise ValueError("--context-parallel needs --objective clm (a masked LM sees its whole row at once)")
+    env = par.init_distributed(cfg.device, cfg.parallel, cfg.context_parallel)
+    failed = True
+    try:
+        result = _train(cfg, env, out=out, name=name, resume=resume, progress=progress and env.is_main,
+                        echo=echo if env.is_main else None, stop_after=stop_after)
+        failed = False
+        return result
+    finally:
+        if env.distributed:
+            par.shutdown(failed)
+
+
+def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_after) -> TrainResult:
+    """:func:`train` in one process of ``env`` (:class:`lintime.training.parallel.DistEnv`)."""
+    from lintime.training import parallel as par
+
+    say = echo or (lambda line: None)
 
     # ---- resume: the run's own folder, tokenizer and model config
     state = None
@@ -360,8 +401,12 @@ def train(
         tokenizer = cfg.tokenizer
         run_dir = None
 
-    device = pick_device(cfg.device)
+    device = env.device
     amp = autocast_dtype(device, cfg.precision)
+    if cfg.rows_per_micro_batch % env.dp_size:
+        raise ValueError(f"{cfg.rows_per_micro_batch} rows per micro-batch cannot be split over {env.dp_size} "
+                         "data-parallel replicas: make --micro-batch-tokens / --context-len rows a multiple of them")
+    rows_local, micro_local = cfg.rows_per_batch // env.dp_size, cfg.rows_per_micro_batch // env.dp_size
     if cfg.compile and not hasattr(torch, "compile"):
         raise ValueError("--compile needs torch.compile (PyTorch >= 2.0)")
     if cfg.tensorboard:
@@ -377,7 +422,8 @@ def train(
     if cfg.cache_dir is None:
         spec = tokenizer.name if isinstance(tokenizer, Tokenizer) else tokenizer
         cfg = dataclasses.replace(cfg, cache_dir=str(default_cache_dir(corpus.name, spec)))
-    splits = prepare(corpus, tokenizer, cfg.cache_dir, splits=("train", "validation"), quiet=not progress)
+    with _main_first(env):  # one process builds the token cache, the others read it
+        splits = prepare(corpus, tokenizer, cfg.cache_dir, splits=("train", "validation"), quiet=not progress)
     tokenizer = splits["train"].tokenizer
     train_ds, val_ds = splits["train"], splits["validation"]
 
@@ -388,43 +434,69 @@ def train(
         model_cfg = get_preset(cfg.preset, vocab_size=tokenizer.vocab_size)  # the vocabulary is the tokenizer's
     else:
         model_cfg = ModelConfig.from_dict(model_cfg_dict)
-    seed_everything(cfg.seed, cfg.deterministic)
+    seed_everything(cfg.seed, cfg.deterministic)  # the same initial weights on every rank
     model = (CausalLM if cfg.objective == "clm" else MaskedLM)(model_cfg)
     model.to(device)
     if state is not None:
         ckpt.load_weights(model, step_dir, device)
     model.train()
+    context = par.ContextParallel(model, env) if env.cp_size > 1 else None
+    if context is not None:
+        context.check_length(cfg.context_len)
 
-    opt = torch.optim.AdamW(
-        model.param_groups(cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-        **({"fused": True} if device.type == "cuda" else {}),
-    )
-    train_it = BatchIterator(train_ds, batch_size=cfg.rows_per_batch, context_len=cfg.context_len,
-                             tokenizer=tokenizer, objective=cfg.objective, seed=cfg.seed, mlm_prob=cfg.mlm_prob)
+    def make_optimizer(m: torch.nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(
+            m.param_groups(cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+            **({"fused": True} if device.type == "cuda" else {}),
+        )
+
+    full_optim = None  # a single-process checkpoint's optimizer state, by parameter name (distributed resume)
+    if state is not None and env.distributed and state.get("optimizer") != ckpt.DCP_MARK:
+        full_optim = ckpt.optimizer_state_by_name(model, make_optimizer(model), state["optimizer"], step_dir)
+    wrapped = par.wrap_model(model, env, cfg.parallel, amp)
+    opt = make_optimizer(model)
+    train_it = BatchIterator(train_ds, batch_size=rows_local, context_len=cfg.context_len,
+                             tokenizer=tokenizer, objective=cfg.objective, seed=cfg.seed, mlm_prob=cfg.mlm_prob,
+                             rank=env.dp_rank, world_size=env.dp_size)
     step, tokens_seen, elapsed = 0, 0, 0.0
     if state is not None:
-        try:
-            opt.load_state_dict(state["optimizer"])
-        except (ValueError, KeyError, RuntimeError) as err:
-            raise ValueError(f"cannot resume: the optimizer state in {step_dir} does not fit this model ({ckpt._one_line(err)})") from None
-        train_it.load_state_dict(state["data"])  # DataError if the data or settings changed
+        if state.get("optimizer") == ckpt.DCP_MARK:
+            ckpt.load_sharded_optimizer(model, opt, step_dir)
+        elif full_optim is not None:
+            ckpt.set_optimizer_by_name(model, opt, full_optim)
+        else:
+            try:
+                opt.load_state_dict(state["optimizer"])
+            except (ValueError, KeyError, RuntimeError) as err:
+                raise ValueError(f"cannot resume: the optimizer state in {step_dir} does not fit this model ({ckpt._one_line(err)})") from None
+        train_it.load_state_dict(state["data"], reshard=True)  # DataError if the data or settings changed
         set_rng_state(state["rng"])
         step, tokens_seen, elapsed = int(state["step"]), int(state["tokens"]), float(state["elapsed_s"])
+    if env.distributed:
+        # dropout masks differ between ranks (each rank holds other rows or another slice)
+        torch.manual_seed(cfg.seed + 1_000_003 * (env.rank + 1) + step)
 
     # ---- the run folder (nothing was written before this point)
     if run_dir is None:
-        run_dir = Path(out) / (name or default_run_name(cfg.preset))
+        run_dir = Path(out) / _broadcast_str(name or default_run_name(cfg.preset), env)
         if (run_dir / ckpt.CONFIG_FILE).exists():
             raise ValueError(f"run folder {run_dir} already holds a run: pick another --name, or --resume {run_dir}")
-    ckpt.write_run_config(run_dir, model_config=model_cfg, objective=cfg.objective, tokenizer=tokenizer, train=cfg.to_dict())
-    fwd_model = torch.compile(model) if cfg.compile else model
+    _barrier(env)
+    if env.is_main:
+        ckpt.write_run_config(run_dir, model_config=model_cfg, objective=cfg.objective, tokenizer=tokenizer,
+                              train=cfg.to_dict())
+    _barrier(env)
+    fwd_model = torch.compile(wrapped) if cfg.compile else wrapped
+    eval_model = torch.compile(model) if cfg.compile else model
 
     horizon = cfg.step_budget
     time_budget = cfg.time_minutes * 60 if cfg.time_minutes is not None else None
     n_params = model.num_parameters()
     say(f"lintime train: {cfg.preset} ({n_params / 1e6:.2f}M parameters, {cfg.objective}) on {corpus.name} "
         f"({train_ds.n_tokens / 1e6:.1f}M train tokens, tokenizer {tokenizer.name}), {device.type}"
-        f"{' bf16' if amp is not None else ' fp32'}")
+        f"{' bf16' if amp is not None else ' fp32'}"
+        f"{f', {env.world} processes ({cfg.parallel} x {env.dp_size}' if env.distributed else ''}"
+        f"{f', context parallel {env.cp_size})' if env.cp_size > 1 else (')' if env.distributed else '')}")
     budget = []
     if horizon is not None:
         budget.append(f"{horizon} steps")
@@ -442,16 +514,19 @@ def train(
             "step": step,
             "tokens": tokens_seen,
             "elapsed_s": elapsed,
-            "optimizer": opt.state_dict(),
+            "optimizer": ckpt.DCP_MARK if env.distributed else opt.state_dict(),
             "scheduler": {"kind": cfg.decay, "horizon_steps": horizon, "time_budget_s": time_budget, "lr": last_lr},
             "data": train_it.state_dict(),
             "rng": rng_state(),
             "val": val or {},
         }
+        if env.distributed:
+            return ckpt.save_distributed_checkpoint(run_dir, step, model, opt, trainer_state, keep=cfg.keep,
+                                                    build=lambda: ckpt.build_model(ckpt.read_run_config(run_dir)))
         return ckpt.save_checkpoint(run_dir, step, model, trainer_state, keep=cfg.keep)
 
     def run_eval() -> dict:
-        return evaluate(fwd_model, val_ds, context_len=cfg.context_len, rows=cfg.rows_per_micro_batch,
+        return evaluate(eval_model, val_ds, context_len=cfg.context_len, rows=cfg.rows_per_micro_batch,
                         max_tokens=cfg.eval_tokens, objective=cfg.objective, seed=cfg.seed,
                         mlm_prob=cfg.mlm_prob, autocast=amp, tokenizer=tokenizer)
 
@@ -462,7 +537,8 @@ def train(
             return True
         return stop_after is not None and taken >= stop_after
 
-    metrics = MetricsWriter(run_dir, resume_step=step if state is not None else None, tensorboard=cfg.tensorboard)
+    metrics = (MetricsWriter(run_dir, resume_step=step if state is not None else None, tensorboard=cfg.tensorboard)
+               if env.is_main else _NoMetrics())
     bar = _Bar(horizon, step, progress, unit="step")
     taken = 0
     first_loss = last_loss = None
@@ -482,11 +558,22 @@ def train(
                                     final_lr_ratio=cfg.final_lr_ratio)
             for group in opt.param_groups:
                 group["lr"] = lr
-            loss, aux = forward_backward(fwd_model, batch, micro_rows=cfg.rows_per_micro_batch,
-                                         aux_weight=cfg.aux_weight, autocast=amp)
+            if env.distributed:
+                # predicted tokens of the global batch (context ranks hold the same rows)
+                n_global = int(par.all_reduce_sum([float((batch.targets != IGNORE_INDEX).sum())], env)[0]) // env.cp_size
+                loss, aux = forward_backward(fwd_model, batch, micro_rows=micro_local, aux_weight=cfg.aux_weight,
+                                             autocast=amp, n_targets=n_global, replicas=env.world,
+                                             loss_scale=float(env.world) if cfg.parallel != "none" else 1.0,
+                                             context=context)
+                if cfg.parallel == "none":  # context parallel only: sum the slices' gradients
+                    par.all_reduce_grads(model, env)
+                loss, aux = par.all_reduce_sum([loss, aux], env)
+            else:
+                loss, aux = forward_backward(fwd_model, batch, micro_rows=cfg.rows_per_micro_batch,
+                                             aux_weight=cfg.aux_weight, autocast=amp)
             if not math.isfinite(loss):
                 raise ValueError(f"the loss is {loss} at step {step + 1}: training diverged; try a lower --lr")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip if cfg.clip > 0 else math.inf))
+            grad_norm = par.clip_grad_norm(model, cfg.clip if cfg.clip > 0 else math.inf)
             opt.step()
             opt.zero_grad(set_to_none=True)
             if device.type == "cuda":
@@ -523,7 +610,7 @@ def train(
                 metrics.write(row)
             if cfg.save_every and step % cfg.save_every == 0 and not end:
                 last_ckpt = save(val if val_step == step else None)
-                if cfg.plots:
+                if cfg.plots and env.is_main:
                     plot_metrics(run_dir, title=f"{cfg.preset} ({run_dir.name})")
     finally:
         bar.close()
@@ -535,18 +622,21 @@ def train(
     metrics.close()
     if step > 0:
         last_ckpt = save(val)
-    if cfg.plots:
+    if cfg.plots and env.is_main:
         plot_metrics(run_dir, title=f"{cfg.preset} ({run_dir.name})")
     text = None
-    if cfg.objective == "clm" and cfg.sample_tokens > 0 and step > 0:
+    if cfg.objective == "clm" and cfg.sample_tokens > 0 and step > 0 and env.is_main:
         from lintime.generation import GenerationConfig, generate
 
-        was_training = model.training
-        model.eval()
+        # distributed: the sharded / hooked training model is not for one process alone; sample
+        # from the checkpoint just written
+        sampler = ckpt.load_model(last_ckpt, device).model if env.distributed else model
+        was_training = sampler.training
+        sampler.eval()
         gen_cfg = GenerationConfig(max_new_tokens=cfg.sample_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
                                    seed=cfg.seed)
-        text = generate(model, tokenizer, cfg.sample_prompt, gen_cfg)[0].text
-        model.train(was_training)
+        text = generate(sampler, tokenizer, cfg.sample_prompt, gen_cfg)[0].text
+        sampler.train(was_training)
         ckpt.atomic_write_text(run_dir / SAMPLE_FILE, cfg.sample_prompt + text + "\n")
     summary = f"done: {step} steps, {tokens_seen / 1e6:.2f}M tokens in {elapsed / 60:.1f} min of training"
     if first_loss is not None:
@@ -560,6 +650,39 @@ def train(
     say(f"saved: {last_ckpt}, metrics.jsonl/.csv, plots{', sample.txt' if text is not None else ''} in {run_dir}")
     return TrainResult(run_dir=run_dir, step=step, tokens=tokens_seen, elapsed_s=elapsed, first_loss=first_loss,
                        last_loss=last_loss, val=val, sample=text, checkpoint=last_ckpt)
+
+
+class _NoMetrics:
+    """The metrics writer of ranks other than 0."""
+
+    def write(self, row: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _barrier(env) -> None:
+    if env.distributed:
+        torch.distributed.barrier()
+
+
+@contextlib.contextmanager
+def _main_first(env):
+    """Rank 0 runs the block first, the others after it (e.g. building a shared cache)."""
+    if env.distributed and not env.is_main:
+        torch.distributed.barrier()
+    yield
+    if env.distributed and env.is_main:
+        torch.distributed.barrier()
+
+
+def _broadcast_str(value: str, env) -> str:
+    if not env.distributed:
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _val_fields(val: dict) -> dict:

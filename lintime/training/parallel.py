@@ -1,0 +1,476 @@
+"""Parallelism, applied from outside the model code (STYLE 5): data parallel (DDP / FSDP2) and
+context parallelism for the state-carrying mixers.
+
+Process layout.  ``lintime train`` under ``torchrun`` gets ``W = WORLD_SIZE`` processes; with
+``--context-parallel P`` they form ``D = W / P`` data-parallel replicas of ``P`` consecutive
+ranks each (rank ``r``: data rank ``r // P``, context rank ``r % P``).  The ``P`` ranks of a
+replica read the same rows and each holds one contiguous slice of every row's ``T`` tokens.
+
+Gradients.  DDP and FSDP2 reduce over all ``W`` ranks and divide by ``W``; the trainer scales
+each rank's loss by ``W`` and divides by the *global* number of predicted tokens (all ranks,
+all micro-batches of the step), so the reduced gradient is exactly the single-process gradient
+of the same global batch (:func:`lintime.training.trainer.forward_backward`).  Gradient
+accumulation skips the reduction on all but the last micro-batch (:func:`grad_sync`).
+
+Context parallelism (:class:`ContextParallel`).  Every mixer of a causal model is a recurrence
+over its decoding state (``lintime.layers.base``: continuing from a state gives what one long
+call gives, at any split point).  So a sequence split in slices is exact when each rank runs its
+slice from the state the earlier slices end in.  Forward hooks on every mixer (the layers know
+nothing of ranks) do, per layer:
+
+* context rank ``p > 0`` receives from rank ``p - 1`` the state each row's last sequence ends
+  in, and starts the row's first local sequence from it when that sequence continues across
+  the slice boundary (else from the empty state);
+* the mixer runs its slice with that state (positions continue: the model is called with a
+  ``ModelState`` whose ``offset`` is each first sequence's tokens on earlier ranks);
+* rank ``p < P - 1`` sends the final state of each row's last sequence to rank ``p + 1``.
+
+Backward runs the same chain in reverse (autograd functions around the send / receive): the
+gradient of the received state goes back to rank ``p - 1`` and enters its mixer as the gradient
+of its final state, so parameter gradients equal the single-process ones (up to fp32 rounding:
+the chunked ops sum the same terms in another order).  The hand-off is sequential over ranks,
+but only the mixer's recurrence waits: each rank's layer ``l`` waits for rank ``p - 1``'s layer
+``l``, so the ranks run as a pipeline over layers and everything else (projections, FFN,
+logits, the loss) runs in parallel.  Mixers whose state grows with the sequence (softmax
+attention and GAU keep every earlier key) are refused: shipping the whole KV cache is not
+context parallelism.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+PARALLEL_MODES = ("none", "ddp", "fsdp")
+TIMEOUT_S = int(os.environ.get("LINTIME_DIST_TIMEOUT_S", "600"))
+
+
+# ---------------------------------------------------------------------------------------------
+# process groups
+
+
+@dataclasses.dataclass
+class DistEnv:
+    """Where this process stands.  Single process: ``world = 1``, every rank 0, no groups."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    dp_rank: int = 0
+    dp_size: int = 1
+    cp_rank: int = 0
+    cp_size: int = 1
+    cp_group: Any = None
+    device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def init_distributed(device_name: str, parallel: str, context_parallel: int) -> DistEnv:
+    """Start the process group from torchrun's environment (``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``, ``MASTER_ADDR`` / ``MASTER_PORT``): NCCL for CUDA, gloo for CPU; each process
+    on ``cuda:LOCAL_RANK``.  Without torchrun (or with ``WORLD_SIZE=1``) returns the
+    single-process environment on ``device_name``.  Raises ``ValueError`` (one line) for a
+    layout that cannot work."""
+    if parallel not in PARALLEL_MODES:
+        raise ValueError(f"parallel must be one of {PARALLEL_MODES}, got {parallel!r}")
+    world = int(os.environ.get("WORLD_SIZE", "1")) if under_torchrun() else 1
+    if world == 1:
+        if context_parallel > 1:
+            raise ValueError(f"--context-parallel {context_parallel} needs {context_parallel} processes: run under "
+                             f"torchrun --nproc-per-node {context_parallel}")
+        from lintime.training.trainer import pick_device
+
+        return DistEnv(device=pick_device(device_name))
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if world % context_parallel:
+        raise ValueError(f"--context-parallel {context_parallel} must divide the number of processes ({world})")
+    if parallel == "none" and world // context_parallel > 1:
+        raise ValueError(f"{world} processes with --context-parallel {context_parallel} leave "
+                         f"{world // context_parallel} data-parallel replicas: pass --parallel ddp or fsdp")
+    if device_name == "cpu" or (device_name == "auto" and not torch.cuda.is_available()):
+        device, backend = torch.device("cpu"), "gloo"
+    else:
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device_name!r} asked for, but CUDA is not available here (use --device cpu)")
+        device, backend = torch.device("cuda", local_rank), "nccl"
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        kw = {"device_id": device} if backend == "nccl" else {}
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=TIMEOUT_S), **kw)
+    P = context_parallel
+    cp_group = None
+    if P > 1:
+        # every rank creates every group, in the same order (new_group is collective)
+        for start in range(0, world, P):
+            g = dist.new_group(list(range(start, start + P)))
+            if start <= rank < start + P:
+                cp_group = g
+    return DistEnv(rank=rank, world=world, local_rank=local_rank, dp_rank=rank // P, dp_size=world // P,
+                   cp_rank=rank % P, cp_size=P, cp_group=cp_group, device=device)
+
+
+def shutdown(failed: bool) -> None:
+    """Leave the process group.  After an error the other ranks may sit in a collective that
+    will never complete, so a failing rank aborts the group (NCCL) instead of waiting in a
+    barrier; torchrun then stops the remaining ranks (and the collective timeout bounds any
+    wait on backends without abort)."""
+    if not dist.is_initialized():
+        return
+    if failed:
+        with contextlib.suppress(Exception):
+            dist.abort_process_group() if hasattr(dist, "abort_process_group") else None
+        return
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(values: list[float], env: DistEnv) -> list[float]:
+    """Sum Python numbers over all ranks (fp64; the identity in a single process)."""
+    if not env.distributed:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=env.device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+# ---------------------------------------------------------------------------------------------
+# data parallel wrappers
+
+
+def wrap_model(model: nn.Module, env: DistEnv, parallel: str, autocast: torch.dtype | None) -> nn.Module:
+    """The module the training step calls.  ``ddp``: ``DistributedDataParallel`` over all ranks.
+    ``fsdp``: FSDP2 ``fully_shard`` on every block, then the root (parameters sharded over all
+    ranks; with bf16 autocast the policy computes in bf16 and reduces gradients in fp32).
+    ``none``: the model itself.  Returns the module to call; ``model`` keeps its names (for FSDP
+    it *is* the returned module, now holding ``DTensor`` shards)."""
+    if not env.distributed or parallel == "none":
+        return model
+    if parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [env.device.index] if env.device.type == "cuda" else None
+        # buffers (VQ's EMA codebook, updated in the forward pass) follow rank 0's copy: DDP
+        # broadcasts them before every forward
+        return DDP(model, device_ids=ids)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=autocast, reduce_dtype=torch.float32) if autocast is not None else None
+    kw = {"mp_policy": mp} if mp is not None else {}
+    for block in model.backbone.blocks:
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+@contextlib.contextmanager
+def grad_sync(module: nn.Module, sync: bool) -> Iterator[None]:
+    """Reduce gradients in this backward only when ``sync`` (the last micro-batch of a step):
+    ``DDP.no_sync`` / FSDP2 ``set_requires_gradient_sync``; a no-op for a plain module."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if isinstance(module, DDP) and not sync:
+        with module.no_sync():
+            yield
+        return
+    setter = getattr(module, "set_requires_gradient_sync", None)
+    if setter is None:
+        yield
+        return
+    setter(sync)
+    try:
+        yield
+    finally:
+        setter(True)
+
+
+def all_reduce_grads(model: nn.Module, env: DistEnv) -> None:
+    """Sum the gradients over all ranks (context parallelism without a data-parallel wrapper:
+    each rank's gradient is that of its slices' share of the loss)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    i = 0
+    for g in grads:
+        g.copy_(flat[i : i + g.numel()].view_as(g))
+        i += g.numel()
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
+    """Global gradient norm over all ranks (FSDP2 shards are ``DTensor`` s: their norm is reduced
+    over the mesh), clipped to ``max_norm`` (``inf`` = only measure)."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+# ---------------------------------------------------------------------------------------------
+# context parallelism: states as flat lists of tensors
+
+
+def _flatten(state: Any) -> tuple[list[torch.Tensor], Any]:
+    """Tensor leaves of a mixer state (tensor, tuple / list, dataclass, None) and a spec to rebuild it."""
+    if isinstance(state, torch.Tensor):
+        return [state], "T"
+    if state is None or isinstance(state, (int, float, str, bool)):
+        return [], ("C", state)
+    if isinstance(state, (tuple, list)):
+        leaves, specs = [], []
+        for s in state:
+            lv, sp = _flatten(s)
+            leaves += lv
+            specs.append((len(lv), sp))
+        return leaves, (type(state), specs)
+    if dataclasses.is_dataclass(state):
+        leaves, specs = [], {}
+        for f in dataclasses.fields(state):
+            lv, sp = _flatten(getattr(state, f.name))
+            leaves += lv
+            specs[f.name] = (len(lv), sp)
+        return leaves, ("D", state, specs)
+    raise TypeError(f"context parallelism: cannot ship a mixer state of type {type(state).__name__}")
+
+
+def _unflatten(leaves: list[torch.Tensor], spec: Any) -> Any:
+    if spec == "T":
+        return leaves[0]
+    kind = spec[0]
+    if kind == "C":
+        return spec[1]
+    if kind == "D":
+        _, proto, specs = spec
+        out, i = {}, 0
+        for name, (n, sp) in specs.items():
+            out[name] = _unflatten(leaves[i : i + n], sp)
+            i += n
+        return dataclasses.replace(proto, **out)
+    typ, specs = spec
+    out, i = [], 0
+    for n, sp in specs:
+        out.append(_unflatten(leaves[i : i + n], sp))
+        i += n
+    return typ(out)
+
+
+class _SendState(torch.autograd.Function):
+    """Forward: send the tensors to ``peer``; returns a zero scalar that the caller adds to its
+    output, so that the backward reaches this node.  Backward: receive the gradients of the
+    floating tensors from ``peer`` (they are the gradients of this rank's final state)."""
+
+    @staticmethod
+    def forward(ctx, peer: int, group, like: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
+        for t in tensors:
+            dist.send(t.detach().contiguous(), group_dst=peer, group=group)
+        ctx.peer, ctx.group = peer, group
+        ctx.meta = [(t.shape, t.dtype, t.device, t.is_floating_point()) for t in tensors]
+        return like.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, _grad):
+        grads = []
+        for shape, dtype, device, floating in ctx.meta:
+            if floating:
+                g = torch.empty(shape, dtype=dtype, device=device)
+                dist.recv(g, group_src=ctx.peer, group=ctx.group)
+                grads.append(g)
+            else:
+                grads.append(None)
+        return (None, None, None, *grads)
+
+
+class _RecvState(torch.autograd.Function):
+    """Forward: receive tensors of the given ``meta`` from ``peer``.  Backward: send the
+    gradients of the floating ones back (zeros where a tensor did not influence the loss)."""
+
+    @staticmethod
+    def forward(ctx, peer: int, group, meta, anchor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = []
+        for shape, dtype in meta:
+            t = torch.empty(shape, dtype=dtype, device=anchor.device)
+            dist.recv(t, group_src=peer, group=group)
+            out.append(t)
+        ctx.peer, ctx.group = peer, group
+        ctx.floating = [t.is_floating_point() for t in out]
+        ctx.mark_non_differentiable(*[t for t in out if not t.is_floating_point()])
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        for g, floating in zip(grads, ctx.floating):
+            if floating:
+                dist.send(g.contiguous(), group_dst=ctx.peer, group=ctx.group)
+        return None, None, None, None
+
+
+@dataclasses.dataclass
+class _Slice:
+    """The layout of the armed forward: local ``cu_seqlens``, which local sequences start each
+    row (``first [b]``) and end it (``last [b]``), and which first sequences continue a sequence
+    of the previous rank (``continues [b]`` bool)."""
+
+    first: torch.Tensor
+    last: torch.Tensor
+    continues: torch.Tensor
+    n_local: int
+
+
+class ContextParallel:
+    """Context parallelism over the ranks of ``env.cp_group`` (see the module docstring).
+
+    ``ContextParallel(model, env)`` checks that every mixer can be split (causal model, a
+    fixed-size state) and installs forward hooks on the mixers; they act only inside
+    :meth:`forward`, so evaluation and sampling use the plain model.
+
+    :meth:`shard` cuts a packed micro-batch (``input_ids [1, b*T]``, ``cu_seqlens``) into this
+    rank's slice; :meth:`forward` runs the model on it and returns the slice's logits.
+    """
+
+    def __init__(self, model: nn.Module, env: DistEnv, chunk_multiple: int | None = None):
+        self.env, self.model = env, model
+        self.P, self.p, self.group = env.cp_size, env.cp_rank, env.cp_group
+        cfg = model.config
+        if not getattr(model, "causal", True) or not model.backbone.causal:
+            raise ValueError("context parallelism needs a causal model (a masked LM sees its whole sequence)")
+        self.multiple = chunk_multiple or _chunk_multiple(cfg)
+        from lintime.layers.attention import KVCache
+
+        self.mixers = [blk.mixer for blk in model.backbone.blocks]
+        for m in self.mixers:
+            st = m.init_state(1, "cpu", torch.float32)
+            if isinstance(st, KVCache) or any(isinstance(getattr(st, f.name, None), KVCache)
+                                              for f in (dataclasses.fields(st) if dataclasses.is_dataclass(st) else ())):
+                raise ValueError(
+                    f"context parallelism: the {cfg.family!r} mixer ({type(m).__name__}) keeps a cache of every earlier "
+                    "key (quadratic attention): passing it between ranks is not cheap. Use a linear-time family "
+                    "(flash, linear, gla, vq, mc_tfm) or --context-parallel 1")
+        self._slice: _Slice | None = None
+        self._handles = []
+        for m in self.mixers:
+            self._handles.append(m.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
+            self._handles.append(m.register_forward_hook(self._post_hook, with_kwargs=True))
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    # ------------------------------------------------------------------ layout
+    def check_length(self, T: int) -> None:
+        """Each rank's slice must be a whole number of chunks (chunk boundaries and the mixers'
+        block structure then agree with the single-process run's)."""
+        if T % self.P or (T // self.P) % self.multiple:
+            raise ValueError(f"context parallelism: context_len {T} / {self.P} ranks must be a multiple of "
+                             f"{self.multiple} (the mixers' chunk size) per rank")
+
+    def shard(self, ids: torch.Tensor, targets: torch.Tensor, cu: torch.Tensor, rows: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This rank's slice of a packed micro-batch of ``rows`` rows of ``T`` tokens:
+        ``ids [1, b*T/P]``, ``targets [b*T/P]``, local ``cu_seqlens`` and the ``offset [N_local]``
+        of each local sequence (tokens of it on earlier ranks)."""
+        T = ids.shape[1] // rows
+        self.check_length(T)
+        L, lo = T // self.P, self.p * (T // self.P)
+        ids_l = ids.view(rows, T)[:, lo : lo + L].reshape(1, -1)
+        tg_l = targets.view(rows, T)[:, lo : lo + L].reshape(-1)
+        cu = cu.long().cpu()
+        starts = cu[:-1]
+        cu_l, offset, first, last, cont = [], [], [], [], []
+        for b in range(rows):
+            a, e = b * T + lo, b * T + lo + L  # global range of this slice in row b
+            inner = starts[(starts > a) & (starts < e)]
+            first.append(len(cu_l))
+            cu_l.append(b * L)
+            # the sequence holding token a started at the last boundary <= a
+            s0 = int(starts[starts <= a].max())
+            cont.append(s0 < a)
+            offset.append(a - s0)
+            for s in inner.tolist():
+                cu_l.append(b * L + (s - a))
+                offset.append(0)
+            last.append(len(cu_l) - 1)
+        cu_l.append(rows * L)
+        dev = ids.device
+        self._slice = _Slice(first=torch.tensor(first, device=dev), last=torch.tensor(last, device=dev),
+                             continues=torch.tensor(cont, device=dev), n_local=len(offset))
+        return (ids_l, tg_l, torch.tensor(cu_l, dtype=torch.int32, device=dev),
+                torch.tensor(offset, dtype=torch.long, device=dev))
+
+    def forward(self, model: nn.Module, ids: torch.Tensor, cu: torch.Tensor, offset: torch.Tensor,
+                aux_losses: dict | None) -> torch.Tensor:
+        """Logits ``[1, b*T/P, V]`` of this rank's slice (after :meth:`shard`)."""
+        from lintime.models.backbone import ModelState
+
+        if self._slice is None:
+            raise RuntimeError("ContextParallel.forward needs shard() first")
+        state = ModelState([None] * len(self.mixers), offset)
+        try:
+            return model(ids, state=state, cu_seqlens=cu, aux_losses=aux_losses)
+        finally:
+            self._slice = None
+
+    # ------------------------------------------------------------------ hooks
+    def _pre_hook(self, mixer, args, kwargs):
+        if self._slice is None:
+            return None
+        x = args[0]
+        sl = self._slice
+        init = mixer.init_state(sl.n_local, x.device, x.dtype)
+        if self.p > 0:
+            proto, spec = _flatten(mixer.init_state(len(sl.first), x.device, x.dtype))
+            anchor = x.new_zeros((), requires_grad=torch.is_grad_enabled())
+            recv = _RecvState.apply(self.p - 1, self.group, [(t.shape, t.dtype) for t in proto], anchor)
+            leaves, spec_init = _flatten(init)
+            keep = sl.continues
+            merged = []
+            for leaf, got in zip(leaves, recv):
+                k = keep.view(-1, *([1] * (got.dim() - 1)))
+                got = torch.where(k, got, torch.zeros_like(got)) if got.is_floating_point() else torch.where(k, got, 0)
+                merged.append(leaf.index_copy(0, sl.first, got.to(leaf.dtype)))
+            init = _unflatten(merged, spec_init)
+        args = (x, init) + tuple(args[2:])
+        kwargs = dict(kwargs)
+        kwargs.pop("state", None)
+        return args, kwargs
+
+    def _post_hook(self, mixer, args, kwargs, output):
+        if self._slice is None:
+            return None
+        y, new_state = output
+        if self.p < self.P - 1:
+            leaves, _ = _flatten(new_state)
+            out = [t.index_select(0, self._slice.last) for t in leaves]
+            token = _SendState.apply(self.p + 1, self.group, y, *out)
+            y = y + token.to(y.dtype)
+        return y, None
+
+
+def _chunk_multiple(cfg) -> int:
+    """The length each rank's slice must be a multiple of: the mixer's chunk (FLASH, MC-TFM,
+    linear, GLA) or block length (VQ); 1 when the family has none."""
+    sub = cfg.mixer
+    for name in ("chunk_size", "block_len", "block_size"):
+        v = getattr(sub, name, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return 1

@@ -1,0 +1,66 @@
+"""Functions the distributed tests run on every rank (module level, so ``spawn`` can import them)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from lintime.models import CausalLM, get_preset
+
+
+def tiny_model(preset: str, chunk: int, seed: int = 0) -> CausalLM:
+    """A 2-layer fp64 model of ``preset`` with chunk (or block) length ``chunk``."""
+    cfg = get_preset(preset)
+    sub = cfg.mixer
+    field = "block_len" if hasattr(sub, "block_len") else "chunk_size"
+    sub = dataclasses.replace(sub, **{field: chunk})
+    cfg = dataclasses.replace(cfg, mixer=sub, n_layers=2, d_model=32 if preset != "vq-tiny" else cfg.d_model)
+    torch.manual_seed(seed)
+    return CausalLM(cfg).double()
+
+
+def packed_batch(rows: int, T: int, vocab: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``ids [1, rows*T]``, ``targets [rows*T]`` and ``cu_seqlens`` with documents of odd lengths
+    that cross the middle of the rows (and one that starts exactly at it)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, vocab, (1, rows * T), generator=g)
+    targets = torch.randint(0, vocab, (rows * T,), generator=g)
+    cu = [0]
+    for b in range(rows):
+        cuts = sorted({b * T + c for c in (3, T // 2 - 5, T // 2, T // 2 + 7) if 0 < c < T})
+        cu += cuts + [(b + 1) * T]
+    return ids, targets, torch.tensor(cu, dtype=torch.int32)
+
+
+def context_parallel_step(preset: str, chunk: int, rows: int, T: int) -> dict:
+    """Forward + backward of this rank's slice under context parallelism; returns the slice's
+    logits, the loss share and every parameter gradient summed over ranks."""
+    import torch.distributed as dist
+
+    from lintime.training.parallel import ContextParallel, init_distributed
+
+    env = init_distributed("cpu", "none", int(dist.get_world_size() if dist.is_initialized() else 0) or
+                           int(__import__("os").environ["WORLD_SIZE"]))
+    model = tiny_model(preset, chunk)
+    cp = ContextParallel(model, env)
+    ids, targets, cu = packed_batch(rows, T, model.config.vocab_size)
+    ids_l, tg_l, cu_l, offset = cp.shard(ids, targets, cu, rows)
+    aux: dict = {}
+    logits = cp.forward(model, ids_l, cu_l, offset, aux)
+    loss = torch.nn.functional.cross_entropy(logits[0], tg_l, reduction="sum") / targets.numel()
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    for g in grads.values():
+        dist.all_reduce(g)
+    return {"logits": logits.detach(), "loss": loss.item(), "grads": grads, "rank": env.cp_rank}
+
+
+def single_step(preset: str, chunk: int, rows: int, T: int) -> dict:
+    model = tiny_model(preset, chunk)
+    ids, targets, cu = packed_batch(rows, T, model.config.vocab_size)
+    logits = model(ids, cu_seqlens=cu)
+    loss = torch.nn.functional.cross_entropy(logits[0], targets, reduction="sum") / targets.numel()
+    loss.backward()
+    return {"logits": logits.detach(), "loss": loss.item(),
+            "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}}
