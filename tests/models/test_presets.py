@@ -131,3 +131,14 @@ def test_param_groups():
         "backbone.blocks.0.ffn.up.weight", "backbone.blocks.0.ffn.down.weight",
     }
     torch.optim.AdamW(m.param_groups(0.01), lr=1e-3)  # accepted as is
+
+
+def test_chunk_ablation_presets_differ_from_flash_medium_only_in_chunk_size():
+    import dataclasses
+
+    base = get_preset("flash-medium")
+    assert base.mixer.chunk_size == 256  # the seed's default C
+    for C in (64, 128, 512):
+        cfg = get_preset(f"flash-medium-c{C}")
+        assert cfg.mixer.chunk_size == C
+        assert dataclasses.replace(cfg, mixer=dataclasses.replace(cfg.mixer, chunk_size=256)) == base

@@ -85,6 +85,10 @@ def presets() -> dict[str, "ModelConfig"]:
     out = {}
     for size, (_, _, s, C, _, _) in SIZES.items():
         out[f"flash-{size}"] = gau_model(size, "flash", FlashConfig(s=s, chunk_size=C))
+    # chunk-size ablation of the quality study (benchmarks/quality; seed Figure 8): flash-medium with
+    # C = 64, 128, 512 (flash-medium itself has the seed's default C = 256)
+    for C in (64, 128, 512):
+        out[f"flash-medium-c{C}"] = gau_model("medium", "flash", FlashConfig(s=SIZES["medium"][2], chunk_size=C))
     # Table 8 (MLM on C4): ScaleNorm
     out["flash-base-mlm"] = gau_model("base", "flash", FlashConfig(chunk_size=256), norm="scalenorm")
     return out
