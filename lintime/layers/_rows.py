@@ -38,7 +38,7 @@ def rows_of_tokens(B: int, T: int, cu_seqlens: torch.Tensor | None, device) -> t
     cu_t = cu_seqlens.to(device=device, dtype=torch.long)
     counts = cu_t.diff().tolist()
     tok = torch.arange(T, device=device)
-    row = torch.searchsorted(cu_t[1:], tok, right=True)
+    row = torch.searchsorted(cu_t, tok, right=True) - 1
     return row, tok - cu_t.index_select(0, row), counts
 
 

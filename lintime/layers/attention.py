@@ -51,7 +51,7 @@ def _rows_of_tokens(B: int, T: int, cu_seqlens: torch.Tensor | None, device) -> 
     counts = [b - a for a, b in zip(cu, cu[1:])]
     cu_t = cu_seqlens.to(device=device, dtype=torch.long)
     tok = torch.arange(T, device=device)
-    row = torch.searchsorted(cu_t[1:], tok, right=True)
+    row = torch.searchsorted(cu_t, tok, right=True) - 1
     return row, tok - cu_t.index_select(0, row), counts
 
 

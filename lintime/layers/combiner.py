@@ -84,7 +84,7 @@ def _token_coords(B: int, T: int, cu_seqlens, device):
                 [T] * B)
     cu = cu_seqlens.to(device=device, dtype=torch.long)
     tok = torch.arange(T, device=device)
-    seq = torch.searchsorted(cu[1:], tok, right=True)
+    seq = torch.searchsorted(cu, tok, right=True) - 1
     return seq, tok - cu.index_select(0, seq), cu.diff().tolist()
 
 

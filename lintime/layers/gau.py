@@ -84,7 +84,7 @@ def sequence_lengths(B: int, T: int, cu_seqlens: torch.Tensor | None, device) ->
     if cu_seqlens is None:
         return torch.full((B, T), T, dtype=torch.long, device=device)
     cu = cu_seqlens.to(device=device, dtype=torch.long)
-    seq = torch.searchsorted(cu[1:], torch.arange(T, device=device), right=True)
+    seq = torch.searchsorted(cu, torch.arange(T, device=device), right=True) - 1
     return cu.diff().index_select(0, seq)[None]
 
 

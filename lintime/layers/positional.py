@@ -45,7 +45,7 @@ def token_positions(
     if batch_size != 1:
         raise ValueError(f"with cu_seqlens the batch size must be 1 (packed), got B={batch_size}")
     cu = cu_seqlens.to(device=t.device, dtype=torch.long)
-    seq = torch.searchsorted(cu[1:], t, right=True)  # [T] sequence of each token
+    seq = torch.searchsorted(cu, t, right=True) - 1  # [T] sequence of each token (cu[0] = 0 <= t)
     pos = t - cu.index_select(0, seq)
     if offset is not None:
         pos = pos + offset.to(device=t.device, dtype=torch.long).index_select(0, seq)

@@ -61,3 +61,41 @@ def test_bad_inputs_fail_clearly():
         softmax_attention(q, k, v, backend="recurrent")
     with pytest.raises(ValueError, match=r"\[B, T, H\]"):
         softmax_attention(q, k[:, :4], v)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [True, False])
+def test_packed_half_precision_on_cuda_uses_one_varlen_call(dtype, causal):
+    """The packed CUDA path (one varlen FlashAttention call) meets the half rule against the
+    fp64 per-sequence reference, forward and every gradient, with empty and 1-token sequences."""
+    from lintime.ops.softmax import chunk as sdpa
+
+    if sdpa._varlen_fn() is None:
+        pytest.skip("this PyTorch has no torch.nn.attention.varlen")
+    lens = [300, 0, 1, 517, 64, 141]
+    q, k, v = _inputs(1, sum(lens), 4, 64, 64, torch.float64)
+    do = torch.randn_like(v)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+    def run(dt, backend, dev):
+        xs = [x.to(dev, dt).requires_grad_() for x in (q, k, v)]
+        o = softmax_attention(*xs, causal=causal, cu_seqlens=cu.to(dev), backend=backend)
+        return (o, *torch.autograd.grad(o, xs, do.to(dev, dt)))
+
+    assert sdpa._varlen_ok(q.cuda().to(dtype), k.cuda().to(dtype), v.cuda().to(dtype))
+    ref = run(torch.float64, "naive", "cpu")
+    base = run(dtype, "naive", "cuda")
+    out = run(dtype, "chunk", "cuda")
+    for name, r, b, o in zip(("o", "dq", "dk", "dv"), ref, base, out):
+        assert_half_rule(f"softmax varlen {name}", r, o.cpu(), b.cpu())
+
+
+def test_packed_path_on_cpu_is_per_sequence():
+    """Without CUDA half precision the varlen FlashAttention path is never taken."""
+    from lintime.ops.softmax import chunk as sdpa
+
+    q, k, v = _inputs(1, 8, 1, 8, 8, torch.float32)
+    assert not sdpa._varlen_ok(q, k, v)
+    assert not sdpa._varlen_ok(q.bfloat16(), k.bfloat16(), v.bfloat16())
