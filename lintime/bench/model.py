@@ -245,6 +245,10 @@ def preset_config(name: str, max_tokens: int):
     return cfg, ""
 
 
+def _unknown(name: str) -> str:
+    return f"unknown preset {name!r} (`lintime presets` lists them)"
+
+
 def build_model(cfg, device: torch.device):
     """A :class:`~lintime.models.CausalLM` built directly on ``device`` (no CPU init of 110M weights)."""
     from lintime.models import CausalLM
@@ -341,9 +345,9 @@ def bench_train(s: Settings, on_row: Callable[[TrainRow], None] = lambda r: None
     for name in s.presets:
         try:
             cfg, note = preset_config(name, max(s.contexts))
-        except ValueError as e:
+        except ValueError:
             for T in s.contexts:
-                emit(TrainRow(name, None, T, 0, 0, status=f"skipped: {e}"))
+                emit(TrainRow(name, None, T, 0, 0, status=f"skipped: {_unknown(name)}"))
             continue
         stop = None  # reason to skip the remaining (longer) contexts
         for T in s.contexts:
@@ -461,9 +465,9 @@ def bench_decode(s: Settings, on_row: Callable[[DecodeRow], None] = lambda r: No
     for name in s.presets:
         try:
             cfg, note = preset_config(name, max(s.decode_contexts) + s.decode_steps + 1)
-        except ValueError as e:
+        except ValueError:
             for L in s.decode_contexts:
-                emit(DecodeRow(name, None, L, s.decode_batch, status=f"skipped: {e}"))
+                emit(DecodeRow(name, None, L, s.decode_batch, status=f"skipped: {_unknown(name)}"))
             continue
         torch.manual_seed(0)
         model = None
@@ -565,8 +569,8 @@ def plot(result: dict, out: str) -> list[str]:
     return written
 
 
-def write_outputs(result: dict, out: str, echo: Callable[[str], None] = print) -> str:
-    """Tables on ``echo``, ``bench_model.json`` and the plots in ``out``; returns the JSON path."""
+def write_outputs(result: dict, out: str, echo: Callable[[str], None] = print, plots: bool = True) -> str:
+    """Tables on ``echo``, ``bench_model.json`` and (``plots``) the plots in ``out``; returns the JSON path."""
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "bench_model.json")
     with open(path, "w") as f:
@@ -575,7 +579,7 @@ def write_outputs(result: dict, out: str, echo: Callable[[str], None] = print) -
         echo("training step (fwd + bwd + AdamW), median of the timed steps\n" + train_table(result["train"]))
     if result.get("decode"):
         echo("decoding, per token\n" + decode_table(result["decode"]))
-    for p in plot(result, out):
+    for p in plot(result, out) if plots else ():
         echo(f"plot: {p}")
     echo(f"wrote {path}")
     return path
@@ -605,7 +609,7 @@ def merge(paths: Sequence[str]) -> dict:
     return merged
 
 
-def run_model(s: Settings, out: str, *, echo: Callable[[str], None] = print,
+def run_model(s: Settings, out: str, *, echo: Callable[[str], None] = print, plots: bool = True,
               train_case: Callable | None = None, decode_case: Callable | None = None) -> dict:
     """Run the benchmark of ``s``, printing rows as they come and rewriting ``out/bench_model.json``
     after every row (an interrupted run keeps what it measured); then the tables and plots."""
@@ -638,5 +642,5 @@ def run_model(s: Settings, out: str, *, echo: Callable[[str], None] = print,
     if s.decode:
         echo(decode_table([]).splitlines()[0])
         bench_decode(s, on_decode, decode_case)
-    write_outputs(result, out, echo)
+    write_outputs(result, out, echo, plots)
     return result

@@ -9,7 +9,7 @@ from lintime.cli import command
 _MODEL_FLAGS = {
     "presets": "", "contexts": "", "decode_contexts": "", "tokens_per_batch": 0, "steps": 0, "warmup": 0,
     "decode_steps": 0, "decode_batch": 1, "prefill_chunk": 2048, "dtype": "auto", "device": "auto",
-    "case_budget_s": 60.0, "parts": "train,decode", "from_json": "",
+    "case_budget_s": 60.0, "parts": "train,decode", "from_json": "", "plots": True,
 }
 
 
@@ -34,6 +34,7 @@ def bench(
     case_budget_s: float = 60.0,
     parts: str = "train,decode",
     from_json: str = "",
+    plots: bool = True,
 ) -> None:
     """Benchmark ops or whole models against context length: tables, JSON and plots.
 
@@ -67,6 +68,7 @@ def bench(
         case_budget_s: model: seconds a case may spend in timed steps; a preset whose one warm-up step (or prefill) exceeds it skips its longer contexts.
         parts: model: train, decode or both (comma-separated).
         from_json: model: measure nothing; merge these bench_model.json files or folders (comma-separated) into --out with tables and plots.
+        plots: model: write the PNG plots (needs matplotlib; --no-plots for partial runs merged later).
     """
     given = {k: v for k, v in locals().items() if k in _MODEL_FLAGS and v != _MODEL_FLAGS[k]}
     if what == "ops":
@@ -93,11 +95,11 @@ def bench(
             print(name)
         return
     if from_json:
-        bm.write_outputs(bm.merge([p.strip() for p in from_json.split(",") if p.strip()]), out)
+        bm.write_outputs(bm.merge([p.strip() for p in from_json.split(",") if p.strip()]), out, plots=plots)
         return
     s = bm.make_settings(
         presets=presets, contexts=contexts, decode_contexts=decode_contexts, tokens_per_batch=tokens_per_batch,
         steps=steps, warmup=warmup, decode_steps=decode_steps, decode_batch=decode_batch, prefill_chunk=prefill_chunk,
         dtype=dtype, device=device, quick=quick, case_budget_s=case_budget_s, parts=parts,
     )
-    bm.run_model(s, out)
+    bm.run_model(s, out, plots=plots)
