@@ -64,3 +64,22 @@ def single_step(preset: str, chunk: int, rows: int, T: int) -> dict:
     loss.backward()
     return {"logits": logits.detach(), "loss": loss.item(),
             "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}}
+
+
+def train_run(config_dict: dict, out: str, name: str, resume: str | None = None, stop_after: int | None = None) -> dict:
+    """``lintime.training.train`` on this rank; per-step losses read back from rank 0's metrics."""
+    import json
+    import os
+    from pathlib import Path
+
+    from lintime.training import TrainConfig, train
+
+    cfg = TrainConfig(**config_dict)
+    res = train(cfg, out=out, name=name, resume=resume, progress=False, echo=None, stop_after=stop_after)
+    losses = []
+    if int(os.environ.get("RANK", "0")) == 0:
+        for line in (Path(res.run_dir) / "metrics.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            if row.get("loss") is not None:
+                losses.append((row["step"], row["loss"]))
+    return {"step": res.step, "losses": losses, "checkpoint": str(res.checkpoint)}
