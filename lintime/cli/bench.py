@@ -73,7 +73,9 @@ def bench(
     given = {k: v for k, v in locals().items() if k in _MODEL_FLAGS and v != _MODEL_FLAGS[k]}
     if what == "ops":
         if given:
-            raise ValueError(f"--{next(iter(given)).replace('_', '-')} applies to `lintime bench model`, not ops")
+            k, v = next(iter(given.items()))
+            flag = ("no-" if v is False else "") + k.replace("_", "-")
+            raise ValueError(f"--{flag} applies to `lintime bench model`, not ops")
         if list_cases:
             from lintime.bench import discover
 

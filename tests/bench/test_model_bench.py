@@ -21,8 +21,8 @@ SOFTMAX, LINEAR = "transformer-pp-tiny", "gla-tiny"
 
 
 def _settings(**kw) -> bm.Settings:
-    base = dict(presets=f"{SOFTMAX},{LINEAR}", contexts="16,32", decode_contexts="8,24", tokens_per_batch=32,
-                steps=2, warmup=1, decode_steps=2, prefill_chunk=8, dtype="fp32", device="cpu")
+    base = {"presets": f"{SOFTMAX},{LINEAR}", "contexts": "16,32", "decode_contexts": "8,24", "tokens_per_batch": 32,
+            "steps": 2, "warmup": 1, "decode_steps": 2, "prefill_chunk": 8, "dtype": "fp32", "device": "cpu"}
     base.update(kw)
     return bm.make_settings(**base)
 
@@ -210,6 +210,7 @@ def test_cli_runs_merges_and_reports_user_errors(tmp_path, capsys):
         (["bench", "model", "--dtype", "int8", "--device", "cpu"], "--dtype must be one of"),
         (["bench", "model", "--parts", "eval"], "--parts must name train and/or decode"),
         (["bench", "ops", "--presets", SOFTMAX], "--presets applies to `lintime bench model`"),
+        (["bench", "ops", "--no-plots"], "--no-plots applies to `lintime bench model`"),
         (["bench", "model", "--cases", "linear_gla"], "--cases applies to `lintime bench ops`"),
         (["bench", "model", "--from-json", str(tmp_path / "none")], "no bench_model.json"),
         (["bench", "weights"], "unknown bench target 'weights'"),
