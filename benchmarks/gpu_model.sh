@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # `lintime bench model` on one GPU, every family's ~110M preset, in one call of < 8 minutes wall:
-#   for each preset, two processes -- training (T = 1k..128k at 32k tokens per batch, 1 warm-up +
+#   for each preset, two processes -- training (T = 1k..128k at 32k tokens per batch, 2 warm-up +
 #   3 timed steps) and decoding (L = 1k..128k, batch 1, 8 timed tokens) -- each under its own
 #   `timeout`, so a hang or a slow compile costs that piece only (the JSON is rewritten after every
 #   row, so a killed piece keeps what it measured); then one merge (`--from-json`): the tables,
 #   $OUT/bench_model.json and, when matplotlib is installed, the two plots.
-# Inside a process: the timed steps of a case stop after CASE_BUDGET_S seconds, a preset whose one
-# warm-up step (or prefill) takes longer skips its longer contexts, and after an OOM the longer
-# contexts of that preset are skipped (rows say so).
+# Inside a process: the timed steps of a case stop after CASE_BUDGET_S seconds, a preset whose
+# second warm-up step (or prefill after the first context) takes longer skips its longer
+# contexts, and after an OOM the longer contexts of that preset are skipped (rows say so).
 # Budget: TOTAL_S (default 450 s) for the measuring; each preset gets TRAIN_S + DECODE_S
 # (default 28 + 14 s) or what is left.  Usage: benchmarks/gpu_model.sh [preset ...]
 # (default: the 10 presets of lintime.bench.model.DEFAULT_PRESETS; a missing preset gives
@@ -54,7 +54,7 @@ for p in "${PRESETS[@]}"; do
   (( t_train < 5 )) && { echo "[$p] no time left: skipped" | tee -a "$OUT/bench.log"; continue; }
   echo "=== [$p] train (timeout ${t_train} s)" | tee -a "$OUT/bench.log"
   timeout -k 5 "$t_train" python3 -m lintime bench model --presets "$p" --parts train --contexts "$CONTEXTS" \
-    --tokens-per-batch "${TOKENS_PER_BATCH:-32768}" --steps "${STEPS:-3}" --warmup 1 --no-plots "${COMMON[@]}" \
+    --tokens-per-batch "${TOKENS_PER_BATCH:-32768}" --steps "${STEPS:-3}" --warmup 2 --no-plots "${COMMON[@]}" \
     --out "$OUT/parts/$p-train" >>"$OUT/bench.log" 2>&1
   r=$?; (( r == 124 || r == 137 )) && echo "[$p] train: timed out after ${t_train} s (rows so far kept)" | tee -a "$OUT/bench.log"
   (( r != 0 )) && rc=1
