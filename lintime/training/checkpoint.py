@@ -220,7 +220,7 @@ def save_distributed_checkpoint(
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import save_model
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     main = dist.get_rank() == 0
     ckpt_root = Path(run_dir) / CHECKPOINTS_DIR
@@ -233,7 +233,7 @@ def save_distributed_checkpoint(
     dist.broadcast_object_list(box, src=0)
     tmp = Path(box[0])
     try:
-        dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=str(tmp / OPTIM_DIR))
+        dcp.save({"optimizer": _optimizer_tensors(model, optimizer)}, checkpoint_id=str(tmp / OPTIM_DIR))
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if main:
             plain = build()
@@ -270,43 +270,70 @@ def save_distributed_checkpoint(
     return final
 
 
+def _optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """``{parameter name: {state name: tensor}}`` of an AdamW-like optimizer (every state entry a
+    tensor; FSDP2 moments are ``DTensor`` shards, which DCP saves and re-shards by name).  The
+    optimizer's state is created (zeros) where a parameter has none yet, so that a fresh
+    optimizer offers DCP the tensors to load into."""
+    out = {}
+    seen = set()
+    for name, p in model.named_parameters():
+        if id(p) in seen or not p.requires_grad:
+            continue
+        seen.add(id(p))
+        st = optimizer.state[p]
+        if not st:
+            st["step"] = torch.zeros((), dtype=torch.float32, device=p.device if _fused(optimizer) else "cpu")
+            st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        out[name] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
+    return out
+
+
+def _fused(optimizer: torch.optim.Optimizer) -> bool:
+    return any(g.get("fused") or g.get("capturable") for g in optimizer.param_groups)
+
+
 def load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, step_dir: str | os.PathLike) -> None:
     """Load the DCP optimizer state of a distributed checkpoint into ``optimizer`` (any number of
     processes, including one: DCP re-shards by parameter name)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     path = Path(step_dir) / OPTIM_DIR
     if not path.is_dir():
         raise FileNotFoundError(f"cannot resume: {step_dir} is a distributed checkpoint without its {OPTIM_DIR}/ folder")
-    osd = get_optimizer_state_dict(model, optimizer)
-    box = {"optimizer": osd}
+    box = {"optimizer": _optimizer_tensors(model, optimizer)}
     try:
-        dcp.load(box, checkpoint_id=str(path))
+        dcp.load(box, checkpoint_id=str(path))  # in place
     except Exception as err:  # missing keys / shapes: DCP raises several kinds
         raise ValueError(f"cannot resume: the optimizer state in {step_dir} does not fit this model ({_one_line(err)})") from None
-    set_optimizer_state_dict(model, optimizer, box["optimizer"])
 
 
 def optimizer_state_by_name(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict, step_dir) -> dict:
     """A single-process checkpoint's optimizer state (``opt.state_dict()``, keyed by parameter
     index) re-keyed by parameter name, for a distributed resume: ``model`` is the plain model
     and ``optimizer`` a fresh one built on it the same way as the saved one."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
     try:
         optimizer.load_state_dict(saved)
     except (ValueError, KeyError, RuntimeError) as err:
         raise ValueError(f"cannot resume: the optimizer state in {step_dir} does not fit this model ({_one_line(err)})") from None
-    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+    return {name: {k: v.detach().clone() for k, v in st.items()} for name, st in _optimizer_tensors(model, optimizer).items()}
 
 
 def set_optimizer_by_name(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Load a full, name-keyed optimizer state (:func:`optimizer_state_by_name`) into the
-    optimizer of a wrapped / sharded model (every rank holds the full state)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    optimizer of a wrapped / sharded model (every rank holds the full state; an FSDP2 rank
+    keeps its shard of each moment)."""
+    target = _optimizer_tensors(model, optimizer)
+    for name, st in target.items():
+        for k, t in st.items():
+            src = state[name][k].to(t.device if not hasattr(t, "device_mesh") else t.to_local().device)
+            if hasattr(t, "device_mesh"):  # DTensor shard: take this rank's piece of the full tensor
+                from torch.distributed.tensor import distribute_tensor
 
-    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+                t.to_local().copy_(distribute_tensor(src, t.device_mesh, t.placements).to_local())
+            else:
+                t.copy_(src)
 
 
 def _remove_stale_temporaries(ckpt_root: Path) -> None:

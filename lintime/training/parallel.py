@@ -174,11 +174,30 @@ def wrap_model(model: nn.Module, env: DistEnv, parallel: str, autocast: torch.dt
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=autocast, reduce_dtype=torch.float32) if autocast is not None else None
+    # FSDP2 shards only tensors with a dimension; 0-D parameters (the ScaledSin scale) stay
+    # replicated and finish_grads averages their gradients
+    scalars = {p for p in model.parameters() if p.dim() == 0}
     kw = {"mp_policy": mp} if mp is not None else {}
     for block in model.backbone.blocks:
-        fully_shard(block, **kw)
-    fully_shard(model, **kw)
+        fully_shard(block, ignored_params=scalars, **kw)
+    fully_shard(model, ignored_params=scalars, **kw)
+    model._lintime_replicated = sorted(scalars, key=id)
     return model
+
+
+def finish_grads(model: nn.Module, env: DistEnv, parallel: str) -> None:
+    """After the step's last backward: the reductions the wrapper does not do.  Context
+    parallelism alone (no wrapper): sum every gradient over the ranks.  FSDP2: average the
+    replicated 0-D parameters' gradients (the wrapper averages the sharded ones)."""
+    if not env.distributed:
+        return
+    if parallel == "none":
+        all_reduce_grads(model, env)
+        return
+    for p in getattr(model, "_lintime_replicated", ()):
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad.div_(env.world)
 
 
 @contextlib.contextmanager

@@ -565,8 +565,7 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
                                              autocast=amp, n_targets=n_global, replicas=env.world,
                                              loss_scale=float(env.world) if cfg.parallel != "none" else 1.0,
                                              context=context)
-                if cfg.parallel == "none":  # context parallel only: sum the slices' gradients
-                    par.all_reduce_grads(model, env)
+                par.finish_grads(model, env, cfg.parallel)
                 loss, aux = par.all_reduce_sum([loss, aux], env)
             else:
                 loss, aux = forward_backward(fwd_model, batch, micro_rows=cfg.rows_per_micro_batch,

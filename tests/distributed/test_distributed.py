@@ -17,6 +17,7 @@ chunked ops' partial sums), ~1e-7 per step, and 4 steps of AdamW amplify them li
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -55,16 +56,20 @@ def _losses(result) -> list[float]:
     return [loss for _, loss in result["losses"]]
 
 
+def _run_losses(run_dir) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if r.get("loss") is not None]
+
+
 def test_ddp_fsdp_and_context_parallel_losses_equal_single_process(base_config, tmp_path):
-    ref = train(TrainConfig(**base_config), out=str(tmp_path), name="single", progress=False, echo=None)
-    from workers import train_run as _  # noqa: F401  (the launcher imports it by name)
-
-    import json
-
-    single = [json.loads(line)["loss"] for line in (ref.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert len(single) == base_config["steps"]
+    single = None
     for parallel, cp in (("ddp", 1), ("fsdp", 1), ("none", 2)):
-        cfg = dict(base_config, parallel=parallel, context_parallel=cp)
+        # context parallel: each rank's half row must be whole chunks (flash-tiny: C = 64)
+        cfg = dict(base_config, context_len=64 * cp)
+        ref = train(TrainConfig(**cfg), out=str(tmp_path), name=f"single-{cp}", progress=False, echo=None)
+        single = _run_losses(ref.run_dir)
+        assert len(single) == base_config["steps"]
+        cfg = dict(cfg, parallel=parallel, context_parallel=cp)
         res = run_ranks(train_run, 2, cfg, str(tmp_path), f"{parallel}-cp{cp}", timeout=240)
         got = _losses(res[0])
         assert len(got) == len(single), (parallel, cp)
@@ -73,10 +78,8 @@ def test_ddp_fsdp_and_context_parallel_losses_equal_single_process(base_config, 
 
 
 def test_resume_on_another_world_size(base_config, tmp_path):
-    import json
-
     full = train(TrainConfig(**base_config), out=str(tmp_path), name="full", progress=False, echo=None)
-    single = [json.loads(line)["loss"] for line in (full.run_dir / "metrics.jsonl").read_text().splitlines()]
+    single = _run_losses(full.run_dir)
     cfg = dict(base_config, parallel="fsdp")
     first = run_ranks(train_run, 2, cfg, str(tmp_path), "split", None, 2, timeout=240)
     assert first[0]["step"] == 2
@@ -88,8 +91,7 @@ def test_resume_on_another_world_size(base_config, tmp_path):
     rest = train(TrainConfig(**dict(base_config, parallel="none")), out=str(tmp_path), resume=tmp_path / "split",
                  progress=False, echo=None)
     assert rest.step == base_config["steps"]
-    rows = [json.loads(line) for line in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
-    got = [r["loss"] for r in rows if r.get("loss") is not None]
+    got = _run_losses(tmp_path / "split")
     assert len(got) == len(single)
     for step, (a, b) in enumerate(zip(single, got), 1):
         assert math.isclose(a, b, rel_tol=LOSS_RTOL), f"step {step}: resumed {b} vs single {a}"

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Distributed training on 2 GPUs (nvidia-h200-x2; ~4-5 min): flash-base (~110M) tokens/s on 1 GPU
+# vs 2 GPUs DDP vs 2 GPUs FSDP2 (same per-GPU batch, bf16, `lintime train` under torchrun), then
+# the longest context that trains (1 step fwd+bwd, 1 row, doubling from 32k) on 1 GPU vs 2-GPU
+# context parallelism, for FLASH and GLA.  Every measurement runs in its own guarded invocation
+# with a timeout; stderr tails land in $OUT/*.log.  JSON: $OUT/scaling.json, $OUT/context.json.
+# Usage: OUT=... benchmarks/gpu_distributed.sh [scaling] [context]   (default: both)
+set -uo pipefail
+OUT=${OUT:-./gpu_distributed_out}
+mkdir -p "$OUT"
+STEPS=${*:-scaling context}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TOKENIZERS_PARALLELISM=false
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || echo "wheel install failed"
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export LINTIME_CACHE=${LINTIME_CACHE:-/tmp/lintime_cache}
+nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
+NGPU=$(nvidia-smi -L | wc -l)
+TRAIN="-m lintime train --preset flash-base --corpus stdlib --context-len 2048 --steps 14 --eval-every 0
+  --eval-tokens 4096 --save-every 0 --keep 1 --sample-tokens 0 --no-plots --no-progress --precision bf16
+  --device cuda --out $OUT/runs"
+TORCHRUN="python3 -m torch.distributed.run --standalone --nproc-per-node 2"
+# the token cache once (so no timed run pays for it)
+timeout 300 python3 -c "from lintime.data import open_corpus, prepare, default_cache_dir
+c = open_corpus('stdlib'); prepare(c, 'byte', default_cache_dir(c.name, 'byte'), splits=('train', 'validation'))" \
+  > "$OUT/prepare.log" 2>&1 || echo "corpus preparation failed (see prepare.log)"
+
+run() {  # name, timeout, command...
+  local name=$1 limit=$2; shift 2
+  echo "== $name"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc" | tee -a "$OUT/status.txt"
+  [[ $rc != 0 ]] && tail -n 25 "$OUT/$name.log"
+  return 0
+}
+
+if [[ " $STEPS " == *" scaling "* ]]; then
+  # 8 rows x 2048 tokens per GPU per step (16k tokens / GPU), one micro-batch
+  run scale_1gpu 200 python3 $TRAIN --tokens-per-batch 16384 --name scale_1gpu
+  if [[ $NGPU -ge 2 ]]; then
+    run scale_ddp 200 $TORCHRUN $TRAIN --tokens-per-batch 32768 --parallel ddp --name scale_ddp
+    run scale_fsdp 200 $TORCHRUN $TRAIN --tokens-per-batch 32768 --parallel fsdp --name scale_fsdp
+  fi
+  python3 - "$OUT" <<'PY'
+import json, statistics, sys
+from pathlib import Path
+out = Path(sys.argv[1]); res = {}
+for name, gpus in (("scale_1gpu", 1), ("scale_ddp", 2), ("scale_fsdp", 2)):
+    m = out / "runs" / name / "metrics.jsonl"
+    if not m.is_file():
+        res[name] = {"error": "no metrics (see %s.log)" % name}; continue
+    rows = [json.loads(l) for l in m.read_text().splitlines()]
+    rows = [r for r in rows if r.get("tokens_per_s") and r["step"] > 4]  # 4 warm-up steps (Triton compile)
+    # tokens_per_s of a row is the global batch over that step's wall time
+    tps = statistics.median(r["tokens_per_s"] for r in rows) if rows else None
+    res[name] = {"gpus": gpus, "tokens_per_s": tps, "steps_timed": len(rows)}
+base = res.get("scale_1gpu", {}).get("tokens_per_s")
+for k, v in res.items():
+    if base and v.get("tokens_per_s"):
+        v["scaling_efficiency"] = v["tokens_per_s"] / (v["gpus"] * base)
+(out / "scaling.json").write_text(json.dumps(res, indent=2))
+print("%-12s %5s %14s %11s" % ("run", "gpus", "tokens/s", "efficiency"))
+for k, v in res.items():
+    print("%-12s %5s %14s %11s" % (k, v.get("gpus", "-"), "%.0f" % v["tokens_per_s"] if v.get("tokens_per_s") else v.get("error"),
+                                   "%.2f" % v["scaling_efficiency"] if "scaling_efficiency" in v else "-"))
+PY
+fi
+
+if [[ " $STEPS " == *" context "* ]]; then
+  cat > "$OUT/cp_probe.py" <<'PY'
+"""One fwd+bwd of 1 row of T tokens (bf16 autocast); under torchrun: context parallel over the ranks.
+Prints 'OK <T> <peak GiB> <seconds>' on success."""
+import os, sys, time, torch
+from lintime.models import CausalLM, get_preset
+preset, T = sys.argv[1], int(sys.argv[2])
+world = int(os.environ.get("WORLD_SIZE", "1"))
+if world > 1:
+    from lintime.training.parallel import ContextParallel, init_distributed
+    env = init_distributed("cuda", "none", world)
+    dev = env.device
+else:
+    dev = torch.device("cuda")
+torch.manual_seed(0)
+model = CausalLM(get_preset(preset, vocab_size=256)).to(dev)
+ids = torch.randint(0, 256, (1, T), device=dev)
+cu = torch.tensor([0, T], dtype=torch.int32, device=dev)
+torch.cuda.reset_peak_memory_stats(dev)
+t0 = time.perf_counter()
+with torch.autocast("cuda", dtype=torch.bfloat16):
+    if world > 1:
+        cp = ContextParallel(model, env)
+        i, tg, c, off = cp.shard(ids, ids[0], cu, 1)
+        logits = cp.forward(model, i, c, off, None)
+    else:
+        logits = model(ids, cu_seqlens=cu)
+        tg = ids[0]
+loss = torch.nn.functional.cross_entropy(logits[0].float(), tg)
+loss.backward()
+torch.cuda.synchronize(dev)
+dt = time.perf_counter() - t0
+peak = torch.cuda.max_memory_allocated(dev) / 2**30
+if world > 1:
+    t = torch.tensor([peak], device=dev); torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX); peak = t.item()
+if int(os.environ.get("RANK", "0")) == 0:
+    print(f"OK {T} {peak:.2f} {dt:.2f}", flush=True)
+if world > 1:
+    torch.distributed.destroy_process_group()
+PY
+  for preset in flash-base gla-base; do
+    for mode in 1gpu cp2; do
+      [[ $mode == cp2 && $NGPU -lt 2 ]] && continue
+      T=32768
+      while [[ $T -le 4194304 ]]; do
+        name="ctx_${preset}_${mode}_$T"
+        if [[ $mode == 1gpu ]]; then
+          run "$name" 120 python3 "$OUT/cp_probe.py" $preset $T
+        else
+          run "$name" 120 $TORCHRUN "$OUT/cp_probe.py" $preset $T
+        fi
+        grep -q "^OK $T" "$OUT/$name.log" || break
+        T=$((T * 2))
+      done
+    done
+  done
+  python3 - "$OUT" <<'PY'
+import json, re, sys
+from pathlib import Path
+out = Path(sys.argv[1]); res = {}
+for log in sorted(out.glob("ctx_*.log")):
+    _, preset, mode, T = log.stem.split("_")
+    m = re.search(r"^OK (\d+) ([\d.]+) ([\d.]+)", log.read_text(), re.M)
+    key = f"{preset} {mode}"
+    res.setdefault(key, {"ok": [], "failed": None})
+    if m:
+        res[key]["ok"].append({"T": int(T), "peak_gib": float(m.group(2)), "s": float(m.group(3))})
+    else:
+        tail = log.read_text().strip().splitlines()[-1:] or ["?"]
+        res[key]["failed"] = {"T": int(T), "why": tail[0][:200]}
+(out / "context.json").write_text(json.dumps(res, indent=2))
+print("%-18s %12s %10s  %s" % ("model / mode", "longest T", "peak GiB", "first failure"))
+for k, v in res.items():
+    best = max(v["ok"], key=lambda r: r["T"]) if v["ok"] else None
+    print("%-18s %12s %10s  %s" % (k, best["T"] if best else "-", best["peak_gib"] if best else "-",
+                                   (v["failed"] or {}).get("why", "")[:80]))
+PY
+fi
+cat "$OUT/status.txt" 2>/dev/null
