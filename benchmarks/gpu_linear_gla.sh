@@ -15,7 +15,7 @@
 #   the CUDA GLA tests (they also compile our kernels for the bench shapes), ours vs fla chunk_gla at
 #   T = 2k/8k/32k (eager and CUDA-graph device time, fwd and fwd+bwd), the per-kernel profile at 8k,
 #   the launch variants at 8k, then the segment-length sweep with whatever time is left (a global
-#   deadline of GLA_DEADLINE_S, default 345 s, caps every step).
+#   deadline of GLA_DEADLINE_S, default 330 s, caps every step).
 set -uo pipefail
 OUT=${OUT:-./gpu_linear_gla_out}
 mkdir -p "$OUT"
@@ -38,7 +38,7 @@ rc=0
 if [[ "$STEPS" == *" gla "* ]]; then
   T0=$SECONDS
   left() {  # seconds left for a step: min(cap, deadline - elapsed), at least 1
-    local l=$(( ${GLA_DEADLINE_S:-345} - (SECONDS - T0) ))
+    local l=$(( ${GLA_DEADLINE_S:-330} - (SECONDS - T0) ))
     (( l > $1 )) && l=$1
     (( l < 1 )) && l=1
     echo $l
