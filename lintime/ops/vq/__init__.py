@@ -89,8 +89,6 @@ def vq_attention(
     S = codebook.shape[1]
     if S < 1:
         raise ValueError(f"{op}: codebook needs at least one code")
-    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= S):
-        raise ValueError(f"{op}: codes must lie in [0, {S}), got [{int(codes.min())}, {int(codes.max())}]")
     if isinstance(block_len, bool) or not isinstance(block_len, int):
         raise TypeError(f"{op}: block_len must be an int, got {type(block_len).__name__}")
     if block_len < 1:
@@ -104,14 +102,46 @@ def vq_attention(
             raise TypeError(f"{op}: bias has dtype {bias.dtype}, q has {q.dtype}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"{op}: reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}")
-    check_cu_seqlens(op, cu_seqlens, B, T)
+    if cu_seqlens is not None:
+        # the shared shape / dtype / batch checks on a host stand-in (no transfer); the values are
+        # checked below with the rest, in one transfer
+        check_cu_seqlens(op, torch.zeros(cu_seqlens.shape, dtype=cu_seqlens.dtype), B, 0)
     if initial_state is not None:
         _check_state(op, initial_state, num_seqs(B, cu_seqlens), H, S, K, V, L, q.device)
+    host = _read_values(op, codes, S, cu_seqlens, B, T, initial_state)
     impl = select(op, backend, _IMPLS, q)
+    extra = {"host_values": host} if impl is chunk_vq_attention else {}
     return impl(
         q, k_hat, codes, v, codebook, block_len=L, bias=bias, reduction=reduction,
-        initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+        initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens, **extra,
     )
+
+
+def _read_values(op, codes, S, cu_seqlens, B, T, st):
+    """Every value check of the call in one device-to-host transfer: the codes' range, the packed
+    offsets and the state's positions.  Returns ``(cu_seqlens, pos)`` as lists for the chunked
+    form's block count (``None`` where absent)."""
+    parts = []
+    if codes.numel():
+        lo, hi = torch.aminmax(codes.reshape(-1))
+        parts += [lo.long()[None], hi.long()[None]]
+    nz = len(parts)
+    for x in (cu_seqlens, None if st is None else st.pos):
+        if x is not None:
+            parts.append(x.reshape(-1).long().to(codes.device))
+    vals = torch.cat(parts).tolist() if parts else []
+    if nz and (vals[0] < 0 or vals[1] >= S):
+        raise ValueError(f"{op}: codes must lie in [0, {S}), got [{vals[0]}, {vals[1]}]")
+    cu = pos = None
+    if cu_seqlens is not None:
+        cu = vals[nz : nz + cu_seqlens.numel()]
+        if cu[0] != 0 or cu[-1] != T or any(b < a for a, b in zip(cu, cu[1:])):
+            raise ValueError(f"{op}: cu_seqlens must start at 0, be non-decreasing and end at T={T}, got {cu}")
+    if st is not None:
+        pos = vals[len(vals) - st.pos.numel():]
+        if pos and min(pos) < 0:
+            raise ValueError(f"{op}: initial_state.pos must be >= 0, got {pos}")
+    return cu, pos
 
 
 def _check_state(op, st, N, H, S, K, V, L, device) -> None:
@@ -134,8 +164,6 @@ def _check_state(op, st, N, H, S, K, V, L, device) -> None:
     for name in ("codes", "pos"):
         if getattr(st, name).dtype.is_floating_point:
             raise TypeError(f"{op}: initial_state.{name} must be an integer tensor")
-    if N and int(st.pos.min()) < 0:
-        raise ValueError(f"{op}: initial_state.pos must be >= 0, got {st.pos.tolist()}")
 
 
 __all__ = ["VQState", "vq_attention"]

@@ -23,33 +23,32 @@ the keys a query saw inside its window; older keys send their gradient to ``code
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from lintime.ops.utils import acc_dtype, seq_bounds
-from lintime.ops.vq.state import VQState, _nonzero, block_summary, log_count, merge
+from lintime.ops.utils import acc_dtype, num_seqs
+from lintime.ops.vq.state import VQState, _nonzero, block_sums, log_count, merge
 
 
 @dataclass
 class _BlockLayout:
     """Where every key / query of a call (and of the initial state's buffers) sits.
 
-    ``dest_tok`` ``[B * T]`` flat slot of each token in ``[R * NE * L]``;
-    ``dest_buf`` / ``src_buf`` slot of each live state-buffer entry and its flat index in
-    ``[N * 2L]``; ``kvalid`` ``[R, NE, L]`` the slot holds a key; ``first`` ``[R, NE]`` the block
-    is a sequence's pseudo-block; ``pseudo`` ``[N]`` flat index of that block; ``fin_cache``
-    ``[N]`` flat block whose inclusive cache is the final cache; ``fin_win`` ``[N, 2]`` flat
-    blocks of the final window (``R * NE`` = an empty block); ``pos1`` ``[N]`` final positions.
+    ``dest_tok`` ``[B * T]`` flat slot of each token in ``[R * NE * L]``; ``dest_buf`` ``[N * 2L]``
+    flat slot of each state-buffer entry (``R * NE * L``, a scratch slot past the end, for the
+    entries that hold no key), or ``None`` without a state; ``kvalid`` ``[R, NE, L]`` the slot holds
+    a key; ``first`` ``[R, NE]`` the block is a sequence's pseudo-block; ``pseudo`` ``[N]`` flat
+    index of that block; ``fin_cache`` ``[N]`` flat block whose inclusive cache is the final cache;
+    ``fin_win`` ``[N, 2]`` flat blocks of the final window (``R * NE`` = an empty block); ``pos1``
+    ``[N]`` final positions.  Every tensor is on the call's device.
     """
 
     R: int
     NE: int
     L: int
     dest_tok: torch.Tensor
-    dest_buf: torch.Tensor
-    src_buf: torch.Tensor
+    dest_buf: torch.Tensor | None
     kvalid: torch.Tensor
     first: torch.Tensor
     pseudo: torch.Tensor
@@ -61,72 +60,130 @@ class _BlockLayout:
         """``tok`` ``[B * T, *rest]`` (and ``buf`` ``[N * 2L, *rest]``) -> ``[R, NE, L, *rest]``,
         zero in empty slots."""
         rest = tok.shape[1:]
-        out = tok.new_zeros((self.R * self.NE * self.L, *rest)).index_copy(0, self.dest_tok, tok)
-        if buf is not None and self.src_buf.numel():
-            out = out.index_copy(0, self.dest_buf, buf.index_select(0, self.src_buf))
-        return out.view(self.R, self.NE, self.L, *rest)
+        out = tok.new_zeros((self.R * self.NE * self.L + 1, *rest)).index_copy(0, self.dest_tok, tok)
+        if buf is not None and self.dest_buf is not None:
+            out = out.index_copy(0, self.dest_buf, buf)  # dead entries all land in the scratch slot
+        return out[:-1].view(self.R, self.NE, self.L, *rest)
 
 
-def _layout(B, T, L, cu_seqlens, pos0: list[int], device) -> _BlockLayout:
-    seqs = seq_bounds(B, T, cu_seqlens)
+def read_host(cu_seqlens: torch.Tensor | None, pos: torch.Tensor | None):
+    """``(cu_seqlens, pos)`` as Python lists (``None`` where absent) in one device-to-host
+    transfer (none when both are absent)."""
+    parts = [x.reshape(-1).long() for x in (cu_seqlens, pos) if x is not None]
+    if not parts:
+        return None, None
+    if len(parts) == 2 and parts[0].device != parts[1].device:
+        parts[0] = parts[0].to(parts[1].device)
+    vals = torch.cat(parts).tolist()
+    cu = None if cu_seqlens is None else vals[: cu_seqlens.numel()]
+    return cu, None if pos is None else vals[len(vals) - pos.numel():]
+
+
+def num_blocks(B: int, T: int, L: int, cu_host: list[int] | None, pos_host: list[int] | None) -> int:
+    """``NE``, blocks per row of the layout, from host values (no device work): every sequence
+    takes ``ceil((pos % L + len) / L) + 2`` blocks; packed sequences share row 0."""
+    if cu_host is None and pos_host is None:
+        return -(-T // L) + 2
+    N = B if cu_host is None else len(cu_host) - 1
+    cu = torch.tensor(cu_host, dtype=torch.long) if cu_host is not None else None
+    ln = torch.full((N,), T, dtype=torch.long) if cu is None else cu[1:] - cu[:-1]
+    o = torch.zeros(N, dtype=torch.long) if pos_host is None else torch.tensor(pos_host, dtype=torch.long) % L
+    nblk = (o + ln + L - 1) // L + 2
+    if N == 0:
+        return 1
+    return int(nblk.max()) if cu is None else int(nblk.sum())
+
+
+def _layout(B, T, L, cu_seqlens, pos0: torch.Tensor | None, device, NE: int) -> _BlockLayout:
+    """The block layout, built with tensor ops on ``device`` (no loop over sequences, no host
+    transfer).  ``pos0`` ``[N]`` the initial positions (``None``: all zero, no state buffers);
+    ``NE`` from :func:`num_blocks`."""
+    lng = dict(dtype=torch.long, device=device)
     R = B if cu_seqlens is None else 1
-    used = [0] * R
-    plan = []
-    for n, (row, s, e) in enumerate(seqs):
-        o, ln = pos0[n] % L, e - s
-        nblk = math.ceil((o + ln) / L) + 2  # pseudo + previous + call blocks
-        plan.append((row, s, e, used[row], nblk))
-        used[row] += nblk
-    NE = max(used)
-    dest_tok, dest_buf, src_buf = [], [], []
-    kvalid = torch.zeros(R, NE, L, dtype=torch.bool)
-    first = torch.zeros(R, NE, dtype=torch.bool)
-    pseudo, fin_cache, fin_win, pos1 = [], [], [], []
-    for n, (row, s, e, base, nblk) in enumerate(plan):
-        b0, o, ln = pos0[n] // L, pos0[n] % L, e - s
-        blk0 = row * NE + base  # flat index of the pseudo-block
-        first[row, base] = True
-        if b0 >= 1:  # the previous block exists
-            dest_buf.append((blk0 + 1) * L + torch.arange(L))
-            src_buf.append(n * 2 * L + torch.arange(L))
-            kvalid[row, base + 1] = True
-        dest_buf.append((blk0 + 2) * L + torch.arange(o))
-        src_buf.append(n * 2 * L + L + torch.arange(o))
-        dest_tok.append((blk0 + 2) * L + o + torch.arange(ln))
-        kv = kvalid[row].view(-1)
-        kv[(base + 2) * L : (base + 2) * L + o + ln] = True
-        pseudo.append(blk0)
-        q1 = (o + ln) // L  # the final cache covers blocks up to call block q1 - 2
-        fin_cache.append(blk0 + q1)
-        fin_win.append([blk0 + q1 + 1, blk0 + q1 + 2 if q1 + 2 < nblk else R * NE])
-        pos1.append(pos0[n] + ln)
-    cat = lambda xs: torch.cat(xs).to(device) if xs else torch.zeros(0, dtype=torch.long, device=device)
-    tens = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)
-    return _BlockLayout(
-        R, NE, L, cat(dest_tok), cat(dest_buf), cat(src_buf), kvalid.to(device), first.to(device),
-        tens(pseudo), tens(fin_cache), tens(fin_win).view(-1, 2), tens(pos1),
-    )
+    if cu_seqlens is None:
+        N = B
+        row = torch.arange(N, **lng)
+        start = torch.zeros(N, **lng)
+        ln = torch.full((N,), T, **lng)
+    else:
+        cu = cu_seqlens.to(**lng)
+        N = cu.numel() - 1
+        row = torch.zeros(N, **lng)
+        start, ln = cu[:-1], cu[1:] - cu[:-1]
+    o = torch.zeros(N, **lng) if pos0 is None else pos0 % L
+    nblk = (o + ln + L - 1) // L + 2  # pseudo + previous + call blocks
+    base = torch.zeros(N, **lng) if cu_seqlens is None else nblk.cumsum(0) - nblk
+    blk0 = row * NE + base  # flat index of each sequence's pseudo-block
+    # tokens: the sequence of every token, then its slot after the buffered part of its block
+    f = torch.arange(B * T, **lng)
+    if cu_seqlens is None:
+        n, loc = f // T if T else f, f % T if T else f
+    else:
+        n = torch.searchsorted(cu[1:], f, right=True)  # number of sequence ends <= f
+        loc = f - start[n]
+    dest_tok = (blk0[n] + 2) * L + o[n] + loc
+    kvalid = torch.zeros(R * NE * L + 1, dtype=torch.bool, device=device).index_fill_(0, dest_tok, True)
+    dest_buf = None
+    if pos0 is not None:
+        # state buffers: slots [0, L) the previous block (live once pos >= L), slots [L, L + o)
+        # the current block's first o keys; the rest go to the scratch slot R * NE * L
+        r = torch.arange(2 * L, **lng)[None]
+        live = torch.where(r < L, (pos0 >= L)[:, None], (r - L) < o[:, None])  # [N, 2L]
+        slot = (blk0[:, None] + 1) * L + r  # prev block then the first call block, contiguous
+        dest_buf = torch.where(live, slot, R * NE * L).reshape(-1)
+        kvalid.index_fill_(0, dest_buf, True)
+    kvalid = kvalid[:-1].view(R, NE, L)
+    first = torch.zeros(R * NE, dtype=torch.bool, device=device).index_fill_(0, blk0, True).view(R, NE)
+    q1 = (o + ln) // L  # the final cache covers blocks up to call block q1 - 2
+    fin_cache = blk0 + q1
+    fin_win = torch.stack([blk0 + q1 + 1, torch.where(q1 + 2 < nblk, blk0 + q1 + 2, R * NE)], 1)
+    pos1 = ln if pos0 is None else pos0 + ln
+    return _BlockLayout(R, NE, L, dest_tok, dest_buf, kvalid, first, blk0, fin_cache, fin_win, pos1)
 
 
 # ----------------------------------------------------------------------------------------------
-# segmented inclusive reductions of per-block (count [R, NE, H, S], mean [R, NE, H, S, V])
+# segmented inclusive reductions of per-block (count [R, NE, H, S], value sum [R, NE, H, S, V])
+# into (count, mean); a block flagged ``first`` starts a new segment
 
 
-def _reduce_serial(first, cnt, mean):
-    """Seed Code 2: a scan over blocks carrying (count, running mean), reset at sequence starts."""
+def _reduce_serial(first, cnt, sumv):
+    """Seed Code 2 in closed form: the serial scan's running (count, mean) after block ``e`` is
+    ``(sum of counts, sum of value sums / sum of counts)`` over blocks ``start(e)..e`` of the
+    segment, so both are segmented prefix sums, taken as one cumulative sum per row minus its
+    value before the segment start.  The sums run in fp64 (the difference of two prefixes loses
+    nothing that fp32 results could see), the mean is formed in the input dtype.  O(NE) memory
+    and depth O(1) in Python; the same result as the step-by-step scan (:func:`_reduce_scan`)."""
+    R, NE = first.shape
+    idx = torch.arange(NE, device=first.device)
+    seg0 = torch.where(first, idx, 0).cummax(1).values  # [R, NE] first block of each segment
+    flat0 = (seg0 + NE * torch.arange(R, device=first.device)[:, None]).reshape(-1)
+
+    def seg_cumsum(x):
+        c = x.to(torch.float64).cumsum(1)
+        excl = torch.cat([torch.zeros_like(c[:, :1]), c[:, :-1]], 1)  # sum of the blocks before
+        return c - excl.reshape(R * NE, *x.shape[2:]).index_select(0, flat0).view(c.shape)
+
+    tot = seg_cumsum(cnt).to(cnt.dtype)
+    return tot, seg_cumsum(sumv).to(sumv.dtype) / _nonzero(tot)[..., None]
+
+
+def _reduce_scan(first, cnt, sumv):
+    """Seed Code 2 as written: a loop over blocks carrying (count, running mean), reset at
+    sequence starts.  O(NE) Python steps; the reference the tests check the closed form with."""
+    mean = sumv / _nonzero(cnt)[..., None]
     c, m = torch.zeros_like(cnt[:, 0]), torch.zeros_like(mean[:, 0])
     cs, ms = [], []
-    for e in range(cnt.shape[1]):
-        f = first[:, e, None, None]
-        c, m = merge(c.masked_fill(f, 0), m.masked_fill(f[..., None], 0), cnt[:, e], mean[:, e])
+    for f, ce, me in zip(first.unbind(1), cnt.unbind(1), mean.unbind(1)):
+        c, m = merge(c.masked_fill(f[:, None, None], 0), m.masked_fill(f[:, None, None, None], 0), ce, me)
         cs.append(c)
         ms.append(m)
     return torch.stack(cs, 1), torch.stack(ms, 1)
 
 
-def _reduce_matmul(first, cnt, mean):
+def _reduce_matmul(first, cnt, sumv):
     """Seed Code 3: every block's cache as a lower-triangular (same-sequence) matrix of count
     fractions times the block means.  O(NE^2 * S) memory, as in the seed."""
+    mean = sumv / _nonzero(cnt)[..., None]
     NE = cnt.shape[1]
     seg = first.long().cumsum(1)  # [R, NE] sequence id within the row
     tri = torch.ones(NE, NE, dtype=torch.bool, device=cnt.device).tril()
@@ -137,10 +194,10 @@ def _reduce_matmul(first, cnt, mean):
     return tot, torch.einsum("reghs,rghsv->rehsv", frac, mean)
 
 
-def _reduce_assoc(first, cnt, mean):
+def _reduce_assoc(first, cnt, sumv):
     """Seed Code 4: an associative (Hillis-Steele, log2(NE) steps) segmented scan with the
     count-weighted mean merge; a flag marks a segment start, which the merge does not cross."""
-    f, c, m = first, cnt, mean
+    f, c, m = first, cnt, sumv / _nonzero(cnt)[..., None]
     d = 1
     while d < c.shape[1]:
         # left operand x[e - d]; positions e < d merge with the identity (no flag, count 0)
@@ -161,8 +218,13 @@ REDUCTIONS = {"serial": _reduce_serial, "matmul": _reduce_matmul, "assoc": _redu
 
 def chunk_vq_attention(
     q, k_hat, codes, v, codebook, *, block_len, bias=None, reduction="serial",
-    initial_state=None, output_final_state=False, cu_seqlens=None,
+    initial_state=None, output_final_state=False, cu_seqlens=None, host_values=None,
 ):
+    """The blockwise form (see the module docstring).  ``host_values``: ``(cu_seqlens, pos)`` as
+    Python lists (either ``None`` where absent), when the caller already has them on the host
+    (:func:`lintime.ops.vq.vq_attention` reads them in its one device-to-host transfer); without
+    them the block count costs one transfer here when ``cu_seqlens`` or a state is given, and
+    none otherwise."""
     B, T, H = q.shape[:3]
     V = v.shape[-1]
     S = codebook.shape[1]
@@ -170,10 +232,12 @@ def chunk_vq_attention(
     dt = acc_dtype(q)
     dev = q.device
     st = None if initial_state is None else initial_state.canonical()
-    N = len(seq_bounds(B, T, cu_seqlens))
-    pos0 = [0] * N if st is None else st.pos.tolist()
-    lay = _layout(B, T, L, cu_seqlens, pos0, dev)
-    R, NE = lay.R, lay.NE
+    N = num_seqs(B, cu_seqlens)
+    if host_values is None:
+        host_values = read_host(cu_seqlens, None if st is None else st.pos)
+    NE = num_blocks(B, T, L, *host_values)
+    lay = _layout(B, T, L, cu_seqlens, None if st is None else st.pos.to(dev), dev, NE)
+    R = lay.R
     flat = lambda x: x.reshape(B * T, *x.shape[2:])
     bufs = lambda x: None if st is None else x.reshape(N * 2 * L, *x.shape[2:])
 
@@ -195,11 +259,13 @@ def chunk_vq_attention(
     s_win = s_win.masked_fill(~visible, float("-inf"))
 
     # cache: per-block summaries, initial cache in each pseudo-block, reduction, shift by two
-    cnt, mean = block_summary(zc, vc, lay.kvalid, S)  # [R, NE, H, S], [R, NE, H, S, V]
+    cnt, sumv = block_sums(zc, vc, lay.kvalid, S)  # [R, NE, H, S], [R, NE, H, S, V]
     if st is not None:
-        cnt = cnt.view(R * NE, H, S).index_copy(0, lay.pseudo, st.cache_count.to(dt)).view(R, NE, H, S)
-        mean = mean.view(R * NE, H, S, V).index_copy(0, lay.pseudo, st.cache_mean.to(dt)).view(mean.shape)
-    cum_c, cum_m = REDUCTIONS[reduction](lay.first, cnt, mean)  # inclusive, per sequence
+        c0 = st.cache_count.to(dt)
+        cnt = cnt.view(R * NE, H, S).index_copy(0, lay.pseudo, c0).view(R, NE, H, S)
+        sumv = sumv.view(R * NE, H, S, V).index_copy(0, lay.pseudo, c0[..., None] * st.cache_mean.to(dt))
+        sumv = sumv.view(R, NE, H, S, V)
+    cum_c, cum_m = REDUCTIONS[reduction](lay.first, cnt, sumv)  # inclusive, per sequence
     cache_c = shift(shift(cum_c))  # blocks <= e - 2 (seed Code 2: pad 2, drop last 2)
     cache_m = shift(shift(cum_m))
     s_cache = torch.einsum("rnihk,hsk->rnhis", qc, codebook.to(dt))  # [R, NE, H, L, S]

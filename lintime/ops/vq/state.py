@@ -131,16 +131,24 @@ def merge(ca: torch.Tensor, ma: torch.Tensor, cb: torch.Tensor, mb: torch.Tensor
     return tot, (ca / d)[..., None] * ma + (cb / d)[..., None] * mb
 
 
-def block_summary(codes: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, S: int):
-    """Per-code count and mean value of a group of keys (seed Code 2 ``delta1_by_block``,
-    ``deltav_by_block_normalized``).
+def block_sums(codes: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, S: int):
+    """Per-code count and sum of values of a group of keys (seed Code 2 ``delta1_by_block``,
+    ``deltav_by_block``).
 
     ``codes`` ``[..., L, H]`` (int), ``v`` ``[..., L, H, V]``, ``valid`` ``[..., L]`` (bool).
-    Returns ``count [..., H, S]`` and ``mean [..., H, S, V]`` in ``v``'s dtype.
+    Returns ``count [..., H, S]`` and ``sum [..., H, S, V]`` in ``v``'s dtype.
     """
     delta = F.one_hot(codes, S).to(v.dtype) * valid[..., None, None].to(v.dtype)  # [..., L, H, S]
-    count = delta.sum(-3)
-    sumv = torch.einsum("...lhs,...lhv->...hsv", delta, v)
+    return delta.sum(-3), torch.einsum("...lhs,...lhv->...hsv", delta, v)
+
+
+def block_summary(codes: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, S: int):
+    """Per-code count and mean value of a group of keys (seed Code 2 ``delta1_by_block``,
+    ``deltav_by_block_normalized``): :func:`block_sums` with the sum divided by the count.
+
+    Returns ``count [..., H, S]`` and ``mean [..., H, S, V]`` in ``v``'s dtype.
+    """
+    count, sumv = block_sums(codes, v, valid, S)
     return count, sumv / _nonzero(count)[..., None]
 
 
