@@ -28,6 +28,8 @@ def export(
         overwrite: write into a folder that is not empty.
     """
     try:
+        import transformers  # noqa: F401
+
         from lintime.hf.export import export_checkpoint
     except ImportError as err:
         raise CLIError(f"lintime export needs HF transformers ({err.name} is missing): "
