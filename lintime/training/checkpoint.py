@@ -302,11 +302,18 @@ def load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, s
     path = Path(step_dir) / OPTIM_DIR
     if not path.is_dir():
         raise FileNotFoundError(f"cannot resume: {step_dir} is a distributed checkpoint without its {OPTIM_DIR}/ folder")
-    box = {"optimizer": _optimizer_tensors(model, optimizer)}
+    target = _optimizer_tensors(model, optimizer)
+    box = {"optimizer": {n: dict(st) for n, st in target.items()}}
     try:
-        dcp.load(box, checkpoint_id=str(path))  # in place
+        dcp.load(box, checkpoint_id=str(path))
     except Exception as err:  # missing keys / shapes: DCP raises several kinds
         raise ValueError(f"cannot resume: the optimizer state in {step_dir} does not fit this model ({_one_line(err)})") from None
+    # DCP loads in place where it can, but may hand back new tensors (e.g. 0-D ones): copy them in
+    for name, st in target.items():
+        for k, t in st.items():
+            got = box["optimizer"][name][k]
+            if got is not t:
+                t.copy_(got)
 
 
 def optimizer_state_by_name(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict, step_dir) -> dict:
