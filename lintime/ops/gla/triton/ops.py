@@ -134,7 +134,8 @@ def _fwd_fake(q, k, v, g, h0, cu_seqlens, scale, ns, keep=True):
 
 
 def gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns, keep=True, cfg=None):
-    """Forward launcher (``cfg``: ``{kernel: (num_warps, num_stages)}`` overrides, benchmarks only):
+    """Forward launcher (``cfg``: ``{kernel: (num_warps, num_stages)}`` overrides, ``"A_bk"``: K-block of
+    the prep kernel, ``"v_walk"``: ``(BK, BV)`` of the walks; benchmarks only):
     ``o, ht, A, qg, kg, gl, hc`` -- output, final state, and for the backward the in-chunk scores,
     the gated inputs ``q exp G``, ``k exp(G_l - G)`` (``[TT, H, K]``), the per-chunk log-decays
     (``[NCH, H, K]`` fp32) and the state entering each chunk (``[NCH, H, K, V]``; empty unless
@@ -154,16 +155,17 @@ def gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns, keep=True, cfg=None):
     hc = torch.empty(rows if keep else 0, H, K, V, dtype=_state_dtype(q.dtype), device=q.device)
     ch = seg if seg.ns == 1 else chunks(B, T, cu_seqlens, q.device)
     if ch.NSEG > 0:
+        BK = min((cfg or {}).get("A_bk", 32), block(K))  # 64 spills at K = 128 (sm_90a ptxas)
         gla_fwd_prep_kernel[(ch.NSEG, H)](
-            qf, kf, gf, A, qg, kg, gl, scale, **ch.kernel_args(), H=H, K=K, BT=BT, BC=BC, BK=min(32, block(K)),
-            DT=DT, PREC=PREC, **_launch(cfg, "A", 8, 1),
+            qf, kf, gf, A, qg, kg, gl, scale, **ch.kernel_args(), H=H, K=K, BT=BT, BC=BC, BK=BK, DT=DT, PREC=PREC,
+            **_launch(cfg, "A", 8, 1),
         )
     if seg.materialized:
         hs, ht = _segment_states(kg, vf, gl, seg, H=H, init=h0)
     else:
         hs, ht = empty_f32(q), torch.empty(seg.N, H, K, V, **f32)
     o = torch.empty(B * T, H, V, dtype=q.dtype, device=q.device)
-    BK, BV = _tiles(K, V)["v_walk"]
+    BK, BV = (cfg or {}).get("v_walk", _tiles(K, V)["v_walk"])
     if seg.NSEG > 0:
         gla_fwd_kernel[(triton.cdiv(V, BV) * seg.NSEG, H)](
             qg, kg, vf, gl, A, o, h0, hs, ht, hc, scale, **seg.kernel_args(), H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
@@ -208,7 +210,7 @@ def gla_bwd(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, need_
     dq, dk, dv, dg = torch.empty_like(qf), torch.empty_like(kf), torch.empty_like(vf), torch.empty_like(gf)
     tiles = _tiles(K, V)
     if seg.NSEG > 0:
-        BK, BV = tiles["v_walk"]
+        BK, BV = (cfg or {}).get("v_walk", tiles["v_walk"])
         gla_bwd_dv_kernel[(triton.cdiv(V, BV) * seg.NSEG, H)](
             qg, kg, gl, Af, dof, dv, dht, dh0, ds, dhs, scale, **seg.kernel_args(), H=H, K=K, V=V, BT=BT, BK=BK,
             BV=BV, HAS_DHT=dht is not None, MAT=seg.materialized, STORE_DH0=need_dh0 and not seg.materialized,
