@@ -68,9 +68,9 @@ for T in (8192, 2048, 32768):
     with open(path, "w") as f:
         json.dump({"results": rows}, f, indent=1)
 PY
-  for c in gla_profile gla_configs gla_segments; do
-    timeout "$(left 60)" python3 -m lintime bench ops --cases "linear_gla.$c" --out "$OUT/$c" 2>&1 \
-      | tee "$OUT/$c.log" || rc=1
+  for c in gla_profile:40 gla_configs:100 gla_segments:120; do
+    timeout "$(left "${c#*:}")" python3 -m lintime bench ops --cases "linear_gla.${c%:*}" --out "$OUT/${c%:*}" 2>&1 \
+      | tee "$OUT/${c%:*}.log" || rc=1
   done
   python3 - "$OUT" <<'PY' 2>&1 | tee "$OUT/gla_summary.txt"
 import json, pathlib, sys

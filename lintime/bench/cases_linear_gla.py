@@ -213,6 +213,8 @@ def case_segments(results, quick=False, ops=("linear", "gla")):
                     inputs = [q, k, v, g]
                 fwd, fb = fwd_fwdbwd_ms(f, inputs, rep=50)
                 fwd_g, fb_g = fwd_fwdbwd_graph_ms(f, inputs, rep=50)
+                print(f"segments_{op} T={T} ns={ns} (auto {auto}): fwd {fwd:.3f} fb {fb:.3f} ms, graph fwd {fwd_g} "
+                      f"fb {fb_g}", flush=True)
                 results.append(Result(f"segments_{op}", f"ns={ns}", T, B, dict(H=H, K=K, V=V), fwd_ms=fwd,
                                       fwdbwd_ms=fb, extra={"auto": auto, "fwd_graph_ms": fwd_g,
                                                            "fwdbwd_graph_ms": fb_g}))
@@ -281,6 +283,7 @@ def case_kernel_configs(results, quick=False, T=8192, ops=("linear", "gla")):
         bwd = median_ms(lambda: gla_bwd(q, k, v, g, *saved, do, None, None, K**-0.5, ns, False, cfg), rep=50)
         results.append(Result("configs_gla", name, T, B, dict(H=H, K=K, V=V, ns=ns), fwd_ms=fwd, fwdbwd_ms=fwd + bwd,
                               extra={"bwd_ms": bwd}))
+        print(f"configs_gla {name}: fwd {fwd:.3f} ms, bwd {bwd:.3f} ms", flush=True)  # kept if the step times out
 
 
 def case_profile(results, quick=False, T=8192, ops=("linear", "gla")):
