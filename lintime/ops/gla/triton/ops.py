@@ -60,7 +60,10 @@ def _tiles(K: int, V: int):
 
 def _launch(cfg, name, num_warps, num_stages):
     nw, st = (cfg or {}).get(name, (num_warps, num_stages))
-    return dict(num_warps=nw, num_stages=st)
+    out = dict(num_warps=nw, num_stages=st)
+    if (cfg or {}).get(f"{name}_maxnreg"):  # register cap (benchmarks: two 8-warp programs per SM at 128)
+        out["maxnreg"] = cfg[f"{name}_maxnreg"]
+    return out
 
 
 def _warps(bk: int, bv: int) -> int:
