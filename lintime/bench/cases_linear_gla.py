@@ -224,16 +224,20 @@ def case_segments(results, quick=False, ops=("linear", "gla")):
 # GLA launch variants timed by case_kernel_configs.  "dqkg32": K-blocks of 32 in the dq/dk/dg
 # kernel (620 B of spills in the sm_90a ptxas report, against none for the default 16, which reads
 # do and v twice as often); "prep_bk64": K-blocks of 64 in the prep (A) kernel (148 B of spills);
-# "walk_bv128": [128, 128] walk tiles (238 registers, no spills).  The 4-warp variants come last:
-# Triton 3.6 on Hopper was seen to fault with 4-warp GLA kernels (run 1), which would end the case.
+# "walk_bv128": [128, 128] walk tiles (238 registers, no spills); "*_r128": registers capped at 128
+# so that two 8-warp programs fit an SM (dq/dk/dg: 484 B of spills instead of 231 registers).  The
+# 4-warp variants come last: Triton 3.6 on Hopper was seen to fault with 4-warp GLA kernels (run 1),
+# which would end the case.
 GLA_CONFIGS = (
     ("default", None),
-    ("s2", {"fwd": (8, 2), "dv": (8, 2)}),
-    ("walk_bv128", {"v_walk": (128, 128)}),
     ("dqkg32", {"dqkg_tile": (32, 64)}),
+    ("dqkg_r128", {"dqkg_maxnreg": 128}),
+    ("prep_r128", {"A_maxnreg": 128}),
+    ("walk_bv128", {"v_walk": (128, 128)}),
+    ("prep_bk64", {"A_bk": 64}),
+    ("s2", {"fwd": (8, 2), "dv": (8, 2)}),
     ("dqkg_s1", {"dqkg": (8, 1)}),
     ("dqkg_s3", {"dqkg": (8, 3)}),
-    ("prep_bk64", {"A_bk": 64}),
     ("prep_w4", {"A": (4, 1)}),
     ("dqkg_w4", {"dqkg": (4, 2)}),
 )
