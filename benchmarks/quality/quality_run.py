@@ -186,7 +186,7 @@ def run_all(args) -> int:
         if unknown:
             raise SystemExit(f"--only: unknown run id(s) {sorted(unknown)}; ids: {[r.id for r in runs]}")
         runs = [r for r in runs if r.id in wanted]
-    slots = gpus or [None]
+    slots = gpus or [None] * max(args.cpu_slots, 1)
     env_record = environment() | {"mode": mode, "tokens_per_run": args.tokens, "deadline_s": args.deadline_s,
                                   "slots": [s if s is not None else "cpu" for s in slots]}
     (out / "study.json").write_text(json.dumps({"environment": env_record, "plan": [_run_dict(r) for r in runs]},
@@ -194,7 +194,7 @@ def run_all(args) -> int:
     print(describe(runs, len(slots)), flush=True)
 
     work = Path(args.work)
-    if not gpus:
+    if not gpus and not args.cpu_slots:
         return _run_in_process(args, out, work, runs, mode, deadline, t_start)
     pending = list(runs)
     running: dict[int, tuple[subprocess.Popen, Run, float]] = {}
@@ -327,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--deadline-s", type=float, default=540.0, help="stop everything this long after the start")
     a.add_argument("--run-cap-s", type=float, default=None, help="training-time cap per run (trainer --time)")
     a.add_argument("--only", default=None, help="comma-separated run ids")
+    a.add_argument("--cpu-slots", type=int, default=0,
+                   help="without GPUs: run this many child processes at a time (default: in this process)")
     o = sub.add_parser("one", help="(used by 'all') train and evaluate one run")
     o.add_argument("--run", required=True)
     o.add_argument("--mode", default="full")
