@@ -219,11 +219,13 @@ def gla_bwd(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, need_
             BV=BV, HAS_DHT=dht is not None, MAT=seg.materialized, STORE_DH0=need_dh0 and not seg.materialized,
             DT=DT, SDT=SDT, PREC=PREC, **_launch(cfg, "dv", _warps(BK, BV), 1),
         )
-        ch = seg if seg.ns == 1 else chunks(B, T, cu_seqlens, q.device)
+    ch = seg if seg.ns == 1 else chunks(B, T, cu_seqlens, q.device)
+    if ch.NSEG > 0:
         BK, BV = (cfg or {}).get("dqkg_tile", tiles["dqkg"])
+        # 8 warps for the [64, 64] do / v tiles (231 registers, no spills at K-blocks of 16)
         gla_bwd_dqkg_kernel[(triton.cdiv(K, BK) * ch.NSEG, H)](
             qf, kf, vf, gf, dof, hc, dhs, dq, dk, dg, scale, **ch.kernel_args(), H=H, K=K, V=V, BT=BT, BC=BC,
-            BK=BK, BV=BV, DT=DT, SDT=SDT, PREC=PREC, **_launch(cfg, "dqkg", _warps(BT, BK), 2),
+            BK=BK, BV=BV, DT=DT, SDT=SDT, PREC=PREC, **_launch(cfg, "dqkg", _warps(BT, max(BK, BV)), 2),
         )
     if not need_dh0:
         dh0 = empty_f32(q)
