@@ -274,12 +274,24 @@ def _optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> di
     """``{parameter name: {state name: tensor}}`` of an AdamW-like optimizer (every state entry a
     tensor; FSDP2 moments are ``DTensor`` shards, which DCP saves and re-shards by name).  The
     optimizer's state is created (zeros) where a parameter has none yet, so that a fresh
-    optimizer offers DCP the tensors to load into."""
+    optimizer offers DCP the tensors to load into.
+
+    FSDP2 modules are resharded first: a module left unsharded (the root after a forward without
+    a backward, e.g. a validation pass) reports its full, unsharded tensors as parameters, which
+    are not the sharded ones the optimizer holds -- their state would be missed (saved and loaded
+    as zeros).  Every parameter must be one of the optimizer's, and every optimizer parameter
+    must be named, or this raises ``RuntimeError``."""
+    from lintime.training.parallel import reshard
+
+    reshard(model)
+    owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
     out = {}
     seen = set()
     for name, p in model.named_parameters():
         if id(p) in seen or not p.requires_grad:
             continue
+        if id(p) not in owned:
+            raise RuntimeError(f"parameter {name} is not a tensor the optimizer holds (an unsharded FSDP module?)")
         seen.add(id(p))
         st = optimizer.state[p]
         if not st:
@@ -287,6 +299,8 @@ def _optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> di
             st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         out[name] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
+    if len(seen) != len(owned):
+        raise RuntimeError(f"{len(owned) - len(seen)} optimizer parameters are not parameters of the model")
     return out
 
 

@@ -136,8 +136,12 @@ def shutdown(failed: bool) -> None:
     if not dist.is_initialized():
         return
     if failed:
+        from torch.distributed import distributed_c10d as c10d
+
+        abort = getattr(dist, "abort_process_group", None) or getattr(c10d, "_abort_process_group", None)
         with contextlib.suppress(Exception):
-            dist.abort_process_group() if hasattr(dist, "abort_process_group") else None
+            if abort is not None:
+                abort()
         return
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
@@ -183,6 +187,20 @@ def wrap_model(model: nn.Module, env: DistEnv, parallel: str, autocast: torch.dt
     fully_shard(model, ignored_params=scalars, **kw)
     model._lintime_replicated = sorted(scalars, key=id)
     return model
+
+
+def reshard(model: nn.Module) -> None:
+    """Put every FSDP2 module of ``model`` back in its sharded state (a no-op without FSDP).
+    The root module stays unsharded after a forward that no backward follows (validation), and
+    an unsharded module's ``parameters()`` are its full tensors, not the ``DTensor`` shards the
+    optimizer steps; resharding also frees that full copy."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
 
 
 def finish_grads(model: nn.Module, env: DistEnv, parallel: str) -> None:

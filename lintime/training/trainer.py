@@ -526,9 +526,12 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
         return ckpt.save_checkpoint(run_dir, step, model, trainer_state, keep=cfg.keep)
 
     def run_eval() -> dict:
-        return evaluate(eval_model, val_ds, context_len=cfg.context_len, rows=cfg.rows_per_micro_batch,
-                        max_tokens=cfg.eval_tokens, objective=cfg.objective, seed=cfg.seed,
-                        mlm_prob=cfg.mlm_prob, autocast=amp, tokenizer=tokenizer)
+        out = evaluate(eval_model, val_ds, context_len=cfg.context_len, rows=cfg.rows_per_micro_batch,
+                       max_tokens=cfg.eval_tokens, objective=cfg.objective, seed=cfg.seed,
+                       mlm_prob=cfg.mlm_prob, autocast=amp, tokenizer=tokenizer)
+        if env.distributed and cfg.parallel == "fsdp":
+            par.reshard(model)  # a forward without backward leaves the root unsharded (a full copy)
+        return out
 
     def done() -> bool:
         if horizon is not None and step >= horizon:
