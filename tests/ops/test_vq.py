@@ -545,3 +545,72 @@ def test_bad_inputs_fail_clearly():
     with pytest.raises(ValueError, match="initial_state.cache_mean"):  # 3 packed sequences, state of 2
         vq_attention(q[:1], k[:1], z[:1], v[:1], cb, block_len=L, cu_seqlens=torch.tensor([0, 2, 5, 8]),
                      initial_state=ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# the chunked form's machinery: closed-form reduction, many tiny packed sequences, host transfers
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_serial_closed_form_equals_the_step_by_step_scan(dtype):
+    """The serial reduction (segmented prefix sums) gives the running (count, mean) of seed Code 2's
+    loop, block by block, with segments of 1 block, empty codes and rows of different segments."""
+    from lintime.ops.vq.chunk import REDUCTIONS as IMPLS, _reduce_scan
+
+    g = torch.Generator().manual_seed(3)
+    R, NE, H, S, V = 3, 37, 2, 5, 4
+    first = torch.rand(R, NE, generator=g) < 0.25
+    first[:, 0] = True
+    first[1, :6] = True  # one-block segments
+    cnt = torch.randint(0, 3, (R, NE, H, S), generator=g).to(dtype)
+    sumv = torch.randn(R, NE, H, S, V, generator=g, dtype=torch.float64).to(dtype) * cnt[..., None]
+    ref_c, ref_m = _reduce_scan(first, cnt, sumv)
+    for red in REDUCTIONS:
+        c, m = IMPLS[red](first, cnt, sumv)
+        assert torch.equal(c, ref_c), red  # integer counts: exact
+        assert_exact(f"closed form [{red}] mean", ref_m, m)
+    assert (ref_c == 0).any() and first[:, 1:].any()
+
+
+@pytest.mark.parametrize("red", REDUCTIONS)
+def test_many_tiny_packed_sequences_from_states(red):
+    """41 packed sequences of lengths 0..5 (many 0 and 1), each continuing a state at a position
+    inside a block, at a block end or at 0: output, final states and every gradient equal the
+    naive form's."""
+    H, K, V, S, L = 1, 4, 3, 5, 4
+    g = torch.Generator().manual_seed(12)
+    lens = torch.randint(0, 6, (41,), generator=g)
+    lens[:6] = torch.tensor([0, 1, 0, 0, 1, 5])
+    pos = torch.randint(0, 3 * L, (41,), generator=g)
+    pos[:6] = torch.tensor([0, 0, L, 2 * L - 1, 1, L + 3])
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
+    inp = _inputs(1, int(cu[-1]), H, K, V, S, L, torch.float64, seed=13)
+    sd = _state(pos.tolist(), H, K, V, S, L, torch.float64, seed=14)
+    _assert_same(f"tiny packed [{red}]", _run("naive", inp, L, sd=sd, cu=cu),
+                 _run("chunk", inp, L, reduction=red, sd=sd, cu=cu))
+
+
+def test_one_device_to_host_transfer_per_call(monkeypatch):
+    """The op reads values from the device once per call (codes range, cu_seqlens, state
+    positions together); the chunked form itself, given those values, or with neither packing
+    nor a state, reads none."""
+    from lintime.ops.vq.chunk import chunk_vq_attention
+
+    reads = []
+    for name in ("tolist", "item", "cpu", "numpy", "__int__", "__bool__", "__float__", "__index__"):
+        orig = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=orig, _n=name, **k: reads.append(_n) or _o(self, *a, **k))
+    H, K, V, S, L = 1, 4, 3, 5, 4
+    inp = _inputs(1, 30, H, K, V, S, L, torch.float32, seed=15)
+    k_hat = _gather(inp["codebook"], inp["codes"])
+    args = (inp["q"], k_hat, inp["codes"], inp["v"], inp["codebook"])
+    cu = torch.tensor([0, 7, 7, 8, 30])
+    state = VQState.initial(4, H, S, K, V, L)
+    for kw in ({}, {"cu_seqlens": cu}, {"cu_seqlens": cu, "initial_state": state, "output_final_state": True}):
+        reads.clear()
+        vq_attention(*args, block_len=L, bias=inp["bias"], backend="chunk", **kw)
+        assert reads == ["tolist"], (kw, reads)
+    reads.clear()
+    chunk_vq_attention(*args, block_len=L, bias=inp["bias"], output_final_state=True)
+    chunk_vq_attention(*args, block_len=L, cu_seqlens=cu, initial_state=state, host_values=(cu.tolist(), [0] * 4))
+    assert reads == ["tolist"], reads  # the test's own cu.tolist()

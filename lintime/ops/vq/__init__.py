@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from lintime.ops.dispatch import select
-from lintime.ops.utils import check_cu_seqlens, check_same_btH, check_tensor, num_seqs
+from lintime.ops.utils import check_same_btH, check_tensor, num_seqs
 from lintime.ops.vq.chunk import REDUCTIONS, chunk_vq_attention
 from lintime.ops.vq.naive import naive_vq_attention
 from lintime.ops.vq.recurrent import recurrent_vq_attention
@@ -102,10 +102,13 @@ def vq_attention(
             raise TypeError(f"{op}: bias has dtype {bias.dtype}, q has {q.dtype}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"{op}: reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}")
-    if cu_seqlens is not None:
-        # the shared shape / dtype / batch checks on a host stand-in (no transfer); the values are
-        # checked below with the rest, in one transfer
-        check_cu_seqlens(op, torch.zeros(cu_seqlens.shape, dtype=cu_seqlens.dtype), B, 0)
+    if cu_seqlens is not None:  # check_cu_seqlens's shape / dtype checks; the values come below
+        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+            raise ValueError(f"{op}: cu_seqlens must be a 1-D tensor [N+1], got shape {tuple(cu_seqlens.shape)}")
+        if cu_seqlens.dtype.is_floating_point:
+            raise TypeError(f"{op}: cu_seqlens must be an integer tensor, got {cu_seqlens.dtype}")
+        if B != 1:
+            raise ValueError(f"{op}: with cu_seqlens the batch size must be 1 (packed), got B={B}")
     if initial_state is not None:
         _check_state(op, initial_state, num_seqs(B, cu_seqlens), H, S, K, V, L, q.device)
     host = _read_values(op, codes, S, cu_seqlens, B, T, initial_state)

@@ -41,7 +41,9 @@ class _BlockLayout:
     a key; ``first`` ``[R, NE]`` the block is a sequence's pseudo-block; ``pseudo`` ``[N]`` flat
     index of that block; ``fin_cache`` ``[N]`` flat block whose inclusive cache is the final cache;
     ``fin_win`` ``[N, 2]`` flat blocks of the final window (``R * NE`` = an empty block); ``pos1``
-    ``[N]`` final positions.  Every tensor is on the call's device.
+    ``[N]`` final positions.  Query blocks (every block but the pseudo and previous blocks; the
+    only ones that hold queries): ``qblk`` ``[NQ]`` their flat block index, ``dest_q`` ``[B * T]``
+    flat slot of each token in ``[NQ * L]``.  Every tensor is on the call's device.
     """
 
     R: int
@@ -55,6 +57,14 @@ class _BlockLayout:
     fin_cache: torch.Tensor
     fin_win: torch.Tensor
     pos1: torch.Tensor
+    NQ: int
+    qblk: torch.Tensor
+    dest_q: torch.Tensor
+
+    def qplace(self, tok: torch.Tensor) -> torch.Tensor:
+        """``tok`` ``[B * T, *rest]`` -> ``[NQ, L, *rest]`` over the query blocks, zero in empty slots."""
+        rest = tok.shape[1:]
+        return tok.new_zeros((self.NQ * self.L, *rest)).index_copy(0, self.dest_q, tok).view(self.NQ, self.L, *rest)
 
     def place(self, tok: torch.Tensor, buf: torch.Tensor | None = None) -> torch.Tensor:
         """``tok`` ``[B * T, *rest]`` (and ``buf`` ``[N * 2L, *rest]``) -> ``[R, NE, L, *rest]``,
@@ -80,18 +90,14 @@ def read_host(cu_seqlens: torch.Tensor | None, pos: torch.Tensor | None):
 
 
 def num_blocks(B: int, T: int, L: int, cu_host: list[int] | None, pos_host: list[int] | None) -> int:
-    """``NE``, blocks per row of the layout, from host values (no device work): every sequence
+    """``NE``, blocks per row of the layout, from host integers (no device work): every sequence
     takes ``ceil((pos % L + len) / L) + 2`` blocks; packed sequences share row 0."""
-    if cu_host is None and pos_host is None:
-        return -(-T // L) + 2
-    N = B if cu_host is None else len(cu_host) - 1
-    cu = torch.tensor(cu_host, dtype=torch.long) if cu_host is not None else None
-    ln = torch.full((N,), T, dtype=torch.long) if cu is None else cu[1:] - cu[:-1]
-    o = torch.zeros(N, dtype=torch.long) if pos_host is None else torch.tensor(pos_host, dtype=torch.long) % L
-    nblk = (o + ln + L - 1) // L + 2
-    if N == 0:
+    lens = [T] * B if cu_host is None else [b - a for a, b in zip(cu_host, cu_host[1:])]
+    offs = [0] * len(lens) if pos_host is None else [p % L for p in pos_host]
+    nblk = [-(-(o + n) // L) + 2 for o, n in zip(offs, lens)]
+    if not nblk:
         return 1
-    return int(nblk.max()) if cu is None else int(nblk.sum())
+    return max(nblk) if cu_host is None else sum(nblk)
 
 
 def _layout(B, T, L, cu_seqlens, pos0: torch.Tensor | None, device, NE: int) -> _BlockLayout:
@@ -138,7 +144,14 @@ def _layout(B, T, L, cu_seqlens, pos0: torch.Tensor | None, device, NE: int) -> 
     fin_cache = blk0 + q1
     fin_win = torch.stack([blk0 + q1 + 1, torch.where(q1 + 2 < nblk, blk0 + q1 + 2, R * NE)], 1)
     pos1 = ln if pos0 is None else pos0 + ln
-    return _BlockLayout(R, NE, L, dest_tok, dest_buf, kvalid, first, blk0, fin_cache, fin_win, pos1)
+    # query blocks: sequence n's blocks after its pseudo and previous blocks (row padding included)
+    NQ = R * NE - 2 * N
+    qcount = nblk - 2 if cu_seqlens is not None else torch.full((N,), NE - 2, **lng)
+    i = torch.arange(NQ, **lng)
+    qblk = i + 2 * (torch.searchsorted(qcount.cumsum(0), i, right=True) + 1)
+    dest_q = dest_tok - 2 * L * (n + 1)
+    return _BlockLayout(R, NE, L, dest_tok, dest_buf, kvalid, first, blk0, fin_cache, fin_win, pos1,
+                        NQ, qblk, dest_q)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -241,24 +254,25 @@ def chunk_vq_attention(
     flat = lambda x: x.reshape(B * T, *x.shape[2:])
     bufs = lambda x: None if st is None else x.reshape(N * 2 * L, *x.shape[2:])
 
-    qc = lay.place(flat(q).to(dt))  # [R, NE, L, H, K]
-    kc = lay.place(flat(k_hat).to(dt), bufs(st.k_hat.to(dt)) if st is not None else None)
+    kc = lay.place(flat(k_hat).to(dt), bufs(st.k_hat.to(dt)) if st is not None else None)  # [R, NE, L, H, K]
     vc = lay.place(flat(v).to(dt), bufs(st.v.to(dt)) if st is not None else None)  # [R, NE, L, H, V]
     zc = lay.place(flat(codes).long(), bufs(st.codes.long()) if st is not None else None)  # [R, NE, L, H]
-    shift = lambda x: torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], 1)
+    qc = lay.qplace(flat(q).to(dt))  # [NQ, L, H, K], only the blocks that hold queries
+    prev, cur, back2 = lay.qblk - 1, lay.qblk, lay.qblk - 2
+    blocks = lambda x, idx: x.reshape(R * NE, *x.shape[2:]).index_select(0, idx)  # [NQ, ...]
 
     # window: previous + current block (seed Eq. 29-30, Code 1 scores_prev / scores_present)
-    kw = torch.cat([shift(kc), kc], 2)  # [R, NE, 2L, H, K]
-    vw = torch.cat([shift(vc), vc], 2)  # [R, NE, 2L, H, V]
-    okw = torch.cat([shift(lay.kvalid), lay.kvalid], 2)  # [R, NE, 2L]
-    s_win = torch.einsum("rnihk,rnjhk->rnhij", qc, kw)  # [R, NE, H, L, 2L]
+    kw = torch.cat([blocks(kc, prev), blocks(kc, cur)], 1)  # [NQ, 2L, H, K]
+    vw = torch.cat([blocks(vc, prev), blocks(vc, cur)], 1)  # [NQ, 2L, H, V]
+    okw = torch.cat([blocks(lay.kvalid, prev), blocks(lay.kvalid, cur)], 1)  # [NQ, 2L]
+    s_win = torch.einsum("nihk,njhk->nhij", qc, kw)  # [NQ, H, L, 2L]
     if bias is not None:
-        s_win = s_win + lay.place(flat(bias).to(dt)).permute(0, 1, 3, 2, 4)
+        s_win = s_win + lay.qplace(flat(bias).to(dt)).permute(0, 2, 1, 3)
     causal = torch.ones(L, 2 * L, dtype=torch.bool, device=dev).tril(L)  # key slot j <= L + i
-    visible = causal & okw[:, :, None, None, :]  # [R, NE, 1, L, 2L]
+    visible = causal & okw[:, None, None, :]  # [NQ, 1, L, 2L]
     s_win = s_win.masked_fill(~visible, float("-inf"))
 
-    # cache: per-block summaries, initial cache in each pseudo-block, reduction, shift by two
+    # cache: per-block summaries, initial cache in each pseudo-block, reduction, blocks <= e - 2
     cnt, sumv = block_sums(zc, vc, lay.kvalid, S)  # [R, NE, H, S], [R, NE, H, S, V]
     if st is not None:
         c0 = st.cache_count.to(dt)
@@ -266,21 +280,21 @@ def chunk_vq_attention(
         sumv = sumv.view(R * NE, H, S, V).index_copy(0, lay.pseudo, c0[..., None] * st.cache_mean.to(dt))
         sumv = sumv.view(R, NE, H, S, V)
     cum_c, cum_m = REDUCTIONS[reduction](lay.first, cnt, sumv)  # inclusive, per sequence
-    cache_c = shift(shift(cum_c))  # blocks <= e - 2 (seed Code 2: pad 2, drop last 2)
-    cache_m = shift(shift(cum_m))
-    s_cache = torch.einsum("rnihk,hsk->rnhis", qc, codebook.to(dt))  # [R, NE, H, L, S]
-    s_cache = s_cache + log_count(cache_c)[:, :, :, None, :]
+    cache_c = blocks(cum_c, back2)  # [NQ, H, S] (seed Code 2: pad 2, drop last 2)
+    cache_m = blocks(cum_m, back2)  # [NQ, H, S, V]
+    s_cache = torch.einsum("nihk,hsk->nhis", qc, codebook.to(dt))  # [NQ, H, L, S]
+    s_cache = s_cache + log_count(cache_c)[:, :, None, :]
 
     # joint log-sum-exp over window and cache (seed Code 1)
-    mx = torch.maximum(s_win.amax(-1), s_cache.amax(-1)).detach()  # [R, NE, H, L]
+    mx = torch.maximum(s_win.amax(-1), s_cache.amax(-1)).detach()  # [NQ, H, L]
     mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))  # rows with no key (padding)
     p_win = torch.exp(s_win - mx[..., None])
     p_cache = torch.exp(s_cache - mx[..., None])
-    den = p_win.sum(-1) + p_cache.sum(-1)  # [R, NE, H, L]
-    num = torch.einsum("rnhij,rnjhv->rnihv", p_win, vw)
-    num = num + torch.einsum("rnhis,rnhsv->rnihv", p_cache, cache_m)
-    o = num / _nonzero(den).permute(0, 1, 3, 2)[..., None]  # [R, NE, L, H, V]
-    o = o.reshape(R * NE * L, H, V).index_select(0, lay.dest_tok).view(B, T, H, V).to(q.dtype)
+    den = p_win.sum(-1) + p_cache.sum(-1)  # [NQ, H, L]
+    num = torch.einsum("nhij,njhv->nihv", p_win, vw)
+    num = num + torch.einsum("nhis,nhsv->nihv", p_cache, cache_m)
+    o = num / _nonzero(den).transpose(1, 2)[..., None]  # [NQ, L, H, V]
+    o = o.reshape(lay.NQ * L, H, V).index_select(0, lay.dest_q).view(B, T, H, V).to(q.dtype)
 
     final = None
     if output_final_state:
