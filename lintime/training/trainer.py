@@ -356,6 +356,9 @@ def train(
     cfg = config.resolved()
     if cfg.context_parallel > 1 and cfg.objective != "clm":
         raise ValueError("--context-parallel needs --objective clm (a masked LM sees its whole row at once)")
+    # a process group the caller started (several runs in one set of processes) is the caller's
+    # to end; one started here ends here, aborted after an error so no other rank waits on it
+    owned = not par.dist.is_initialized()
     env = par.init_distributed(cfg.device, cfg.parallel, cfg.context_parallel)
     failed = True
     try:
@@ -364,7 +367,7 @@ def train(
         failed = False
         return result
     finally:
-        if env.distributed:
+        if env.distributed and owned:
             par.shutdown(failed)
 
 

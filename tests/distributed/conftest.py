@@ -1,4 +1,4 @@
-"""A small code corpus, prepared once, and the base settings of the distributed training tests."""
+"""A small code corpus, prepared once, for the distributed training tests."""
 
 from __future__ import annotations
 
@@ -25,10 +25,3 @@ def dist_corpus(tmp_path_factory) -> tuple[str, str]:
     prepare(root, "byte", cache, splits=("train", "validation"), quiet=True)
     return str(root), str(cache)
 
-
-@pytest.fixture
-def base_config(dist_corpus) -> dict:
-    corpus, cache = dist_corpus
-    return dict(preset="flash-tiny", corpus=corpus, cache_dir=cache, context_len=64, tokens_per_batch=512,
-                micro_batch_tokens=256, steps=4, log_every=1, eval_every=0, eval_tokens=128, save_every=0, keep=0,
-                plots=False, sample_tokens=0, device="cpu", lr=3e-3)

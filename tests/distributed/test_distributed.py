@@ -1,17 +1,27 @@
 """Distributed training on the CPU: 2 gloo processes (tests/distributed/launch.py, hard timeouts).
 
+Every 2-process scenario runs in ONE launch (``workers.scenarios``: the same two processes run
+them in turn; a process start-up costs seconds on a loaded CI machine), and the single-process
+references and resumes run in the test process; the ``two_ranks`` fixture does it all once and
+the tests below check its pieces:
+
 * context parallelism: logits and every parameter gradient of 2 ranks (each holding half of every
   row, documents crossing the split) equal the single-process model's, fp64, for the mixed chunk
   (FLASH), GLA, linear and VQ families;
 * DDP, FSDP2 and context-parallel training: per-step losses of ``lintime.training.train`` on 2
   processes equal a single process at the same global batch (fp32, with gradient accumulation);
-* resume on another number of processes: a 2-process FSDP run stopped after 2 steps (distributed
-  checkpoint) and continued on 1 process gives the uninterrupted single-process losses, and its
-  checkpoint loads through ``load_model``.
+* resume, every way between world sizes 1 and 2: checkpoints taken at step 2 of 4 (after a
+  validation pass, which leaves the FSDP root unsharded: the case that once lost the optimizer
+  state of the root's parameters) continued 1 -> 2 (FSDP and DDP, a single-process checkpoint
+  under torchrun), 2 -> 2 (DDP), 2 -> 1 (FSDP and DDP): all four per-step losses equal the
+  uninterrupted single-process run's, and a distributed checkpoint loads through ``load_model``;
+* clean shutdown: a rank that raises in step 2 ends both processes with a non-zero exit status
+  well within the collective timeout.
 
-Tolerances: fp64 op checks use ``lintime.testing.assert_exact`` (the fp64 tolerance for two exact forms); the fp32 training losses agree to
-1e-5 relative -- the only differences are summation orders (gradient reduction over ranks, the
-chunked ops' partial sums), ~1e-7 per step, and 4 steps of AdamW amplify them little.
+Tolerances: fp64 op checks use ``lintime.testing.assert_exact`` (the fp64 tolerance for two exact
+forms); the fp32 training losses agree to 1e-5 relative -- the only differences are summation
+orders (gradient reduction over ranks, the chunked ops' partial sums), ~1e-7 per step, and 4 steps
+of AdamW amplify them little (a lost optimizer state or a wrong batch moves a loss by >= 1e-4).
 """
 
 from __future__ import annotations
@@ -19,11 +29,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 
 import pytest
 import torch
-from launch import run_ranks
-from workers import context_parallel_step, single_step, tiny_model, train_run
+from launch import run_ranks, run_ranks_outcome
+from workers import fail_at, scenarios, single_step, tiny_model
 
 from lintime.models import CausalLM, get_preset
 from lintime.testing import assert_exact
@@ -31,19 +42,84 @@ from lintime.training import TrainConfig, load_model, train
 from lintime.training.parallel import ContextParallel, DistEnv
 
 LOSS_RTOL = 1e-5
+STEPS = 4
 CP_PRESETS = (("flash-tiny", 8), ("gla-tiny", 8), ("linear-tiny", 8), ("vq-tiny", 8))
 ROWS, T = 2, 64
+STEP2 = "checkpoints/step_00000002"
+# (name, parallel, context parallel, resumed from the run folder's step 2 | None); context
+# parallel: each rank's half row must be whole chunks (flash-tiny: C = 64), so T = 128
+TWO_RANK_RUNS = (
+    ("ddp", "ddp", 1, None),
+    ("fsdp", "fsdp", 1, None),
+    ("cp", "none", 2, None),
+    ("single-to-fsdp2", "fsdp", 1, "single"),
+    ("single-to-ddp2", "ddp", 1, "single"),
+    ("ddp-to-ddp2", "ddp", 1, "ddp"),
+)
+ONE_RANK_RESUMES = (("fsdp-to-1", "fsdp"), ("ddp-to-1", "ddp"))
 
 
-def _cp_all(cases) -> list:
-    return [context_parallel_step(p, c, ROWS, T) for p, c in cases]
+def _run_losses(run_dir) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if r.get("loss") is not None]
 
 
-def test_context_parallel_equals_single_process():
-    outs = run_ranks(_cp_all, 2, CP_PRESETS, timeout=240)
-    for i, (preset, chunk) in enumerate(CP_PRESETS):
+def _config(base: dict, cp: int = 1, **kw) -> dict:
+    return dict(base, context_len=64 * cp, **kw)
+
+
+@pytest.fixture(scope="module")
+def base(dist_corpus) -> dict:
+    corpus, cache = dist_corpus
+    # a checkpoint and a validation pass at step 2 of 4
+    return dict(preset="flash-tiny", corpus=corpus, cache_dir=cache, context_len=64, tokens_per_batch=512,
+                micro_batch_tokens=256, steps=STEPS, log_every=1, eval_every=2, eval_tokens=128, save_every=2,
+                keep=0, plots=False, sample_tokens=0, device="cpu", lr=3e-3)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(base, tmp_path_factory) -> dict:
+    """Single-process references, then every 2-process scenario in one launch, then the
+    2 -> 1 resumes.  ``{"out", "single": {cp: losses}, "cp_ops": [...], "runs": {name: result},
+    "resumed": {name: (TrainResult, losses)}}``."""
+    out = tmp_path_factory.mktemp("dist_runs")
+    single = {}
+    for cp in (1, 2):
+        res = train(TrainConfig(**_config(base, cp)), out=str(out), name=f"single-cp{cp}", progress=False, echo=None)
+        single[cp] = _run_losses(res.run_dir)
+    jobs = [("cp_op", (p, c, ROWS, T)) for p, c in CP_PRESETS]
+    for name, parallel, cp, origin in TWO_RANK_RUNS:
+        resume = None
+        if origin is not None:
+            src = out / ("single-cp1" if origin == "single" else origin)
+            if origin == "single":
+                shutil.copytree(src, out / name)
+            else:  # made in this launch: copied there
+                jobs.append(("copy", (str(src), str(out / name))))
+            resume = str(out / name / STEP2)
+        jobs.append(("train", (_config(base, cp, parallel=parallel, context_parallel=cp), str(out), name, resume)))
+    outs = run_ranks(scenarios, 2, jobs, timeout=300)
+    results = outs[0]  # rank 0 (its metrics hold the losses); the op checks need both ranks
+    cp_ops = [(outs[0][i], outs[1][i]) for i in range(len(CP_PRESETS))]
+    runs = {args[2]: r for (kind, args), r in zip(jobs, results) if kind == "train"}
+    resumed = {}
+    for name, origin in ONE_RANK_RESUMES:
+        shutil.copytree(out / origin, out / name)
+        res = train(TrainConfig(**_config(base, parallel="none")), out=str(out), resume=out / name / STEP2,
+                    progress=False, echo=None)
+        resumed[name] = (res, _run_losses(out / name))
+    return {"out": out, "single": single, "cp_ops": cp_ops, "runs": runs, "resumed": resumed}
+
+
+def _assert_losses(label: str, ref: list[float], got: list[float]) -> None:
+    assert len(got) == len(ref) == STEPS, (label, got)
+    for step, (a, b) in enumerate(zip(ref, got), 1):
+        assert math.isclose(a, b, rel_tol=LOSS_RTOL), f"{label} step {step}: {b} vs single process {a}"
+
+
+def test_context_parallel_equals_single_process(two_ranks):
+    for (preset, chunk), (r0, r1) in zip(CP_PRESETS, two_ranks["cp_ops"]):
         ref = single_step(preset, chunk, ROWS, T)
-        r0, r1 = outs[0][i], outs[1][i]
         logits = torch.cat([r0["logits"].view(ROWS, T // 2, -1), r1["logits"].view(ROWS, T // 2, -1)], 1)
         assert_exact(f"{preset} logits", ref["logits"].view(ROWS, T, -1), logits)
         assert math.isclose(r0["loss"] + r1["loss"], ref["loss"], rel_tol=1e-12)
@@ -52,51 +128,53 @@ def test_context_parallel_equals_single_process():
             assert_exact(f"{preset} grad {name}", g, r0["grads"][name])
 
 
-def _losses(result) -> list[float]:
-    return [loss for _, loss in result["losses"]]
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "cp"])
+def test_two_process_losses_equal_single_process(two_ranks, name):
+    cp = dict((n, c) for n, _, c, _ in TWO_RANK_RUNS)[name]
+    run = two_ranks["runs"][name]
+    assert run["step"] == STEPS
+    _assert_losses(name, two_ranks["single"][cp], [loss for _, loss in run["losses"]])
 
 
-def _run_losses(run_dir) -> list[float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if r.get("loss") is not None]
+@pytest.mark.parametrize("name", ["single-to-fsdp2", "single-to-ddp2", "ddp-to-ddp2"])
+def test_resume_on_two_processes(two_ranks, name):
+    run = two_ranks["runs"][name]
+    ref = two_ranks["single"][1]
+    assert run["step"] == STEPS
+    # the first step this call took is step 3 (it resumed, not restarted)
+    assert math.isclose(run["first_loss"], ref[2], rel_tol=LOSS_RTOL), (run["first_loss"], ref)
+    _assert_losses(name, ref, [loss for _, loss in run["losses"]])
 
 
-def test_ddp_fsdp_and_context_parallel_losses_equal_single_process(base_config, tmp_path):
-    refs: dict[int, list[float]] = {}
-    for parallel, cp in (("ddp", 1), ("fsdp", 1), ("none", 2)):
-        # context parallel: each rank's half row must be whole chunks (flash-tiny: C = 64)
-        cfg = dict(base_config, context_len=64 * cp)
-        if cp not in refs:
-            ref = train(TrainConfig(**cfg), out=str(tmp_path), name=f"single-{cp}", progress=False, echo=None)
-            refs[cp] = _run_losses(ref.run_dir)
-        single = refs[cp]
-        assert len(single) == base_config["steps"]
-        cfg = dict(cfg, parallel=parallel, context_parallel=cp)
-        res = run_ranks(train_run, 2, cfg, str(tmp_path), f"{parallel}-cp{cp}", timeout=240)
-        got = _losses(res[0])
-        assert len(got) == len(single), (parallel, cp)
-        for step, (a, b) in enumerate(zip(single, got), 1):
-            assert math.isclose(a, b, rel_tol=LOSS_RTOL), f"{parallel} cp={cp} step {step}: {b} vs single {a}"
+@pytest.mark.parametrize("name", [n for n, _ in ONE_RANK_RESUMES])
+def test_resume_on_one_process(two_ranks, name):
+    res, losses = two_ranks["resumed"][name]
+    ref = two_ranks["single"][1]
+    assert res.step == STEPS and math.isclose(res.first_loss, ref[2], rel_tol=LOSS_RTOL)
+    _assert_losses(name, ref, losses)
 
 
-def test_resume_on_another_world_size(base_config, tmp_path):
-    full = train(TrainConfig(**base_config), out=str(tmp_path), name="full", progress=False, echo=None)
-    single = _run_losses(full.run_dir)
-    cfg = dict(base_config, parallel="fsdp")
-    first = run_ranks(train_run, 2, cfg, str(tmp_path), "split", None, 2, timeout=240)
-    assert first[0]["step"] == 2
-    ckpt_dir = tmp_path / "split" / "checkpoints" / "step_00000002"
+def test_distributed_checkpoint_loads_with_load_model(two_ranks):
+    ckpt_dir = two_ranks["out"] / "fsdp" / STEP2
     assert (ckpt_dir / "optimizer").is_dir() and (ckpt_dir / "model.safetensors").is_file()
     loaded = load_model(ckpt_dir)  # the HF exporter / eval / generate path
     assert loaded.step == 2
-    # continue on one process (no torchrun): DCP re-shards the optimizer state
-    rest = train(TrainConfig(**dict(base_config, parallel="none")), out=str(tmp_path), resume=tmp_path / "split",
-                 progress=False, echo=None)
-    assert rest.step == base_config["steps"]
-    got = _run_losses(tmp_path / "split")
-    assert len(got) == len(single)
-    for step, (a, b) in enumerate(zip(single, got), 1):
-        assert math.isclose(a, b, rel_tol=LOSS_RTOL), f"step {step}: resumed {b} vs single {a}"
+    plain = load_model(two_ranks["out"] / "single-cp1" / STEP2).model
+    for (n, a), (_, b) in zip(loaded.model.state_dict().items(), plain.state_dict().items()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_failing_rank_ends_every_process(base, tmp_path):
+    """Rank 1 raises in step 2 while rank 0 waits for it in the gradient reduction: both must
+    exit non-zero by themselves, long before the 60 s collective timeout."""
+    cfg = _config(base, parallel="ddp", eval_every=0, save_every=0)
+    outcome = run_ranks_outcome(fail_at, 2, cfg, str(tmp_path), "fail", 1, 2, timeout=90, dist_timeout_s=60)
+    for rank, o in enumerate(outcome):
+        assert o["status"] != "hung", f"rank {rank} hung: {outcome}"
+        assert o["exitcode"] not in (0, None), f"rank {rank} exited with {o['exitcode']}: {outcome}"
+        assert o["seconds"] < 45, f"rank {rank} took {o['seconds']:.0f} s to stop"
+    assert "injected failure in step 2" in outcome[1]["report"]
+    assert outcome[0]["status"] == "error"
 
 
 def test_context_parallel_refuses_quadratic_attention_and_bad_lengths():

@@ -66,6 +66,53 @@ def single_step(preset: str, chunk: int, rows: int, T: int) -> dict:
             "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}}
 
 
+def scenarios(jobs: list[tuple[str, tuple]]) -> list:
+    """Several scenarios, in order, in one set of processes (one process start-up for all): the
+    process group is started once here and ``lintime.training.train`` leaves a group it did not
+    start alone.  Jobs: ``("cp_op", args of context_parallel_step)``, ``("train", args of
+    train_run)``, ``("copy", (src, dst))`` (rank 0 copies a run folder, then all wait)."""
+    import datetime
+    import shutil
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    out = []
+    for kind, args in jobs:
+        if kind == "cp_op":
+            out.append(context_parallel_step(*args))
+        elif kind == "train":
+            out.append(train_run(*args))
+        elif kind == "copy":
+            if dist.get_rank() == 0:
+                shutil.copytree(*args)
+            dist.barrier()
+            out.append(None)
+        else:
+            raise ValueError(f"unknown job {kind!r}")
+    return out
+
+
+def fail_at(config_dict: dict, out: str, name: str, bad_rank: int, bad_step: int) -> dict:
+    """``train_run`` where rank ``bad_rank`` raises in its forward/backward of step ``bad_step``
+    (the other rank goes on into the step's gradient reduction)."""
+    import os
+
+    from lintime.training import trainer
+
+    if int(os.environ["RANK"]) == bad_rank:
+        real, calls = trainer.forward_backward, [0]
+
+        def broken(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == bad_step:
+                raise RuntimeError(f"injected failure in step {bad_step}")
+            return real(*args, **kwargs)
+
+        trainer.forward_backward = broken
+    return train_run(config_dict, out, name)
+
+
 def train_run(config_dict: dict, out: str, name: str, resume: str | None = None, stop_after: int | None = None) -> dict:
     """``lintime.training.train`` on this rank; per-step losses read back from rank 0's metrics."""
     import json
@@ -82,4 +129,4 @@ def train_run(config_dict: dict, out: str, name: str, resume: str | None = None,
             row = json.loads(line)
             if row.get("loss") is not None:
                 losses.append((row["step"], row["loss"]))
-    return {"step": res.step, "losses": losses, "checkpoint": str(res.checkpoint)}
+    return {"step": res.step, "losses": losses, "first_loss": res.first_loss, "checkpoint": str(res.checkpoint)}
