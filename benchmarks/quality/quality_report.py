@@ -194,8 +194,8 @@ def tables(summ: dict[str, dict]) -> dict:
     gap = {}
     for ctx in CONTEXTS:
         q, f = run("flash-quad", ctx), run("flash", ctx)
-        bq = q["eval_bpb"].get(ctx) if ok(q) else None
-        bf = f["eval_bpb"].get(ctx) if ok(f) else None
+        bq = q["eval_bpb"].get(q["context_len"]) if ok(q) else None  # context_len: ctx / 8 in the CPU smoke
+        bf = f["eval_bpb"].get(f["context_len"]) if ok(f) else None
         d = (bf - bq) if bq is not None and bf is not None else None
         gap[ctx] = {"flash_quad": bq, "flash": bf, "gap_bpb": d, "ppl_increase_pct": (2**d - 1) * 100 if d is not None else None}
     chunk = {}
@@ -466,7 +466,7 @@ def page(study: dict | None, summ: dict[str, dict] | None, t: dict | None, made:
               "| tokens/s | peak memory (GiB) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for s in summ.values():
         lines.append(f"| `{s['id']}` | `{s['preset']}` | {s['status']}{' (' + s['error'][:80] + ')' if s.get('error') else ''} "
-                     f"| {fmt(s['n_params'] and s['n_params'] / 1e6, '.2f')}M | {s['tokens'] / 1e6:.2f}M | {s['steps']} "
+                     f"| {fmt(s['n_params'] and s['n_params'] / 1e6, '.2f') + 'M' if s['n_params'] else '-'} | {s['tokens'] / 1e6:.2f}M | {s['steps']} "
                      f"| {fmt(s['train_s_adjusted'], '.1f')} | {fmt(s['startup_s'], '.1f')} | {fmt(s['tokens_per_s'], ',.0f')} "
                      f"| {fmt(s['peak_memory_gib'], '.1f')} |")
     lines += ["", f"## Main table: context {MAIN_CONTEXT}", "",
