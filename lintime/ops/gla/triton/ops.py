@@ -15,7 +15,6 @@ import math
 from typing import Optional
 
 import torch
-import triton
 import triton.language as tl
 from torch import Tensor
 
@@ -30,7 +29,6 @@ from lintime.ops.gla.triton.kernels import (
 from lintime.ops.triton_common import (
     BC,
     BT,
-    block,
     check_device,
     choose_segment_chunks,
     chunks,
@@ -50,11 +48,22 @@ TILE = 8192  # fp32 elements of the [all K, BV] state tile of the output / dv wa
 _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
+def _cdiv(a: int, b: int) -> int:
+    # host-side ceil division (triton.cdiv / next_power_of_2 cost ~10 us a call in Triton 3.9, where
+    # they are constexpr functions; an eager fwd+bwd made a dozen of them)
+    return -(-a // b)
+
+
+def _block(d: int) -> int:
+    """``triton_common.block`` in plain Python (a power of two >= 16)."""
+    return max(16, 1 << (max(d, 1) - 1).bit_length())
+
+
 def _tiles(K: int, V: int):
     """``[all K, BV]`` tiles for the output / dv walks; ``(BK, BV)`` of the dq/dk/dg kernel (a K-block
     per program, V walked in blocks; K-blocks of 16 compile without spills at K = 128, V = 256 on
     sm_90a with 8 warps, 231 registers -- 32 spill 620 B, 64 spill 1460 B)."""
-    BKf, BVf = block(K), block(V)
+    BKf, BVf = _block(K), _block(V)
     return dict(v_walk=(BKf, min(BVf, max(16, TILE // BKf))), dqkg=(min(16, BKf), min(64, BVf)))
 
 
@@ -97,17 +106,17 @@ def _segment_states(x, y, gl, seg, *, H, reverse=False, alpha=1.0, init=None):
     delta = torch.empty(max(seg.NSEG, 1), H, K, V, **f32)
     gsum = torch.empty(max(seg.NSEG, 1), H, K, **f32)
     la = seg.kernel_args()
-    BK, BV = min(64, block(K)), min(64, block(V))
+    BK, BV = min(64, _block(K)), min(64, _block(V))
     if seg.NSEG > 0:
-        gla_seg_summary_kernel[(triton.cdiv(K, BK) * triton.cdiv(V, BV) * seg.NSEG, H)](
+        gla_seg_summary_kernel[(_cdiv(K, BK) * _cdiv(V, BV) * seg.NSEG, H)](
             x, y, gl, delta, gsum, float(alpha), **la, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, REVERSE=reverse,
             PREC=PREC, num_warps=4,
         )
     start = torch.empty(seg.NSEG_ALLOC, H, K, V, **f32)
     final = torch.empty(seg.N, H, K, V, **f32)
     if seg.N > 0:
-        SK, SV = min(32, block(K)), min(32, block(V))
-        seg_scan_kernel[(triton.cdiv(K, SK) * triton.cdiv(V, SV), seg.N, H)](
+        SK, SV = min(32, _block(K)), min(32, _block(V))
+        seg_scan_kernel[(_cdiv(K, SK) * _cdiv(V, SV), seg.N, H)](
             delta, delta, gsum, init, None, start, None, final, None, seg.seq_ptr, seg.NSPS,
             H=H, K=K, V=V, BK=SK, BV=SV, VARLEN=seg.varlen, USE_G=True, REVERSE=reverse, NORM=False,
             HAS_INIT=init is not None, STORE_START=True, num_warps=2,
@@ -158,7 +167,7 @@ def gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns, keep=True, cfg=None):
     hc = torch.empty(rows if keep else 0, H, K, V, dtype=_state_dtype(q.dtype), device=q.device)
     ch = seg if seg.ns == 1 else chunks(B, T, cu_seqlens, q.device)
     if ch.NSEG > 0:
-        BK = min((cfg or {}).get("A_bk", 32), block(K))  # 64 spills at K = 128 (sm_90a ptxas)
+        BK = min((cfg or {}).get("A_bk", 32), _block(K))  # 64 spills at K = 128 (sm_90a ptxas)
         gla_fwd_prep_kernel[(ch.NSEG, H)](
             qf, kf, gf, A, qg, kg, gl, scale, **ch.kernel_args(), H=H, K=K, BT=BT, BC=BC, BK=BK, DT=DT, PREC=PREC,
             **_launch(cfg, "A", 8, 1),
@@ -170,7 +179,7 @@ def gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns, keep=True, cfg=None):
     o = torch.empty(B * T, H, V, dtype=q.dtype, device=q.device)
     BK, BV = (cfg or {}).get("v_walk", _tiles(K, V)["v_walk"])
     if seg.NSEG > 0:
-        gla_fwd_kernel[(triton.cdiv(V, BV) * seg.NSEG, H)](
+        gla_fwd_kernel[(_cdiv(V, BV) * seg.NSEG, H)](
             qg, kg, vf, gl, A, o, h0, hs, ht, hc, scale, **seg.kernel_args(), H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
             HAS_H0=h0 is not None, MAT=seg.materialized, STORE_HC=keep, DT=DT, SDT=SDT, PREC=PREC,
             **_launch(cfg, "fwd", _warps(BK, BV), 1),
@@ -214,7 +223,7 @@ def gla_bwd(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, need_
     tiles = _tiles(K, V)
     if seg.NSEG > 0:
         BK, BV = (cfg or {}).get("v_walk", tiles["v_walk"])
-        gla_bwd_dv_kernel[(triton.cdiv(V, BV) * seg.NSEG, H)](
+        gla_bwd_dv_kernel[(_cdiv(V, BV) * seg.NSEG, H)](
             qg, kg, gl, Af, dof, dv, dht, dh0, ds, dhs, scale, **seg.kernel_args(), H=H, K=K, V=V, BT=BT, BK=BK,
             BV=BV, HAS_DHT=dht is not None, MAT=seg.materialized, STORE_DH0=need_dh0 and not seg.materialized,
             DT=DT, SDT=SDT, PREC=PREC, **_launch(cfg, "dv", _warps(BK, BV), 1),
@@ -223,7 +232,7 @@ def gla_bwd(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, need_
     if ch.NSEG > 0:
         BK, BV = (cfg or {}).get("dqkg_tile", tiles["dqkg"])
         # 8 warps for the [64, 64] do / v tiles (231 registers, no spills at K-blocks of 16)
-        gla_bwd_dqkg_kernel[(triton.cdiv(K, BK) * ch.NSEG, H)](
+        gla_bwd_dqkg_kernel[(_cdiv(K, BK) * ch.NSEG, H)](
             qf, kf, vf, gf, dof, hc, dhs, dq, dk, dg, scale, **ch.kernel_args(), H=H, K=K, V=V, BT=BT, BC=BC,
             BK=BK, BV=BV, DT=DT, SDT=SDT, PREC=PREC, **_launch(cfg, "dqkg", _warps(BT, max(BK, BV)), 2),
         )
@@ -300,10 +309,10 @@ def _recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Optional[Tensor],
     N = _n_seq(q, cu_seqlens)
     o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device)
-    BK = block(K)
-    BV = min(block(V), max(16, 4096 // BK))
+    BK = _block(K)
+    BV = min(_block(V), max(16, 4096 // BK))
     if N > 0:
-        gla_recurrent_kernel[(triton.cdiv(V, BV), N, H)](
+        gla_recurrent_kernel[(_cdiv(V, BV), N, H)](
             flat(q), flat(k), flat(v), flat(g), o, h0, ht, cu_seqlens, scale, T, H=H, K=K, V=V, BK=BK, BV=BV,
             VARLEN=cu_seqlens is not None, HAS_H0=h0 is not None, num_warps=4,
         )
