@@ -42,6 +42,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -319,7 +320,9 @@ def load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, s
     target = _optimizer_tensors(model, optimizer)
     box = {"optimizer": {n: dict(st) for n, st in target.items()}}
     try:
-        dcp.load(box, checkpoint_id=str(path))
+        with warnings.catch_warnings():  # one process, no group: DCP warns that it assumes so
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+            dcp.load(box, checkpoint_id=str(path))
     except Exception as err:  # missing keys / shapes: DCP raises several kinds
         raise ValueError(f"cannot resume: the optimizer state in {step_dir} does not fit this model ({_one_line(err)})") from None
     # DCP loads in place where it can, but may hand back new tensors (e.g. 0-D ones): copy them in

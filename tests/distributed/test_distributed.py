@@ -65,7 +65,7 @@ def _run_losses(run_dir) -> list[float]:
 
 
 def _config(base: dict, cp: int = 1, **kw) -> dict:
-    return dict(base, context_len=64 * cp, **kw)
+    return {**base, "context_len": 64 * cp, **kw}
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_context_parallel_equals_single_process(two_ranks):
 
 @pytest.mark.parametrize("name", ["ddp", "fsdp", "cp"])
 def test_two_process_losses_equal_single_process(two_ranks, name):
-    cp = dict((n, c) for n, _, c, _ in TWO_RANK_RUNS)[name]
+    cp = {n: c for n, _, c, _ in TWO_RANK_RUNS}[name]
     run = two_ranks["runs"][name]
     assert run["step"] == STEPS
     _assert_losses(name, two_ranks["single"][cp], [loss for _, loss in run["losses"]])
