@@ -69,7 +69,7 @@ class Run:
     tables: tuple[str, ...]
     tier: int  # 0 main, 1 context, 2 chunk: the order the queue starts them in
     chunk_size: int | None = None  # FLASH runs only
-    eval_every: int = 16
+    evals: int = 16  # validation points on the curve (every steps // evals steps)
     curve_eval_tokens: int = 131072
     final_eval_tokens: int = 1 << 20
     eval_batch_tokens: int = 65536
@@ -118,14 +118,14 @@ def build_plan(mode: str = "full", tokens: int = 1 << 23, tokens_per_batch: int 
             T = ctx // 8
             tpb = 4 * T
             tok = 3 * tpb
-            kw = dict(eval_every=1, curve_eval_tokens=2 * T, final_eval_tokens=4 * T, eval_batch_tokens=8192)
+            kw = dict(evals=3, curve_eval_tokens=2 * T, final_eval_tokens=4 * T, eval_batch_tokens=8192)
         elif mode == "smoke":  # the medium chunk variants: 2 steps of one 128-token row
             T = tpb = 128
             tok = 2 * tpb
-            kw = dict(eval_every=1, curve_eval_tokens=T, final_eval_tokens=T, eval_batch_tokens=8192)
+            kw = dict(evals=2, curve_eval_tokens=T, final_eval_tokens=T, eval_batch_tokens=8192)
         elif mode == "smoke-gpu":  # real presets and contexts, 12 steps: configs, memory, throughput
             tok = 12 * tpb
-            kw = dict(eval_every=4, curve_eval_tokens=4 * T, final_eval_tokens=max(8 * T, 65536))
+            kw = dict(evals=4, curve_eval_tokens=4 * T, final_eval_tokens=max(8 * T, 65536))
         tpb = max(tpb, T)
         runs[rid] = Run(id=rid, model=model, preset=preset, recipe=recipe, context_len=T, tokens=tok,
                         tokens_per_batch=tpb, micro_batch_tokens=tpb, tables=(table,), tier=tier,

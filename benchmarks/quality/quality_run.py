@@ -97,7 +97,7 @@ def run_one(run: Run, out: Path, work: Path, cap_s: float | None, device: str, l
         preset=run.preset, corpus=str(DATA / "corpus"), cache_dir=str(DATA / "cache"), context_len=run.context_len,
         tokens_per_batch=run.tokens_per_batch, micro_batch_tokens=run.micro_batch_tokens, tokens=run.tokens,
         time_minutes=cap_s / 60 if cap_s else None, recipe=run.recipe, seed=run.seed, device=device,
-        log_every=1, eval_every=max(1, run.steps // run.eval_every), eval_tokens=run.curve_eval_tokens,
+        log_every=1, eval_every=max(1, run.steps // run.evals), eval_tokens=run.curve_eval_tokens,
         save_every=0, keep=1, plots=False, sample_tokens=0,
     )
     record["train_config"] = cfg.resolved().to_dict()
