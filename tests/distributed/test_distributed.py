@@ -166,13 +166,15 @@ def test_distributed_checkpoint_loads_with_load_model(two_ranks):
 
 def test_failing_rank_ends_every_process(base, tmp_path):
     """Rank 1 raises in step 2 while rank 0 waits for it in the gradient reduction: both must
-    exit non-zero by themselves, long before the 60 s collective timeout."""
+    exit non-zero by themselves, rank 0 within seconds of rank 1 (not by the 60 s collective
+    timeout; start-up and step 1 take ~15 s of the launch on a loaded 2-core machine)."""
     cfg = _config(base, parallel="ddp", eval_every=0, save_every=0)
-    outcome = run_ranks_outcome(fail_at, 2, cfg, str(tmp_path), "fail", 1, 2, timeout=90, dist_timeout_s=60)
+    outcome = run_ranks_outcome(fail_at, 2, cfg, str(tmp_path), "fail", 1, 2, timeout=120, dist_timeout_s=60)
     for rank, o in enumerate(outcome):
         assert o["status"] != "hung", f"rank {rank} hung: {outcome}"
         assert o["exitcode"] not in (0, None), f"rank {rank} exited with {o['exitcode']}: {outcome}"
-        assert o["seconds"] < 45, f"rank {rank} took {o['seconds']:.0f} s to stop"
+    lag = outcome[0]["seconds"] - outcome[1]["seconds"]
+    assert lag < 20, f"rank 0 stopped {lag:.0f} s after the failing rank 1"
     assert "injected failure in step 2" in outcome[1]["report"]
     assert outcome[0]["status"] == "error"
 
