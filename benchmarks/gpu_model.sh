@@ -6,8 +6,8 @@
 #   row, so a killed piece keeps what it measured); then one merge (`--from-json`): the tables,
 #   $OUT/bench_model.json and, when matplotlib is installed, the two plots.
 # Inside a process: the timed steps of a case stop after CASE_BUDGET_S seconds, a preset whose
-# second warm-up step (or prefill after the first context) takes longer skips its longer
-# contexts, and after an OOM the longer contexts of that preset are skipped (rows say so).
+# median timed step (or prefill after the first context) takes longer skips its longer contexts
+# (warm-up steps, which hold Triton's compilation and autotuning, are never judged), and after an OOM the longer contexts of that preset are skipped (rows say so).
 # Budget: TOTAL_S (default 450 s) for the measuring; each preset gets TRAIN_S + DECODE_S
 # (default 28 + 14 s) or what is left.  Usage: benchmarks/gpu_model.sh [preset ...]
 # (default: the 10 presets of lintime.bench.model.DEFAULT_PRESETS; a missing preset gives

@@ -65,7 +65,7 @@ def bench(
         prefill_chunk: model: tokens per prefill call when building the decoding state.
         dtype: model: autocast dtype: auto (bf16 on CUDA, fp32 on CPU), bf16, fp16, fp32.
         device: model: auto, cpu, cuda or cuda:N.
-        case_budget_s: model: seconds a case may spend in timed steps; a preset whose last warm-up step (or prefill) exceeds it skips its longer contexts.
+        case_budget_s: model: seconds a case may spend in timed steps; a preset whose median timed step (or prefill after the first context) exceeds it skips its longer contexts (warm-up time, i.e. compilation and autotuning, is never judged).
         parts: model: train, decode or both (comma-separated).
         from_json: model: measure nothing; merge these bench_model.json files or folders (comma-separated) into --out with tables and plots.
         plots: model: write the PNG plots (needs matplotlib; --no-plots for partial runs merged later).

@@ -157,7 +157,55 @@ def test_case_budget_cuts_the_timed_steps_and_skips_longer_contexts():
     s = _settings(presets=SOFTMAX, contexts="8,16", steps=3, case_budget_s=1e-6, parts="train")
     rows = bm.bench_train(s)
     assert rows[0].status == "ok" and rows[0].steps == 1 and "1/3 steps" in rows[0].note
-    assert rows[1].status.startswith("skipped: one step at T=8 took") and rows[1].step_ms is None
+    assert rows[1].status.startswith("skipped: median step at T=8 took") and rows[1].step_ms is None
+
+
+def test_budget_judges_the_median_timed_step_not_the_warmup():
+    """The H200 run lost flash-base beyond 1k: a first step of 9 s (Triton compiling and
+    autotuning) against a 6 s budget, while the timed steps took 0.26 s.  A case whose warm-up
+    is slow but whose timed steps fit must not skip the longer contexts; one whose median timed
+    step is over the budget must."""
+    s = _settings(presets=SOFTMAX, contexts="8,16,32", parts="train", case_budget_s=6.0)
+
+    def case(median_s, warm_s):
+        def fill(row, cfg, s, device, amp):
+            row.step_ms = row.step_p10_ms = row.step_p90_ms = median_s * 1e3
+            row.steps = s.steps
+            return warm_s  # what the old rule judged
+
+        return fill
+
+    rows = bm.bench_train(s, train_case=case(0.26, 9.0))
+    assert [r.status for r in rows] == ["ok"] * 3
+    rows = bm.bench_train(s, train_case=case(7.0, 7.0))
+    assert [r.status for r in rows] == ["ok"] + ["skipped: median step at T=8 took 7.0 s > budget 6 s"] * 2
+
+
+def test_warmup_runs_past_a_slow_compiling_first_step(monkeypatch):
+    """_train_case: a first warm-up step longer than the budget (compilation) does not cut the
+    warm-up short -- the second warm-up step still runs -- and the row is measured."""
+    clock = {"t": 0.0}
+    calls = []
+
+    class FakeTime:
+        @staticmethod
+        def perf_counter():
+            return clock["t"]
+
+    def fake_step_fn(model, batch, amp):
+        def step():
+            calls.append(len(calls))
+            clock["t"] += 100.0 if len(calls) == 1 else 0.01  # the first call "compiles" for 100 s
+            return 1.0
+
+        return step, None
+
+    monkeypatch.setattr(bm, "time", FakeTime)
+    monkeypatch.setattr(bm, "train_step_fn", fake_step_fn)
+    s = _settings(presets=SOFTMAX, contexts="8,16", steps=2, warmup=3, parts="train", case_budget_s=6.0)
+    rows = bm.bench_train(s)
+    assert [r.status for r in rows] == ["ok", "ok"]
+    assert len(calls) == 2 * (3 + 2)  # every warm-up step and every timed step, at both contexts
 
 
 def test_learned_position_table_is_extended_and_said_so():
