@@ -136,10 +136,14 @@ def block_sums(codes: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, S: int
     ``deltav_by_block``).
 
     ``codes`` ``[..., L, H]`` (int), ``v`` ``[..., L, H, V]``, ``valid`` ``[..., L]`` (bool).
-    Returns ``count [..., H, S]`` and ``sum [..., H, S, V]`` in ``v``'s dtype.
+    Returns ``count [..., H, S]`` and ``sum [..., H, S, V]`` in ``v``'s dtype, also under
+    autocast: the callers pass fp32 (the accumulation dtype) and merge these sums into the fp32
+    cache, and a bf16 einsum would both round the sums and hand a bf16 tensor to the fp32 cache
+    arithmetic (on CUDA, ``index_copy`` of the fp32 initial cache into it then fails).
     """
     delta = F.one_hot(codes, S).to(v.dtype) * valid[..., None, None].to(v.dtype)  # [..., L, H, S]
-    return delta.sum(-3), torch.einsum("...lhs,...lhv->...hsv", delta, v)
+    with torch.autocast(v.device.type, enabled=False):
+        return delta.sum(-3), torch.einsum("...lhs,...lhv->...hsv", delta, v)
 
 
 def block_summary(codes: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, S: int):
