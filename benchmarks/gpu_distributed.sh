@@ -20,7 +20,9 @@ fi
 export LINTIME_CACHE=${LINTIME_CACHE:-/tmp/lintime_cache}
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
 NGPU=$(nvidia-smi -L | wc -l)
-TRAIN="-m lintime train --preset flash-base --corpus stdlib --context-len 2048 --steps 14 --eval-every 0
+SCALE_STEPS=${SCALE_STEPS:-40}
+WARMUP_STEPS=${WARMUP_STEPS:-10}
+TRAIN="-m lintime train --preset flash-base --corpus stdlib --context-len 2048 --steps $SCALE_STEPS --eval-every 0
   --eval-tokens 4096 --save-every 0 --keep 1 --sample-tokens 0 --no-plots --no-progress --precision bf16
   --device cuda --out $OUT/runs"
 TORCHRUN="python3 -m torch.distributed.run --standalone --nproc-per-node 2"
@@ -40,25 +42,44 @@ run() {  # name, timeout, command...
 }
 
 if [[ " $STEPS " == *" scaling "* ]]; then
-  # 8 rows x 2048 tokens per GPU per step (16k tokens / GPU), one micro-batch
-  run scale_1gpu 200 python3 $TRAIN --tokens-per-batch 16384 --name scale_1gpu
+  # 8 rows x 2048 tokens per GPU per step (16k tokens / GPU), one micro-batch.
+  # Fair baseline (the 2026-11-22 run read 1.27 "efficiency" without these): every run under the
+  # same launcher (torchrun sets OMP_NUM_THREADS=1 for its workers; --nproc-per-node 1 is the
+  # plain single-process trainer), and an untimed warm-up run first so that no timed run pays for
+  # the Triton compiles / autotuning that the run done first would otherwise pay alone.
+  run scale_warmup 300 python3 -m torch.distributed.run --standalone --nproc-per-node 1 $TRAIN \
+    --tokens-per-batch 16384 --steps 6 --name scale_warmup
+  run scale_1gpu 200 python3 -m torch.distributed.run --standalone --nproc-per-node 1 $TRAIN \
+    --tokens-per-batch 16384 --name scale_1gpu
   if [[ $NGPU -ge 2 ]]; then
     run scale_ddp 200 $TORCHRUN $TRAIN --tokens-per-batch 32768 --parallel ddp --name scale_ddp
     run scale_fsdp 200 $TORCHRUN $TRAIN --tokens-per-batch 32768 --parallel fsdp --name scale_fsdp
   fi
-  python3 - "$OUT" <<'PY'
+  python3 - "$OUT" "$WARMUP_STEPS" <<'PY'
 import json, statistics, sys
 from pathlib import Path
-out = Path(sys.argv[1]); res = {}
+out, warm = Path(sys.argv[1]), int(sys.argv[2]); res = {}
 for name, gpus in (("scale_1gpu", 1), ("scale_ddp", 2), ("scale_fsdp", 2)):
     m = out / "runs" / name / "metrics.jsonl"
     if not m.is_file():
         res[name] = {"error": "no metrics (see %s.log)" % name}; continue
     rows = [json.loads(l) for l in m.read_text().splitlines()]
-    rows = [r for r in rows if r.get("tokens_per_s") and r["step"] > 4]  # 4 warm-up steps (Triton compile)
-    # tokens_per_s of a row is the global batch over that step's wall time
-    tps = statistics.median(r["tokens_per_s"] for r in rows) if rows else None
-    res[name] = {"gpus": gpus, "tokens_per_s": tps, "steps_timed": len(rows)}
+    rows = [r for r in rows if r.get("tokens_per_s")]  # one row per step (log_every 1)
+    # a row's tokens_per_s: the global batch (all ranks) over rank 0's wall time of forward +
+    # backward + optimizer step + cuda.synchronize (batch fetch excluded; no validation or
+    # checkpoint inside: --eval-every 0 --save-every 0, the final ones come after the loop);
+    # "tokens" and "time_s" are cumulative.  Reported: tokens / seconds of the steps after the
+    # warm-up (compiles, allocator growth), and the per-step spread.
+    start = next((r for r in rows if r["step"] == warm), None)
+    timed = [r for r in rows if r["step"] > warm]
+    if start is None or not timed:
+        res[name] = {"error": "fewer than %d steps (see %s.log)" % (warm + 1, name)}; continue
+    per_step = [r["tokens_per_s"] for r in timed]
+    res[name] = {"gpus": gpus,
+                 "tokens_per_s": (timed[-1]["tokens"] - start["tokens"]) / (timed[-1]["time_s"] - start["time_s"]),
+                 "median_step_tokens_per_s": statistics.median(per_step),
+                 "min_step_tokens_per_s": min(per_step), "max_step_tokens_per_s": max(per_step),
+                 "steps_timed": len(timed), "warmup_steps": warm}
 base = res.get("scale_1gpu", {}).get("tokens_per_s")
 for k, v in res.items():
     if base and v.get("tokens_per_s"):

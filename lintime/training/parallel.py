@@ -310,6 +310,34 @@ def _unflatten(leaves: list[torch.Tensor], spec: Any) -> Any:
     return typ(out)
 
 
+def _wire_meta(mixer: nn.Module, n: int, x: torch.Tensor) -> list[tuple[torch.Size, torch.dtype]]:
+    """``(shape, dtype)`` of every tensor of the state hand-off of ``n`` rows: the leaves of the
+    mixer's empty state for ``n`` sequences in the dtype of the mixer input ``x``.
+
+    Sender and receiver both derive the messages from this (never from what the mixer happened to
+    return), so every send has a receive of the same shape and dtype on the peer.  A mixer's final
+    state need not be in that dtype: under bf16 autocast the mixed chunk state (FLASH, MC-TFM) and
+    the VQ state keep their buffers in the activations' bf16 while the residual stream ``x`` is
+    fp32; a bf16 send against an fp32 receive is a size mismatch that NCCL does not detect: the
+    receiver waits for bytes that never come (the FLASH context-parallel hang of 2026-11-22)."""
+    proto, _ = _flatten(mixer.init_state(n, x.device, x.dtype))
+    return [(t.shape, t.dtype) for t in proto]
+
+
+def _to_wire(mixer: nn.Module, leaves: list[torch.Tensor], meta: list[tuple[torch.Size, torch.dtype]]
+             ) -> list[torch.Tensor]:
+    """The final-state ``leaves`` cast (differentiably) to the hand-off's dtypes, the dtypes the
+    receiver starts its slice from anyway (bf16 buffers widen to fp32 losslessly);
+    raises ``RuntimeError`` before anything is sent when their number or shapes differ from
+    ``meta`` (a mixer whose final state is not laid out like its ``init_state``)."""
+    shapes = [tuple(t.shape) for t in leaves]
+    want = [tuple(s) for s, _ in meta]
+    if shapes != want:
+        raise RuntimeError(f"context parallelism: {type(mixer).__name__}'s final state has tensors of shapes {shapes}, "
+                           f"its init_state {want}: the ranks cannot exchange it")
+    return [t if t.dtype == dt else t.to(dt) for t, (_, dt) in zip(leaves, meta)]
+
+
 class _SendState(torch.autograd.Function):
     """Forward: send the tensors to ``peer``; returns a zero scalar that the caller adds to its
     output, so that the backward reaches this node.  Backward: receive the gradients of the
@@ -474,9 +502,9 @@ class ContextParallel:
         sl = self._slice
         init = mixer.init_state(sl.n_local, x.device, x.dtype)
         if self.p > 0:
-            proto, spec = _flatten(mixer.init_state(len(sl.first), x.device, x.dtype))
+            meta = _wire_meta(mixer, len(sl.first), x)
             anchor = x.new_zeros((), requires_grad=torch.is_grad_enabled())
-            recv = _RecvState.apply(self.p - 1, self.group, [(t.shape, t.dtype) for t in proto], anchor)
+            recv = _RecvState.apply(self.p - 1, self.group, meta, anchor)
             leaves, spec_init = _flatten(init)
             keep = sl.continues
             merged = []
@@ -497,6 +525,7 @@ class ContextParallel:
         if self.p < self.P - 1:
             leaves, _ = _flatten(new_state)
             out = [t.index_select(0, self._slice.last) for t in leaves]
+            out = _to_wire(mixer, out, _wire_meta(mixer, len(self._slice.last), args[0]))
             token = _SendState.apply(self.p + 1, self.group, y, *out)
             y = y + token.to(y.dtype)
         return y, None

@@ -7,7 +7,9 @@ the tests below check its pieces:
 
 * context parallelism: logits and every parameter gradient of 2 ranks (each holding half of every
   row, documents crossing the split) equal the single-process model's, fp64, for the mixed chunk
-  (FLASH), GLA, linear and VQ families;
+  (FLASH), GLA, linear and VQ families; and under bf16 autocast for FLASH and VQ, whose final
+  states are partly bf16 while the receiving rank starts from fp32 (the hand-off casts to the
+  receiver's dtypes: a bf16 send against an fp32 receive hung NCCL), by the half-precision rule;
 * DDP, FSDP2 and context-parallel training: per-step losses of ``lintime.training.train`` on 2
   processes equal a single process at the same global batch (fp32, with gradient accumulation);
 * resume, every way between world sizes 1 and 2: checkpoints taken at step 2 of 4 (after a
@@ -37,13 +39,15 @@ from launch import run_ranks, run_ranks_outcome
 from workers import fail_at, scenarios, single_step, tiny_model
 
 from lintime.models import CausalLM, get_preset
-from lintime.testing import assert_exact
+from lintime.testing import HALF_FACTOR, HALF_FLOOR, assert_exact, assert_half_rule, rel_rms
 from lintime.training import TrainConfig, load_model, train
 from lintime.training.parallel import ContextParallel, DistEnv
 
 LOSS_RTOL = 1e-5
 STEPS = 4
 CP_PRESETS = (("flash-tiny", 8), ("gla-tiny", 8), ("linear-tiny", 8), ("vq-tiny", 8))
+# under bf16 autocast: the families whose final state is not all in the residual stream's dtype
+CP_AMP_PRESETS = (("flash-tiny", 8), ("vq-tiny", 8))
 ROWS, T = 2, 64
 STEP2 = "checkpoints/step_00000002"
 # (name, parallel, context parallel, resumed from the run folder's step 2 | None); context
@@ -88,6 +92,7 @@ def two_ranks(base, tmp_path_factory) -> dict:
         res = train(TrainConfig(**_config(base, cp)), out=str(out), name=f"single-cp{cp}", progress=False, echo=None)
         single[cp] = _run_losses(res.run_dir)
     jobs = [("cp_op", (p, c, ROWS, T)) for p, c in CP_PRESETS]
+    jobs += [("cp_op", (p, c, ROWS, T, True)) for p, c in CP_AMP_PRESETS]
     for name, parallel, cp, origin in TWO_RANK_RUNS:
         resume = None
         if origin is not None:
@@ -100,7 +105,9 @@ def two_ranks(base, tmp_path_factory) -> dict:
         jobs.append(("train", (_config(base, cp, parallel=parallel, context_parallel=cp), str(out), name, resume)))
     outs = run_ranks(scenarios, 2, jobs, timeout=300)
     results = outs[0]  # rank 0 (its metrics hold the losses); the op checks need both ranks
+    n_ops = len(CP_PRESETS) + len(CP_AMP_PRESETS)
     cp_ops = [(outs[0][i], outs[1][i]) for i in range(len(CP_PRESETS))]
+    cp_amp_ops = [(outs[0][i], outs[1][i]) for i in range(len(CP_PRESETS), n_ops)]
     runs = {args[2]: r for (kind, args), r in zip(jobs, results) if kind == "train"}
     resumed = {}
     for name, origin in ONE_RANK_RESUMES:
@@ -108,7 +115,7 @@ def two_ranks(base, tmp_path_factory) -> dict:
         res = train(TrainConfig(**_config(base, parallel="none")), out=str(out), resume=out / name / STEP2,
                     progress=False, echo=None)
         resumed[name] = (res, _run_losses(out / name))
-    return {"out": out, "single": single, "cp_ops": cp_ops, "runs": runs, "resumed": resumed}
+    return {"out": out, "single": single, "cp_ops": cp_ops, "cp_amp_ops": cp_amp_ops, "runs": runs, "resumed": resumed}
 
 
 def _assert_losses(label: str, ref: list[float], got: list[float]) -> None:
@@ -126,6 +133,29 @@ def test_context_parallel_equals_single_process(two_ranks):
         assert set(r0["grads"]) == set(ref["grads"])
         for name, g in ref["grads"].items():
             assert_exact(f"{preset} grad {name}", g, r0["grads"][name])
+
+
+def test_context_parallel_under_bf16_autocast(two_ranks):
+    """fp32 model, bf16 autocast (``--precision bf16``): the mixed chunk (FLASH) and VQ mixers
+    return their partial-chunk buffers in bf16 while the receiving rank starts from a state in the
+    residual stream's fp32.  The hand-off once sent bf16 against an fp32 receive: gloo aborted a
+    rank here (size mismatch in the backward), NCCL hung (2 H200, 2026-11-22).  Now both ranks finish (the launch's
+    timeout turns a hang into a failure) and logits and gradients obey the half-precision rule
+    against the fp64 single process, with the single-process bf16 run as the baseline."""
+    for (preset, chunk), (r0, r1) in zip(CP_AMP_PRESETS, two_ranks["cp_amp_ops"]):
+        ref64 = single_step(preset, chunk, ROWS, T)
+        base = single_step(preset, chunk, ROWS, T, amp=True)
+        logits = torch.cat([r0["logits"].view(ROWS, T // 2, -1), r1["logits"].view(ROWS, T // 2, -1)], 1)
+        assert logits.dtype == torch.bfloat16
+        assert_half_rule(f"{preset} bf16 logits", ref64["logits"].view(ROWS, T, -1), logits,
+                         base["logits"].view(ROWS, T, -1))
+        assert set(r0["grads"]) == set(ref64["grads"])
+        for name, g64 in ref64["grads"].items():
+            # parameter gradients are fp32 (autocast keeps the parameters fp32): the same rule
+            # with bf16's floor
+            err, err_base = rel_rms(g64, r0["grads"][name]), rel_rms(g64, base["grads"][name])
+            bound = HALF_FACTOR * err_base + HALF_FLOOR[torch.bfloat16]
+            assert err <= bound, f"{preset} bf16 grad {name}: error {err:.3e} > {bound:.3e}"
 
 
 @pytest.mark.parametrize("name", ["ddp", "fsdp", "cp"])

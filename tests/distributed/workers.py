@@ -9,15 +9,15 @@ import torch
 from lintime.models import CausalLM, get_preset
 
 
-def tiny_model(preset: str, chunk: int, seed: int = 0) -> CausalLM:
-    """A 2-layer fp64 model of ``preset`` with chunk (or block) length ``chunk``."""
+def tiny_model(preset: str, chunk: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> CausalLM:
+    """A 2-layer model of ``preset`` (``dtype``, fp64 by default) with chunk (or block) length ``chunk``."""
     cfg = get_preset(preset)
     sub = cfg.mixer
     field = "block_len" if hasattr(sub, "block_len") else "chunk_size"
     sub = dataclasses.replace(sub, **{field: chunk})
     cfg = dataclasses.replace(cfg, mixer=sub, n_layers=2, d_model=32 if preset != "vq-tiny" else cfg.d_model)
     torch.manual_seed(seed)
-    return CausalLM(cfg).double()
+    return CausalLM(cfg).to(dtype)
 
 
 def packed_batch(rows: int, T: int, vocab: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -33,22 +33,25 @@ def packed_batch(rows: int, T: int, vocab: int, seed: int = 1) -> tuple[torch.Te
     return ids, targets, torch.tensor(cu, dtype=torch.int32)
 
 
-def context_parallel_step(preset: str, chunk: int, rows: int, T: int) -> dict:
+def context_parallel_step(preset: str, chunk: int, rows: int, T: int, amp: bool = False) -> dict:
     """Forward + backward of this rank's slice under context parallelism; returns the slice's
-    logits, the loss share and every parameter gradient summed over ranks."""
+    logits, the loss share and every parameter gradient summed over ranks.  ``amp``: an fp32 model
+    under bf16 autocast (as ``--precision bf16`` trains), where the mixers' final states are not
+    all in the residual stream's dtype (the hand-off must still match send for receive)."""
     import torch.distributed as dist
 
     from lintime.training.parallel import ContextParallel, init_distributed
 
     env = init_distributed("cpu", "none", int(dist.get_world_size() if dist.is_initialized() else 0) or
                            int(__import__("os").environ["WORLD_SIZE"]))
-    model = tiny_model(preset, chunk)
+    model = tiny_model(preset, chunk, dtype=torch.float32 if amp else torch.float64)
     cp = ContextParallel(model, env)
     ids, targets, cu = packed_batch(rows, T, model.config.vocab_size)
     ids_l, tg_l, cu_l, offset = cp.shard(ids, targets, cu, rows)
     aux: dict = {}
-    logits = cp.forward(model, ids_l, cu_l, offset, aux)
-    loss = torch.nn.functional.cross_entropy(logits[0], tg_l, reduction="sum") / targets.numel()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        logits = cp.forward(model, ids_l, cu_l, offset, aux)
+    loss = torch.nn.functional.cross_entropy(logits[0].float() if amp else logits[0], tg_l, reduction="sum") / targets.numel()
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     for g in grads.values():
@@ -56,11 +59,13 @@ def context_parallel_step(preset: str, chunk: int, rows: int, T: int) -> dict:
     return {"logits": logits.detach(), "loss": loss.item(), "grads": grads, "rank": env.cp_rank}
 
 
-def single_step(preset: str, chunk: int, rows: int, T: int) -> dict:
-    model = tiny_model(preset, chunk)
+def single_step(preset: str, chunk: int, rows: int, T: int, amp: bool = False) -> dict:
+    """The single-process reference of :func:`context_parallel_step` (same ``amp`` setting)."""
+    model = tiny_model(preset, chunk, dtype=torch.float32 if amp else torch.float64)
     ids, targets, cu = packed_batch(rows, T, model.config.vocab_size)
-    logits = model(ids, cu_seqlens=cu)
-    loss = torch.nn.functional.cross_entropy(logits[0], targets, reduction="sum") / targets.numel()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        logits = model(ids, cu_seqlens=cu)
+    loss = torch.nn.functional.cross_entropy(logits[0].float() if amp else logits[0], targets, reduction="sum") / targets.numel()
     loss.backward()
     return {"logits": logits.detach(), "loss": loss.item(),
             "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}}
