@@ -39,7 +39,13 @@ from launch import run_ranks, run_ranks_outcome
 from workers import fail_at, scenarios, single_step, tiny_model
 
 from lintime.models import CausalLM, get_preset
-from lintime.testing import HALF_FACTOR, HALF_FLOOR, assert_exact, assert_half_rule, rel_rms
+from lintime.testing import (
+    HALF_FACTOR,
+    HALF_FLOOR,
+    assert_exact,
+    assert_half_rule,
+    rel_rms,
+)
 from lintime.training import TrainConfig, load_model, train
 from lintime.training.parallel import ContextParallel, DistEnv
 
