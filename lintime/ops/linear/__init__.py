@@ -35,6 +35,17 @@ else:
 
 _OP = "linear_attention"
 
+# Widest head (K and V) for which the automatic choice takes the Triton kernels.  Wider heads
+# select the 8-warp / 1-stage tiles and the split dk / dv walks of lintime.ops.linear.triton,
+# which pass the interpreter tests but had never run on a GPU before the 2026-11-22 H200 run of
+# ``lintime bench model``, where both configurations that reached them failed with "CUDA error:
+# an illegal memory access": performer-base (K = 256 random features, V = 64) in training at
+# T = 1k and in decoding (prefill 1k -> 2k), and performer-medium (K = 128, V = 64) in training.
+# The cause is not established (the interpreter matches the chunked form at these sizes); until
+# those kernels are verified on a GPU, automatic dispatch keeps wide heads on the PyTorch forms.
+# ``backend="triton"`` still runs them (tests, and checking them on a GPU).
+AUTO_TRITON_MAX_HEAD = 64
+
 def linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -69,8 +80,9 @@ def linear_attention(
         output_final_state: also return the state after the last token of each sequence.
         cu_seqlens: ``[N + 1]`` int offsets of packed sequences (``B == 1``); tokens never see
             another sequence and every sequence has its own state.
-        backend: ``None`` (automatic: ``triton`` for CUDA tensors when Triton is installed,
-            else ``recurrent`` for ``T == 1`` and ``chunk`` otherwise), ``"naive"`` (quadratic
+        backend: ``None`` (automatic: ``triton`` for CUDA tensors when Triton is installed and
+            ``K, V <= 64`` (:data:`AUTO_TRITON_MAX_HEAD`: the wider kernels are not yet verified
+            on a GPU, see there), else ``recurrent`` for ``T == 1`` and ``chunk`` otherwise), ``"naive"`` (quadratic
             attention mode), ``"chunk"``, ``"recurrent"`` or ``"triton"`` (fused kernels; CPU
             tensors only under ``TRITON_INTERPRET=1``).
     Returns:
@@ -107,7 +119,10 @@ def linear_attention(
         if not causal:
             raise ValueError(f"{_OP}: initial_state needs causal=True (a non-causal call sees its whole sequence)")
         _check_state(initial_state, normalize, num_seqs(B, cu_seqlens), H, K, V, q.device)
-    impl = select(_OP, backend, _IMPLS, q)
+    impls = _IMPLS
+    if backend is None and max(K, V) > AUTO_TRITON_MAX_HEAD:
+        impls = {name: fn for name, fn in _IMPLS.items() if name != "triton"}
+    impl = select(_OP, backend, impls, q)
     return impl(
         q, k, v, causal=causal, normalize=normalize, scale=scale, chunk_size=int(chunk_size),
         initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
@@ -140,4 +155,4 @@ def _check_state(state, normalize: bool, N: int, H: int, K: int, V: int, device)
             raise ValueError(f"{_OP}: {name} is on {x.device}, q on {device}")
 
 
-__all__ = ["linear_attention"]
+__all__ = ["AUTO_TRITON_MAX_HEAD", "linear_attention"]
