@@ -384,7 +384,14 @@ def bench_train(s: Settings, on_row: Callable[[TrainRow], None] = lambda r: None
                 row.step_ms = row.tokens_per_s = None
                 row.peak_mib = _peak_mib(device)
                 del e
-            free_memory(device)
+            try:
+                free_memory(device)
+            except Exception as e:  # a sticky CUDA error (e.g. an illegal memory access) surfaces here
+                if row.status == "ok":
+                    row.status = f"error: {_one_line(e)}"
+                    row.step_ms = row.step_p10_ms = row.step_p90_ms = row.tokens_per_s = None
+                stop = f"device error at T={_fmt_size(T)}"
+                del e
             emit(row)
     return rows
 

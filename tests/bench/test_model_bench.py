@@ -266,3 +266,23 @@ def test_cli_runs_merges_and_reports_user_errors(tmp_path, capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert msg in err and len(err.strip().splitlines()) == 1, (argv, err)
+
+
+def test_device_error_at_cleanup_is_a_row_not_a_crash(monkeypatch):
+    """On the H200 a CUDA illegal memory access surfaced in the synchronize after the case (the
+    performer-base training process died and wrote no row): the row must say so and the longer
+    contexts are skipped."""
+    real = bm.free_memory
+    fail = {"n": 1}
+
+    def flaky(device):
+        if fail["n"]:
+            fail["n"] -= 1
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        real(device)
+
+    monkeypatch.setattr(bm, "free_memory", flaky)
+    s = _settings(presets=SOFTMAX, contexts="8,16", parts="train")
+    rows = bm.bench_train(s)
+    assert rows[0].status == "error: RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert rows[0].step_ms is None and rows[1].status == "skipped: device error at T=8"
