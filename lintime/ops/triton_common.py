@@ -69,9 +69,20 @@ def supported(*dims: int, dtype: torch.dtype) -> bool:
     return dtype in (torch.float16, torch.bfloat16, torch.float32) and all(1 <= d <= MAX_HEAD_DIM for d in dims)
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceil division of host ints (launch arithmetic).  Plain Python: ``triton.cdiv`` and
+    ``triton.next_power_of_2`` are constexpr functions in Triton 3.9 and cost ~10 us a call."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for ``n <= 1``), in plain Python."""
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
 def block(d: int) -> int:
     """Tile width for a head dimension: a power of two >= 16 (``tl.dot``'s minimum)."""
-    return max(16, triton.next_power_of_2(d))
+    return max(16, next_pow2(d))
 
 
 def dot_config(dtype: torch.dtype):
@@ -122,7 +133,7 @@ def choose_segment_chunks(n_seq: int, total_tokens: int, max_len: int, programs_
         return 0
     chunks = max(1, math.ceil(total_tokens / BT))
     want_segments = math.ceil(2 * sms / max(1, programs_per_segment))
-    ns = max(16, triton.next_power_of_2(math.ceil(chunks / want_segments)))
+    ns = max(16, next_pow2(math.ceil(chunks / want_segments)))
     if ns >= math.ceil(max_len / BT):
         return 0
     return ns
@@ -162,7 +173,7 @@ class Segments:
         return self.ns > 0
 
     def kernel_args(self) -> dict:
-        """The layout arguments every segment kernel takes."""
+        """The layout arguments every segment kernel takes (a fresh dict: callers may extend it)."""
         return dict(seg=self.table, seq_ptr=self.seq_ptr, T=self.T, NSPS=self.NSPS, SEG_LEN=self.SEG_LEN,
                     NT=self.NT, NSC=self.NSC, VARLEN=self.varlen)
 
@@ -177,14 +188,24 @@ def seg_alloc_rows(B: int, T: int, n_seq: int, varlen: bool, ns: int) -> int:
 
 
 def segments(B: int, T: int, cu_seqlens: torch.Tensor | None, ns: int, device: torch.device) -> Segments:
-    """Build the segment layout of a ``[B, T]`` batch, or of packed sequences (``B == 1``)."""
+    """Build the segment layout of a ``[B, T]`` batch, or of packed sequences (``B == 1``).
+    Without ``cu_seqlens`` the layout is arithmetic and cached per ``(B, T, ns)``."""
     if cu_seqlens is None:
-        NT = math.ceil(T / BT)
-        if ns == 0:
-            return Segments(B, T, 0, B, B, B * NT, 1, NT * BT, NT, NT, False, None, None)
-        NSPS = math.ceil(NT / ns)
-        return Segments(B, T, ns, B * NSPS, B * NSPS, B * NT, NSPS, ns * BT, NT, ns, False, None, None)
-    cu = cu_seqlens.tolist()
+        return _regular_segments(B, T, ns)
+    return _packed_segments(B, T, cu_seqlens, ns, device)
+
+
+@functools.lru_cache(maxsize=256)
+def _regular_segments(B: int, T: int, ns: int) -> Segments:
+    NT = -(-T // BT)
+    if ns == 0:
+        return Segments(B, T, 0, B, B, B * NT, 1, NT * BT, NT, NT, False, None, None)
+    NSPS = -(-NT // ns)
+    return Segments(B, T, ns, B * NSPS, B * NSPS, B * NT, NSPS, ns * BT, NT, ns, False, None, None)
+
+
+def _packed_segments(B: int, T: int, cu_seqlens: torch.Tensor, ns: int, device: torch.device) -> Segments:
+    cu = cu_seqlens.tolist()  # the one device sync of a packed call
     N = len(cu) - 1
     rows, seq_ptr, ch = [], [0], 0
     for n in range(N):
@@ -198,8 +219,9 @@ def segments(B: int, T: int, cu_seqlens: torch.Tensor | None, ns: int, device: t
                 rows.append((b, min(b + ns * BT, eos), n, ch + j * ns))
         ch += nt
         seq_ptr.append(len(rows))
-    table = torch.tensor(rows if rows else [(0, 0, 0, 0)], dtype=torch.int32).to(device)
-    ptr = torch.tensor(seq_ptr, dtype=torch.int32).to(device)
+    flat_rows = [x for r in (rows if rows else [(0, 0, 0, 0)]) for x in r]
+    both = torch.tensor(flat_rows + seq_ptr, dtype=torch.int32).to(device)  # one host-to-device copy
+    table, ptr = both[: len(flat_rows)].view(-1, 4), both[len(flat_rows):]
     return Segments(N, T, ns, len(rows), seg_alloc_rows(B, T, N, True, ns), ch, 0, 0, 0, 0, True, table, ptr)
 
 
@@ -393,7 +415,7 @@ def segment_states(x, y, seg: Segments, *, H: int, g=None, w=None, rdiv=None, re
     la = seg.kernel_args()
     BK, BV = min(64, block(K)), min(64, block(V))
     if NSEG > 0:
-        grid = (triton.cdiv(K, BK) * triton.cdiv(V, BV) * NSEG, H)
+        grid = (cdiv(K, BK) * cdiv(V, BV) * NSEG, H)
         seg_summary_kernel[grid](
             x, y, g, w, rdiv, delta, dz, gsum, float(alpha), **la, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
             USE_G=g is not None, REVERSE=reverse, NORM=norm, HAS_W=w is not None, HAS_RDIV=rdiv is not None,
@@ -406,7 +428,7 @@ def segment_states(x, y, seg: Segments, *, H: int, g=None, w=None, rdiv=None, re
     final_z = torch.empty(seg.N, H, K, **f32) if norm else x.new_empty(0, dtype=torch.float32)
     if seg.N > 0:
         SK, SV = min(32, block(K)), min(32, block(V))
-        grid = (triton.cdiv(K, SK) * triton.cdiv(V, SV), seg.N, H)
+        grid = (cdiv(K, SK) * cdiv(V, SV), seg.N, H)
         seg_scan_kernel[grid](
             delta, dz, gsum, init, init_z, start, start_z, final, final_z, seg.seq_ptr, seg.NSPS,
             H=H, K=K, V=V, BK=SK, BV=SV, VARLEN=seg.varlen, USE_G=g is not None, REVERSE=reverse, NORM=norm,

@@ -11,11 +11,11 @@ Kernel sequence (``ns`` = chunks per segment, see :mod:`lintime.ops.triton_commo
   and one for ``dv``).
 """
 
+import functools
 import math
 from typing import Optional
 
 import torch
-import triton
 from torch import Tensor
 
 from lintime.ops.linear.triton.kernels import (
@@ -28,6 +28,7 @@ from lintime.ops.linear.triton.kernels import (
 from lintime.ops.triton_common import (
     BT,
     block,
+    cdiv,
     check_device,
     choose_segment_chunks,
     custom_op,
@@ -45,6 +46,7 @@ DECODE_MAX_T = 16  # forward-only calls up to this many tokens use the recurrent
 TILE = 4096  # fp32 elements of a state tile held by one program (16 KB)
 
 
+@functools.lru_cache(maxsize=64)
 def _tiles(K: int, V: int):
     """Tile widths: forward ``[all K, BV]``, dq ``[BKq, all V]``, dk/dv (fused when both fit)."""
     BKf, BVf = block(K), block(V)
@@ -63,6 +65,7 @@ def _launch(cfg, name, num_warps, num_stages):
     return dict(num_warps=nw, num_stages=st)
 
 
+@functools.lru_cache(maxsize=64)
 def _stages(K: int, V: int) -> int:
     """Software-pipelining depth of the walks: 3 for heads up to 64 wide (measured: 0.52 ms
     fwd+bwd against 0.59 with 2 at T = 8k, H = 16); 1 for wider heads, whose [64, 256] tiles
@@ -70,6 +73,7 @@ def _stages(K: int, V: int) -> int:
     return 3 if max(block(K), block(V)) <= 64 else 1
 
 
+@functools.lru_cache(maxsize=64)
 def _warps(K: int, V: int) -> int:
     """4 warps for heads up to 64 wide (measured at H = 16, D = 64); 8 for wider heads, whose
     [64, 256] tiles spill with 4 (ptxas report; not timed)."""
@@ -124,7 +128,7 @@ def linear_fwd(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns, cfg=No
         zt = torch.empty(seg.N, H, K, **f32) if normalize else empty_f32(q)
     BK, BV = _tiles(K, V)["fwd"]
     if seg.NSEG > 0:
-        linear_fwd_kernel[(triton.cdiv(V, BV) * seg.NSEG, H)](
+        linear_fwd_kernel[(cdiv(V, BV) * seg.NSEG, H)](
             qf, kf, vf, o, den, h0, z0, hs, zs, ht, zt, scale, **seg.kernel_args(),
             H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, CAUSAL=causal, NORM=normalize, HAS_H0=h0 is not None,
             MAT=seg.materialized, SDT=SDT, PREC=PREC, **_launch(cfg, "fwd", _warps(K, V), _stages(K, V)),
@@ -167,7 +171,7 @@ def linear_bwd(q, k, v, o, den, ht, zt, hs, zs, do, dht, dzt, h0, z0, cu_seqlens
     dd = None
     if normalize and TT > 0:
         dd = torch.empty(TT, H, **f32)
-        linear_bwd_prep_kernel[(triton.cdiv(TT, BT), H)](dof, flat(o), den_f, dd, TT, H=H, V=V, BT=BT, BV=block(V),
+        linear_bwd_prep_kernel[(cdiv(TT, BT), H)](dof, flat(o), den_f, dd, TT, H=H, V=V, BT=BT, BV=block(V),
                                                           num_warps=4)
     dh0, dz0 = empty_f32(q), empty_f32(q)
     ds = dzs = None
@@ -186,7 +190,7 @@ def linear_bwd(q, k, v, o, den, ht, zt, hs, zs, do, dht, dzt, h0, z0, cu_seqlens
     tiles = _tiles(K, V)
     if seg.NSEG > 0:
         BK, BV = tiles["dq"]
-        linear_bwd_dq_kernel[(triton.cdiv(K, BK) * seg.NSEG, H)](
+        linear_bwd_dq_kernel[(cdiv(K, BK) * seg.NSEG, H)](
             kf, vf, dof, den_f, dd, dq, h0, z0, hs, zs, ht, zt, scale, **la, BK=BK, BV=BV,
             HAS_H0=h0 is not None, **common, **_launch(cfg, "dq", _warps(K, V), _stages(K, V)),
         )
@@ -194,7 +198,7 @@ def linear_bwd(q, k, v, o, den, ht, zt, hs, zs, do, dht, dzt, h0, z0, cu_seqlens
         launches = [("fused", True, True)] if tiles["fuse"] else [("dk", True, False), ("dv", False, True)]
         for name, do_dk, do_dv in launches:
             BK, BV = tiles[name]
-            nblk = 1 if name == "fused" else (triton.cdiv(K, BK) if name == "dk" else triton.cdiv(V, BV))
+            nblk = 1 if name == "fused" else (cdiv(K, BK) if name == "dk" else cdiv(V, BV))
             linear_bwd_dkdv_kernel[(nblk * seg.NSEG, H)](
                 qf, kf, vf, dof, den_f, dd, dk, dv, dht, dzt, dh0, dz0, ds, dzs, scale, **la, BK=BK, BV=BV,
                 HAS_DHT=dht is not None, DO_DK=do_dk, DO_DV=do_dv, STORE_DH0=store_dh0, **common,
@@ -232,7 +236,8 @@ def _backward(ctx, do, dht, dzt, _dden, _dhs, _dzs):
         dht = torch.zeros_like(ht) if dht is None else dht
         dzt = torch.zeros_like(zt) if dzt is None else dzt
     need_dh0 = causal and (ctx.needs_input_grad[3] or ctx.needs_input_grad[4])
-    dq, dk, dv, dh0, dz0 = _bwd_op(
+    bwd = _bwd_op if torch.compiler.is_compiling() else linear_bwd  # eager: skip the op dispatch
+    dq, dk, dv, dh0, dz0 = bwd(
         q, k, v, o, den, ht, zt, hs, zs, do.contiguous(), None if dht is None else dht.contiguous(),
         None if dzt is None else dzt.contiguous(), h0, z0, cu_seqlens, scale, causal, normalize, ns, need_dh0,
     )
@@ -244,6 +249,24 @@ def _fwd_op(q: Tensor, k: Tensor, v: Tensor, h0: Optional[Tensor], z0: Optional[
             cu_seqlens: Optional[Tensor], scale: float, causal: bool, normalize: bool,
             ns: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     return linear_fwd(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns)
+
+
+class _EagerLinear(torch.autograd.Function):
+    """The same forward / backward as ``lintime::linear_attention_fwd`` for eager calls, without the
+    custom-op dispatch and without zero gradients for the outputs a caller does not use (the op's
+    autograd materialises them: three fills per backward).  ``torch.compile`` traces the custom op
+    instead (:func:`triton_linear_attention` picks).  Returns ``o, ht, zt``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns):
+        ctx.set_materialize_grads(False)  # unused outputs: None gradients (the backward skips them)
+        out = linear_fwd(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns)
+        _setup_context(ctx, (q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns), out)
+        return out[0], out[1], out[2]
+
+    @staticmethod
+    def backward(ctx, do, dht, dzt):
+        return _backward(ctx, do, dht, dzt, None, None, None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -259,9 +282,9 @@ def _recurrent_fake(q, k, v, h0, z0, cu_seqlens, scale, normalize):
             q.new_empty(N, H, K, **f32) if normalize else q.new_empty(0, **f32))
 
 
-@custom_op("linear_attention_recurrent", fake=_recurrent_fake)
-def _recurrent_op(q: Tensor, k: Tensor, v: Tensor, h0: Optional[Tensor], z0: Optional[Tensor],
-                  cu_seqlens: Optional[Tensor], scale: float, normalize: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _recurrent(q: Tensor, k: Tensor, v: Tensor, h0: Optional[Tensor], z0: Optional[Tensor],
+               cu_seqlens: Optional[Tensor], scale: float, normalize: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Decoding launcher (``lintime::linear_attention_recurrent``; eager calls skip the op dispatch)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = _n_seq(q, cu_seqlens)
@@ -272,11 +295,14 @@ def _recurrent_op(q: Tensor, k: Tensor, v: Tensor, h0: Optional[Tensor], z0: Opt
     BK = block(K)
     BV = min(block(V), max(16, 8192 // BK))
     if N > 0:
-        linear_recurrent_kernel[(triton.cdiv(V, BV), N, H)](
+        linear_recurrent_kernel[(cdiv(V, BV), N, H)](
             flat(q), flat(k), flat(v), o, h0, z0, ht, zt, cu_seqlens, scale, T, H=H, K=K, V=V, BK=BK, BV=BV,
             VARLEN=cu_seqlens is not None, NORM=normalize, HAS_H0=h0 is not None, num_warps=4,
         )
     return o, ht, zt
+
+
+_recurrent_op = custom_op("linear_attention_recurrent", fake=_recurrent_fake)(_recurrent)
 
 
 # --------------------------------------------------------------------------------------------
@@ -320,15 +346,21 @@ def triton_linear_attention(
         z0 = None if z0 is None else z0.float().contiguous()
     if cu_seqlens is not None:
         cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32)
+    compiling = torch.compiler.is_compiling()
     grad = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, h0, z0)
     )
     if causal and not grad and T <= DECODE_MAX_T:
-        o, ht, zt = _recurrent_op(q.contiguous(), k.contiguous(), v.contiguous(), h0, z0, cu_seqlens, scale,
-                                  normalize)
+        rec = _recurrent_op if compiling else _recurrent
+        o, ht, zt = rec(q.contiguous(), k.contiguous(), v.contiguous(), h0, z0, cu_seqlens, scale, normalize)
     else:
         ns = segment_chunks_for(q, v, cu_seqlens) if segment_chunks is None else int(segment_chunks)
-        o, ht, zt, _, _, _ = _fwd_op(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns)
+        if compiling:
+            o, ht, zt, _, _, _ = _fwd_op(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns)
+        elif grad:
+            o, ht, zt = _EagerLinear.apply(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns)
+        else:
+            o, ht, zt, _, _, _ = linear_fwd(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns)
     state = None
     if output_final_state:
         state = (ht, zt) if normalize else ht
