@@ -38,6 +38,13 @@ except ImportError:  # hypothesis is in the `test` extra
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Every test starts on one intra-op thread, whatever the test before it set."""
+    torch.set_num_threads(1)
+    yield
+
+
 def _poisoned(fn):
     def wrapper(*args, **kwargs):
         out = fn(*args, **kwargs)

@@ -80,6 +80,19 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
+
+def _write_weights_and_state(folder: Path, model: torch.nn.Module, step: int, trainer_state: dict) -> None:
+    """``model.safetensors`` and ``trainer_state.pt`` into ``folder``, each fsynced."""
+    from safetensors.torch import save_model
+
+    weights = folder / WEIGHTS_FILE
+    save_model(model, str(weights), metadata={"format": "lintime", "step": str(step)})
+    _fsync_file(weights)
+    with open(folder / STATE_FILE, "wb") as f:
+        torch.save(trainer_state, f)
+        f.flush()
+        os.fsync(f.fileno())
+
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
@@ -162,8 +175,6 @@ def save_checkpoint(
     the model's own).  ``trainer_state`` holds only tensors, numbers, strings, lists and dicts.
     Returns the step folder.
     """
-    from safetensors.torch import save_model
-
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     if keep < 0:
@@ -174,13 +185,7 @@ def save_checkpoint(
     final = ckpt_root / step_dir_name(step)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=ckpt_root))
     try:
-        weights = tmp / WEIGHTS_FILE
-        save_model(model, str(weights), metadata={"format": "lintime", "step": str(step)})
-        _fsync_file(weights)
-        with open(tmp / STATE_FILE, "wb") as f:
-            torch.save(trainer_state, f)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_weights_and_state(tmp, model, step, trainer_state)
         os.chmod(tmp, 0o755)
         _fsync_dir(tmp)
         if final.exists():  # re-saving a step (e.g. after a resume): swap, never a half state
@@ -220,7 +225,6 @@ def save_distributed_checkpoint(
     ``latest`` and prunes, exactly as :func:`save_checkpoint`.  Returns the step folder."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from safetensors.torch import save_model
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     main = dist.get_rank() == 0
@@ -239,13 +243,7 @@ def save_distributed_checkpoint(
         if main:
             plain = build()
             plain.load_state_dict({k: v.float() for k, v in full.items()})
-            weights = tmp / WEIGHTS_FILE
-            save_model(plain, str(weights), metadata={"format": "lintime", "step": str(step)})
-            _fsync_file(weights)
-            with open(tmp / STATE_FILE, "wb") as f:
-                torch.save(trainer_state, f)
-                f.flush()
-                os.fsync(f.fileno())
+            _write_weights_and_state(tmp, plain, step, trainer_state)
         del full
         dist.barrier()
         if main:

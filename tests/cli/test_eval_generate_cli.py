@@ -19,13 +19,6 @@ from lintime.training.checkpoint import save_checkpoint, write_run_config
 TEXTS = [f"def f{i}(x):\n    return x * {i} + {i % 3}\n" * (1 + i % 4) for i in range(60)]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):

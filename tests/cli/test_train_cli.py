@@ -29,13 +29,6 @@ def _write_corpus(root: Path, n_files: int = 120) -> Path:
     return root
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: one intra-op thread is fastest
-    yield
-    torch.set_num_threads(n)
-
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:

@@ -10,17 +10,7 @@ from torch import nn
 
 from lintime.data import ByteTokenizer
 from lintime.models import CausalLM, ModelState, get_preset
-
-# one tiny preset per mixer family
-FAMILY_PRESETS = [
-    "transformer-pp-tiny", "flash-quad-tiny", "flash-tiny", "mc-tfm-pp-tiny", "gla-tiny", "linear-tiny",
-    "performer-tiny", "combiner-tiny", "vq-tiny",
-]
-# chunk / block sizes of 8, so that a test of ~25 tokens crosses several chunk boundaries
-SMALL_CHUNKS = {
-    "flash-tiny": {"chunk_size": 8}, "mc-tfm-pp-tiny": {"chunk_size": 8}, "vq-tiny": {"block_len": 8},
-    "gla-tiny": {"chunk_size": 8}, "linear-tiny": {"chunk_size": 8}, "performer-tiny": {"chunk_size": 8},
-}
+from lintime.testing import FAMILY_TINY_PRESETS as FAMILY_PRESETS, SMALL_CHUNKS  # noqa: F401  (re-exported)
 
 
 def tiny_model(preset: str, seed: int = 0, **mixer_changes) -> CausalLM:

@@ -9,16 +9,7 @@ import torch
 
 from lintime.data import ByteTokenizer
 from lintime.models import CausalLM, get_preset
-
-# one tiny preset per mixer family, with chunks / blocks of 8 so short prompts cross boundaries
-FAMILY_PRESETS = [
-    "transformer-pp-tiny", "flash-quad-tiny", "flash-tiny", "mc-tfm-pp-tiny", "gla-tiny", "linear-tiny",
-    "performer-tiny", "combiner-tiny", "vq-tiny",
-]
-SMALL_CHUNKS = {
-    "flash-tiny": {"chunk_size": 8}, "mc-tfm-pp-tiny": {"chunk_size": 8}, "vq-tiny": {"block_len": 8},
-    "gla-tiny": {"chunk_size": 8}, "linear-tiny": {"chunk_size": 8}, "performer-tiny": {"chunk_size": 8},
-}
+from lintime.testing import FAMILY_TINY_PRESETS as FAMILY_PRESETS, SMALL_CHUNKS  # noqa: F401  (re-exported)
 
 
 def tiny_config(preset: str):

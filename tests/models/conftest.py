@@ -17,11 +17,3 @@ def _poison(poison_empty):
     yield
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The models here are tiny: intra-op threads only add synchronisation, and on a busy
-    2-core machine they make each small op ~30x slower.  Restored after each test."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)

@@ -102,15 +102,6 @@ def _assert_same(tag, ref, out):
             assert_exact(f"{tag} {name}", ref[name], out[name])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These tensors are tiny: intra-op threads only add synchronisation (and spin-waits on a
-    busy CI box), so this module runs single-threaded and restores the setting afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 # --------------------------------------------------------------------------- chain of trust
 

@@ -28,15 +28,6 @@ FIELDS = ("cache_mean", "cache_count", "k_hat", "v", "codes", "pos")
 FLOAT_FIELDS = ("cache_mean", "cache_count", "k_hat", "v")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These tests run thousands of small ops, where intra-op threads only add synchronisation
-    (and on a busy 2-core machine stall in busy-waiting, ~10x slower): one thread, restored after."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _gather(codebook, codes):
     """``codebook[h, codes[..., h]]``: ``[H, S, K]``, ``[..., H]`` -> ``[..., H, K]``."""

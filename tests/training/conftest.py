@@ -7,7 +7,6 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
 
 from lintime.data import prepare
 from lintime.training import TrainConfig
@@ -29,15 +28,6 @@ def write_code_corpus(root: Path, n_files: int = N_FILES, seed: int = 0) -> Path
         path.write_text("\n".join(lines), encoding="utf-8")
     return root
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The test models are tiny: one intra-op thread is faster than two (and far faster on a busy
-    machine, where threads wait on each other for every small op)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="session")
