@@ -86,7 +86,9 @@ def append_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torc
     slot = cache.lengths.index_select(0, row) + t
     kc = kc.index_put((row, slot), k.reshape(B * T, H, K).to(kc.dtype))
     vc = vc.index_put((row, slot), v.reshape(B * T, H, -1).to(vc.dtype))
-    lengths = cache.lengths + torch.tensor(counts, dtype=torch.long, device=k.device)
+    # a constant without packing: no host->device copy of the counts
+    added = T if cu_seqlens is None else torch.tensor(counts, dtype=torch.long, device=k.device)
+    lengths = cache.lengths + added
     return KVCache(kc, vc, lengths, need), row, t, Lq
 
 

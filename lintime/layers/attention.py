@@ -75,7 +75,9 @@ def _attend_cache(q, k, v, cache: KVCache, cu_seqlens, scale):
     slot = cache.lengths.index_select(0, row) + t  # [B*T] cache slot of every new token
     kc = kc.index_put((row, slot), k.reshape(B * T, H, K).to(kc.dtype))
     vc = vc.index_put((row, slot), v.reshape(B * T, H, -1).to(vc.dtype))
-    new = KVCache(kc, vc, cache.lengths + torch.tensor(counts, device=q.device), need)
+    # lengths grow by the new tokens of each row: a constant without packing (no host->device copy)
+    added = T if cu_seqlens is None else torch.tensor(counts, device=q.device)
+    new = KVCache(kc, vc, cache.lengths + added, need)
 
     # queries in a [N, Lq] row layout (the identity without packing)
     q_rows = q if cu_seqlens is None else q.new_zeros(N, Lq, H, K).index_put((row, t), q[0])

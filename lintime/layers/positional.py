@@ -93,7 +93,13 @@ class LearnedPositionEmbedding(nn.Module):
     def init_weights(self, std: float) -> None:
         nn.init.normal_(self.weight, std=std)
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype | None = None, *,
+                max_position: int | None = None) -> torch.Tensor:
+        """``positions [*P]`` int64 -> ``[*P, dim]``.  ``max_position``: a host-side upper bound of
+        ``positions`` known to the caller (e.g. a decoding step's offset); when it lies inside the
+        table, the range check needs no device->host read."""
+        if max_position is not None and max_position < self.max_positions:
+            return self.weight[positions]
         if positions.numel() and int(positions.max()) >= self.max_positions:
             raise ValueError(
                 f"position {int(positions.max())} is beyond the learned position table "

@@ -83,6 +83,7 @@ import torch.nn.functional as F
 from lintime.layers.base import BatchState, Mixer
 from lintime.layers.positional import sinusoid
 from lintime.ops import VQState, vq_attention
+from lintime.ops.utils import mark_checked
 
 REDUCTIONS = ("serial", "matmul", "assoc")
 COUNT_CLIP = 0.01  # C_s = sum_s / max(count_s, 0.01), the authors' clip
@@ -276,6 +277,7 @@ class VQAttention(Mixer):
         q, k, v, g = self.project(x)
         codebook = self.codebook()  # [H, S, K], the one this call uses throughout
         codes, k_hat, c_z = self.quantize(k, codebook)
+        mark_checked(codes)  # an argmin over this codebook: the op need not read its range back
         if aux_losses is not None and T > 0:
             # seed Eq. 37 for this layer: mean over tokens of sum over heads ||k - sg(C_z)||^2
             kf = k if k.dtype == torch.float64 else k.float()

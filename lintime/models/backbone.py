@@ -27,11 +27,14 @@ class ModelState:
     """Decoding state of a whole model.
 
     ``layers``  one mixer state per block (the mixer's own state class, e.g. ``KVCache``);
-    ``offset``  ``[N]`` int64 tokens each sequence has consumed (its next position).
+    ``offset``  ``[N]`` int64 tokens each sequence has consumed (its next position);
+    ``max_offset`` python int, an upper bound of ``offset`` kept on the host (``None``: unknown),
+                so that a decoding step can bound its positions without a device->host read.
     """
 
     layers: list[Any]
     offset: torch.Tensor
+    max_offset: int | None = None
 
     @property
     def batch_size(self) -> int:
@@ -40,10 +43,11 @@ class ModelState:
     def select(self, index: torch.Tensor) -> "ModelState":
         """Rows ``index`` of every layer's state (beam reordering; rows may repeat)."""
         index = index.to(self.offset.device)
-        return ModelState([select_state(s, index) for s in self.layers], self.offset.index_select(0, index))
+        return ModelState([select_state(s, index) for s in self.layers], self.offset.index_select(0, index),
+                          self.max_offset)
 
     def to(self, device: torch.device | str) -> "ModelState":
-        return ModelState([state_to(s, device) for s in self.layers], self.offset.to(device))
+        return ModelState([state_to(s, device) for s in self.layers], self.offset.to(device), self.max_offset)
 
 
 def build_ffn(cfg: FFNConfig, d_model: int) -> nn.Module:
@@ -121,8 +125,14 @@ class Backbone(nn.Module):
         offset = None if state is None else state.offset
         positions = token_positions(B, T, offset=offset, cu_seqlens=cu_seqlens, device=input_ids.device)
 
+        # host-side bound of the positions of this call: the largest offset + the new tokens
+        max_offset = 0 if state is None else state.max_offset
+        max_position = None if max_offset is None else max_offset + T - 1
+
         x = self.embed(input_ids)  # [B, T, d]
-        if self.pos is not None:
+        if isinstance(self.pos, LearnedPositionEmbedding):
+            x = x + self.pos(positions, dtype=x.dtype, max_position=max_position)
+        elif self.pos is not None:
             x = x + self.pos(positions, dtype=x.dtype)
         x = self.drop(x)
         layer_states = [None] * len(self.blocks) if state is None else state.layers
@@ -138,14 +148,14 @@ class Backbone(nn.Module):
             consumed = torch.full((B,), T, dtype=torch.long, device=input_ids.device)
         else:
             consumed = cu_seqlens.to(device=input_ids.device, dtype=torch.long).diff()
-        return x, ModelState(new_states, state.offset + consumed)
+        return x, ModelState(new_states, state.offset + consumed, None if max_offset is None else max_offset + T)
 
     def init_state(self, batch_size: int, device=None, dtype=None) -> ModelState:
         """Empty state for ``batch_size`` sequences (default device / dtype: the embedding's)."""
         device = self.embed.weight.device if device is None else device
         dtype = self.embed.weight.dtype if dtype is None else dtype
         layers = [blk.mixer.init_state(batch_size, device, dtype) for blk in self.blocks]
-        return ModelState(layers, torch.zeros(batch_size, dtype=torch.long, device=device))
+        return ModelState(layers, torch.zeros(batch_size, dtype=torch.long, device=device), 0)
 
 
 def _check_cu_seqlens(cu_seqlens: torch.Tensor, B: int, T: int) -> None:

@@ -8,6 +8,7 @@ layout (``B`` without packing, 1 with ``cu_seqlens``), ``NC`` chunks per row, ``
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +54,41 @@ def check_cu_seqlens(op: str, cu_seqlens: torch.Tensor | None, B: int, T: int) -
     cu = cu_seqlens.tolist()
     if cu[0] != 0 or cu[-1] != T or any(b < a for a, b in zip(cu, cu[1:])):
         raise ValueError(f"{op}: cu_seqlens must start at 0, be non-decreasing and end at T={T}, got {cu}")
+
+
+# Tensors whose *values* an op has already validated (or produced itself), so that the next call
+# that receives them (a decoding step continuing a state) can skip the value checks that would
+# read them back to the host -- one device->host sync per check on CUDA.  Keyed by ``id``; each
+# entry holds a weak reference (the entry goes when the tensor does) and the tensor's version
+# counter at marking time, so a tensor modified in place since is checked again.  Inference
+# tensors have no version counter: for them identity alone counts.
+_CHECKED: dict[int, tuple[weakref.ref, int]] = {}
+
+
+def _version(t: torch.Tensor) -> int:
+    return -1 if t.is_inference() else t._version
+
+
+def mark_checked(*tensors: torch.Tensor | None) -> None:
+    """Record that the values of ``tensors`` are valid for the op that produced or checked them
+    (``None`` entries are ignored)."""
+    for t in tensors:
+        if t is None:
+            continue
+        key = id(t)
+        _CHECKED[key] = (weakref.ref(t, lambda _, key=key: _CHECKED.pop(key, None)), _version(t))
+
+
+def is_checked(*tensors: torch.Tensor | None) -> bool:
+    """All ``tensors`` (``None`` entries count as checked) were marked by :func:`mark_checked`
+    and none was modified in place since."""
+    for t in tensors:
+        if t is None:
+            continue
+        entry = _CHECKED.get(id(t))
+        if entry is None or entry[0]() is not t or entry[1] != _version(t):
+            return False
+    return True
 
 
 def num_seqs(B: int, cu_seqlens: torch.Tensor | None) -> int:

@@ -11,7 +11,7 @@ from lintime.ops.mixed_chunk.chunk import chunk_mixed_chunk_attention
 from lintime.ops.mixed_chunk.naive import naive_mixed_chunk_attention
 from lintime.ops.mixed_chunk.recurrent import recurrent_mixed_chunk_attention
 from lintime.ops.mixed_chunk.state import LINEAR_NORMS, MixedChunkState, check_state
-from lintime.ops.utils import check_cu_seqlens, check_same_btH, check_tensor, num_seqs
+from lintime.ops.utils import check_cu_seqlens, check_same_btH, check_tensor, is_checked, mark_checked, num_seqs
 
 _IMPLS = {
     "naive": naive_mixed_chunk_attention,
@@ -124,14 +124,23 @@ def mixed_chunk_attention(
     if not causal and output_final_state:
         raise ValueError(f"{op}: output_final_state needs causal=True (there is nothing to continue)")
     if initial_state is not None:
-        check_state(op, initial_state, num_seqs(B, cu_seqlens), C, H, S, E, q_quad.device)
+        # the value checks (fill / count ranges) read the state back to the host: skipped for a
+        # state this op returned (or already checked) and nobody modified since, so a decoding
+        # loop pays them once, on its first step
+        values = not (isinstance(initial_state, MixedChunkState) and is_checked(initial_state.fill, initial_state.count))
+        check_state(op, initial_state, num_seqs(B, cu_seqlens), C, H, S, E, q_quad.device, values=values)
+        if values:
+            mark_checked(initial_state.fill, initial_state.count)
 
     impl = select(op, backend, _IMPLS if causal else _NONCAUSAL_IMPLS, q_quad)
-    return impl(
+    o, final = impl(
         q_quad, k_quad, q_lin, k_lin, v, chunk_size=C, causal=causal, rel_bias=rel_bias,
         scale=None if scale is None else float(scale), linear_norm=linear_norm,
         initial_state=initial_state, output_final_state=bool(output_final_state), cu_seqlens=cu_seqlens,
     )
+    if final is not None:
+        mark_checked(final.fill, final.count)
+    return o, final
 
 
 __all__ = ["MixedChunkState", "mixed_chunk_attention"]

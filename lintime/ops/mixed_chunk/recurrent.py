@@ -18,7 +18,7 @@ def decode_one_token(state, qq, kq, ql, kl, v, active, *, rel_bias, scale, linea
 
     ``state``: a :class:`MixedChunkState` whose tensors are in the compute dtype; ``qq, kq, ql, kl``
     ``[N, H, S]``, ``v`` ``[N, H, E]``: this step's token of each sequence; ``active`` ``[N]`` bool,
-    sequences without a token this step keep their state.  Returns ``o [N, H, E]`` and the new state.
+    sequences without a token this step keep their state (``None``: every sequence has one).  Returns ``o [N, H, E]`` and the new state.
     """
     C = state.chunk_size
     dev = qq.device
@@ -26,7 +26,10 @@ def decode_one_token(state, qq, kq, ql, kl, v, active, *, rel_bias, scale, linea
     slots = torch.arange(C, device=dev)
     fill = state.fill
     # the token enters its chunk at slot `fill`
-    put = ((slots[None, :] == fill[:, None]) & active[:, None])[:, :, None, None]  # [N, C, 1, 1]
+    put = slots[None, :] == fill[:, None]
+    if active is not None:
+        put = put & active[:, None]
+    put = put[:, :, None, None]  # [N, C, 1, 1]
     bk = torch.where(put, kq[:, None], state.k_quad)
     bl = torch.where(put, kl[:, None], state.k_lin)
     bv = torch.where(put, v[:, None], state.v)
@@ -45,7 +48,7 @@ def decode_one_token(state, qq, kq, ql, kl, v, active, *, rel_bias, scale, linea
     o = o + normalize_linear(lin, state.count[:, None, None], linear_norm, C)
 
     # a full chunk moves into the linear sum and the buffers start over
-    fill = fill + active.long()
+    fill = fill + (1 if active is None else active.long())
     full = fill == C
     kv = state.kv + torch.where(full[:, None, None, None], torch.einsum("nchs,nche->nhse", bl, bv), zero)
     keep = ~full[:, None, None, None]
@@ -81,6 +84,16 @@ def recurrent_mixed_chunk_attention(
 
     # token t of every sequence, gathered once into [steps, N, H, *] and unbound, so the backward
     # pass does not touch the whole sequence at every step
+    if cu_seqlens is None:  # row n is sequence n: no index tensors, no masking
+        tokens = [x.to(dt).unbind(1) for x in (q_quad, k_quad, q_lin, k_lin, v)]
+        outs = []
+        for step in range(T):
+            o_t, state = decode_one_token(
+                state, *(x[step] for x in tokens), None, rel_bias=bias, scale=scale, linear_norm=linear_norm
+            )
+            outs.append(o_t)
+        o = (torch.stack(outs, 1) if outs else q_quad.new_zeros(B, T, H, E, dtype=dt)).to(q_quad.dtype)
+        return _finish(o, state, q_quad.dtype, output_final_state)
     starts = torch.tensor([row * T + s for row, s, _ in bounds], device=dev)
     lengths = torch.tensor([e - s for _, s, e in bounds], device=dev)
     steps = max([e - s for _, s, e in bounds], default=0)
@@ -102,7 +115,11 @@ def recurrent_mixed_chunk_attention(
     if outs:
         o = o.index_copy(0, src[valid], torch.stack(outs)[valid])  # [steps, N, H, E] -> tokens
     o = o.view(B, T, H, E).to(q_quad.dtype)
+    return _finish(o, state, q_quad.dtype, output_final_state)
+
+
+def _finish(o, state, dtype, output_final_state):
     if not output_final_state:
         return o, None
-    state.k_quad, state.k_lin, state.v = (x.to(q_quad.dtype) for x in (state.k_quad, state.k_lin, state.v))
+    state.k_quad, state.k_lin, state.v = (x.to(dtype) for x in (state.k_quad, state.k_lin, state.v))
     return o, state

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from lintime.ops.dispatch import select
-from lintime.ops.utils import check_same_btH, check_tensor, num_seqs
+from lintime.ops.utils import check_same_btH, check_tensor, is_checked, mark_checked, num_seqs
 from lintime.ops.vq.chunk import REDUCTIONS, chunk_vq_attention
 from lintime.ops.vq.naive import naive_vq_attention
 from lintime.ops.vq.recurrent import recurrent_vq_attention
@@ -111,13 +111,24 @@ def vq_attention(
             raise ValueError(f"{op}: with cu_seqlens the batch size must be 1 (packed), got B={B}")
     if initial_state is not None:
         _check_state(op, initial_state, num_seqs(B, cu_seqlens), H, S, K, V, L, q.device)
-    host = _read_values(op, codes, S, cu_seqlens, B, T, initial_state)
     impl = select(op, backend, _IMPLS, q)
+    # the value checks read codes / cu_seqlens / state positions back to the host (one sync):
+    # skipped when every value was checked before (a state this op returned, codes the caller
+    # marked with ``lintime.ops.utils.mark_checked``) and the form needs no host values
+    st_pos = None if initial_state is None else initial_state.pos
+    if impl is chunk_vq_attention or cu_seqlens is not None or not is_checked(codes, st_pos):
+        host = _read_values(op, codes, S, cu_seqlens, B, T, initial_state)
+        mark_checked(st_pos)
+    else:
+        host = None
     extra = {"host_values": host} if impl is chunk_vq_attention else {}
-    return impl(
+    o, final = impl(
         q, k_hat, codes, v, codebook, block_len=L, bias=bias, reduction=reduction,
         initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens, **extra,
     )
+    if final is not None:
+        mark_checked(final.pos)
+    return o, final
 
 
 def _read_values(op, codes, S, cu_seqlens, B, T, st):

@@ -97,11 +97,15 @@ def recurrent_vq_attention(
         st = initial_state.to(dtype=dt).canonical()
     lens = [e - s for _, s, e in seqs]
     Tm = max(lens, default=0)
-    lens_t = torch.tensor(lens, dtype=torch.long, device=dev)
-    # token t of sequence n, [N, Tm] (clamped where the sequence is shorter), gathered once
-    start = torch.tensor([row * T + s for row, s, _ in seqs], dtype=torch.long, device=dev)
-    idx = (start[:, None] + torch.arange(Tm, device=dev)).clamp(max=max(B * T - 1, 0)).view(-1)
-    steps = lambda x: x.reshape(B * T, *x.shape[2:]).index_select(0, idx).view(N, Tm, *x.shape[2:]).unbind(1)
+    if cu_seqlens is None:  # row n is sequence n: the tokens are already [N, T] (no index tensors)
+        lens_t = None
+        steps = lambda x: x.unbind(1)
+    else:
+        lens_t = torch.tensor(lens, dtype=torch.long, device=dev)
+        # token t of sequence n, [N, Tm] (clamped where the sequence is shorter), gathered once
+        start = torch.tensor([row * T + s for row, s, _ in seqs], dtype=torch.long, device=dev)
+        idx = (start[:, None] + torch.arange(Tm, device=dev)).clamp(max=max(B * T - 1, 0)).view(-1)
+        steps = lambda x: x.reshape(B * T, *x.shape[2:]).index_select(0, idx).view(N, Tm, *x.shape[2:]).unbind(1)
     qs, ks, vs = (steps(x.to(dt)) for x in (q, k_hat, v))
     zs = steps(codes)
     bs = [None] * Tm if bias is None else steps(bias.to(dt))
@@ -111,7 +115,9 @@ def recurrent_vq_attention(
         active = None if all(n > t for n in lens) else t < lens_t  # [N]
         o_t, st = vq_step(st, qs[t], ks[t], zs[t], vs[t], cb, bs[t], active=active)
         outs.append(o_t)
-    if outs:
+    if outs and cu_seqlens is None:
+        o = torch.stack(outs, 1)  # [B, T, H, V]
+    elif outs:
         on = torch.stack(outs, 1).reshape(N * Tm, H, V)  # [N * Tm, H, V]
         src = torch.cat([n * Tm + torch.arange(ln) for n, ln in enumerate(lens)]).to(dev)
         # token order of seq_bounds is the flat [B * T] order
