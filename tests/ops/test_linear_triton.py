@@ -274,6 +274,38 @@ def test_custom_op_compiles_and_checks():
         assert_exact("compiled grad", a, b)
 
 
+def test_eager_function_with_unused_outputs():
+    """Eager calls run an autograd.Function that passes ``None`` (no zero tensors) for the gradients
+    of unused outputs: a loss on the output alone, on the final state alone, or on one part of it,
+    gives the custom op's gradients (the op's autograd materialises the missing ones as zeros)."""
+    from lintime.ops.linear.triton.ops import _fwd_op, triton_linear_attention
+
+    q0, k0, v0 = _inputs(2, 70, 2, 16, 8)
+    for normalize in (True, False):
+        state = _state(2, 2, 16, 8, normalize)
+        g = torch.Generator().manual_seed(4)
+        for use in ("o", "state", "first part"):
+            def run(eager):
+                q, k, v = (x.detach().clone().requires_grad_() for x in (q0, k0, v0))
+                s = _leaf(state)
+                if eager:
+                    o, fin = triton_linear_attention(q, k, v, normalize=normalize, initial_state=s,
+                                                     output_final_state=True, segment_chunks=1)
+                    fin = _parts(fin)
+                else:
+                    h0, z0 = s if normalize else (s, None)
+                    o, ht, zt, *_ = _fwd_op(q, k, v, h0, z0, None, 16**-0.5, True, normalize, 1)
+                    fin = (ht, zt) if normalize else (ht,)
+                parts = {"o": (o,), "state": fin, "first part": fin[:1]}[use]
+                loss = sum((x * w).sum() for x, w in zip(parts, weights))
+                return torch.autograd.grad(loss, (q, k, v, *_parts(s)))
+
+            shapes = {"o": [(2, 70, 2, 8)], "state": [(2, 2, 16, 8), (2, 2, 16)], "first part": [(2, 2, 16, 8)]}
+            weights = [torch.randn(sh, generator=g) for sh in shapes[use]]
+            for i, (a, b) in enumerate(zip(run(False), run(True))):
+                assert_exact(f"normalize={normalize} loss on {use}: grad {i}", a, b)
+
+
 def test_fallbacks_and_device_check(monkeypatch):
     """fp64 inputs and head sizes above 256 take the chunked PyTorch form; CPU tensors without the
     interpreter are refused with a clear error."""

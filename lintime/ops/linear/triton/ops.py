@@ -227,7 +227,9 @@ def _setup_context(ctx, inputs, output):
     ctx.opts = (scale, causal, normalize, ns)
 
 
-def _backward(ctx, do, dht, dzt, _dden, _dhs, _dzs):
+def _backward(ctx, do, dht, dzt, _dden, _dhs, _dzs, eager=False):
+    """Backward of ``lintime::linear_attention_fwd`` (through ``lintime::linear_attention_bwd``, which
+    ``torch.compile`` and opcheck trace) and of the eager Function (``eager``: the launcher itself)."""
     q, k, v, h0, z0, cu_seqlens, o, den, ht, zt, hs, zs = ctx.saved_tensors
     scale, causal, normalize, ns = ctx.opts
     if do is None:
@@ -236,7 +238,7 @@ def _backward(ctx, do, dht, dzt, _dden, _dhs, _dzs):
         dht = torch.zeros_like(ht) if dht is None else dht
         dzt = torch.zeros_like(zt) if dzt is None else dzt
     need_dh0 = causal and (ctx.needs_input_grad[3] or ctx.needs_input_grad[4])
-    bwd = _bwd_op if torch.compiler.is_compiling() else linear_bwd  # eager: skip the op dispatch
+    bwd = linear_bwd if eager else _bwd_op
     dq, dk, dv, dh0, dz0 = bwd(
         q, k, v, o, den, ht, zt, hs, zs, do.contiguous(), None if dht is None else dht.contiguous(),
         None if dzt is None else dzt.contiguous(), h0, z0, cu_seqlens, scale, causal, normalize, ns, need_dh0,
@@ -266,7 +268,7 @@ class _EagerLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dht, dzt):
-        return _backward(ctx, do, dht, dzt, None, None, None)
+        return _backward(ctx, do, dht, dzt, None, None, None, eager=True)
 
 
 # --------------------------------------------------------------------------------------------
