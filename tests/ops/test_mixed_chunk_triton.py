@@ -223,6 +223,31 @@ def test_continuation_equals_one_call():
 
 
 @cpu_only
+def test_eager_unused_outputs():
+    """Eager calls run an autograd.Function that passes ``None`` (no zero tensors) for the gradients
+    of unused outputs: a loss on the output alone, or on the final kv alone (the backward then
+    has no output gradient at all), gives the naive form's gradients."""
+    C, H, S, E, T = 16, 1, 8, 8, 40
+    xs, _ = _inputs(1, T, H, S, E, C, torch.float32, seed=5)
+    state = _state([0], [16], C, H, S, E, torch.float32)
+    for use in ("o", "kv"):
+        res = {}
+        for backend in ("naive", "triton"):
+            leaves = [x.clone().requires_grad_() for x in xs] + [state.kv.clone().requires_grad_()]
+            st = MixedChunkState(kv=leaves[-1], count=state.count, k_quad=state.k_quad, k_lin=state.k_lin,
+                                 v=state.v, fill=state.fill)
+            o, fin = mixed_chunk_attention(*leaves[:5], initial_state=st, output_final_state=True, backend=backend,
+                                           chunk_size=C)
+            x = o if use == "o" else fin.kv
+            g = torch.Generator().manual_seed(6)
+            loss = (x.double() * torch.randn(x.shape, generator=g, dtype=torch.float64)).sum()
+            grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+            res[backend] = [torch.zeros_like(y) if gr is None else gr for y, gr in zip(leaves, grads)]
+        for name, a, b in zip([*INPUTS, "kv0"], res["naive"], res["triton"]):
+            assert_exact(f"loss on {use}: d{name}", a, b)
+
+
+@cpu_only
 def test_torch_compile_traces_the_custom_ops():
     """``torch.compile`` (aot_eager: fake tensors, no code generation) traces forward and
     backward through ``lintime::mixed_chunk_fwd`` / ``mixed_chunk_bwd`` and gives the eager result."""

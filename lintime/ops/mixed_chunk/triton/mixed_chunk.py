@@ -38,7 +38,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from lintime.ops.gau.triton.plan import (
     Blocks,
@@ -57,9 +56,11 @@ from lintime.ops.mixed_chunk.triton.kernels import (
     mc_scores_kernel,
 )
 from lintime.ops.triton_common import (
+    cdiv,
     check_device,
     custom_op,
     dot_config,
+    next_pow2,
     seg_scan_kernel,
     sm_count,
 )
@@ -89,7 +90,7 @@ def _seg_chunks(B, T, H, S, E, C, cu_seqlens, cfg: Blocks, device) -> int:
     nct = max(1, _chunk_bound(B, T, C, cu_seqlens))
     if cfg.seg_chunks > 0:
         return min(cfg.seg_chunks, nct)
-    tiles = H * triton.cdiv(S, cfg.bs_state) * triton.cdiv(E, cfg.be_state)
+    tiles = H * cdiv(S, cfg.bs_state) * cdiv(E, cfg.be_state)
     sms = sm_count(device)
     if _n_seqs(B, cu_seqlens) * tiles >= 2 * sms:
         return nct
@@ -200,7 +201,7 @@ def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, start=None
     S, E = x.shape[-1], y.shape[-1]
     if plan.NSEG == 0:
         return
-    grid = (triton.cdiv(S, cfg.bs_state) * triton.cdiv(E, cfg.be_state), plan.NSEG, H)
+    grid = (cdiv(S, cfg.bs_state) * cdiv(E, cfg.be_state), plan.NSEG, H)
     chunk_state_kernel[grid](
         x, y, hout, tot, start if start is not None else tot, w,
         plan.seg_first, plan.seg_n, plan.seg_seq, plan.ch_start, plan.ch_len, S, E, H,
@@ -215,8 +216,8 @@ def _scan(tot, plan: _Plan, *, H, S, E, reverse, init, store_start):
     start = torch.empty(plan.NSEG_alloc, H, S, E, **f32) if store_start else tot
     final = torch.empty(plan.N, H, S, E, **f32)
     if plan.N > 0:
-        SK, SV = min(32, triton.next_power_of_2(max(S, 16))), min(32, triton.next_power_of_2(max(E, 16)))
-        seg_scan_kernel[(triton.cdiv(S, SK) * triton.cdiv(E, SV), plan.N, H)](
+        SK, SV = min(32, next_pow2(max(S, 16))), min(32, next_pow2(max(E, 16)))
+        seg_scan_kernel[(cdiv(S, SK) * cdiv(E, SV), plan.N, H)](
             tot, tot, tot, init, init, start, start, final, final, plan.seq_ptr, 0,
             H=H, K=S, V=E, BK=SK, BV=SV, VARLEN=True, USE_G=False, REVERSE=reverse, NORM=False,
             HAS_INIT=init is not None, STORE_START=store_start, num_warps=2,
@@ -238,7 +239,8 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt):
         _, final = _scan(tot, plan, H=H, S=S, E=E, reverse=reverse, init=None, store_start=False)
         return final.to(sdt), final
     hout = torch.empty(plan.NC_alloc, H, S, E, dtype=sdt, device=x.device)
-    hout[plan.NC :].zero_()  # the shape bound's slack rows (packed calls)
+    if plan.NC_alloc > plan.NC:
+        hout[plan.NC :].zero_()  # the shape bound's slack rows (packed calls)
     if plan.one_segment:
         # one walk per sequence from the initial state; the walk's total is the final state
         _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=True, hout=hout, tot=tot, start=init,
@@ -283,29 +285,47 @@ def _mixed_chunk_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(o, final kv, A, H)``; ``A`` and ``H`` are saved for the backward (non-causal: ``H`` holds
     each sequence's total and the final kv is empty)."""
+    return _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm,
+                     _blocks_of(blocks), zero_a=True)
+
+
+@functools.lru_cache(maxsize=64)
+def _blocks_tuple(xs: tuple) -> Blocks:
+    return Blocks.from_list(xs)
+
+
+def _blocks_of(blocks) -> Blocks:
+    """``Blocks`` from the op's int list (cached), or as given (the eager path passes the object)."""
+    return blocks if isinstance(blocks, Blocks) else _blocks_tuple(tuple(blocks))
+
+
+def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm,
+              cfg: Blocks, zero_a: bool):
+    """The forward launcher (``lintime::mixed_chunk_fwd`` and the eager path).  ``zero_a``: zero the
+    entries of ``A`` no kernel writes (an op output must be fully defined; the eager path, which
+    never hands ``A`` out, leaves them: the kernels never read them)."""
     B, T, H, S = qq.shape
     E = v.shape[-1]
     C = chunk_size
-    cfg = Blocks.from_list(blocks)
     plan = _plan(B, T, H, S, E, C, cu_seqlens, cfg, qq.device)
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
     st, final = _states(kl, v, wf, plan, cfg, H=H, reverse=False, init=kv0 if causal else None, causal=causal,
                         sdt=_sdt_torch(qq.dtype))
     # unwritten entries of A (above the diagonal, past a short chunk, the shape bound's slack rows)
     # are never read, but an op's outputs must be fully defined (torch.compile compares them)
-    a = qq.new_zeros(plan.NC_alloc, H, C, C)
+    a = qq.new_zeros(plan.NC_alloc, H, C, C) if zero_a else qq.new_empty(plan.NC_alloc, H, C, C)
     o = torch.empty_like(v)
     bias, LB = _bias(rel_bias)
     SDT, PREC = dot_config(qq.dtype)
     BG = cfg.bg
-    NMT = triton.cdiv(C, BG)
+    NMT = cdiv(C, BG)
     if plan.NC > 0:
         mc_scores_kernel[(plan.NC * NMT, NMT, H)](
             qq, kq, a, bias if bias is not None else qq, plan.ch_start, plan.ch_len,
             float(scale), S, H, C, LB, NMT, BG=BG, BS=cfg.bs, CAUSAL=causal, HAS_BIAS=bias is not None, PREC=PREC,
             num_warps=cfg.warps_fwd, num_stages=cfg.stages,
         )
-        mc_gemm_kernel[(triton.cdiv(E, cfg.be_fwd), plan.NC * NMT, H)](
+        mc_gemm_kernel[(cdiv(E, cfg.be_fwd), plan.NC * NMT, H)](
             a, v, ql, st, wq, plan.ch_id if causal else plan.ch_seq, o, plan.ch_start, plan.ch_len,
             S, E, H, C, NMT, BG=BG, BE=cfg.be_fwd, BK=cfg.bk, TRANS=False, CAUSAL=causal, PREC=PREC, SDT=SDT,
             num_warps=cfg.warps_fwd, num_stages=cfg.stages,
@@ -329,8 +349,7 @@ def _bwd_fake(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
             torch.empty_like(v), db, dkv0)
 
 
-@custom_op("mixed_chunk_bwd", _bwd_fake)
-def mixed_chunk_bwd(
+def _mixed_chunk_bwd(
     do: torch.Tensor, dkv: torch.Tensor | None, qq: torch.Tensor, kq: torch.Tensor, ql: torch.Tensor,
     kl: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor | None, count0: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None, a: torch.Tensor, st: torch.Tensor, chunk_size: int, causal: bool,
@@ -338,10 +357,19 @@ def mixed_chunk_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of the five inputs, of ``rel_bias`` (empty unless ``need_db``) and of the initial
     ``kv`` (empty unless ``has_kv0``)."""
+    return _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, chunk_size, causal, scale,
+                     linear_norm, need_db, has_kv0, _blocks_of(blocks))
+
+
+mixed_chunk_bwd = custom_op("mixed_chunk_bwd", _bwd_fake)(_mixed_chunk_bwd)
+
+
+def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, chunk_size, causal, scale,
+              linear_norm, need_db, has_kv0, cfg: Blocks):
+    """The backward launcher (``lintime::mixed_chunk_bwd`` and the eager path)."""
     B, T, H, S = qq.shape
     E = v.shape[-1]
     C = chunk_size
-    cfg = Blocks.from_list(blocks)
     dev = qq.device
     do = do.contiguous()
     plan = _plan(B, T, H, S, E, C, cu_seqlens, cfg, dev)
@@ -354,17 +382,19 @@ def mixed_chunk_bwd(
     need_db = need_db and bias is not None
     SDT, PREC = dot_config(qq.dtype)
     BG = cfg.bg
-    NMT = triton.cdiv(C, BG)
+    NMT = cdiv(C, BG)
     dv = torch.empty_like(v)
     dql, dkl = torch.empty_like(ql), torch.empty_like(kl)
     dqq, dkq = torch.empty_like(qq), torch.empty_like(kq)
     ds = qq.new_empty(plan.NC_alloc, H, C, C)
     ntd = 2 * NMT - 1
-    db_tiles = torch.zeros((H, ntd, BG, BG) if need_db else (1,), dtype=torch.float32, device=dev)
+    # (no bias gradient: a 1-element placeholder the kernel never touches, not a fill)
+    db_tiles = (torch.zeros((H, ntd, BG, BG), dtype=torch.float32, device=dev) if need_db
+                else torch.empty(1, dtype=torch.float32, device=dev))
     if plan.NC > 0:
         b_ptr = bias if bias is not None else qq
         rows = plan.NC * NMT
-        mc_gemm_kernel[(triton.cdiv(E, cfg.be_dv), rows, H)](
+        mc_gemm_kernel[(cdiv(E, cfg.be_dv), rows, H)](
             a, do, kl, gst, wf, idx, dv, plan.ch_start, plan.ch_len,
             S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
             num_warps=cfg.warps_bwd, num_stages=cfg.stages,
@@ -374,12 +404,12 @@ def mixed_chunk_bwd(
             float(scale), S, E, H, C, LB, NMT, BG=BG, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
             HAS_BIAS=bias is not None, PREC=PREC, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
-        mc_dlin_kernel[(triton.cdiv(S, cfg.bs), rows, H)](
+        mc_dlin_kernel[(cdiv(S, cfg.bs), rows, H)](
             do, v, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
             S, E, H, NMT, BG=BG, BS=cfg.bs, BE=cfg.be_red, PREC=PREC, SDT=SDT,
             num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
-        mc_dqk_kernel[(triton.cdiv(S, cfg.bs), rows, H)](
+        mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
             qq, kq, ds, dqq, dkq, db_tiles, plan.ch_start, plan.ch_len,
             float(scale), S, H, C, NMT, ntd, BG=BG, BS=cfg.bs, CAUSAL=causal, NEED_DB=need_db, PREC=PREC,
             num_warps=cfg.warps_bwd, num_stages=cfg.stages,
@@ -390,30 +420,76 @@ def mixed_chunk_bwd(
 
 
 def _setup(ctx, inputs, output):
+    ctx.mark_non_differentiable(output[2], output[3])
+    _save(ctx, inputs, output)
+
+
+def _save(ctx, inputs, output):
     qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm, blocks = inputs
     _, _, a, st = output
-    ctx.mark_non_differentiable(a, st)
     ctx.save_for_backward(qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st)
     ctx.args = (chunk_size, causal, scale, linear_norm)
     ctx.blocks = blocks
     ctx.has_kv0 = kv0 is not None
 
 
-def _backward(ctx, do, dkv, _da, _dst):
+def _backward(ctx, do, dkv, _da, _dst, eager=False):
+    """Backward of ``lintime::mixed_chunk_fwd`` (through ``lintime::mixed_chunk_bwd``, which
+    ``torch.compile`` and opcheck trace) and of the eager Function (``eager``: the launcher itself)."""
     qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st = ctx.saved_tensors
     need_db = rel_bias is not None and ctx.needs_input_grad[5]
     has_kv0 = ctx.has_kv0 and ctx.needs_input_grad[6]
     if dkv is not None and dkv.numel() == 0:
         dkv = None
-    dqq, dkq, dql, dkl, dv, db, dkv0 = mixed_chunk_bwd(
-        do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, *ctx.args, need_db, has_kv0,
-        ctx.blocks,
-    )
+    if not eager:
+        dqq, dkq, dql, dkl, dv, db, dkv0 = mixed_chunk_bwd(
+            do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, *ctx.args, need_db, has_kv0,
+            ctx.blocks,
+        )
+    else:  # skip the op dispatch
+        if do is None:  # only the final state is used (the Function does not materialise zero grads)
+            do = torch.zeros_like(v)
+        dqq, dkq, dql, dkl, dv, db, dkv0 = _bwd_impl(
+            do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, *ctx.args, need_db, has_kv0,
+            _blocks_of(ctx.blocks),
+        )
     return (dqq, dkq, dql, dkl, dv, db if need_db else None, dkv0 if has_kv0 else None,
             None, None, None, None, None, None, None)
 
 
 mixed_chunk_fwd = custom_op("mixed_chunk_fwd", _fwd_fake, backward=_backward, setup_context=_setup)(_mixed_chunk_fwd)
+
+
+class _EagerMixedChunk(torch.autograd.Function):
+    """The same forward / backward as ``lintime::mixed_chunk_fwd`` for eager calls, without the
+    custom-op dispatch, without zero gradients for the outputs a caller does not use (the op's
+    autograd materialises ``A``, ``H`` and the final kv as zeros: tens of MB of fills per backward)
+    and without zero-filling ``A``'s unread entries.  ``torch.compile`` traces the custom op
+    instead (:func:`triton_mixed_chunk_attention` picks).  Returns ``o, final kv``."""
+
+    @staticmethod
+    def forward(ctx, qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm,
+                blocks):
+        ctx.set_materialize_grads(False)
+        inputs = (qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm,
+                  blocks)
+        out = _fwd_impl(*inputs[:13], _blocks_of(blocks), zero_a=False)
+        _save(ctx, inputs, out)
+        return out[0], out[1]
+
+    @staticmethod
+    def backward(ctx, do, dkv):
+        return _backward(ctx, do, dkv, None, None, eager=True)
+
+
+def _forward(*args, blocks: Blocks, grad: bool):
+    """``(o, final kv)`` of the call: the custom op under ``torch.compile``, else the eager Function
+    (``grad``) or the bare launcher."""
+    if torch.compiler.is_compiling():
+        return mixed_chunk_fwd(*args, blocks.to_list())[:2]
+    if grad:
+        return _EagerMixedChunk.apply(*args, blocks)
+    return _fwd_impl(*args, blocks, zero_a=False)[:2]
 
 
 # --------------------------------------------------------------------------------- entry
@@ -473,8 +549,11 @@ def triton_mixed_chunk_attention(
             xs, cu_seqlens, keep = _prepend_buffers(xs, bufs, fills, seq_bounds(B, T, cu_seqlens))
     xs = [x.contiguous() for x in xs]
     Bx, Tx = xs[0].shape[:2]
-    o, final_kv, _, _ = mixed_chunk_fwd(*xs, rel_bias, kv0, count0, cu_seqlens, C, bool(causal), scale,
-                                        linear_norm, blocks.to_list())
+    grad = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (*xs, rel_bias, kv0)
+    )
+    o, final_kv = _forward(*xs, rel_bias, kv0, count0, cu_seqlens, C, bool(causal), scale, linear_norm,
+                           blocks=blocks, grad=grad)
     if keep is not None:
         o = o.reshape(Bx * Tx, H, E).index_select(0, keep).view(B, T, H, E)
     if not output_final_state:
