@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 
 from lintime.ops.gau.triton.kernels import (
     relu2_bwd_dqk_kernel,
@@ -32,7 +31,7 @@ from lintime.ops.gau.triton.plan import (
     tiles_of,
     to_device,
 )
-from lintime.ops.triton_common import check_device, custom_op, dot_config
+from lintime.ops.triton_common import cdiv, check_device, custom_op, dot_config
 
 
 def _plan(B, T, cu_seqlens, bm, device):
@@ -73,15 +72,29 @@ def _gau_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None, scale: float, causal: bool, blocks: list[int],
 ) -> torch.Tensor:
+    return _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, _blocks_of(blocks))
+
+
+@functools.lru_cache(maxsize=64)
+def _blocks_tuple(xs: tuple) -> Blocks:
+    return Blocks.from_list(xs)
+
+
+def _blocks_of(blocks) -> Blocks:
+    """``Blocks`` from the op's int list (cached), or as given (the eager path passes the object)."""
+    return blocks if isinstance(blocks, Blocks) else _blocks_tuple(tuple(blocks))
+
+
+def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
+    """The forward launcher (``lintime::gau_fwd`` and the eager path)."""
     B, T, H, S = q.shape
     E = v.shape[-1]
-    cfg = Blocks.from_list(blocks)
     o = torch.empty_like(v)
     (t_reg, t_off, r_start, r_len), NT, _ = _plan(B, T, cu_seqlens, cfg.bm, q.device)
     if NT == 0:
         return o
     bias, LB = _bias(rel_bias, H)
-    grid = (triton.cdiv(E, cfg.be_fwd), NT, H)
+    grid = (cdiv(E, cfg.be_fwd), NT, H)
     relu2_fwd_kernel[grid](
         q, k, v, o, bias if bias is not None else q,
         t_reg, t_off, r_start, r_len,
@@ -97,16 +110,22 @@ def _bwd_fake(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, blocks)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), db
 
 
-@custom_op("gau_bwd", _bwd_fake)
-def gau_bwd(
+def _gau_bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None, scale: float, causal: bool, need_db: bool, blocks: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``dq, dk, dv`` (input dtype) and ``db`` (``[H, 2T-1]`` in ``rel_bias``'s dtype, or
     an empty tensor when not asked for)."""
+    return _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, _blocks_of(blocks))
+
+
+gau_bwd = custom_op("gau_bwd", _bwd_fake)(_gau_bwd)
+
+
+def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Blocks):
+    """The backward launcher (``lintime::gau_bwd`` and the eager path)."""
     B, T, H, S = q.shape
     E = v.shape[-1]
-    cfg = Blocks.from_list(blocks)
     do = do.contiguous()
     dv = torch.empty_like(v)
     dq32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -114,13 +133,15 @@ def gau_bwd(
     (t_reg, t_off, r_start, r_len), NT, longest = _plan(B, T, cu_seqlens, cfg.bm, q.device)
     bias, LB = _bias(rel_bias, H)
     need_db = need_db and bias is not None
-    ntd = 2 * triton.cdiv(max(longest, 1), cfg.bm) - 1
-    db_tiles = torch.zeros((H, ntd, cfg.bm, cfg.bm) if need_db else (1,), dtype=torch.float32, device=q.device)
+    ntd = 2 * cdiv(max(longest, 1), cfg.bm) - 1
+    # (no bias gradient: a 1-element placeholder the kernel never touches, not a fill)
+    db_tiles = (torch.zeros((H, ntd, cfg.bm, cfg.bm), dtype=torch.float32, device=q.device) if need_db
+                else torch.empty(1, dtype=torch.float32, device=q.device))
     if NT > 0:
         common = {"CAUSAL": causal, "HAS_BIAS": bias is not None, "ONE_S": cfg.bs_gau >= S,
                   "PREC": dot_config(q.dtype)[1], "num_warps": cfg.warps_gau, "num_stages": cfg.stages}
         b_ptr = bias if bias is not None else q
-        relu2_bwd_dv_kernel[(triton.cdiv(E, cfg.be_dv), NT, H)](
+        relu2_bwd_dv_kernel[(cdiv(E, cfg.be_dv), NT, H)](
             q, k, do, dv, b_ptr,
             t_reg, t_off, r_start, r_len,
             float(scale), S, E, H, LB, T - 1,
@@ -147,14 +168,35 @@ def _setup(ctx, inputs, output):
     ctx.scale, ctx.causal, ctx.blocks = scale, causal, blocks
 
 
-def _backward(ctx, do):
+def _backward(ctx, do, eager=False):
+    """Backward of ``lintime::gau_fwd`` (through ``lintime::gau_bwd``, which ``torch.compile`` and
+    opcheck trace) and of the eager Function (``eager``: the launcher itself)."""
     q, k, v, rel_bias, cu_seqlens = ctx.saved_tensors
     need_db = rel_bias is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, db = gau_bwd(do, q, k, v, rel_bias, cu_seqlens, ctx.scale, ctx.causal, need_db, ctx.blocks)
+    if not eager:
+        dq, dk, dv, db = gau_bwd(do, q, k, v, rel_bias, cu_seqlens, ctx.scale, ctx.causal, need_db, ctx.blocks)
+    else:  # skip the op dispatch
+        dq, dk, dv, db = _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, ctx.scale, ctx.causal, need_db,
+                                   _blocks_of(ctx.blocks))
     return dq, dk, dv, (db if need_db else None), None, None, None, None
 
 
 gau_fwd = custom_op("gau_fwd", _fwd_fake, backward=_backward, setup_context=_setup)(_gau_fwd)
+
+
+class _EagerGAU(torch.autograd.Function):
+    """The same forward / backward as ``lintime::gau_fwd`` for eager calls, without the custom-op
+    dispatch; ``torch.compile`` traces the custom op instead (:func:`triton_gau_attention` picks)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, rel_bias, cu_seqlens, scale, causal, blocks):
+        o = _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, blocks)
+        _setup(ctx, (q, k, v, rel_bias, cu_seqlens, scale, causal, blocks), o)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        return _backward(ctx, do, eager=True)
 
 
 def triton_gau_attention(q, k, v, *, causal=True, rel_bias=None, scale, cu_seqlens=None, blocks: Blocks | None = None):
@@ -171,4 +213,9 @@ def triton_gau_attention(q, k, v, *, causal=True, rel_bias=None, scale, cu_seqle
     S, E = q.shape[-1], v.shape[-1]
     blocks = blocks or default_blocks(S, E, q.dtype)
     q, k, v = (x.contiguous() for x in (q, k, v))
-    return gau_fwd(q, k, v, rel_bias, cu_seqlens, float(scale), bool(causal), blocks.to_list())
+    args = (q, k, v, rel_bias, cu_seqlens, float(scale), bool(causal))
+    if torch.compiler.is_compiling():
+        return gau_fwd(*args, blocks.to_list())
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, rel_bias)):
+        return _EagerGAU.apply(*args, blocks)
+    return _fwd_impl(*args, blocks)

@@ -7,7 +7,8 @@ the sequence lengths with a handful of vectorised CPU ops and sent in one copy.
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass
+import functools
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -54,11 +55,14 @@ class Blocks:
     warps_gau: int = 4
 
     def to_list(self) -> list[int]:
-        return list(astuple(self))
+        return [getattr(self, f) for f in _BLOCK_FIELDS]
 
     @classmethod
     def from_list(cls, xs) -> Blocks:
         return cls(*[int(x) for x in xs])
+
+
+_BLOCK_FIELDS = tuple(f.name for f in fields(Blocks))
 
 
 def default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None = None) -> Blocks:
@@ -66,9 +70,14 @@ def default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None = None) -> 
 
     The interpreter gets 16-wide blocks so small test shapes still cross several tiles in every
     dimension (and every loop of the kernels runs more than once); on the GPU the sizes follow
-    the measurements in ``docs/notes/kernels_flash.md``.
+    the measurements in ``docs/notes/kernels_flash.md``.  Cached per arguments (a call's host time).
     """
-    if interpreting():
+    return _default_blocks(S, E, dtype, C, interpreting())
+
+
+@functools.lru_cache(maxsize=64)
+def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: bool) -> Blocks:
+    if interp:
         return Blocks(bm=16, bs=16, be_fwd=16, be_dv=16, be_red=16, warps_fwd=1, warps_bwd=1, stages=1,
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1)
     bg = 128 if C is None else min(128, pow2_at_least(C))
