@@ -169,7 +169,7 @@ class CombinerAttention(Mixer):
             if state.batch_size != N:
                 raise ValueError(f"CombinerAttention: the state holds {state.batch_size} sequences, the input {N}")
             r0, b = state.rows, state.buf_len
-            r0_list, b_list = r0.tolist(), b.tolist()  # host sizes (one sync per call)
+            r0_list, b_list = torch.stack([r0, b]).tolist()  # host sizes (one sync per call)
         else:
             r0 = b = torch.zeros(N, dtype=torch.long, device=dev)
             r0_list, b_list = [0] * N, [0] * N
@@ -189,7 +189,9 @@ class CombinerAttention(Mixer):
         bq, bk, bv, bx = (None,) * 4 if state is None else (state.buf_q, state.buf_k, state.buf_v, state.buf_x)
         Q, K, Vv = segment(q, bq, (H, D)), segment(k, bk, (H, D)), segment(v, bv, (H, D))
         X = segment(x, bx, (d,))
-        L = torch.tensor(L_list, device=dev, dtype=torch.long)
+        # the same values on the device, computed there (no host->device copy)
+        counts_t = T if cu_seqlens is None else cu_seqlens.to(device=dev, dtype=torch.long).diff()
+        L = b + counts_t
         valid = (torch.arange(R * C, device=dev) < L[:, None]).view(N, R, C)
 
         # ---- summaries of this segment's rows: causal calls need the complete ones only
@@ -199,7 +201,7 @@ class CombinerAttention(Mixer):
             ks_new, vs_new = self._row_summaries(Q[:, :M], K[:, :M], Vv[:, :M], X[:, :M], valid[:, :M], r0)
         else:
             ks_new = vs_new = Q.new_zeros(N, 0, C, H, D)
-        m = torch.tensor(m_list, device=dev, dtype=torch.long)
+        m = L // C if self.causal else (L + C - 1) // C  # = m_list on the device
         rows_new = torch.arange(M, device=dev)
         # a summary cell exists when its row is summarised and the cell is a token (non-causal
         # calls summarise a partial last row too: its missing columns have no summary)
@@ -241,18 +243,24 @@ class CombinerAttention(Mixer):
         """Complete rows move into the summary cache; the trailing incomplete row is the new buffer."""
         N, R, C = Q.shape[:3]
         dev = Q.device
-        need = max((a + b for a, b in zip(r0_list, m_list)), default=0)
+        U = ks_new.shape[1]
+        # room for rows r0[n] + u, u < U, of every sequence (>= the rows actually completed): the
+        # writes below need no device-side selection of the completed rows
+        need = max(r0_list, default=0) + U
         sum_k, sum_v = state.sum_k, state.sum_v
         S = sum_k.shape[1]
         if need > S:
             grow = max(need, 2 * S) - S
             sum_k = torch.cat([sum_k, sum_k.new_zeros(N, grow, *sum_k.shape[2:])], 1)
             sum_v = torch.cat([sum_v, sum_v.new_zeros(N, grow, *sum_v.shape[2:])], 1)
-        if ks_new.shape[1]:
-            n_idx, r_idx = (torch.arange(ks_new.shape[1], device=dev) < m[:, None]).nonzero(as_tuple=True)
-            dst = r0.index_select(0, n_idx) + r_idx
-            sum_k = sum_k.index_put((n_idx, dst), ks_new[n_idx, r_idx].to(sum_k.dtype))
-            sum_v = sum_v.index_put((n_idx, dst), vs_new[n_idx, r_idx].to(sum_v.dtype))
+        if U:
+            # row u of sequence n goes to slot r0[n] + u when complete (u < m[n]); the other slots
+            # get their own (zero) contents back.  Distinct slots per sequence: no write collides
+            done = (torch.arange(U, device=dev) < m[:, None]).view(N, U, 1, 1, 1)  # [N, U, 1, 1, 1]
+            dst = r0[:, None] + torch.arange(U, device=dev)  # [N, U]
+            n_idx = torch.arange(N, device=dev)[:, None].expand(N, U)
+            sum_k = sum_k.index_put((n_idx, dst), torch.where(done, ks_new.to(sum_k.dtype), sum_k[n_idx, dst]))
+            sum_v = sum_v.index_put((n_idx, dst), torch.where(done, vs_new.to(sum_v.dtype), sum_v[n_idx, dst]))
         # the incomplete row m[n] (empty when the segment ends on a row boundary)
         row = m.clamp(max=R - 1)
         ar = torch.arange(N, device=dev)

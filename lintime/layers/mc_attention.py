@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from lintime.layers.base import Mixer
 from lintime.layers.positional import apply_rope
@@ -117,11 +118,27 @@ class MixedChunkMHA(Mixer):
     def no_weight_decay(self) -> set[str]:
         return {"lin_scale", "lin_offset"}
 
+    def _local_step(self, q, k, v, state: MixedChunkState, scale):
+        """The decoding step (``T == 1``, no packing) of :meth:`_local_with_buffer`: one query per
+        sequence over its buffered keys (slots ``< fill``) and itself, as one masked attention
+        with no host read.  ``q, k, v [N, 1, H, K]`` -> ``[N, 1, H, K]``."""
+        C = self.chunk_size
+        slots = torch.arange(C + 1, device=q.device)
+        keep = (slots < state.fill[:, None]) | (slots == C)  # [N, C + 1]: the chunk so far + the token
+        kb = torch.cat([state.k_quad.to(k.dtype), k], 1)  # [N, C + 1, H, K]
+        # slots beyond fill hold no token: zero their values so nothing left there reaches the output
+        vb = torch.where(keep[:, :, None, None], torch.cat([state.v.to(v.dtype), v], 1), v.new_zeros(()))
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2),
+                                           attn_mask=keep[:, None, None, :], scale=scale)
+        return o.transpose(1, 2)
+
     def _local_with_buffer(self, q, k, v, state: MixedChunkState, cu_seqlens, scale):
         """Local softmax of new tokens that continue the partial chunks held in ``state``: each
         sequence's buffered keys / values (with dummy queries) are put in front of its new tokens,
         so every packed sequence starts on a chunk boundary."""
         B, T, H, K = q.shape
+        if T == 1 and cu_seqlens is None:
+            return self._local_step(q, k, v, state, scale)
         fills = state.fill.tolist()
         parts = ([], [], [])
         cu, keep, pos = [0], [], 0
