@@ -20,8 +20,8 @@ import time
 import torch
 
 from lintime.generation import decode_one_token, prefill
-from lintime.models import CausalLM, get_preset
 from lintime.generation.profiling import count_host_syncs
+from lintime.models import CausalLM, get_preset
 
 DEFAULT = [
     "transformer-pp-tiny", "flash-tiny", "flash-quad-tiny", "mc-tfm-pp-tiny", "gla-tiny", "linear-tiny",
@@ -40,7 +40,7 @@ def measure(name: str, iters: int, repeats: int, prompt: int = 12) -> dict:
         tok = logits.argmax(-1)
         logits, state = decode_one_token(m, tok, state)  # warm-up
         with count_host_syncs() as counter:
-            _, s2 = decode_one_token(m, tok, state)
+            decode_one_token(m, tok, state)
         times = []
         for _ in range(repeats):
             st = state

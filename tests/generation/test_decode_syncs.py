@@ -11,11 +11,11 @@ import dataclasses
 
 import pytest
 import torch
-
 from gen_helpers import FAMILY_PRESETS, SMALL_CHUNKS, tiny_model
+
 from lintime.generation import decode_one_token, prefill
 from lintime.generation.profiling import count_host_syncs
-from lintime.models import get_preset, CausalLM
+from lintime.models import CausalLM, get_preset
 from lintime.ops import MixedChunkState, mixed_chunk_attention
 
 # syncs per decoded token and layer: every family decodes without reading the device, except
