@@ -33,8 +33,8 @@ import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import torch  # noqa: E402
-import triton  # noqa: E402
+import torch
+import triton
 
 MODULES = [
     "lintime.ops.triton_common",
@@ -56,7 +56,9 @@ def _noop(*args, **kwargs):
 
 def stub_kernels() -> int:
     """Replace every Triton kernel object in :data:`MODULES` by a no-op; returns how many."""
-    from triton.runtime.jit import KernelInterface  # JITFunction, InterpretedFunction, Autotuner
+    from triton.runtime.jit import (
+        KernelInterface,  # JITFunction, InterpretedFunction, Autotuner
+    )
 
     kinds = (KernelInterface,)
     n = 0
@@ -157,7 +159,7 @@ def measure(name: str, repeats: int, iters: int, dtype=torch.bfloat16) -> dict:
             fwd(False)
 
     def run_fwdbwd():
-        o, xs = fwd(True)
+        o, _ = fwd(True)
         torch.autograd.backward(o, do)
 
     out = {}
