@@ -81,6 +81,20 @@ def _fsync_dir(directory: Path) -> None:
 
 
 
+
+def _publish(tmp: Path, final: Path, ckpt_root: Path) -> None:
+    """Move the finished temporary folder ``tmp`` to ``final``; re-saving a step (e.g. after a
+    resume) swaps the folders, so a reader never sees a half-written state."""
+    os.chmod(tmp, 0o755)
+    _fsync_dir(tmp)
+    if final.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".old-{final.name}-", dir=ckpt_root))
+        os.rename(final, old / final.name)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+
 def _write_weights_and_state(folder: Path, model: torch.nn.Module, step: int, trainer_state: dict) -> None:
     """``model.safetensors`` and ``trainer_state.pt`` into ``folder``, each fsynced."""
     from safetensors.torch import save_model
@@ -186,15 +200,7 @@ def save_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=ckpt_root))
     try:
         _write_weights_and_state(tmp, model, step, trainer_state)
-        os.chmod(tmp, 0o755)
-        _fsync_dir(tmp)
-        if final.exists():  # re-saving a step (e.g. after a resume): swap, never a half state
-            old = Path(tempfile.mkdtemp(prefix=f".old-{final.name}-", dir=ckpt_root))
-            os.rename(final, old / final.name)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
+        _publish(tmp, final, ckpt_root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -247,15 +253,7 @@ def save_distributed_checkpoint(
         del full
         dist.barrier()
         if main:
-            os.chmod(tmp, 0o755)
-            _fsync_dir(tmp)
-            if final.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".old-{final.name}-", dir=ckpt_root))
-                os.rename(final, old / final.name)
-                os.rename(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.rename(tmp, final)
+            _publish(tmp, final, ckpt_root)
             _fsync_dir(ckpt_root)
             atomic_write_text(ckpt_root / LATEST_FILE, final.name + "\n")
             if keep:
