@@ -155,4 +155,4 @@ def _check_state(state, normalize: bool, N: int, H: int, K: int, V: int, device)
             raise ValueError(f"{_OP}: {name} is on {x.device}, q on {device}")
 
 
-__all__ = ["AUTO_TRITON_MAX_HEAD", "linear_attention"]
+__all__ = ["linear_attention"]
