@@ -43,15 +43,25 @@ def check_same_btH(op: str, ref_name: str, ref: torch.Tensor, **others: torch.Te
 
 
 def check_cu_seqlens(op: str, cu_seqlens: torch.Tensor | None, B: int, T: int) -> None:
+    """Shape, dtype and values of ``cu_seqlens`` (the values cost one device-to-host read)."""
     if cu_seqlens is None:
         return
+    check_cu_seqlens_shape(op, cu_seqlens, B)
+    check_cu_seqlens_values(op, cu_seqlens.tolist(), T)
+
+
+def check_cu_seqlens_shape(op: str, cu_seqlens: torch.Tensor, B: int) -> None:
+    """The checks of :func:`check_cu_seqlens` that need no values (no host read)."""
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"{op}: cu_seqlens must be a 1-D tensor [N+1], got shape {tuple(cu_seqlens.shape)}")
     if cu_seqlens.dtype.is_floating_point:
         raise TypeError(f"{op}: cu_seqlens must be an integer tensor, got {cu_seqlens.dtype}")
     if B != 1:
         raise ValueError(f"{op}: with cu_seqlens the batch size must be 1 (packed), got B={B}")
-    cu = cu_seqlens.tolist()
+
+
+def check_cu_seqlens_values(op: str, cu: list[int], T: int) -> None:
+    """The value checks of :func:`check_cu_seqlens`, on offsets already read to the host."""
     if cu[0] != 0 or cu[-1] != T or any(b < a for a, b in zip(cu, cu[1:])):
         raise ValueError(f"{op}: cu_seqlens must start at 0, be non-decreasing and end at T={T}, got {cu}")
 

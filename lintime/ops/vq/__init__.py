@@ -5,7 +5,15 @@ from __future__ import annotations
 import torch
 
 from lintime.ops.dispatch import select
-from lintime.ops.utils import check_same_btH, check_tensor, is_checked, mark_checked, num_seqs
+from lintime.ops.utils import (
+    check_cu_seqlens_shape,
+    check_cu_seqlens_values,
+    check_same_btH,
+    check_tensor,
+    is_checked,
+    mark_checked,
+    num_seqs,
+)
 from lintime.ops.vq.chunk import REDUCTIONS, chunk_vq_attention
 from lintime.ops.vq.naive import naive_vq_attention
 from lintime.ops.vq.recurrent import recurrent_vq_attention
@@ -102,13 +110,8 @@ def vq_attention(
             raise TypeError(f"{op}: bias has dtype {bias.dtype}, q has {q.dtype}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"{op}: reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}")
-    if cu_seqlens is not None:  # check_cu_seqlens's shape / dtype checks; the values come below
-        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-            raise ValueError(f"{op}: cu_seqlens must be a 1-D tensor [N+1], got shape {tuple(cu_seqlens.shape)}")
-        if cu_seqlens.dtype.is_floating_point:
-            raise TypeError(f"{op}: cu_seqlens must be an integer tensor, got {cu_seqlens.dtype}")
-        if B != 1:
-            raise ValueError(f"{op}: with cu_seqlens the batch size must be 1 (packed), got B={B}")
+    if cu_seqlens is not None:  # the values are checked below, in the call's one host read
+        check_cu_seqlens_shape(op, cu_seqlens, B)
     if initial_state is not None:
         _check_state(op, initial_state, num_seqs(B, cu_seqlens), H, S, K, V, L, q.device)
     impl = select(op, backend, _IMPLS, q)
@@ -149,8 +152,7 @@ def _read_values(op, codes, S, cu_seqlens, B, T, st):
     cu = pos = None
     if cu_seqlens is not None:
         cu = vals[nz : nz + cu_seqlens.numel()]
-        if cu[0] != 0 or cu[-1] != T or any(b < a for a, b in zip(cu, cu[1:])):
-            raise ValueError(f"{op}: cu_seqlens must start at 0, be non-decreasing and end at T={T}, got {cu}")
+        check_cu_seqlens_values(op, cu, T)
     if st is not None:
         pos = vals[len(vals) - st.pos.numel():]
         if pos and min(pos) < 0:
