@@ -221,16 +221,17 @@ def case_segments(results, quick=False, ops=("linear", "gla")):
             del q, k, v, g
 
 
-# GLA launch variants timed by case_kernel_configs.  "dqkg32": K-blocks of 32 in the dq/dk/dg
-# kernel (620 B of spills in the sm_90a ptxas report, against none for the default 16, which reads
-# do and v twice as often); "prep_bk64": K-blocks of 64 in the prep (A) kernel (148 B of spills);
-# "walk_bv128": [128, 128] walk tiles (238 registers, no spills); "*_r128": registers capped at 128
-# so that two 8-warp programs fit an SM (dq/dk/dg: 484 B of spills instead of 231 registers).  The
-# 4-warp variants come last: Triton 3.6 on Hopper was seen to fault with 4-warp GLA kernels (run 1),
-# which would end the case.
+# GLA launch variants timed by case_kernel_configs (defaults since 2026-11-22, version 3.1: the prep
+# kernel with 4 warps, the dq/dk/dg kernel with K-blocks of 32 and 8 warps).  "dqkg16": K-blocks of 16
+# (no spills, 231 registers, but do / v read and do v^T recomputed twice as often; version 3's
+# default); "prep_bk64": K-blocks of 64 in the prep (A) kernel (148 B of spills); "walk_bv128":
+# [128, 128] walk tiles (238 registers, no spills); "*_r128": registers capped at 128 so that two
+# 8-warp programs fit an SM; "prep_w8": the prep kernel with 8 warps (version 3); "w8_dqkg16": version
+# 3's launch exactly.  4-warp dq/dk/dg programs gave wrong dq and illegal addresses in the CUDA tests
+# (H200, Triton 3.6): not offered.
 GLA_CONFIGS = (
     ("default", None),
-    ("dqkg32", {"dqkg_tile": (32, 64)}),
+    ("dqkg16", {"dqkg_tile": (16, 64)}),
     ("walk_bv128", {"v_walk": (128, 128)}),
     ("dqkg_r128", {"dqkg_maxnreg": 128}),
     ("prep_r128", {"A_maxnreg": 128}),
@@ -238,8 +239,8 @@ GLA_CONFIGS = (
     ("s2", {"fwd": (8, 2), "dv": (8, 2)}),
     ("dqkg_s1", {"dqkg": (8, 1)}),
     ("dqkg_s3", {"dqkg": (8, 3)}),
-    ("prep_w4", {"A": (4, 1)}),
-    ("dqkg_w4", {"dqkg": (4, 2)}),
+    ("prep_w8", {"A": (8, 1)}),
+    ("w8_dqkg16", {"A": (8, 1), "dqkg_tile": (16, 64)}),
 )
 
 
