@@ -42,6 +42,7 @@ import gc
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 
@@ -511,7 +512,12 @@ def bench_decode(s: Settings, on_row: Callable[[DecodeRow], None] = lambda r: No
 
 
 def _f(x, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
+    """``x`` formatted by ``spec``; ``None`` (a value not measured) as ``-`` right-aligned to the
+    spec's width, so the columns after it stay in place."""
+    if x is None:
+        width = re.match(r"\d*", spec).group()
+        return "-".rjust(int(width) if width else 1)
+    return format(x, spec)
 
 
 def train_table(rows: Sequence[dict]) -> str:

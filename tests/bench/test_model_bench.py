@@ -286,3 +286,29 @@ def test_device_error_at_cleanup_is_a_row_not_a_crash(monkeypatch):
     rows = bm.bench_train(s)
     assert rows[0].status == "error: RuntimeError: CUDA error: an illegal memory access was encountered"
     assert rows[0].step_ms is None and rows[1].status == "skipped: device error at T=8"
+
+
+def test_tables_keep_their_columns_when_values_are_missing():
+    """An OOM / skipped row has no times: its ``-`` cells must fill their columns, so every later
+    column (peak memory, status) starts where the header's does."""
+    ok = {"preset": "p", "T": 1024, "rows": 32, "step_ms": 253.0, "step_p10_ms": 245.3, "step_p90_ms": 253.2,
+          "tokens_per_s": 129523.0, "peak_mib": 43648.0, "status": "ok", "note": ""}
+    oom = dict(ok, T=131072, rows=1, step_ms=None, step_p10_ms=None, step_p90_ms=None, tokens_per_s=None,
+               peak_mib=135517.0, status="OOM")
+    skipped = dict(oom, peak_mib=None, status="skipped: OOM at T=128k")
+    lines = bm.train_table([ok, oom, skipped]).splitlines()
+    col = lines[0].index("status")
+    assert [ln.index(r["status"]) for ln, r in zip(lines[2:], (ok, oom, skipped))] == [col] * 3
+    peak_end = lines[0].index("peak MiB") + len("peak MiB")
+    assert lines[3][:peak_end].endswith("135,517") and lines[4][:peak_end].endswith("-")
+    assert lines[3].split()[3:7] == ["-"] * 4  # step ms, p10, p90, tokens/s
+
+    d_ok = {"preset": "p", "L": 1024, "batch": 1, "token_ms": 11.3, "token_p10_ms": 11.1, "token_p90_ms": 12.2,
+            "tokens_per_s": 88.0, "state_mib": 3.375, "peak_mib": 740.0, "status": "ok", "note": ""}
+    d_err = dict(d_ok, token_ms=None, token_p10_ms=None, token_p90_ms=None, tokens_per_s=None, state_mib=None,
+                 peak_mib=691.0, status="error: RuntimeError: x")
+    lines = bm.decode_table([d_ok, d_err]).splitlines()
+    col = lines[0].index("status")
+    assert lines[2].index("ok") == col and lines[3].index("error:") == col
+    state_end = lines[0].index("state MiB") + len("state MiB")
+    assert lines[2][:state_end].endswith("3.375") and lines[3][:state_end].endswith("-")
