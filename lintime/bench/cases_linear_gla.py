@@ -221,27 +221,8 @@ def case_segments(results, quick=False, ops=("linear", "gla")):
             del q, k, v, g
 
 
-# GLA launch variants timed by case_kernel_configs (defaults since 2026-11-22, version 3.1: the prep
-# kernel with 4 warps, the dq/dk/dg kernel with K-blocks of 32 and 8 warps).  "dqkg16": K-blocks of 16
-# (no spills, 231 registers, but do / v read and do v^T recomputed twice as often; version 3's
-# default); "prep_bk64": K-blocks of 64 in the prep (A) kernel (148 B of spills); "walk_bv128":
-# [128, 128] walk tiles (238 registers, no spills); "*_r128": registers capped at 128 so that two
-# 8-warp programs fit an SM; "prep_w8": the prep kernel with 8 warps (version 3); "w8_dqkg16": version
-# 3's launch exactly.  4-warp dq/dk/dg programs gave wrong dq and illegal addresses in the CUDA tests
-# (H200, Triton 3.6): not offered.
-GLA_CONFIGS = (
-    ("default", None),
-    ("dqkg16", {"dqkg_tile": (16, 64)}),
-    ("walk_bv128", {"v_walk": (128, 128)}),
-    ("dqkg_r128", {"dqkg_maxnreg": 128}),
-    ("prep_r128", {"A_maxnreg": 128}),
-    ("prep_bk64", {"A_bk": 64}),
-    ("s2", {"fwd": (8, 2), "dv": (8, 2)}),
-    ("dqkg_s1", {"dqkg": (8, 1)}),
-    ("dqkg_s3", {"dqkg": (8, 3)}),
-    ("prep_w8", {"A": (8, 1)}),
-    ("w8_dqkg16", {"A": (8, 1), "dqkg_tile": (16, 64)}),
-)
+# GLA launch variants timed by case_kernel_configs: lintime.ops.gla.triton.ops.LAUNCH_VARIANTS (the
+# CUDA tests run every one of them against the naive form before one may become a default).
 
 
 def _linear_configs(results, T, B, H, D, linear_fwd, linear_bwd, lin_auto):
@@ -263,7 +244,7 @@ def _linear_configs(results, T, B, H, D, linear_fwd, linear_bwd, lin_auto):
 def case_kernel_configs(results, quick=False, T=8192, ops=("linear", "gla")):
     """Launch configurations of the walk kernels (num_warps, num_stages; the dq/dk/dg tile of
     GLA), forward and backward launchers timed separately (no autograd), T = 8k, 32k tokens."""
-    from lintime.ops.gla.triton.ops import gla_bwd, gla_fwd
+    from lintime.ops.gla.triton.ops import LAUNCH_VARIANTS, gla_bwd, gla_fwd
     from lintime.ops.gla.triton.ops import segment_chunks_for as gla_auto
     from lintime.ops.linear.triton.ops import linear_bwd, linear_fwd
     from lintime.ops.linear.triton.ops import segment_chunks_for as lin_auto
@@ -281,7 +262,7 @@ def case_kernel_configs(results, quick=False, T=8192, ops=("linear", "gla")):
     g = (F.logsigmoid(torch.randn(B, T, H, K, device="cuda")) / 16).bfloat16()
     do = torch.randn_like(v)
     ns = gla_auto(q, v, None)
-    for name, cfg in GLA_CONFIGS:
+    for name, cfg in LAUNCH_VARIANTS:
         try:
             o, ht, *saved = gla_fwd(q, k, v, g, None, None, K**-0.5, ns, True, cfg)
             fwd = median_ms(lambda: gla_fwd(q, k, v, g, None, None, K**-0.5, ns, True, cfg), rep=50)

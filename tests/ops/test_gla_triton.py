@@ -321,3 +321,40 @@ def test_cuda_small_heads_bf16(K, V):
     base, _, _ = _run("naive", *x, h0, do.bfloat16(), dfinal.float())
     out, _, _ = _run("triton", *x, h0, do.bfloat16(), dfinal.float(), segment_chunks=4)
     _compare_half(f"gla cuda small heads K={K} V={V}", ref, base, out, torch.bfloat16)
+
+
+# ----------------------------------------------------------------------------- launch variants
+
+from lintime.ops.gla.triton.ops import LAUNCH_VARIANTS, TILE_KEYS  # noqa: E402  (after importorskip)
+
+# Under the interpreter only tile shapes change what runs (warps, stages and register caps are
+# ignored there), so the CPU runs the variants that change a tile; the GPU runs every one.
+_VARIANTS = [(n, c) for n, c in LAUNCH_VARIANTS if c and (CUDA or any(key in c for key in TILE_KEYS))]
+
+
+@pytest.mark.parametrize("name,cfg", _VARIANTS, ids=[n for n, _ in _VARIANTS])
+def test_launch_variants(name, cfg):
+    """Every candidate launch of ``LAUNCH_VARIANTS`` (through the launchers, with ``cfg``) against the
+    naive form: packed sequences crossing chunks and segments, an initial state and a final-state
+    gradient.  CPU: fp32 at the exact rule, small heads; CUDA: bf16 at the issue's head (K = 128,
+    V = 256) by the half-precision rule."""
+    from lintime.ops.gla.triton.ops import gla_bwd, gla_fwd, segment_chunks_for
+
+    if CUDA:
+        lens, H, K, V, dtype = [700, 1, 0, 1300], 2, 128, 256, torch.bfloat16
+    else:
+        lens, H, K, V, dtype = [37, 1, 0, 133], 1, 64, 64, torch.float32
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEV)
+    q, k, v, g, h0 = _inputs(1, sum(lens), H, K, V, torch.float64, N=len(lens), strong=True)
+    ref, do, dfinal = _run("naive", q, k, v, g, h0.double(), cu_seqlens=cu)
+    x = [t.to(dtype) for t in (q, k, v, g)]
+    base, _, _ = _run("naive", *x, h0, do.to(dtype), dfinal.float(), cu_seqlens=cu)
+    scale = K**-0.5
+    for ns in sorted({segment_chunks_for(x[0], x[2], cu), 2}):  # automatic, and materialised segments
+        o, ht, *saved = gla_fwd(*x, h0, cu, scale, ns, True, cfg)
+        grads = gla_bwd(*x, *saved, do.to(dtype), dfinal.float(), cu, scale, ns, True, cfg)
+        out = (o, ht, *grads)
+        if dtype == torch.float32:
+            _compare(f"gla variant {name} ns={ns}", base, out)
+        else:
+            _compare_half(f"gla variant {name} ns={ns}", ref, base, out, dtype)

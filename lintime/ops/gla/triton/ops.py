@@ -76,6 +76,33 @@ def _launch(cfg, name, num_warps, num_stages):
     return out
 
 
+# Candidate launch configurations (``cfg`` of :func:`gla_fwd` / :func:`gla_bwd`): timed by ``lintime
+# bench ops --cases linear_gla.gla_configs`` and run against the naive form by the CUDA test
+# ``test_cuda_launch_variants`` (the tile-shape ones also under the interpreter) -- a variant becomes a
+# default only after both, on the GPU.  Defaults since 2026-11-22 (version 3.1): the prep kernel with 4
+# warps, the dq/dk/dg kernel with K-blocks of 32 and 8 warps.  "dqkg16": K-blocks of 16 (no spills, 231
+# registers, but ``do v^T`` recomputed twice as often; version 3's default); "prep_bk64": K-blocks of 64
+# in the prep kernel (148 B of spills); "walk_bv128": ``[128, 128]`` walk tiles (238 registers, no
+# spills); "*_r128": registers capped at 128 (two 8-warp programs per SM); "s2": two pipeline stages in
+# the walks; "prep_w8" / "w8_dqkg16": version 3's launches.  4-warp dq/dk/dg programs gave a wrong dq and
+# illegal addresses in the CUDA tests (H200, Triton 3.6): not offered.
+LAUNCH_VARIANTS = (
+    ("default", None),
+    ("dqkg16", {"dqkg_tile": (16, 64)}),
+    ("walk_bv128", {"v_walk": (128, 128)}),
+    ("walk_bv128_s2", {"v_walk": (128, 128), "fwd": (8, 2), "dv": (8, 2)}),
+    ("dqkg_r128", {"dqkg_maxnreg": 128}),
+    ("prep_r128", {"A_maxnreg": 128}),
+    ("prep_bk64", {"A_bk": 64}),
+    ("s2", {"fwd": (8, 2), "dv": (8, 2)}),
+    ("dqkg_s1", {"dqkg": (8, 1)}),
+    ("dqkg_s3", {"dqkg": (8, 3)}),
+    ("prep_w8", {"A": (8, 1)}),
+    ("w8_dqkg16", {"A": (8, 1), "dqkg_tile": (16, 64)}),
+)
+TILE_KEYS = ("v_walk", "dqkg_tile", "A_bk")  # the cfg keys that change what a kernel computes per program
+
+
 def _warps(bk: int, bv: int) -> int:
     # 8 warps keep the [64, K] tiles of a chunk out of local memory; Triton 3.6 on Hopper was
     # also seen to fault (illegal address) with 4 warps on the K = 128, V = 256 tiles
