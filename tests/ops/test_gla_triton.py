@@ -332,6 +332,7 @@ from lintime.ops.gla.triton.ops import LAUNCH_VARIANTS, TILE_KEYS  # noqa: E402 
 _VARIANTS = [(n, c) for n, c in LAUNCH_VARIANTS if c and (CUDA or any(key in c for key in TILE_KEYS))]
 
 
+@cuda  # also in the GPU runs' `-m cuda` selection; runs on the CPU (interpreter) as well
 @pytest.mark.parametrize("name,cfg", _VARIANTS, ids=[n for n, _ in _VARIANTS])
 def test_launch_variants(name, cfg):
     """Every candidate launch of ``LAUNCH_VARIANTS`` (through the launchers, with ``cfg``) against the
