@@ -22,6 +22,15 @@ Definitions (also stated on the page):
 * **extrapolation**: final bits per byte at 2x and 4x the training context (``lintime.evaluation``:
   windows aligned to document starts, no state carried).
 
+Sessions: a results folder may hold the runs of several calls (``quality_merge.py``): ``study.json``'s
+``environment`` is the first session's, ``extra_sessions`` lists the later ones with their runs.
+Every run is labelled with its session (A, B, ...) on the page and in quality.json; a table cell that
+compares runs of different sessions (training time, tokens/s, speed-up) is marked, since timings are
+comparable only within a session.  A folder without ``extra_sessions`` is one session.
+
+The page's hand-written notes (from a line starting with ``## Notes`` to the end) are kept when
+the page is regenerated with ``--results``.
+
 Usage::
 
     python3 benchmarks/quality/quality_report.py --results OUT        # -> docs/results.md, docs/results/
@@ -76,6 +85,50 @@ def load_results(results: Path) -> tuple[dict, dict[str, dict]]:
         rec["metrics"] = _read_jsonl(folder / "metrics.jsonl")
         runs[rid] = rec
     return study, runs
+
+
+def sessions(study: dict) -> list[dict]:
+    """The study's sessions in order (labels A, B, ...), each ``{label, environment, runs, note,
+    replaced, superseded}``: the first is ``study["environment"]``, then the entries of
+    ``study["extra_sessions"]`` (``{environment, runs, replaced, note}``, ``runs``: what that session
+    ran).  A run counts for the last session that ran it: ``runs`` are the runs a session has on the
+    page, ``superseded`` its runs that a later session ran again (``{run, status, by}``), ``replaced`` the earlier records
+    (with their status) this session's replaced."""
+    extras = study.get("extra_sessions") or []
+    listed = {rid for e in extras for rid in e["runs"]}
+    owner = {p["id"]: 0 for p in study["plan"] if p["id"] not in listed}
+    superseded: dict[int, list[dict]] = {}
+    for i, e in enumerate(extras, start=1):
+        for rid, st in (e.get("replaced") or {}).items():  # not owned yet: the first session's
+            superseded.setdefault(owner.get(rid, 0), []).append({"run": rid, "status": st, "by": chr(ord("A") + i)})
+        owner.update({rid: i for rid in e["runs"]})
+    order = [p["id"] for p in study["plan"]]
+    out = []
+    for i, e in enumerate([{"environment": study["environment"], "note": study["environment"].get("runs_selected")}]
+                          + list(extras)):
+        out.append({"label": chr(ord("A") + i), "environment": e["environment"],
+                    "runs": [rid for rid in order if owner.get(rid) == i], "note": e.get("note"),
+                    "replaced": e.get("replaced") or {}, "superseded": superseded.get(i, [])})
+    return out
+
+
+def session_of(study: dict) -> dict[str, str]:
+    """``{run id: session label}``."""
+    return {rid: s["label"] for s in sessions(study) for rid in s["runs"]}
+
+
+def describe_session(s: dict) -> str:
+    """One line: where and when a session ran, with which software."""
+    env = s["environment"]
+    devs = env.get("devices") or ["?"]
+    names = sorted(set(devs))
+    kind = ", ".join(f"{devs.count(n)}x {n}" for n in names)
+    slots = len(env.get("slots") or devs)
+    return (f"{env['date_utc']} UTC on {kind} ({slots} used, one run per device at a time; "
+            f"{env.get('host_cpus', '?')} host CPUs); torch {env['torch']}, CUDA {env.get('cuda')}, Triton "
+            f"{env.get('triton')}, Python {env['python']}"
+            + (f", driver {env['driver']}" if env.get("driver") else "")
+            + f", lintime commit {(env.get('git_commit') or 'unknown')[:12]}")
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -139,8 +192,8 @@ def speedup(curve: list[dict], ref_curve: list[dict]) -> dict:
     return out
 
 
-def summarise(runs: dict[str, dict]) -> dict[str, dict]:
-    """Per run: the numbers every table reads."""
+def summarise(runs: dict[str, dict], session: dict[str, str] | None = None) -> dict[str, dict]:
+    """Per run: the numbers every table reads (``session``: run id -> session label, default A)."""
     out = {}
     for rid, rec in runs.items():
         spec, tr = rec["run"], rec.get("train") or {}
@@ -152,6 +205,7 @@ def summarise(runs: dict[str, dict]) -> dict[str, dict]:
             "id": rid, "model": spec["model"], "name": MODELS[spec["model"]][0], "preset": spec["preset"],
             "recipe": spec["recipe"], "context_len": spec["context_len"], "chunk_size": spec.get("chunk_size"),
             "status": rec.get("status", "missing"), "error": rec.get("error"), "n_params": rec.get("n_params"),
+            "session": (session or {}).get(rid, "A"), "reconstructed": bool(rec.get("reconstructed")),
             "planned_tokens": spec["tokens"], "tokens": tr.get("tokens") or (curve[-1]["tokens"] if curve else 0),
             "steps": tr.get("steps") or (curve[-1]["step"] if curve else 0),
             "train_s": train_s, "startup_s": off, "train_s_adjusted": (train_s - off) if train_s else None,
@@ -187,7 +241,8 @@ def tables(summ: dict[str, dict]) -> dict:
                 "final_val_bpb": s["final_val_bpb"], "train_s": s["train_s_adjusted"], "tokens_per_s": s["tokens_per_s"],
                 "tokens": s["tokens"], "steps": s["steps"], "n_params": s["n_params"],
                 "speedup_time": sp["time"], "speedup_steps": sp["steps"],
-                "ref_available": usable(ref)}
+                "ref_available": usable(ref), "session": s["session"],
+                "ref_session": ref["session"] if ref is not None else None}
 
     main = {m: row(run(m, MAIN_CONTEXT), run(REFERENCE, MAIN_CONTEXT)) for m in MODELS}
     context = {m: {ctx: row(run(m, ctx), run(REFERENCE, ctx)) for ctx in CONTEXTS} for m in CONTEXT_MODELS}
@@ -275,14 +330,16 @@ def plots(summ: dict[str, dict], assets: Path) -> list[str]:
         print("quality_report: matplotlib not installed, no plots", file=sys.stderr)
         return []
     made = []
+    several = len({s["session"] for s in summ.values()}) > 1
 
-    def curves(ax, ids, key, label_of):
+    def curves(ax, ids, key, label_of, tag=True):
         for rid in ids:
             s = summ.get(rid)
             if not usable(s):
                 continue
             xs = [p[key] for p in s["curve"]]
-            ax.plot(xs, [p["bpb"] for p in s["curve"]], marker=".", label=label_of(s) + ("" if ok(s) else f" ({s['status']})"))
+            label = label_of(s) + ("" if ok(s) else f" ({s['status']})") + (f" [{s['session']}]" if several and tag else "")
+            ax.plot(xs, [p["bpb"] for p in s["curve"]], marker=".", label=label)
         ax.set_ylabel("validation bits per byte")
         ax.grid(alpha=0.3)
 
@@ -303,8 +360,14 @@ def plots(summ: dict[str, dict], assets: Path) -> list[str]:
         fig, axes = plt.subplots(1, len(CONTEXTS), figsize=(4 * len(CONTEXTS), 4), sharey=True)
         for ax, ctx in zip(axes, CONTEXTS):
             ids = [f"{m}-{ctx}" for m in CONTEXT_MODELS]
-            curves(ax, ids, key, lambda s: s["name"])
-            ax.set_title(f"context {ctx}")
+            curves(ax, ids, key, lambda s: s["name"], tag=False)  # one legend for all panels: sessions in the title
+            ref = summ.get(f"{REFERENCE}-{ctx}")
+            other = [summ[r] for r in ids if usable(summ.get(r)) and ref is not None and summ[r]["session"] != ref["session"]]
+            by = {}
+            for o in other:
+                by.setdefault(o["session"], []).append(o["name"])
+            ax.set_title(f"context {ctx}" + "".join(f"\n{', '.join(v)}: session {k}" for k, v in sorted(by.items()))
+                         + (f"; others {ref['session']}" if by else ""), fontsize=10)
             ax.set_xlabel(xlabel)
         _clip_y(axes[0], [s for s in summ.values() if s["model"] in CONTEXT_MODELS])
         if axes[0].get_legend_handles_labels()[0]:
@@ -332,7 +395,8 @@ def plots(summ: dict[str, dict], assets: Path) -> list[str]:
         if ok(s):
             pts = [(k * MAIN_CONTEXT, s["eval_bpb"].get(k * MAIN_CONTEXT)) for k in (1, 2, 4)]
             pts = [(x, y) for x, y in pts if y is not None]
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=s["name"])
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o",
+                    label=s["name"] + (f" [{s['session']}]" if several else ""))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("evaluation context (trained at 1024)")
     ax.set_ylabel("bits per byte")
@@ -374,6 +438,42 @@ def fmt_speedup(r: dict) -> str:
     if r.get("speedup_time") is None:
         return "not reached"
     return f"{r['speedup_time']:.2f}x ({fmt(r['speedup_steps'], '.2f')}x steps)"
+
+
+CROSS = "†"
+
+
+def cross(r: dict) -> bool:
+    """The run and its Transformer++ reference ran in different sessions (timings not comparable)."""
+    return bool(r.get("session") and r.get("ref_session") and r["session"] != r["ref_session"]
+                and r.get("status") not in (None, "not in plan", "missing", "not-started", "failed"))
+
+
+def xmark(r: dict) -> str:
+    return f" {CROSS}" if cross(r) else ""
+
+
+def cross_note(rows: list[dict], sess: list[dict]) -> list[str]:
+    """The footnote under a table with cross-session cells (nothing when there are none)."""
+    if not any(cross(r) for r in rows):
+        return []
+    pairs = sorted({(r["session"], r["ref_session"]) for r in rows if cross(r)})
+    where = {x["label"]: x for x in sess}
+    said = "; ".join(f"run in session {a} ({_short(where.get(a))}), its Transformer++ reference in session {b} "
+                     f"({_short(where.get(b))})" for a, b in pairs)
+    kinds = {frozenset(where[x]["environment"].get("devices") or []) for pair in pairs for x in pair if x in where}
+    gpu = ("the GPU is the same kind but the host and the number of runs at a time may differ" if len(kinds) == 1
+           else "the GPU kinds differ")
+    return ["", f"{CROSS} {said}: training time and tokens/s are comparable within a session; across sessions {gpu}, "
+            "so these times, tokens/s and speed-ups are approximate (bits per byte and speed-ups in steps are not "
+            "affected)."]
+
+
+def _short(s: dict | None) -> str:
+    if s is None:
+        return "?"
+    devs = s["environment"].get("devices") or ["?"]
+    return f"{len(devs)}x {sorted(set(devs))[0]}, {s['environment']['date_utc'][:16]} UTC"
 
 
 def status_mark(r: dict) -> str:
@@ -426,6 +526,9 @@ python3 benchmarks/quality/prepare_data.py
 OUT=quality_out TOKENS={tokens} DEADLINE_S=540 bash benchmarks/quality/gpu_quality.sh
 #    (MODE=smoke-gpu first checks every configuration in a few steps per run; on a CPU:
 #     python3 benchmarks/quality/quality_run.py all --out /tmp/q --mode smoke)
+#    runs left out or failed: a later call with ONLY=id,id (OUT=quality_out2), then merged as a
+#    second session (checks that corpus, tokens and plan entries agree; replaces failed records):
+#    python3 benchmarks/quality/quality_merge.py --into quality_out --add quality_out2 --note "why it ran"
 # 3. this page, the plots and quality.json from the results folder
 python3 benchmarks/quality/quality_report.py --results quality_out
 ```
@@ -436,10 +539,26 @@ The plan (run ids, presets, contexts, budgets): `python3 benchmarks/quality/qual
 
 def page(study: dict | None, summ: dict[str, dict] | None, t: dict | None, made: list[str], tokens: int) -> str:
     lines = ["# Results: quality on real text", ""]
+    sess = sessions(study) if study is not None else []
     if study is None:
         lines += ["**Status: not yet run on a GPU.**  This page holds the method and the commands; the tables, "
                   "plots and `docs/results/quality.json` are generated from the GPU results by the last "
                   "command below.  No number on this page has been measured yet.", ""]
+    elif len(sess) > 1:
+        env = study["environment"]
+        lines += [f"Measured in {len(sess)} sessions (the same corpus, plan and tokens per run; seed 0 for every run; "
+                  f"mode `{env['mode']}`).  All numbers are in `docs/results/quality.json`.", ""]
+        for x in sess:
+            repl = ("; replaces the record(s) " + ", ".join(f"`{k}` ({v})" for k, v in x["replaced"].items())
+                   if x["replaced"] else "")
+            sup = "".join(f"; `{r['run']}` ({r['status']} here) ran again in session {r['by']}" for r in x["superseded"])
+            lines.append(f"* **Session {x['label']}** ({len(x['runs'])} runs on this page{sup}): {describe_session(x)}"
+                         + (f".  {x['note']}" if x.get("note") else "") + f"{repl}.")
+        lines += ["", "Each run's session is in the Runs table.  Training time and tokens/s are comparable within a "
+                  f"session; cells that compare runs of different sessions are marked {CROSS}.", ""]
+        if env["mode"] != "full":
+            lines += [f"**This is a `{env['mode']}` run: a pipeline check with a few steps per run.  Its numbers "
+                      "say nothing about the models.**", ""]
     else:
         env = study["environment"]
         lines += [f"Measured {env['date_utc']} UTC on {', '.join(sorted(set(env['devices'])))} "
@@ -462,19 +581,28 @@ def page(study: dict | None, summ: dict[str, dict] | None, t: dict | None, made:
         lines.append("")
         return "\n".join(lines)
     assert summ is not None and t is not None
-    lines += ["## Runs", "", "| run | preset | status | params | tokens | steps | training time (s) | start-up (s) "
-              "| tokens/s | peak memory (GiB) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    multi = len(sess) > 1
+    lines += ["## Runs", "", "| run | preset |" + (" session |" if multi else "") + " status | params | tokens | steps "
+              "| training time (s) | start-up (s) | tokens/s | peak memory (GiB) |",
+              "|---|---|" + ("---|" if multi else "") + "---|---|---|---|---|---|---|---|"]
     for s in summ.values():
-        lines.append(f"| `{s['id']}` | `{s['preset']}` | {s['status']}{' (' + s['error'][:80] + ')' if s.get('error') else ''} "
+        rebuilt = " (record rebuilt)" if s.get("reconstructed") else ""
+        lines.append(f"| `{s['id']}` | `{s['preset']}` |" + (f" {s['session']} |" if multi else "")
+                     + f" {s['status']}{rebuilt}{' (' + s['error'][:80] + ')' if s.get('error') else ''} "
                      f"| {fmt(s['n_params'] and s['n_params'] / 1e6, '.2f') + 'M' if s['n_params'] else '-'} | {s['tokens'] / 1e6:.2f}M | {s['steps']} "
                      f"| {fmt(s['train_s_adjusted'], '.1f')} | {fmt(s['startup_s'], '.1f')} | {fmt(s['tokens_per_s'], ',.0f')} "
                      f"| {fmt(s['peak_memory_gib'], '.1f')} |")
+    if any(s.get("reconstructed") for s in summ.values()):
+        lines += ["", "Record rebuilt: the run's result.json was rebuilt from its metrics.jsonl and the driver's summary "
+                  "line (its own did not come back from the device); peak memory is unknown for those runs."]
     lines += ["", f"## Main table: context {MAIN_CONTEXT}", "",
               "| model | bits/byte (final eval) | last curve point | training time (s) | tokens/s | speed-up to Transformer++ |",
               "|---|---|---|---|---|---|"]
     for m, r in t["main"].items():
         lines.append(f"| {MODELS[m][0]}{status_mark(r)} | {fmt(r.get('bpb'))} | {fmt(r.get('final_val_bpb'))} "
-                     f"| {fmt(r.get('train_s'), '.1f')} | {fmt(r.get('tokens_per_s'), ',.0f')} | {fmt_speedup(r)} |")
+                     f"| {fmt(r.get('train_s'), '.1f')}{xmark(r)} | {fmt(r.get('tokens_per_s'), ',.0f')}{xmark(r)} "
+                     f"| {fmt_speedup(r)}{xmark(r)} |")
+    lines += cross_note(list(t["main"].values()), sess)
     lines.append("")
     for name in made:
         if name.startswith("bpb_vs"):
@@ -486,10 +614,13 @@ def page(study: dict | None, summ: dict[str, dict] | None, t: dict | None, made:
             fmt(t["context"][m][c].get("bpb")) + status_mark(t["context"][m][c]) for c in CONTEXTS) + " |")
     lines += ["", "| model | " + " | ".join(f"{c}: time (s)" for c in CONTEXTS) + " |", "|---|" + "---|" * len(CONTEXTS)]
     for m in CONTEXT_MODELS:
-        lines.append(f"| {MODELS[m][0]} | " + " | ".join(fmt(t["context"][m][c].get("train_s"), ".1f") for c in CONTEXTS) + " |")
+        lines.append(f"| {MODELS[m][0]} | " + " | ".join(fmt(t["context"][m][c].get("train_s"), ".1f") + xmark(t["context"][m][c])
+                                                         for c in CONTEXTS) + " |")
     lines += ["", "| model | " + " | ".join(f"{c}: speed-up" for c in CONTEXTS) + " |", "|---|" + "---|" * len(CONTEXTS)]
     for m in CONTEXT_MODELS:
-        lines.append(f"| {MODELS[m][0]} | " + " | ".join(fmt_speedup(t["context"][m][c]) for c in CONTEXTS) + " |")
+        lines.append(f"| {MODELS[m][0]} | " + " | ".join(fmt_speedup(t["context"][m][c]) + xmark(t["context"][m][c])
+                                                         for c in CONTEXTS) + " |")
+    lines += cross_note([t["context"][m][c] for m in CONTEXT_MODELS for c in CONTEXTS], sess)
     lines.append("")
     for name in made:
         if name.startswith("context_"):
@@ -503,8 +634,9 @@ def page(study: dict | None, summ: dict[str, dict] | None, t: dict | None, made:
     lines += ["", f"## Chunk size (seed Figure 8), context {CHUNK_CONTEXT}", "",
               "| C | bits/byte | training time (s) | tokens/s | speed-up to Transformer++ |", "|---|---|---|---|---|"]
     for C, r in t["chunk"].items():
-        lines.append(f"| {C}{status_mark(r)} | {fmt(r.get('bpb'))} | {fmt(r.get('train_s'), '.1f')} "
-                     f"| {fmt(r.get('tokens_per_s'), ',.0f')} | {fmt_speedup(r)} |")
+        lines.append(f"| {C}{status_mark(r)} | {fmt(r.get('bpb'))} | {fmt(r.get('train_s'), '.1f')}{xmark(r)} "
+                     f"| {fmt(r.get('tokens_per_s'), ',.0f')}{xmark(r)} | {fmt_speedup(r)}{xmark(r)} |")
+    lines += cross_note(list(t["chunk"].values()), sess)
     if "chunk_size.png" in made:
         lines += ["", "![chunk_size.png](results/chunk_size.png)"]
     lines += ["", "## Length extrapolation (evaluated at 2x and 4x the training context)", "",
@@ -524,6 +656,19 @@ def page(study: dict | None, summ: dict[str, dict] | None, t: dict | None, made:
     return "\n".join(lines)
 
 
+NOTES_HEADING = "## Notes"
+
+
+def hand_notes(doc: Path) -> str:
+    """The hand-written part of an existing page: from its first line starting with ``## Notes`` to
+    the end ("" when there is none); a regenerated page keeps it after the generated tables."""
+    if not doc.exists():
+        return ""
+    lines = doc.read_text().splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.startswith(NOTES_HEADING)), None)
+    return "\n" + "".join(lines[start:]) if start is not None else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", type=Path, help="the --out folder of quality_run.py all")
@@ -540,16 +685,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"quality_report: wrote {args.doc} (pending)")
         return 0
     study, runs = load_results(args.results)
-    summ = summarise(runs)
+    summ = summarise(runs, session_of(study))
     t = tables(summ)
     assets.mkdir(parents=True, exist_ok=True)
     made = plots(summ, assets)
     tokens = study["environment"].get("tokens_per_run", args.tokens)
-    data = {"environment": study["environment"], "plan": study["plan"], "runs": summ, "tables": t,
+    data = {"environment": study["environment"], "sessions": sessions(study), "plan": study["plan"], "runs": summ, "tables": t,
             "verdicts": verdicts(t), "plots": made}
     (assets / "quality.json").write_text(json.dumps(data, indent=1, default=_json_default) + "\n")
-    args.doc.write_text(page(study, summ, t, made, tokens))
-    print(f"quality_report: wrote {args.doc}, {assets / 'quality.json'} and {len(made)} plots")
+    notes = hand_notes(args.doc)
+    args.doc.write_text(page(study, summ, t, made, tokens) + notes)
+    print(f"quality_report: wrote {args.doc}, {assets / 'quality.json'} and {len(made)} plots"
+          + (" (hand-written notes kept)" if notes else ""))
     return 0
 
 

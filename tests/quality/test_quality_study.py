@@ -144,3 +144,100 @@ def test_pending_page_lists_the_plan_and_says_nothing_was_measured(tmp_path):
     assert "not yet run on a GPU" in text
     for r in qp.build_plan("full"):
         assert f"`{r.id}`" in text
+
+
+def _study(out: Path, plan, date: str, devices: list[str], sha: str = "abc", tokens: int = 1 << 20):
+    env = {"date_utc": date, "devices": devices, "slots": [str(i) for i in range(len(devices))], "torch": "2.11",
+           "cuda": "13.0", "triton": "3.6", "python": "3.12", "git_commit": "abc", "mode": "full",
+           "tokens_per_run": tokens, "corpus": {"content_sha256": sha}, "host_cpus": 16}
+    (out / "runs").mkdir(parents=True)
+    (out / "study.json").write_text(json.dumps({"environment": env, "plan": [dict(r.__dict__, steps=r.steps) for r in plan]}))
+
+
+def test_merge_adds_a_second_session_and_the_report_labels_every_run(tmp_path):
+    """A later call's runs are merged into the first folder: the failed record is replaced, the
+    header lists both sessions, each run carries its session, and only cells that compare runs of
+    different sessions are marked."""
+    import quality_merge as qm
+
+    plan = qp.build_plan("full", tokens=1 << 20)
+    by_id = {r.id: r for r in plan}
+    a, b = tmp_path / "a", tmp_path / "b"
+    _study(a, [by_id[i] for i in ("transformer-pp-1024", "flash-1024", "performer-1024", "transformer-pp-2048")],
+           "2026-11-22 03:20:40", ["NVIDIA H200", "NVIDIA H200"])
+    _write_run(a, by_id["transformer-pp-1024"], "ok", 1.60, 100.0)
+    _write_run(a, by_id["flash-1024"], "ok", 1.55, 50.0)
+    _write_run(a, by_id["performer-1024"], "failed", 9.0, 1.0)
+    _write_run(a, by_id["transformer-pp-2048"], "ok", 1.70, 100.0)
+    _study(b, [by_id[i] for i in ("performer-1024", "gla-2048")], "2026-11-22 04:51:56", ["NVIDIA H200"])
+    _write_run(b, by_id["performer-1024"], "ok", 1.90, 200.0)
+    _write_run(b, by_id["gla-2048"], "ok", 1.65, 40.0)
+    (b / "logs").mkdir()
+    (b / "logs" / "gla-2048.log").write_text("log\n")
+    (b / "gpu.txt").write_text("index, name, driver_version, memory.total [MiB]\n0, NVIDIA H200, 580.159.04, 143771 MiB\n")
+    # a third folder with another corpus is refused, and nothing is written
+    c = tmp_path / "c"
+    _study(c, [by_id["gla-512"]], "2026-11-23 00:00:00", ["NVIDIA H200"], sha="other")
+    _write_run(c, by_id["gla-512"], "ok", 1.6, 10.0)
+    before = (a / "study.json").read_text()
+    assert qm.main(["--into", str(a), "--add", str(c)]) == 2
+    assert (a / "study.json").read_text() == before and not (a / "runs" / "gla-512").exists()
+
+    assert qm.main(["--into", str(a), "--add", str(b), "--note", "the rest"]) == 0
+    assert json.loads((a / "runs" / "performer-1024" / "result.json").read_text())["status"] == "ok"
+    assert (a / "sessions" / "2026-11-22_045156" / "logs" / "gla-2048.log").exists()
+    # taking an ok run again needs --replace
+    assert qm.main(["--into", str(a), "--add", str(b), "--runs", "gla-2048"]) == 2
+    study = json.loads((a / "study.json").read_text())
+    assert [p["id"] for p in study["plan"]] == [r.id for r in plan if r.id in
+                                                {"transformer-pp-1024", "flash-1024", "performer-1024",
+                                                 "transformer-pp-2048", "gla-2048"}]  # the full plan's order
+    sess = qr.sessions(study)
+    assert [s["label"] for s in sess] == ["A", "B"]
+    assert sess[0]["runs"] == [r.id for r in plan if r.id in {"flash-1024", "transformer-pp-1024", "transformer-pp-2048"}]
+    assert sess[0]["superseded"] == [{"run": "performer-1024", "status": "failed", "by": "B"}]
+    assert sorted(sess[1]["runs"]) == ["gla-2048", "performer-1024"]
+    assert sess[1]["environment"]["driver"] == "580.159.04"
+
+    doc = tmp_path / "results.md"
+    assert qr.main(["--results", str(a), "--doc", str(doc)]) == 0
+    data = json.loads((tmp_path / "results" / "quality.json").read_text())
+    assert data["runs"]["performer-1024"]["session"] == "B" and data["runs"]["flash-1024"]["session"] == "A"
+    assert [s["label"] for s in data["sessions"]] == ["A", "B"]
+    text = doc.read_text()
+    assert "**Session A** (3 runs on this page; `performer-1024` (failed here) ran again in session B)" in text
+    assert "**Session B** (2 runs on this page)" in text and "2x NVIDIA H200" in text and "1x NVIDIA H200" in text
+    assert "driver 580.159.04" in text and "the rest" in text
+    row = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert "†" in row["Performer"] and "†" not in row["FLASH"]  # B against A's Transformer++ / A against A
+    assert "| `performer-1024` | `performer-medium` | B | ok |" in text
+    # GLA at 2048 (B) is marked in the context tables, FLASH at 1024 (A) is not
+    lines = text.splitlines()
+    head = lines.index("| model | 512: time (s) | 1024: time (s) | 2048: time (s) | 8192: time (s) |")
+    gla = next(line for line in lines[head:] if line.startswith("| GLA |")).split("|")
+    assert gla[4].strip() == "40.0 †"  # 2048: 40 s, evenly spaced steps (no start-up), session B vs A
+    flash = next(line for line in lines[head:] if line.startswith("| FLASH |")).split("|")
+    assert flash[3].strip() == "50.0"  # 1024, session A like its reference
+    assert text.count("† run in session B (1x NVIDIA H200, 2026-11-22 04:51 UTC), its Transformer++ reference "
+                      "in session A (2x NVIDIA H200, 2026-11-22 03:20 UTC)") == 2  # main and context tables
+
+
+def test_one_session_folder_reads_as_before(tmp_path):
+    """A folder without extra_sessions: one session, no session column, no marks."""
+    plan = qp.build_plan("full", tokens=1 << 20)
+    by_id = {r.id: r for r in plan}
+    out = tmp_path / "out"
+    _study(out, [by_id["transformer-pp-1024"], by_id["flash-1024"]], "2026-11-22 03:20:40", ["NVIDIA H200"] * 2)
+    _write_run(out, by_id["transformer-pp-1024"], "ok", 1.60, 100.0)
+    _write_run(out, by_id["flash-1024"], "ok", 1.55, 50.0)
+    study = json.loads((out / "study.json").read_text())
+    assert [(s["label"], sorted(s["runs"])) for s in qr.sessions(study)] == [("A", ["flash-1024", "transformer-pp-1024"])]
+    doc = tmp_path / "results.md"
+    doc.write_text("# old page\n\n| stale table |\n\n## Notes on the run (by hand)\n\n* kept note\n")
+    assert qr.main(["--results", str(out), "--doc", str(doc)]) == 0
+    assert qr.main(["--results", str(out), "--doc", str(doc)]) == 0  # twice: the notes once, at the end
+    text = doc.read_text()
+    assert text.endswith("## Notes on the run (by hand)\n\n* kept note\n") and text.count("kept note") == 1
+    assert "stale table" not in text
+    assert text.splitlines()[2].startswith("Measured 2026-11-22 03:20:40 UTC on NVIDIA H200 (2 used")
+    assert "†" not in text and "| session |" not in text and "Session A" not in text
