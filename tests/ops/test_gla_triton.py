@@ -328,8 +328,21 @@ def test_cuda_small_heads_bf16(K, V):
 from lintime.ops.gla.triton.ops import LAUNCH_VARIANTS, TILE_KEYS  # noqa: E402  (after importorskip)
 
 # Under the interpreter only tile shapes change what runs (warps, stages and register caps are
-# ignored there), so the CPU runs the variants that change a tile; the GPU runs every one.
-_VARIANTS = [(n, c) for n, c in LAUNCH_VARIANTS if c and (CUDA or any(key in c for key in TILE_KEYS))]
+# ignored there), so the CPU runs the variants that change a tile, each distinct tile setting once
+# (e.g. "w8_dqkg16" runs there as "dqkg16"); the GPU runs every one.
+
+
+def _cpu_variants():
+    seen, out = set(), []
+    for name, cfg in LAUNCH_VARIANTS:
+        tiles = tuple(sorted((key, cfg[key]) for key in TILE_KEYS if key in (cfg or {})))
+        if tiles and tiles not in seen:
+            seen.add(tiles)
+            out.append((name, cfg))
+    return out
+
+
+_VARIANTS = [(n, c) for n, c in LAUNCH_VARIANTS if c] if CUDA else _cpu_variants()
 
 
 @cuda  # also in the GPU runs' `-m cuda` selection; runs on the CPU (interpreter) as well
@@ -359,3 +372,28 @@ def test_launch_variants(name, cfg):
             _compare(f"gla variant {name} ns={ns}", base, out)
         else:
             _compare_half(f"gla variant {name} ns={ns}", ref, base, out, dtype)
+
+
+def test_chunk_dA_packed():
+    """The opt-in once-per-chunk score gradient (``cfg["dA_once"]``): ``chunk_dA`` against
+    ``scale * tril(do_c v_c^T)`` per chunk in fp64 (exact rule), packed sequences with partial last
+    chunks, an empty and a 1-token sequence, several V-blocks (``dA_bv`` = 16 of V = 40: a masked
+    last block); the reference starts NaN-filled, so a token it misses fails too."""
+    from lintime.ops.gla.triton.ops import chunk_dA
+    from lintime.ops.triton_common import BT, chunks
+
+    lens, H, V, scale = [70, 1, 0, 130], 2, 40, 0.3
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEV)
+    gen = torch.Generator().manual_seed(5)
+    v, do = (torch.randn(sum(lens), H, V, generator=gen, dtype=torch.float64) for _ in range(2))
+    ch = chunks(1, sum(lens), cu.to(torch.int32), torch.device(DEV))
+    dA = chunk_dA(v.float().to(DEV), do.float().to(DEV), ch, scale, {"dA_once": True, "dA_bv": 16}).cpu()
+    ref = torch.full((sum(lens), H, BT), float("nan"), dtype=torch.float64)
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        for c0 in range(s, e, BT):
+            c1 = min(c0 + BT, e)
+            blk = scale * torch.einsum("ihv,jhv->hij", do[c0:c1], v[c0:c1]).tril()  # [H, i, j]
+            ref[c0:c1, :, : c1 - c0] = blk.permute(1, 0, 2)
+            ref[c0:c1, :, c1 - c0:] = 0.0  # columns past the sequence end: v rows masked to zero
+    assert dA.dtype == torch.float32 and dA.shape == ref.shape
+    assert_exact("gla chunk_dA packed", ref, dA)

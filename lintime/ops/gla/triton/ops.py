@@ -8,7 +8,8 @@ Kernel sequence (``ns`` = chunks per segment, see :mod:`lintime.ops.triton_commo
   states, final state);
 * backward: [reverse segment summaries of ``scale (q exp G)^T do`` + scan] ->
   ``gla_bwd_dv_kernel`` (backward walk: ``dv``, per-chunk state gradients) ->
-  ``gla_bwd_dqkg_kernel`` (per chunk: ``dq, dk, dg``).
+  [``gla_bwd_dA_kernel`` (per chunk: ``dA = scale (do v^T)``, masked), opt-in ``cfg["dA_once"]``] ->
+  ``gla_bwd_dqkg_kernel`` (per chunk and K-block: ``dq, dk, dg``).
 """
 
 import math
@@ -19,6 +20,7 @@ import triton.language as tl
 from torch import Tensor
 
 from lintime.ops.gla.triton.kernels import (
+    gla_bwd_dA_kernel,
     gla_bwd_dqkg_kernel,
     gla_bwd_dv_kernel,
     gla_fwd_kernel,
@@ -85,7 +87,11 @@ def _launch(cfg, name, num_warps, num_stages):
 # in the prep kernel (148 B of spills); "walk_bv128": ``[128, 128]`` walk tiles (238 registers, no
 # spills); "*_r128": registers capped at 128 (two 8-warp programs per SM); "s2": two pipeline stages in
 # the walks; "prep_w8" / "w8_dqkg16": version 3's launches.  4-warp dq/dk/dg programs gave a wrong dq and
-# illegal addresses in the CUDA tests (H200, Triton 3.6): not offered.
+# illegal addresses in the CUDA tests (H200, Triton 3.6): not offered.  "dA_once*" (not timed yet): the
+# score gradient ``dA = scale (do v^T)`` (masked, fp32 ``[TT, H, BT]``) written once per chunk by
+# ``gla_bwd_dA_kernel`` (4 warps, V-blocks of ``"dA_bv"``) and read by every K-block program of the dq/dk/dg
+# kernel instead of recomputed there (half of its dot flops at K-blocks of 32); with "_dqkg64" / "_dqkg16"
+# K-blocks of 64 (2 programs per chunk at K = 128: ``do, v, h, dh`` read half as often) / of 16.
 LAUNCH_VARIANTS = (
     ("default", None),
     ("dqkg16", {"dqkg_tile": (16, 64)}),
@@ -99,8 +105,12 @@ LAUNCH_VARIANTS = (
     ("dqkg_s3", {"dqkg": (8, 3)}),
     ("prep_w8", {"A": (8, 1)}),
     ("w8_dqkg16", {"A": (8, 1), "dqkg_tile": (16, 64)}),
+    ("dA_once", {"dA_once": True}),
+    ("dA_once_dqkg64", {"dA_once": True, "dqkg_tile": (64, 64)}),
+    ("dA_once_dqkg16", {"dA_once": True, "dqkg_tile": (16, 64)}),
+    ("dA_once_bv128", {"dA_once": True, "dA_bv": 128}),
 )
-TILE_KEYS = ("v_walk", "dqkg_tile", "A_bk")  # the cfg keys that change what a kernel computes per program
+TILE_KEYS = ("v_walk", "dqkg_tile", "A_bk", "dA_once")  # the cfg keys that change what a kernel computes per program
 
 
 def _warps(bk: int, bv: int) -> int:
@@ -230,7 +240,10 @@ def _bwd_fake(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, nee
 
 def gla_bwd(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, need_dh0, cfg=None):
     """Backward launcher: ``dq, dk, dv, dg, dh0`` (``dh0`` empty unless ``need_dh0``); ``A, qg, kg,
-    gl, hc`` from :func:`gla_fwd`."""
+    gl, hc`` from :func:`gla_fwd`.  ``cfg`` (benchmarks only): ``{kernel: (num_warps, num_stages)}``
+    overrides, ``"v_walk"``: ``(BK, BV)`` of the dv walk, ``"dqkg_tile"``: ``(BK, BV)`` of the dq/dk/dg
+    kernel, ``"dA_once"``: compute ``dA = scale (do v^T)`` once per chunk (``gla_bwd_dA_kernel``, V-blocks
+    of ``"dA_bv"``, default 64; fp32 ``[TT, H, BT]``, 16 KB per chunk and head) instead of once per K-block."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = _n_seq(q, cu_seqlens)
@@ -259,14 +272,32 @@ def gla_bwd(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, need_
     ch = seg if seg.ns == 1 else chunks(B, T, cu_seqlens, q.device)
     if ch.NSEG > 0:
         BK, BV = (cfg or {}).get("dqkg_tile", tiles["dqkg"])
+        dA = chunk_dA(vf, dof, ch, scale, cfg) if (cfg or {}).get("dA_once") else None
         # 8 warps (4 gave wrong dq and illegal addresses in the CUDA tests, H200, Triton 3.6, 2026-11-22)
         gla_bwd_dqkg_kernel[(_cdiv(K, BK) * ch.NSEG, H)](
-            qf, kf, vf, gf, dof, hc, dhs, dq, dk, dg, scale, **ch.kernel_args(), H=H, K=K, V=V, BT=BT, BC=BC,
-            BK=BK, BV=BV, DT=DT, SDT=SDT, PREC=PREC, **_launch(cfg, "dqkg", _warps(BT, max(BK, BV)), 2),
+            qf, kf, vf, gf, dof, hc, dhs, dA, dq, dk, dg, scale, **ch.kernel_args(), H=H, K=K, V=V, BT=BT, BC=BC,
+            BK=BK, BV=BV, LOAD_DA=dA is not None, DT=DT, SDT=SDT, PREC=PREC, **_launch(cfg, "dqkg", _warps(BT, max(BK, BV)), 2),
         )
     if not need_dh0:
         dh0 = empty_f32(q)
     return dq.view_as(q), dk.view_as(k), dv.view_as(v), dg.view_as(g), dh0
+
+
+def chunk_dA(vf: Tensor, dof: Tensor, ch, scale: float, cfg=None) -> Tensor:
+    """The causally masked score gradient ``dA = scale * (do v^T)`` of every chunk of the layout ``ch``
+    (one segment per chunk), fp32 ``[TT, H, BT]`` like ``A`` (row = token, column = position in its
+    chunk; rows of tokens past their sequence's end left unwritten) from flat ``v, do [TT, H, V]``:
+    ``gla_bwd_dA_kernel``, V-blocks of ``cfg["dA_bv"]`` (default 64), ``cfg["dA"]`` = ``(num_warps,
+    num_stages)`` (default ``(4, 2)``)."""
+    TT, H, V = vf.shape
+    _, PREC = dot_config(vf.dtype)
+    dA = torch.empty(TT, H, BT, dtype=torch.float32, device=vf.device)
+    if ch.NSEG > 0:
+        gla_bwd_dA_kernel[(ch.NSEG, H)](
+            vf, dof, dA, scale, **ch.kernel_args(), H=H, V=V, BT=BT, BV=min((cfg or {}).get("dA_bv", 64), _block(V)),
+            DT=_TL[vf.dtype], PREC=PREC, **_launch(cfg, "dA", 4, 2),
+        )
+    return dA
 
 
 @custom_op("gla_bwd", fake=_bwd_fake)
