@@ -374,6 +374,7 @@ def test_launch_variants(name, cfg):
             _compare_half(f"gla variant {name} ns={ns}", ref, base, out, dtype)
 
 
+@cuda  # also in the GPU runs' `-m cuda` selection (fp32: ieee dots on the GPU too)
 def test_chunk_dA_packed():
     """The opt-in once-per-chunk score gradient (``cfg["dA_once"]``): ``chunk_dA`` against
     ``scale * tril(do_c v_c^T)`` per chunk in fp64 (exact rule), packed sequences with partial last
