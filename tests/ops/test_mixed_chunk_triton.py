@@ -58,16 +58,22 @@ def _cast_state(state, dtype):
                            k_lin=state.k_lin.to(dtype), v=state.v.to(dtype), fill=state.fill)
 
 
-def _run(backend, xs, rb, state, seed=3, **kw):
+def _run(backend, xs, rb, state, seed=3, blocks=None, **kw):
     """Forward, final state and every gradient of one call, as a dict of named tensors; the
-    loss weights every output element and every float field of the final state."""
+    loss weights every output element and every float field of the final state.  With ``blocks``
+    the call goes to the Triton entry with those block sizes (``backend`` is then ignored)."""
     xs = [x.detach().clone().requires_grad_() for x in xs]
     rb = None if rb is None else rb.detach().clone().requires_grad_()
     if state is not None:
         state = MixedChunkState(**{
             f: getattr(state, f).detach().clone().requires_grad_(f in FLOAT_FIELDS) for f in FLOAT_FIELDS + INT_FIELDS
         })
-    o, final = mixed_chunk_attention(*xs, rel_bias=rb, initial_state=state, backend=backend, **kw)
+    if blocks is None:
+        o, final = mixed_chunk_attention(*xs, rel_bias=rb, initial_state=state, backend=backend, **kw)
+    else:
+        from lintime.ops.mixed_chunk.triton import triton_mixed_chunk_attention
+
+        o, final = triton_mixed_chunk_attention(*xs, rel_bias=rb, initial_state=state, blocks=blocks, **kw)
     out = {"o": o}
     g = torch.Generator().manual_seed(seed)
 
@@ -359,3 +365,43 @@ def test_cuda_long_sequence_segments():
         out, s = mixed_chunk_attention(*xs, backend="triton", **kw)
     assert_half_rule("cuda T=32768 o", ref, out, base)
     assert_half_rule("cuda T=32768 kv", s_ref.kv.float(), s.kv.bfloat16(), s_ref.kv.bfloat16())
+
+
+# ----------------------------------------------------------------------------- launch variants
+
+from lintime.ops.gau.triton.plan import changes_tiles, variant_blocks  # noqa: E402
+from lintime.ops.mixed_chunk.triton.mixed_chunk import LAUNCH_VARIANTS  # noqa: E402
+
+# Under the interpreter only tile shapes, steps and the segmenting change what runs (warps and
+# stages are ignored there), so the CPU runs the variants that change one of those -- their named
+# fields on the interpreter's 16-wide blocks, which checks those values and their relations to the
+# other tiles and to the chunk cheaply; the GPU runs every variant with the blocks that `lintime bench
+# ops --cases flash.variants` times (the GPU defaults at S = 128, E = 2048, C = 256 + the overrides).
+_VARIANTS = [(n, o) for n, o in LAUNCH_VARIANTS if o and (CUDA or changes_tiles(o))]
+
+
+@cuda  # also in the GPU runs' `-m cuda` selection; runs on the CPU (interpreter) as well
+@pytest.mark.parametrize("name,overrides", _VARIANTS, ids=[n for n, _ in _VARIANTS])
+def test_launch_variants(name, overrides):
+    """Every candidate launch of ``LAUNCH_VARIANTS`` against the naive form: packed sequences of
+    several chunks (one of one token, one empty), an initial state with partial chunks (the
+    composition path), the Toeplitz bias; forward, final state and every gradient.  CPU: fp32 at the
+    exact rule at small widths (S = 12, E = 14, C = 32: partial tiles, up to 3 chunks per sequence);
+    CUDA: bf16 at FLASH's widths (S = 128, E = 2048, C = 256) by the half-precision rule."""
+    if CUDA:
+        lens, S, E, C, dtype = [1100, 1, 0, 700], 128, 2048, 256, torch.bfloat16
+    else:
+        lens, S, E, C, dtype = [70, 1, 0, 20], 12, 14, 32, torch.float32
+    blocks = variant_blocks(overrides, S, E, dtype, C)
+    H = 1
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+    xs64, rb64 = _inputs(1, sum(lens), H, S, E, C, torch.float64, seed=11, device=DEV)
+    st64 = _state([13, 0, 7, 0], [2 * C, 0, C, 3 * C], C, H, S, E, torch.float64, device=DEV)
+    kw = {"chunk_size": C, "output_final_state": True, "cu_seqlens": cu}
+    xs, rb, st = [x.to(dtype) for x in xs64], rb64.to(dtype), _cast_state(st64, dtype)
+    base = _run("naive", xs, rb, st, **kw)
+    out = _run("triton", xs, rb, st, blocks=blocks, **kw)
+    if dtype == torch.float32:
+        _assert_exact_all(f"mixed chunk variant {name}", base, out)
+    else:
+        _assert_half_all(f"mixed chunk variant {name}", _run("naive", xs64, rb64, st64, **kw), out, base)

@@ -33,6 +33,23 @@ from lintime.ops.gau.triton.plan import (
 )
 from lintime.ops.triton_common import cdiv, check_device, custom_op, dot_config
 
+# Candidate launches of the three GAU kernels: ``(name, overrides)``, the overrides applied to the GPU
+# defaults of the shape (:func:`lintime.ops.gau.triton.plan.variant_blocks`; defaults BM = 64, S step
+# 128, BE = 128 forward / dV, E step 64 in the dq/dk kernel, 4 warps, 2 stages).  Timed side by side
+# by ``lintime bench ops --cases flash.variants`` and run against the naive form by the CUDA test
+# ``test_launch_variants`` (the tile-changing ones also under the interpreter) -- a variant becomes a
+# default only after both, on the GPU.  Eager medians at T = 4k on an H100, 2026-11-22 (ms fwd /
+# fwd+bwd; docs/notes/kernels_flash.md): default 2.90 / 8.72, "bm128_w8" 3.02 / 8.97, "be256_w8"
+# 2.58 / 9.36, "s3" 3.65 / 9.80; "w8" and "ered128" are new.
+LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
+    ("default", {}),
+    ("w8", {"warps_gau": 8}),  # 8 warps on the 64-row tiles
+    ("bm128_w8", {"bm": 128, "warps_gau": 8}),  # 128-row query / key tiles
+    ("be256_w8", {"be_fwd": 256, "be_dv": 256, "warps_gau": 8}),  # half the score recomputation per E
+    ("ered128", {"be_red": 128}),  # E step 128 in the dq/dk kernel's reduction of do . v
+    ("s3", {"stages": 3}),
+)
+
 
 def _plan(B, T, cu_seqlens, bm, device):
     """Regions = non-empty sequences; returns the device tables and the longest sequence.

@@ -7,6 +7,7 @@ the sequence lengths with a handful of vectorised CPU ops and sent in one copy.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, fields
 
@@ -87,6 +88,26 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
         bg=bg, bk=64, bt=64, bs_state=min(128, pow2_at_least(S)), be_state=64, seg_chunks=0,
         bs_gau=min(128, pow2_at_least(S)),
     )
+
+
+# Fields of :class:`Blocks` that change only how a kernel is launched, not what a program computes:
+# the interpreter ignores them, so variants touching nothing else are checked on CUDA only.
+LAUNCH_ONLY_FIELDS = frozenset({"warps_fwd", "warps_bwd", "warps_gau", "stages"})
+
+
+def variant_blocks(overrides: dict, S: int, E: int, dtype: torch.dtype, C: int | None = None) -> Blocks:
+    """:func:`default_blocks` of this shape with the fields in ``overrides`` replaced: a launch
+    variant (the ``LAUNCH_VARIANTS`` of :mod:`lintime.ops.mixed_chunk.triton.mixed_chunk` and
+    :mod:`lintime.ops.gau.triton.gau`).  On the GPU that is the variant as benchmarked; under the
+    interpreter the named fields take the variant's values and the others stay 16-wide.  An
+    unknown field name raises ``TypeError``."""
+    return dataclasses.replace(default_blocks(S, E, dtype, C), **overrides)
+
+
+def changes_tiles(overrides: dict) -> bool:
+    """Whether a variant changes what a program computes (a tile shape, a step, the segmenting),
+    i.e. whether running it under the interpreter tests anything the default does not."""
+    return any(k not in LAUNCH_ONLY_FIELDS for k in overrides)
 
 
 def sequence_bounds(B: int, T: int, cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
