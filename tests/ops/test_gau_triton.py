@@ -17,6 +17,7 @@ from lintime.testing import assert_exact, assert_half_rule
 triton = pytest.importorskip("triton")
 
 CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
 NAMES = ("o", "dq", "dk", "dv", "drel_bias")
 
 
@@ -30,11 +31,17 @@ def _inputs(B, T, H, S, E, dtype, seed=0, device="cpu"):
     return [x.to(device, dtype) for x in (q, k, v, b, do)]
 
 
-def _run(backend, q, k, v, b, do, **kw):
-    """Output and the gradients of q, k, v (and rel_bias when given), by name."""
+def _run(backend, q, k, v, b, do, blocks=None, **kw):
+    """Output and the gradients of q, k, v (and rel_bias when given), by name.  With ``blocks``
+    the call goes to the Triton entry with those block sizes (``backend`` is then ignored)."""
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     bias = None if b is None else b.detach().clone().requires_grad_()
-    o = gau_attention(*leaves, rel_bias=bias, backend=backend, **kw)
+    if blocks is None:
+        o = gau_attention(*leaves, rel_bias=bias, backend=backend, **kw)
+    else:
+        from lintime.ops.gau.triton import triton_gau_attention
+
+        o = triton_gau_attention(*leaves, rel_bias=bias, blocks=blocks, **kw)
     grads = torch.autograd.grad(o, leaves + ([] if bias is None else [bias]), do)
     return dict(zip(NAMES, (o, *grads)))
 
@@ -184,3 +191,41 @@ def test_cuda_dispatch_picks_triton(monkeypatch):
     q, k, v, b, _ = _inputs(1, 64, 1, 16, 16, torch.bfloat16, device="cuda")
     gau_attention(q, k, v, rel_bias=b, scale=0.25)
     assert calls == [1]
+
+
+# ----------------------------------------------------------------------------- launch variants
+
+from lintime.ops.gau.triton.gau import LAUNCH_VARIANTS
+from lintime.ops.gau.triton.plan import changes_tiles, variant_blocks
+
+# Under the interpreter only tile shapes and steps change what runs (warps and stages are ignored
+# there), so the CPU runs the variants that change one of those -- their named fields on the
+# interpreter's 16-wide blocks; the GPU runs every variant with the blocks that `lintime bench ops
+# --cases flash.variants` times (the GPU defaults at S = 128, E = 2048 + the overrides).
+_VARIANTS = [(n, o) for n, o in LAUNCH_VARIANTS if o and (CUDA or changes_tiles(o))]
+
+
+@cuda  # also in the GPU runs' `-m cuda` selection; runs on the CPU (interpreter) as well
+@pytest.mark.parametrize("name,overrides", _VARIANTS, ids=[n for n, _ in _VARIANTS])
+def test_launch_variants(name, overrides):
+    """Every candidate launch of ``LAUNCH_VARIANTS`` against the naive form: packed sequences (one
+    longer than a 128-row tile, one of one token, one empty), causal, with the Toeplitz bias; the
+    output and the gradients of q, k, v and the bias.  CPU: fp32 at the exact rule at small widths
+    (S = 12, E = 12); CUDA: bf16 at GAU's widths (S = 128, E = 2048) by the half-precision rule."""
+    if CUDA:
+        lens, S, E, dtype = [1100, 1, 0, 333], 128, 2048, torch.bfloat16
+    else:
+        lens, S, E, dtype = [133, 1, 0, 20], 12, 12, torch.float32
+    blocks = variant_blocks(overrides, S, E, dtype)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+    q, k, v, b, do = _inputs(1, sum(lens), 1, S, E, torch.float64, device=DEV, seed=9)
+    q, k = q * 0.5, k * 0.5
+    kw = {"causal": True, "scale": S**-0.5, "cu_seqlens": cu}
+    xs = [x.to(dtype) for x in (q, k, v, b, do)]
+    base, out = _run("naive", *xs, **kw), _run("triton", *xs, blocks=blocks, **kw)
+    ref = _run("naive", q, k, v, b, do, **kw) if dtype != torch.float32 else None
+    for name_ in base:
+        if ref is None:
+            assert_exact(f"gau variant {name} {name_}", base[name_], out[name_])
+        else:
+            assert_half_rule(f"gau variant {name} {name_}", ref[name_], out[name_], base[name_])

@@ -369,8 +369,8 @@ def test_cuda_long_sequence_segments():
 
 # ----------------------------------------------------------------------------- launch variants
 
-from lintime.ops.gau.triton.plan import changes_tiles, variant_blocks  # noqa: E402
-from lintime.ops.mixed_chunk.triton.mixed_chunk import LAUNCH_VARIANTS  # noqa: E402
+from lintime.ops.gau.triton.plan import changes_tiles, variant_blocks
+from lintime.ops.mixed_chunk.triton.mixed_chunk import LAUNCH_VARIANTS
 
 # Under the interpreter only tile shapes, steps and the segmenting change what runs (warps and
 # stages are ignored there), so the CPU runs the variants that change one of those -- their named

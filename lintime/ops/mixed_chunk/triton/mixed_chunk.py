@@ -65,7 +65,6 @@ from lintime.ops.triton_common import (
     sm_count,
 )
 
-
 # Candidate launches of the mixed chunk kernels: ``(name, overrides)``, the overrides applied to the
 # GPU defaults of the shape (:func:`lintime.ops.gau.triton.plan.variant_blocks`; defaults at
 # ``S = 128, E = 2048, C = 256``: BG = 128, 8 warps, 2 stages, S step 64, BE = 128 output / dV,
