@@ -16,8 +16,6 @@ Run: ``lintime bench ops --cases flash --out DIR`` (CUDA only; ``benchmarks/gpu_
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from lintime.bench import Result
@@ -235,39 +233,85 @@ def case_flash_layer(results, quick=False, Ts=(1024, 4096, 8192, 32768), d=1024,
         torch.cuda.empty_cache()
 
 
-def case_variants(results, quick=False, Ts=(2048, 32768)):
-    """The materialisation / block-size choices, timed side by side (docs/notes/kernels_flash.md)."""
-    from lintime.ops.gau.triton.plan import default_blocks
+def _variant_jobs(Ts, T_gau, S, E, C, tokens):
+    """``(case, name, T, B, shape, flops, overrides, blocks, f, inputs)`` for every launch variant of
+    both ops (``LAUNCH_VARIANTS`` of :mod:`lintime.ops.mixed_chunk.triton.mixed_chunk` and
+    :mod:`lintime.ops.gau.triton.gau`), the blocks from :func:`variant_blocks` -- the ones their CUDA
+    tests check.  Inputs are allocated once per length and shared by the variants."""
+    from lintime.ops.gau.triton import triton_gau_attention
+    from lintime.ops.gau.triton.gau import LAUNCH_VARIANTS as GAU_VARIANTS
+    from lintime.ops.gau.triton.plan import variant_blocks
+    from lintime.ops.mixed_chunk.triton import triton_mixed_chunk_attention
+    from lintime.ops.mixed_chunk.triton.mixed_chunk import (
+        LAUNCH_VARIANTS as MC_VARIANTS,
+    )
 
-    base = default_blocks(128, 2048, torch.bfloat16, 256)
-    variants = {
-        "default": base,
-        "G=1 (state walk per chunk)": dataclasses.replace(base, seg_chunks=1),
-        "one segment per sequence": dataclasses.replace(base, seg_chunks=1 << 20),
-        "4 warps": dataclasses.replace(base, warps_fwd=4, warps_bwd=4),
-        "stages=3": dataclasses.replace(base, stages=3),
-        "BG=64, 4 warps": dataclasses.replace(base, bg=64, warps_fwd=4, warps_bwd=4),
-        "BG=64, BE=256, 8 warps": dataclasses.replace(base, bg=64, be_fwd=256, be_dv=256),
-        "BK=32, BE_red=128": dataclasses.replace(base, bk=32, be_red=128),
-    }
-    for name, blocks in variants.items():
+    jobs = []
+    for T in Ts:
+        B = max(1, tokens // T)
+        inputs = [_rand(B, T, 1, S, scale=0.5) for _ in range(4)] + [_rand(B, T, 1, E), _rand(1, 2 * C - 1, scale=0.1)]
+        shape = {"H": 1, "S": S, "E": E, "C": C, "causal": True}
+        for name, overrides in MC_VARIANTS:
+            blocks = variant_blocks(overrides, S, E, torch.bfloat16, C)
+
+            def f(*a, _b=blocks):
+                return triton_mixed_chunk_attention(*a[:5], rel_bias=a[5], chunk_size=C, blocks=_b)[0]
+
+            jobs.append(("variants_mixed_chunk", name, T, B, shape, mixed_chunk_flops(T, B, S, E, C), overrides,
+                         blocks, f, inputs))
+    if T_gau:
+        B = max(1, tokens // T_gau)
+        inputs = [_rand(B, T_gau, 1, S, scale=0.5), _rand(B, T_gau, 1, S, scale=0.5), _rand(B, T_gau, 1, E),
+                  _rand(1, 2 * T_gau - 1, scale=0.1)]
+        shape = {"H": 1, "S": S, "E": E, "causal": True}
+        for name, overrides in GAU_VARIANTS:
+            blocks = variant_blocks(overrides, S, E, torch.bfloat16)
+
+            def f(q, k, v, rb, _b=blocks):
+                return triton_gau_attention(q, k, v, rel_bias=rb, scale=1.0 / S, blocks=_b)
+
+            jobs.append(("variants_gau", name, T_gau, B, shape, gau_flops(T_gau, B, S, E), overrides, blocks, f,
+                         inputs))
+    return jobs
+
+
+def case_variants(results, quick=False, Ts=(2048, 32768), T_gau=4096, graph=True, S=128, E=2048, C=256,
+                  tokens=TOKENS):
+    """Every launch variant of mixed chunk attention (T = 2k and 32k) and GAU (T = 4k), exactly the
+    lists their CUDA tests run (``test_launch_variants``), bf16, 32k tokens per batch.  First the
+    eager medians of all of them (launch overhead included), then, with ``graph``, the device time of
+    the same calls replayed from CUDA graphs (``extra["fwd_graph_ms"]`` / ``["fwdbwd_graph_ms"]``;
+    after the first failed capture the rest are skipped: a failed capture can spoil the context).
+    One line per variant as soon as it is measured.  Rows: ``variants_mixed_chunk`` /
+    ``variants_gau`` with the variant's name as impl; ``extra`` holds the overrides and the blocks."""
+    from lintime.bench.measure import fwd_fwdbwd_graph_ms
+
+    jobs = _variant_jobs((Ts[-1],) if quick else Ts, T_gau, S, E, C, tokens)
+    rows = []
+    for case, name, T, B, shape, flops, overrides, blocks, f, inputs in jobs:
+        extra = {"overrides": overrides, "blocks": blocks.to_list()}
         try:
-            case_mixed_chunk(results, Ts=Ts, impls=("triton",), blocks=blocks, tag=f"variant:{name}")
-        except Exception as e:  # noqa: BLE001 - a variant that does not compile is a result too
-            print(f"variant {name} failed: {e!r}", flush=True)
-            results.append(Result(f"variant:{name}", "triton", 0, 0, {}, extra={"error": repr(e)[:500]}))
-    gau_variants = {
-        "default": base,
-        "BM=128, 8 warps": dataclasses.replace(base, bm=128, warps_gau=8),
-        "BM=64, BE=256, 8 warps": dataclasses.replace(base, be_fwd=256, be_dv=256, warps_gau=8),
-        "stages=3": dataclasses.replace(base, stages=3),
-    }
-    for name, blocks in gau_variants.items():
-        try:
-            case_gau(results, Ts=(4096,), blocks=blocks, tag=f"gau variant:{name}", anchor=False)
-        except Exception as e:  # noqa: BLE001
-            print(f"gau variant {name} failed: {e!r}", flush=True)
-            results.append(Result(f"gau variant:{name}", "triton", 0, 0, {}, extra={"error": repr(e)[:500]}))
+            fwd, fb = _timings(f, inputs)
+        except Exception as e:  # noqa: BLE001 - a variant that fails to compile or run is a result too
+            fwd = fb = None
+            extra["error"] = f"{type(e).__name__}: {str(e)[:500]}"
+            torch.cuda.empty_cache()
+        r = Result(case, name, T, B, shape, fwd, fb, flops_fwdbwd=flops, extra=extra)
+        results.append(r)
+        rows.append((r, f, inputs))
+        what = f"fwd {fwd:.3f}  fwd+bwd {fb:.3f} ms" if fb is not None else f"FAILED {extra['error'][:200]}"
+        print(f"{case:21s} {name:14s} T={T:6d} B={B:3d}  eager {what}", flush=True)
+    if not graph:
+        return
+    for r, f, inputs in rows:
+        if r.fwdbwd_ms is None:
+            continue
+        fwd_g, fb_g = fwd_fwdbwd_graph_ms(f, inputs, rep=50)
+        r.extra.update(fwd_graph_ms=fwd_g, fwdbwd_graph_ms=fb_g)
+        print(f"{r.case:21s} {r.impl:14s} T={r.T:6d} B={r.B:3d}  graph fwd {fwd_g}  fwd+bwd {fb_g} ms", flush=True)
+        if fwd_g is None or fb_g is None:
+            print("graph capture failed: remaining graph timings skipped", flush=True)
+            break
 
 
 def case_profile(results, quick=False, T=32768, S=128, E=2048, C=256, tokens=TOKENS):
@@ -360,8 +404,8 @@ def _graph_timings(f, inputs):
 
 
 def case_graph(results, quick=False, tokens=TOKENS, S=128, E=2048, C=256):
-    """Device-bound timings (CUDA-graph replay) of the main cases and the variants.  Not run by
-    default: on 2026-11-22 (H100, torch 2.11) its first version captured the forward (T = 1024:
+    """Device-bound timings (CUDA-graph replay) of the main cases (the launch variants' device
+    times are in :func:`case_variants`).  Not run by default: on 2026-11-22 (H100, torch 2.11) its first version captured the forward (T = 1024:
     0.513 ms) but not the backward; this version (side-stream capture, no autograd graph kept
     alive) has not run on a GPU yet."""
     from torch import nn
@@ -376,29 +420,18 @@ def case_graph(results, quick=False, tokens=TOKENS, S=128, E=2048, C=256):
         results.append(Result(tag, impl, T, B, shape, fwd, fb, flops_fwdbwd=flops, extra=extra or {}))
         print(f"{tag:22s} {impl:22s} T={T:6d} B={B:3d}  fwd {fwd}  fwd+bwd {fb}", flush=True)
 
-    base = default_blocks(S, E, torch.bfloat16, C)
-    variants = {
-        "default": base,
-        "4 warps": dataclasses.replace(base, warps_fwd=4, warps_bwd=4),
-        "stages=3": dataclasses.replace(base, stages=3),
-        "BG=64, 4 warps": dataclasses.replace(base, bg=64, warps_fwd=4, warps_bwd=4),
-        "one segment per sequence": dataclasses.replace(base, seg_chunks=1 << 20),
-        "G=1": dataclasses.replace(base, seg_chunks=1),
-    }
+    blocks = default_blocks(S, E, torch.bfloat16, C)  # the launch variants' device times: case_variants
     for T in T_MIXED:
         B = max(1, tokens // T)
         xs = [_rand(B, T, 1, S, scale=0.5) for _ in range(4)] + [_rand(B, T, 1, E)]
         rb = _rand(1, 2 * C - 1, scale=0.1)
-        for name, blocks in variants.items():
-            if name != "default" and T not in (2048, 32768):
-                continue
 
-            def f(*a, _b=blocks):
-                return triton_mixed_chunk_attention(*a[:5], rel_bias=a[5], chunk_size=C, blocks=_b)[0]
+        def f(*a):
+            return triton_mixed_chunk_attention(*a[:5], rel_bias=a[5], chunk_size=C, blocks=blocks)[0]
 
-            fwd, fb = _graph_timings(f, xs + [rb])
-            log("graph:mixed_chunk", name, T, B, {"H": 1, "S": S, "E": E, "C": C}, fwd, fb,
-                mixed_chunk_flops(T, B, S, E, C), {"blocks": blocks.to_list()})
+        fwd, fb = _graph_timings(f, xs + [rb])
+        log("graph:mixed_chunk", "default", T, B, {"H": 1, "S": S, "E": E, "C": C}, fwd, fb,
+            mixed_chunk_flops(T, B, S, E, C), {"blocks": blocks.to_list()})
         del xs
         torch.cuda.empty_cache()
     for T in (2048, 4096, 8192):
