@@ -520,28 +520,37 @@ def _f(x, spec: str) -> str:
     return format(x, spec)
 
 
-def train_table(rows: Sequence[dict]) -> str:
-    head = (f"{'preset':<20} {'T':>6} {'rows':>5} {'step ms':>9} {'p10':>9} {'p90':>9} {'tokens/s':>10} "
-            f"{'peak MiB':>9}  status")
+# (header, row key, format spec) of the columns after ``preset`` and before ``status``
+_TRAIN_COLUMNS = (("T", "T", None), ("rows", "rows", "5"), ("step ms", "step_ms", "9.1f"),
+                  ("p10", "step_p10_ms", "9.1f"), ("p90", "step_p90_ms", "9.1f"),
+                  ("tokens/s", "tokens_per_s", "10,.0f"), ("peak MiB", "peak_mib", "9,.0f"))
+_DECODE_COLUMNS = (("L", "L", None), ("B", "batch", "3"), ("ms/token", "token_ms", "9.2f"),
+                   ("p10", "token_p10_ms", "8.2f"), ("p90", "token_p90_ms", "8.2f"),
+                   ("tokens/s", "tokens_per_s", "9,.0f"), ("state MiB", "state_mib", "10.3f"),
+                   ("peak MiB", "peak_mib", "9,.0f"))
+
+
+def _table(rows: Sequence[dict], columns) -> str:
+    """Fixed-width text table: ``preset``, ``columns`` (a context column -- spec ``None`` -- printed
+    as 1k / 64k, 6 wide; the others by their spec, ``-`` when not measured), ``status (note)``."""
+    def width(spec):
+        return 6 if spec is None else int(re.match(r"\d*", spec).group())
+
+    head = f"{'preset':<20} " + " ".join(f"{h:>{width(sp)}}" for h, _, sp in columns) + "  status"
     lines = [head, "-" * len(head)]
     for r in rows:
+        cells = [f"{_fmt_size(r[k]):>6}" if sp is None else _f(r[k], sp) for _, k, sp in columns]
         status = r["status"] + (f" ({r['note']})" if r.get("note") else "")
-        lines.append(f"{r['preset']:<20} {_fmt_size(r['T']):>6} {r['rows']:>5} {_f(r['step_ms'], '9.1f')} "
-                     f"{_f(r['step_p10_ms'], '9.1f')} {_f(r['step_p90_ms'], '9.1f')} {_f(r['tokens_per_s'], '10,.0f')} "
-                     f"{_f(r['peak_mib'], '9,.0f')}  {status}")
+        lines.append(f"{r['preset']:<20} " + " ".join(cells) + f"  {status}")
     return "\n".join(lines)
+
+
+def train_table(rows: Sequence[dict]) -> str:
+    return _table(rows, _TRAIN_COLUMNS)
 
 
 def decode_table(rows: Sequence[dict]) -> str:
-    head = (f"{'preset':<20} {'L':>6} {'B':>3} {'ms/token':>9} {'p10':>8} {'p90':>8} {'tokens/s':>9} "
-            f"{'state MiB':>10} {'peak MiB':>9}  status")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        status = r["status"] + (f" ({r['note']})" if r.get("note") else "")
-        lines.append(f"{r['preset']:<20} {_fmt_size(r['L']):>6} {r['batch']:>3} {_f(r['token_ms'], '9.2f')} "
-                     f"{_f(r['token_p10_ms'], '8.2f')} {_f(r['token_p90_ms'], '8.2f')} {_f(r['tokens_per_s'], '9,.0f')} "
-                     f"{_f(r['state_mib'], '10.3f')} {_f(r['peak_mib'], '9,.0f')}  {status}")
-    return "\n".join(lines)
+    return _table(rows, _DECODE_COLUMNS)
 
 
 def plot(result: dict, out: str) -> list[str]:

@@ -70,10 +70,10 @@ def _tiles(K: int, V: int):
     return dict(v_walk=(BKf, min(BVf, max(16, TILE // BKf))), dqkg=(min(32, BKf), min(64, BVf)))
 
 
-def _launch(cfg, name, num_warps, num_stages):
-    nw, st = (cfg or {}).get(name, (num_warps, num_stages))
+def _launch(cfg: dict, name, num_warps, num_stages):
+    nw, st = cfg.get(name, (num_warps, num_stages))
     out = dict(num_warps=nw, num_stages=st)
-    if (cfg or {}).get(f"{name}_maxnreg"):  # register cap (benchmarks: two 8-warp programs per SM at 128)
+    if cfg.get(f"{name}_maxnreg"):  # register cap (benchmarks: two 8-warp programs per SM at 128)
         out["maxnreg"] = cfg[f"{name}_maxnreg"]
     return out
 
@@ -192,6 +192,7 @@ def gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns, keep=True, cfg=None):
     the gated inputs ``q exp G``, ``k exp(G_l - G)`` (``[TT, H, K]``), the per-chunk log-decays
     (``[NCH, H, K]`` fp32) and the state entering each chunk (``[NCH, H, K, V]``; empty unless
     ``keep``: forward-only calls skip writing it)."""
+    cfg = cfg or {}
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = _n_seq(q, cu_seqlens)
@@ -207,7 +208,7 @@ def gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns, keep=True, cfg=None):
     hc = torch.empty(rows if keep else 0, H, K, V, dtype=_state_dtype(q.dtype), device=q.device)
     ch = seg if seg.ns == 1 else chunks(B, T, cu_seqlens, q.device)
     if ch.NSEG > 0:
-        BK = min((cfg or {}).get("A_bk", 32), _block(K))  # 64 spills at K = 128 (sm_90a ptxas)
+        BK = min(cfg.get("A_bk", 32), _block(K))  # 64 spills at K = 128 (sm_90a ptxas)
         gla_fwd_prep_kernel[(ch.NSEG, H)](
             qf, kf, gf, A, qg, kg, gl, scale, **ch.kernel_args(), H=H, K=K, BT=BT, BC=BC, BK=BK, DT=DT, PREC=PREC,
             **_launch(cfg, "A", 4, 1),  # 4 warps: 0.74 -> 0.44 ms at 8k (H200, 2026-11-22)
@@ -217,7 +218,7 @@ def gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns, keep=True, cfg=None):
     else:
         hs, ht = empty_f32(q), torch.empty(seg.N, H, K, V, **f32)
     o = torch.empty(B * T, H, V, dtype=q.dtype, device=q.device)
-    BK, BV = (cfg or {}).get("v_walk", _tiles(K, V)["v_walk"])
+    BK, BV = cfg.get("v_walk", _tiles(K, V)["v_walk"])
     if seg.NSEG > 0:
         gla_fwd_kernel[(_cdiv(V, BV) * seg.NSEG, H)](
             qg, kg, vf, gl, A, o, h0, hs, ht, hc, scale, **seg.kernel_args(), H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
@@ -246,6 +247,7 @@ def gla_bwd(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, need_
     overrides, ``"v_walk"``: ``(BK, BV)`` of the dv walk, ``"dqkg_tile"``: ``(BK, BV)`` of the dq/dk/dg
     kernel, ``"dA_once"``: compute ``dA = scale (do v^T)`` once per chunk (``gla_bwd_dA_kernel``, V-blocks
     of ``"dA_bv"``, default 64; fp32 ``[TT, H, BT]``, 16 KB per chunk and head) instead of once per K-block."""
+    cfg = cfg or {}
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = _n_seq(q, cu_seqlens)
@@ -265,7 +267,7 @@ def gla_bwd(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, need_
     dq, dk, dv, dg = torch.empty_like(qf), torch.empty_like(kf), torch.empty_like(vf), torch.empty_like(gf)
     tiles = _tiles(K, V)
     if seg.NSEG > 0:
-        BK, BV = (cfg or {}).get("v_walk", tiles["v_walk"])
+        BK, BV = cfg.get("v_walk", tiles["v_walk"])
         gla_bwd_dv_kernel[(_cdiv(V, BV) * seg.NSEG, H)](
             qg, kg, gl, Af, dof, dv, dht, dh0, ds, dhs, scale, **seg.kernel_args(), H=H, K=K, V=V, BT=BT, BK=BK,
             BV=BV, HAS_DHT=dht is not None, MAT=seg.materialized, STORE_DH0=need_dh0 and not seg.materialized,
@@ -273,8 +275,8 @@ def gla_bwd(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, need_
         )
     ch = seg if seg.ns == 1 else chunks(B, T, cu_seqlens, q.device)
     if ch.NSEG > 0:
-        BK, BV = (cfg or {}).get("dqkg_tile", tiles["dqkg"])
-        dA = chunk_dA(vf, dof, ch, scale, cfg) if (cfg or {}).get("dA_once") else None
+        BK, BV = cfg.get("dqkg_tile", tiles["dqkg"])
+        dA = chunk_dA(vf, dof, ch, scale, cfg) if cfg.get("dA_once") else None
         # 8 warps (4 gave wrong dq and illegal addresses in the CUDA tests, H200, Triton 3.6, 2026-11-22)
         gla_bwd_dqkg_kernel[(_cdiv(K, BK) * ch.NSEG, H)](
             qf, kf, vf, gf, dof, hc, dhs, dA, dq, dk, dg, scale, **ch.kernel_args(), H=H, K=K, V=V, BT=BT, BC=BC,
@@ -291,12 +293,13 @@ def chunk_dA(vf: Tensor, dof: Tensor, ch, scale: float, cfg=None) -> Tensor:
     chunk; rows of tokens past their sequence's end left unwritten) from flat ``v, do [TT, H, V]``:
     ``gla_bwd_dA_kernel``, V-blocks of ``cfg["dA_bv"]`` (default 64), ``cfg["dA"]`` = ``(num_warps,
     num_stages)`` (default ``(4, 2)``)."""
+    cfg = cfg or {}
     TT, H, V = vf.shape
     _, PREC = dot_config(vf.dtype)
     dA = torch.empty(TT, H, BT, dtype=torch.float32, device=vf.device)
     if ch.NSEG > 0:
         gla_bwd_dA_kernel[(ch.NSEG, H)](
-            vf, dof, dA, scale, **ch.kernel_args(), H=H, V=V, BT=BT, BV=min((cfg or {}).get("dA_bv", 64), _block(V)),
+            vf, dof, dA, scale, **ch.kernel_args(), H=H, V=V, BT=BT, BV=min(cfg.get("dA_bv", 64), _block(V)),
             DT=_TL[vf.dtype], PREC=PREC, **_launch(cfg, "dA", 4, 2),
         )
     return dA
