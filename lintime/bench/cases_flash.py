@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from lintime.bench import Result
-from lintime.bench.measure import fwd_fwdbwd_ms, median_ms
+from lintime.bench.measure import fwd_fwdbwd_graph_ms, fwd_fwdbwd_ms
 
 TOKENS = 32 * 1024
 T_MIXED = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -284,8 +284,6 @@ def case_variants(results, quick=False, Ts=(2048, 32768), T_gau=4096, graph=True
     after the first failed capture the rest are skipped: a failed capture can spoil the context).
     One line per variant as soon as it is measured.  Rows: ``variants_mixed_chunk`` /
     ``variants_gau`` with the variant's name as impl; ``extra`` holds the overrides and the blocks."""
-    from lintime.bench.measure import fwd_fwdbwd_graph_ms
-
     jobs = _variant_jobs((Ts[-1],) if quick else Ts, T_gau, S, E, C, tokens)
     rows = []
     for case, name, T, B, shape, flops, overrides, blocks, f, inputs in jobs:
@@ -365,49 +363,11 @@ def case_profile(results, quick=False, T=32768, S=128, E=2048, C=256, tokens=TOK
     report(f"gau T={Tg}", gau)
 
 
-def _graph_ms(fn) -> float:
-    """Median replay time of ``fn`` captured in a CUDA graph: the device time of the sequence,
-    without the host's launch overhead (METHOD.md: many small launches).  Warm-up and capture
-    run on one side stream."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-        side.synchronize()
-        with torch.cuda.graph(graph, stream=side):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    return median_ms(graph.replay)
-
-
-def _graph_timings(f, inputs):
-    leaves = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
-    with torch.no_grad():  # no autograd graph may outlive this call (its nodes would pin the default stream)
-        out = f(*inputs)
-        out = out[0] if isinstance(out, tuple) else out
-        do = torch.randn_like(out)
-        del out
-
-    def fwd():
-        with torch.no_grad():
-            f(*inputs)
-
-    def fwdbwd():
-        o = f(*inputs)
-        o = o[0] if isinstance(o, tuple) else o
-        torch.autograd.grad(o, leaves, do)
-
-    # a failed capture leaves the CUDA context unusable: let it end the case
-    return [_graph_ms(fwd), _graph_ms(fwdbwd)]
-
-
 def case_graph(results, quick=False, tokens=TOKENS, S=128, E=2048, C=256):
     """Device-bound timings (CUDA-graph replay) of the main cases (the launch variants' device
     times are in :func:`case_variants`).  Not run by default: on 2026-11-22 (H100, torch 2.11) its first version captured the forward (T = 1024:
-    0.513 ms) but not the backward; this version (side-stream capture, no autograd graph kept
-    alive) has not run on a GPU yet."""
+    0.513 ms) but not the backward; this version (``measure.fwd_fwdbwd_graph_ms``: side-stream warm-up, no
+    autograd graph kept alive, ``None`` for a call that cannot be captured) has not run on a GPU yet."""
     from torch import nn
 
     from lintime.layers.flash import FLASH
@@ -429,7 +389,7 @@ def case_graph(results, quick=False, tokens=TOKENS, S=128, E=2048, C=256):
         def f(*a):
             return triton_mixed_chunk_attention(*a[:5], rel_bias=a[5], chunk_size=C, blocks=blocks)[0]
 
-        fwd, fb = _graph_timings(f, xs + [rb])
+        fwd, fb = fwd_fwdbwd_graph_ms(f, xs + [rb])
         log("graph:mixed_chunk", "default", T, B, {"H": 1, "S": S, "E": E, "C": C}, fwd, fb,
             mixed_chunk_flops(T, B, S, E, C), {"blocks": blocks.to_list()})
         del xs
@@ -439,11 +399,11 @@ def case_graph(results, quick=False, tokens=TOKENS, S=128, E=2048, C=256):
         q, k = _rand(B, T, 1, S, scale=0.5), _rand(B, T, 1, S, scale=0.5)
         v = _rand(B, T, 1, E)
         rbg = _rand(1, 2 * T - 1, scale=0.1)
-        fwd, fb = _graph_timings(lambda q, k, v, b: gau_attention(q, k, v, rel_bias=b, scale=1 / 128), [q, k, v, rbg])
+        fwd, fb = fwd_fwdbwd_graph_ms(lambda q, k, v, b: gau_attention(q, k, v, rel_bias=b, scale=1 / 128), [q, k, v, rbg])
         log("graph:gau", "triton", T, B, {"H": 1, "S": S, "E": E}, fwd, fb, gau_flops(T, B, S, E))
         del q, k, v
         qs, ks, vs = (_rand(B, 16, T, 64) for _ in range(3))
-        fwd, fb = _graph_timings(
+        fwd, fb = fwd_fwdbwd_graph_ms(
             lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), [qs, ks, vs])
         log("graph:gau", "sdpa_h16_d64", T, B, {"H": 16, "D": 64}, fwd, fb, sdpa_flops(T, B, 16, 64))
         del qs, ks, vs
@@ -455,7 +415,7 @@ def case_graph(results, quick=False, tokens=TOKENS, S=128, E=2048, C=256):
             B = tokens // T
             q, k = _rand(B, T, 1, 128, scale=0.5), _rand(B, T, 1, 128, scale=0.5)
             v = _rand(B, T, 1, 2048)
-            fwd, fb = _graph_timings(lambda q, k, v: chunk_linear_attn(q, k, v, normalize=False)[0], [q, k, v])
+            fwd, fb = fwd_fwdbwd_graph_ms(lambda q, k, v: chunk_linear_attn(q, k, v, normalize=False)[0], [q, k, v])
             log("graph:fla_linear", "fla-0.6.0", T, B, {"H": 1, "K": 128, "V": 2048}, fwd, fb)
     except Exception as e:  # noqa: BLE001
         print(f"fla graph timing skipped: {e!r}"[:300])
@@ -483,8 +443,8 @@ def case_graph(results, quick=False, tokens=TOKENS, S=128, E=2048, C=256):
         B = tokens // T
         x = _rand(B, T, d)
         pos = token_positions(B, T, device="cuda")
-        fwd, fb = _graph_timings(lambda x, _pos=pos: ours(x, _pos), [x])
+        fwd, fb = fwd_fwdbwd_graph_ms(lambda x, _pos=pos: ours(x, _pos), [x])
         log("graph:flash_layer", "lintime", T, B, {"d": d}, fwd, fb)
         if theirs is not None:
-            fwd, fb = _graph_timings(lambda x: theirs(x), [x])
+            fwd, fb = fwd_fwdbwd_graph_ms(lambda x: theirs(x), [x])
             log("graph:flash_layer", "flash-pytorch-0.1.9", T, B, {"d": d}, fwd, fb)

@@ -84,7 +84,8 @@ def fwd_fwdbwd_graph_ms(f, inputs: list, *, rep: int = 100) -> tuple[float | Non
         with torch.no_grad():
             f(*inputs)
 
-    do = torch.randn_like(first(f(*inputs)))
+    with torch.no_grad():  # no autograd graph may outlive this line (its nodes would pin the stream)
+        do = torch.randn_like(first(f(*inputs)))
     leaves = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
 
     def fwdbwd():
