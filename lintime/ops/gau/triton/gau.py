@@ -35,19 +35,20 @@ from lintime.ops.triton_common import cdiv, check_device, custom_op, dot_config
 
 # Candidate launches of the three GAU kernels: ``(name, overrides)``, the overrides applied to the GPU
 # defaults of the shape (:func:`lintime.ops.gau.triton.plan.variant_blocks`; defaults BM = 64, S step
-# 128, BE = 128 forward / dV, E step 64 in the dq/dk kernel, 4 warps, 2 stages).  Timed side by side
+# 128, BE = 128 forward / dV, E step 128 in the dq/dk kernel, 4 warps, 2 stages).  Timed side by side
 # by ``lintime bench ops --cases flash.variants`` and run against the naive form by the CUDA test
 # ``test_launch_variants`` (the tile-changing ones also under the interpreter) -- a variant becomes a
-# default only after both, on the GPU.  Eager medians at T = 4k on an H100, 2026-11-22 (ms fwd /
-# fwd+bwd; docs/notes/kernels_flash.md): default 2.90 / 8.72, "bm128_w8" 3.02 / 8.97, "be256_w8"
-# 2.58 / 9.36, "s3" 3.65 / 9.80; "w8" and "ered128" are new.
+# default only after both, on the GPU.  H200, 2026-11-22, CUDA-graph fwd / fwd+bwd at T = 4k (ms;
+# docs/notes/kernels_flash.md): E step 64 (the default before) 2.91 / 8.54, E step 128 2.91 / 7.93
+# (default since), "w8" 4.84 / 13.01, "bm128_w8" 3.04 / 9.00, "be256_w8" 2.57 / 9.20, "s3" 3.67 / 9.50.
 LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
-    ("default", {}),
+    ("default", {}),  # E step 128 in the dq/dk kernel's do . v reduction since 2026-11-22
+    ("ered64", {"be_red_gau": 64}),  # the default before (H200: 8.54 vs 7.93 ms fwd+bwd at 4k)
     ("w8", {"warps_gau": 8}),  # 8 warps on the 64-row tiles
     ("bm128_w8", {"bm": 128, "warps_gau": 8}),  # 128-row query / key tiles
     ("be256_w8", {"be_fwd": 256, "be_dv": 256, "warps_gau": 8}),  # half the score recomputation per E
-    ("ered128", {"be_red": 128}),  # E step 128 in the dq/dk kernel's reduction of do . v
-    ("s3", {"stages": 3}),
+    ("ered256", {"be_red_gau": 256}),
+    ("s3", {"stages_gau": 3}),
 )
 
 
@@ -117,7 +118,7 @@ def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
         t_reg, t_off, r_start, r_len,
         float(scale), S, E, H, LB, T - 1,
         BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_fwd, CAUSAL=causal, HAS_BIAS=bias is not None,
-        ONE_S=cfg.bs_gau >= S, PREC=dot_config(q.dtype)[1], num_warps=cfg.warps_gau, num_stages=cfg.stages,
+        ONE_S=cfg.bs_gau >= S, PREC=dot_config(q.dtype)[1], num_warps=cfg.warps_gau, num_stages=cfg.stages_gau,
     )
     return o
 
@@ -156,7 +157,7 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
                 else torch.empty(1, dtype=torch.float32, device=q.device))
     if NT > 0:
         common = {"CAUSAL": causal, "HAS_BIAS": bias is not None, "ONE_S": cfg.bs_gau >= S,
-                  "PREC": dot_config(q.dtype)[1], "num_warps": cfg.warps_gau, "num_stages": cfg.stages}
+                  "PREC": dot_config(q.dtype)[1], "num_warps": cfg.warps_gau, "num_stages": cfg.stages_gau}
         b_ptr = bias if bias is not None else q
         relu2_bwd_dv_kernel[(cdiv(E, cfg.be_dv), NT, H)](
             q, k, do, dv, b_ptr,
@@ -168,7 +169,7 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
             q, k, v, do, dq32, dk32, db_tiles, b_ptr,
             t_reg, t_off, r_start, r_len,
             float(scale), S, E, H, LB, T - 1, ntd,
-            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red, NEED_DB=need_db, **common,
+            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red_gau, NEED_DB=need_db, **common,
         )
     else:
         dv.zero_()

@@ -28,14 +28,18 @@ class Blocks:
     """Block sizes and launch settings of both ops' kernels.
 
     GAU (:mod:`lintime.ops.gau.triton.kernels`): ``bm`` query = key tile, ``bs_gau`` ``S`` step,
-    ``be_fwd`` / ``be_dv`` ``E`` tile of the forward / dV kernels, ``be_red`` ``E`` step of the
-    kernel that reduces ``do . v`` over ``E``, ``warps_gau`` warps of all three.
+    ``be_fwd`` / ``be_dv`` ``E`` tile of the forward / dV kernels, ``be_red_gau`` ``E`` step of the
+    kernel that reduces ``do . v`` over ``E``, ``warps_gau`` / ``stages_gau`` warps and pipeline
+    stages of all three.
 
     Mixed chunk (:mod:`lintime.ops.mixed_chunk.triton.kernels`): ``bg`` tile of the ``[C, C]``
     chunk matrices (row tile of every kernel), ``bs`` ``S`` step / tile, ``be_fwd`` / ``be_dv``
     ``E`` tile of the output / dV GEMMs, ``bk`` their reduction step, ``be_red`` the ``E`` step of
     the kernels that reduce over ``E``, ``bt``, ``bs_state``, ``be_state`` the token step and tile
-    of the chunk-state walk, ``seg_chunks`` chunks per segment of that walk (0 = automatic).
+    of the chunk-state walk, ``seg_chunks`` chunks per segment of that walk (0 = automatic),
+    ``warps_fwd`` / ``warps_bwd`` / ``stages`` the launch settings.
+
+    Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
 
     bm: int = 64
@@ -54,6 +58,8 @@ class Blocks:
     seg_chunks: int = 0
     bs_gau: int = 128
     warps_gau: int = 4
+    be_red_gau: int = 128
+    stages_gau: int = 2
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -80,19 +86,22 @@ def default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None = None) -> 
 def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: bool) -> Blocks:
     if interp:
         return Blocks(bm=16, bs=16, be_fwd=16, be_dv=16, be_red=16, warps_fwd=1, warps_bwd=1, stages=1,
-                      bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1)
+                      bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
+                      be_red_gau=16, stages_gau=1)
+    # mixed chunk: 4 warps and 3 stages (variant "w4_s3"); GAU: E step 128 in its do . v reduction
+    # (variant "ered128") -- both faster in device time on an H200 (2026-11-22, S = 128, E = 2048,
+    # C = 256; docs/notes/kernels_flash.md) and passed the CUDA variant tests
     bg = 128 if C is None else min(128, pow2_at_least(C))
     return Blocks(
-        bm=64, bs=64, be_fwd=128, be_dv=128, be_red=64, warps_fwd=8 if bg >= 128 else 4,
-        warps_bwd=8 if bg >= 128 else 4, stages=2,
+        bm=64, bs=64, be_fwd=128, be_dv=128, be_red=64, warps_fwd=4, warps_bwd=4, stages=3,
         bg=bg, bk=64, bt=64, bs_state=min(128, pow2_at_least(S)), be_state=64, seg_chunks=0,
-        bs_gau=min(128, pow2_at_least(S)),
+        bs_gau=min(128, pow2_at_least(S)), warps_gau=4, be_red_gau=128, stages_gau=2,
     )
 
 
 # Fields of :class:`Blocks` that change only how a kernel is launched, not what a program computes:
 # the interpreter ignores them, so variants touching nothing else are checked on CUDA only.
-LAUNCH_ONLY_FIELDS = frozenset({"warps_fwd", "warps_bwd", "warps_gau", "stages"})
+LAUNCH_ONLY_FIELDS = frozenset({"warps_fwd", "warps_bwd", "warps_gau", "stages", "stages_gau"})
 
 
 def variant_blocks(overrides: dict, S: int, E: int, dtype: torch.dtype, C: int | None = None) -> Blocks:

@@ -67,23 +67,23 @@ from lintime.ops.triton_common import (
 
 # Candidate launches of the mixed chunk kernels: ``(name, overrides)``, the overrides applied to the
 # GPU defaults of the shape (:func:`lintime.ops.gau.triton.plan.variant_blocks`; defaults at
-# ``S = 128, E = 2048, C = 256``: BG = 128, 8 warps, 2 stages, S step 64, BE = 128 output / dV,
+# ``S = 128, E = 2048, C = 256``: BG = 128, 4 warps, 3 stages, S step 64, BE = 128 output / dV,
 # BK = 64, E step 64 in the reductions over E, state walk [128, 64] tiles with 64-token steps,
 # automatic segments).  Timed side by side by ``lintime bench ops --cases flash.variants`` and run
 # against the naive form by the CUDA test ``test_launch_variants`` (the tile-changing ones also under
-# the interpreter) -- a variant becomes a default only after both, on the GPU.  Eager medians of v2 on
-# an H100, 2026-11-22 (docs/notes/kernels_flash.md "Variants of v2"): "w4" 7-9 % faster than the
-# default at T = 2k and 32k (inside twice the run-to-run noise); "one_seg" halves the forward's
-# parallelism at 32k; "w4_s3" and "state_be32" are new.
+# the interpreter) -- a variant becomes a default only after both, on the GPU.  H200, 2026-11-22,
+# CUDA-graph fwd+bwd at T = 2k / 32k (docs/notes/kernels_flash.md): the v2 default (8 warps, 2 stages)
+# 1.22 / 1.42 ms, "w4_s3" 1.02 / 1.17 (default since), "bg64_w4" 1.00 / 1.19, "one_seg" 1.22 / 2.25,
+# "g1" 1.71 / 2.08.
 LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("default", {}),
-    ("w4", {"warps_fwd": 4, "warps_bwd": 4}),
-    ("s3", {"stages": 3}),
-    ("w4_s3", {"warps_fwd": 4, "warps_bwd": 4, "stages": 3}),
-    ("bg64_w4", {"bg": 64, "warps_fwd": 4, "warps_bwd": 4}),  # [64, 64] chunk-matrix tiles
+    ("w8_s2", {"warps_fwd": 8, "warps_bwd": 8, "stages": 2}),  # the default before 2026-11-22
+    ("w4_s2", {"stages": 2}),
+    ("bg64", {"bg": 64}),  # [64, 64] chunk-matrix tiles
+    ("bg64_s2", {"bg": 64, "stages": 2}),
+    ("ered128", {"be_red": 128}),  # E step 128 in dS / dq_lin, dk_lin
+    ("be_state32", {"be_state": 32}),  # [128, 32] state-walk tiles: twice the walk programs
     ("bg64_be256_w8", {"bg": 64, "be_fwd": 256, "be_dv": 256, "warps_fwd": 8, "warps_bwd": 8}),
-    ("bk32_ered128", {"bk": 32, "be_red": 128}),  # GEMM K step 32, E step 128 in dS / dq_lin, dk_lin
-    ("state_be32", {"be_state": 32}),  # [128, 32] state-walk tiles: twice the walk programs
     ("g1", {"seg_chunks": 1}),  # one chunk per segment: a walk per chunk + a scan over all chunks
     ("one_seg", {"seg_chunks": 1 << 20}),  # one segment per sequence: no scan, no second walk
 )
