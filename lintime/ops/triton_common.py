@@ -460,6 +460,10 @@ def segment_states(x, y, seg: Segments, *, H: int, g=None, w=None, rdiv=None, re
 # decays (|G| in the hundreds) make visible.
 
 SPAN_MAX = tl.constexpr(60.0)
+# One-level in-chunk products (GLA kernels, ``ONE_LEVEL``): factors e^{+-G} of a chunk-wide cumulative
+# gate |G| < ONE_SPAN stay within [e^-40, e^40] = [4e-18, 2e17] -- inside bf16 / fp32 range with room
+# for the products and sums of the matmul.
+ONE_SPAN = tl.constexpr(40.0)
 
 
 @triton.jit

@@ -374,6 +374,37 @@ def test_launch_variants(name, cfg):
             _compare_half(f"gla variant {name} ns={ns}", ref, base, out, dtype)
 
 
+@cuda  # also in the GPU runs' `-m cuda` selection; runs on the CPU (interpreter) as well
+@pytest.mark.parametrize("one_level", [True, False])
+def test_one_level_span_guard(one_level):
+    """The one-level in-chunk products (``cfg["one_level"]``; bf16's default) and their run-time guard:
+    gates that are mild in one K-block and, in some chunks only, strong (-10, a span far beyond 40
+    nats) in the other, so one call takes both paths, per chunk and per K-block, in the prep and the
+    dq/dk/dg kernels; packed sequences with partial chunks.  fp32 (exact rule) everywhere, and bf16
+    by the half-precision rule on CUDA."""
+    from lintime.ops.gla.triton.ops import gla_bwd, gla_fwd
+
+    lens, H, K, V = [150, 1, 0, 131], 2, 64, 48
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEV)
+    q, k, v, g, h0 = _inputs(1, sum(lens), H, K, V, torch.float64, N=len(lens))
+    tok = torch.arange(sum(lens), device=DEV)
+    strong = ((tok // 64) % 2 == 1)[None, :, None, None] & (torch.arange(K, device=DEV) >= K // 2)
+    g = torch.where(strong & (torch.rand(g.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+                              .to(DEV) < 0.2), torch.full_like(g, -10.0), g)
+    ref, do, dfinal = _run("naive", q, k, v, g, h0.double(), cu_seqlens=cu)
+    cfg = {"one_level": one_level, "A_bk": 32, "dqkg_tile": (32, 16)}
+    for dtype in (torch.float32, torch.bfloat16) if CUDA else (torch.float32,):
+        x = [t.to(dtype) for t in (q, k, v, g)]
+        base, _, _ = _run("naive", *x, h0, do.to(dtype), dfinal.float(), cu_seqlens=cu)
+        for ns in (0, 2):
+            o, ht, *saved = gla_fwd(*x, h0, cu, K**-0.5, ns, True, cfg)
+            out = (o, ht, *gla_bwd(*x, *saved, do.to(dtype), dfinal.float(), cu, K**-0.5, ns, True, cfg))
+            if dtype == torch.float32:
+                _compare(f"gla one_level={one_level} ns={ns}", base, out)
+            else:
+                _compare_half(f"gla bf16 one_level={one_level} ns={ns}", ref, base, out, dtype)
+
+
 @cuda  # also in the GPU runs' `-m cuda` selection (fp32: ieee dots on the GPU too)
 def test_chunk_dA_packed():
     """The opt-in once-per-chunk score gradient (``cfg["dA_once"]``): ``chunk_dA`` against

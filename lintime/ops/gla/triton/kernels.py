@@ -33,6 +33,19 @@ exp(G_l) h_n + kg^T v`` and ``kg_j (v_j dh_n^T) = k_j dk_j^inter``), so the gate
 the per-chunk ``h_n`` and ``dh_n``: the dq/dk/dg kernel has no sequential dependency.  ``dA`` is the
 same for every K-block of a chunk: the opt-in ``gla_bwd_dA_kernel`` computes it once per chunk and
 the dq/dk/dg kernel reads it (``LOAD_DA``) instead of accumulating ``do v^T`` per K-block.
+
+**One-level in-chunk products (``ONE_LEVEL``, bf16 inputs by default).**  The in-chunk parts need
+``exp(G_i - G_j)`` per pair.  The secondary tiling (:mod:`lintime.ops.triton_common`) builds them
+from sub-chunk-local sums so that no factor overflows whatever the decay.  When the K-block's
+cumulative gates stay inside ``ONE_SPAN`` nats (checked at run time per chunk and K-block; typical
+GLA gates decay a few nats per 64 tokens) one matmul of the whole chunk does it instead::
+
+    A    = tril( (q e^G) (k e^-G)^T )          dq += e^G  (dA (k e^-G))       dk += e^-G (dA^T (q e^G))
+
+Every factor lies in ``[e^-40, e^40]`` (far inside bf16's range, which is fp32's); each operand is
+rounded once to the input dtype, as in any half-precision matmul of the inputs.  K-blocks beyond
+the span take the secondary tiling.  fp16 (range 65504) and fp32 inputs (whose users get the
+sub-chunk-local fp32 exponents) keep the secondary tiling unless a caller asks (tests).
 """
 
 from __future__ import annotations
@@ -41,6 +54,7 @@ import triton
 import triton.language as tl
 
 from lintime.ops.triton_common import (
+    ONE_SPAN,
     segment_bounds,
     subchunk_A,
     subchunk_dqdk,
@@ -53,7 +67,7 @@ def gla_fwd_prep_kernel(
     q, k, g, A, qg, kg, gl, scale,
     seg, seq_ptr, T, NSPS, SEG_LEN, NT, NSC,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, ONE_LEVEL: tl.constexpr,
 ):
     """One chunk (layout: one segment per chunk), grid ``(NCH, H)``: the in-chunk score block
     ``A [BT, BT]`` (row ``t`` = scores of token ``t`` against its chunk; summed over K-blocks of
@@ -73,14 +87,21 @@ def gla_fwd_prep_kernel(
         b_q = tl.load(q + p, mask=m_tk, other=0.).to(tl.float32)
         b_k = tl.load(k + p, mask=m_tk, other=0.).to(tl.float32)
         b_g = tl.load(g + p, mask=m_tk, other=0.).to(tl.float32)
-        tl.store(qg + p, (b_q * tl.exp(tl.cumsum(b_g, 0))).to(qg.dtype.element_ty), mask=m_tk)
+        b_G = tl.cumsum(b_g, 0)
+        b_qe = b_q * tl.exp(b_G)
+        tl.store(qg + p, b_qe.to(qg.dtype.element_ty), mask=m_tk)
         tl.store(kg + p, (b_k * tl.exp(tl.cumsum(b_g, 0, reverse=True) - b_g)).to(kg.dtype.element_ty), mask=m_tk)
         tl.store(gl + (ch * H + i_h) * K + o_k, tl.sum(b_g, 0), mask=m_k)
-        b_gcs, b_M, b_tot = subchunk_stats(b_g, BT, BC, BK)
-        b_A += subchunk_A(b_q, b_k, b_gcs, b_M, b_tot, k + i_h * K, g + i_h * K, bos, eos, o_k, m_k, H * K, BT, BC,
-                          DT, PREC)
+        if ONE_LEVEL and tl.max(tl.max(tl.abs(b_G), 1), 0) < ONE_SPAN:
+            # pairs above the diagonal carry junk (e^{G_i - G_j} > 1): masked below
+            b_A = tl.dot(b_qe.to(DT), tl.trans((b_k * tl.exp(-b_G)).to(DT)), b_A, input_precision=PREC)
+        else:
+            b_gcs, b_M, b_tot = subchunk_stats(b_g, BT, BC, BK)
+            b_A += subchunk_A(b_q, b_k, b_gcs, b_M, b_tot, k + i_h * K, g + i_h * K, bos, eos, o_k, m_k, H * K, BT,
+                              BC, DT, PREC)
     o_c = tl.arange(0, BT)
-    tl.store(A + (o_t * H + i_h)[:, None] * BT + o_c[None, :], b_A * scale, mask=m_t[:, None])
+    b_A = tl.where(o_c[:, None] >= o_c[None, :], b_A * scale, 0.)
+    tl.store(A + (o_t * H + i_h)[:, None] * BT + o_c[None, :], b_A, mask=m_t[:, None])
 
 
 @triton.jit
@@ -262,7 +283,7 @@ def gla_bwd_dqkg_kernel(
     seg, seq_ptr, T, NSPS, SEG_LEN, NT, NSC,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, VARLEN: tl.constexpr, LOAD_DA: tl.constexpr, DT: tl.constexpr, SDT: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, ONE_LEVEL: tl.constexpr,
 ):
     """``dq, dk, dg`` of one chunk (layout: one segment per chunk), K-block ``i_k``, from the
     chunk's state ``h_n`` (``hc``) and state gradient ``dh_n`` (``dhs``); V is walked in blocks of
@@ -306,7 +327,8 @@ def gla_bwd_dqkg_kernel(
     b_k = tl.load(k + p_k, mask=m_tk, other=0.).to(tl.float32)
     b_g = tl.load(g + p_k, mask=m_tk, other=0.).to(tl.float32)
     b_gl = tl.sum(b_g, 0)
-    b_dq = b_dq * (scale * tl.exp(tl.cumsum(b_g, 0)))
+    b_G = tl.cumsum(b_g, 0)
+    b_dq = b_dq * (scale * tl.exp(b_G))
     b_dk = b_dk * tl.exp(tl.cumsum(b_g, 0, reverse=True) - b_g)  # exp(G_last - G_j)
     # sum_v dh_n * h_n+1 (the chunk's outgoing-state term of the gate gradient)
     b_dgs = tl.exp(b_gl) * b_hdh + tl.sum(b_k * b_dk, 0)
@@ -314,9 +336,14 @@ def gla_bwd_dqkg_kernel(
         b_dA = tl.load(dA + (o_t * H + i_h)[:, None] * BT + o_c[None, :], mask=m_t[:, None], other=0.)
     else:
         b_dA = tl.where(o_c[:, None] >= o_c[None, :], b_dA * scale, 0.)
-    b_gcs, b_M, b_tot = subchunk_stats(b_g, BT, BC, BK)
-    b_dq, b_dk = subchunk_dqdk(b_dq, b_dk, b_dA, b_q, b_k, b_gcs, b_M, b_tot, q + i_h * K, k + i_h * K,
-                               g + i_h * K, bos, eos, o_k, m_k, H * K, BT, BC, DT, PREC)
+    if ONE_LEVEL and tl.max(tl.max(tl.abs(b_G), 1), 0) < ONE_SPAN:
+        b_dAh = b_dA.to(DT)
+        b_dq += tl.exp(b_G) * tl.dot(b_dAh, (b_k * tl.exp(-b_G)).to(DT), input_precision=PREC)
+        b_dk += tl.exp(-b_G) * tl.dot(tl.trans(b_dAh), (b_q * tl.exp(b_G)).to(DT), input_precision=PREC)
+    else:
+        b_gcs, b_M, b_tot = subchunk_stats(b_g, BT, BC, BK)
+        b_dq, b_dk = subchunk_dqdk(b_dq, b_dk, b_dA, b_q, b_k, b_gcs, b_M, b_tot, q + i_h * K, k + i_h * K,
+                                   g + i_h * K, bos, eos, o_k, m_k, H * K, BT, BC, DT, PREC)
     # closed-form gate gradient (seed §4.3): reverse cumsum of q dq - k dk inside the chunk
     b_dg = tl.cumsum(b_q * b_dq - b_k * b_dk, 0, reverse=True) + b_dgs[None, :]
     tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_tk)

@@ -46,7 +46,7 @@ from lintime.ops.triton_common import (
 )
 
 DECODE_MAX_T = 16  # forward-only calls up to this many tokens use the recurrent kernel
-TILE = 8192  # fp32 elements of the [all K, BV] state tile of the output / dv walks (32 KB)
+TILE = 8192  # fp32 elements of the [all K, BV] state tile of the output / dv walks (32 KB; 64 KB at K = 128)
 _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
@@ -65,9 +65,19 @@ def _tiles(K: int, V: int):
     """``[all K, BV]`` tiles for the output / dv walks; ``(BK, BV)`` of the dq/dk/dg kernel (a K-block
     per program, V walked in blocks).  K-blocks of 32 with 8 warps: they spill 620 B on sm_90a at
     K = 128, V = 256 (16 compile without spills, 231 registers; 64 spill 1460 B) but recompute
-    ``do v^T`` half as often -- measured faster on an H200 (2026-11-22)."""
+    ``do v^T`` half as often -- measured faster on an H200 (2026-11-22).  At K = 128 the walks take
+    ``[128, 128]`` tiles (238 registers, no spills on sm_90a; with two pipeline stages 2.47 -> 2.22 ms
+    fwd+bwd at 8k against ``[128, 64]`` and one stage, H200, 2026-11-22)."""
     BKf, BVf = _block(K), _block(V)
-    return dict(v_walk=(BKf, min(BVf, max(16, TILE // BKf))), dqkg=(min(32, BKf), min(64, BVf)))
+    tile = 2 * TILE if BKf == 128 else TILE
+    return dict(v_walk=(BKf, min(BVf, max(16, tile // BKf))), dqkg=(min(32, BKf), min(64, BVf)))
+
+
+def _one_level(cfg: dict, dtype: torch.dtype) -> bool:
+    """One-level in-chunk products (one matmul per chunk and K-block where its gates span < 40 nats,
+    see :mod:`lintime.ops.gla.triton.kernels`): bf16 inputs unless ``cfg["one_level"]`` says."""
+    flag = cfg.get("one_level")
+    return dtype == torch.bfloat16 if flag is None else bool(flag)
 
 
 def _launch(cfg: dict, name, num_warps, num_stages):
@@ -96,23 +106,25 @@ def _launch(cfg: dict, name, num_warps, num_stages):
 # often; 1444 B of spills); listed first so that a time-capped benchmark step reaches them.
 LAUNCH_VARIANTS = (
     ("default", None),
+    ("two_level", {"one_level": False}),  # secondary tiling everywhere (bf16 default before 2026-11-22)
+    ("one_level", {"one_level": True}),  # the one-level path for every dtype (= default for bf16)
     ("dA_once", {"dA_once": True}),
     ("dA_once_dqkg16", {"dA_once": True, "dqkg_tile": (16, 64)}),
     ("dA_once_dqkg64", {"dA_once": True, "dqkg_tile": (64, 64)}),
     ("dA_once_bv128", {"dA_once": True, "dA_bv": 128}),
     ("dqkg16", {"dqkg_tile": (16, 64)}),
-    ("walk_bv128", {"v_walk": (128, 128)}),
-    ("walk_bv128_s2", {"v_walk": (128, 128), "fwd": (8, 2), "dv": (8, 2)}),
+    ("walk_bv64", {"v_walk": (128, 64)}),
+    ("walk_bv64_s1", {"v_walk": (128, 64), "fwd": (8, 1), "dv": (8, 1)}),  # the walks before 2026-11-22
+    ("walk_s1", {"fwd": (8, 1), "dv": (8, 1)}),
     ("dqkg_r128", {"dqkg_maxnreg": 128}),
     ("prep_r128", {"A_maxnreg": 128}),
     ("prep_bk64", {"A_bk": 64}),
-    ("s2", {"fwd": (8, 2), "dv": (8, 2)}),
     ("dqkg_s1", {"dqkg": (8, 1)}),
     ("dqkg_s3", {"dqkg": (8, 3)}),
     ("prep_w8", {"A": (8, 1)}),
     ("w8_dqkg16", {"A": (8, 1), "dqkg_tile": (16, 64)}),
 )
-TILE_KEYS = ("v_walk", "dqkg_tile", "A_bk", "dA_once")  # the cfg keys that change what a kernel computes per program
+TILE_KEYS = ("v_walk", "dqkg_tile", "A_bk", "dA_once", "one_level")  # the cfg keys that change what a kernel computes per program
 
 
 def _warps(bk: int, bv: int) -> int:
@@ -211,7 +223,7 @@ def gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns, keep=True, cfg=None):
         BK = min(cfg.get("A_bk", 32), _block(K))  # 64 spills at K = 128 (sm_90a ptxas)
         gla_fwd_prep_kernel[(ch.NSEG, H)](
             qf, kf, gf, A, qg, kg, gl, scale, **ch.kernel_args(), H=H, K=K, BT=BT, BC=BC, BK=BK, DT=DT, PREC=PREC,
-            **_launch(cfg, "A", 4, 1),  # 4 warps: 0.74 -> 0.44 ms at 8k (H200, 2026-11-22)
+            ONE_LEVEL=_one_level(cfg, q.dtype), **_launch(cfg, "A", 4, 1),  # 4 warps: 0.74 -> 0.44 ms at 8k (H200, 2026-11-22)
         )
     if seg.materialized:
         hs, ht = _segment_states(kg, vf, gl, seg, H=H, init=h0)
@@ -223,7 +235,7 @@ def gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns, keep=True, cfg=None):
         gla_fwd_kernel[(_cdiv(V, BV) * seg.NSEG, H)](
             qg, kg, vf, gl, A, o, h0, hs, ht, hc, scale, **seg.kernel_args(), H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
             HAS_H0=h0 is not None, MAT=seg.materialized, STORE_HC=keep, DT=DT, SDT=SDT, PREC=PREC,
-            **_launch(cfg, "fwd", _warps(BK, BV), 1),
+            **_launch(cfg, "fwd", _warps(BK, BV), 2),
         )
     return o.view(B, T, H, V), ht, A.view(B, T, H, BT), qg, kg, gl, hc
 
@@ -271,7 +283,7 @@ def gla_bwd(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, need_
         gla_bwd_dv_kernel[(_cdiv(V, BV) * seg.NSEG, H)](
             qg, kg, gl, Af, dof, dv, dht, dh0, ds, dhs, scale, **seg.kernel_args(), H=H, K=K, V=V, BT=BT, BK=BK,
             BV=BV, HAS_DHT=dht is not None, MAT=seg.materialized, STORE_DH0=need_dh0 and not seg.materialized,
-            DT=DT, SDT=SDT, PREC=PREC, **_launch(cfg, "dv", _warps(BK, BV), 1),
+            DT=DT, SDT=SDT, PREC=PREC, **_launch(cfg, "dv", _warps(BK, BV), 2),
         )
     ch = seg if seg.ns == 1 else chunks(B, T, cu_seqlens, q.device)
     if ch.NSEG > 0:
@@ -280,7 +292,8 @@ def gla_bwd(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, need_
         # 8 warps (4 gave wrong dq and illegal addresses in the CUDA tests, H200, Triton 3.6, 2026-11-22)
         gla_bwd_dqkg_kernel[(_cdiv(K, BK) * ch.NSEG, H)](
             qf, kf, vf, gf, dof, hc, dhs, dA, dq, dk, dg, scale, **ch.kernel_args(), H=H, K=K, V=V, BT=BT, BC=BC,
-            BK=BK, BV=BV, LOAD_DA=dA is not None, DT=DT, SDT=SDT, PREC=PREC, **_launch(cfg, "dqkg", _warps(BT, max(BK, BV)), 2),
+            BK=BK, BV=BV, LOAD_DA=dA is not None, DT=DT, SDT=SDT, PREC=PREC, ONE_LEVEL=_one_level(cfg, q.dtype),
+            **_launch(cfg, "dqkg", _warps(BT, max(BK, BV)), 2),
         )
     if not need_dh0:
         dh0 = empty_f32(q)
