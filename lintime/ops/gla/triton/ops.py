@@ -80,49 +80,47 @@ def _one_level(cfg: dict, dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 if flag is None else bool(flag)
 
 
-def _launch(cfg: dict, name, num_warps, num_stages):
+def _launch(cfg: dict, name, num_warps, num_stages, maxnreg=0):
+    """Launch options of kernel ``name``: ``cfg[name] = (num_warps, num_stages)`` and
+    ``cfg[name + "_maxnreg"]`` (a register cap per thread; 0 = none) override the defaults."""
     nw, st = cfg.get(name, (num_warps, num_stages))
     out = dict(num_warps=nw, num_stages=st)
-    if cfg.get(f"{name}_maxnreg"):  # register cap (benchmarks: two 8-warp programs per SM at 128)
-        out["maxnreg"] = cfg[f"{name}_maxnreg"]
+    cap = cfg.get(f"{name}_maxnreg", maxnreg)
+    if cap:  # 128 per thread: two 8-warp programs per SM
+        out["maxnreg"] = cap
     return out
 
 
 # Candidate launch configurations (``cfg`` of :func:`gla_fwd` / :func:`gla_bwd`): timed by ``lintime
 # bench ops --cases linear_gla.gla_configs`` and run against the naive form by the CUDA test
-# ``test_cuda_launch_variants`` (the tile-shape ones also under the interpreter) -- a variant becomes a
-# default only after both, on the GPU.  Defaults since 2026-11-22 (version 3.1): the prep kernel with 4
-# warps, the dq/dk/dg kernel with K-blocks of 32 and 8 warps.  "dqkg16": K-blocks of 16 (no spills, 231
-# registers, but ``do v^T`` recomputed twice as often; version 3's default); "prep_bk64": K-blocks of 64
-# in the prep kernel (148 B of spills); "walk_bv128": ``[128, 128]`` walk tiles (238 registers, no
-# spills); "*_r128": registers capped at 128 (two 8-warp programs per SM); "s2": two pipeline stages in
-# the walks; "prep_w8" / "w8_dqkg16": version 3's launches.  4-warp dq/dk/dg programs gave a wrong dq and
-# illegal addresses in the CUDA tests (H200, Triton 3.6): not offered.  "dA_once*" (not timed yet): the
-# score gradient ``dA = scale (do v^T)`` (masked, fp32 ``[TT, H, BT]``) written once per chunk by
-# ``gla_bwd_dA_kernel`` (4 warps, V-blocks of ``"dA_bv"``) and read by every K-block program of the dq/dk/dg
-# kernel instead of recomputed there (at K-blocks of 32: half of its V-loop dot flops, a third of all; its
-# registers and spills barely move, 616 B instead of 620); with "_dqkg16" / "_dqkg64" K-blocks of 16 (217
-# registers, no spills on sm_90a) / of 64 (2 programs per chunk at K = 128: ``do, v, h, dh`` read half as
-# often; 1444 B of spills); listed first so that a time-capped benchmark step reaches them.
+# ``test_launch_variants`` (the tile-shape ones also under the interpreter) -- a variant becomes a default
+# only after both, on the GPU.  Defaults (version 4, 2026-11-22): one-level in-chunk products for bf16,
+# prep kernel 4 warps and K-blocks of 32, ``[128, 128]`` walk tiles with 2 stages at K = 128, dq/dk/dg
+# kernel K-blocks of 32, 8 warps, 2 stages, at most 128 registers per thread.  H200, fwd+bwd at 8k
+# through the launchers (ms, docs/notes/kernels_linear_gla.md): version 3.1 2.47; with one level 1.48
+# ("two_level" 2.26 with the new walks); dq/dk/dg capped at 128 registers 1.31; ``[128, 64]`` walks 1.59,
+# one-stage walks 1.59, both (3.1's walks) 1.73; "dA_once_dqkg64" 1.33 and "dqkg_s3" 1.39 (both
+# uncapped), "dqkg16" 1.86, "prep_w8" 1.56.  4-warp dq/dk/dg programs gave a wrong dq and illegal
+# addresses in the CUDA tests (H200, Triton 3.6, version 3.1): not offered.  "dA_once*": the score
+# gradient ``dA = scale (do v^T)`` (masked, fp32 ``[TT, H, BT]``) written once per chunk by
+# ``gla_bwd_dA_kernel`` and read by every K-block program of the dq/dk/dg kernel.
 LAUNCH_VARIANTS = (
     ("default", None),
-    ("two_level", {"one_level": False}),  # secondary tiling everywhere (bf16 default before 2026-11-22)
+    ("two_level", {"one_level": False}),  # secondary tiling everywhere (bf16's path before version 4)
     ("one_level", {"one_level": True}),  # the one-level path for every dtype (= default for bf16)
+    ("dqkg_nocap", {"dqkg_maxnreg": 0}),  # the dq/dk/dg kernel without its register cap (before version 4)
+    ("dqkg_s3", {"dqkg": (8, 3)}),
+    ("dqkg_s3_nocap", {"dqkg": (8, 3), "dqkg_maxnreg": 0}),
     ("dA_once", {"dA_once": True}),
-    ("dA_once_dqkg16", {"dA_once": True, "dqkg_tile": (16, 64)}),
     ("dA_once_dqkg64", {"dA_once": True, "dqkg_tile": (64, 64)}),
-    ("dA_once_bv128", {"dA_once": True, "dA_bv": 128}),
+    ("dA_once_dqkg64_nocap", {"dA_once": True, "dqkg_tile": (64, 64), "dqkg_maxnreg": 0}),
+    ("dA_once_dqkg16", {"dA_once": True, "dqkg_tile": (16, 64)}),
     ("dqkg16", {"dqkg_tile": (16, 64)}),
     ("walk_bv64", {"v_walk": (128, 64)}),
-    ("walk_bv64_s1", {"v_walk": (128, 64), "fwd": (8, 1), "dv": (8, 1)}),  # the walks before 2026-11-22
+    ("walk_bv64_s1", {"v_walk": (128, 64), "fwd": (8, 1), "dv": (8, 1)}),  # the walks of version 3.1
     ("walk_s1", {"fwd": (8, 1), "dv": (8, 1)}),
-    ("dqkg_r128", {"dqkg_maxnreg": 128}),
-    ("prep_r128", {"A_maxnreg": 128}),
     ("prep_bk64", {"A_bk": 64}),
-    ("dqkg_s1", {"dqkg": (8, 1)}),
-    ("dqkg_s3", {"dqkg": (8, 3)}),
     ("prep_w8", {"A": (8, 1)}),
-    ("w8_dqkg16", {"A": (8, 1), "dqkg_tile": (16, 64)}),
 )
 TILE_KEYS = ("v_walk", "dqkg_tile", "A_bk", "dA_once", "one_level")  # the cfg keys that change what a kernel computes per program
 
@@ -293,7 +291,7 @@ def gla_bwd(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, need_
         gla_bwd_dqkg_kernel[(_cdiv(K, BK) * ch.NSEG, H)](
             qf, kf, vf, gf, dof, hc, dhs, dA, dq, dk, dg, scale, **ch.kernel_args(), H=H, K=K, V=V, BT=BT, BC=BC,
             BK=BK, BV=BV, LOAD_DA=dA is not None, DT=DT, SDT=SDT, PREC=PREC, ONE_LEVEL=_one_level(cfg, q.dtype),
-            **_launch(cfg, "dqkg", _warps(BT, max(BK, BV)), 2),
+            **_launch(cfg, "dqkg", _warps(BT, max(BK, BV)), 2, maxnreg=128),  # 1.48 -> 1.31 ms fwd+bwd at 8k
         )
     if not need_dh0:
         dh0 = empty_f32(q)
