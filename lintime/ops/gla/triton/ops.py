@@ -96,7 +96,7 @@ def _launch(cfg: dict, name, num_warps, num_stages, maxnreg=0):
 # ``test_launch_variants`` (the tile-shape ones also under the interpreter) -- a variant becomes a default
 # only after both, on the GPU.  Defaults (version 4, 2026-11-22): one-level in-chunk products for bf16,
 # prep kernel 4 warps and K-blocks of 32, ``[128, 128]`` walk tiles with 2 stages at K = 128, dq/dk/dg
-# kernel K-blocks of 32, 8 warps, 2 stages, at most 128 registers per thread.  H200, fwd+bwd at 8k
+# kernel K-blocks of 32, 8 warps, 2 stages, at most 128 registers per thread with one level (none otherwise).  H200, fwd+bwd at 8k
 # through the launchers (ms, docs/notes/kernels_linear_gla.md): version 3.1 2.47; with one level 1.48
 # ("two_level" 2.26 with the new walks); dq/dk/dg capped at 128 registers 1.31; ``[128, 64]`` walks 1.59,
 # one-stage walks 1.59, both (3.1's walks) 1.73; "dA_once_dqkg64" 1.33 and "dqkg_s3" 1.39 (both
@@ -106,7 +106,8 @@ def _launch(cfg: dict, name, num_warps, num_stages, maxnreg=0):
 # ``gla_bwd_dA_kernel`` and read by every K-block program of the dq/dk/dg kernel.
 LAUNCH_VARIANTS = (
     ("default", None),
-    ("two_level", {"one_level": False}),  # secondary tiling everywhere (bf16's path before version 4)
+    ("two_level", {"one_level": False}),  # secondary tiling everywhere (bf16's path before version 4; fp16 / fp32)
+    ("two_level_cap", {"one_level": False, "dqkg_maxnreg": 128}),
     ("one_level", {"one_level": True}),  # the one-level path for every dtype (= default for bf16)
     ("dqkg_nocap", {"dqkg_maxnreg": 0}),  # the dq/dk/dg kernel without its register cap (before version 4)
     ("dqkg_s3", {"dqkg": (8, 3)}),
@@ -287,11 +288,14 @@ def gla_bwd(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, need_
     if ch.NSEG > 0:
         BK, BV = cfg.get("dqkg_tile", tiles["dqkg"])
         dA = chunk_dA(vf, dof, ch, scale, cfg) if cfg.get("dA_once") else None
+        one_level = _one_level(cfg, q.dtype)
         # 8 warps (4 gave wrong dq and illegal addresses in the CUDA tests, H200, Triton 3.6, 2026-11-22)
         gla_bwd_dqkg_kernel[(_cdiv(K, BK) * ch.NSEG, H)](
             qf, kf, vf, gf, dof, hc, dhs, dA, dq, dk, dg, scale, **ch.kernel_args(), H=H, K=K, V=V, BT=BT, BC=BC,
-            BK=BK, BV=BV, LOAD_DA=dA is not None, DT=DT, SDT=SDT, PREC=PREC, ONE_LEVEL=_one_level(cfg, q.dtype),
-            **_launch(cfg, "dqkg", _warps(BT, max(BK, BV)), 2, maxnreg=128),  # 1.48 -> 1.31 ms fwd+bwd at 8k
+            BK=BK, BV=BV, LOAD_DA=dA is not None, DT=DT, SDT=SDT, PREC=PREC, ONE_LEVEL=one_level,
+            # 128 registers (two 8-warp programs per SM): 1.47 -> 1.31 ms fwd+bwd at 8k with one level; the
+            # secondary tiling spills under the cap (2.26 -> 2.81 ms, bf16 "two_level"), so only one level
+            **_launch(cfg, "dqkg", _warps(BT, max(BK, BV)), 2, maxnreg=128 if one_level else 0),
         )
     if not need_dh0:
         dh0 = empty_f32(q)
