@@ -120,7 +120,7 @@ def _mixed_chunk(dtype):
     qs = [torch.randn(B, T, H, S, dtype=dtype) for _ in range(4)]
     v = torch.randn(B, T, H, E, dtype=dtype)
     do = torch.randn(B, T, H, E, dtype=dtype)
-    blocks = Blocks(bg=128, warps_fwd=8, warps_bwd=8, bs_state=128, bs_gau=128)  # default_blocks on a GPU
+    blocks = Blocks(bg=128, stages=3, bs_state=128, bs_gau=128)  # default_blocks on a GPU
 
     def fwd(grad):
         xs = [x.detach().requires_grad_(grad) for x in (*qs, v)]
@@ -138,7 +138,7 @@ def _gau(dtype):
     q, k = (torch.randn(B, T, H, S, dtype=dtype) for _ in range(2))
     v = torch.randn(B, T, H, E, dtype=dtype)
     do = torch.randn(B, T, H, E, dtype=dtype)
-    blocks = Blocks(bs_gau=128)  # default_blocks on a GPU
+    blocks = Blocks(be_fwd=256, warps_gau_fwd=8, bs_gau=128)  # default_blocks on a GPU
 
     def fwd(grad):
         xs = [x.detach().requires_grad_(grad) for x in (q, k, v)]

@@ -35,7 +35,8 @@ from lintime.ops.triton_common import cdiv, check_device, custom_op, dot_config
 
 # Candidate launches of the three GAU kernels: ``(name, overrides)``, the overrides applied to the GPU
 # defaults of the shape (:func:`lintime.ops.gau.triton.plan.variant_blocks`; defaults BM = 64, S step
-# 128, BE = 128 forward / dV, E step 128 in the dq/dk kernel, 4 warps, 2 stages).  Timed side by side
+# 128, forward BE = 256 with 8 warps, dV BE = 128, E step 128 in the dq/dk kernel, 4 warps in the
+# backward, 2 stages).  Timed side by side
 # by ``lintime bench ops --cases flash.variants`` and run against the naive form by the CUDA test
 # ``test_launch_variants`` (the tile-changing ones also under the interpreter) -- a variant becomes a
 # default only after both, on the GPU.  H200, 2026-11-22, CUDA-graph fwd / fwd+bwd at T = 4k (ms;
@@ -44,9 +45,11 @@ from lintime.ops.triton_common import cdiv, check_device, custom_op, dot_config
 LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("default", {}),  # E step 128 in the dq/dk kernel's do . v reduction since 2026-11-22
     ("ered64", {"be_red_gau": 64}),  # the default before (H200: 8.54 vs 7.93 ms fwd+bwd at 4k)
-    ("w8", {"warps_gau": 8}),  # 8 warps on the 64-row tiles
-    ("bm128_w8", {"bm": 128, "warps_gau": 8}),  # 128-row query / key tiles
-    ("be256_w8", {"be_fwd": 256, "be_dv": 256, "warps_gau": 8}),  # half the score recomputation per E
+    ("fwd_be128_w4", {"be_fwd": 128, "warps_gau_fwd": 4}),  # the forward before 2026-11-22 (2.91 vs 2.57 ms)
+    ("fwd_be128_w8", {"be_fwd": 128}),
+    ("w8", {"warps_gau": 8, "warps_gau_fwd": 8}),  # 8 warps on the 64-row tiles
+    ("bm128_w8", {"bm": 128, "warps_gau": 8, "warps_gau_fwd": 8}),  # 128-row query / key tiles
+    ("be256_w8", {"be_fwd": 256, "be_dv": 256, "warps_gau": 8, "warps_gau_fwd": 8}),  # half the score recomputation per E
     ("ered256", {"be_red_gau": 256}),
     ("s3", {"stages_gau": 3}),
 )
@@ -118,7 +121,7 @@ def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
         t_reg, t_off, r_start, r_len,
         float(scale), S, E, H, LB, T - 1,
         BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_fwd, CAUSAL=causal, HAS_BIAS=bias is not None,
-        ONE_S=cfg.bs_gau >= S, PREC=dot_config(q.dtype)[1], num_warps=cfg.warps_gau, num_stages=cfg.stages_gau,
+        ONE_S=cfg.bs_gau >= S, PREC=dot_config(q.dtype)[1], num_warps=cfg.warps_gau_fwd, num_stages=cfg.stages_gau,
     )
     return o
 

@@ -29,8 +29,8 @@ class Blocks:
 
     GAU (:mod:`lintime.ops.gau.triton.kernels`): ``bm`` query = key tile, ``bs_gau`` ``S`` step,
     ``be_fwd`` / ``be_dv`` ``E`` tile of the forward / dV kernels, ``be_red_gau`` ``E`` step of the
-    kernel that reduces ``do . v`` over ``E``, ``warps_gau`` / ``stages_gau`` warps and pipeline
-    stages of all three.
+    kernel that reduces ``do . v`` over ``E``, ``warps_gau_fwd`` warps of the forward, ``warps_gau``
+    of the two backward kernels, ``stages_gau`` pipeline stages of all three.
 
     Mixed chunk (:mod:`lintime.ops.mixed_chunk.triton.kernels`): ``bg`` tile of the ``[C, C]``
     chunk matrices (row tile of every kernel), ``bs`` ``S`` step / tile, ``be_fwd`` / ``be_dv``
@@ -60,6 +60,7 @@ class Blocks:
     warps_gau: int = 4
     be_red_gau: int = 128
     stages_gau: int = 2
+    warps_gau_fwd: int = 4
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -73,7 +74,8 @@ _BLOCK_FIELDS = tuple(f.name for f in fields(Blocks))
 
 
 def default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None = None) -> Blocks:
-    """Block sizes for ``S``-wide keys, ``E``-wide values (and chunks of ``C`` tokens).
+    """Block sizes for ``S``-wide keys, ``E``-wide values and chunks of ``C`` tokens (mixed chunk), or
+    GAU's (``C`` is None).
 
     The interpreter gets 16-wide blocks so small test shapes still cross several tiles in every
     dimension (and every loop of the kernels runs more than once); on the GPU the sizes follow
@@ -87,21 +89,28 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
     if interp:
         return Blocks(bm=16, bs=16, be_fwd=16, be_dv=16, be_red=16, warps_fwd=1, warps_bwd=1, stages=1,
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
-                      be_red_gau=16, stages_gau=1)
+                      be_red_gau=16, stages_gau=1, warps_gau_fwd=1)
     # mixed chunk: 4 warps and 3 stages (variant "w4_s3"); GAU: E step 128 in its do . v reduction
     # (variant "ered128") -- both faster in device time on an H200 (2026-11-22, S = 128, E = 2048,
     # C = 256; docs/notes/kernels_flash.md) and passed the CUDA variant tests
     bg = 128 if C is None else min(128, pow2_at_least(C))
+    if C is None:  # GAU: its forward takes 256-wide E tiles with 8 warps (half the score recomputation
+        # per E; the forward of the CUDA-tested variant "be256_w8": 2.91 -> 2.57 ms at T = 4k, H200,
+        # 2026-11-22); its backward keeps 128-wide tiles and 4 warps (8 warps cost it 50 %)
+        be_fwd, warps_gau_fwd = 256, 8
+    else:  # mixed chunk's output GEMM
+        be_fwd, warps_gau_fwd = 128, 4
     return Blocks(
-        bm=64, bs=64, be_fwd=128, be_dv=128, be_red=64, warps_fwd=4, warps_bwd=4, stages=3,
+        bm=64, bs=64, be_fwd=be_fwd, be_dv=128, be_red=64, warps_fwd=4, warps_bwd=4, stages=3,
         bg=bg, bk=64, bt=64, bs_state=min(128, pow2_at_least(S)), be_state=64, seg_chunks=0,
-        bs_gau=min(128, pow2_at_least(S)), warps_gau=4, be_red_gau=128, stages_gau=2,
+        bs_gau=min(128, pow2_at_least(S)), warps_gau=4, be_red_gau=128, stages_gau=2, warps_gau_fwd=warps_gau_fwd,
     )
+
 
 
 # Fields of :class:`Blocks` that change only how a kernel is launched, not what a program computes:
 # the interpreter ignores them, so variants touching nothing else are checked on CUDA only.
-LAUNCH_ONLY_FIELDS = frozenset({"warps_fwd", "warps_bwd", "warps_gau", "stages", "stages_gau"})
+LAUNCH_ONLY_FIELDS = frozenset({"warps_fwd", "warps_bwd", "warps_gau", "warps_gau_fwd", "stages", "stages_gau"})
 
 
 def variant_blocks(overrides: dict, S: int, E: int, dtype: torch.dtype, C: int | None = None) -> Blocks:
