@@ -81,7 +81,7 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("w4_s2", {"stages": 2}),
     ("bg64", {"bg": 64}),  # [64, 64] chunk-matrix tiles
     ("bg64_s2", {"bg": 64, "stages": 2}),
-    ("ered128", {"be_red": 128}),  # E step 128 in dS / dq_lin, dk_lin
+    ("ered128", {"be_red": 128, "stages": 2}),  # E step 128 in dS / dq_lin, dk_lin (3 stages: over the shared memory)
     ("be_state32", {"be_state": 32}),  # [128, 32] state-walk tiles: twice the walk programs
     ("bg64_be256_w8", {"bg": 64, "be_fwd": 256, "be_dv": 256, "warps_fwd": 8, "warps_bwd": 8}),
     ("g1", {"seg_chunks": 1}),  # one chunk per segment: a walk per chunk + a scan over all chunks
