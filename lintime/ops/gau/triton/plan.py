@@ -93,7 +93,9 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
     # mixed chunk: 4 warps and 3 stages (variant "w4_s3"); GAU: E step 128 in its do . v reduction
     # (variant "ered128") -- both faster in device time on an H200 (2026-11-22, S = 128, E = 2048,
     # C = 256; docs/notes/kernels_flash.md) and passed the CUDA variant tests
-    bg = 128 if C is None else min(128, pow2_at_least(C))
+    # mixed chunk: [64, 64] chunk-matrix tiles (variant "bg64": 0.999 -> 0.925 ms fwd+bwd at 2k, 1.151 ->
+    # 1.081 at 32k, device time, H200, 2026-11-22)
+    bg = 128 if C is None else min(64, pow2_at_least(C))
     if C is None:  # GAU: its forward takes 256-wide E tiles with 8 warps (half the score recomputation
         # per E; the forward of the CUDA-tested variant "be256_w8": 2.91 -> 2.57 ms at T = 4k, H200,
         # 2026-11-22); its backward keeps 128-wide tiles and 4 warps (8 warps cost it 50 %)

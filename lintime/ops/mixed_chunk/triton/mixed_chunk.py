@@ -67,20 +67,20 @@ from lintime.ops.triton_common import (
 
 # Candidate launches of the mixed chunk kernels: ``(name, overrides)``, the overrides applied to the
 # GPU defaults of the shape (:func:`lintime.ops.gau.triton.plan.variant_blocks`; defaults at
-# ``S = 128, E = 2048, C = 256``: BG = 128, 4 warps, 3 stages, S step 64, BE = 128 output / dV,
+# ``S = 128, E = 2048, C = 256``: BG = 64, 4 warps, 3 stages, S step 64, BE = 128 output / dV,
 # BK = 64, E step 64 in the reductions over E, state walk [128, 64] tiles with 64-token steps,
 # automatic segments).  Timed side by side by ``lintime bench ops --cases flash.variants`` and run
 # against the naive form by the CUDA test ``test_launch_variants`` (the tile-changing ones also under
 # the interpreter) -- a variant becomes a default only after both, on the GPU.  H200, 2026-11-22,
 # CUDA-graph fwd+bwd at T = 2k / 32k (docs/notes/kernels_flash.md): the v2 default (8 warps, 2 stages)
 # 1.22 / 1.42 ms, "w4_s3" 1.02 / 1.17 (default since), "bg64_w4" 1.00 / 1.19, "one_seg" 1.22 / 2.25,
-# "g1" 1.71 / 2.08.
+# "g1" 1.71 / 2.08; a later run (07:20 UTC): "w4_s3" 0.999 / 1.151, with BG = 64 ("bg64") 0.925 / 1.081
+# (default since), "one_seg" 1.00 / 1.73.
 LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("default", {}),
     ("w8_s2", {"warps_fwd": 8, "warps_bwd": 8, "stages": 2}),  # the default before 2026-11-22
-    ("w4_s2", {"stages": 2}),
-    ("bg64", {"bg": 64}),  # [64, 64] chunk-matrix tiles
-    ("bg64_s2", {"bg": 64, "stages": 2}),
+    ("bg128", {"bg": 128}),  # [128, 128] chunk-matrix tiles (the default before 2026-11-22, 07:30 UTC)
+    ("s2", {"stages": 2}),  # (with BG = 128: 1.08 / 1.28 ms, run of 07:20 UTC)
     ("ered128", {"be_red": 128, "stages": 2}),  # E step 128 in dS / dq_lin, dk_lin (3 stages: over the shared memory)
     ("be_state32", {"be_state": 32}),  # [128, 32] state-walk tiles: twice the walk programs
     ("bg64_be256_w8", {"bg": 64, "be_fwd": 256, "be_dv": 256, "warps_fwd": 8, "warps_bwd": 8}),
