@@ -37,7 +37,8 @@ class Blocks:
     ``E`` tile of the output / dV GEMMs, ``bk`` their reduction step, ``be_red`` the ``E`` step of
     the kernels that reduce over ``E``, ``bt``, ``bs_state``, ``be_state`` the token step and tile
     of the chunk-state walk, ``seg_chunks`` chunks per segment of that walk (0 = automatic),
-    ``warps_fwd`` / ``warps_bwd`` / ``stages`` the launch settings.
+    ``warps_fwd`` / ``warps_bwd`` / ``stages`` the launch settings, ``fuse_dlin`` (0 / 1) whether
+    the backward computes ``dq_lin, dk_lin`` inside the ``dP`` kernel.
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -61,6 +62,7 @@ class Blocks:
     be_red_gau: int = 128
     stages_gau: int = 2
     warps_gau_fwd: int = 4
+    fuse_dlin: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]

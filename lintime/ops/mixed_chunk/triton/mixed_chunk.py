@@ -86,6 +86,8 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("bg64_be256_w8", {"bg": 64, "be_fwd": 256, "be_dv": 256, "warps_fwd": 8, "warps_bwd": 8}),
     ("g1", {"seg_chunks": 1}),  # one chunk per segment: a walk per chunk + a scan over all chunks
     ("one_seg", {"seg_chunks": 1 << 20}),  # one segment per sequence: no scan, no second walk
+    ("fuse_dlin", {"fuse_dlin": 1}),  # dq_lin / dk_lin in the dP kernel's diagonal tiles (one launch and one read of do, v fewer)
+    ("fuse_dlin_bg128", {"fuse_dlin": 1, "bg": 128}),
 )
 
 
@@ -422,16 +424,20 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
             S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
             num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
+        BSL = next_pow2(max(S, 16))
+        fuse = bool(cfg.fuse_dlin) and BSL <= 128  # the [BG, S] accumulators of dq_lin / dk_lin on chip
         mc_dp_kernel[(rows, NMT, H)](
-            qq, kq, v, do, ds, b_ptr, plan.ch_start, plan.ch_len,
+            qq, kq, v, do, ds, b_ptr, plan.ch_start, plan.ch_len, st, gst, wq, wf, idx, dql, dkl,
             float(scale), S, E, H, C, LB, NMT, BG=BG, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
-            HAS_BIAS=bias is not None, PREC=PREC, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
-        )
-        mc_dlin_kernel[(cdiv(S, cfg.bs), rows, H)](
-            do, v, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
-            S, E, H, NMT, BG=BG, BS=cfg.bs, BE=cfg.be_red, PREC=PREC, SDT=SDT,
+            HAS_BIAS=bias is not None, PREC=PREC, FUSE_LIN=fuse, BSL=BSL, SDT=SDT,
             num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
+        if not fuse:
+            mc_dlin_kernel[(cdiv(S, cfg.bs), rows, H)](
+                do, v, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
+                S, E, H, NMT, BG=BG, BS=cfg.bs, BE=cfg.be_red, PREC=PREC, SDT=SDT,
+                num_warps=cfg.warps_bwd, num_stages=cfg.stages,
+            )
         mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
             qq, kq, ds, dqq, dkq, db_tiles, plan.ch_start, plan.ch_len,
             float(scale), S, H, C, NMT, ntd, BG=BG, BS=cfg.bs, CAUSAL=causal, NEED_DB=need_db, PREC=PREC,
