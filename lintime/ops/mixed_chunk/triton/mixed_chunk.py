@@ -86,7 +86,10 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("bg64_be256_w8", {"bg": 64, "be_fwd": 256, "be_dv": 256, "warps_fwd": 8, "warps_bwd": 8}),
     ("g1", {"seg_chunks": 1}),  # one chunk per segment: a walk per chunk + a scan over all chunks
     ("one_seg", {"seg_chunks": 1 << 20}),  # one segment per sequence: no scan, no second walk
-    ("fuse_dlin", {"fuse_dlin": 1}),  # dq_lin / dk_lin in the dP kernel's diagonal tiles (one launch and one read of do, v fewer)
+    # dq_lin / dk_lin in the dP kernel's diagonal tiles (one launch and one read of do, v fewer): slower, 1.21 /
+    # 1.36 ms vs 0.93 / 1.08 at 2k / 32k (H200, 2026-11-22: the diagonal programs carry 3x the work and two
+    # [BG, S] fp32 accumulators) -- kept as a checked variant, not the default
+    ("fuse_dlin", {"fuse_dlin": 1}),
     ("fuse_dlin_bg128", {"fuse_dlin": 1, "bg": 128}),
 )
 
