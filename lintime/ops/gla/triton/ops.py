@@ -96,8 +96,9 @@ def _launch(cfg: dict, name, num_warps, num_stages, maxnreg=0):
 # ``test_launch_variants`` (the tile-shape ones also under the interpreter) -- a variant becomes a default
 # only after both, on the GPU.  Defaults (version 4, 2026-11-22): one-level in-chunk products for bf16,
 # prep kernel 4 warps and K-blocks of 32, ``[128, 128]`` walk tiles with 2 stages at K = 128, dq/dk/dg
-# kernel K-blocks of 32, 8 warps, 2 stages, at most 128 registers per thread with one level (none otherwise).  H200, fwd+bwd at 8k
-# through the launchers (ms, docs/notes/kernels_linear_gla.md): version 3.1 2.47; with one level 1.48
+# kernel K-blocks of 32, 8 warps, 2 stages, at most 128 registers per thread with one level (none
+# otherwise).  H200, fwd+bwd at 8k through the launchers (ms, docs/notes/kernels_linear_gla.md): version
+# 3.1 2.47; with one level 1.48
 # ("two_level" 2.26 with the new walks); dq/dk/dg capped at 128 registers 1.31; ``[128, 64]`` walks 1.59,
 # one-stage walks 1.59, both (3.1's walks) 1.73; "dA_once_dqkg64" 1.33 and "dqkg_s3" 1.39 (both
 # uncapped), "dqkg16" 1.86, "prep_w8" 1.56.  4-warp dq/dk/dg programs gave a wrong dq and illegal
@@ -124,6 +125,13 @@ LAUNCH_VARIANTS = (
     ("prep_w8", {"A": (8, 1)}),
 )
 TILE_KEYS = ("v_walk", "dqkg_tile", "A_bk", "dA_once", "one_level")  # the cfg keys that change what a kernel computes per program
+
+
+def _walk_stages(bk: int) -> int:
+    """Pipeline stages of the output / dv walks: 2 up to 128-wide keys (CUDA-tested; 2.22 vs 2.47 ms at
+    K = 128 with ``[128, 128]`` tiles), 1 for wider keys (their ``[256, BV]`` tiles were never compiled
+    with 2 stages on a GPU: shared memory)."""
+    return 2 if bk <= 128 else 1
 
 
 def _warps(bk: int, bv: int) -> int:
@@ -234,7 +242,7 @@ def gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns, keep=True, cfg=None):
         gla_fwd_kernel[(_cdiv(V, BV) * seg.NSEG, H)](
             qg, kg, vf, gl, A, o, h0, hs, ht, hc, scale, **seg.kernel_args(), H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
             HAS_H0=h0 is not None, MAT=seg.materialized, STORE_HC=keep, DT=DT, SDT=SDT, PREC=PREC,
-            **_launch(cfg, "fwd", _warps(BK, BV), 2),
+            **_launch(cfg, "fwd", _warps(BK, BV), _walk_stages(BK)),
         )
     return o.view(B, T, H, V), ht, A.view(B, T, H, BT), qg, kg, gl, hc
 
@@ -282,7 +290,7 @@ def gla_bwd(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, need_
         gla_bwd_dv_kernel[(_cdiv(V, BV) * seg.NSEG, H)](
             qg, kg, gl, Af, dof, dv, dht, dh0, ds, dhs, scale, **seg.kernel_args(), H=H, K=K, V=V, BT=BT, BK=BK,
             BV=BV, HAS_DHT=dht is not None, MAT=seg.materialized, STORE_DH0=need_dh0 and not seg.materialized,
-            DT=DT, SDT=SDT, PREC=PREC, **_launch(cfg, "dv", _warps(BK, BV), 2),
+            DT=DT, SDT=SDT, PREC=PREC, **_launch(cfg, "dv", _warps(BK, BV), _walk_stages(BK)),
         )
     ch = seg if seg.ns == 1 else chunks(B, T, cu_seqlens, q.device)
     if ch.NSEG > 0:
