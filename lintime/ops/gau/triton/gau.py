@@ -47,10 +47,12 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("ered64", {"be_red_gau": 64}),  # the default before (H200: 8.54 vs 7.93 ms fwd+bwd at 4k)
     ("fwd_be128_w4", {"be_fwd": 128, "warps_gau_fwd": 4}),  # the forward before 2026-11-22 (2.91 vs 2.57 ms)
     ("fwd_be128_w8", {"be_fwd": 128}),
-    ("w8", {"warps_gau": 8, "warps_gau_fwd": 8}),  # 8 warps on the 64-row tiles
+    ("dv_be256_w8", {"be_dv": 256, "warps_gau_dv": 8}),  # the forward's tiling for the dV pass (scores per 256 of E)
+    ("dv_w8", {"warps_gau_dv": 8}),
+    ("w8", {"warps_gau": 8, "warps_gau_fwd": 8, "warps_gau_dv": 8}),  # 8 warps on the 64-row tiles
     # 128-row query / key tiles (with the 256-wide forward E tile: 288 KB of shared memory, over the limit)
-    ("bm128_w8", {"bm": 128, "be_fwd": 128, "warps_gau": 8, "warps_gau_fwd": 8}),
-    ("be256_w8", {"be_fwd": 256, "be_dv": 256, "warps_gau": 8, "warps_gau_fwd": 8}),  # half the score recomputation per E
+    ("bm128_w8", {"bm": 128, "be_fwd": 128, "warps_gau": 8, "warps_gau_fwd": 8, "warps_gau_dv": 8}),
+    ("be256_w8", {"be_fwd": 256, "be_dv": 256, "warps_gau": 8, "warps_gau_fwd": 8, "warps_gau_dv": 8}),  # half the score recomputation per E
     ("ered256", {"be_red_gau": 256}),
     ("s3", {"stages_gau": 3}),  # H200 4k: fwd 2.26 vs 2.58 ms, fwd+bwd 7.86 vs 7.93 (2026-11-22, not promoted)
 )
@@ -167,7 +169,7 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
             q, k, do, dv, b_ptr,
             t_reg, t_off, r_start, r_len,
             float(scale), S, E, H, LB, T - 1,
-            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_dv, **common,
+            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_dv, **{**common, "num_warps": cfg.warps_gau_dv},
         )
         relu2_bwd_dqk_kernel[(NT, H)](
             q, k, v, do, dq32, dk32, db_tiles, b_ptr,

@@ -29,8 +29,8 @@ class Blocks:
 
     GAU (:mod:`lintime.ops.gau.triton.kernels`): ``bm`` query = key tile, ``bs_gau`` ``S`` step,
     ``be_fwd`` / ``be_dv`` ``E`` tile of the forward / dV kernels, ``be_red_gau`` ``E`` step of the
-    kernel that reduces ``do . v`` over ``E``, ``warps_gau_fwd`` warps of the forward, ``warps_gau``
-    of the two backward kernels, ``stages_gau`` pipeline stages of all three.
+    kernel that reduces ``do . v`` over ``E``, ``warps_gau_fwd`` / ``warps_gau_dv`` / ``warps_gau``
+    warps of the forward / dV / dq-dk kernels, ``stages_gau`` pipeline stages of all three.
 
     Mixed chunk (:mod:`lintime.ops.mixed_chunk.triton.kernels`): ``bg`` tile of the ``[C, C]``
     chunk matrices (row tile of every kernel), ``bs`` ``S`` step / tile, ``be_fwd`` / ``be_dv``
@@ -63,6 +63,7 @@ class Blocks:
     stages_gau: int = 2
     warps_gau_fwd: int = 4
     fuse_dlin: int = 0
+    warps_gau_dv: int = 4
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -91,7 +92,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
     if interp:
         return Blocks(bm=16, bs=16, be_fwd=16, be_dv=16, be_red=16, warps_fwd=1, warps_bwd=1, stages=1,
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
-                      be_red_gau=16, stages_gau=1, warps_gau_fwd=1)
+                      be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1)
     # mixed chunk: 4 warps and 3 stages (variant "w4_s3"); GAU: E step 128 in its do . v reduction
     # (variant "ered128") -- both faster in device time on an H200 (2026-11-22, S = 128, E = 2048,
     # C = 256; docs/notes/kernels_flash.md) and passed the CUDA variant tests
@@ -114,7 +115,8 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
 
 # Fields of :class:`Blocks` that change only how a kernel is launched, not what a program computes:
 # the interpreter ignores them, so variants touching nothing else are checked on CUDA only.
-LAUNCH_ONLY_FIELDS = frozenset({"warps_fwd", "warps_bwd", "warps_gau", "warps_gau_fwd", "stages", "stages_gau"})
+LAUNCH_ONLY_FIELDS = frozenset({"warps_fwd", "warps_bwd", "warps_gau", "warps_gau_fwd", "warps_gau_dv", "stages",
+                                "stages_gau"})
 
 
 def variant_blocks(overrides: dict, S: int, E: int, dtype: torch.dtype, C: int | None = None) -> Blocks:
