@@ -47,7 +47,9 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("ered64", {"be_red_gau": 64}),  # the default before (H200: 8.54 vs 7.93 ms fwd+bwd at 4k)
     ("fwd_be128_w4", {"be_fwd": 128, "warps_gau_fwd": 4}),  # the forward before 2026-11-22 (2.91 vs 2.57 ms)
     ("fwd_be128_w8", {"be_fwd": 128}),
-    ("dv_be256_w8", {"be_dv": 256, "warps_gau_dv": 8}),  # the forward's tiling for the dV pass (scores per 256 of E)
+    # the forward's tiling for the dV pass (scores per 256 of E): 7.66 vs 7.63 ms at 4k -- no gain (H200,
+    # 2026-11-22); 8 warps on 128-wide dV tiles 9.22
+    ("dv_be256_w8", {"be_dv": 256, "warps_gau_dv": 8}),
     ("dv_w8", {"warps_gau_dv": 8}),
     ("w8", {"warps_gau": 8, "warps_gau_fwd": 8, "warps_gau_dv": 8}),  # 8 warps on the 64-row tiles
     # 128-row query / key tiles (with the 256-wide forward E tile: 288 KB of shared memory, over the limit)
