@@ -125,6 +125,8 @@ LAUNCH_VARIANTS = (
     ("prep_w8", {"A": (8, 1)}),
 )
 TILE_KEYS = ("v_walk", "dqkg_tile", "A_bk", "dA_once", "one_level")  # the cfg keys that change what a kernel computes per program
+LAUNCH_NAMES = ("A", "fwd", "dv", "dqkg", "dA")  # cfg[name] = (num_warps, num_stages), cfg[name + "_maxnreg"]
+CFG_KEYS = frozenset((*TILE_KEYS, "dA_bv", *LAUNCH_NAMES, *(f"{n}_maxnreg" for n in LAUNCH_NAMES)))  # all the launchers read
 
 
 def _walk_stages(bk: int) -> int:
