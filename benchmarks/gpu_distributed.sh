@@ -5,6 +5,8 @@
 # context parallelism, for FLASH and GLA.  Every measurement runs in its own guarded invocation
 # with a timeout; stderr tails land in $OUT/*.log.  JSON: $OUT/scaling.json, $OUT/context.json.
 # Usage: OUT=... benchmarks/gpu_distributed.sh [scaling] [context]   (default: both)
+# Results record the commit from git; a copied working tree may carry a stale .git, so pass the real one:
+#   LINTIME_GIT_COMMIT=<sha of the local HEAD> benchmarks/<this script> ...
 set -uo pipefail
 OUT=${OUT:-./gpu_distributed_out}
 mkdir -p "$OUT"

@@ -4,7 +4,9 @@
 # go to $OUT (default ./gpu_flash_out).  Usage: benchmarks/gpu_flash.sh [tests|quicktests] [variants]
 # [bench] [graph] (default: tests variants bench).  `bench` runs the default cases of
 # lintime/bench/cases_flash.py through `lintime bench ops` (eager calls, launch overhead included,
-# plus a per-kernel profile); `graph` times CUDA-graph replays (device time; not yet verified).
+# plus a per-kernel profile); `graph` times CUDA-graph replays (device time; ran on H200s, 2026-11-22).
+# Results record the commit from git; a copied working tree may carry a stale .git, so pass the real one:
+#   LINTIME_GIT_COMMIT=<sha of the local HEAD> benchmarks/<this script> ...
 set -uo pipefail
 OUT=${OUT:-./gpu_flash_out}
 mkdir -p "$OUT"

@@ -16,6 +16,8 @@
 #   T = 2k/8k/32k (eager and CUDA-graph device time, fwd and fwd+bwd), the per-kernel profile at 8k,
 #   the launch variants at 8k, then the segment-length sweep with whatever time is left (a global
 #   deadline of GLA_DEADLINE_S, default 330 s, caps every step).
+# Results record the commit from git; a copied working tree may carry a stale .git, so pass the real one:
+#   LINTIME_GIT_COMMIT=<sha of the local HEAD> benchmarks/<this script> ...
 set -uo pipefail
 OUT=${OUT:-./gpu_linear_gla_out}
 mkdir -p "$OUT"

@@ -14,6 +14,8 @@
 # "skipped: unknown preset" rows).  Environment: OUT (default ./gpu_model_out), CONTEXTS,
 # DECODE_CONTEXTS, TOKENS_PER_BATCH, STEPS, DECODE_STEPS, CASE_BUDGET_S, TRAIN_S, DECODE_S, TOTAL_S,
 # DEVICE and DTYPE (a CPU dry run of this script: DEVICE=cpu DTYPE=fp32 CONTEXTS=32,64 ... tiny presets).
+# Results record the commit from git; a copied working tree may carry a stale .git, so pass the real one:
+#   LINTIME_GIT_COMMIT=<sha of the local HEAD> benchmarks/<this script> ...
 set -uo pipefail
 OUT=${OUT:-./gpu_model_out}
 mkdir -p "$OUT/parts"

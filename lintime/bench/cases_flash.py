@@ -365,9 +365,10 @@ def case_profile(results, quick=False, T=32768, S=128, E=2048, C=256, tokens=TOK
 
 def case_graph(results, quick=False, tokens=TOKENS, S=128, E=2048, C=256):
     """Device-bound timings (CUDA-graph replay) of the main cases (the launch variants' device
-    times are in :func:`case_variants`).  Not run by default: on 2026-11-22 (H100, torch 2.11) its first version captured the forward (T = 1024:
-    0.513 ms) but not the backward; this version (``measure.fwd_fwdbwd_graph_ms``: side-stream warm-up, no
-    autograd graph kept alive, ``None`` for a call that cannot be captured) has not run on a GPU yet."""
+    times are in :func:`case_variants`).  Not run by default (``flash.graph``): its first version (H100,
+    2026-11-22) captured the forward but not the backward; this one (``measure.fwd_fwdbwd_graph_ms``:
+    side-stream warm-up, no autograd graph kept alive, ``None`` for a call that cannot be captured) ran
+    on H200s in four calls of 2026-11-22 with every case captured."""
     from torch import nn
 
     from lintime.layers.flash import FLASH

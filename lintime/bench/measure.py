@@ -134,7 +134,12 @@ def quantiles(times_ms: list[float]) -> dict:
 
 
 def git_commit() -> str | None:
-    """The lintime checkout's commit (``+dirty`` when tracked files differ), ``None`` outside git."""
+    """The lintime checkout's commit (``+dirty`` when tracked files differ), ``None`` outside git.
+    ``LINTIME_GIT_COMMIT`` overrides it: a copy of the working tree made elsewhere (a lent GPU machine)
+    can carry a stale ``.git`` -- every run of 2026-11-22's session 4 recorded its session's first
+    commit -- so the caller passes the real one."""
+    if os.environ.get("LINTIME_GIT_COMMIT"):
+        return os.environ["LINTIME_GIT_COMMIT"]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         sha = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False)
@@ -145,6 +150,18 @@ def git_commit() -> str | None:
         return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def _cpu_model() -> str:
+    """The host CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def matmul_peak_tflops() -> float:
@@ -175,7 +192,8 @@ def environment(peaks: bool = True, device: torch.device | None = None) -> dict:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env.update(device=props.name, sms=props.multi_processor_count,
-                   memory_gib=round(props.total_memory / 2**30, 1))
+                   memory_gib=round(props.total_memory / 2**30, 1),
+                   host=f"{_cpu_model()}, {os.cpu_count()} cores")  # eager timings are host-bound: record it
     else:
         env.update(device=f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                           f"{torch.get_num_threads()} threads)")
