@@ -195,7 +195,7 @@ def environment(peaks: bool = True, device: torch.device | None = None) -> dict:
                    memory_gib=round(props.total_memory / 2**30, 1),
                    host=f"{_cpu_model()}, {os.cpu_count()} cores")  # eager timings are host-bound: record it
     else:
-        env.update(device=f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        env.update(device=f"cpu ({_cpu_model()}, {os.cpu_count()} cores, "
                           f"{torch.get_num_threads()} threads)")
         peaks = False
     try:

@@ -25,6 +25,7 @@ from lintime.ops.gau.triton.kernels import (
 )
 from lintime.ops.gau.triton.plan import (
     Blocks,
+    blocks_of,
     default_blocks,
     fold_bias_grad,
     sequence_bounds,
@@ -98,17 +99,7 @@ def _gau_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None, scale: float, causal: bool, blocks: list[int],
 ) -> torch.Tensor:
-    return _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, _blocks_of(blocks))
-
-
-@functools.lru_cache(maxsize=64)
-def _blocks_tuple(xs: tuple) -> Blocks:
-    return Blocks.from_list(xs)
-
-
-def _blocks_of(blocks) -> Blocks:
-    """``Blocks`` from the op's int list (cached), or as given (the eager path passes the object)."""
-    return blocks if isinstance(blocks, Blocks) else _blocks_tuple(tuple(blocks))
+    return _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, blocks_of(blocks))
 
 
 def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
@@ -142,7 +133,7 @@ def _gau_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``dq, dk, dv`` (input dtype) and ``db`` (``[H, 2T-1]`` in ``rel_bias``'s dtype, or
     an empty tensor when not asked for)."""
-    return _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, _blocks_of(blocks))
+    return _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, blocks_of(blocks))
 
 
 gau_bwd = custom_op("gau_bwd", _bwd_fake)(_gau_bwd)
@@ -165,19 +156,19 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
                 else torch.empty(1, dtype=torch.float32, device=q.device))
     if NT > 0:
         common = {"CAUSAL": causal, "HAS_BIAS": bias is not None, "ONE_S": cfg.bs_gau >= S,
-                  "PREC": dot_config(q.dtype)[1], "num_warps": cfg.warps_gau, "num_stages": cfg.stages_gau}
+                  "PREC": dot_config(q.dtype)[1], "num_stages": cfg.stages_gau}
         b_ptr = bias if bias is not None else q
         relu2_bwd_dv_kernel[(cdiv(E, cfg.be_dv), NT, H)](
             q, k, do, dv, b_ptr,
             t_reg, t_off, r_start, r_len,
             float(scale), S, E, H, LB, T - 1,
-            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_dv, **{**common, "num_warps": cfg.warps_gau_dv},
+            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_dv, num_warps=cfg.warps_gau_dv, **common,
         )
         relu2_bwd_dqk_kernel[(NT, H)](
             q, k, v, do, dq32, dk32, db_tiles, b_ptr,
             t_reg, t_off, r_start, r_len,
             float(scale), S, E, H, LB, T - 1, ntd,
-            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red_gau, NEED_DB=need_db, **common,
+            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red_gau, NEED_DB=need_db, num_warps=cfg.warps_gau, **common,
         )
     else:
         dv.zero_()
@@ -203,7 +194,7 @@ def _backward(ctx, do, eager=False):
         dq, dk, dv, db = gau_bwd(do, q, k, v, rel_bias, cu_seqlens, ctx.scale, ctx.causal, need_db, ctx.blocks)
     else:  # skip the op dispatch
         dq, dk, dv, db = _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, ctx.scale, ctx.causal, need_db,
-                                   _blocks_of(ctx.blocks))
+                                   blocks_of(ctx.blocks))
     return dq, dk, dv, (db if need_db else None), None, None, None, None
 
 

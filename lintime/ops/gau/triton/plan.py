@@ -37,8 +37,7 @@ class Blocks:
     ``E`` tile of the output / dV GEMMs, ``bk`` their reduction step, ``be_red`` the ``E`` step of
     the kernels that reduce over ``E``, ``bt``, ``bs_state``, ``be_state`` the token step and tile
     of the chunk-state walk, ``seg_chunks`` chunks per segment of that walk (0 = automatic),
-    ``warps_fwd`` / ``warps_bwd`` / ``stages`` the launch settings, ``fuse_dlin`` (0 / 1) whether
-    the backward computes ``dq_lin, dk_lin`` inside the ``dP`` kernel.
+    ``warps_fwd`` / ``warps_bwd`` / ``stages`` the launch settings.
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -62,7 +61,6 @@ class Blocks:
     be_red_gau: int = 128
     stages_gau: int = 2
     warps_gau_fwd: int = 4
-    fuse_dlin: int = 0
     warps_gau_dv: int = 4
 
     def to_list(self) -> list[int]:
@@ -74,6 +72,17 @@ class Blocks:
 
 
 _BLOCK_FIELDS = tuple(f.name for f in fields(Blocks))
+
+
+@functools.lru_cache(maxsize=64)
+def _blocks_from_tuple(xs: tuple) -> Blocks:
+    return Blocks.from_list(xs)
+
+
+def blocks_of(blocks) -> Blocks:
+    """``Blocks`` from a custom op's int list (cached: a call's host time), or as given (the eager
+    paths pass the object)."""
+    return blocks if isinstance(blocks, Blocks) else _blocks_from_tuple(tuple(blocks))
 
 
 def default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None = None) -> Blocks:
@@ -93,11 +102,10 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
         return Blocks(bm=16, bs=16, be_fwd=16, be_dv=16, be_red=16, warps_fwd=1, warps_bwd=1, stages=1,
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
                       be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1)
-    # mixed chunk: 4 warps and 3 stages (variant "w4_s3"); GAU: E step 128 in its do . v reduction
-    # (variant "ered128") -- both faster in device time on an H200 (2026-11-22, S = 128, E = 2048,
-    # C = 256; docs/notes/kernels_flash.md) and passed the CUDA variant tests
-    # mixed chunk: [64, 64] chunk-matrix tiles (variant "bg64": 0.999 -> 0.925 ms fwd+bwd at 2k, 1.151 ->
-    # 1.081 at 32k, device time, H200, 2026-11-22)
+    # Promoted variants, each CUDA-tested and faster in device time on an H200 (2026-11-22, S = 128,
+    # E = 2048, C = 256; docs/notes/kernels_flash.md): mixed chunk 4 warps and 3 stages ("w4_s3") and
+    # [64, 64] chunk-matrix tiles ("bg64": 0.999 -> 0.925 ms fwd+bwd at 2k, 1.151 -> 1.081 at 32k);
+    # GAU E step 128 in its do . v reduction ("ered128")
     bg = 128 if C is None else min(64, pow2_at_least(C))
     if C is None:  # GAU: its forward takes 256-wide E tiles with 8 warps (half the score recomputation
         # per E; the forward of the CUDA-tested variant "be256_w8": 2.91 -> 2.57 ms at T = 4k, H200,
@@ -110,7 +118,6 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
         bg=bg, bk=64, bt=64, bs_state=min(128, pow2_at_least(S)), be_state=64, seg_chunks=0,
         bs_gau=min(128, pow2_at_least(S)), warps_gau=4, be_red_gau=128, stages_gau=2, warps_gau_fwd=warps_gau_fwd,
     )
-
 
 
 # Fields of :class:`Blocks` that change only how a kernel is launched, not what a program computes:

@@ -18,8 +18,7 @@ GEMM-shaped tiles instead of being recomputed per ``E`` tile.  Backward (``G_c``
 flowing into chunk ``c``'s ``k_lin^T v``: the reverse state pass on ``(q_lin, do)``)::
 
     dP_c = do V^T -> dS = 2 relu(s) dP  [C, C]        mc_dp_kernel   (K = E)
-    dQl = wq do H^T, dKl = wf V G^T     [C, S]        mc_dlin_kernel (K = E; or in mc_dp_kernel's
-                                                                      diagonal tiles, FUSE_LIN)
+    dQl = wq do H^T, dKl = wf V G^T     [C, S]        mc_dlin_kernel (K = E)
     dQq = scale dS Kq, dKq = scale dS^T Qq, db        mc_dqk_kernel  (K = C)
     dV  = wf Kl G + A^T do              [C, E]        mc_gemm_kernel (transposed A)
 """
@@ -203,19 +202,12 @@ def mc_gemm_kernel(
 @triton.jit
 def mc_dp_kernel(
     QQ, KQ, V, DO, DS, BIAS, CH_START, CH_LEN,
-    HS, GS, WQ, WF, ST_IDX, DQL, DKL,
     scale, S, E, H, C, LB, NMT,
     BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr,
-    FUSE_LIN: tl.constexpr, BSL: tl.constexpr, SDT: tl.constexpr,
 ):
     """``dS[c, h, m tile, n tile] = 2 relu(s) (do_m . v_n)``, masked (reduction over all of ``E``;
-    the scores ``s`` recomputed); grid ``(NC * NMT, NMT, H)``, tiles as :func:`mc_scores_kernel`.
-
-    ``FUSE_LIN`` (``S <= BSL``): the diagonal tiles (``n = m``, where ``v_n`` is ``v_m``) also do
-    :func:`mc_dlin_kernel`'s work for their rows -- ``dq_lin = wq do H_c^T``, ``dk_lin = wf v G_c^T``
-    over all of ``S`` -- from the ``do`` and ``v`` tiles they already stream over ``E``: one launch
-    and one read of ``do, v`` fewer."""
+    the scores ``s`` recomputed); grid ``(NC * NMT, NMT, H)``, tiles as :func:`mc_scores_kernel`."""
     c, cs, cl, m0 = _row_tile(tl.program_id(0), CH_START, CH_LEN, NMT, BG)
     n0 = tl.program_id(1) * BG
     i_h = tl.program_id(2)
@@ -231,33 +223,11 @@ def mc_dp_kernel(
     rows_n = (cs + o_n) * H + i_h
     o_e = tl.arange(0, BE)
     b_dp = tl.zeros([BG, BG], dtype=tl.float32)
-    if FUSE_LIN:
-        diag = n0 == m0
-        o_sl = tl.arange(0, BSL)
-        m_sl = o_sl < S
-        idx = tl.load(ST_IDX + c).to(tl.int64)
-        p_h = HS + (idx * H + i_h) * S * E
-        p_g = GS + (idx * H + i_h) * S * E
-        b_dql = tl.zeros([BG, BSL], dtype=tl.float32)
-        b_dkl = tl.zeros([BG, BSL], dtype=tl.float32)
     for e0 in range(0, E, BE):
         m_e = (e0 + o_e) < E
         b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_e[None, :], mask=m_m[:, None] & m_e[None, :], other=0.0)
         b_v = tl.load(V + rows_n[:, None] * E + e0 + o_e[None, :], mask=m_n[:, None] & m_e[None, :], other=0.0)
         b_dp = tl.dot(b_do, tl.trans(b_v), b_dp, input_precision=PREC)
-        if FUSE_LIN:
-            if diag:
-                m_se = m_sl[:, None] & m_e[None, :]
-                b_h = tl.load(p_h + o_sl[:, None] * E + e0 + o_e[None, :], mask=m_se, other=0.0)
-                b_g = tl.load(p_g + o_sl[:, None] * E + e0 + o_e[None, :], mask=m_se, other=0.0)
-                b_dql = tl.dot(b_do.to(SDT), tl.trans(b_h.to(SDT)), b_dql, input_precision=PREC)
-                b_dkl = tl.dot(b_v.to(SDT), tl.trans(b_g.to(SDT)), b_dkl, input_precision=PREC)
-    if FUSE_LIN:
-        if diag:
-            o_ms = rows_m[:, None] * S + o_sl[None, :]
-            m_ms = m_m[:, None] & m_sl[None, :]
-            tl.store(DQL + o_ms, (tl.load(WQ + c) * b_dql).to(DQL.dtype.element_ty), mask=m_ms)
-            tl.store(DKL + o_ms, (tl.load(WF + c) * b_dkl).to(DKL.dtype.element_ty), mask=m_ms)
     o_s = tl.arange(0, BS)
     b_s = tl.zeros([BG, BG], dtype=tl.float32)
     for s0 in range(0, S, BS):

@@ -41,6 +41,7 @@ import torch
 
 from lintime.ops.gau.triton.plan import (
     Blocks,
+    blocks_of,
     default_blocks,
     fold_bias_grad,
     sequence_bounds,
@@ -86,11 +87,6 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("bg64_be256_w8", {"bg": 64, "be_fwd": 256, "be_dv": 256, "warps_fwd": 8, "warps_bwd": 8}),
     ("g1", {"seg_chunks": 1}),  # one chunk per segment: a walk per chunk + a scan over all chunks
     ("one_seg", {"seg_chunks": 1 << 20}),  # one segment per sequence: no scan, no second walk
-    # dq_lin / dk_lin in the dP kernel's diagonal tiles (one launch and one read of do, v fewer): slower, 1.21 /
-    # 1.36 ms vs 0.93 / 1.08 at 2k / 32k (H200, 2026-11-22: the diagonal programs carry 3x the work and two
-    # [BG, S] fp32 accumulators) -- kept as a checked variant, not the default
-    ("fuse_dlin", {"fuse_dlin": 1}),
-    ("fuse_dlin_bg128", {"fuse_dlin": 1, "bg": 128}),
 )
 
 
@@ -314,17 +310,7 @@ def _mixed_chunk_fwd(
     """``(o, final kv, A, H)``; ``A`` and ``H`` are saved for the backward (non-causal: ``H`` holds
     each sequence's total and the final kv is empty)."""
     return _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm,
-                     _blocks_of(blocks), zero_a=True)
-
-
-@functools.lru_cache(maxsize=64)
-def _blocks_tuple(xs: tuple) -> Blocks:
-    return Blocks.from_list(xs)
-
-
-def _blocks_of(blocks) -> Blocks:
-    """``Blocks`` from the op's int list (cached), or as given (the eager path passes the object)."""
-    return blocks if isinstance(blocks, Blocks) else _blocks_tuple(tuple(blocks))
+                     blocks_of(blocks), zero_a=True)
 
 
 def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm,
@@ -386,7 +372,7 @@ def _mixed_chunk_bwd(
     """Gradients of the five inputs, of ``rel_bias`` (empty unless ``need_db``) and of the initial
     ``kv`` (empty unless ``has_kv0``)."""
     return _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, chunk_size, causal, scale,
-                     linear_norm, need_db, has_kv0, _blocks_of(blocks))
+                     linear_norm, need_db, has_kv0, blocks_of(blocks))
 
 
 mixed_chunk_bwd = custom_op("mixed_chunk_bwd", _bwd_fake)(_mixed_chunk_bwd)
@@ -427,20 +413,16 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
             S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
             num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
-        BSL = next_pow2(max(S, 16))
-        fuse = bool(cfg.fuse_dlin) and BSL <= 128  # the [BG, S] accumulators of dq_lin / dk_lin on chip
         mc_dp_kernel[(rows, NMT, H)](
-            qq, kq, v, do, ds, b_ptr, plan.ch_start, plan.ch_len, st, gst, wq, wf, idx, dql, dkl,
+            qq, kq, v, do, ds, b_ptr, plan.ch_start, plan.ch_len,
             float(scale), S, E, H, C, LB, NMT, BG=BG, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
-            HAS_BIAS=bias is not None, PREC=PREC, FUSE_LIN=fuse, BSL=BSL, SDT=SDT,
+            HAS_BIAS=bias is not None, PREC=PREC, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
+        )
+        mc_dlin_kernel[(cdiv(S, cfg.bs), rows, H)](
+            do, v, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
+            S, E, H, NMT, BG=BG, BS=cfg.bs, BE=cfg.be_red, PREC=PREC, SDT=SDT,
             num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
-        if not fuse:
-            mc_dlin_kernel[(cdiv(S, cfg.bs), rows, H)](
-                do, v, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
-                S, E, H, NMT, BG=BG, BS=cfg.bs, BE=cfg.be_red, PREC=PREC, SDT=SDT,
-                num_warps=cfg.warps_bwd, num_stages=cfg.stages,
-            )
         mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
             qq, kq, ds, dqq, dkq, db_tiles, plan.ch_start, plan.ch_len,
             float(scale), S, H, C, NMT, ntd, BG=BG, BS=cfg.bs, CAUSAL=causal, NEED_DB=need_db, PREC=PREC,
@@ -483,7 +465,7 @@ def _backward(ctx, do, dkv, _da, _dst, eager=False):
             do = torch.zeros_like(v)
         dqq, dkq, dql, dkl, dv, db, dkv0 = _bwd_impl(
             do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, *ctx.args, need_db, has_kv0,
-            _blocks_of(ctx.blocks),
+            blocks_of(ctx.blocks),
         )
     return (dqq, dkq, dql, dkl, dv, db if need_db else None, dkv0 if has_kv0 else None,
             None, None, None, None, None, None, None)
@@ -505,7 +487,7 @@ class _EagerMixedChunk(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         inputs = (qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm,
                   blocks)
-        out = _fwd_impl(*inputs[:13], _blocks_of(blocks), zero_a=False)
+        out = _fwd_impl(*inputs[:13], blocks_of(blocks), zero_a=False)
         _save(ctx, inputs, out)
         return out[0], out[1]
 
