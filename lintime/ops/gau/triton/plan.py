@@ -37,7 +37,9 @@ class Blocks:
     ``E`` tile of the output / dV GEMMs, ``bk`` their reduction step, ``be_red`` the ``E`` step of
     the kernels that reduce over ``E``, ``bt``, ``bs_state``, ``be_state`` the token step and tile
     of the chunk-state walk, ``seg_chunks`` chunks per segment of that walk (0 = automatic),
-    ``warps_fwd`` / ``warps_bwd`` / ``stages`` the launch settings.
+    ``warps_fwd`` / ``warps_bwd`` / ``stages`` the launch settings; ``fuse_walk`` 1: causal calls
+    run the state walk and the output / dV GEMM as one kernel (``mc_walk_gemm_kernel``, for
+    ``S <= 128``) with ``be_walk``-wide ``E`` tiles and ``warps_walk`` warps.
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -62,6 +64,9 @@ class Blocks:
     stages_gau: int = 2
     warps_gau_fwd: int = 4
     warps_gau_dv: int = 4
+    fuse_walk: int = 0
+    be_walk: int = 64
+    warps_walk: int = 4
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -98,10 +103,11 @@ def default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None = None) -> 
 
 @functools.lru_cache(maxsize=64)
 def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: bool) -> Blocks:
-    if interp:
+    if interp:  # the fused walk + GEMM of mixed chunk by default; the variant "walk_unfused" runs the other path
         return Blocks(bm=16, bs=16, be_fwd=16, be_dv=16, be_red=16, warps_fwd=1, warps_bwd=1, stages=1,
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
-                      be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1)
+                      be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, fuse_walk=1, be_walk=16,
+                      warps_walk=1)
     # Promoted variants, each CUDA-tested and faster in device time on an H200 (2026-11-22, S = 128,
     # E = 2048, C = 256; docs/notes/kernels_flash.md): mixed chunk 4 warps and 3 stages ("w4_s3") and
     # [64, 64] chunk-matrix tiles ("bg64": 0.999 -> 0.925 ms fwd+bwd at 2k, 1.151 -> 1.081 at 32k);
@@ -123,7 +129,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
 # Fields of :class:`Blocks` that change only how a kernel is launched, not what a program computes:
 # the interpreter ignores them, so variants touching nothing else are checked on CUDA only.
 LAUNCH_ONLY_FIELDS = frozenset({"warps_fwd", "warps_bwd", "warps_gau", "warps_gau_fwd", "warps_gau_dv", "stages",
-                                "stages_gau"})
+                                "stages_gau", "warps_walk"})
 
 
 def variant_blocks(overrides: dict, S: int, E: int, dtype: torch.dtype, C: int | None = None) -> Blocks:

@@ -55,6 +55,7 @@ from lintime.ops.mixed_chunk.triton.kernels import (
     mc_dqk_kernel,
     mc_gemm_kernel,
     mc_scores_kernel,
+    mc_walk_gemm_kernel,
 )
 from lintime.ops.triton_common import (
     cdiv,
@@ -87,6 +88,14 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("bg64_be256_w8", {"bg": 64, "be_fwd": 256, "be_dv": 256, "warps_fwd": 8, "warps_bwd": 8}),
     ("g1", {"seg_chunks": 1}),  # one chunk per segment: a walk per chunk + a scan over all chunks
     ("one_seg", {"seg_chunks": 1 << 20}),  # one segment per sequence: no scan, no second walk
+    # the causal state walk fused with the output / dV GEMM (mc_walk_gemm_kernel): no second walk, no
+    # separate GEMM, the state of the current chunk read from registers
+    ("walk_fused", {"fuse_walk": 1}),
+    ("walk_fused_w8", {"fuse_walk": 1, "warps_walk": 8}),
+    ("walk_fused_be128_w8", {"fuse_walk": 1, "be_walk": 128, "warps_walk": 8}),
+    ("walk_fused_be32", {"fuse_walk": 1, "be_walk": 32}),
+    ("walk_fused_one_seg", {"fuse_walk": 1, "seg_chunks": 1 << 20}),
+    ("walk_unfused", {"fuse_walk": 0}),  # the separate walk + GEMM (the interpreter's default is fused)
 )
 
 
@@ -279,6 +288,47 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt):
     return hout, final
 
 
+def _fused(cfg: Blocks, causal: bool, S: int) -> bool:
+    """Whether a call runs the state walk and its GEMM as one kernel (``mc_walk_gemm_kernel``):
+    causal calls (a non-causal chunk reads its sequence's total, known only after the walk) with
+    all of ``S`` in one register tile."""
+    return bool(cfg.fuse_walk) and causal and S <= 128
+
+
+def _states_gemm(x, y, l, a, w_out, w_upd, out, plan: _Plan, cfg, *, H, reverse, init, sdt):
+    """Causal states and the output (or dV) GEMM fused: ``out = w_out l ST_c + A_c y`` (reverse:
+    ``A_c^T``) while the walk carries ``ST`` in registers; returns ``(ST, FINAL)`` like
+    :func:`_states`.  Long sequences split into segments as there: a first walk gives segment
+    totals (no per-chunk store), the scan the state entering each segment, then the fused walk."""
+    S, E = x.shape[-1], y.shape[-1]
+    f32 = {"dtype": torch.float32, "device": x.device}
+    hout = torch.empty(plan.NC_alloc, H, S, E, dtype=sdt, device=x.device)
+    if plan.NC_alloc > plan.NC:
+        hout[plan.NC :].zero_()  # the shape bound's slack rows (packed calls)
+    tot = torch.empty(max(plan.NSEG, 1), H, S, E, **f32)
+    final = None
+    if plan.one_segment:
+        start, mode = init, (2 if init is not None else 0)
+    else:
+        _walk(x, y, w_upd, plan, cfg, H=H, reverse=reverse, store=False, hout=hout, tot=tot)
+        start, final = _scan(tot, plan, H=H, S=S, E=E, reverse=reverse, init=init, store_start=True)
+        mode = 1
+    if plan.NSEG > 0:
+        SDT, PREC = dot_config(x.dtype)
+        mc_walk_gemm_kernel[(cdiv(E, cfg.be_walk), plan.NSEG, H)](
+            a, y, l, x, hout, tot, start if start is not None else tot, w_out, w_upd, out,
+            plan.seg_first, plan.seg_n, plan.seg_seq, plan.ch_start, plan.ch_len, S, E, H, a.shape[-1],
+            BS=max(16, next_pow2(S)), BE=cfg.be_walk, BG=cfg.bg, BK=cfg.bk, BT=cfg.bt, REVERSE=reverse,
+            START_MODE=mode, STORE_TOT=plan.one_segment, PREC=PREC, SDT=SDT,
+            num_warps=cfg.warps_walk, num_stages=cfg.stages,
+        )
+    if plan.one_segment:
+        final = init.clone() if init is not None else torch.zeros(plan.N, H, S, E, **f32)
+        if plan.NSEG > 0:
+            final.index_copy_(0, plan.seg_seq.long(), tot[: plan.NSEG])
+    return hout, final
+
+
 def _bias(rel_bias):
     if rel_bias is None:
         return None, 1
@@ -323,8 +373,10 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
     C = chunk_size
     plan = _plan(B, T, H, S, E, C, cu_seqlens, cfg, qq.device)
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
-    st, final = _states(kl, v, wf, plan, cfg, H=H, reverse=False, init=kv0 if causal else None, causal=causal,
-                        sdt=_sdt_torch(qq.dtype))
+    fused = _fused(cfg, causal, S)
+    if not fused:
+        st, final = _states(kl, v, wf, plan, cfg, H=H, reverse=False, init=kv0 if causal else None, causal=causal,
+                            sdt=_sdt_torch(qq.dtype))
     # unwritten entries of A (above the diagonal, past a short chunk, the shape bound's slack rows)
     # are never read, but an op's outputs must be fully defined (torch.compile compares them)
     a = qq.new_zeros(plan.NC_alloc, H, C, C) if zero_a else qq.new_empty(plan.NC_alloc, H, C, C)
@@ -339,6 +391,10 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
             float(scale), S, H, C, LB, NMT, BG=BG, BS=cfg.bs, CAUSAL=causal, HAS_BIAS=bias is not None, PREC=PREC,
             num_warps=cfg.warps_fwd, num_stages=cfg.stages,
         )
+    if fused:
+        st, final = _states_gemm(kl, v, ql, a, wq, wf, o, plan, cfg, H=H, reverse=False, init=kv0,
+                                 sdt=_sdt_torch(qq.dtype))
+    elif plan.NC > 0:
         mc_gemm_kernel[(cdiv(E, cfg.be_fwd), plan.NC * NMT, H)](
             a, v, ql, st, wq, plan.ch_id if causal else plan.ch_seq, o, plan.ch_start, plan.ch_len,
             S, E, H, C, NMT, BG=BG, BE=cfg.be_fwd, BK=cfg.bk, TRANS=False, CAUSAL=causal, PREC=PREC, SDT=SDT,
@@ -389,15 +445,20 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     plan = _plan(B, T, H, S, E, C, cu_seqlens, cfg, dev)
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
     init = dkv.contiguous() if (causal and dkv is not None) else None
-    gst, gfinal = _states(ql, do, wq, plan, cfg, H=H, reverse=True, init=init, causal=causal,
-                          sdt=_sdt_torch(qq.dtype))
+    dv = torch.empty_like(v)
+    fused = _fused(cfg, causal, S)
+    if fused:  # G and dv = wf k_lin G_c + A_c^T do in one walk
+        gst, gfinal = _states_gemm(ql, do, kl, a, wf, wq, dv, plan, cfg, H=H, reverse=True, init=init,
+                                   sdt=_sdt_torch(qq.dtype))
+    else:
+        gst, gfinal = _states(ql, do, wq, plan, cfg, H=H, reverse=True, init=init, causal=causal,
+                              sdt=_sdt_torch(qq.dtype))
     idx = plan.ch_id if causal else plan.ch_seq
     bias, LB = _bias(rel_bias)
     need_db = need_db and bias is not None
     SDT, PREC = dot_config(qq.dtype)
     BG = cfg.bg
     NMT = cdiv(C, BG)
-    dv = torch.empty_like(v)
     dql, dkl = torch.empty_like(ql), torch.empty_like(kl)
     dqq, dkq = torch.empty_like(qq), torch.empty_like(kq)
     ds = qq.new_empty(plan.NC_alloc, H, C, C)
@@ -408,11 +469,12 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     if plan.NC > 0:
         b_ptr = bias if bias is not None else qq
         rows = plan.NC * NMT
-        mc_gemm_kernel[(cdiv(E, cfg.be_dv), rows, H)](
-            a, do, kl, gst, wf, idx, dv, plan.ch_start, plan.ch_len,
-            S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
-            num_warps=cfg.warps_bwd, num_stages=cfg.stages,
-        )
+        if not fused:
+            mc_gemm_kernel[(cdiv(E, cfg.be_dv), rows, H)](
+                a, do, kl, gst, wf, idx, dv, plan.ch_start, plan.ch_len,
+                S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
+                num_warps=cfg.warps_bwd, num_stages=cfg.stages,
+            )
         mc_dp_kernel[(rows, NMT, H)](
             qq, kq, v, do, ds, b_ptr, plan.ch_start, plan.ch_len,
             float(scale), S, E, H, C, LB, NMT, BG=BG, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
