@@ -16,6 +16,9 @@ Run: ``lintime bench ops --cases flash --out DIR`` (CUDA only; ``benchmarks/gpu_
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 
 from lintime.bench import Result
@@ -246,6 +249,12 @@ def _variant_jobs(Ts, T_gau, S, E, C, tokens):
         LAUNCH_VARIANTS as MC_VARIANTS,
     )
 
+    # LINTIME_VARIANTS="default,walk_" times only the variants whose names start with one of the
+    # comma-separated prefixes (a GPU call's minutes are counted)
+    prefixes = tuple(p for p in os.environ.get("LINTIME_VARIANTS", "").split(",") if p)
+    if prefixes:
+        MC_VARIANTS = [(n, o) for n, o in MC_VARIANTS if n.startswith(prefixes)]
+        GAU_VARIANTS = [(n, o) for n, o in GAU_VARIANTS if n.startswith(prefixes)]
     jobs = []
     for T in Ts:
         B = max(1, tokens // T)
@@ -318,6 +327,9 @@ def case_profile(results, quick=False, T=32768, S=128, E=2048, C=256, tokens=TOK
     from torch.profiler import ProfilerActivity, profile
 
     from lintime.ops import gau_attention, mixed_chunk_attention
+    from lintime.ops.gau.triton.plan import variant_blocks
+    from lintime.ops.mixed_chunk.triton import triton_mixed_chunk_attention
+    from lintime.ops.mixed_chunk.triton.mixed_chunk import LAUNCH_VARIANTS as MC_VARIANTS
 
     def report(tag, fn, n=5):
         fn()
@@ -344,11 +356,18 @@ def case_profile(results, quick=False, T=32768, S=128, E=2048, C=256, tokens=TOK
     rb = _rand(1, 2 * C - 1, scale=0.1)
     do = torch.randn(B, T, 1, E, device="cuda", dtype=torch.bfloat16)
 
-    def mc():
-        o, _ = mixed_chunk_attention(*xs, rel_bias=rb, chunk_size=C)
+    def mc(blocks=None):
+        if blocks is None:
+            o, _ = mixed_chunk_attention(*xs, rel_bias=rb, chunk_size=C)
+        else:
+            o, _ = triton_mixed_chunk_attention(*xs, rel_bias=rb, chunk_size=C, blocks=blocks)
         torch.autograd.grad(o, xs + [rb], do)
 
     report(f"mixed_chunk T={T}", mc)
+    # LINTIME_PROFILE_VARIANTS="walk_fused,...": the same profile for those mixed chunk launch variants
+    for name in (n for n in os.environ.get("LINTIME_PROFILE_VARIANTS", "").split(",") if n):
+        overrides = dict(MC_VARIANTS)[name]
+        report(f"mixed_chunk {name} T={T}", functools.partial(mc, variant_blocks(overrides, S, E, torch.bfloat16, C)))
     Tg = 4096
     Bg = tokens // Tg
     q, k = _rand(Bg, Tg, 1, S, scale=0.5), _rand(Bg, Tg, 1, S, scale=0.5)
