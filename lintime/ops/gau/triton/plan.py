@@ -39,7 +39,8 @@ class Blocks:
     of the chunk-state walk, ``seg_chunks`` chunks per segment of that walk (0 = automatic),
     ``warps_fwd`` / ``warps_bwd`` / ``stages`` the launch settings; ``fuse_walk`` 1: causal calls
     run the state walk and the output / dV GEMM as one kernel (``mc_walk_gemm_kernel``, for
-    ``S <= 128``) with ``be_walk``-wide ``E`` tiles and ``warps_walk`` warps.
+    ``S <= 128``) with ``be_walk``-wide ``E`` tiles and ``warps_walk`` warps.  GAU's ``gau_order`` 1:
+    causal calls launch the programs of the heaviest tiles first.
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -67,6 +68,7 @@ class Blocks:
     fuse_walk: int = 0
     be_walk: int = 64
     warps_walk: int = 4
+    gau_order: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -103,10 +105,10 @@ def default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None = None) -> 
 
 @functools.lru_cache(maxsize=64)
 def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: bool) -> Blocks:
-    if interp:  # the fused walk + GEMM of mixed chunk by default; the variant "walk_unfused" runs the other path
+    if interp:
         return Blocks(bm=16, bs=16, be_fwd=16, be_dv=16, be_red=16, warps_fwd=1, warps_bwd=1, stages=1,
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
-                      be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, fuse_walk=1, be_walk=16,
+                      be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, fuse_walk=0, be_walk=16,
                       warps_walk=1)
     # Promoted variants, each CUDA-tested and faster in device time on an H200 (2026-11-22, S = 128,
     # E = 2048, C = 256; docs/notes/kernels_flash.md): mixed chunk 4 warps and 3 stages ("w4_s3") and

@@ -89,13 +89,15 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("g1", {"seg_chunks": 1}),  # one chunk per segment: a walk per chunk + a scan over all chunks
     ("one_seg", {"seg_chunks": 1 << 20}),  # one segment per sequence: no scan, no second walk
     # the causal state walk fused with the output / dV GEMM (mc_walk_gemm_kernel): no second walk, no
-    # separate GEMM, the state of the current chunk read from registers
+    # separate GEMM, the state of the current chunk from registers.  Slower on an H200 (2026-11-22 08:27 UTC,
+    # CUDA-graph fwd+bwd at 2k / 32k: default 0.93 / 1.08 ms, walk_fused 1.14 / 1.31, with 8 warps 1.73 / 1.89,
+    # be_walk 32 1.55 / 1.69): each program walks its chunks one after another, 4 row tiles and the state
+    # update per chunk, ~20 us per chunk -- the separate GEMM's 8192 independent programs hide latency better
     ("walk_fused", {"fuse_walk": 1}),
-    ("walk_fused_w8", {"fuse_walk": 1, "warps_walk": 8}),
-    ("walk_fused_be128_w8", {"fuse_walk": 1, "be_walk": 128, "warps_walk": 8}),
-    ("walk_fused_be32", {"fuse_walk": 1, "be_walk": 32}),
-    ("walk_fused_one_seg", {"fuse_walk": 1, "seg_chunks": 1 << 20}),
-    ("walk_unfused", {"fuse_walk": 0}),  # the separate walk + GEMM (the interpreter's default is fused)
+    ("walk_fused_be128_w8", {"fuse_walk": 1, "be_walk": 128, "warps_walk": 8}),  # 1.26 / 1.40
+    ("walk_fused_one_seg", {"fuse_walk": 1, "seg_chunks": 1 << 20}),  # 1.14 / 5.57
+    ("walk_fused_g2", {"fuse_walk": 1, "seg_chunks": 2}),  # shorter walks, more programs
+    ("walk_fused_g4", {"fuse_walk": 1, "seg_chunks": 4}),
 )
 
 
