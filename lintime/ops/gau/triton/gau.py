@@ -57,8 +57,12 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("bm128_w8", {"bm": 128, "be_fwd": 128, "warps_gau": 8, "warps_gau_fwd": 8, "warps_gau_dv": 8}),
     ("be256_w8", {"be_fwd": 256, "be_dv": 256, "warps_gau": 8, "warps_gau_fwd": 8, "warps_gau_dv": 8}),  # half the score recomputation per E
     ("ered256", {"be_red_gau": 256}),
-    ("heavy_first", {"gau_order": 1}),  # causal: the programs of the longest tiles start first
-    ("heavy_first_s3", {"gau_order": 1, "stages_gau": 3}),
+    # causal: the programs of the longest tiles start first (H200, 2026-11-22 08:33 UTC, CUDA-graph fwd /
+    # fwd+bwd at 4k: default 2.58 / 7.57 ms, both passes heavy first 2.78 / 7.51, and with 3 stages 2.19 / 7.51)
+    ("heavy_first", {"gau_order": 3}),
+    ("heavy_first_s3", {"gau_order": 3, "stages_gau": 3}),
+    ("bwd_heavy_fwd_s3", {"gau_order": 2, "stages_gau_fwd": 3}),  # each pass its better setting
+    ("heavy_fwd_s3", {"gau_order": 3, "stages_gau_fwd": 3}),
     ("s3", {"stages_gau": 3}),  # H200 4k: fwd 2.26 vs 2.58 ms, fwd+bwd 7.86 vs 7.93 (2026-11-22, not promoted)
 )
 
@@ -91,10 +95,11 @@ def _build_plan(B, T, cu_seqlens, bm, device):
     return tables, reg.numel(), longest
 
 
-def _tile_tables(tables, cfg: Blocks, causal: bool, side: str):
-    """``(TILE_REG, TILE_OFF)`` in the order the kernels' programs take them: natural, or with
-    ``gau_order`` and causal attention heaviest first (``side`` 'q': query tiles, 'k': key tiles)."""
-    if cfg.gau_order and causal:
+def _tile_tables(tables, cfg: Blocks, causal: bool, side: str, bwd: bool):
+    """``(TILE_REG, TILE_OFF)`` in the order the kernels' programs take them: natural, or with the
+    ``gau_order`` bit of the pass (bit 0 forward, bit 1 backward) and causal attention heaviest
+    first (``side`` 'q': query tiles, 'k': key tiles)."""
+    if (cfg.gau_order >> int(bwd)) & 1 and causal:
         return tables[4:6] if side == "q" else tables[6:8]
     return tables[0:2]
 
@@ -125,7 +130,7 @@ def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
     tables, NT, _ = _plan(B, T, cu_seqlens, cfg.bm, q.device)
     if NT == 0:
         return o
-    t_reg, t_off = _tile_tables(tables, cfg, causal, "q")
+    t_reg, t_off = _tile_tables(tables, cfg, causal, "q", bwd=False)
     r_start, r_len = tables[2:4]
     bias, LB = _bias(rel_bias, H)
     grid = (cdiv(E, cfg.be_fwd), NT, H)
@@ -134,7 +139,8 @@ def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
         t_reg, t_off, r_start, r_len,
         float(scale), S, E, H, LB, T - 1,
         BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_fwd, CAUSAL=causal, HAS_BIAS=bias is not None,
-        ONE_S=cfg.bs_gau >= S, PREC=dot_config(q.dtype)[1], num_warps=cfg.warps_gau_fwd, num_stages=cfg.stages_gau,
+        ONE_S=cfg.bs_gau >= S, PREC=dot_config(q.dtype)[1], num_warps=cfg.warps_gau_fwd,
+        num_stages=cfg.stages_gau_fwd or cfg.stages_gau,
     )
     return o
 
@@ -178,13 +184,13 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
         b_ptr = bias if bias is not None else q
         relu2_bwd_dv_kernel[(cdiv(E, cfg.be_dv), NT, H)](
             q, k, do, dv, b_ptr,
-            *_tile_tables(tables, cfg, causal, "k"), r_start, r_len,
+            *_tile_tables(tables, cfg, causal, "k", bwd=True), r_start, r_len,
             float(scale), S, E, H, LB, T - 1,
             BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_dv, num_warps=cfg.warps_gau_dv, **common,
         )
         relu2_bwd_dqk_kernel[(NT, H)](
             q, k, v, do, dq32, dk32, db_tiles, b_ptr,
-            *_tile_tables(tables, cfg, causal, "q"), r_start, r_len,
+            *_tile_tables(tables, cfg, causal, "q", bwd=True), r_start, r_len,
             float(scale), S, E, H, LB, T - 1, ntd,
             BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red_gau, NEED_DB=need_db, num_warps=cfg.warps_gau, **common,
         )

@@ -39,8 +39,9 @@ class Blocks:
     of the chunk-state walk, ``seg_chunks`` chunks per segment of that walk (0 = automatic),
     ``warps_fwd`` / ``warps_bwd`` / ``stages`` the launch settings; ``fuse_walk`` 1: causal calls
     run the state walk and the output / dV GEMM as one kernel (``mc_walk_gemm_kernel``, for
-    ``S <= 128``) with ``be_walk``-wide ``E`` tiles and ``warps_walk`` warps.  GAU's ``gau_order`` 1:
-    causal calls launch the programs of the heaviest tiles first.
+    ``S <= 128``) with ``be_walk``-wide ``E`` tiles and ``warps_walk`` warps.  GAU's ``gau_order``: bit 0
+    (forward) and bit 1 (backward) launch the programs of the heaviest tiles first in causal calls;
+    ``stages_gau_fwd`` the forward's pipeline stages (0: ``stages_gau``).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -69,6 +70,7 @@ class Blocks:
     be_walk: int = 64
     warps_walk: int = 4
     gau_order: int = 0
+    stages_gau_fwd: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -131,7 +133,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
 # Fields of :class:`Blocks` that change only how a kernel is launched, not what a program computes:
 # the interpreter ignores them, so variants touching nothing else are checked on CUDA only.
 LAUNCH_ONLY_FIELDS = frozenset({"warps_fwd", "warps_bwd", "warps_gau", "warps_gau_fwd", "warps_gau_dv", "stages",
-                                "stages_gau", "warps_walk"})
+                                "stages_gau", "warps_walk", "stages_gau_fwd"})
 
 
 def variant_blocks(overrides: dict, S: int, E: int, dtype: torch.dtype, C: int | None = None) -> Blocks:
