@@ -41,7 +41,9 @@ class Blocks:
     run the state walk and the output / dV GEMM as one kernel (``mc_walk_gemm_kernel``, for
     ``S <= 128``) with ``be_walk``-wide ``E`` tiles and ``warps_walk`` warps.  GAU's ``gau_order``: bit 0
     (forward) and bit 1 (backward) launch the programs of the heaviest tiles first in causal calls;
-    ``stages_gau_fwd`` the forward's pipeline stages (0: ``stages_gau``).
+    ``stages_gau_fwd`` the forward's pipeline stages (0: ``stages_gau``).  Mixed chunk's
+    ``local_walk`` 1: segmented walks store segment-local states, then ``seg_fix_kernel`` adds the
+    segments' starts (no scan, no second walk).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -71,6 +73,7 @@ class Blocks:
     warps_walk: int = 4
     gau_order: int = 0
     stages_gau_fwd: int = 0
+    local_walk: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]

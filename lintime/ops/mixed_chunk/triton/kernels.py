@@ -431,3 +431,51 @@ def mc_walk_gemm_kernel(
         b_h += wu * b_d
     if STORE_TOT:
         tl.store(TOT + (i_g.to(tl.int64) * H + i_h) * S * E + o_se, b_h, mask=m_se)
+
+
+@triton.jit
+def seg_fix_kernel(
+    HOUT, TOT, INIT, FINAL, SEG_FIRST, SEG_N, SEG_SEQ, SEQ_PTR,
+    S, E, H,
+    BS: tl.constexpr, BE: tl.constexpr, REVERSE: tl.constexpr, HAS_INIT: tl.constexpr,
+):
+    """Turn segment-local per-chunk states into global ones: ``HOUT[c] += start(segment)``, where
+    ``start`` = the initial state + the totals of the sequence's segments walked before this one;
+    the last segment (in walk order) also writes the sequence's final state.  With the walk from
+    zero at every segment (``chunk_state_kernel`` with ``STORE`` and no start) this replaces the
+    segment scan and the second walk.  Grid ``(S tiles * E tiles, segments, H)``."""
+    i_se, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    NE = tl.cdiv(E, BE)
+    i_s, i_e = i_se // NE, i_se % NE
+    o_s = i_s * BS + tl.arange(0, BS)
+    o_e = i_e * BE + tl.arange(0, BE)
+    o_se = o_s[:, None] * E + o_e[None, :]
+    m_se = (o_s < S)[:, None] & (o_e < E)[None, :]
+    i_n = tl.load(SEG_SEQ + i_g)
+    g0 = tl.load(SEQ_PTR + i_n)
+    g1 = tl.load(SEQ_PTR + i_n + 1)
+    b_st = tl.zeros([BS, BE], dtype=tl.float32)
+    if HAS_INIT:
+        b_st += tl.load(INIT + (i_n.to(tl.int64) * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
+    if REVERSE:  # segments after this one come first in the walk
+        lo = i_g + 1
+        hi = g1
+    else:
+        lo = g0
+        hi = i_g
+    for g in range(lo, hi):
+        b_st += tl.load(TOT + (g * H + i_h).to(tl.int64) * S * E + o_se, mask=m_se, other=0.0)
+    if HAS_INIT or hi > lo:
+        c0 = tl.load(SEG_FIRST + i_g)
+        nc = tl.load(SEG_N + i_g)
+        for i in range(nc):
+            p = HOUT + ((c0 + i).to(tl.int64) * H + i_h) * S * E + o_se
+            b_h = tl.load(p, mask=m_se, other=0.0).to(tl.float32)
+            tl.store(p, (b_h + b_st).to(HOUT.dtype.element_ty), mask=m_se)
+    if REVERSE:
+        last = i_g == g0
+    else:
+        last = i_g == g1 - 1
+    if last:
+        b_tot = tl.load(TOT + (i_g.to(tl.int64) * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
+        tl.store(FINAL + (i_n.to(tl.int64) * H + i_h) * S * E + o_se, b_st + b_tot, mask=m_se)

@@ -56,6 +56,7 @@ from lintime.ops.mixed_chunk.triton.kernels import (
     mc_gemm_kernel,
     mc_scores_kernel,
     mc_walk_gemm_kernel,
+    seg_fix_kernel,
 )
 from lintime.ops.triton_common import (
     cdiv,
@@ -98,6 +99,10 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("walk_fused_one_seg", {"fuse_walk": 1, "seg_chunks": 1 << 20}),  # 1.14 / 5.57
     ("walk_fused_g2", {"fuse_walk": 1, "seg_chunks": 2}),  # shorter walks, more programs
     ("walk_fused_g4", {"fuse_walk": 1, "seg_chunks": 4}),
+    # long sequences: one walk from zero per segment (local states + totals) and one pass adding the
+    # segments' starts, instead of a totals walk, the scan and a second walk
+    ("local_walk", {"local_walk": 1}),
+    ("local_walk_g4", {"local_walk": 1, "seg_chunks": 4}),
 )
 
 
@@ -283,6 +288,18 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt):
         final = init.clone() if init is not None else torch.zeros(plan.N, H, S, E, **f32)
         if plan.NSEG > 0:
             final.index_copy_(0, plan.seg_seq.long(), tot[: plan.NSEG])
+        return hout, final
+    if cfg.local_walk:
+        # one walk from zero at every segment writes segment-local states and totals; one pass adds
+        # each segment's start (init + the totals walked before it) and writes the final states
+        _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=True, hout=hout, tot=tot)
+        final = init.clone() if init is not None else torch.zeros(plan.N, H, S, E, **f32)  # (empty sequences)
+        if plan.NSEG > 0:
+            BS, BE = min(64, cfg.bs_state), cfg.be_state
+            seg_fix_kernel[(cdiv(S, BS) * cdiv(E, BE), plan.NSEG, H)](
+                hout, tot, init if init is not None else tot, final, plan.seg_first, plan.seg_n, plan.seg_seq,
+                plan.seq_ptr, S, E, H, BS=BS, BE=BE, REVERSE=reverse, HAS_INIT=init is not None, num_warps=4,
+            )
         return hout, final
     _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=False, hout=hout, tot=tot)
     start, final = _scan(tot, plan, H=H, S=S, E=E, reverse=reverse, init=init, store_start=True)
