@@ -65,6 +65,11 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("natural_order_s2", {"gau_order": 0, "stages_gau_fwd": 0}),  # the default before 08:40 UTC
     ("bwd_heavy", {"gau_order": 2}),
     ("heavy_s3", {"stages_gau": 3}),
+    # dq/dk kernel: atomics contention (every program starts at key tile 0; programs on one tile diagonal
+    # add to one bias-gradient block)
+    ("rev_keys", {"gau_rev_keys": 1}),
+    ("db_split8", {"gau_db_split": 8}),
+    ("rev_keys_db_split8", {"gau_rev_keys": 1, "gau_db_split": 8}),
 )
 
 
@@ -177,7 +182,8 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
     need_db = need_db and bias is not None
     ntd = 2 * cdiv(max(longest, 1), cfg.bm) - 1
     # (no bias gradient: a 1-element placeholder the kernel never touches, not a fill)
-    db_tiles = (torch.zeros((H, ntd, cfg.bm, cfg.bm), dtype=torch.float32, device=q.device) if need_db
+    nsplit = max(1, cfg.gau_db_split)
+    db_tiles = (torch.zeros((nsplit, H, ntd, cfg.bm, cfg.bm), dtype=torch.float32, device=q.device) if need_db
                 else torch.empty(1, dtype=torch.float32, device=q.device))
     if NT > 0:
         common = {"CAUSAL": causal, "HAS_BIAS": bias is not None, "ONE_S": cfg.bs_gau >= S,
@@ -192,13 +198,14 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
         relu2_bwd_dqk_kernel[(NT, H)](
             q, k, v, do, dq32, dk32, db_tiles, b_ptr,
             *_tile_tables(tables, cfg, causal, "q", bwd=True), r_start, r_len,
-            float(scale), S, E, H, LB, T - 1, ntd,
-            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red_gau, NEED_DB=need_db, num_warps=cfg.warps_gau, **common,
+            float(scale), S, E, H, LB, T - 1, ntd, nsplit,
+            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red_gau, NEED_DB=need_db, REV_KEYS=bool(cfg.gau_rev_keys),
+            num_warps=cfg.warps_gau, **common,
         )
     else:
         dv.zero_()
     if need_db:
-        db = fold_bias_grad(db_tiles, LB, T - 1, cfg.bm).to(rel_bias.dtype)
+        db = fold_bias_grad(db_tiles.sum(0) if nsplit > 1 else db_tiles[0], LB, T - 1, cfg.bm).to(rel_bias.dtype)
     else:
         db = q.new_empty(0)
     return dq32.to(q.dtype), dk32.to(k.dtype), dv, db

@@ -147,13 +147,16 @@ def relu2_bwd_dv_kernel(
 def relu2_bwd_dqk_kernel(
     Q, K, V, DO, DQ, DK, DB, BIAS,
     TILE_REG, TILE_OFF, REG_START, REG_LEN,
-    scale, S, E, H, LB, OFF, NTD,
+    scale, S, E, H, LB, OFF, NTD, NSPLIT,
     BM: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DB: tl.constexpr, ONE_S: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, REV_KEYS: tl.constexpr,
 ):
     """Per row tile: ``DQ`` (fp32, this program's rows only), ``DK`` (fp32 atomics) and the bias
-    gradient per tile diagonal; grid ``(tiles, H)``."""
+    gradient per tile diagonal into ``DB [NSPLIT, H, NTD, BM, BM]`` (program ``i`` adds to copy
+    ``i % NSPLIT``: fewer programs contend for one address; the host sums the copies); grid
+    ``(tiles, H)``.  ``REV_KEYS``: key tiles from the diagonal down (programs that run together then
+    add to different ``DK`` rows, instead of all starting at key tile 0)."""
     i_t, i_h = tl.program_id(0), tl.program_id(1)
     r = tl.load(TILE_REG + i_t)
     m0 = tl.load(TILE_OFF + i_t)
@@ -175,7 +178,13 @@ def relu2_bwd_dqk_kernel(
     else:
         hi = rl
     mid = (NTD - 1) // 2
-    for n0 in range(0, hi, BM):
+    nk = tl.cdiv(hi, BM)
+    p_dbs = DB + ((i_t % NSPLIT) * H + i_h).to(tl.int64) * NTD * BM * BM
+    for j in range(nk):
+        if REV_KEYS:
+            n0 = (nk - 1 - j) * BM
+        else:
+            n0 = j * BM
         o_n = n0 + tl.arange(0, BM)
         m_n = o_n < rl
         rows_n = (rs + o_n) * H + i_h
@@ -197,7 +206,7 @@ def relu2_bwd_dqk_kernel(
         b_ds = tl.where(keep, 2.0 * tl.maximum(b_s, 0.0) * b_dp, 0.0)  # d relu(s)^2 / ds
         if NEED_DB:
             td = (m0 - n0) // BM + mid
-            p_db = DB + ((i_h * NTD + td) * BM + o_b[:, None]) * BM + o_b[None, :]
+            p_db = p_dbs + (td * BM + o_b[:, None]) * BM + o_b[None, :]
             tl.atomic_add(p_db, b_ds, sem="relaxed")
         b_ds = b_ds * scale
         if ONE_S:

@@ -43,7 +43,8 @@ class Blocks:
     (forward) and bit 1 (backward) launch the programs of the heaviest tiles first in causal calls;
     ``stages_gau_fwd`` the forward's pipeline stages (0: ``stages_gau``).  Mixed chunk's
     ``local_walk`` 1: segmented walks store segment-local states, then ``seg_fix_kernel`` adds the
-    segments' starts (no scan, no second walk).
+    segments' starts (no scan, no second walk).  GAU's dq/dk kernel: ``gau_rev_keys`` 1 walks key
+    tiles from the diagonal down, ``gau_db_split`` copies of the bias-gradient blocks (contention).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -74,6 +75,8 @@ class Blocks:
     gau_order: int = 0
     stages_gau_fwd: int = 0
     local_walk: int = 0
+    gau_rev_keys: int = 0
+    gau_db_split: int = 1
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
