@@ -71,6 +71,10 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("rev_keys", {"gau_rev_keys": 1}),
     ("db_split8", {"gau_db_split": 8}),
     ("rev_keys_db_split8", {"gau_rev_keys": 1, "gau_db_split": 8}),
+    # two key tiles per pass over E in the dq/dk kernel: its do tiles read from L2 half as often
+    ("pair", {"gau_pair": 1}),
+    ("pair_ered64", {"gau_pair": 1, "be_red_gau": 64}),
+    ("pair_w8", {"gau_pair": 1, "warps_gau": 8}),
 )
 
 
@@ -201,6 +205,7 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
             *_tile_tables(tables, cfg, causal, "q", bwd=True), r_start, r_len,
             float(scale), S, E, H, LB, T - 1, ntd, nsplit,
             BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red_gau, NEED_DB=need_db, REV_KEYS=bool(cfg.gau_rev_keys),
+            PAIR=bool(cfg.gau_pair),
             num_warps=cfg.warps_gau, **common,
         )
     else:

@@ -144,19 +144,69 @@ def relu2_bwd_dv_kernel(
 
 
 @triton.jit
+def _dqk_tile(b_dp, n0, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs, mid,
+              K, DQ, DK, BIAS, scale, S, H, LB, OFF,
+              BM: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+              NEED_DB: tl.constexpr, ONE_S: tl.constexpr, PREC: tl.constexpr):
+    """Key tile ``n0`` of :func:`relu2_bwd_dqk_kernel` once ``dp = do . v^T`` is known: scores, ``ds``,
+    the bias gradient, ``dq`` (returned, or read-modify-written when ``S`` is tiled) and ``dk``."""
+    o_s = tl.arange(0, BS)
+    o_b = tl.arange(0, BM)
+    o_n = n0 + tl.arange(0, BM)
+    m_n = o_n < rl
+    rows_n = (rs + o_n) * H + i_h
+    p_k = K + rows_n * S
+    b_s = _tile_scores(p_q, p_k, m_m, m_n, S, o_s, b_q, ONE_S, BS, PREC, BM, BM) * scale
+    if HAS_BIAS:
+        b_s += tl.load(BIAS + i_h * LB + OFF + o_m[:, None] - o_n[None, :],
+                       mask=m_m[:, None] & m_n[None, :], other=0.0)
+    keep = m_m[:, None] & m_n[None, :]
+    if CAUSAL:
+        keep = keep & (o_n[None, :] <= o_m[:, None])
+    b_ds = tl.where(keep, 2.0 * tl.maximum(b_s, 0.0) * b_dp, 0.0)  # d relu(s)^2 / ds
+    if NEED_DB:
+        td = (m0 - n0) // BM + mid
+        p_db = p_dbs + (td * BM + o_b[:, None]) * BM + o_b[None, :]
+        tl.atomic_add(p_db, b_ds, sem="relaxed")
+    b_ds = b_ds * scale
+    if ONE_S:
+        m_s = o_s < S
+        b_k = tl.load(p_k[:, None] + o_s[None, :], mask=m_n[:, None] & m_s[None, :], other=0.0)
+        b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=PREC)
+        b_dk = tl.dot(tl.trans(b_ds.to(b_q.dtype)), b_q, input_precision=PREC)
+        tl.atomic_add(DK + rows_n[:, None] * S + o_s[None, :], b_dk, mask=m_n[:, None] & m_s[None, :],
+                      sem="relaxed")
+    else:
+        for s0 in range(0, S, BS):
+            m_s = (s0 + o_s) < S
+            b_k = tl.load(p_k[:, None] + s0 + o_s[None, :], mask=m_n[:, None] & m_s[None, :], other=0.0)
+            b_qs = tl.load(p_q[:, None] + s0 + o_s[None, :], mask=m_m[:, None] & m_s[None, :], other=0.0)
+            p_dq = DQ + rows_m[:, None] * S + s0 + o_s[None, :]
+            m_dq = m_m[:, None] & m_s[None, :]
+            # only this program writes these rows of DQ: a plain read-modify-write
+            b_dqs = tl.load(p_dq, mask=m_dq, other=0.0)
+            tl.store(p_dq, b_dqs + tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=PREC), mask=m_dq)
+            b_dk = tl.dot(tl.trans(b_ds.to(b_qs.dtype)), b_qs, input_precision=PREC)
+            tl.atomic_add(DK + rows_n[:, None] * S + s0 + o_s[None, :], b_dk,
+                          mask=m_n[:, None] & m_s[None, :], sem="relaxed")
+    return b_dq
+
+
+@triton.jit
 def relu2_bwd_dqk_kernel(
     Q, K, V, DO, DQ, DK, DB, BIAS,
     TILE_REG, TILE_OFF, REG_START, REG_LEN,
     scale, S, E, H, LB, OFF, NTD, NSPLIT,
     BM: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DB: tl.constexpr, ONE_S: tl.constexpr,
-    PREC: tl.constexpr, REV_KEYS: tl.constexpr,
+    PREC: tl.constexpr, REV_KEYS: tl.constexpr, PAIR: tl.constexpr,
 ):
     """Per row tile: ``DQ`` (fp32, this program's rows only), ``DK`` (fp32 atomics) and the bias
     gradient per tile diagonal into ``DB [NSPLIT, H, NTD, BM, BM]`` (program ``i`` adds to copy
     ``i % NSPLIT``: fewer programs contend for one address; the host sums the copies); grid
     ``(tiles, H)``.  ``REV_KEYS``: key tiles from the diagonal down (programs that run together then
-    add to different ``DK`` rows, instead of all starting at key tile 0)."""
+    add to different ``DK`` rows, instead of all starting at key tile 0).  ``PAIR``: two key tiles per
+    pass over ``E`` (each ``do`` tile read once for both)."""
     i_t, i_h = tl.program_id(0), tl.program_id(1)
     r = tl.load(TILE_REG + i_t)
     m0 = tl.load(TILE_OFF + i_t)
@@ -180,54 +230,55 @@ def relu2_bwd_dqk_kernel(
     mid = (NTD - 1) // 2
     nk = tl.cdiv(hi, BM)
     p_dbs = DB + ((i_t % NSPLIT) * H + i_h).to(tl.int64) * NTD * BM * BM
-    for j in range(nk):
-        if REV_KEYS:
-            n0 = (nk - 1 - j) * BM
-        else:
+    if PAIR:  # two key tiles per pass over E: each do tile is read once for both
+        for j in range(0, nk, 2):
             n0 = j * BM
-        o_n = n0 + tl.arange(0, BM)
-        m_n = o_n < rl
-        rows_n = (rs + o_n) * H + i_h
-        # dp = do . v^T, reduced over all of E
-        b_dp = tl.zeros([BM, BM], dtype=tl.float32)
-        for e0 in range(0, E, BE):
-            m_e = (e0 + o_eb) < E
-            b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_eb[None, :], mask=m_m[:, None] & m_e[None, :], other=0.0)
-            b_v = tl.load(V + rows_n[:, None] * E + e0 + o_eb[None, :], mask=m_n[:, None] & m_e[None, :], other=0.0)
-            b_dp += tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
-        p_k = K + rows_n * S
-        b_s = _tile_scores(p_q, p_k, m_m, m_n, S, o_s, b_q, ONE_S, BS, PREC, BM, BM) * scale
-        if HAS_BIAS:
-            b_s += tl.load(BIAS + i_h * LB + OFF + o_m[:, None] - o_n[None, :],
-                           mask=m_m[:, None] & m_n[None, :], other=0.0)
-        keep = m_m[:, None] & m_n[None, :]
-        if CAUSAL:
-            keep = keep & (o_n[None, :] <= o_m[:, None])
-        b_ds = tl.where(keep, 2.0 * tl.maximum(b_s, 0.0) * b_dp, 0.0)  # d relu(s)^2 / ds
-        if NEED_DB:
-            td = (m0 - n0) // BM + mid
-            p_db = p_dbs + (td * BM + o_b[:, None]) * BM + o_b[None, :]
-            tl.atomic_add(p_db, b_ds, sem="relaxed")
-        b_ds = b_ds * scale
-        if ONE_S:
-            m_s = o_s < S
-            b_k = tl.load(p_k[:, None] + o_s[None, :], mask=m_n[:, None] & m_s[None, :], other=0.0)
-            b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=PREC)
-            b_dk = tl.dot(tl.trans(b_ds.to(b_q.dtype)), b_q, input_precision=PREC)
-            tl.atomic_add(DK + rows_n[:, None] * S + o_s[None, :], b_dk, mask=m_n[:, None] & m_s[None, :],
-                          sem="relaxed")
-        else:
-            for s0 in range(0, S, BS):
-                m_s = (s0 + o_s) < S
-                b_k = tl.load(p_k[:, None] + s0 + o_s[None, :], mask=m_n[:, None] & m_s[None, :], other=0.0)
-                b_qs = tl.load(p_q[:, None] + s0 + o_s[None, :], mask=m_m[:, None] & m_s[None, :], other=0.0)
-                p_dq = DQ + rows_m[:, None] * S + s0 + o_s[None, :]
-                m_dq = m_m[:, None] & m_s[None, :]
-                # only this program writes these rows of DQ: a plain read-modify-write
-                b_dqs = tl.load(p_dq, mask=m_dq, other=0.0)
-                tl.store(p_dq, b_dqs + tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=PREC), mask=m_dq)
-                b_dk = tl.dot(tl.trans(b_ds.to(b_qs.dtype)), b_qs, input_precision=PREC)
-                tl.atomic_add(DK + rows_n[:, None] * S + s0 + o_s[None, :], b_dk,
-                              mask=m_n[:, None] & m_s[None, :], sem="relaxed")
+            n1 = n0 + BM
+            o_n0 = n0 + tl.arange(0, BM)
+            o_n1 = n1 + tl.arange(0, BM)
+            m_n0 = o_n0 < rl
+            m_n1 = o_n1 < hi  # past the last key tile of this row tile: nothing to read
+            rows_n0 = (rs + o_n0) * H + i_h
+            rows_n1 = (rs + o_n1) * H + i_h
+            b_dp0 = tl.zeros([BM, BM], dtype=tl.float32)
+            b_dp1 = tl.zeros([BM, BM], dtype=tl.float32)
+            for e0 in range(0, E, BE):
+                m_e = (e0 + o_eb) < E
+                b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_eb[None, :], mask=m_m[:, None] & m_e[None, :],
+                               other=0.0)
+                b_v0 = tl.load(V + rows_n0[:, None] * E + e0 + o_eb[None, :], mask=m_n0[:, None] & m_e[None, :],
+                               other=0.0)
+                b_v1 = tl.load(V + rows_n1[:, None] * E + e0 + o_eb[None, :], mask=m_n1[:, None] & m_e[None, :],
+                               other=0.0)
+                b_dp0 += tl.dot(b_do, tl.trans(b_v0), input_precision=PREC)
+                b_dp1 += tl.dot(b_do, tl.trans(b_v1), input_precision=PREC)
+            b_dq = _dqk_tile(b_dp0, n0, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs, mid,
+                             K, DQ, DK, BIAS, scale, S, H, LB, OFF,
+                             BM, BS, CAUSAL, HAS_BIAS, NEED_DB, ONE_S, PREC)
+            if n1 < hi:
+                b_dq = _dqk_tile(b_dp1, n1, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs, mid,
+                                 K, DQ, DK, BIAS, scale, S, H, LB, OFF,
+                                 BM, BS, CAUSAL, HAS_BIAS, NEED_DB, ONE_S, PREC)
+    else:
+        for j in range(nk):
+            if REV_KEYS:
+                n0 = (nk - 1 - j) * BM
+            else:
+                n0 = j * BM
+            o_n = n0 + tl.arange(0, BM)
+            m_n = o_n < rl
+            rows_n = (rs + o_n) * H + i_h
+            # dp = do . v^T, reduced over all of E
+            b_dp = tl.zeros([BM, BM], dtype=tl.float32)
+            for e0 in range(0, E, BE):
+                m_e = (e0 + o_eb) < E
+                b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_eb[None, :], mask=m_m[:, None] & m_e[None, :],
+                               other=0.0)
+                b_v = tl.load(V + rows_n[:, None] * E + e0 + o_eb[None, :], mask=m_n[:, None] & m_e[None, :],
+                              other=0.0)
+                b_dp += tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
+            b_dq = _dqk_tile(b_dp, n0, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs, mid,
+                             K, DQ, DK, BIAS, scale, S, H, LB, OFF,
+                             BM, BS, CAUSAL, HAS_BIAS, NEED_DB, ONE_S, PREC)
     if ONE_S:
         tl.store(DQ + rows_m[:, None] * S + o_s[None, :], b_dq, mask=m_m[:, None] & (o_s < S)[None, :])

@@ -44,7 +44,8 @@ class Blocks:
     ``stages_gau_fwd`` the forward's pipeline stages (0: ``stages_gau``).  Mixed chunk's
     ``local_walk`` 1: segmented walks store segment-local states, then ``seg_fix_kernel`` adds the
     segments' starts (no scan, no second walk).  GAU's dq/dk kernel: ``gau_rev_keys`` 1 walks key
-    tiles from the diagonal down, ``gau_db_split`` copies of the bias-gradient blocks (contention).
+    tiles from the diagonal down, ``gau_db_split`` copies of the bias-gradient blocks (contention), ``gau_pair`` 1
+    reduces ``do . v`` for two key tiles per pass over ``E``.
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -77,6 +78,7 @@ class Blocks:
     local_walk: int = 0
     gau_rev_keys: int = 0
     gau_db_split: int = 1
+    gau_pair: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
