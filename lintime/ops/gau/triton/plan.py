@@ -119,13 +119,14 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
         return Blocks(bm=16, bs=16, be_fwd=16, be_dv=16, be_red=16, warps_fwd=1, warps_bwd=1, stages=1,
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
                       be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, fuse_walk=0, be_walk=16,
-                      warps_walk=1, gau_order=3, stages_gau_fwd=0, local_walk=1)
+                      warps_walk=1, gau_order=3, stages_gau_fwd=0, local_walk=1, gau_pair=1)
     # Promoted variants, each CUDA-tested and faster in device time on an H200 (2026-11-22, S = 128,
     # E = 2048, C = 256; docs/notes/kernels_flash.md): mixed chunk 4 warps and 3 stages ("w4_s3") and
     # [64, 64] chunk-matrix tiles ("bg64": 0.999 -> 0.925 ms fwd+bwd at 2k, 1.151 -> 1.081 at 32k);
     # GAU E step 128 in its do . v reduction ("ered128"); then (08:40 UTC) GAU's heaviest tiles first in both
     # passes and 3 stages in its forward ("heavy_fwd_s3": 7.59 -> 6.92 ms fwd+bwd at 4k) and mixed chunk's
-    # segment-local walk + start fix-up ("local_walk": 1.08 -> 0.99 ms at 32k, the same at 2k)
+    # segment-local walk + start fix-up ("local_walk": 1.08 -> 0.99 ms at 32k, the same at 2k); then (09:05
+    # UTC) GAU's dq/dk kernel reducing do . v for two key tiles per pass over E ("pair": 6.84 -> 6.38 ms at 4k)
     bg = 128 if C is None else min(64, pow2_at_least(C))
     if C is None:  # GAU: its forward takes 256-wide E tiles with 8 warps (half the score recomputation
         # per E; the forward of the CUDA-tested variant "be256_w8": 2.91 -> 2.57 ms at T = 4k, H200,
@@ -137,7 +138,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
         bm=64, bs=64, be_fwd=be_fwd, be_dv=128, be_red=64, warps_fwd=4, warps_bwd=4, stages=3,
         bg=bg, bk=64, bt=64, bs_state=min(128, pow2_at_least(S)), be_state=64, seg_chunks=0,
         bs_gau=min(128, pow2_at_least(S)), warps_gau=4, be_red_gau=128, stages_gau=2, warps_gau_fwd=warps_gau_fwd,
-        gau_order=3, stages_gau_fwd=3, local_walk=1,
+        gau_order=3, stages_gau_fwd=3, local_walk=1, gau_pair=1,
     )
 
 
