@@ -60,18 +60,18 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("ered256", {"be_red_gau": 256}),
     # causal: the programs of the longest tiles start first (H200, 2026-11-22 08:33 UTC, CUDA-graph fwd /
     # fwd+bwd at 4k: default then 2.58 / 7.57 ms, both passes heavy first 2.78 / 7.51, with 3 stages 2.19 /
-    # 7.51); 08:40 UTC: heaviest first in both passes + 3 stages in the forward only 2.20 / 6.92 (the default
+    # 7.51); 08:37 UTC: heaviest first in both passes + 3 stages in the forward only 2.20 / 6.92 (the default
     # since), forward in natural order 2.27 / 6.99, the default before 2.58 / 7.59
-    ("natural_order_s2", {"gau_order": 0, "stages_gau_fwd": 0}),  # the default before 08:40 UTC
+    ("natural_order_s2", {"gau_order": 0, "stages_gau_fwd": 0}),  # the default before 08:37 UTC
     ("bwd_heavy", {"gau_order": 2}),
     ("heavy_s3", {"stages_gau": 3}),
     # dq/dk kernel: atomics contention (every program starts at key tile 0; programs on one tile diagonal
-    # add to one bias-gradient block)?  No: H200 08:52 UTC, fwd+bwd at 4k: default 6.89 ms, rev_keys 7.19,
+    # add to one bias-gradient block)?  No: H200 08:47 UTC, fwd+bwd at 4k: default 6.89 ms, rev_keys 7.19,
     # db_split8 6.95, both 7.21 -- contention is not what bounds the kernel
     ("rev_keys", {"gau_rev_keys": 1}),
     ("db_split8", {"gau_db_split": 8}),
     ("rev_keys_db_split8", {"gau_rev_keys": 1, "gau_db_split": 8}),
-    # two key tiles per pass over E in the dq/dk kernel: its do tiles read from L2 half as often (H200 09:05
+    # two key tiles per pass over E in the dq/dk kernel: its do tiles read from L2 half as often (H200 08:54
     # UTC, fwd+bwd at 4k: 6.38 vs 6.84 ms, the default since; E step 64 6.60, 8 warps 7.20)
     ("no_pair", {"gau_pair": 0}),
     ("pair_ered64", {"be_red_gau": 64}),

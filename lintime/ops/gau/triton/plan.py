@@ -123,9 +123,9 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
     # Promoted variants, each CUDA-tested and faster in device time on an H200 (2026-11-22, S = 128,
     # E = 2048, C = 256; docs/notes/kernels_flash.md): mixed chunk 4 warps and 3 stages ("w4_s3") and
     # [64, 64] chunk-matrix tiles ("bg64": 0.999 -> 0.925 ms fwd+bwd at 2k, 1.151 -> 1.081 at 32k);
-    # GAU E step 128 in its do . v reduction ("ered128"); then (08:40 UTC) GAU's heaviest tiles first in both
+    # GAU E step 128 in its do . v reduction ("ered128"); then (08:37 UTC) GAU's heaviest tiles first in both
     # passes and 3 stages in its forward ("heavy_fwd_s3": 7.59 -> 6.92 ms fwd+bwd at 4k) and mixed chunk's
-    # segment-local walk + start fix-up ("local_walk": 1.08 -> 0.99 ms at 32k, the same at 2k); then (09:05
+    # segment-local walk + start fix-up ("local_walk": 1.08 -> 0.99 ms at 32k, the same at 2k); then (08:54
     # UTC) GAU's dq/dk kernel reducing do . v for two key tiles per pass over E ("pair": 6.84 -> 6.38 ms at 4k)
     bg = 128 if C is None else min(64, pow2_at_least(C))
     if C is None:  # GAU: its forward takes 256-wide E tiles with 8 warps (half the score recomputation

@@ -100,7 +100,7 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("walk_fused_g2", {"fuse_walk": 1, "seg_chunks": 2}),  # shorter walks, more programs
     ("walk_fused_g4", {"fuse_walk": 1, "seg_chunks": 4}),
     # long sequences: one walk from zero per segment (local states + totals) and seg_fix_kernel adding the
-    # segments' starts (the default since 2026-11-22 08:40 UTC: 0.92 / 0.99 ms at 2k / 32k vs 0.92 / 1.08,
+    # segments' starts (the default since 2026-11-22 08:37 UTC: 0.92 / 0.99 ms at 2k / 32k vs 0.92 / 1.08,
     # H200, device) instead of a totals walk, the scan and a second walk ("two_walks", the default before)
     ("two_walks", {"local_walk": 0}),
     ("local_walk_g4", {"seg_chunks": 4}),  # 0.97 / 1.05
