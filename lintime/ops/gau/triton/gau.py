@@ -75,6 +75,10 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # UTC, fwd+bwd at 4k: 6.38 vs 6.84 ms, the default since; E step 64 6.60, 8 warps 7.20)
     ("no_pair", {"gau_pair": 0}),
     ("pair_ered64", {"be_red_gau": 64}),
+    # wider E tiles with fewer warps: the dV pass recomputes its scores once per E tile (at 128 wide its
+    # score recomputation equals its useful work); the forward at 512 wide
+    ("dv_be256_w4", {"be_dv": 256}),
+    ("fwd_be512_w8_s2", {"be_fwd": 512, "stages_gau_fwd": 2}),
 )
 
 
