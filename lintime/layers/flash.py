@@ -11,6 +11,8 @@ The layer (the block owns the pre-norm and the residual)::
     a = mixed_chunk_attention(qq, kq, ql, kl, v)                    # seed Eqs. 6-8, SPEC 2.3
     y = dense(u * a)                                                # seed Section 3.2, O_g
 
+The first three lines are one call of :func:`lintime.ops.gau_heads` (a fused kernel on CUDA).
+
 Inside a chunk ``a`` is ``sum_j relu(q.k * scale + b[i-j])^2 v_j`` with the chunk-local Toeplitz
 bias (seed Code 4, ``max_len = C``: a direct table below 512, RoPE-built from 512); across chunks
 it is the linear attention over the earlier chunks' tokens, divided by ``linear_norm``:
@@ -38,14 +40,13 @@ import dataclasses
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from lintime.layers._rows import append_kv, dense_attention, empty_cache, from_rows, to_rows
 from lintime.layers.attention import KVCache
 from lintime.layers.base import BatchState, Mixer
-from lintime.layers.gau import ScaleOffset, longest_sequence
-from lintime.layers.positional import ToeplitzRelativeBias, apply_rope
-from lintime.ops import MixedChunkState, mixed_chunk_attention
+from lintime.layers.gau import ScaleOffset, heads_backend, longest_sequence
+from lintime.layers.positional import ToeplitzRelativeBias
+from lintime.ops import MixedChunkState, gau_heads, mixed_chunk_attention
 from lintime.ops.utils import chunk_layout
 
 LINEAR_NORMS = ("tokens", "chunk", "none")
@@ -171,8 +172,9 @@ class FLASH(Mixer):
     ) -> tuple[torch.Tensor, FLASHState | None]:
         B, T, _ = x.shape
         e, s = self.e, self.s
-        u, v, z = F.silu(self.proj(x)).split([e, e, s], dim=-1)
-        heads = apply_rope(self.heads(z), positions, self.rope_base)  # [B, T, 4 or 6, s]
+        # silu, split, the scale + offset heads and RoPE: one fused op ([B, T, e] x 2, [B, T, 4 or 6, s])
+        u, v, heads = gau_heads(self.proj(x), self.heads.gamma, self.heads.beta, positions, e=e, s=s,
+                                rope_base=self.rope_base, backend=heads_backend(self.backend))
         qq, kq, ql, kl = (heads[:, :, i : i + 1] for i in range(4))  # [B, T, 1, s] each
         v = v[:, :, None]  # [B, T, 1, e]
         scale, diag = self._quad_scale_and_bias()

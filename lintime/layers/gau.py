@@ -11,6 +11,8 @@ The layer (the block owns the pre-norm and the residual, see :mod:`lintime.layer
     a       = attention(q, k, v)                        # seed Eq. 5, below
     y       = dense(u * a)                              # seed Eq. 3
 
+The first three lines are one call of :func:`lintime.ops.gau_heads` (a fused kernel on CUDA).
+
 Attention (``rel_bias`` ``b`` = Toeplitz bias, seed Code 4; ``N_i`` the normaliser)::
 
     kernel='relu2', scaling='n'  (seed Code 6):   a_i = sum_j relu(q_i.k_j / N_i + b[i-j])^2 v_j
@@ -31,13 +33,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from lintime.layers._rows import append_kv, bias_diagonals, dense_attention, empty_cache, from_rows, to_rows
 from lintime.layers.attention import KVCache
 from lintime.layers.base import Mixer
-from lintime.layers.positional import ToeplitzRelativeBias, apply_rope
-from lintime.ops import gau_attention
+from lintime.layers.positional import ToeplitzRelativeBias
+from lintime.ops import gau_attention, gau_heads
 from lintime.ops.utils import chunk_layout
 
 KERNELS = ("relu2", "softmax")
@@ -70,6 +71,12 @@ class ScaleOffset(nn.Module):
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}, dim={self.dim}"
+
+
+def heads_backend(backend: str | None) -> str | None:
+    """The :func:`~lintime.ops.gau_heads` backend of a layer built with attention ``backend``: the
+    same one where the heads op has it (``naive`` / ``chunk`` / ``triton``), else automatic."""
+    return backend if backend in ("naive", "chunk", "triton") else None
 
 
 def longest_sequence(T: int, cu_seqlens: torch.Tensor | None) -> int:
@@ -247,14 +254,10 @@ class GAU(Mixer):
     ) -> tuple[torch.Tensor, KVCache | None]:
         B, T, _ = x.shape
         H, e, s = self.n_heads, self.e, self.s
-        h = F.silu(self.proj(x))
-        if self.gating:
-            u, v, z = h.split([e, e, s], dim=-1)  # [B, T, e], [B, T, e], [B, T, s]
-        else:
-            u, (v, z) = None, h.split([e, s], dim=-1)
-        q, k = self.qk(z).unbind(-2)  # [B, T, s] each
-        q = apply_rope(q.reshape(B, T, H, s // H), positions, self.rope_base)
-        k = apply_rope(k.reshape(B, T, H, s // H), positions, self.rope_base)
+        # silu, split, the scale + offset heads and RoPE per attention head: one fused op
+        u, v, qk = gau_heads(self.proj(x), self.qk.gamma, self.qk.beta, positions, e=e, s=s, gating=self.gating,
+                             rope_base=self.rope_base, rope_heads=H, backend=heads_backend(self.backend))
+        q, k = (qk[:, :, i].reshape(B, T, H, s // H) for i in range(2))  # [B, T, H, s/H] views
         v = v.reshape(B, T, H, e // H)
         if state is None:
             a, new_state = self._full(q, k, v, positions, cu_seqlens), None

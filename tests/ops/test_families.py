@@ -16,6 +16,7 @@ FAMILIES = {
     "linear": ["linear_attention"],
     "gla": ["gated_linear_attention"],
     "vq": ["vq_attention", "VQState"],
+    "gau_heads": ["gau_heads"],
 }
 
 

@@ -1,0 +1,43 @@
+"""GAU / FLASH heads as PyTorch composites (any device), autograd for the gradients.
+
+This is, operation for operation, what the GAU and FLASH layers computed before the op existed:
+``F.silu`` on the whole projection, ``split``, the ScaleOffset product and sum in ``h``'s dtype,
+then RoPE with its angles in fp32 (fp64 for fp64 inputs) and the result cast back -- so on the
+CPU the layers give exactly their former outputs.  Half-precision inputs round after each step
+(silu, product, sum, rotation); the fused kernel rounds only once.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lintime.ops.utils import acc_dtype
+
+
+def rope_groups(x: torch.Tensor, positions: torch.Tensor, base: float, groups: int) -> torch.Tensor:
+    """RoPE (seed Code 3, two-halves layout) on ``x [B, T, nh, s]``, each of the ``groups`` runs of
+    ``D = s / groups`` features rotated on its own; angles ``p * base ** (-i / (D/2))`` in fp32
+    (fp64 for fp64 ``x``), the result in ``x``'s dtype."""
+    xg = x.unflatten(-1, (groups, x.shape[-1] // groups))  # [B, T, nh, groups, D]
+    half = xg.shape[-1] // 2
+    adt = acc_dtype(x)
+    inv_freq = base ** -(torch.arange(half, device=x.device, dtype=adt) / half)
+    ang = positions.to(adt)[..., None, None, None] * inv_freq  # [B, T, 1, 1, D/2]
+    cos, sin = ang.cos(), ang.sin()
+    xf = xg.to(adt)
+    x1, x2 = xf[..., :half], xf[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype).flatten(-2)
+
+
+def chunk_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=10000.0, rope_heads=1):
+    """Same arguments and results as :func:`lintime.ops.gau_heads.naive.naive_gau_heads`; ``u``
+    and ``v`` are contiguous copies of their slices."""
+    a = F.silu(h)
+    if gating:
+        u, v, z = a.split([e, e, s], dim=-1)  # [B, T, e], [B, T, e], [B, T, s]
+    else:
+        u, (v, z) = None, a.split([e, s], dim=-1)
+    q = z[..., None, :] * gamma.to(z.dtype) + beta.to(z.dtype)  # [B, T, nh, s], the layers' ScaleOffset
+    heads = rope_groups(q, positions, rope_base, rope_heads)
+    return (None if u is None else u.contiguous()), v.contiguous(), heads

@@ -1,0 +1,171 @@
+"""Triton kernels of :func:`lintime.ops.gau_heads` (forward and backward).
+
+Notation: ``TT = B * T`` rows (tokens) of the flat ``[TT, W]`` projection ``h``, ``W = GE + S``
+with ``GE = 2E`` (gating) or ``E``; ``NH`` heads of width ``S``; RoPE groups of ``D = 2 HD``
+features (``S / D`` groups).  ``BT x BE`` tiles of ``u`` / ``v``; ``BTH`` rows per heads program;
+``BH`` (a power of two >= ``S / 2``) half-columns of the heads tiles.
+
+One 1-D grid of two kinds of programs: first ``NHB = cdiv(TT, BTH)`` *heads* programs (the heavier
+ones, scheduled first so that none is left for the tail), each owning the ``z`` columns of its rows
+and every head; then ``cdiv(TT, BT) * (NU + NE)`` *tile* programs, row-major over ``NU`` ``u``
+tiles (``NU = NE = cdiv(E, BE)`` with gating, 0 without) and ``NE`` ``v`` tiles.  Every element of
+``h`` is read by exactly one program, once.
+
+The heads program works on half-columns ``j < S / 2``: ``j`` is feature ``i = j % HD`` of group
+``j // HD``, whose two halves sit at ``c1 = (j // HD) D + i`` and ``c2 = c1 + HD`` -- so the
+rotation pairs ``(x1, x2)`` are two ``[BTH, BH]`` tiles and one ``cos / sin`` tile serves every
+head.  Everything is computed in fp32 registers and rounded once, when stored.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _silu_grad(x):
+    """``d silu / dx = sig(x) (1 + x (1 - sig(x)))`` (PyTorch's silu backward), fp32."""
+    sg = 1.0 / (1.0 + tl.exp(-x))
+    return sg * (1.0 + x * (1.0 - sg))
+
+
+@triton.jit
+def _tile(pid, NHB, TT, E, W, GATING: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr):
+    """The ``u`` / ``v`` tile of tile program ``pid``: whether it is ``v``, the offsets of its
+    elements in ``h [TT, W]`` and in ``u`` / ``v [TT, E]``, and their mask."""
+    NE = tl.cdiv(E, BE)
+    if GATING:
+        NU = NE
+    else:
+        NU = 0
+    q = pid - NHB
+    i_r, i_c = q // (NU + NE), q % (NU + NE)  # row-major (column-major measured no faster)
+    is_v = i_c >= NU
+    o_t = i_r.to(tl.int64) * BT + tl.arange(0, BT)
+    o_e = (i_c - is_v.to(tl.int32) * NU) * BE + tl.arange(0, BE)
+    if GATING:
+        c0 = is_v.to(tl.int32) * E  # v's columns follow u's
+    else:
+        c0 = 0
+    o_h = o_t[:, None] * W + (c0 + o_e)[None, :]
+    o_o = o_t[:, None] * E + o_e[None, :]
+    return is_v, o_h, o_o, (o_t < TT)[:, None] & (o_e < E)[None, :]
+
+
+@triton.jit
+def _rope_layout(freq, p_pos, i_r, TT, S: tl.constexpr, HD: tl.constexpr, BTH: tl.constexpr,
+                 BH: tl.constexpr):
+    """Rows ``o_t`` (int64) of heads program ``i_r``, the half-columns' feature offsets ``c1, c2``,
+    masks and the ``cos / sin [BTH, BH]`` tiles of the angles ``p * freq[i]`` (fp32, as RoPE in
+    the layers: the same fp32 position and inverse frequency, one rounded product)."""
+    o_t = i_r.to(tl.int64) * BTH + tl.arange(0, BTH)
+    m_t = o_t < TT
+    o_j = tl.arange(0, BH)
+    m_j = o_j < S // 2
+    o_i = o_j % HD
+    c1 = (o_j // HD) * (2 * HD) + o_i
+    c2 = c1 + HD
+    b_p = tl.load(p_pos + o_t, mask=m_t, other=0).to(tl.float32)
+    b_f = tl.load(freq + o_i, mask=m_j, other=0.)
+    b_a = b_p[:, None] * b_f[None, :]  # seed Code 3: angle = position * inv_freq
+    return o_t, c1, c2, m_j, m_t[:, None] & m_j[None, :], tl.cos(b_a), tl.sin(b_a)
+
+
+@triton.jit
+def gau_heads_fwd_kernel(
+    h, u, v, heads, gamma, beta, p_pos, freq,
+    TT, E, W,
+    S: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, GATING: tl.constexpr,
+    BT: tl.constexpr, BE: tl.constexpr, BTH: tl.constexpr, BH: tl.constexpr,
+):
+    """``u, v = silu(h[:, :GE])`` split, ``heads[:, n] = rope(silu(z) gamma[n] + beta[n])`` (gamma and
+    beta rounded to ``h``'s dtype, ScaleOffset's rule).  ``u`` is unused without ``GATING``."""
+    pid = tl.program_id(0)
+    DT = heads.dtype.element_ty
+    NHB = tl.cdiv(TT, BTH)
+    if pid < NHB:  # z and the heads
+        o_t, c1, c2, m_j, m_h, b_cos, b_sin = _rope_layout(freq, p_pos, pid, TT, S, HD, BTH, BH)
+        p_z = h + o_t[:, None] * W + (W - S)
+        b_z1 = tl.load(p_z + c1[None, :], mask=m_h, other=0.).to(tl.float32)
+        b_z2 = tl.load(p_z + c2[None, :], mask=m_h, other=0.).to(tl.float32)
+        b_z1 = b_z1 / (1.0 + tl.exp(-b_z1))  # silu (seed Code 6)
+        b_z2 = b_z2 / (1.0 + tl.exp(-b_z2))
+        for n in tl.static_range(NH):
+            b_g1 = tl.load(gamma + n * S + c1, mask=m_j, other=0.).to(DT).to(tl.float32)
+            b_g2 = tl.load(gamma + n * S + c2, mask=m_j, other=0.).to(DT).to(tl.float32)
+            b_b1 = tl.load(beta + n * S + c1, mask=m_j, other=0.).to(DT).to(tl.float32)
+            b_b2 = tl.load(beta + n * S + c2, mask=m_j, other=0.).to(DT).to(tl.float32)
+            b_q1 = b_z1 * b_g1[None, :] + b_b1[None, :]  # scale + offset (seed Code 6)
+            b_q2 = b_z2 * b_g2[None, :] + b_b2[None, :]
+            p_o = heads + (o_t[:, None] * NH + n) * S
+            tl.store(p_o + c1[None, :], (b_q1 * b_cos - b_q2 * b_sin).to(DT), mask=m_h)
+            tl.store(p_o + c2[None, :], (b_q2 * b_cos + b_q1 * b_sin).to(DT), mask=m_h)
+    else:  # a u or v tile: silu
+        is_v, o_h, o_o, m_e = _tile(pid, NHB, TT, E, W, GATING, BT, BE)
+        b_x = tl.load(h + o_h, mask=m_e, other=0.).to(tl.float32)
+        b_y = (b_x / (1.0 + tl.exp(-b_x))).to(DT)
+        if is_v:
+            tl.store(v + o_o, b_y, mask=m_e)
+        else:
+            tl.store(u + o_o, b_y, mask=m_e)
+
+
+@triton.jit
+def gau_heads_bwd_kernel(
+    h, du, dv, dheads, gamma, p_pos, freq, dh, dgamma_part, dbeta_part,
+    TT, E, W,
+    S: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, GATING: tl.constexpr,
+    HAS_DU: tl.constexpr, HAS_DV: tl.constexpr, HAS_DHEADS: tl.constexpr, NEED_DP: tl.constexpr,
+    BT: tl.constexpr, BE: tl.constexpr, BTH: tl.constexpr, BH: tl.constexpr,
+):
+    """``dh`` in one pass (absent output gradients count as zero) and, with ``NEED_DP``, each heads
+    program's partial sums of ``dgamma`` and ``dbeta`` (``[NH, S]`` fp32 at row ``pid`` of
+    ``dgamma_part`` / ``dbeta_part``; the caller sums them: deterministic).
+
+    The heads' backward: un-rotate (``dq1 = do1 cos + do2 sin``, ``dq2 = do2 cos - do1 sin``), then
+    ``dgamma[n] += dq silu(z)``, ``dbeta[n] += dq``, ``d silu(z) = sum_n dq gamma[n]``."""
+    pid = tl.program_id(0)
+    DT = dh.dtype.element_ty
+    NHB = tl.cdiv(TT, BTH)
+    if pid < NHB:
+        o_t, c1, c2, m_j, m_h, b_cos, b_sin = _rope_layout(freq, p_pos, pid, TT, S, HD, BTH, BH)
+        p_z = h + o_t[:, None] * W + (W - S)
+        b_z1 = tl.load(p_z + c1[None, :], mask=m_h, other=0.).to(tl.float32)
+        b_z2 = tl.load(p_z + c2[None, :], mask=m_h, other=0.).to(tl.float32)
+        b_ds1 = tl.zeros([BTH, BH], dtype=tl.float32)  # d silu(z)
+        b_ds2 = tl.zeros([BTH, BH], dtype=tl.float32)
+        if HAS_DHEADS:
+            b_s1 = b_z1 / (1.0 + tl.exp(-b_z1))
+            b_s2 = b_z2 / (1.0 + tl.exp(-b_z2))
+            for n in tl.static_range(NH):
+                p_d = dheads + (o_t[:, None] * NH + n) * S
+                b_do1 = tl.load(p_d + c1[None, :], mask=m_h, other=0.).to(tl.float32)
+                b_do2 = tl.load(p_d + c2[None, :], mask=m_h, other=0.).to(tl.float32)
+                b_dq1 = b_do1 * b_cos + b_do2 * b_sin  # the transposed rotation
+                b_dq2 = b_do2 * b_cos - b_do1 * b_sin
+                b_g1 = tl.load(gamma + n * S + c1, mask=m_j, other=0.).to(DT).to(tl.float32)
+                b_g2 = tl.load(gamma + n * S + c2, mask=m_j, other=0.).to(DT).to(tl.float32)
+                b_ds1 += b_dq1 * b_g1[None, :]
+                b_ds2 += b_dq2 * b_g2[None, :]
+                if NEED_DP:  # padding rows hold dq = 0
+                    p_g = dgamma_part + (pid.to(tl.int64) * NH + n) * S
+                    p_b = dbeta_part + (pid.to(tl.int64) * NH + n) * S
+                    tl.store(p_g + c1, tl.sum(b_dq1 * b_s1, 0), mask=m_j)
+                    tl.store(p_g + c2, tl.sum(b_dq2 * b_s2, 0), mask=m_j)
+                    tl.store(p_b + c1, tl.sum(b_dq1, 0), mask=m_j)
+                    tl.store(p_b + c2, tl.sum(b_dq2, 0), mask=m_j)
+        p_dz = dh + o_t[:, None] * W + (W - S)
+        tl.store(p_dz + c1[None, :], (b_ds1 * _silu_grad(b_z1)).to(DT), mask=m_h)
+        tl.store(p_dz + c2[None, :], (b_ds2 * _silu_grad(b_z2)).to(DT), mask=m_h)
+    else:  # a u or v tile
+        is_v, o_h, o_o, m_e = _tile(pid, NHB, TT, E, W, GATING, BT, BE)
+        b_dy = tl.zeros([BT, BE], dtype=tl.float32)
+        if is_v:
+            if HAS_DV:
+                b_dy = tl.load(dv + o_o, mask=m_e, other=0.).to(tl.float32)
+        else:
+            if HAS_DU:
+                b_dy = tl.load(du + o_o, mask=m_e, other=0.).to(tl.float32)
+        b_x = tl.load(h + o_h, mask=m_e, other=0.).to(tl.float32)
+        tl.store(dh + o_h, (b_dy * _silu_grad(b_x)).to(DT), mask=m_e)
