@@ -75,10 +75,14 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # UTC, fwd+bwd at 4k: 6.38 vs 6.84 ms, the default since; E step 64 6.60, 8 warps 7.20)
     ("no_pair", {"gau_pair": 0}),
     ("pair_ered64", {"be_red_gau": 64}),
-    # wider E tiles with fewer warps: the dV pass recomputes its scores once per E tile (at 128 wide its
-    # score recomputation equals its useful work); the forward at 512 wide
+    # wider E tiles: the dV pass recomputes its scores once per E tile (at 128 wide its score recomputation
+    # equals its useful work), the forward likewise.  H200 09:06 UTC, fwd / fwd+bwd at 4k: default then (forward
+    # 256 wide, 3 stages) 2.20 / 6.38 ms, forward 512 wide with 2 stages 1.55 / 5.73 (the default since), dV 256
+    # wide with 4 warps 2.20 / 6.67
+    ("fwd_be256_s3", {"be_fwd": 256, "stages_gau_fwd": 3}),  # the forward before 09:06 UTC
     ("dv_be256_w4", {"be_dv": 256}),
-    ("fwd_be512_w8_s2", {"be_fwd": 512, "stages_gau_fwd": 2}),
+    ("dv_be512_w8", {"be_dv": 512, "warps_gau_dv": 8}),
+    ("fwd_be1024_w16_s1", {"be_fwd": 1024, "warps_gau_fwd": 16, "stages_gau_fwd": 1}),
 )
 
 
