@@ -44,18 +44,18 @@ from lintime.ops.triton_common import cdiv, check_device, custom_op, dot_config
 # docs/notes/kernels_flash.md): E step 64 (the default before) 2.91 / 8.54, E step 128 2.91 / 7.93
 # (default since), "w8" 4.84 / 13.01, "bm128_w8" 3.04 / 9.00, "be256_w8" 2.57 / 9.20, "s3" 3.67 / 9.50.
 LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
-    ("default", {}),  # E step 128 in the dq/dk kernel's do . v reduction since 2026-11-22
-    ("ered64", {"be_red_gau": 64}),  # the default before (H200: 8.54 vs 7.93 ms fwd+bwd at 4k)
+    ("default", {}),  # plan.default_blocks; each promotion's measurement is noted there and below
     ("fwd_be128_w4", {"be_fwd": 128, "warps_gau_fwd": 4}),  # the forward before 2026-11-22 (2.91 vs 2.57 ms)
     ("fwd_be128_w8", {"be_fwd": 128}),
     # the forward's tiling for the dV pass (scores per 256 of E): 7.66 vs 7.63 ms at 4k -- no gain (H200,
     # 2026-11-22); 8 warps on 128-wide dV tiles 9.22
     ("dv_be256_w8", {"be_dv": 256, "warps_gau_dv": 8}),
-    ("dv_w8", {"warps_gau_dv": 8}),
+    ("dv_w8", {"be_dv": 128, "warps_gau_dv": 8}),
     ("w8", {"warps_gau": 8, "warps_gau_fwd": 8, "warps_gau_dv": 8}),  # 8 warps on the 64-row tiles
     # 128-row query / key tiles (with the 256-wide forward E tile: 288 KB of shared memory, over the limit; 2 stages
     # in its forward: 3 would need ~224 KB)
-    ("bm128_w8", {"bm": 128, "be_fwd": 128, "warps_gau": 8, "warps_gau_fwd": 8, "warps_gau_dv": 8, "stages_gau_fwd": 2}),
+    ("bm128_w8", {"bm": 128, "be_fwd": 128, "be_dv": 128, "warps_gau": 8, "warps_gau_fwd": 8, "warps_gau_dv": 8,
+                  "stages_gau_fwd": 2}),
     ("be256_w8", {"be_fwd": 256, "be_dv": 256, "warps_gau": 8, "warps_gau_fwd": 8, "warps_gau_dv": 8}),  # half the score recomputation per E
     ("ered256", {"be_red_gau": 256}),
     # causal: the programs of the longest tiles start first (H200, 2026-11-22 08:33 UTC, CUDA-graph fwd /
@@ -64,7 +64,6 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # since), forward in natural order 2.27 / 6.99, the default before 2.58 / 7.59
     ("natural_order_s2", {"gau_order": 0, "stages_gau_fwd": 0}),  # the default before 08:37 UTC
     ("bwd_heavy", {"gau_order": 2}),
-    ("heavy_s3", {"stages_gau": 3}),
     # dq/dk kernel: atomics contention (every program starts at key tile 0; programs on one tile diagonal
     # add to one bias-gradient block)?  No: H200 08:47 UTC, fwd+bwd at 4k: default 6.89 ms, rev_keys 7.19,
     # db_split8 6.95, both 7.21 -- contention is not what bounds the kernel
@@ -74,15 +73,15 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # two key tiles per pass over E in the dq/dk kernel: its do tiles read from L2 half as often (H200 08:54
     # UTC, fwd+bwd at 4k: 6.38 vs 6.84 ms, the default since; E step 64 6.60, 8 warps 7.20)
     ("no_pair", {"gau_pair": 0}),
-    ("pair_ered64", {"be_red_gau": 64}),
+    ("pair_ered64", {"be_red_gau": 64}),  # E step 64 (before pairs: 8.54 vs 7.93 ms with 128)
     # wider E tiles: the dV pass recomputes its scores once per E tile (at 128 wide its score recomputation
-    # equals its useful work), the forward likewise.  H200 09:06 UTC, fwd / fwd+bwd at 4k: default then (forward
+    # equals its useful work), the forward likewise.  H200 09:00 UTC, fwd / fwd+bwd at 4k: default then (forward
     # 256 wide, 3 stages) 2.20 / 6.38 ms, forward 512 wide with 2 stages 1.55 / 5.73 (the default since), dV 256
-    # wide with 4 warps 2.20 / 6.67
-    ("fwd_be256_s3", {"be_fwd": 256, "stages_gau_fwd": 3}),  # the forward before 09:06 UTC
-    ("dv_be256_w4", {"be_dv": 256}),
-    ("dv_be512_w8", {"be_dv": 512, "warps_gau_dv": 8}),
-    ("fwd_be1024_w16_s1", {"be_fwd": 1024, "warps_gau_fwd": 16, "stages_gau_fwd": 1}),
+    # wide with 4 warps 2.20 / 6.67.  09:04 UTC: dV 512 wide with 8 warps 1.54 / 4.83 vs 1.55 / 5.72 (the
+    # default since); a forward 1024 wide with 16 warps and 1 stage crashed Triton 3.6's compiler (removed)
+    ("fwd_be256_s3", {"be_fwd": 256, "stages_gau_fwd": 3}),  # the forward before 09:00 UTC
+    ("dv_be128_w4", {"be_dv": 128, "warps_gau_dv": 4}),  # the dV pass before 09:04 UTC
+    ("dv_be256_w4", {"be_dv": 256, "warps_gau_dv": 4}),
 )
 
 

@@ -131,16 +131,17 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
     if C is None:  # GAU: its forward takes 256-wide E tiles with 8 warps (half the score recomputation
         # per E; the forward of the CUDA-tested variant "be256_w8": 2.91 -> 2.57 ms at T = 4k, H200,
         # 2026-11-22); its backward keeps 128-wide tiles and 4 warps (8 warps cost it 50 %)
-        # since 2026-11-22 09:06 UTC 512-wide with 2 stages ("fwd_be512_w8_s2": 2.20 -> 1.55 ms, fwd+bwd
+        # since 2026-11-22 09:00 UTC 512-wide with 2 stages ("fwd_be512_w8_s2": 2.20 -> 1.55 ms, fwd+bwd
         # 6.38 -> 5.73 at 4k: a quarter of the score recomputation per E)
-        be_fwd, warps_gau_fwd, stages_gau_fwd = 512, 8, 2
-    else:  # mixed chunk's output GEMM
-        be_fwd, warps_gau_fwd, stages_gau_fwd = 128, 4, 3
+        # and its dV pass 512-wide with 8 warps ("dv_be512_w8", 09:04 UTC: fwd+bwd 5.72 -> 4.83 ms at 4k)
+        be_fwd, warps_gau_fwd, stages_gau_fwd, be_dv, warps_gau_dv = 512, 8, 2, 512, 8
+    else:  # mixed chunk's output GEMM and dV GEMM
+        be_fwd, warps_gau_fwd, stages_gau_fwd, be_dv, warps_gau_dv = 128, 4, 3, 128, 4
     return Blocks(
-        bm=64, bs=64, be_fwd=be_fwd, be_dv=128, be_red=64, warps_fwd=4, warps_bwd=4, stages=3,
+        bm=64, bs=64, be_fwd=be_fwd, be_dv=be_dv, be_red=64, warps_fwd=4, warps_bwd=4, stages=3,
         bg=bg, bk=64, bt=64, bs_state=min(128, pow2_at_least(S)), be_state=64, seg_chunks=0,
         bs_gau=min(128, pow2_at_least(S)), warps_gau=4, be_red_gau=128, stages_gau=2, warps_gau_fwd=warps_gau_fwd,
-        gau_order=3, stages_gau_fwd=stages_gau_fwd, local_walk=1, gau_pair=1,
+        gau_order=3, stages_gau_fwd=stages_gau_fwd, local_walk=1, gau_pair=1, warps_gau_dv=warps_gau_dv,
     )
 
 
