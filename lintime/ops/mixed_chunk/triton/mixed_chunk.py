@@ -105,7 +105,7 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("two_walks", {"local_walk": 0}),
     ("local_walk_g4", {"seg_chunks": 4}),  # 0.97 / 1.05
     # all of S (128) in one step / tile: dq_lin, dk_lin read each do / v row tile once instead of per S tile.
-    # No gain (H200 09:19 UTC, fwd+bwd 2k / 32k: default 0.923 / 0.979 ms, bs128 0.930 / 0.986, with 8 warps in
+    # No gain (H200 09:13 UTC, fwd+bwd 2k / 32k: default 0.923 / 0.979 ms, bs128 0.930 / 0.986, with 8 warps in
     # the backward 0.977 / 1.033)
     ("bs128", {"bs": 128}),
     ("bs128_w8", {"bs": 128, "warps_bwd": 8}),
