@@ -1,0 +1,76 @@
+"""Per-kernel device time of one FLASH layer forward + backward (d = 1024, bf16, 32k tokens) on a GPU,
+grouped into projections (cuBLAS GEMMs), mixed chunk attention, the gau_heads prologue and the rest.
+
+Usage (GPU machine): ``PYTHONPATH=. python3 benchmarks/profile_flash_layer.py [T]``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+from lintime.layers.flash import FLASH
+from lintime.layers.positional import token_positions
+
+
+def main(T: int = 4096, d: int = 1024, tokens: int = 32768, n: int = 5) -> None:
+    B = max(1, tokens // T)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(d)
+            self.mixer = FLASH(d, expansion_dim=2 * d, key_dim=128, chunk_size=256, causal=True)
+
+        def forward(self, x, pos):
+            return x + self.mixer(self.norm(x), positions=pos)[0]
+
+    block = Block().cuda().to(torch.bfloat16)
+    x = torch.randn(B, T, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    pos = token_positions(B, T, device="cuda")
+    g = torch.randn_like(x)
+
+    def step():
+        y = block(x, pos)
+        y.backward(g)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    groups: dict[str, float] = {}
+    rows = []
+    for ev in prof.key_averages():
+        dt = (getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)) / n / 1000.0
+        if dt <= 0:
+            continue
+        k = ev.key
+        if any(s in k for s in ("gemm", "Gemm", "sm90_xmma", "cutlass", "nvjet", "ampere")):
+            grp = "projections (cuBLAS)"
+        elif k.startswith(("mc_", "chunk_state", "seg_fix", "seg_scan")):
+            grp = "mixed chunk attention"
+        elif "heads" in k:
+            grp = "gau_heads prologue"
+        elif "layer_norm" in k.lower() or "LayerNorm" in k:
+            grp = "LayerNorm"
+        else:
+            grp = "other elementwise / reductions"
+        groups[grp] = groups.get(grp, 0.0) + dt
+        rows.append((dt, k[:70], ev.count // n))
+    total = sum(groups.values())
+    print(f"FLASH layer d={d} T={T} B={B} bf16: device {total:.3f} ms per fwd+bwd")
+    for grp, ms in sorted(groups.items(), key=lambda kv: -kv[1]):
+        print(f"  {ms:7.3f} ms  {100 * ms / total:5.1f} %  {grp}")
+    print("kernels:")
+    for dt, k, c in sorted(rows, reverse=True)[:25]:
+        print(f"  {dt:7.3f} ms  x{c:<3d} {k}")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 4096)
