@@ -44,6 +44,9 @@ def main(T: int = 4096, d: int = 1024, tokens: int = 32768, n: int = 5) -> None:
         for _ in range(n):
             step()
         torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof_ops:
+        step()
+        torch.cuda.synchronize()
     groups: dict[str, float] = {}
     rows = []
     for ev in prof.key_averages():
@@ -51,10 +54,10 @@ def main(T: int = 4096, d: int = 1024, tokens: int = 32768, n: int = 5) -> None:
         if dt <= 0:
             continue
         k = ev.key
-        if any(s in k for s in ("gemm", "Gemm", "sm90_xmma", "cutlass", "nvjet", "ampere")):
-            grp = "projections (cuBLAS)"
-        elif k.startswith(("mc_", "chunk_state", "seg_fix", "seg_scan")):
+        if k.startswith(("mc_", "chunk_state", "seg_fix", "seg_scan")):  # (mc_gemm_kernel: before "gemm")
             grp = "mixed chunk attention"
+        elif any(s in k for s in ("gemm", "Gemm", "sm90_xmma", "cutlass", "nvjet", "ampere")):
+            grp = "projections (cuBLAS)"
         elif "heads" in k:
             grp = "gau_heads prologue"
         elif "layer_norm" in k.lower() or "LayerNorm" in k:
@@ -69,6 +72,14 @@ def main(T: int = 4096, d: int = 1024, tokens: int = 32768, n: int = 5) -> None:
         print(f"  {ms:7.3f} ms  {100 * ms / total:5.1f} %  {grp}")
     print("kernels:")
     for dt, k, c in sorted(rows, reverse=True)[:25]:
+        print(f"  {dt:7.3f} ms  x{c:<3d} {k}")
+    print("PyTorch ops by their own device time (one step):")
+    ops = []
+    for ev in prof_ops.key_averages():
+        dt = (getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0)) / 1000.0
+        if dt > 0 and ev.key.startswith("aten::"):
+            ops.append((dt, ev.key, ev.count))
+    for dt, k, c in sorted(ops, reverse=True)[:20]:
         print(f"  {dt:7.3f} ms  x{c:<3d} {k}")
 
 
