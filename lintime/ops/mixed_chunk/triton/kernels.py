@@ -143,12 +143,14 @@ def mc_gemm_kernel(
     A, Y, L, ST, W, ST_IDX, OUT, CH_START, CH_LEN,
     S, E, H, C, NMT,
     BG: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
-    TRANS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
+    TRANS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr, TRI: tl.constexpr,
 ):
     """``OUT[rows, E tile] = w_c L[rows] ST[idx_c] + A_c[rows, :] Y`` (``TRANS``: ``A_c^T``).
 
     Forward: ``L = q_lin, ST = H, w = wq, Y = v`` gives ``o``; backward with ``TRANS``:
-    ``L = k_lin, ST = G, w = wf, Y = do`` gives ``dv``.  Grid ``(E tiles, NC * NMT, H)``.
+    ``L = k_lin, ST = G, w = wf, Y = do`` gives ``dv``.  Grid ``(E tiles, NC * NMT, H)`` with ``BG``
+    this kernel's row tile; ``TRI``: the row tile is larger than the tile of ``A``'s kernels, so the
+    causal block it reads includes ``A`` tiles above the diagonal, never written -- masked here.
     """
     i_e = tl.program_id(0)
     c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
@@ -189,10 +191,16 @@ def mc_gemm_kernel(
     for k0 in range(lo, hi, BK):
         o_kk = k0 + o_k
         m_k = o_kk < hi
+        m_a = m_m[:, None] & m_k[None, :]
+        if TRI:
+            if TRANS:
+                m_a = m_a & (o_kk[None, :] >= o_m[:, None])
+            else:
+                m_a = m_a & (o_kk[None, :] <= o_m[:, None])
         if TRANS:
-            b_a = tl.load(p_a + o_kk[None, :] * C + o_m[:, None], mask=m_m[:, None] & m_k[None, :], other=0.0)
+            b_a = tl.load(p_a + o_kk[None, :] * C + o_m[:, None], mask=m_a, other=0.0)
         else:
-            b_a = tl.load(p_a + o_m[:, None] * C + o_kk[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
+            b_a = tl.load(p_a + o_m[:, None] * C + o_kk[None, :], mask=m_a, other=0.0)
         b_y = tl.load(Y + ((cs + o_kk) * H + i_h)[:, None] * E + o_e[None, :], mask=m_k[:, None] & m_e[None, :],
                       other=0.0)
         acc = tl.dot(b_a, b_y, acc, input_precision=PREC)

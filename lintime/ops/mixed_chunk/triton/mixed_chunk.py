@@ -109,6 +109,12 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # the backward 0.977 / 1.033)
     ("bs128", {"bs": 128}),
     ("bs128_w8", {"bs": 128, "warps_bwd": 8}),
+    # output / dV GEMMs on 128- or 256-row tiles (a whole chunk at C = 256): H_c, the v / do rows and the
+    # A rows read once per chunk and E tile instead of once per 64-row tile; GEMM-shaped dots (M = 128 / 256)
+    # at the price of the masked upper part of the diagonal block
+    ("gemm128", {"bg_gemm": 128}),
+    ("gemm128_w8", {"bg_gemm": 128, "warps_gemm": 8}),
+    ("gemm256_w8", {"bg_gemm": 256, "warps_gemm": 8}),
 )
 
 
@@ -354,6 +360,14 @@ def _states_gemm(x, y, l, a, w_out, w_upd, out, plan: _Plan, cfg, *, H, reverse,
     return hout, final
 
 
+def _gemm_tiles(cfg: Blocks, C: int, warps: int):
+    """Row tile, row tiles per chunk and warps of the output / dV GEMMs: ``bg_gemm`` (0: the chunk
+    matrices' tile ``bg``) capped at the chunk, ``warps_gemm`` (0: the pass's warps)."""
+    bgm = cfg.bg_gemm or cfg.bg
+    bgm = max(cfg.bg, min(bgm, next_pow2(C)))
+    return bgm, cdiv(C, bgm), cfg.warps_gemm or warps
+
+
 def _bias(rel_bias):
     if rel_bias is None:
         return None, 1
@@ -420,10 +434,11 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
         st, final = _states_gemm(kl, v, ql, a, wq, wf, o, plan, cfg, H=H, reverse=False, init=kv0,
                                  sdt=_sdt_torch(qq.dtype))
     elif plan.NC > 0:
-        mc_gemm_kernel[(cdiv(E, cfg.be_fwd), plan.NC * NMT, H)](
+        BGM, NMTG, warps = _gemm_tiles(cfg, C, cfg.warps_fwd)
+        mc_gemm_kernel[(cdiv(E, cfg.be_fwd), plan.NC * NMTG, H)](
             a, v, ql, st, wq, plan.ch_id if causal else plan.ch_seq, o, plan.ch_start, plan.ch_len,
-            S, E, H, C, NMT, BG=BG, BE=cfg.be_fwd, BK=cfg.bk, TRANS=False, CAUSAL=causal, PREC=PREC, SDT=SDT,
-            num_warps=cfg.warps_fwd, num_stages=cfg.stages,
+            S, E, H, C, NMTG, BG=BGM, BE=cfg.be_fwd, BK=cfg.bk, TRANS=False, CAUSAL=causal, PREC=PREC, SDT=SDT,
+            TRI=causal and BGM > BG, num_warps=warps, num_stages=cfg.stages,
         )
     if not causal:
         final = qq.new_empty(0, dtype=torch.float32)
@@ -495,10 +510,11 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
         b_ptr = bias if bias is not None else qq
         rows = plan.NC * NMT
         if not fused:
-            mc_gemm_kernel[(cdiv(E, cfg.be_dv), rows, H)](
+            BGM, NMTG, warps = _gemm_tiles(cfg, C, cfg.warps_bwd)
+            mc_gemm_kernel[(cdiv(E, cfg.be_dv), plan.NC * NMTG, H)](
                 a, do, kl, gst, wf, idx, dv, plan.ch_start, plan.ch_len,
-                S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
-                num_warps=cfg.warps_bwd, num_stages=cfg.stages,
+                S, E, H, C, NMTG, BG=BGM, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
+                TRI=causal and BGM > BG, num_warps=warps, num_stages=cfg.stages,
             )
         mc_dp_kernel[(rows, NMT, H)](
             qq, kq, v, do, ds, b_ptr, plan.ch_start, plan.ch_len,
