@@ -111,7 +111,7 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("bs128_w8", {"bs": 128, "warps_bwd": 8}),
     # output / dV GEMMs on 128- or 256-row tiles (a whole chunk at C = 256): H_c, the v / do rows and the
     # A rows read once per chunk and E tile instead of once per 64-row tile; GEMM-shaped dots (M = 128 / 256)
-    # at the price of the masked upper part of the diagonal block.  Slower (H200 09:27 UTC, fwd+bwd at 2k / 32k:
+    # at the price of the masked upper part of the diagonal block.  Slower (H200 09:24 UTC, fwd+bwd at 2k / 32k:
     # default 0.927 / 0.982 ms, gemm128 0.945 / 1.004, gemm128_w8 1.107 / 1.167, gemm256_w8 1.066 / 1.130): the
     # 64-row tiles' 8192 programs hide latency better than fewer, larger ones save traffic
     ("gemm128", {"bg_gemm": 128}),
