@@ -9,26 +9,15 @@ from __future__ import annotations
 import sys
 
 import torch
-from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from lintime.layers.flash import FLASH
+from lintime.bench.cases_flash import flash_block
 from lintime.layers.positional import token_positions
 
 
 def main(T: int = 4096, d: int = 1024, tokens: int = 32768, n: int = 5) -> None:
     B = max(1, tokens // T)
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm = nn.LayerNorm(d)
-            self.mixer = FLASH(d, expansion_dim=2 * d, key_dim=128, chunk_size=256, causal=True)
-
-        def forward(self, x, pos):
-            return x + self.mixer(self.norm(x), positions=pos)[0]
-
-    block = Block().cuda().to(torch.bfloat16)
+    block = flash_block(d).cuda().to(torch.bfloat16)  # the block `lintime bench ops` times
     x = torch.randn(B, T, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     pos = token_positions(B, T, device="cuda")
     g = torch.randn_like(x)

@@ -191,13 +191,12 @@ def case_fla_linear(results, quick=False, Ts=T_MIXED, K=128, V=2048, tokens=TOKE
         torch.cuda.empty_cache()
 
 
-def case_flash_layer(results, quick=False, Ts=(1024, 4096, 8192, 32768), d=1024, tokens=TOKENS):
-    """A whole FLASH layer (pre-norm, projections, RoPE, four scale/offset heads, mixed chunk
-    attention with the Toeplitz bias, gate, output projection, residual) vs lucidrains'."""
+def flash_block(d: int = 1024):
+    """The benchmarked FLASH block: pre-LayerNorm, the FLASH layer (``e = 2d, s = 128, C = 256``,
+    causal, Toeplitz bias) and the residual; ``forward(x, positions)``."""
     from torch import nn
 
     from lintime.layers.flash import FLASH
-    from lintime.layers.positional import token_positions
 
     class Block(nn.Module):
         def __init__(self):
@@ -208,7 +207,15 @@ def case_flash_layer(results, quick=False, Ts=(1024, 4096, 8192, 32768), d=1024,
         def forward(self, x, pos):
             return x + self.mixer(self.norm(x), positions=pos)[0]
 
-    ours = Block().cuda().to(torch.bfloat16)
+    return Block()
+
+
+def case_flash_layer(results, quick=False, Ts=(1024, 4096, 8192, 32768), d=1024, tokens=TOKENS):
+    """A whole FLASH layer (pre-norm, projections, RoPE, four scale/offset heads, mixed chunk
+    attention with the Toeplitz bias, gate, output projection, residual) vs lucidrains'."""
+    from lintime.layers.positional import token_positions
+
+    ours = flash_block(d).cuda().to(torch.bfloat16)
     theirs = None
     try:
         from flash_pytorch import FLASH as LucidFLASH
@@ -388,9 +395,7 @@ def case_graph(results, quick=False, tokens=TOKENS, S=128, E=2048, C=256):
     2026-11-22) captured the forward but not the backward; this one (``measure.fwd_fwdbwd_graph_ms``:
     side-stream warm-up, no autograd graph kept alive, ``None`` for a call that cannot be captured) ran
     on H200s in four calls of 2026-11-22 with every case captured."""
-    from torch import nn
 
-    from lintime.layers.flash import FLASH
     from lintime.layers.positional import token_positions
     from lintime.ops import gau_attention
     from lintime.ops.gau.triton.plan import default_blocks
@@ -440,17 +445,7 @@ def case_graph(results, quick=False, tokens=TOKENS, S=128, E=2048, C=256):
     except Exception as e:  # noqa: BLE001
         print(f"fla graph timing skipped: {e!r}"[:300])
     d = 1024
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm = nn.LayerNorm(d)
-            self.mixer = FLASH(d, expansion_dim=2 * d, key_dim=128, chunk_size=256, causal=True)
-
-        def forward(self, x, pos):
-            return x + self.mixer(self.norm(x), positions=pos)[0]
-
-    ours = Block().cuda().to(torch.bfloat16)
+    ours = flash_block(d).cuda().to(torch.bfloat16)
     try:
         from flash_pytorch import FLASH as LucidFLASH
         from rotary_embedding_torch import RotaryEmbedding

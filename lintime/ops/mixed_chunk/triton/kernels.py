@@ -30,6 +30,20 @@ import triton.language as tl
 
 
 @triton.jit
+def _walk_start(START, SEG_SEQ, i_g, i_h, H, S, E, o_se, m_se, BS: tl.constexpr, BE: tl.constexpr,
+                START_MODE: tl.constexpr):
+    """The fp32 ``[BS, BE]`` state a segment's walk starts from: zero (``START_MODE`` 0), one state
+    per segment (1) or per sequence (2)."""
+    b_h = tl.zeros([BS, BE], dtype=tl.float32)
+    if START_MODE == 1:
+        b_h += tl.load(START + (i_g.to(tl.int64) * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
+    if START_MODE == 2:
+        i_n = tl.load(SEG_SEQ + i_g).to(tl.int64)
+        b_h += tl.load(START + (i_n * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
+    return b_h
+
+
+@triton.jit
 def chunk_state_kernel(
     X, Y, HOUT, TOT, START, W,
     SEG_FIRST, SEG_N, SEG_SEQ, CH_START, CH_LEN,
@@ -58,12 +72,7 @@ def chunk_state_kernel(
     m_se = m_s[:, None] & m_e[None, :]
     c0 = tl.load(SEG_FIRST + i_g)
     nc = tl.load(SEG_N + i_g)
-    b_h = tl.zeros([BS, BE], dtype=tl.float32)
-    if START_MODE == 1:
-        b_h += tl.load(START + (i_g.to(tl.int64) * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
-    if START_MODE == 2:
-        i_n = tl.load(SEG_SEQ + i_g).to(tl.int64)
-        b_h += tl.load(START + (i_n * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
+    b_h = _walk_start(START, SEG_SEQ, i_g, i_h, H, S, E, o_se, m_se, BS, BE, START_MODE)
     for i in range(nc):
         if REVERSE:
             c = c0 + nc - 1 - i
@@ -387,12 +396,7 @@ def mc_walk_gemm_kernel(
     o_t = tl.arange(0, BT)
     c0 = tl.load(SEG_FIRST + i_g)
     nc = tl.load(SEG_N + i_g)
-    b_h = tl.zeros([BS, BE], dtype=tl.float32)
-    if START_MODE == 1:
-        b_h += tl.load(START + (i_g.to(tl.int64) * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
-    if START_MODE == 2:
-        i_n = tl.load(SEG_SEQ + i_g).to(tl.int64)
-        b_h += tl.load(START + (i_n * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
+    b_h = _walk_start(START, SEG_SEQ, i_g, i_h, H, S, E, o_se, m_se, BS, BE, START_MODE)
     for i in range(nc):
         if REVERSE:
             c = c0 + nc - 1 - i
