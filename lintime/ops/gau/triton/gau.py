@@ -86,6 +86,9 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # Slower (H200 09:31 UTC, fwd / fwd+bwd at 4k: default 1.55 / 4.85 ms, fwd_s1 1.94 / 5.23, s1 1.94 / 6.59)
     ("fwd_s1", {"stages_gau_fwd": 1}),
     ("s1", {"stages_gau": 1, "stages_gau_fwd": 1}),
+    # the dq/dk kernel's own pipeline depth (its tiles are small: 48 KB per stage)
+    ("dqk_s3", {"stages_gau_dqk": 3}),
+    ("dqk_s4", {"stages_gau_dqk": 4}),
 )
 
 
@@ -217,7 +220,7 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
             float(scale), S, E, H, LB, T - 1, ntd, nsplit,
             BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red_gau, NEED_DB=need_db, REV_KEYS=bool(cfg.gau_rev_keys),
             PAIR=bool(cfg.gau_pair),
-            num_warps=cfg.warps_gau, **common,
+            num_warps=cfg.warps_gau, **{**common, "num_stages": cfg.stages_gau_dqk or cfg.stages_gau},
         )
     else:
         dv.zero_()

@@ -47,6 +47,7 @@ class Blocks:
     tiles from the diagonal down, ``gau_db_split`` copies of the bias-gradient blocks (contention), ``gau_pair`` 1
     reduces ``do . v`` for two key tiles per pass over ``E``.  Mixed chunk's ``bg_gemm`` /
     ``warps_gemm``: row tile and warps of its output / dV GEMMs (0: ``bg`` and the pass's warps).
+    ``stages_gau_dqk``: pipeline stages of GAU's dq/dk kernel (0: ``stages_gau``).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -82,6 +83,7 @@ class Blocks:
     gau_pair: int = 0
     bg_gemm: int = 0
     warps_gemm: int = 0
+    stages_gau_dqk: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -151,7 +153,8 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
 # Fields of :class:`Blocks` that change only how a kernel is launched, not what a program computes:
 # the interpreter ignores them, so variants touching nothing else are checked on CUDA only.
 LAUNCH_ONLY_FIELDS = frozenset({"warps_fwd", "warps_bwd", "warps_gau", "warps_gau_fwd", "warps_gau_dv", "stages",
-                                "stages_gau", "warps_walk", "stages_gau_fwd", "warps_gemm"})
+                                "stages_gau", "warps_walk", "stages_gau_fwd", "warps_gemm",
+                                "stages_gau_dqk"})
 
 
 def variant_blocks(overrides: dict, S: int, E: int, dtype: torch.dtype, C: int | None = None) -> Blocks:
