@@ -371,7 +371,7 @@ def case_profile(results, quick=False, T=32768, S=128, E=2048, C=256, tokens=TOK
         torch.autograd.grad(o, xs + [rb], do)
 
     report(f"mixed_chunk T={T}", mc)
-    # LINTIME_PROFILE_VARIANTS="walk_fused,...": the same profile for those mixed chunk launch variants
+    # LINTIME_PROFILE_VARIANTS="one_seg,...": the same profile for those mixed chunk launch variants
     for name in (n for n in os.environ.get("LINTIME_PROFILE_VARIANTS", "").split(",") if n):
         overrides = dict(MC_VARIANTS)[name]
         report(f"mixed_chunk {name} T={T}", functools.partial(mc, variant_blocks(overrides, S, E, torch.bfloat16, C)))

@@ -64,16 +64,11 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # since), forward in natural order 2.27 / 6.99, the default before 2.58 / 7.59
     ("natural_order_s2", {"gau_order": 0, "stages_gau_fwd": 0}),  # the default before 08:37 UTC
     ("bwd_heavy", {"gau_order": 2}),
-    # dq/dk kernel: atomics contention (every program starts at key tile 0; programs on one tile diagonal
-    # add to one bias-gradient block)?  No: H200 08:47 UTC, fwd+bwd at 4k: default 6.89 ms, rev_keys 7.19,
-    # db_split8 6.95, both 7.21 -- contention is not what bounds the kernel
-    ("rev_keys", {"gau_rev_keys": 1}),
-    ("db_split8", {"gau_db_split": 8}),
-    ("rev_keys_db_split8", {"gau_rev_keys": 1, "gau_db_split": 8}),
-    # two key tiles per pass over E in the dq/dk kernel: its do tiles read from L2 half as often (H200 08:54
-    # UTC, fwd+bwd at 4k: 6.38 vs 6.84 ms, the default since; E step 64 6.60, 8 warps 7.20)
-    ("no_pair", {"gau_pair": 0}),
-    ("pair_ered64", {"be_red_gau": 64}),  # E step 64 (before pairs: 8.54 vs 7.93 ms with 128)
+    # Measured on an H200 and removed (code in commit ada80ee): in the dq/dk kernel, key tiles from the diagonal
+    # down (7.19 vs 6.89 ms fwd+bwd at 4k) and 8 copies of the bias-gradient blocks (6.95) against atomics
+    # contention, one key tile per pass over E (6.84 vs 6.38 with pairs, the default since 08:54 UTC), 3 / 4
+    # pipeline stages for that kernel alone (5.28 / 5.30 vs 4.88).
+    ("ered64", {"be_red_gau": 64}),  # E step 64: 8.54 vs 7.93 ms with 128 before pairs, 6.60 vs 6.38 with them
     # wider E tiles: the dV pass recomputes its scores once per E tile (at 128 wide its score recomputation
     # equals its useful work), the forward likewise.  H200 09:00 UTC, fwd / fwd+bwd at 4k: default then (forward
     # 256 wide, 3 stages) 2.20 / 6.38 ms, forward 512 wide with 2 stages 1.55 / 5.73 (the default since), dV 256
@@ -86,10 +81,6 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # Slower (H200 09:31 UTC, fwd / fwd+bwd at 4k: default 1.55 / 4.85 ms, fwd_s1 1.94 / 5.23, s1 1.94 / 6.59)
     ("fwd_s1", {"stages_gau_fwd": 1}),
     ("s1", {"stages_gau": 1, "stages_gau_fwd": 1}),
-    # the dq/dk kernel's own pipeline depth (its tiles are small: 48 KB per stage).  Slower (H200 09:33 UTC,
-    # fwd+bwd at 4k: default 4.88 ms, 3 stages 5.28, 4 stages 5.30)
-    ("dqk_s3", {"stages_gau_dqk": 3}),
-    ("dqk_s4", {"stages_gau_dqk": 4}),
 )
 
 
@@ -202,8 +193,7 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
     need_db = need_db and bias is not None
     ntd = 2 * cdiv(max(longest, 1), cfg.bm) - 1
     # (no bias gradient: a 1-element placeholder the kernel never touches, not a fill)
-    nsplit = max(1, cfg.gau_db_split)
-    db_tiles = (torch.zeros((nsplit, H, ntd, cfg.bm, cfg.bm), dtype=torch.float32, device=q.device) if need_db
+    db_tiles = (torch.zeros((H, ntd, cfg.bm, cfg.bm), dtype=torch.float32, device=q.device) if need_db
                 else torch.empty(1, dtype=torch.float32, device=q.device))
     if NT > 0:
         common = {"CAUSAL": causal, "HAS_BIAS": bias is not None, "ONE_S": cfg.bs_gau >= S,
@@ -218,15 +208,13 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
         relu2_bwd_dqk_kernel[(NT, H)](
             q, k, v, do, dq32, dk32, db_tiles, b_ptr,
             *_tile_tables(tables, cfg, causal, "q", bwd=True), r_start, r_len,
-            float(scale), S, E, H, LB, T - 1, ntd, nsplit,
-            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red_gau, NEED_DB=need_db, REV_KEYS=bool(cfg.gau_rev_keys),
-            PAIR=bool(cfg.gau_pair),
-            num_warps=cfg.warps_gau, **{**common, "num_stages": cfg.stages_gau_dqk or cfg.stages_gau},
+            float(scale), S, E, H, LB, T - 1, ntd,
+            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red_gau, NEED_DB=need_db, num_warps=cfg.warps_gau, **common,
         )
     else:
         dv.zero_()
     if need_db:
-        db = fold_bias_grad(db_tiles.sum(0) if nsplit > 1 else db_tiles[0], LB, T - 1, cfg.bm).to(rel_bias.dtype)
+        db = fold_bias_grad(db_tiles, LB, T - 1, cfg.bm).to(rel_bias.dtype)
     else:
         db = q.new_empty(0)
     return dq32.to(q.dtype), dk32.to(k.dtype), dv, db

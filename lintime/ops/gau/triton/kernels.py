@@ -196,17 +196,15 @@ def _dqk_tile(b_dp, n0, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs
 def relu2_bwd_dqk_kernel(
     Q, K, V, DO, DQ, DK, DB, BIAS,
     TILE_REG, TILE_OFF, REG_START, REG_LEN,
-    scale, S, E, H, LB, OFF, NTD, NSPLIT,
+    scale, S, E, H, LB, OFF, NTD,
     BM: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DB: tl.constexpr, ONE_S: tl.constexpr,
-    PREC: tl.constexpr, REV_KEYS: tl.constexpr, PAIR: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """Per row tile: ``DQ`` (fp32, this program's rows only), ``DK`` (fp32 atomics) and the bias
-    gradient per tile diagonal into ``DB [NSPLIT, H, NTD, BM, BM]`` (program ``i`` adds to copy
-    ``i % NSPLIT``: fewer programs contend for one address; the host sums the copies); grid
-    ``(tiles, H)``.  ``REV_KEYS``: key tiles from the diagonal down (programs that run together then
-    add to different ``DK`` rows, instead of all starting at key tile 0).  ``PAIR``: two key tiles per
-    pass over ``E`` (each ``do`` tile read once for both)."""
+    gradient per tile diagonal into ``DB [H, NTD, BM, BM]``; grid ``(tiles, H)``.  Key tiles go in
+    pairs: ``dp = do . v^T`` is reduced over ``E`` for both at once, so each ``do`` tile is read
+    from L2 once per pair (H200: 6.84 -> 6.38 ms GAU fwd+bwd at 4k)."""
     i_t, i_h = tl.program_id(0), tl.program_id(1)
     r = tl.load(TILE_REG + i_t)
     m0 = tl.load(TILE_OFF + i_t)
@@ -215,7 +213,6 @@ def relu2_bwd_dqk_kernel(
     o_m = m0 + tl.arange(0, BM)
     m_m = o_m < rl
     o_s = tl.arange(0, BS)
-    o_b = tl.arange(0, BM)
     o_eb = tl.arange(0, BE)
     rows_m = (rs + o_m) * H + i_h  # [BM] token-head rows
     p_q = Q + rows_m * S
@@ -228,56 +225,32 @@ def relu2_bwd_dqk_kernel(
     else:
         hi = rl
     mid = (NTD - 1) // 2
-    nk = tl.cdiv(hi, BM)
-    p_dbs = DB + ((i_t % NSPLIT) * H + i_h).to(tl.int64) * NTD * BM * BM
-    if PAIR:  # two key tiles per pass over E: each do tile is read once for both
-        for j in range(0, nk, 2):
-            n0 = j * BM
-            n1 = n0 + BM
-            o_n0 = n0 + tl.arange(0, BM)
-            o_n1 = n1 + tl.arange(0, BM)
-            m_n0 = o_n0 < rl
-            m_n1 = o_n1 < hi  # past the last key tile of this row tile: nothing to read
-            rows_n0 = (rs + o_n0) * H + i_h
-            rows_n1 = (rs + o_n1) * H + i_h
-            b_dp0 = tl.zeros([BM, BM], dtype=tl.float32)
-            b_dp1 = tl.zeros([BM, BM], dtype=tl.float32)
-            for e0 in range(0, E, BE):
-                m_e = (e0 + o_eb) < E
-                b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_eb[None, :], mask=m_m[:, None] & m_e[None, :],
-                               other=0.0)
-                b_v0 = tl.load(V + rows_n0[:, None] * E + e0 + o_eb[None, :], mask=m_n0[:, None] & m_e[None, :],
-                               other=0.0)
-                b_v1 = tl.load(V + rows_n1[:, None] * E + e0 + o_eb[None, :], mask=m_n1[:, None] & m_e[None, :],
-                               other=0.0)
-                b_dp0 += tl.dot(b_do, tl.trans(b_v0), input_precision=PREC)
-                b_dp1 += tl.dot(b_do, tl.trans(b_v1), input_precision=PREC)
-            b_dq = _dqk_tile(b_dp0, n0, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs, mid,
-                             K, DQ, DK, BIAS, scale, S, H, LB, OFF,
-                             BM, BS, CAUSAL, HAS_BIAS, NEED_DB, ONE_S, PREC)
-            if n1 < hi:
-                b_dq = _dqk_tile(b_dp1, n1, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs, mid,
-                                 K, DQ, DK, BIAS, scale, S, H, LB, OFF,
-                                 BM, BS, CAUSAL, HAS_BIAS, NEED_DB, ONE_S, PREC)
-    else:
-        for j in range(nk):
-            if REV_KEYS:
-                n0 = (nk - 1 - j) * BM
-            else:
-                n0 = j * BM
-            o_n = n0 + tl.arange(0, BM)
-            m_n = o_n < rl
-            rows_n = (rs + o_n) * H + i_h
-            # dp = do . v^T, reduced over all of E
-            b_dp = tl.zeros([BM, BM], dtype=tl.float32)
-            for e0 in range(0, E, BE):
-                m_e = (e0 + o_eb) < E
-                b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_eb[None, :], mask=m_m[:, None] & m_e[None, :],
-                               other=0.0)
-                b_v = tl.load(V + rows_n[:, None] * E + e0 + o_eb[None, :], mask=m_n[:, None] & m_e[None, :],
-                              other=0.0)
-                b_dp += tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
-            b_dq = _dqk_tile(b_dp, n0, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs, mid,
+    p_dbs = DB + i_h.to(tl.int64) * NTD * BM * BM
+    for n0 in range(0, hi, 2 * BM):
+        n1 = n0 + BM
+        o_n0 = n0 + tl.arange(0, BM)
+        o_n1 = n1 + tl.arange(0, BM)
+        m_n0 = o_n0 < rl
+        m_n1 = o_n1 < hi  # past the last key tile of this row tile: nothing to read
+        rows_n0 = (rs + o_n0) * H + i_h
+        rows_n1 = (rs + o_n1) * H + i_h
+        b_dp0 = tl.zeros([BM, BM], dtype=tl.float32)
+        b_dp1 = tl.zeros([BM, BM], dtype=tl.float32)
+        for e0 in range(0, E, BE):
+            m_e = (e0 + o_eb) < E
+            b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_eb[None, :], mask=m_m[:, None] & m_e[None, :],
+                           other=0.0)
+            b_v0 = tl.load(V + rows_n0[:, None] * E + e0 + o_eb[None, :], mask=m_n0[:, None] & m_e[None, :],
+                           other=0.0)
+            b_v1 = tl.load(V + rows_n1[:, None] * E + e0 + o_eb[None, :], mask=m_n1[:, None] & m_e[None, :],
+                           other=0.0)
+            b_dp0 += tl.dot(b_do, tl.trans(b_v0), input_precision=PREC)
+            b_dp1 += tl.dot(b_do, tl.trans(b_v1), input_precision=PREC)
+        b_dq = _dqk_tile(b_dp0, n0, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs, mid,
+                         K, DQ, DK, BIAS, scale, S, H, LB, OFF,
+                         BM, BS, CAUSAL, HAS_BIAS, NEED_DB, ONE_S, PREC)
+        if n1 < hi:
+            b_dq = _dqk_tile(b_dp1, n1, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs, mid,
                              K, DQ, DK, BIAS, scale, S, H, LB, OFF,
                              BM, BS, CAUSAL, HAS_BIAS, NEED_DB, ONE_S, PREC)
     if ONE_S:

@@ -37,17 +37,9 @@ class Blocks:
     ``E`` tile of the output / dV GEMMs, ``bk`` their reduction step, ``be_red`` the ``E`` step of
     the kernels that reduce over ``E``, ``bt``, ``bs_state``, ``be_state`` the token step and tile
     of the chunk-state walk, ``seg_chunks`` chunks per segment of that walk (0 = automatic),
-    ``warps_fwd`` / ``warps_bwd`` / ``stages`` the launch settings; ``fuse_walk`` 1: causal calls
-    run the state walk and the output / dV GEMM as one kernel (``mc_walk_gemm_kernel``, for
-    ``S <= 128``) with ``be_walk``-wide ``E`` tiles and ``warps_walk`` warps.  GAU's ``gau_order``: bit 0
+    ``warps_fwd`` / ``warps_bwd`` / ``stages`` the launch settings.  GAU's ``gau_order``: bit 0
     (forward) and bit 1 (backward) launch the programs of the heaviest tiles first in causal calls;
-    ``stages_gau_fwd`` the forward's pipeline stages (0: ``stages_gau``).  Mixed chunk's
-    ``local_walk`` 1: segmented walks store segment-local states, then ``seg_fix_kernel`` adds the
-    segments' starts (no scan, no second walk).  GAU's dq/dk kernel: ``gau_rev_keys`` 1 walks key
-    tiles from the diagonal down, ``gau_db_split`` copies of the bias-gradient blocks (contention), ``gau_pair`` 1
-    reduces ``do . v`` for two key tiles per pass over ``E``.  Mixed chunk's ``bg_gemm`` /
-    ``warps_gemm``: row tile and warps of its output / dV GEMMs (0: ``bg`` and the pass's warps).
-    ``stages_gau_dqk``: pipeline stages of GAU's dq/dk kernel (0: ``stages_gau``).
+    ``stages_gau_fwd`` the forward's pipeline stages (0: ``stages_gau``).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -72,18 +64,8 @@ class Blocks:
     stages_gau: int = 2
     warps_gau_fwd: int = 4
     warps_gau_dv: int = 4
-    fuse_walk: int = 0
-    be_walk: int = 64
-    warps_walk: int = 4
     gau_order: int = 0
     stages_gau_fwd: int = 0
-    local_walk: int = 0
-    gau_rev_keys: int = 0
-    gau_db_split: int = 1
-    gau_pair: int = 0
-    bg_gemm: int = 0
-    warps_gemm: int = 0
-    stages_gau_dqk: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -123,38 +105,32 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
     if interp:
         return Blocks(bm=16, bs=16, be_fwd=16, be_dv=16, be_red=16, warps_fwd=1, warps_bwd=1, stages=1,
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
-                      be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, fuse_walk=0, be_walk=16,
-                      warps_walk=1, gau_order=3, stages_gau_fwd=0, local_walk=1, gau_pair=1)
+                      be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, gau_order=3)
     # Promoted variants, each CUDA-tested and faster in device time on an H200 (2026-11-22, S = 128,
     # E = 2048, C = 256; docs/notes/kernels_flash.md): mixed chunk 4 warps and 3 stages ("w4_s3") and
     # [64, 64] chunk-matrix tiles ("bg64": 0.999 -> 0.925 ms fwd+bwd at 2k, 1.151 -> 1.081 at 32k);
     # GAU E step 128 in its do . v reduction ("ered128"); then (08:37 UTC) GAU's heaviest tiles first in both
-    # passes and 3 stages in its forward ("heavy_fwd_s3": 7.59 -> 6.92 ms fwd+bwd at 4k) and mixed chunk's
-    # segment-local walk + start fix-up ("local_walk": 1.08 -> 0.99 ms at 32k, the same at 2k); then (08:54
-    # UTC) GAU's dq/dk kernel reducing do . v for two key tiles per pass over E ("pair": 6.84 -> 6.38 ms at 4k)
+    # passes ("heavy_fwd_s3": 7.59 -> 6.92 ms fwd+bwd at 4k) and mixed chunk's segment-local walk + start
+    # fix-up (1.08 -> 0.99 ms at 32k, the same at 2k); GAU's dq/dk kernel reducing do . v for two key tiles
+    # per pass over E (08:54 UTC, 6.84 -> 6.38 ms at 4k)
     bg = 128 if C is None else min(64, pow2_at_least(C))
-    if C is None:  # GAU: its forward takes 256-wide E tiles with 8 warps (half the score recomputation
-        # per E; the forward of the CUDA-tested variant "be256_w8": 2.91 -> 2.57 ms at T = 4k, H200,
-        # 2026-11-22); its backward keeps 128-wide tiles and 4 warps (8 warps cost it 50 %)
-        # since 2026-11-22 09:00 UTC 512-wide with 2 stages ("fwd_be512_w8_s2": 2.20 -> 1.55 ms, fwd+bwd
-        # 6.38 -> 5.73 at 4k: a quarter of the score recomputation per E)
-        # and its dV pass 512-wide with 8 warps ("dv_be512_w8", 09:04 UTC: fwd+bwd 5.72 -> 4.83 ms at 4k)
-        be_fwd, warps_gau_fwd, stages_gau_fwd, be_dv, warps_gau_dv = 512, 8, 2, 512, 8
-    else:  # mixed chunk's output GEMM and dV GEMM
-        be_fwd, warps_gau_fwd, stages_gau_fwd, be_dv, warps_gau_dv = 128, 4, 3, 128, 4
+    if C is None:  # GAU: forward and dV pass on 512-wide E tiles with 8 warps, the forward with 2 stages (a
+        # quarter of the score recomputation per E; "fwd_be512_w8_s2" 09:00 UTC: fwd 2.20 -> 1.55 ms, fwd+bwd
+        # 6.38 -> 5.73 at 4k; "dv_be512_w8" 09:04 UTC: fwd+bwd 5.72 -> 4.83)
+        tiles = {"be_fwd": 512, "be_dv": 512, "warps_gau_fwd": 8, "warps_gau_dv": 8, "stages_gau_fwd": 2}
+    else:  # mixed chunk's output and dV GEMMs
+        tiles = {"be_fwd": 128, "be_dv": 128}
     return Blocks(
-        bm=64, bs=64, be_fwd=be_fwd, be_dv=be_dv, be_red=64, warps_fwd=4, warps_bwd=4, stages=3,
+        bm=64, bs=64, be_red=64, warps_fwd=4, warps_bwd=4, stages=3,
         bg=bg, bk=64, bt=64, bs_state=min(128, pow2_at_least(S)), be_state=64, seg_chunks=0,
-        bs_gau=min(128, pow2_at_least(S)), warps_gau=4, be_red_gau=128, stages_gau=2, warps_gau_fwd=warps_gau_fwd,
-        gau_order=3, stages_gau_fwd=stages_gau_fwd, local_walk=1, gau_pair=1, warps_gau_dv=warps_gau_dv,
+        bs_gau=min(128, pow2_at_least(S)), warps_gau=4, be_red_gau=128, stages_gau=2, gau_order=3, **tiles,
     )
 
 
 # Fields of :class:`Blocks` that change only how a kernel is launched, not what a program computes:
 # the interpreter ignores them, so variants touching nothing else are checked on CUDA only.
 LAUNCH_ONLY_FIELDS = frozenset({"warps_fwd", "warps_bwd", "warps_gau", "warps_gau_fwd", "warps_gau_dv", "stages",
-                                "stages_gau", "warps_walk", "stages_gau_fwd", "warps_gemm",
-                                "stages_gau_dqk"})
+                                "stages_gau", "stages_gau_fwd"})
 
 
 def variant_blocks(overrides: dict, S: int, E: int, dtype: torch.dtype, C: int | None = None) -> Blocks:

@@ -30,35 +30,23 @@ import triton.language as tl
 
 
 @triton.jit
-def _walk_start(START, SEG_SEQ, i_g, i_h, H, S, E, o_se, m_se, BS: tl.constexpr, BE: tl.constexpr,
-                START_MODE: tl.constexpr):
-    """The fp32 ``[BS, BE]`` state a segment's walk starts from: zero (``START_MODE`` 0), one state
-    per segment (1) or per sequence (2)."""
-    b_h = tl.zeros([BS, BE], dtype=tl.float32)
-    if START_MODE == 1:
-        b_h += tl.load(START + (i_g.to(tl.int64) * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
-    if START_MODE == 2:
-        i_n = tl.load(SEG_SEQ + i_g).to(tl.int64)
-        b_h += tl.load(START + (i_n * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
-    return b_h
-
-
-@triton.jit
 def chunk_state_kernel(
-    X, Y, HOUT, TOT, START, W,
+    X, Y, HOUT, TOT, INIT, W,
     SEG_FIRST, SEG_N, SEG_SEQ, CH_START, CH_LEN,
     S, E, H,
     BS: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr,
-    REVERSE: tl.constexpr, STORE: tl.constexpr, START_MODE: tl.constexpr, PREC: tl.constexpr,
+    REVERSE: tl.constexpr, STORE: tl.constexpr, HAS_INIT: tl.constexpr, PREC: tl.constexpr,
 ):
     """Walk the chunks of one segment (a run of chunks of one sequence), carrying an ``[BS, BE]``
     fp32 tile of ``sum_c w_c X_c^T Y_c`` in registers; grid ``(S tiles * E tiles, segments, H)``.
 
     Forward: ``X = k_lin, Y = v``, ``w_c = 1`` (0 for a short last chunk of a causal call: no later
     token sees it), chunks in order.  Reverse: ``X = q_lin, Y = do``, ``w_c`` = the chunk's
-    ``1 / N``, chunks from last to first.  The walk starts from ``START`` (``START_MODE`` 1: one
-    fp32 state per segment, 2: per sequence, 0: zero); with ``STORE`` it writes the state entering
-    every chunk (``HOUT [NC, H, S, E]``); it always writes the state after the segment (``TOT``).
+    ``1 / N``, chunks from last to first.  The walk starts from zero, or with ``HAS_INIT`` from its
+    sequence's fp32 state in ``INIT [N, H, S, E]`` (one segment per sequence); with ``STORE`` it writes
+    the state entering every chunk (``HOUT [NC, H, S, E]``: segment-local when the sequence has
+    several segments, see :func:`seg_fix_kernel`); it always writes the state after the segment
+    (``TOT``).
     """
     i_se, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NE = tl.cdiv(E, BE)
@@ -72,7 +60,10 @@ def chunk_state_kernel(
     m_se = m_s[:, None] & m_e[None, :]
     c0 = tl.load(SEG_FIRST + i_g)
     nc = tl.load(SEG_N + i_g)
-    b_h = _walk_start(START, SEG_SEQ, i_g, i_h, H, S, E, o_se, m_se, BS, BE, START_MODE)
+    b_h = tl.zeros([BS, BE], dtype=tl.float32)
+    if HAS_INIT:
+        i_n = tl.load(SEG_SEQ + i_g).to(tl.int64)
+        b_h += tl.load(INIT + (i_n * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
     for i in range(nc):
         if REVERSE:
             c = c0 + nc - 1 - i
@@ -152,14 +143,12 @@ def mc_gemm_kernel(
     A, Y, L, ST, W, ST_IDX, OUT, CH_START, CH_LEN,
     S, E, H, C, NMT,
     BG: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
-    TRANS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr, TRI: tl.constexpr,
+    TRANS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
 ):
     """``OUT[rows, E tile] = w_c L[rows] ST[idx_c] + A_c[rows, :] Y`` (``TRANS``: ``A_c^T``).
 
     Forward: ``L = q_lin, ST = H, w = wq, Y = v`` gives ``o``; backward with ``TRANS``:
-    ``L = k_lin, ST = G, w = wf, Y = do`` gives ``dv``.  Grid ``(E tiles, NC * NMT, H)`` with ``BG``
-    this kernel's row tile; ``TRI``: the row tile is larger than the tile of ``A``'s kernels, so the
-    causal block it reads includes ``A`` tiles above the diagonal, never written -- masked here.
+    ``L = k_lin, ST = G, w = wf, Y = do`` gives ``dv``.  Grid ``(E tiles, NC * NMT, H)``.
     """
     i_e = tl.program_id(0)
     c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
@@ -200,16 +189,10 @@ def mc_gemm_kernel(
     for k0 in range(lo, hi, BK):
         o_kk = k0 + o_k
         m_k = o_kk < hi
-        m_a = m_m[:, None] & m_k[None, :]
-        if TRI:
-            if TRANS:
-                m_a = m_a & (o_kk[None, :] >= o_m[:, None])
-            else:
-                m_a = m_a & (o_kk[None, :] <= o_m[:, None])
         if TRANS:
-            b_a = tl.load(p_a + o_kk[None, :] * C + o_m[:, None], mask=m_a, other=0.0)
+            b_a = tl.load(p_a + o_kk[None, :] * C + o_m[:, None], mask=m_m[:, None] & m_k[None, :], other=0.0)
         else:
-            b_a = tl.load(p_a + o_m[:, None] * C + o_kk[None, :], mask=m_a, other=0.0)
+            b_a = tl.load(p_a + o_m[:, None] * C + o_kk[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
         b_y = tl.load(Y + ((cs + o_kk) * H + i_h)[:, None] * E + o_e[None, :], mask=m_k[:, None] & m_e[None, :],
                       other=0.0)
         acc = tl.dot(b_a, b_y, acc, input_precision=PREC)
@@ -363,89 +346,6 @@ def mc_dqk_kernel(
 
 
 @triton.jit
-def mc_walk_gemm_kernel(
-    A, Y, L, X, HOUT, TOT, START, WO, WU, OUT,
-    SEG_FIRST, SEG_N, SEG_SEQ, CH_START, CH_LEN,
-    S, E, H, C,
-    BS: tl.constexpr, BE: tl.constexpr, BG: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
-    REVERSE: tl.constexpr, START_MODE: tl.constexpr, STORE_TOT: tl.constexpr,
-    PREC: tl.constexpr, SDT: tl.constexpr,
-):
-    """The causal state walk and the output GEMM in one pass: ``chunk_state_kernel`` (with
-    ``STORE``) and ``mc_gemm_kernel`` fused, the state of the segment's current chunk kept in
-    registers instead of being read back from ``HOUT``; grid ``(E tiles, segments, H)``, all of
-    ``S`` in one ``[BS, BE]`` tile (``BS >= S``).
-
-    Forward (``REVERSE`` False): ``L = q_lin, X = k_lin, Y = v, WO = wq, WU = wf``: per chunk
-    ``o = wq q_lin H_c + A_c v``, then ``H += wf k_lin^T v``.  Backward (``REVERSE``, ``A``
-    transposed): ``L = k_lin, X = q_lin, Y = do, WO = wf, WU = wq``, chunks from last to first:
-    ``dv = wf k_lin G_c + A_c^T do``, then ``G += wq q_lin^T do``.  The state entering every chunk
-    is still written (``HOUT``, SDT; the backward's ``dq_lin, dk_lin`` read it); ``START`` /
-    ``START_MODE`` as :func:`chunk_state_kernel`; with ``STORE_TOT`` the state after the segment
-    goes to ``TOT``.
-    """
-    i_e, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_s = tl.arange(0, BS)
-    o_e = i_e * BE + tl.arange(0, BE)
-    m_s = o_s < S
-    m_e = o_e < E
-    o_se = o_s[:, None] * E + o_e[None, :]
-    m_se = m_s[:, None] & m_e[None, :]
-    o_g = tl.arange(0, BG)
-    o_k = tl.arange(0, BK)
-    o_t = tl.arange(0, BT)
-    c0 = tl.load(SEG_FIRST + i_g)
-    nc = tl.load(SEG_N + i_g)
-    b_h = _walk_start(START, SEG_SEQ, i_g, i_h, H, S, E, o_se, m_se, BS, BE, START_MODE)
-    for i in range(nc):
-        if REVERSE:
-            c = c0 + nc - 1 - i
-        else:
-            c = c0 + i
-        b_hs = b_h.to(SDT)
-        tl.store(HOUT + (c.to(tl.int64) * H + i_h) * S * E + o_se, b_hs.to(HOUT.dtype.element_ty), mask=m_se)
-        cs = tl.load(CH_START + c).to(tl.int64)
-        cl = tl.load(CH_LEN + c)
-        wo = tl.load(WO + c)
-        wu = tl.load(WU + c)
-        p_a = A + (c.to(tl.int64) * H + i_h) * C * C
-        for m0 in range(0, cl, BG):
-            o_m = m0 + o_g
-            m_m = o_m < cl
-            rows_m = (cs + o_m) * H + i_h
-            b_l = tl.load(L + rows_m[:, None] * S + o_s[None, :], mask=m_m[:, None] & m_s[None, :], other=0.0)
-            acc = tl.dot(b_l.to(SDT), b_hs, input_precision=PREC) * wo
-            if REVERSE:  # dv rows m: sum over queries k >= m of A[k, m] do_k
-                lo = m0
-                hi = cl
-            else:  # o rows m: sum over keys k <= m of A[m, k] v_k
-                lo = 0
-                hi = tl.minimum(m0 + BG, cl)
-            for k0 in range(lo, hi, BK):
-                o_kk = k0 + o_k
-                m_k = o_kk < hi
-                if REVERSE:
-                    b_a = tl.load(p_a + o_kk[None, :] * C + o_m[:, None], mask=m_m[:, None] & m_k[None, :], other=0.0)
-                else:
-                    b_a = tl.load(p_a + o_m[:, None] * C + o_kk[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
-                b_y = tl.load(Y + ((cs + o_kk) * H + i_h)[:, None] * E + o_e[None, :],
-                              mask=m_k[:, None] & m_e[None, :], other=0.0)
-                acc = tl.dot(b_a, b_y, acc, input_precision=PREC)
-            tl.store(OUT + rows_m[:, None] * E + o_e[None, :], acc.to(OUT.dtype.element_ty),
-                     mask=m_m[:, None] & m_e[None, :])
-        b_d = tl.zeros([BS, BE], dtype=tl.float32)
-        for t0 in range(0, cl, BT):
-            m_t = (t0 + o_t) < cl
-            rows = (cs + t0 + o_t) * H + i_h
-            b_x = tl.load(X + rows[:, None] * S + o_s[None, :], mask=m_t[:, None] & m_s[None, :], other=0.0)
-            b_y = tl.load(Y + rows[:, None] * E + o_e[None, :], mask=m_t[:, None] & m_e[None, :], other=0.0)
-            b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
-        b_h += wu * b_d
-    if STORE_TOT:
-        tl.store(TOT + (i_g.to(tl.int64) * H + i_h) * S * E + o_se, b_h, mask=m_se)
-
-
-@triton.jit
 def seg_fix_kernel(
     HOUT, TOT, INIT, FINAL, SEG_FIRST, SEG_N, SEG_SEQ, SEQ_PTR,
     S, E, H,
@@ -454,8 +354,8 @@ def seg_fix_kernel(
     """Turn segment-local per-chunk states into global ones: ``HOUT[c] += start(segment)``, where
     ``start`` = the initial state + the totals of the sequence's segments walked before this one;
     the last segment (in walk order) also writes the sequence's final state.  With the walk from
-    zero at every segment (``chunk_state_kernel`` with ``STORE`` and no start) this replaces the
-    segment scan and the second walk.  Grid ``(S tiles * E tiles, segments, H)``."""
+    zero at every segment (``chunk_state_kernel`` with ``STORE``) this gives the states entering every
+    chunk in two passes.  Grid ``(S tiles * E tiles, segments, H)``."""
     i_se, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NE = tl.cdiv(E, BE)
     i_s, i_e = i_se // NE, i_se % NE

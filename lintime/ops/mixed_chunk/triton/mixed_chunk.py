@@ -8,9 +8,9 @@ states (:func:`lintime.ops.triton_common.dot_config`: bf16 for bf16 inputs, fp32
 Kernel sequence (:mod:`lintime.ops.mixed_chunk.triton.kernels`), causal forward::
 
     chunk_state_kernel  the state entering every chunk, H [NC, H, S, E] (SDT), and the final kv:
-                        one walk per sequence when that fills the GPU; otherwise a walk per
-                        segment gives segment totals, triton_common's seg_scan_kernel the state
-                        entering each segment, and a second walk the per-chunk states
+                        one walk per sequence when that fills the GPU; otherwise a walk from zero
+                        per segment gives segment-local states and segment totals, and
+    seg_fix_kernel      adds each segment's start (initial state + earlier totals) to its states
     mc_scores_kernel    A [NC, H, C, C] = relu(scale q_quad k_quad^T + b)^2, causal-masked
     mc_gemm_kernel      o = wq q_lin H_c + A_c v
 
@@ -55,7 +55,6 @@ from lintime.ops.mixed_chunk.triton.kernels import (
     mc_dqk_kernel,
     mc_gemm_kernel,
     mc_scores_kernel,
-    mc_walk_gemm_kernel,
     seg_fix_kernel,
 )
 from lintime.ops.triton_common import (
@@ -87,36 +86,20 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("ered128", {"be_red": 128, "stages": 2}),  # E step 128 in dS / dq_lin, dk_lin (3 stages: over the shared memory)
     ("be_state32", {"be_state": 32}),  # [128, 32] state-walk tiles: twice the walk programs
     ("bg64_be256_w8", {"bg": 64, "be_fwd": 256, "be_dv": 256, "warps_fwd": 8, "warps_bwd": 8}),
-    ("g1", {"seg_chunks": 1}),  # one chunk per segment: a walk per chunk + a scan over all chunks
-    ("one_seg", {"seg_chunks": 1 << 20}),  # one segment per sequence: no scan, no second walk
-    # the causal state walk fused with the output / dV GEMM (mc_walk_gemm_kernel): no second walk, no
-    # separate GEMM, the state of the current chunk from registers.  Slower on an H200 (2026-11-22 08:27 UTC,
-    # CUDA-graph fwd+bwd at 2k / 32k: default 0.93 / 1.08 ms, walk_fused 1.14 / 1.31, with 8 warps 1.73 / 1.89,
-    # be_walk 32 1.55 / 1.69): each program walks its chunks one after another, 4 row tiles and the state
-    # update per chunk, ~20 us per chunk -- the separate GEMM's 8192 independent programs hide latency better
-    ("walk_fused", {"fuse_walk": 1}),
-    ("walk_fused_be128_w8", {"fuse_walk": 1, "be_walk": 128, "warps_walk": 8}),  # 1.26 / 1.40
-    ("walk_fused_one_seg", {"fuse_walk": 1, "seg_chunks": 1 << 20}),  # 1.14 / 5.57
-    ("walk_fused_g2", {"fuse_walk": 1, "seg_chunks": 2}),  # shorter walks, more programs
-    ("walk_fused_g4", {"fuse_walk": 1, "seg_chunks": 4}),
-    # long sequences: one walk from zero per segment (local states + totals) and seg_fix_kernel adding the
-    # segments' starts (the default since 2026-11-22 08:37 UTC: 0.92 / 0.99 ms at 2k / 32k vs 0.92 / 1.08,
-    # H200, device) instead of a totals walk, the scan and a second walk ("two_walks", the default before)
-    ("two_walks", {"local_walk": 0}),
-    ("local_walk_g4", {"seg_chunks": 4}),  # 0.97 / 1.05
+    ("g1", {"seg_chunks": 1}),  # one chunk per segment: a walk per chunk + the start fix-up over all chunks
+    ("one_seg", {"seg_chunks": 1 << 20}),  # one segment per sequence: no start fix-up
+    # Measured on an H200 and removed (code in commit ada80ee, docs/notes/kernels_flash.md session 5): the
+    # causal state walk fused with the output / dV GEMM (state in registers across a segment's chunks; 1.14 /
+    # 1.31 ms fwd+bwd at 2k / 32k vs 0.93 / 1.08, every tiling and segment length slower), the two-walk state
+    # pass of long sequences (totals walk + scan + second walk; 1.08 vs 0.99 ms at 32k against the segment-local
+    # walk + start fix-up that replaced it) and 128 / 256-row output / dV GEMM tiles (0.945-1.167 vs 0.927 /
+    # 0.982 ms).
+    ("seg4", {"seg_chunks": 4}),  # 4-chunk segments: 0.97 / 1.05 ms (H200 08:37 UTC)
     # all of S (128) in one step / tile: dq_lin, dk_lin read each do / v row tile once instead of per S tile.
     # No gain (H200 09:13 UTC, fwd+bwd 2k / 32k: default 0.923 / 0.979 ms, bs128 0.930 / 0.986, with 8 warps in
     # the backward 0.977 / 1.033)
     ("bs128", {"bs": 128}),
     ("bs128_w8", {"bs": 128, "warps_bwd": 8}),
-    # output / dV GEMMs on 128- or 256-row tiles (a whole chunk at C = 256): H_c, the v / do rows and the
-    # A rows read once per chunk and E tile instead of once per 64-row tile; GEMM-shaped dots (M = 128 / 256)
-    # at the price of the masked upper part of the diagonal block.  Slower (H200 09:24 UTC, fwd+bwd at 2k / 32k:
-    # default 0.927 / 0.982 ms, gemm128 0.945 / 1.004, gemm128_w8 1.107 / 1.167, gemm256_w8 1.066 / 1.130): the
-    # 64-row tiles' 8192 programs hide latency better than fewer, larger ones save traffic
-    ("gemm128", {"bg_gemm": 128}),
-    ("gemm128_w8", {"bg_gemm": 128, "warps_gemm": 8}),
-    ("gemm256_w8", {"bg_gemm": 256, "warps_gemm": 8}),
 )
 
 
@@ -251,32 +234,32 @@ def _compute_weights(plan: _Plan, C, causal, linear_norm, count0):
     return wq.contiguous(), wf.contiguous()
 
 
-def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, start=None, start_mode=0):
+def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, init=None):
+    """``chunk_state_kernel`` over every segment: with ``init`` (one walk per sequence) each walk starts
+    from its sequence's initial state, else from zero."""
     S, E = x.shape[-1], y.shape[-1]
     if plan.NSEG == 0:
         return
     grid = (cdiv(S, cfg.bs_state) * cdiv(E, cfg.be_state), plan.NSEG, H)
     chunk_state_kernel[grid](
-        x, y, hout, tot, start if start is not None else tot, w,
+        x, y, hout, tot, init if init is not None else tot, w,
         plan.seg_first, plan.seg_n, plan.seg_seq, plan.ch_start, plan.ch_len, S, E, H,
-        BS=cfg.bs_state, BE=cfg.be_state, BT=cfg.bt, REVERSE=reverse, STORE=store, START_MODE=start_mode,
+        BS=cfg.bs_state, BE=cfg.be_state, BT=cfg.bt, REVERSE=reverse, STORE=store, HAS_INIT=init is not None,
         PREC=dot_config(x.dtype)[1], num_warps=4, num_stages=cfg.stages,
     )
 
 
-def _scan(tot, plan: _Plan, *, H, S, E, reverse, init, store_start):
-    """triton_common's segment scan: the state entering each segment and after each sequence."""
-    f32 = {"dtype": torch.float32, "device": tot.device}
-    start = torch.empty(plan.NSEG_alloc, H, S, E, **f32) if store_start else tot
-    final = torch.empty(plan.N, H, S, E, **f32)
+def _scan(tot, plan: _Plan, *, H, S, E, reverse):
+    """triton_common's segment scan: each sequence's total over its segments (non-causal calls)."""
+    final = torch.empty(plan.N, H, S, E, dtype=torch.float32, device=tot.device)
     if plan.N > 0:
         SK, SV = min(32, next_pow2(max(S, 16))), min(32, next_pow2(max(E, 16)))
         seg_scan_kernel[(cdiv(S, SK) * cdiv(E, SV), plan.N, H)](
-            tot, tot, tot, init, init, start, start, final, final, plan.seq_ptr, 0,
+            tot, tot, tot, tot, tot, tot, tot, final, final, plan.seq_ptr, 0,
             H=H, K=S, V=E, BK=SK, BV=SV, VARLEN=True, USE_G=False, REVERSE=reverse, NORM=False,
-            HAS_INIT=init is not None, STORE_START=store_start, num_warps=2,
+            HAS_INIT=False, STORE_START=False, num_warps=2,
         )
-    return start, final
+    return final
 
 
 def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt):
@@ -290,84 +273,28 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt):
     tot = torch.empty(max(plan.NSEG, 1), H, S, E, **f32)
     if not causal:
         _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=False, hout=tot, tot=tot)
-        _, final = _scan(tot, plan, H=H, S=S, E=E, reverse=reverse, init=None, store_start=False)
+        final = _scan(tot, plan, H=H, S=S, E=E, reverse=reverse)
         return final.to(sdt), final
     hout = torch.empty(plan.NC_alloc, H, S, E, dtype=sdt, device=x.device)
     if plan.NC_alloc > plan.NC:
         hout[plan.NC :].zero_()  # the shape bound's slack rows (packed calls)
+    final = init.clone() if init is not None else torch.zeros(plan.N, H, S, E, **f32)  # (empty sequences)
     if plan.one_segment:
         # one walk per sequence from the initial state; the walk's total is the final state
-        _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=True, hout=hout, tot=tot, start=init,
-              start_mode=2 if init is not None else 0)
-        final = init.clone() if init is not None else torch.zeros(plan.N, H, S, E, **f32)
+        _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=True, hout=hout, tot=tot, init=init)
         if plan.NSEG > 0:
             final.index_copy_(0, plan.seg_seq.long(), tot[: plan.NSEG])
         return hout, final
-    if cfg.local_walk:
-        # one walk from zero at every segment writes segment-local states and totals; one pass adds
-        # each segment's start (init + the totals walked before it) and writes the final states
-        _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=True, hout=hout, tot=tot)
-        final = init.clone() if init is not None else torch.zeros(plan.N, H, S, E, **f32)  # (empty sequences)
-        if plan.NSEG > 0:
-            BS, BE = min(64, cfg.bs_state), cfg.be_state
-            seg_fix_kernel[(cdiv(S, BS) * cdiv(E, BE), plan.NSEG, H)](
-                hout, tot, init if init is not None else tot, final, plan.seg_first, plan.seg_n, plan.seg_seq,
-                plan.seq_ptr, S, E, H, BS=BS, BE=BE, REVERSE=reverse, HAS_INIT=init is not None, num_warps=4,
-            )
-        return hout, final
-    _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=False, hout=hout, tot=tot)
-    start, final = _scan(tot, plan, H=H, S=S, E=E, reverse=reverse, init=init, store_start=True)
-    _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=True, hout=hout, tot=tot, start=start, start_mode=1)
-    return hout, final
-
-
-def _fused(cfg: Blocks, causal: bool, S: int) -> bool:
-    """Whether a call runs the state walk and its GEMM as one kernel (``mc_walk_gemm_kernel``):
-    causal calls (a non-causal chunk reads its sequence's total, known only after the walk) with
-    all of ``S`` in one register tile."""
-    return bool(cfg.fuse_walk) and causal and S <= 128
-
-
-def _states_gemm(x, y, l, a, w_out, w_upd, out, plan: _Plan, cfg, *, H, reverse, init, sdt):
-    """Causal states and the output (or dV) GEMM fused: ``out = w_out l ST_c + A_c y`` (reverse:
-    ``A_c^T``) while the walk carries ``ST`` in registers; returns ``(ST, FINAL)`` like
-    :func:`_states`.  Long sequences split into segments as there: a first walk gives segment
-    totals (no per-chunk store), the scan the state entering each segment, then the fused walk."""
-    S, E = x.shape[-1], y.shape[-1]
-    f32 = {"dtype": torch.float32, "device": x.device}
-    hout = torch.empty(plan.NC_alloc, H, S, E, dtype=sdt, device=x.device)
-    if plan.NC_alloc > plan.NC:
-        hout[plan.NC :].zero_()  # the shape bound's slack rows (packed calls)
-    tot = torch.empty(max(plan.NSEG, 1), H, S, E, **f32)
-    final = None
-    if plan.one_segment:
-        start, mode = init, (2 if init is not None else 0)
-    else:
-        _walk(x, y, w_upd, plan, cfg, H=H, reverse=reverse, store=False, hout=hout, tot=tot)
-        start, final = _scan(tot, plan, H=H, S=S, E=E, reverse=reverse, init=init, store_start=True)
-        mode = 1
+    # one walk from zero at every segment writes segment-local states and totals; one pass adds each
+    # segment's start (init + the totals walked before it) and writes the final states
+    _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=True, hout=hout, tot=tot)
     if plan.NSEG > 0:
-        SDT, PREC = dot_config(x.dtype)
-        mc_walk_gemm_kernel[(cdiv(E, cfg.be_walk), plan.NSEG, H)](
-            a, y, l, x, hout, tot, start if start is not None else tot, w_out, w_upd, out,
-            plan.seg_first, plan.seg_n, plan.seg_seq, plan.ch_start, plan.ch_len, S, E, H, a.shape[-1],
-            BS=max(16, next_pow2(S)), BE=cfg.be_walk, BG=cfg.bg, BK=cfg.bk, BT=cfg.bt, REVERSE=reverse,
-            START_MODE=mode, STORE_TOT=plan.one_segment, PREC=PREC, SDT=SDT,
-            num_warps=cfg.warps_walk, num_stages=cfg.stages,
+        BS, BE = min(64, cfg.bs_state), cfg.be_state
+        seg_fix_kernel[(cdiv(S, BS) * cdiv(E, BE), plan.NSEG, H)](
+            hout, tot, init if init is not None else tot, final, plan.seg_first, plan.seg_n, plan.seg_seq,
+            plan.seq_ptr, S, E, H, BS=BS, BE=BE, REVERSE=reverse, HAS_INIT=init is not None, num_warps=4,
         )
-    if plan.one_segment:
-        final = init.clone() if init is not None else torch.zeros(plan.N, H, S, E, **f32)
-        if plan.NSEG > 0:
-            final.index_copy_(0, plan.seg_seq.long(), tot[: plan.NSEG])
     return hout, final
-
-
-def _gemm_tiles(cfg: Blocks, C: int, warps: int):
-    """Row tile, row tiles per chunk and warps of the output / dV GEMMs: ``bg_gemm`` (0: the chunk
-    matrices' tile ``bg``) capped at the chunk, ``warps_gemm`` (0: the pass's warps)."""
-    bgm = cfg.bg_gemm or cfg.bg
-    bgm = max(cfg.bg, min(bgm, next_pow2(C)))
-    return bgm, cdiv(C, bgm), cfg.warps_gemm or warps
 
 
 def _bias(rel_bias):
@@ -414,10 +341,8 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
     C = chunk_size
     plan = _plan(B, T, H, S, E, C, cu_seqlens, cfg, qq.device)
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
-    fused = _fused(cfg, causal, S)
-    if not fused:
-        st, final = _states(kl, v, wf, plan, cfg, H=H, reverse=False, init=kv0 if causal else None, causal=causal,
-                            sdt=_sdt_torch(qq.dtype))
+    st, final = _states(kl, v, wf, plan, cfg, H=H, reverse=False, init=kv0 if causal else None, causal=causal,
+                        sdt=_sdt_torch(qq.dtype))
     # unwritten entries of A (above the diagonal, past a short chunk, the shape bound's slack rows)
     # are never read, but an op's outputs must be fully defined (torch.compile compares them)
     a = qq.new_zeros(plan.NC_alloc, H, C, C) if zero_a else qq.new_empty(plan.NC_alloc, H, C, C)
@@ -432,15 +357,10 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
             float(scale), S, H, C, LB, NMT, BG=BG, BS=cfg.bs, CAUSAL=causal, HAS_BIAS=bias is not None, PREC=PREC,
             num_warps=cfg.warps_fwd, num_stages=cfg.stages,
         )
-    if fused:
-        st, final = _states_gemm(kl, v, ql, a, wq, wf, o, plan, cfg, H=H, reverse=False, init=kv0,
-                                 sdt=_sdt_torch(qq.dtype))
-    elif plan.NC > 0:
-        BGM, NMTG, warps = _gemm_tiles(cfg, C, cfg.warps_fwd)
-        mc_gemm_kernel[(cdiv(E, cfg.be_fwd), plan.NC * NMTG, H)](
+        mc_gemm_kernel[(cdiv(E, cfg.be_fwd), plan.NC * NMT, H)](
             a, v, ql, st, wq, plan.ch_id if causal else plan.ch_seq, o, plan.ch_start, plan.ch_len,
-            S, E, H, C, NMTG, BG=BGM, BE=cfg.be_fwd, BK=cfg.bk, TRANS=False, CAUSAL=causal, PREC=PREC, SDT=SDT,
-            TRI=causal and BGM > BG, num_warps=warps, num_stages=cfg.stages,
+            S, E, H, C, NMT, BG=BG, BE=cfg.be_fwd, BK=cfg.bk, TRANS=False, CAUSAL=causal, PREC=PREC, SDT=SDT,
+            num_warps=cfg.warps_fwd, num_stages=cfg.stages,
         )
     if not causal:
         final = qq.new_empty(0, dtype=torch.float32)
@@ -487,20 +407,15 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     plan = _plan(B, T, H, S, E, C, cu_seqlens, cfg, dev)
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
     init = dkv.contiguous() if (causal and dkv is not None) else None
-    dv = torch.empty_like(v)
-    fused = _fused(cfg, causal, S)
-    if fused:  # G and dv = wf k_lin G_c + A_c^T do in one walk
-        gst, gfinal = _states_gemm(ql, do, kl, a, wf, wq, dv, plan, cfg, H=H, reverse=True, init=init,
-                                   sdt=_sdt_torch(qq.dtype))
-    else:
-        gst, gfinal = _states(ql, do, wq, plan, cfg, H=H, reverse=True, init=init, causal=causal,
-                              sdt=_sdt_torch(qq.dtype))
+    gst, gfinal = _states(ql, do, wq, plan, cfg, H=H, reverse=True, init=init, causal=causal,
+                          sdt=_sdt_torch(qq.dtype))
     idx = plan.ch_id if causal else plan.ch_seq
     bias, LB = _bias(rel_bias)
     need_db = need_db and bias is not None
     SDT, PREC = dot_config(qq.dtype)
     BG = cfg.bg
     NMT = cdiv(C, BG)
+    dv = torch.empty_like(v)
     dql, dkl = torch.empty_like(ql), torch.empty_like(kl)
     dqq, dkq = torch.empty_like(qq), torch.empty_like(kq)
     ds = qq.new_empty(plan.NC_alloc, H, C, C)
@@ -511,13 +426,11 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     if plan.NC > 0:
         b_ptr = bias if bias is not None else qq
         rows = plan.NC * NMT
-        if not fused:
-            BGM, NMTG, warps = _gemm_tiles(cfg, C, cfg.warps_bwd)
-            mc_gemm_kernel[(cdiv(E, cfg.be_dv), plan.NC * NMTG, H)](
-                a, do, kl, gst, wf, idx, dv, plan.ch_start, plan.ch_len,
-                S, E, H, C, NMTG, BG=BGM, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
-                TRI=causal and BGM > BG, num_warps=warps, num_stages=cfg.stages,
-            )
+        mc_gemm_kernel[(cdiv(E, cfg.be_dv), rows, H)](
+            a, do, kl, gst, wf, idx, dv, plan.ch_start, plan.ch_len,
+            S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
+            num_warps=cfg.warps_bwd, num_stages=cfg.stages,
+        )
         mc_dp_kernel[(rows, NMT, H)](
             qq, kq, v, do, ds, b_ptr, plan.ch_start, plan.ch_len,
             float(scale), S, E, H, C, LB, NMT, BG=BG, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
