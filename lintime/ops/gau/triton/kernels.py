@@ -226,7 +226,9 @@ def relu2_bwd_dqk_kernel(
         hi = rl
     mid = (NTD - 1) // 2
     p_dbs = DB + i_h.to(tl.int64) * NTD * BM * BM
-    for n0 in range(0, hi, 2 * BM):
+    nk = tl.cdiv(hi, BM)
+    for j in range(0, nk, 2):
+        n0 = j * BM
         n1 = n0 + BM
         o_n0 = n0 + tl.arange(0, BM)
         o_n1 = n1 + tl.arange(0, BM)
