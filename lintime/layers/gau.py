@@ -48,7 +48,8 @@ SCALINGS = ("n", "ns")
 class ScaleOffset(nn.Module):
     """Cheap per-dimension heads of a shared representation (seed Code 6 / 8 ``gamma``,
     ``beta``): ``z [..., s] -> [..., heads, s]`` with ``z * gamma[h] + beta[h]``.  The parameters
-    only: the layers compute the heads inside :func:`lintime.ops.gau_heads` (with SiLU and RoPE).
+    ``forward`` is the plain formula (the tests' reference); the layers compute the heads inside
+    :func:`lintime.ops.gau_heads` (with SiLU and RoPE) from these parameters.
 
     ``gamma`` is initialised ``N(0, std)`` (the seed's ``WEIGHT_INITIALIZER``), ``beta`` 0.  Both
     are excluded from weight decay (they are per-dimension scalars, like a norm's gain)."""
@@ -66,6 +67,9 @@ class ScaleOffset(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         return {"gamma", "beta"}
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return z[..., None, :] * self.gamma.to(z.dtype) + self.beta.to(z.dtype)
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}, dim={self.dim}"
