@@ -33,7 +33,7 @@ def main(T: int = 4096, d: int = 1024, tokens: int = 32768, n: int = 5) -> None:
         for _ in range(n):
             step()
         torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof_ops:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof_ops:
         step()
         torch.cuda.synchronize()
     groups: dict[str, float] = {}
@@ -70,6 +70,15 @@ def main(T: int = 4096, d: int = 1024, tokens: int = 32768, n: int = 5) -> None:
             ops.append((dt, ev.key, ev.count))
     for dt, k, c in sorted(ops, reverse=True)[:20]:
         print(f"  {dt:7.3f} ms  x{c:<3d} {k}")
+    print("elementwise PyTorch ops by input shape (where the copies and fills come from):")
+    shaped = []
+    for ev in prof_ops.key_averages(group_by_input_shape=True):
+        dt = (getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0)) / 1000.0
+        if dt > 0.002 and ev.key in ("aten::copy_", "aten::fill_", "aten::mul", "aten::add", "aten::add_",
+                                     "aten::sum", "aten::zero_", "aten::clone", "aten::cat"):
+            shaped.append((dt, ev.key, ev.count, str(ev.input_shapes)[:90]))
+    for dt, k, c, shp in sorted(shaped, reverse=True)[:24]:
+        print(f"  {dt:7.3f} ms  x{c:<3d} {k:14s} {shp}")
 
 
 if __name__ == "__main__":

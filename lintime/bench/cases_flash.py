@@ -328,35 +328,47 @@ def case_variants(results, quick=False, Ts=(2048, 32768), T_gau=4096, graph=True
             break
 
 
-def case_profile(results, quick=False, T=32768, S=128, E=2048, C=256, tokens=TOKENS):
+def case_profile(results, quick=False, T=None, S=128, E=2048, C=256, tokens=TOKENS):
     """Per-kernel device time of one mixed chunk forward + backward (torch.profiler), to see what
-    bounds the total; also the same for GAU at T = 4096."""
+    bounds the total; also the same for GAU at T = 4096.  ``T`` (mixed chunk) defaults to 32k, or the
+    comma-separated lengths in ``LINTIME_PROFILE_TS``."""
+    if T is None:
+        Ts = [int(t) for t in os.environ.get("LINTIME_PROFILE_TS", "32768").split(",") if t]
+        for t in Ts[:-1]:
+            _profile_mixed_chunk(results, t, S, E, C, tokens)
+        T = Ts[-1]
+    _profile_mixed_chunk(results, T, S, E, C, tokens)
+    _profile_gau(results, S, E, tokens)
+
+
+def _profile_report(results, tag, fn, T, B, n=5):
     from torch.profiler import ProfilerActivity, profile
 
-    from lintime.ops import gau_attention, mixed_chunk_attention
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        dt = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if dt > 0:
+            rows.append((dt / n / 1000.0, ev.key[:60], ev.count // n))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    print(f"profile {tag}: device total {total:.3f} ms per call", flush=True)
+    for ms, key, cnt in rows[:14]:
+        print(f"   {ms:8.3f} ms  x{cnt:<3d} {key}", flush=True)
+    results.append(Result(f"profile:{tag}", "triton", T, B, {}, extra={
+        "device_ms": total, "kernels": [[k, ms, c] for ms, k, c in rows[:20]]}))
+
+
+def _profile_mixed_chunk(results, T, S, E, C, tokens):
+    from lintime.ops import mixed_chunk_attention
     from lintime.ops.gau.triton.plan import variant_blocks
     from lintime.ops.mixed_chunk.triton import triton_mixed_chunk_attention
     from lintime.ops.mixed_chunk.triton.mixed_chunk import LAUNCH_VARIANTS as MC_VARIANTS
-
-    def report(tag, fn, n=5):
-        fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(n):
-                fn()
-            torch.cuda.synchronize()
-        rows = []
-        for ev in prof.key_averages():
-            dt = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-            if dt > 0:
-                rows.append((dt / n / 1000.0, ev.key[:60], ev.count // n))
-        rows.sort(reverse=True)
-        total = sum(r[0] for r in rows)
-        print(f"profile {tag}: device total {total:.3f} ms per call", flush=True)
-        for ms, key, cnt in rows[:14]:
-            print(f"   {ms:8.3f} ms  x{cnt:<3d} {key}", flush=True)
-        results.append(Result(f"profile:{tag}", "triton", T, tokens // T, {}, extra={
-            "device_ms": total, "kernels": [[k, ms, c] for ms, k, c in rows[:20]]}))
 
     B = max(1, tokens // T)
     xs = [_rand(B, T, 1, S, scale=0.5) for _ in range(4)] + [_rand(B, T, 1, E)]
@@ -370,11 +382,17 @@ def case_profile(results, quick=False, T=32768, S=128, E=2048, C=256, tokens=TOK
             o, _ = triton_mixed_chunk_attention(*xs, rel_bias=rb, chunk_size=C, blocks=blocks)
         torch.autograd.grad(o, xs + [rb], do)
 
-    report(f"mixed_chunk T={T}", mc)
+    _profile_report(results, f"mixed_chunk T={T}", mc, T, B)
     # LINTIME_PROFILE_VARIANTS="one_seg,...": the same profile for those mixed chunk launch variants
     for name in (n for n in os.environ.get("LINTIME_PROFILE_VARIANTS", "").split(",") if n):
         overrides = dict(MC_VARIANTS)[name]
-        report(f"mixed_chunk {name} T={T}", functools.partial(mc, variant_blocks(overrides, S, E, torch.bfloat16, C)))
+        _profile_report(results, f"mixed_chunk {name} T={T}",
+                        functools.partial(mc, variant_blocks(overrides, S, E, torch.bfloat16, C)), T, B)
+
+
+def _profile_gau(results, S, E, tokens):
+    from lintime.ops import gau_attention
+
     Tg = 4096
     Bg = tokens // Tg
     q, k = _rand(Bg, Tg, 1, S, scale=0.5), _rand(Bg, Tg, 1, S, scale=0.5)
@@ -386,7 +404,7 @@ def case_profile(results, quick=False, T=32768, S=128, E=2048, C=256, tokens=TOK
         o = gau_attention(q, k, v, rel_bias=rbg, scale=1.0 / 128)
         torch.autograd.grad(o, [q, k, v, rbg], dog)
 
-    report(f"gau T={Tg}", gau)
+    _profile_report(results, f"gau T={Tg}", gau, Tg, Bg)
 
 
 def case_graph(results, quick=False, tokens=TOKENS, S=128, E=2048, C=256):

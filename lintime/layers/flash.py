@@ -219,7 +219,8 @@ class FLASH(Mixer):
                     raise ValueError("FLASH: first_to_all needs a state made by this layer's init_state")
                 o_f, new_state.fta = self._fta_cached(qf, kf, v, state.fta, cu_seqlens)
                 a = a + o_f
-        return self.out(u * a[:, :, 0]), new_state
+        # squeeze, not a[:, :, 0]: select's backward is a zero fill + a copy of the whole gradient
+        return self.out(u * a.squeeze(2)), new_state
 
     def init_state(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> FLASHState:
         mc = MixedChunkState.zeros(batch_size, self.chunk_size, 1, self.s, self.e, dtype=dtype, device=device)
