@@ -81,13 +81,10 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # Slower (H200 09:31 UTC, fwd / fwd+bwd at 4k: default 1.55 / 4.85 ms, fwd_s1 1.94 / 5.23, s1 1.94 / 6.59)
     ("fwd_s1", {"stages_gau_fwd": 1}),
     ("s1", {"stages_gau": 1, "stages_gau_fwd": 1}),
-    # 128-row query tiles in the forward / key tiles in the dV pass, the other side in 64-token steps: each
-    # warp group owns 64 rows of the scores, so P stays in registers for its product (FlashAttention's
-    # split); 256-wide E tiles keep the [128, 256] fp32 accumulator in 8 warps' registers
-    ("q128", {"bq_gau": 128, "be_fwd": 256, "stages_gau_fwd": 2}),
-    ("q128_s3", {"bq_gau": 128, "be_fwd": 256, "stages_gau_fwd": 3}),
-    ("k128", {"bk_gau": 128, "be_dv": 256}),
-    ("qk128", {"bq_gau": 128, "be_fwd": 256, "bk_gau": 128, "be_dv": 256}),
+    # Measured on an H200 and removed (session 6, code in commit d65bb21, fwd / fwd+bwd device at 4k against the
+    # default's 1.54 / 4.82 ms): 128-row query tiles in the forward with 64-key steps and 256-wide E tiles (each
+    # warp group's score rows stay in its registers, FlashAttention's split: 1.75 / 5.02; 3 stages need 240 KB of
+    # shared memory), 128-row key tiles in the dV pass (4.87), both (5.08)
 )
 
 
@@ -151,8 +148,7 @@ def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
     B, T, H, S = q.shape
     E = v.shape[-1]
     o = torch.empty_like(v)
-    bq = cfg.bq_gau or cfg.bm
-    tables, NT, _ = _plan(B, T, cu_seqlens, bq, q.device)
+    tables, NT, _ = _plan(B, T, cu_seqlens, cfg.bm, q.device)
     if NT == 0:
         return o
     t_reg, t_off = _tile_tables(tables, cfg, causal, "q", bwd=False)
@@ -163,7 +159,7 @@ def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
         q, k, v, o, bias if bias is not None else q,
         t_reg, t_off, r_start, r_len,
         float(scale), S, E, H, LB, T - 1,
-        BM=bq, BN=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_fwd, CAUSAL=causal, HAS_BIAS=bias is not None,
+        BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_fwd, CAUSAL=causal, HAS_BIAS=bias is not None,
         ONE_S=cfg.bs_gau >= S, PREC=dot_config(q.dtype)[1], num_warps=cfg.warps_gau_fwd,
         num_stages=cfg.stages_gau_fwd or cfg.stages_gau,
     )
@@ -207,13 +203,11 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
         common = {"CAUSAL": causal, "HAS_BIAS": bias is not None, "ONE_S": cfg.bs_gau >= S,
                   "PREC": dot_config(q.dtype)[1], "num_stages": cfg.stages_gau}
         b_ptr = bias if bias is not None else q
-        bk = cfg.bk_gau or cfg.bm
-        tables_k, NT_k = (tables, NT) if bk == cfg.bm else _plan(B, T, cu_seqlens, bk, q.device)[:2]
-        relu2_bwd_dv_kernel[(cdiv(E, cfg.be_dv), NT_k, H)](
+        relu2_bwd_dv_kernel[(cdiv(E, cfg.be_dv), NT, H)](
             q, k, do, dv, b_ptr,
-            *_tile_tables(tables_k, cfg, causal, "k", bwd=True), r_start, r_len,
+            *_tile_tables(tables, cfg, causal, "k", bwd=True), r_start, r_len,
             float(scale), S, E, H, LB, T - 1,
-            BM=bk, BQ=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_dv, num_warps=cfg.warps_gau_dv, **common,
+            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_dv, num_warps=cfg.warps_gau_dv, **common,
         )
         relu2_bwd_dqk_kernel[(NT, H)](
             q, k, v, do, dq32, dk32, db_tiles, b_ptr,

@@ -52,11 +52,10 @@ def relu2_fwd_kernel(
     Q, K, V, O, BIAS,
     TILE_REG, TILE_OFF, REG_START, REG_LEN,
     scale, S, E, H, LB, OFF,
-    BM: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
+    BM: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, ONE_S: tl.constexpr, PREC: tl.constexpr,
 ):
-    """``O[tile, E tile] = sum_j relu2(s_ij) v_j`` for a ``BM``-row query tile, keys in steps of
-    ``BN``; grid ``(E tiles, tiles, H)``."""
+    """``O[tile, E tile] = sum_j relu2(s_ij) v_j``; grid ``(E tiles, tiles, H)``."""
     i_e, i_t, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     r = tl.load(TILE_REG + i_t)
     m0 = tl.load(TILE_OFF + i_t)
@@ -76,11 +75,11 @@ def relu2_fwd_kernel(
     else:
         hi = rl
     acc = tl.zeros([BM, BE], dtype=tl.float32)
-    for n0 in range(0, hi, BN):
-        o_n = n0 + tl.arange(0, BN)
+    for n0 in range(0, hi, BM):
+        o_n = n0 + tl.arange(0, BM)
         m_n = o_n < rl
         p_k = K + ((rs + o_n) * H + i_h) * S
-        b_s = _tile_scores(p_q, p_k, m_m, m_n, S, o_s, b_q, ONE_S, BS, PREC, BM, BN) * scale
+        b_s = _tile_scores(p_q, p_k, m_m, m_n, S, o_s, b_q, ONE_S, BS, PREC, BM, BM) * scale
         if HAS_BIAS:
             b_s += tl.load(BIAS + i_h * LB + OFF + o_m[:, None] - o_n[None, :],
                            mask=m_m[:, None] & m_n[None, :], other=0.0)
@@ -101,11 +100,10 @@ def relu2_bwd_dv_kernel(
     Q, K, DO, DV, BIAS,
     TILE_REG, TILE_OFF, REG_START, REG_LEN,
     scale, S, E, H, LB, OFF,
-    BM: tl.constexpr, BQ: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
+    BM: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, ONE_S: tl.constexpr, PREC: tl.constexpr,
 ):
-    """``DV[key tile, E tile] = sum_i relu2(s_ij) do_i`` for a ``BM``-row key tile, queries in steps
-    of ``BQ``; grid ``(E tiles, tiles, H)``."""
+    """``DV[key tile, E tile] = sum_i relu2(s_ij) do_i``; grid ``(E tiles, tiles, H)``."""
     i_e, i_t, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     r = tl.load(TILE_REG + i_t)
     n0 = tl.load(TILE_OFF + i_t)
@@ -125,11 +123,11 @@ def relu2_bwd_dv_kernel(
     else:
         lo = 0
     acc = tl.zeros([BM, BE], dtype=tl.float32)
-    for m0 in range(lo, rl, BQ):
-        o_m = m0 + tl.arange(0, BQ)
+    for m0 in range(lo, rl, BM):
+        o_m = m0 + tl.arange(0, BM)
         m_m = o_m < rl
         p_q = Q + ((rs + o_m) * H + i_h) * S
-        b_st = _tile_scores(p_k, p_q, m_n, m_m, S, o_s, b_k, ONE_S, BS, PREC, BM, BQ) * scale  # [BM, BQ]
+        b_st = _tile_scores(p_k, p_q, m_n, m_m, S, o_s, b_k, ONE_S, BS, PREC, BM, BM) * scale  # [BN, BM]
         if HAS_BIAS:
             b_st += tl.load(BIAS + i_h * LB + OFF + o_m[None, :] - o_n[:, None],
                             mask=m_n[:, None] & m_m[None, :], other=0.0)

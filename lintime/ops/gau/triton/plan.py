@@ -39,11 +39,7 @@ class Blocks:
     of the chunk-state walk, ``seg_chunks`` chunks per segment of that walk (0 = automatic),
     ``warps_fwd`` / ``warps_bwd`` / ``stages`` the launch settings.  GAU's ``gau_order``: bit 0
     (forward) and bit 1 (backward) launch the programs of the heaviest tiles first in causal calls;
-    ``stages_gau_fwd`` the forward's pipeline stages (0: ``stages_gau``); ``bq_gau`` the forward's
-    query tile and ``bk_gau`` the dV pass's key tile (0: ``bm``; the other side steps by ``bm``).
-    Mixed chunk's ``mc_fold``: 1 stores the per-chunk states times the weight their consumers apply
-    (``wq`` for ``H``, ``wf`` for ``G``), 2 also runs the output / dV GEMM as one reduction loop;
-    ``walk_flat`` flattens the state walk's chunk and token loops into one pipelined loop.
+    ``stages_gau_fwd`` the forward's pipeline stages (0: ``stages_gau``).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -70,10 +66,6 @@ class Blocks:
     warps_gau_dv: int = 4
     gau_order: int = 0
     stages_gau_fwd: int = 0
-    bq_gau: int = 0
-    bk_gau: int = 0
-    mc_fold: int = 0
-    walk_flat: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]

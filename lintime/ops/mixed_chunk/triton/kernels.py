@@ -31,12 +31,11 @@ import triton.language as tl
 
 @triton.jit
 def chunk_state_kernel(
-    X, Y, HOUT, TOT, INIT, W, WS,
+    X, Y, HOUT, TOT, INIT, W,
     SEG_FIRST, SEG_N, SEG_SEQ, CH_START, CH_LEN,
     S, E, H,
     BS: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr,
-    REVERSE: tl.constexpr, STORE: tl.constexpr, HAS_INIT: tl.constexpr, HAS_WS: tl.constexpr,
-    FLAT: tl.constexpr, PREC: tl.constexpr,
+    REVERSE: tl.constexpr, STORE: tl.constexpr, HAS_INIT: tl.constexpr, PREC: tl.constexpr,
 ):
     """Walk the chunks of one segment (a run of chunks of one sequence), carrying an ``[BS, BE]``
     fp32 tile of ``sum_c w_c X_c^T Y_c`` in registers; grid ``(S tiles * E tiles, segments, H)``.
@@ -46,10 +45,8 @@ def chunk_state_kernel(
     ``1 / N``, chunks from last to first.  The walk starts from zero, or with ``HAS_INIT`` from its
     sequence's fp32 state in ``INIT [N, H, S, E]`` (one segment per sequence); with ``STORE`` it writes
     the state entering every chunk (``HOUT [NC, H, S, E]``: segment-local when the sequence has
-    several segments, see :func:`seg_fix_kernel`), times the chunk's ``WS`` with ``HAS_WS`` (the
-    weight its consumers apply: stored pre-scaled, one rounding); it always writes the unscaled state
-    after the segment (``TOT``).  ``FLAT``: the chunk loop is flattened with the token loop, so loads
-    are pipelined across chunk boundaries.
+    several segments, see :func:`seg_fix_kernel`); it always writes the state after the segment
+    (``TOT``).
     """
     i_se, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NE = tl.cdiv(E, BE)
@@ -67,17 +64,13 @@ def chunk_state_kernel(
     if HAS_INIT:
         i_n = tl.load(SEG_SEQ + i_g).to(tl.int64)
         b_h += tl.load(INIT + (i_n * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
-    for i in tl.range(nc, flatten=FLAT):
+    for i in range(nc):
         if REVERSE:
             c = c0 + nc - 1 - i
         else:
             c = c0 + i
         if STORE:
-            if HAS_WS:
-                b_hs = b_h * tl.load(WS + c)
-            else:
-                b_hs = b_h
-            tl.store(HOUT + (c.to(tl.int64) * H + i_h) * S * E + o_se, b_hs.to(HOUT.dtype.element_ty), mask=m_se)
+            tl.store(HOUT + (c.to(tl.int64) * H + i_h) * S * E + o_se, b_h.to(HOUT.dtype.element_ty), mask=m_se)
         cs = tl.load(CH_START + c).to(tl.int64)
         cl = tl.load(CH_LEN + c)
         w = tl.load(W + c)
@@ -146,59 +139,16 @@ def mc_scores_kernel(
 
 
 @triton.jit
-def _gemm_one_loop(acc, A, Y, L, p_a, p_st, cs, cl, m0, o_m, m_m, o_e, m_e, o_k, rows_m, i_h,
-                   S, E, H, C, BG: tl.constexpr, BK: tl.constexpr, TRANS: tl.constexpr, CAUSAL: tl.constexpr,
-                   PREC: tl.constexpr):
-    """:func:`mc_gemm_kernel`'s reduction as one loop: steps ``j < NS`` take ``L`` and the state's
-    rows ``[j BK, (j + 1) BK)`` (the linear part), the rest take ``A``'s columns and ``Y``'s rows of
-    the chunk's keys (the quadratic part); the operands of a step are picked by pointer, so the loads
-    of both parts go through one software pipeline."""
-    if TRANS:
-        if CAUSAL:
-            lo = m0
-        else:
-            lo = 0
-        hi = cl
-    else:
-        lo = 0
-        if CAUSAL:
-            hi = tl.minimum(m0 + BG, cl)
-        else:
-            hi = cl
-    NS = tl.cdiv(S, BK)
-    n = NS + tl.cdiv(hi - lo, BK)
-    for j in range(0, n):
-        lin = j < NS
-        s0 = j * BK
-        o_kk = lo + (j - NS) * BK + o_k
-        m_k = tl.where(lin, (s0 + o_k) < S, o_kk < hi)
-        if TRANS:
-            p_aq = p_a + o_kk[None, :] * C + o_m[:, None]
-        else:
-            p_aq = p_a + o_m[:, None] * C + o_kk[None, :]
-        p_x = tl.where(lin, L + rows_m[:, None] * S + s0 + o_k[None, :], p_aq)
-        p_y = tl.where(lin, p_st + (s0 + o_k)[:, None] * E + o_e[None, :],
-                       Y + ((cs + o_kk) * H + i_h)[:, None] * E + o_e[None, :])
-        b_x = tl.load(p_x, mask=m_m[:, None] & m_k[None, :], other=0.0)
-        b_y = tl.load(p_y, mask=m_k[:, None] & m_e[None, :], other=0.0)
-        acc = tl.dot(b_x, b_y, acc, input_precision=PREC)
-    return acc
-
-
-@triton.jit
 def mc_gemm_kernel(
     A, Y, L, ST, W, ST_IDX, OUT, CH_START, CH_LEN,
     S, E, H, C, NMT,
     BG: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
-    TRANS: tl.constexpr, CAUSAL: tl.constexpr, FOLD: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
+    TRANS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
 ):
     """``OUT[rows, E tile] = w_c L[rows] ST[idx_c] + A_c[rows, :] Y`` (``TRANS``: ``A_c^T``).
 
     Forward: ``L = q_lin, ST = H, w = wq, Y = v`` gives ``o``; backward with ``TRANS``:
-    ``L = k_lin, ST = G, w = wf, Y = do`` gives ``dv``.  ``FOLD`` > 0: the states are stored times
-    ``w`` already (``W`` unused); ``FOLD`` 2: one reduction loop over the ``S`` steps and then the
-    chunk's key steps (one pipeline instead of two; needs ``ST`` and ``Y`` of one dtype).  Grid
-    ``(E tiles, NC * NMT, H)``.
+    ``L = k_lin, ST = G, w = wf, Y = do`` gives ``dv``.  Grid ``(E tiles, NC * NMT, H)``.
     """
     i_e = tl.program_id(0)
     c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
@@ -211,25 +161,19 @@ def mc_gemm_kernel(
     m_e = o_e < E
     o_k = tl.arange(0, BK)
     rows_m = (cs + o_m) * H + i_h
+    # linear part first, so one accumulator carries both (seed Eq. 8 / its gradient)
+    w = tl.load(W + c)
     idx = tl.load(ST_IDX + c).to(tl.int64)
     p_st = ST + (idx * H + i_h) * S * E
-    p_a = A + (c.to(tl.int64) * H + i_h) * C * C
     acc = tl.zeros([BG, BE], dtype=tl.float32)
-    if FOLD == 2:
-        acc = _gemm_one_loop(acc, A, Y, L, p_a, p_st, cs, cl, m0, o_m, m_m, o_e, m_e, o_k, rows_m, i_h,
-                             S, E, H, C, BG, BK, TRANS, CAUSAL, PREC)
-        tl.store(OUT + rows_m[:, None] * E + o_e[None, :], acc.to(OUT.dtype.element_ty),
-                 mask=m_m[:, None] & m_e[None, :])
-        return
-    # linear part first, so one accumulator carries both (seed Eq. 8 / its gradient)
     for s0 in range(0, S, BK):
         m_s = (s0 + o_k) < S
         b_l = tl.load(L + rows_m[:, None] * S + s0 + o_k[None, :], mask=m_m[:, None] & m_s[None, :], other=0.0)
         b_st = tl.load(p_st + (s0 + o_k)[:, None] * E + o_e[None, :], mask=m_s[:, None] & m_e[None, :], other=0.0)
         acc = tl.dot(b_l.to(SDT), b_st.to(SDT), acc, input_precision=PREC)
-    if FOLD == 0:
-        acc = acc * tl.load(W + c)
+    acc = acc * w
     # quadratic part (seed Eq. 6): A's masked entries are stored zeros
+    p_a = A + (c.to(tl.int64) * H + i_h) * C * C
     if TRANS:
         if CAUSAL:
             lo = m0
@@ -307,12 +251,10 @@ def mc_dp_kernel(
 def mc_dlin_kernel(
     DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, CH_START, CH_LEN,
     S, E, H, NMT,
-    BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr, FOLD: tl.constexpr, PREC: tl.constexpr,
-    SDT: tl.constexpr,
+    BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
 ):
     """``dq_lin = wq do H_c^T``, ``dk_lin = wf v G_c^T`` for one row tile and ``S`` tile
-    (reduction over all of ``E``; with ``FOLD`` the states carry the weights already); grid
-    ``(S tiles, NC * NMT, H)``."""
+    (reduction over all of ``E``); grid ``(S tiles, NC * NMT, H)``."""
     i_s = tl.program_id(0)
     c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
     i_h = tl.program_id(2)
@@ -339,13 +281,12 @@ def mc_dlin_kernel(
         b_g = tl.load(p_g + o_s[:, None] * E + e0 + o_e[None, :], mask=m_se, other=0.0)
         b_dql = tl.dot(b_do.to(SDT), tl.trans(b_h.to(SDT)), b_dql, input_precision=PREC)
         b_dkl = tl.dot(b_v.to(SDT), tl.trans(b_g.to(SDT)), b_dkl, input_precision=PREC)
-    if FOLD == 0:
-        b_dql = b_dql * tl.load(WQ + c)
-        b_dkl = b_dkl * tl.load(WF + c)
+    wq = tl.load(WQ + c)
+    wf = tl.load(WF + c)
     o_ms = rows_m[:, None] * S + o_s[None, :]
     m_ms = m_m[:, None] & m_s[None, :]
-    tl.store(DQL + o_ms, b_dql.to(DQL.dtype.element_ty), mask=m_ms)
-    tl.store(DKL + o_ms, b_dkl.to(DKL.dtype.element_ty), mask=m_ms)
+    tl.store(DQL + o_ms, (wq * b_dql).to(DQL.dtype.element_ty), mask=m_ms)
+    tl.store(DKL + o_ms, (wf * b_dkl).to(DKL.dtype.element_ty), mask=m_ms)
 
 
 @triton.jit
@@ -406,16 +347,15 @@ def mc_dqk_kernel(
 
 @triton.jit
 def seg_fix_kernel(
-    HOUT, TOT, INIT, FINAL, WS, SEG_FIRST, SEG_N, SEG_SEQ, SEQ_PTR,
+    HOUT, TOT, INIT, FINAL, SEG_FIRST, SEG_N, SEG_SEQ, SEQ_PTR,
     S, E, H,
-    BS: tl.constexpr, BE: tl.constexpr, REVERSE: tl.constexpr, HAS_INIT: tl.constexpr, HAS_WS: tl.constexpr,
+    BS: tl.constexpr, BE: tl.constexpr, REVERSE: tl.constexpr, HAS_INIT: tl.constexpr,
 ):
     """Turn segment-local per-chunk states into global ones: ``HOUT[c] += start(segment)``, where
     ``start`` = the initial state + the totals of the sequence's segments walked before this one;
     the last segment (in walk order) also writes the sequence's final state.  With the walk from
     zero at every segment (``chunk_state_kernel`` with ``STORE``) this gives the states entering every
-    chunk in two passes (``HAS_WS``: the states are stored times the chunk's ``WS``, so is the
-    start added).  Grid ``(S tiles * E tiles, segments, H)``."""
+    chunk in two passes.  Grid ``(S tiles * E tiles, segments, H)``."""
     i_se, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NE = tl.cdiv(E, BE)
     i_s, i_e = i_se // NE, i_se % NE
@@ -443,11 +383,7 @@ def seg_fix_kernel(
         for i in range(nc):
             p = HOUT + ((c0 + i).to(tl.int64) * H + i_h) * S * E + o_se
             b_h = tl.load(p, mask=m_se, other=0.0).to(tl.float32)
-            if HAS_WS:
-                b_h += tl.load(WS + c0 + i) * b_st
-            else:
-                b_h += b_st
-            tl.store(p, b_h.to(HOUT.dtype.element_ty), mask=m_se)
+            tl.store(p, (b_h + b_st).to(HOUT.dtype.element_ty), mask=m_se)
     if REVERSE:
         last = i_g == g0
     else:

@@ -100,13 +100,14 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # the backward 0.977 / 1.033)
     ("bs128", {"bs": 128}),
     ("bs128_w8", {"bs": 128, "warps_bwd": 8}),
-    # states stored times the weight their consumers apply (no weight in the GEMMs / dq_lin, dk_lin), and with
-    # it the output / dV GEMM as one reduction loop (linear steps, then the chunk's keys: one pipeline)
-    ("fold1", {"mc_fold": 1}),
-    ("fold2", {"mc_fold": 2}),
-    # the state walk's chunk and token loops flattened into one pipelined loop (tl.range(flatten=True))
-    ("walk_flat", {"walk_flat": 1}),
-    ("fold2_flat", {"mc_fold": 2, "walk_flat": 1}),
+    # Measured on an H200 and removed (2026-11-22 session 6, code in commit d65bb21, fwd+bwd device at 2k / 32k
+    # against the default's 0.89 / 0.99 ms): states stored times their consumers' weight ("fold1": 0.89 / 0.99,
+    # no gain), with it the output / dV GEMM as one reduction loop whose operands are picked by pointer per
+    # step ("fold2": 1.28 / 1.39), the state walk's loops flattened (tl.range(flatten=True): 0.89 / 0.99)
+    # 128-wide reduction steps in the output / dV GEMMs (one S step, <= 2 key steps per row tile)
+    ("bk128", {"bk": 128}),
+    ("bk128_s2", {"bk": 128, "stages": 2}),
+    ("bt128", {"bt": 128}),  # 128-token steps in the state walk
 )
 
 
@@ -241,19 +242,18 @@ def _compute_weights(plan: _Plan, C, causal, linear_norm, count0):
     return wq.contiguous(), wf.contiguous()
 
 
-def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, init=None, ws=None):
+def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, init=None):
     """``chunk_state_kernel`` over every segment: with ``init`` (one walk per sequence) each walk starts
-    from its sequence's initial state, else from zero; with ``ws`` the stored states are scaled per chunk."""
+    from its sequence's initial state, else from zero."""
     S, E = x.shape[-1], y.shape[-1]
     if plan.NSEG == 0:
         return
     grid = (cdiv(S, cfg.bs_state) * cdiv(E, cfg.be_state), plan.NSEG, H)
     chunk_state_kernel[grid](
-        x, y, hout, tot, init if init is not None else tot, w, ws if ws is not None else w,
+        x, y, hout, tot, init if init is not None else tot, w,
         plan.seg_first, plan.seg_n, plan.seg_seq, plan.ch_start, plan.ch_len, S, E, H,
         BS=cfg.bs_state, BE=cfg.be_state, BT=cfg.bt, REVERSE=reverse, STORE=store, HAS_INIT=init is not None,
-        HAS_WS=ws is not None, FLAT=bool(cfg.walk_flat), PREC=dot_config(x.dtype)[1], num_warps=4,
-        num_stages=cfg.stages,
+        PREC=dot_config(x.dtype)[1], num_warps=4, num_stages=cfg.stages,
     )
 
 
@@ -270,12 +270,11 @@ def _scan(tot, plan: _Plan, *, H, S, E, reverse):
     return final
 
 
-def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt, ws=None):
+def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt):
     """Per-chunk states of the walk direction and the per-sequence result.
 
     Causal: ``(ST [NC_alloc, H, S, E] in sdt, the state entering each chunk; FINAL [N, H, S, E]
-    fp32)``.  Non-causal: ``(ST [N, H, S, E] in sdt, FINAL)``, each sequence's total.  ``ws``: ``ST``
-    is stored times these per-chunk weights (non-causal: the weight of the sequence's chunks).
+    fp32)``.  Non-causal: ``(ST [N, H, S, E] in sdt, FINAL)``, each sequence's total.
     """
     S, E = x.shape[-1], y.shape[-1]
     f32 = {"dtype": torch.float32, "device": x.device}
@@ -283,45 +282,34 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt, ws=None
         tot = torch.empty(max(plan.NSEG, 1), H, S, E, **f32)
         _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=False, hout=tot, tot=tot)
         final = _scan(tot, plan, H=H, S=S, E=E, reverse=reverse)
-        if ws is None:
-            return final.to(sdt), final
-        wseq = torch.zeros(plan.N, **f32).index_copy_(0, plan.ch_seq.long(), ws)  # equal within a sequence
-        return (final * wseq[:, None, None, None]).to(sdt), final
+        return final.to(sdt), final
     hout = torch.empty(plan.NC_alloc, H, S, E, dtype=sdt, device=x.device)
     if plan.NC_alloc > plan.NC:
         hout[plan.NC :].zero_()  # the shape bound's slack rows (packed calls)
     if plan.one_segment and plan.NSEG == plan.N:
-        # one walk per (non-empty) sequence from its initial state: the walk's total is the final state
+        # one walk per (non-empty) sequence from its initial state writes the final states in place: no
+        # zero fill and no copy from the totals (H200, 2026-11-22: 0.93 -> 0.89 ms fwd+bwd at 2k)
         final = torch.empty(plan.N, H, S, E, **f32)
-        _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=True, hout=hout, tot=final, init=init, ws=ws)
+        _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=True, hout=hout, tot=final, init=init)
         return hout, final
     tot = torch.empty(max(plan.NSEG, 1), H, S, E, **f32)
     final = init.clone() if init is not None else torch.zeros(plan.N, H, S, E, **f32)  # (empty sequences)
     if plan.one_segment:
         # one walk per sequence from the initial state; the walk's total is the final state
-        _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=True, hout=hout, tot=tot, init=init, ws=ws)
+        _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=True, hout=hout, tot=tot, init=init)
         if plan.NSEG > 0:
             final.index_copy_(0, plan.seg_seq.long(), tot[: plan.NSEG])
         return hout, final
     # one walk from zero at every segment writes segment-local states and totals; one pass adds each
     # segment's start (init + the totals walked before it) and writes the final states
-    _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=True, hout=hout, tot=tot, ws=ws)
+    _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=True, hout=hout, tot=tot)
     if plan.NSEG > 0:
         BS, BE = min(64, cfg.bs_state), cfg.be_state
         seg_fix_kernel[(cdiv(S, BS) * cdiv(E, BE), plan.NSEG, H)](
-            hout, tot, init if init is not None else tot, final, ws if ws is not None else tot, plan.seg_first,
-            plan.seg_n, plan.seg_seq, plan.seq_ptr, S, E, H, BS=BS, BE=BE, REVERSE=reverse,
-            HAS_INIT=init is not None, HAS_WS=ws is not None, num_warps=4,
+            hout, tot, init if init is not None else tot, final, plan.seg_first, plan.seg_n, plan.seg_seq,
+            plan.seq_ptr, S, E, H, BS=BS, BE=BE, REVERSE=reverse, HAS_INIT=init is not None, num_warps=4,
         )
     return hout, final
-
-
-def _fold(cfg: Blocks, dtype: torch.dtype) -> int:
-    """``Blocks.mc_fold`` as the kernels take it: the one-loop GEMM (2) needs states stored in the
-    inputs' dtype (bf16, fp32); fp16 inputs keep fp32 states and get 1."""
-    if cfg.mc_fold == 2 and _sdt_torch(dtype) != dtype:
-        return 1
-    return cfg.mc_fold
 
 
 def _bias(rel_bias):
@@ -368,9 +356,8 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
     C = chunk_size
     plan = _plan(B, T, H, S, E, C, cu_seqlens, cfg, qq.device)
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
-    fold = _fold(cfg, qq.dtype)
     st, final = _states(kl, v, wf, plan, cfg, H=H, reverse=False, init=kv0 if causal else None, causal=causal,
-                        sdt=_sdt_torch(qq.dtype), ws=wq if fold else None)
+                        sdt=_sdt_torch(qq.dtype))
     # unwritten entries of A (above the diagonal, past a short chunk, the shape bound's slack rows)
     # are never read, but an op's outputs must be fully defined (torch.compile compares them)
     a = qq.new_zeros(plan.NC_alloc, H, C, C) if zero_a else qq.new_empty(plan.NC_alloc, H, C, C)
@@ -387,8 +374,8 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
         )
         mc_gemm_kernel[(cdiv(E, cfg.be_fwd), plan.NC * NMT, H)](
             a, v, ql, st, wq, plan.ch_id if causal else plan.ch_seq, o, plan.ch_start, plan.ch_len,
-            S, E, H, C, NMT, BG=BG, BE=cfg.be_fwd, BK=cfg.bk, TRANS=False, CAUSAL=causal, FOLD=fold, PREC=PREC,
-            SDT=SDT, num_warps=cfg.warps_fwd, num_stages=cfg.stages,
+            S, E, H, C, NMT, BG=BG, BE=cfg.be_fwd, BK=cfg.bk, TRANS=False, CAUSAL=causal, PREC=PREC, SDT=SDT,
+            num_warps=cfg.warps_fwd, num_stages=cfg.stages,
         )
     if not causal:
         final = qq.new_empty(0, dtype=torch.float32)
@@ -434,10 +421,9 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     do = do.contiguous()
     plan = _plan(B, T, H, S, E, C, cu_seqlens, cfg, dev)
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
-    fold = _fold(cfg, qq.dtype)
     init = dkv.contiguous() if (causal and dkv is not None) else None
     gst, gfinal = _states(ql, do, wq, plan, cfg, H=H, reverse=True, init=init, causal=causal,
-                          sdt=_sdt_torch(qq.dtype), ws=wf if fold else None)
+                          sdt=_sdt_torch(qq.dtype))
     idx = plan.ch_id if causal else plan.ch_seq
     bias, LB = _bias(rel_bias)
     need_db = need_db and bias is not None
@@ -457,8 +443,8 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
         rows = plan.NC * NMT
         mc_gemm_kernel[(cdiv(E, cfg.be_dv), rows, H)](
             a, do, kl, gst, wf, idx, dv, plan.ch_start, plan.ch_len,
-            S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, FOLD=fold, PREC=PREC,
-            SDT=SDT, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
+            S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
+            num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
         mc_dp_kernel[(rows, NMT, H)](
             qq, kq, v, do, ds, b_ptr, plan.ch_start, plan.ch_len,
@@ -467,7 +453,7 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
         )
         mc_dlin_kernel[(cdiv(S, cfg.bs), rows, H)](
             do, v, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
-            S, E, H, NMT, BG=BG, BS=cfg.bs, BE=cfg.be_red, FOLD=fold, PREC=PREC, SDT=SDT,
+            S, E, H, NMT, BG=BG, BS=cfg.bs, BE=cfg.be_red, PREC=PREC, SDT=SDT,
             num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
         mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
