@@ -11,7 +11,7 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from lintime.bench.cases_flash import flash_block
+from lintime.bench.cases_flash import flash_block, profile_device
 from lintime.layers.positional import token_positions
 
 
@@ -26,13 +26,7 @@ def main(T: int = 4096, d: int = 1024, tokens: int = 32768, n: int = 5) -> None:
         y = block(x, pos)
         y.backward(g)
 
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            step()
-        torch.cuda.synchronize()
+    prof = profile_device(step, n, warmup=3)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof_ops:
         step()
         torch.cuda.synchronize()

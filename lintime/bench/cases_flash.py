@@ -344,15 +344,23 @@ def case_profile(results, quick=False, T=None, S=128, E=2048, C=256, tokens=TOKE
     _profile_gau(results, S, E, tokens)
 
 
-def _profile_report(results, tag, fn, T, B, n=5):
+def profile_device(fn, n: int = 5, warmup: int = 1):
+    """``torch.profiler`` over ``n`` calls of ``fn`` (CUDA activity only) after ``warmup`` calls; also used
+    by ``benchmarks/profile_flash_layer.py``."""
     from torch.profiler import ProfilerActivity, profile
 
-    fn()
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
             fn()
         torch.cuda.synchronize()
+    return prof
+
+
+def _profile_report(results, tag, fn, T, B, n=5):
+    prof = profile_device(fn, n)
     rows = []
     for ev in prof.key_averages():
         dt = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
