@@ -104,7 +104,9 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # against the default's 0.89 / 0.99 ms): states stored times their consumers' weight ("fold1": 0.89 / 0.99,
     # no gain), with it the output / dV GEMM as one reduction loop whose operands are picked by pointer per
     # step ("fold2": 1.28 / 1.39), the state walk's loops flattened (tl.range(flatten=True): 0.89 / 0.99)
-    # 128-wide reduction steps in the output / dV GEMMs (one S step, <= 2 key steps per row tile)
+    # 128-wide reduction steps in the output / dV GEMMs (one S step, <= 2 key steps per row tile) and 128-token
+    # walk steps: all slower (H200, session 6, fwd+bwd device at 2k / 32k: default 0.89 / 0.99 ms, bk128 1.28 / 1.38,
+    # bk128_s2 1.03 / 1.13, bt128 1.00 / 1.10)
     ("bk128", {"bk": 128}),
     ("bk128_s2", {"bk": 128, "stages": 2}),
     ("bt128", {"bt": 128}),  # 128-token steps in the state walk
