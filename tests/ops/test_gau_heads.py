@@ -133,14 +133,20 @@ def test_triton_matches_naive_fp32(case):
 def test_triton_fp16_half_rule(case):
     T, e, s, nh, gating, R = case
     h, g, b, pos, grads = _inputs(2, T, e, s, nh, gating, torch.float64, seed=2, pmax=5000)
-    kw = {"e": e, "s": s, "gating": gating, "rope_heads": R}
+    _check_half_rule(h, g, b, pos, grads, {"e": e, "s": s, "gating": gating, "rope_heads": R}, torch.float16,
+                     f"triton fp16 {_id(case)}")
+
+
+def _check_half_rule(h, g, b, pos, grads, kw, dtype, label):
+    """Triton on ``dtype`` inputs against the fp64 naive form, with the ``dtype`` naive form as the
+    half-precision rule's baseline; outputs and gradients keep ``dtype``."""
     ref = _run("naive", h, g, b, pos, grads, **kw)
-    half = [x.half() for x in (h, g, b)]
-    hgrads = [None if x is None else x.half() for x in grads]
+    half = [x.to(dtype) for x in (h, g, b)]
+    hgrads = [None if x is None else x.to(dtype) for x in grads]
     base, out = _run("naive", *half, pos, hgrads, **kw), _run("triton", *half, pos, hgrads, **kw)
     for name in ref:
-        assert out[name].dtype == torch.float16
-        assert_half_rule(f"triton fp16 {name} {_id(case)}", ref[name], out[name], base[name])
+        assert out[name].dtype == dtype
+        assert_half_rule(f"{label} {name}", ref[name], out[name], base[name])
 
 
 @cpu_only
@@ -345,13 +351,8 @@ def test_cuda_real_size_bf16_half_rule(nh, gating, rope_heads):
     bf16 naive form is the half-precision rule's baseline."""
     B, T, e, s = 1, 4096, 2048, 128
     h, g, b, pos, grads = _inputs(B, T, e, s, nh, gating, torch.float64, seed=11, device="cuda", pmin=0, pmax=T)
-    kw = {"e": e, "s": s, "gating": gating, "rope_heads": rope_heads}
-    ref = _run("naive", h, g, b, pos, grads, **kw)
-    half = [x.bfloat16() for x in (h, g, b)]
-    hgrads = [None if x is None else x.bfloat16() for x in grads]
-    base, out = _run("naive", *half, pos, hgrads, **kw), _run("triton", *half, pos, hgrads, **kw)
-    for name in ref:
-        assert_half_rule(f"cuda bf16 {name} nh={nh}", ref[name], out[name], base[name])
+    _check_half_rule(h, g, b, pos, grads, {"e": e, "s": s, "gating": gating, "rope_heads": rope_heads},
+                     torch.bfloat16, f"cuda bf16 nh={nh}")
 
 
 @cuda
