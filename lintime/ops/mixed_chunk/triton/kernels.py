@@ -30,12 +30,22 @@ import triton.language as tl
 
 
 @triton.jit
+def _walk_tile(X, Y, cs, t0, cl, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h):
+    """Masked ``[BT, BS]`` / ``[BT, BE]`` tiles of ``X`` / ``Y`` at tokens ``cs + t0 + o_t`` (< ``cl``)."""
+    m_t = (t0 + o_t) < cl
+    rows = (cs + t0 + o_t) * H + i_h
+    b_x = tl.load(X + rows[:, None] * S + o_s[None, :], mask=m_t[:, None] & m_s[None, :], other=0.0)
+    b_y = tl.load(Y + rows[:, None] * E + o_e[None, :], mask=m_t[:, None] & m_e[None, :], other=0.0)
+    return b_x, b_y
+
+
+@triton.jit
 def chunk_state_kernel(
-    X, Y, HOUT, TOT, INIT, W,
+    X, Y, DX, DY, HOUT, TOT, INIT, W,
     SEG_FIRST, SEG_N, SEG_SEQ, CH_START, CH_LEN,
     S, E, H,
     BS: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr,
-    REVERSE: tl.constexpr, STORE: tl.constexpr, HAS_INIT: tl.constexpr, PREC: tl.constexpr,
+    REVERSE: tl.constexpr, STORE: tl.constexpr, HAS_INIT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
 ):
     """Walk the chunks of one segment (a run of chunks of one sequence), carrying an ``[BS, BE]``
     fp32 tile of ``sum_c w_c X_c^T Y_c`` in registers; grid ``(S tiles * E tiles, segments, H)``.
@@ -47,6 +57,10 @@ def chunk_state_kernel(
     the state entering every chunk (``HOUT [NC, H, S, E]``: segment-local when the sequence has
     several segments, see :func:`seg_fix_kernel`); it always writes the state after the segment
     (``TOT``).
+
+    With ``TMA`` the whole ``BT``-token steps of a chunk load ``X`` and ``Y`` through the tensor
+    descriptors ``DX`` / ``DY`` (:func:`lintime.ops.mixed_chunk.triton.mixed_chunk._descs`); a short
+    chunk's partial last step uses masked loads (its rows past the chunk are the next chunk's).
     """
     i_se, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NE = tl.cdiv(E, BE)
@@ -75,12 +89,20 @@ def chunk_state_kernel(
         cl = tl.load(CH_LEN + c)
         w = tl.load(W + c)
         b_d = tl.zeros([BS, BE], dtype=tl.float32)
-        for t0 in range(0, cl, BT):
-            m_t = (t0 + o_t) < cl
-            rows = (cs + t0 + o_t) * H + i_h
-            b_x = tl.load(X + rows[:, None] * S + o_s[None, :], mask=m_t[:, None] & m_s[None, :], other=0.0)
-            b_y = tl.load(Y + rows[:, None] * E + o_e[None, :], mask=m_t[:, None] & m_e[None, :], other=0.0)
-            b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
+        if TMA:
+            full = (cl // BT) * BT
+            for t0 in range(0, full, BT):
+                r = (cs + t0).to(tl.int32)
+                b_x = DX.load([r, i_h * S + i_s * BS])
+                b_y = DY.load([r, i_h * E + i_e * BE])
+                b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
+            if full < cl:  # a short chunk's partial last step: one masked step, not a second pipelined loop
+                b_x, b_y = _walk_tile(X, Y, cs, full, cl, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h)
+                b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
+        else:
+            for t0 in range(0, cl, BT):
+                b_x, b_y = _walk_tile(X, Y, cs, t0, cl, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h)
+                b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
         b_h += w * b_d
     tl.store(TOT + (i_g.to(tl.int64) * H + i_h) * S * E + o_se, b_h, mask=m_se)
 
@@ -140,15 +162,20 @@ def mc_scores_kernel(
 
 @triton.jit
 def mc_gemm_kernel(
-    A, Y, L, ST, W, ST_IDX, OUT, CH_START, CH_LEN,
+    A, Y, L, ST, DA, DY, DL, DST, W, ST_IDX, OUT, CH_START, CH_LEN,
     S, E, H, C, NMT,
     BG: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
-    TRANS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
+    TRANS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr, TMA: tl.constexpr,
 ):
     """``OUT[rows, E tile] = w_c L[rows] ST[idx_c] + A_c[rows, :] Y`` (``TRANS``: ``A_c^T``).
 
     Forward: ``L = q_lin, ST = H, w = wq, Y = v`` gives ``o``; backward with ``TRANS``:
     ``L = k_lin, ST = G, w = wf, Y = do`` gives ``dv``.  Grid ``(E tiles, NC * NMT, H)``.
+
+    With ``TMA`` every tile is loaded whole through the descriptors ``DA, DY, DL, DST``: rows past a
+    short chunk then come from the next chunk, which is harmless -- ``L`` / ``A`` rows past it only
+    reach output rows that are not stored, and ``Y`` rows past it meet ``A`` entries that are zero
+    (stored zeros of the written tiles; with ``TRANS`` the launcher zero-fills ``A`` when a chunk is short).
     """
     i_e = tl.program_id(0)
     c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
@@ -167,9 +194,14 @@ def mc_gemm_kernel(
     p_st = ST + (idx * H + i_h) * S * E
     acc = tl.zeros([BG, BE], dtype=tl.float32)
     for s0 in range(0, S, BK):
-        m_s = (s0 + o_k) < S
-        b_l = tl.load(L + rows_m[:, None] * S + s0 + o_k[None, :], mask=m_m[:, None] & m_s[None, :], other=0.0)
-        b_st = tl.load(p_st + (s0 + o_k)[:, None] * E + o_e[None, :], mask=m_s[:, None] & m_e[None, :], other=0.0)
+        if TMA:
+            b_l = DL.load([(cs + m0).to(tl.int32), i_h * S + s0])
+            b_st = DST.load([((idx * H + i_h) * S + s0).to(tl.int32), i_e * BE])
+        else:
+            m_s = (s0 + o_k) < S
+            b_l = tl.load(L + rows_m[:, None] * S + s0 + o_k[None, :], mask=m_m[:, None] & m_s[None, :], other=0.0)
+            b_st = tl.load(p_st + (s0 + o_k)[:, None] * E + o_e[None, :], mask=m_s[:, None] & m_e[None, :],
+                           other=0.0)
         acc = tl.dot(b_l.to(SDT), b_st.to(SDT), acc, input_precision=PREC)
     acc = acc * w
     # quadratic part (seed Eq. 6): A's masked entries are stored zeros
@@ -186,15 +218,23 @@ def mc_gemm_kernel(
             hi = tl.minimum(m0 + BG, cl)
         else:
             hi = cl
+    ra = ((c * H + i_h) * C).to(tl.int32)
     for k0 in range(lo, hi, BK):
-        o_kk = k0 + o_k
-        m_k = o_kk < hi
-        if TRANS:
-            b_a = tl.load(p_a + o_kk[None, :] * C + o_m[:, None], mask=m_m[:, None] & m_k[None, :], other=0.0)
+        if TMA:
+            if TRANS:
+                b_a = tl.trans(DA.load([ra + k0, m0]))
+            else:
+                b_a = DA.load([ra + m0, k0])
+            b_y = DY.load([(cs + k0).to(tl.int32), i_h * E + i_e * BE])
         else:
-            b_a = tl.load(p_a + o_m[:, None] * C + o_kk[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
-        b_y = tl.load(Y + ((cs + o_kk) * H + i_h)[:, None] * E + o_e[None, :], mask=m_k[:, None] & m_e[None, :],
-                      other=0.0)
+            o_kk = k0 + o_k
+            m_k = o_kk < hi
+            if TRANS:
+                b_a = tl.load(p_a + o_kk[None, :] * C + o_m[:, None], mask=m_m[:, None] & m_k[None, :], other=0.0)
+            else:
+                b_a = tl.load(p_a + o_m[:, None] * C + o_kk[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
+            b_y = tl.load(Y + ((cs + o_kk) * H + i_h)[:, None] * E + o_e[None, :],
+                          mask=m_k[:, None] & m_e[None, :], other=0.0)
         acc = tl.dot(b_a, b_y, acc, input_precision=PREC)
     tl.store(OUT + rows_m[:, None] * E + o_e[None, :], acc.to(OUT.dtype.element_ty), mask=m_m[:, None] & m_e[None, :])
 

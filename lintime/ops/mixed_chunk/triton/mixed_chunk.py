@@ -62,10 +62,16 @@ from lintime.ops.triton_common import (
     check_device,
     custom_op,
     dot_config,
+    interpreting,
     next_pow2,
     seg_scan_kernel,
     sm_count,
 )
+
+try:  # host-side TMA descriptors (Triton >= 3.4); without them every kernel takes the pointer path
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton
+    TensorDescriptor = None
 
 # Candidate launches of the mixed chunk kernels: ``(name, overrides)``, the overrides applied to the
 # GPU defaults of the shape (:func:`lintime.ops.gau.triton.plan.variant_blocks`; defaults at
@@ -80,6 +86,7 @@ from lintime.ops.triton_common import (
 # (default since), "one_seg" 1.00 / 1.73.
 LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("default", {}),
+    ("no_tma", {"tma": 0}),  # pointer loads everywhere (the path of pre-Hopper GPUs and unaligned shapes)
     ("w8_s2", {"warps_fwd": 8, "warps_bwd": 8, "stages": 2}),  # the default before 2026-11-22
     ("bg128", {"bg": 128}),  # [128, 128] chunk-matrix tiles (the default before 2026-11-22, 07:30 UTC)
     ("s2", {"stages": 2}),  # (with BG = 128: 1.08 / 1.28 ms, run of 07:20 UTC)
@@ -152,6 +159,41 @@ def _seg_bound(B, T, C, cu_seqlens, G) -> int:
     return _n_seqs(B, cu_seqlens) + _chunk_bound(B, T, C, cu_seqlens) // G
 
 
+@functools.lru_cache(maxsize=16)
+def _tma_device(device: torch.device) -> bool:
+    """Whether ``device`` has the tensor memory accelerator (Hopper and later; the interpreter emulates it)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device)[0] >= 9
+    return interpreting()
+
+
+def _tma_shapes(cfg: Blocks, S: int, E: int, C: int, device: torch.device) -> bool:
+    """Whether the kernels load through TMA descriptors at this shape (``Blocks.tma``, a TMA device,
+    and every tile whole inside its head / chunk: ``S``, ``E``, ``C`` multiples of the tiles along
+    them).  A function of the call's shape only, so the forward and the backward agree on it (the
+    forward zero-fills ``A`` for the backward's TMA path when a chunk is short)."""
+    return bool(
+        cfg.tma and TensorDescriptor is not None and _tma_device(device)
+        and S % cfg.bk == 0 and S % cfg.bs_state == 0
+        and E % cfg.be_fwd == 0 and E % cfg.be_dv == 0 and E % cfg.be_state == 0
+        and C % cfg.bg == 0 and C % cfg.bk == 0
+    )
+
+
+def _descs(*specs):
+    """TMA descriptors of ``(tensor, rows, block)`` specs, each tensor seen as a contiguous 2-D
+    ``[rows, numel / rows]`` matrix (a ``[B, T, H, D]`` input as ``[B T, H D]``: a head's tile is a
+    column offset), or ``None`` when one of them is not 16-byte aligned (base or row stride) -- the
+    launch then takes the pointer path."""
+    out = []
+    for t, rows, block in specs:
+        cols = t.numel() // max(rows, 1)
+        if rows == 0 or cols == 0 or t.data_ptr() % 16 or (cols * t.element_size()) % 16:
+            return None
+        out.append(TensorDescriptor(t, [rows, cols], [cols, 1], list(block)))
+    return out
+
+
 @dataclass
 class _Plan:
     """Launch tables of one call (device int32) and their sizes."""
@@ -162,6 +204,7 @@ class _Plan:
     NC_alloc: int
     NSEG_alloc: int
     one_segment: bool  # every sequence is one segment
+    ragged: bool  # some chunk is shorter than C
     ch_start: torch.Tensor
     ch_len: torch.Tensor
     ch_seq: torch.Tensor
@@ -207,8 +250,9 @@ def _build_plan(B, T, H, S, E, C, cu_seqlens, cfg, device) -> _Plan:
     t = to_device(device, ch_start, ch_len, ch_seq, ch_k, torch.arange(ch_seq.numel()), seg_first, seg_n, seg_seq,
                   seq_ptr, lengths)
     one = bool((nseg <= 1).all())
+    ragged = bool((ch_len < C).any())
     return _Plan(N, ch_seq.numel(), seg_seq.numel(), _chunk_bound(B, T, C, cu_seqlens),
-                 _seg_bound(B, T, C, cu_seqlens, G), one, *t, weights={})
+                 _seg_bound(B, T, C, cu_seqlens, G), one, ragged, *t, weights={})
 
 
 def _weights(plan: _Plan, C, causal, linear_norm, count0):
@@ -244,18 +288,20 @@ def _compute_weights(plan: _Plan, C, causal, linear_norm, count0):
     return wq.contiguous(), wf.contiguous()
 
 
-def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, init=None):
+def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, init=None, tma=False):
     """``chunk_state_kernel`` over every segment: with ``init`` (one walk per sequence) each walk starts
-    from its sequence's initial state, else from zero."""
+    from its sequence's initial state, else from zero; ``tma``: load through descriptors where aligned."""
     S, E = x.shape[-1], y.shape[-1]
     if plan.NSEG == 0:
         return
     grid = (cdiv(S, cfg.bs_state) * cdiv(E, cfg.be_state), plan.NSEG, H)
+    NT = x.shape[0] * x.shape[1]
+    d = _descs((x, NT, (cfg.bt, cfg.bs_state)), (y, NT, (cfg.bt, cfg.be_state))) if tma else None
     chunk_state_kernel[grid](
-        x, y, hout, tot, init if init is not None else tot, w,
+        x, y, *(d or (x, y)), hout, tot, init if init is not None else tot, w,
         plan.seg_first, plan.seg_n, plan.seg_seq, plan.ch_start, plan.ch_len, S, E, H,
         BS=cfg.bs_state, BE=cfg.be_state, BT=cfg.bt, REVERSE=reverse, STORE=store, HAS_INIT=init is not None,
-        PREC=dot_config(x.dtype)[1], num_warps=4, num_stages=cfg.stages,
+        PREC=dot_config(x.dtype)[1], TMA=d is not None, num_warps=4, num_stages=cfg.stages,
     )
 
 
@@ -272,7 +318,7 @@ def _scan(tot, plan: _Plan, *, H, S, E, reverse):
     return final
 
 
-def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt):
+def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt, tma):
     """Per-chunk states of the walk direction and the per-sequence result.
 
     Causal: ``(ST [NC_alloc, H, S, E] in sdt, the state entering each chunk; FINAL [N, H, S, E]
@@ -282,7 +328,7 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt):
     f32 = {"dtype": torch.float32, "device": x.device}
     if not causal:
         tot = torch.empty(max(plan.NSEG, 1), H, S, E, **f32)
-        _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=False, hout=tot, tot=tot)
+        _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=False, hout=tot, tot=tot)
         final = _scan(tot, plan, H=H, S=S, E=E, reverse=reverse)
         return final.to(sdt), final
     hout = torch.empty(plan.NC_alloc, H, S, E, dtype=sdt, device=x.device)
@@ -292,19 +338,19 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt):
         # one walk per (non-empty) sequence from its initial state writes the final states in place: no
         # zero fill and no copy from the totals (H200, 2026-11-22: 0.93 -> 0.89 ms fwd+bwd at 2k)
         final = torch.empty(plan.N, H, S, E, **f32)
-        _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=True, hout=hout, tot=final, init=init)
+        _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=final, init=init)
         return hout, final
     tot = torch.empty(max(plan.NSEG, 1), H, S, E, **f32)
     final = init.clone() if init is not None else torch.zeros(plan.N, H, S, E, **f32)  # (empty sequences)
     if plan.one_segment:
         # one walk per sequence from the initial state; the walk's total is the final state
-        _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=True, hout=hout, tot=tot, init=init)
+        _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=tot, init=init)
         if plan.NSEG > 0:
             final.index_copy_(0, plan.seg_seq.long(), tot[: plan.NSEG])
         return hout, final
     # one walk from zero at every segment writes segment-local states and totals; one pass adds each
     # segment's start (init + the totals walked before it) and writes the final states
-    _walk(x, y, w, plan, cfg, H=H, reverse=reverse, store=True, hout=hout, tot=tot)
+    _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=tot)
     if plan.NSEG > 0:
         BS, BE = min(64, cfg.bs_state), cfg.be_state
         seg_fix_kernel[(cdiv(S, BS) * cdiv(E, BE), plan.NSEG, H)](
@@ -357,11 +403,14 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
     E = v.shape[-1]
     C = chunk_size
     plan = _plan(B, T, H, S, E, C, cu_seqlens, cfg, qq.device)
+    tma = _tma_shapes(cfg, S, E, C, qq.device)
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
     st, final = _states(kl, v, wf, plan, cfg, H=H, reverse=False, init=kv0 if causal else None, causal=causal,
-                        sdt=_sdt_torch(qq.dtype))
+                        sdt=_sdt_torch(qq.dtype), tma=tma)
     # unwritten entries of A (above the diagonal, past a short chunk, the shape bound's slack rows)
-    # are never read, but an op's outputs must be fully defined (torch.compile compares them)
+    # are never read by the pointer kernels, but an op's outputs must be fully defined (torch.compile
+    # compares them), and the backward's TMA path reads whole tiles: rows past a short chunk must be 0
+    zero_a = zero_a or (tma and plan.ragged)
     a = qq.new_zeros(plan.NC_alloc, H, C, C) if zero_a else qq.new_empty(plan.NC_alloc, H, C, C)
     o = torch.empty_like(v)
     bias, LB = _bias(rel_bias)
@@ -374,10 +423,13 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
             float(scale), S, H, C, LB, NMT, BG=BG, BS=cfg.bs, CAUSAL=causal, HAS_BIAS=bias is not None, PREC=PREC,
             num_warps=cfg.warps_fwd, num_stages=cfg.stages,
         )
+        NT = B * T
+        d = _descs((a, a.shape[0] * H * C, (BG, cfg.bk)), (v, NT, (cfg.bk, cfg.be_fwd)), (ql, NT, (BG, cfg.bk)),
+                   (st, st.shape[0] * H * S, (cfg.bk, cfg.be_fwd))) if tma else None
         mc_gemm_kernel[(cdiv(E, cfg.be_fwd), plan.NC * NMT, H)](
-            a, v, ql, st, wq, plan.ch_id if causal else plan.ch_seq, o, plan.ch_start, plan.ch_len,
-            S, E, H, C, NMT, BG=BG, BE=cfg.be_fwd, BK=cfg.bk, TRANS=False, CAUSAL=causal, PREC=PREC, SDT=SDT,
-            num_warps=cfg.warps_fwd, num_stages=cfg.stages,
+            a, v, ql, st, *(d or (a, v, ql, st)), wq, plan.ch_id if causal else plan.ch_seq, o, plan.ch_start,
+            plan.ch_len, S, E, H, C, NMT, BG=BG, BE=cfg.be_fwd, BK=cfg.bk, TRANS=False, CAUSAL=causal, PREC=PREC,
+            SDT=SDT, TMA=d is not None, num_warps=cfg.warps_fwd, num_stages=cfg.stages,
         )
     if not causal:
         final = qq.new_empty(0, dtype=torch.float32)
@@ -422,10 +474,11 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     dev = qq.device
     do = do.contiguous()
     plan = _plan(B, T, H, S, E, C, cu_seqlens, cfg, dev)
+    tma = _tma_shapes(cfg, S, E, C, dev)
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
     init = dkv.contiguous() if (causal and dkv is not None) else None
     gst, gfinal = _states(ql, do, wq, plan, cfg, H=H, reverse=True, init=init, causal=causal,
-                          sdt=_sdt_torch(qq.dtype))
+                          sdt=_sdt_torch(qq.dtype), tma=tma)
     idx = plan.ch_id if causal else plan.ch_seq
     bias, LB = _bias(rel_bias)
     need_db = need_db and bias is not None
@@ -443,10 +496,13 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     if plan.NC > 0:
         b_ptr = bias if bias is not None else qq
         rows = plan.NC * NMT
+        NT = B * T
+        d = _descs((a, a.shape[0] * H * C, (cfg.bk, BG)), (do, NT, (cfg.bk, cfg.be_dv)), (kl, NT, (BG, cfg.bk)),
+                   (gst, gst.shape[0] * H * S, (cfg.bk, cfg.be_dv))) if tma else None
         mc_gemm_kernel[(cdiv(E, cfg.be_dv), rows, H)](
-            a, do, kl, gst, wf, idx, dv, plan.ch_start, plan.ch_len,
+            a, do, kl, gst, *(d or (a, do, kl, gst)), wf, idx, dv, plan.ch_start, plan.ch_len,
             S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
-            num_warps=cfg.warps_bwd, num_stages=cfg.stages,
+            TMA=d is not None, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
         mc_dp_kernel[(rows, NMT, H)](
             qq, kq, v, do, ds, b_ptr, plan.ch_start, plan.ch_len,
