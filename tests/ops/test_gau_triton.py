@@ -89,6 +89,36 @@ def test_packing_matches_naive(causal):
 
 
 @cpu_only
+@pytest.mark.parametrize("tma", [1, 0], ids=["tma", "pointers"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_tma_and_pointer_paths(tma, causal, monkeypatch):
+    """Both load paths at a shape where ``S`` is one whole step and ``E`` a multiple of the E tiles, so
+    ``Blocks.tma`` decides which one runs: two heads (a head's tile is a column offset of the
+    [B T, H D] view), packed sequences whose tiles end past their region (whole-tile loads read the
+    next region's rows), an empty and a one-token sequence, the bias; output and every gradient vs
+    naive (fp32 exact)."""
+    import dataclasses
+
+    from lintime.ops.gau.triton import gau as g
+    from lintime.ops.gau.triton.plan import default_blocks
+
+    taken = []
+    real = g.tma_descriptors
+    monkeypatch.setattr(g, "tma_descriptors", lambda *specs: taken.append(real(*specs) is not None) or real(*specs))
+    lens, H, S, E = [37, 1, 0, 20], 2, 16, 48
+    blocks = dataclasses.replace(default_blocks(S, E, torch.float32), tma=tma)
+    q, k, v, b, do = _inputs(1, sum(lens), H, S, E, torch.float32, seed=13)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    kw = {"causal": causal, "scale": S**-0.5, "cu_seqlens": cu}
+    out = _run("triton", q, k, v, b, do, blocks=blocks, **kw)
+    # the TMA run loaded through descriptors in all three kernels
+    assert taken == ([True] * 3 if tma else []), taken
+    ref = _run("naive", q, k, v, b, do, **kw)
+    for name in ref:
+        assert_exact(f"gau tma={tma} {name} (causal={causal})", ref[name], out[name])
+
+
+@cpu_only
 def test_gradient_subsets():
     """Only some inputs need gradients (no bias gradient asked): the others still match."""
     q, k, v, b, do = _inputs(1, 20, 1, 6, 5, torch.float32, seed=5)

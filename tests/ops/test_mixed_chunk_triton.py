@@ -158,8 +158,8 @@ def test_tma_and_pointer_paths(tma, causal, monkeypatch):
     from lintime.ops.mixed_chunk.triton import mixed_chunk as mc
 
     taken = []
-    real = mc._descs
-    monkeypatch.setattr(mc, "_descs", lambda *specs: taken.append(real(*specs) is not None) or real(*specs))
+    real = mc.tma_descriptors
+    monkeypatch.setattr(mc, "tma_descriptors", lambda *specs: taken.append(real(*specs) is not None) or real(*specs))
     C, H, S, E = 32, 2, 32, 48
     lens = [70, 1, 0, 45]
     blocks = Blocks(**{**default_blocks(S, E, torch.float32, C).__dict__, "tma": tma})

@@ -32,7 +32,7 @@ from lintime.ops.gau.triton.plan import (
     tiles_of,
     to_device,
 )
-from lintime.ops.triton_common import cdiv, check_device, custom_op, dot_config
+from lintime.ops.triton_common import cdiv, check_device, custom_op, dot_config, tma_descriptors, tma_device
 
 # Candidate launches of the three GAU kernels: ``(name, overrides)``, the overrides applied to the GPU
 # defaults of the shape (:func:`lintime.ops.gau.triton.plan.variant_blocks`; defaults BM = 64, S step
@@ -45,6 +45,8 @@ from lintime.ops.triton_common import cdiv, check_device, custom_op, dot_config
 # (default since), "w8" 4.84 / 13.01, "bm128_w8" 3.04 / 9.00, "be256_w8" 2.57 / 9.20, "s3" 3.67 / 9.50.
 LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("default", {}),  # plan.default_blocks; each promotion's measurement is noted there and below
+    ("no_tma", {"tma": 0}),  # pointer loads (pre-Hopper GPUs, S != the S step, unaligned inputs)
+    ("tma_be256", {"be_fwd": 256, "be_dv": 256}),  # TMA boxes of at most 256 columns
     ("fwd_be128_w4", {"be_fwd": 128, "warps_gau_fwd": 4}),  # the forward before 2026-11-22 (2.91 vs 2.57 ms)
     ("fwd_be128_w8", {"be_fwd": 128}),
     # the forward's tiling for the dV pass (scores per 256 of E): 7.66 vs 7.63 ms at 4k -- no gain (H200,
@@ -143,6 +145,13 @@ def _gau_fwd(
     return _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, blocks_of(blocks))
 
 
+def _tma(cfg: Blocks, S: int, E: int, device: torch.device) -> bool:
+    """Whether the kernels load whole tiles through TMA descriptors (``Blocks.tma``, a TMA device,
+    ``S`` one whole step, ``E`` a multiple of every ``E`` tile)."""
+    return bool(cfg.tma and tma_device(device) and S == cfg.bs_gau
+                and E % cfg.be_fwd == 0 and E % cfg.be_dv == 0 and E % cfg.be_red_gau == 0)
+
+
 def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
     """The forward launcher (``lintime::gau_fwd`` and the eager path)."""
     B, T, H, S = q.shape
@@ -155,12 +164,15 @@ def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
     r_start, r_len = tables[2:4]
     bias, LB = _bias(rel_bias, H)
     grid = (cdiv(E, cfg.be_fwd), NT, H)
+    R = B * T
+    d = tma_descriptors((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (v, R, (cfg.bm, cfg.be_fwd))) \
+        if _tma(cfg, S, E, q.device) else None
     relu2_fwd_kernel[grid](
-        q, k, v, o, bias if bias is not None else q,
+        q, k, v, o, bias if bias is not None else q, *(d or (q, k, v)),
         t_reg, t_off, r_start, r_len,
         float(scale), S, E, H, LB, T - 1,
         BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_fwd, CAUSAL=causal, HAS_BIAS=bias is not None,
-        ONE_S=cfg.bs_gau >= S, PREC=dot_config(q.dtype)[1], num_warps=cfg.warps_gau_fwd,
+        ONE_S=cfg.bs_gau >= S, PREC=dot_config(q.dtype)[1], TMA=d is not None, num_warps=cfg.warps_gau_fwd,
         num_stages=cfg.stages_gau_fwd or cfg.stages_gau,
     )
     return o
@@ -203,17 +215,22 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
         common = {"CAUSAL": causal, "HAS_BIAS": bias is not None, "ONE_S": cfg.bs_gau >= S,
                   "PREC": dot_config(q.dtype)[1], "num_stages": cfg.stages_gau}
         b_ptr = bias if bias is not None else q
+        R, tma = B * T, _tma(cfg, S, E, q.device)
+        d = tma_descriptors((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (do, R, (cfg.bm, cfg.be_dv))) if tma else None
         relu2_bwd_dv_kernel[(cdiv(E, cfg.be_dv), NT, H)](
-            q, k, do, dv, b_ptr,
+            q, k, do, dv, b_ptr, *(d or (q, k, do)),
             *_tile_tables(tables, cfg, causal, "k", bwd=True), r_start, r_len,
             float(scale), S, E, H, LB, T - 1,
-            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_dv, num_warps=cfg.warps_gau_dv, **common,
+            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_dv, TMA=d is not None, num_warps=cfg.warps_gau_dv, **common,
         )
+        d = tma_descriptors((q, R, (cfg.bm, S)), (v, R, (cfg.bm, cfg.be_red_gau)),
+                            (do, R, (cfg.bm, cfg.be_red_gau))) if tma else None
         relu2_bwd_dqk_kernel[(NT, H)](
-            q, k, v, do, dq32, dk32, db_tiles, b_ptr,
+            q, k, v, do, dq32, dk32, db_tiles, b_ptr, *(d or (q, v, do)),
             *_tile_tables(tables, cfg, causal, "q", bwd=True), r_start, r_len,
             float(scale), S, E, H, LB, T - 1, ntd,
-            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red_gau, NEED_DB=need_db, num_warps=cfg.warps_gau, **common,
+            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red_gau, NEED_DB=need_db, TMA=d is not None,
+            num_warps=cfg.warps_gau, **common,
         )
     else:
         dv.zero_()

@@ -49,13 +49,15 @@ def _tile_scores(p_a, p_b, m_a, m_b, S, o_s, b_a, ONE_S: tl.constexpr, BS: tl.co
 
 @triton.jit
 def relu2_fwd_kernel(
-    Q, K, V, O, BIAS,
+    Q, K, V, O, BIAS, DQ_, DK_, DV_,
     TILE_REG, TILE_OFF, REG_START, REG_LEN,
     scale, S, E, H, LB, OFF,
     BM: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, ONE_S: tl.constexpr, PREC: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, ONE_S: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
 ):
-    """``O[tile, E tile] = sum_j relu2(s_ij) v_j``; grid ``(E tiles, tiles, H)``."""
+    """``O[tile, E tile] = sum_j relu2(s_ij) v_j``; grid ``(E tiles, tiles, H)``.  With ``TMA`` (``S == BS``)
+    ``q, k, v`` load as whole tiles through the descriptors ``DQ_, DK_, DV_`` (rows past the region
+    meet zero weights)."""
     i_e, i_t, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     r = tl.load(TILE_REG + i_t)
     m0 = tl.load(TILE_OFF + i_t)
@@ -68,7 +70,9 @@ def relu2_fwd_kernel(
     o_s = tl.arange(0, BS)
     p_q = Q + ((rs + o_m) * H + i_h) * S  # [BM] row pointers
     b_q = tl.zeros([BM, BS], dtype=Q.dtype.element_ty)
-    if ONE_S:
+    if TMA:
+        b_q = DQ_.load([(rs + m0).to(tl.int32), i_h * S])
+    elif ONE_S:
         b_q = tl.load(p_q[:, None] + o_s[None, :], mask=m_m[:, None] & (o_s < S)[None, :], other=0.0)
     if CAUSAL:
         hi = tl.minimum(m0 + BM, rl)
@@ -78,8 +82,11 @@ def relu2_fwd_kernel(
     for n0 in range(0, hi, BM):
         o_n = n0 + tl.arange(0, BM)
         m_n = o_n < rl
-        p_k = K + ((rs + o_n) * H + i_h) * S
-        b_s = _tile_scores(p_q, p_k, m_m, m_n, S, o_s, b_q, ONE_S, BS, PREC, BM, BM) * scale
+        if TMA:
+            b_s = tl.dot(b_q, tl.trans(DK_.load([(rs + n0).to(tl.int32), i_h * S])), input_precision=PREC) * scale
+        else:
+            p_k = K + ((rs + o_n) * H + i_h) * S
+            b_s = _tile_scores(p_q, p_k, m_m, m_n, S, o_s, b_q, ONE_S, BS, PREC, BM, BM) * scale
         if HAS_BIAS:
             b_s += tl.load(BIAS + i_h * LB + OFF + o_m[:, None] - o_n[None, :],
                            mask=m_m[:, None] & m_n[None, :], other=0.0)
@@ -88,8 +95,11 @@ def relu2_fwd_kernel(
         if CAUSAL:
             keep = keep & (o_n[None, :] <= o_m[:, None])
         b_p = tl.where(keep, b_p * b_p, 0.0)  # seed Eq. 5: relu^2
-        b_v = tl.load(V + ((rs + o_n) * H + i_h)[:, None] * E + o_e[None, :],
-                      mask=m_n[:, None] & m_e[None, :], other=0.0)
+        if TMA:
+            b_v = DV_.load([(rs + n0).to(tl.int32), i_h * E + i_e * BE])
+        else:
+            b_v = tl.load(V + ((rs + o_n) * H + i_h)[:, None] * E + o_e[None, :],
+                          mask=m_n[:, None] & m_e[None, :], other=0.0)
         acc += tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)
     tl.store(O + ((rs + o_m) * H + i_h)[:, None] * E + o_e[None, :], acc.to(O.dtype.element_ty),
              mask=m_m[:, None] & m_e[None, :])
@@ -97,13 +107,14 @@ def relu2_fwd_kernel(
 
 @triton.jit
 def relu2_bwd_dv_kernel(
-    Q, K, DO, DV, BIAS,
+    Q, K, DO, DV, BIAS, DQ_, DK_, DDO_,
     TILE_REG, TILE_OFF, REG_START, REG_LEN,
     scale, S, E, H, LB, OFF,
     BM: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, ONE_S: tl.constexpr, PREC: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, ONE_S: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
 ):
-    """``DV[key tile, E tile] = sum_i relu2(s_ij) do_i``; grid ``(E tiles, tiles, H)``."""
+    """``DV[key tile, E tile] = sum_i relu2(s_ij) do_i``; grid ``(E tiles, tiles, H)``; ``TMA`` as in
+    :func:`relu2_fwd_kernel` (descriptors ``DQ_, DK_, DDO_``)."""
     i_e, i_t, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     r = tl.load(TILE_REG + i_t)
     n0 = tl.load(TILE_OFF + i_t)
@@ -116,7 +127,9 @@ def relu2_bwd_dv_kernel(
     o_s = tl.arange(0, BS)
     p_k = K + ((rs + o_n) * H + i_h) * S
     b_k = tl.zeros([BM, BS], dtype=K.dtype.element_ty)
-    if ONE_S:
+    if TMA:
+        b_k = DK_.load([(rs + n0).to(tl.int32), i_h * S])
+    elif ONE_S:
         b_k = tl.load(p_k[:, None] + o_s[None, :], mask=m_n[:, None] & (o_s < S)[None, :], other=0.0)
     if CAUSAL:
         lo = n0
@@ -126,8 +139,11 @@ def relu2_bwd_dv_kernel(
     for m0 in range(lo, rl, BM):
         o_m = m0 + tl.arange(0, BM)
         m_m = o_m < rl
-        p_q = Q + ((rs + o_m) * H + i_h) * S
-        b_st = _tile_scores(p_k, p_q, m_n, m_m, S, o_s, b_k, ONE_S, BS, PREC, BM, BM) * scale  # [BN, BM]
+        if TMA:
+            b_st = tl.dot(b_k, tl.trans(DQ_.load([(rs + m0).to(tl.int32), i_h * S])), input_precision=PREC) * scale
+        else:
+            p_q = Q + ((rs + o_m) * H + i_h) * S
+            b_st = _tile_scores(p_k, p_q, m_n, m_m, S, o_s, b_k, ONE_S, BS, PREC, BM, BM) * scale  # [BN, BM]
         if HAS_BIAS:
             b_st += tl.load(BIAS + i_h * LB + OFF + o_m[None, :] - o_n[:, None],
                             mask=m_n[:, None] & m_m[None, :], other=0.0)
@@ -136,8 +152,11 @@ def relu2_bwd_dv_kernel(
         if CAUSAL:
             keep = keep & (o_m[None, :] >= o_n[:, None])
         b_pt = tl.where(keep, b_pt * b_pt, 0.0)
-        b_do = tl.load(DO + ((rs + o_m) * H + i_h)[:, None] * E + o_e[None, :],
-                       mask=m_m[:, None] & m_e[None, :], other=0.0)
+        if TMA:
+            b_do = DDO_.load([(rs + m0).to(tl.int32), i_h * E + i_e * BE])
+        else:
+            b_do = tl.load(DO + ((rs + o_m) * H + i_h)[:, None] * E + o_e[None, :],
+                           mask=m_m[:, None] & m_e[None, :], other=0.0)
         acc += tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=PREC)
     tl.store(DV + ((rs + o_n) * H + i_h)[:, None] * E + o_e[None, :], acc.to(DV.dtype.element_ty),
              mask=m_n[:, None] & m_e[None, :])
@@ -194,17 +213,19 @@ def _dqk_tile(b_dp, n0, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs
 
 @triton.jit
 def relu2_bwd_dqk_kernel(
-    Q, K, V, DO, DQ, DK, DB, BIAS,
+    Q, K, V, DO, DQ, DK, DB, BIAS, DQ_, DV_, DDO_,
     TILE_REG, TILE_OFF, REG_START, REG_LEN,
     scale, S, E, H, LB, OFF, NTD,
     BM: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DB: tl.constexpr, ONE_S: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, TMA: tl.constexpr,
 ):
     """Per row tile: ``DQ`` (fp32, this program's rows only), ``DK`` (fp32 atomics) and the bias
     gradient per tile diagonal into ``DB [H, NTD, BM, BM]``; grid ``(tiles, H)``.  Key tiles go in
     pairs: ``dp = do . v^T`` is reduced over ``E`` for both at once, so each ``do`` tile is read
-    from L2 once per pair (H200: 6.84 -> 6.38 ms GAU fwd+bwd at 4k)."""
+    from L2 once per pair (H200: 6.84 -> 6.38 ms GAU fwd+bwd at 4k).  With ``TMA`` the ``q`` tile and
+    the ``do`` / ``v`` tiles of that reduction load through ``DQ_, DDO_, DV_`` (rows past the region or
+    past the last key tile only reach masked or unused entries)."""
     i_t, i_h = tl.program_id(0), tl.program_id(1)
     r = tl.load(TILE_REG + i_t)
     m0 = tl.load(TILE_OFF + i_t)
@@ -217,7 +238,9 @@ def relu2_bwd_dqk_kernel(
     rows_m = (rs + o_m) * H + i_h  # [BM] token-head rows
     p_q = Q + rows_m * S
     b_q = tl.zeros([BM, BS], dtype=Q.dtype.element_ty)
-    if ONE_S:
+    if TMA:
+        b_q = DQ_.load([(rs + m0).to(tl.int32), i_h * S])
+    elif ONE_S:
         b_q = tl.load(p_q[:, None] + o_s[None, :], mask=m_m[:, None] & (o_s < S)[None, :], other=0.0)
     b_dq = tl.zeros([BM, BS], dtype=tl.float32)
     if CAUSAL:
@@ -239,13 +262,18 @@ def relu2_bwd_dqk_kernel(
         b_dp0 = tl.zeros([BM, BM], dtype=tl.float32)
         b_dp1 = tl.zeros([BM, BM], dtype=tl.float32)
         for e0 in range(0, E, BE):
-            m_e = (e0 + o_eb) < E
-            b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_eb[None, :], mask=m_m[:, None] & m_e[None, :],
-                           other=0.0)
-            b_v0 = tl.load(V + rows_n0[:, None] * E + e0 + o_eb[None, :], mask=m_n0[:, None] & m_e[None, :],
-                           other=0.0)
-            b_v1 = tl.load(V + rows_n1[:, None] * E + e0 + o_eb[None, :], mask=m_n1[:, None] & m_e[None, :],
-                           other=0.0)
+            if TMA:
+                b_do = DDO_.load([(rs + m0).to(tl.int32), i_h * E + e0])
+                b_v0 = DV_.load([(rs + n0).to(tl.int32), i_h * E + e0])
+                b_v1 = DV_.load([(rs + n1).to(tl.int32), i_h * E + e0])
+            else:
+                m_e = (e0 + o_eb) < E
+                b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_eb[None, :], mask=m_m[:, None] & m_e[None, :],
+                               other=0.0)
+                b_v0 = tl.load(V + rows_n0[:, None] * E + e0 + o_eb[None, :], mask=m_n0[:, None] & m_e[None, :],
+                               other=0.0)
+                b_v1 = tl.load(V + rows_n1[:, None] * E + e0 + o_eb[None, :], mask=m_n1[:, None] & m_e[None, :],
+                               other=0.0)
             b_dp0 += tl.dot(b_do, tl.trans(b_v0), input_precision=PREC)
             b_dp1 += tl.dot(b_do, tl.trans(b_v1), input_precision=PREC)
         b_dq = _dqk_tile(b_dp0, n0, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs, mid,

@@ -62,16 +62,13 @@ from lintime.ops.triton_common import (
     check_device,
     custom_op,
     dot_config,
-    interpreting,
     next_pow2,
     seg_scan_kernel,
     sm_count,
+    tma_descriptors,
+    tma_device,
 )
 
-try:  # host-side TMA descriptors (Triton >= 3.4); without them every kernel takes the pointer path
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - older Triton
-    TensorDescriptor = None
 
 # Candidate launches of the mixed chunk kernels: ``(name, overrides)``, the overrides applied to the
 # GPU defaults of the shape (:func:`lintime.ops.gau.triton.plan.variant_blocks`; defaults at
@@ -159,39 +156,17 @@ def _seg_bound(B, T, C, cu_seqlens, G) -> int:
     return _n_seqs(B, cu_seqlens) + _chunk_bound(B, T, C, cu_seqlens) // G
 
 
-@functools.lru_cache(maxsize=16)
-def _tma_device(device: torch.device) -> bool:
-    """Whether ``device`` has the tensor memory accelerator (Hopper and later; the interpreter emulates it)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_capability(device)[0] >= 9
-    return interpreting()
-
-
 def _tma_shapes(cfg: Blocks, S: int, E: int, C: int, device: torch.device) -> bool:
     """Whether the kernels load through TMA descriptors at this shape (``Blocks.tma``, a TMA device,
     and every tile whole inside its head / chunk: ``S``, ``E``, ``C`` multiples of the tiles along
     them).  A function of the call's shape only, so the forward and the backward agree on it (the
     forward zero-fills ``A`` for the backward's TMA path when a chunk is short)."""
     return bool(
-        cfg.tma and TensorDescriptor is not None and _tma_device(device)
+        cfg.tma and tma_device(device)
         and S % cfg.bk == 0 and S % cfg.bs_state == 0
         and E % cfg.be_fwd == 0 and E % cfg.be_dv == 0 and E % cfg.be_state == 0
         and C % cfg.bg == 0 and C % cfg.bk == 0
     )
-
-
-def _descs(*specs):
-    """TMA descriptors of ``(tensor, rows, block)`` specs, each tensor seen as a contiguous 2-D
-    ``[rows, numel / rows]`` matrix (a ``[B, T, H, D]`` input as ``[B T, H D]``: a head's tile is a
-    column offset), or ``None`` when one of them is not 16-byte aligned (base or row stride) -- the
-    launch then takes the pointer path."""
-    out = []
-    for t, rows, block in specs:
-        cols = t.numel() // max(rows, 1)
-        if rows == 0 or cols == 0 or t.data_ptr() % 16 or (cols * t.element_size()) % 16:
-            return None
-        out.append(TensorDescriptor(t, [rows, cols], [cols, 1], list(block)))
-    return out
 
 
 @dataclass
@@ -296,7 +271,7 @@ def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, init=None,
         return
     grid = (cdiv(S, cfg.bs_state) * cdiv(E, cfg.be_state), plan.NSEG, H)
     NT = x.shape[0] * x.shape[1]
-    d = _descs((x, NT, (cfg.bt, cfg.bs_state)), (y, NT, (cfg.bt, cfg.be_state))) if tma else None
+    d = tma_descriptors((x, NT, (cfg.bt, cfg.bs_state)), (y, NT, (cfg.bt, cfg.be_state))) if tma else None
     chunk_state_kernel[grid](
         x, y, *(d or (x, y)), hout, tot, init if init is not None else tot, w,
         plan.seg_first, plan.seg_n, plan.seg_seq, plan.ch_start, plan.ch_len, S, E, H,
@@ -424,8 +399,8 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
             num_warps=cfg.warps_fwd, num_stages=cfg.stages,
         )
         NT = B * T
-        d = _descs((a, a.shape[0] * H * C, (BG, cfg.bk)), (v, NT, (cfg.bk, cfg.be_fwd)), (ql, NT, (BG, cfg.bk)),
-                   (st, st.shape[0] * H * S, (cfg.bk, cfg.be_fwd))) if tma else None
+        d = tma_descriptors((a, a.shape[0] * H * C, (BG, cfg.bk)), (v, NT, (cfg.bk, cfg.be_fwd)),
+                            (ql, NT, (BG, cfg.bk)), (st, st.shape[0] * H * S, (cfg.bk, cfg.be_fwd))) if tma else None
         mc_gemm_kernel[(cdiv(E, cfg.be_fwd), plan.NC * NMT, H)](
             a, v, ql, st, *(d or (a, v, ql, st)), wq, plan.ch_id if causal else plan.ch_seq, o, plan.ch_start,
             plan.ch_len, S, E, H, C, NMT, BG=BG, BE=cfg.be_fwd, BK=cfg.bk, TRANS=False, CAUSAL=causal, PREC=PREC,
@@ -497,8 +472,8 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
         b_ptr = bias if bias is not None else qq
         rows = plan.NC * NMT
         NT = B * T
-        d = _descs((a, a.shape[0] * H * C, (cfg.bk, BG)), (do, NT, (cfg.bk, cfg.be_dv)), (kl, NT, (BG, cfg.bk)),
-                   (gst, gst.shape[0] * H * S, (cfg.bk, cfg.be_dv))) if tma else None
+        d = tma_descriptors((a, a.shape[0] * H * C, (cfg.bk, BG)), (do, NT, (cfg.bk, cfg.be_dv)),
+                            (kl, NT, (BG, cfg.bk)), (gst, gst.shape[0] * H * S, (cfg.bk, cfg.be_dv))) if tma else None
         mc_gemm_kernel[(cdiv(E, cfg.be_dv), rows, H)](
             a, do, kl, gst, *(d or (a, do, kl, gst)), wf, idx, dv, plan.ch_start, plan.ch_len,
             S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
