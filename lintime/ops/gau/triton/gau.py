@@ -45,8 +45,14 @@ from lintime.ops.triton_common import cdiv, check_device, custom_op, dot_config,
 # (default since), "w8" 4.84 / 13.01, "bm128_w8" 3.04 / 9.00, "be256_w8" 2.57 / 9.20, "s3" 3.67 / 9.50.
 LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("default", {}),  # plan.default_blocks; each promotion's measurement is noted there and below
-    ("no_tma", {"tma": 0}),  # pointer loads (pre-Hopper GPUs, S != the S step, unaligned inputs)
-    ("tma_be256", {"be_fwd": 256, "be_dv": 256}),  # TMA boxes of at most 256 columns
+    # pointer loads (pre-Hopper GPUs, S != the S step, unaligned inputs): 4.86 vs 3.94 ms fwd+bwd at 4k with
+    # TMA (H200, 2026-11-22 session 7)
+    ("no_tma", {"tma": 0}),
+    ("tma_be256", {"be_fwd": 256, "be_dv": 256}),  # TMA boxes of at most 256 columns: 6.23 ms (same run)
+    # with TMA (same session, default 3.96 ms): E step 256 in the dq/dk kernel's do . v reduction 4.45, 8 warps in
+    # the dq/dk kernel 4.80 ("w8" 4.80, "bm128_w8" 7.12)
+    ("ered256", {"be_red_gau": 256}),
+    ("dqk_w8", {"warps_gau": 8}),
     ("fwd_be128_w4", {"be_fwd": 128, "warps_gau_fwd": 4}),  # the forward before 2026-11-22 (2.91 vs 2.57 ms)
     ("fwd_be128_w8", {"be_fwd": 128}),
     # the forward's tiling for the dV pass (scores per 256 of E): 7.66 vs 7.63 ms at 4k -- no gain (H200,

@@ -83,7 +83,10 @@ from lintime.ops.triton_common import (
 # (default since), "one_seg" 1.00 / 1.73.
 LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("default", {}),
-    ("no_tma", {"tma": 0}),  # pointer loads everywhere (the path of pre-Hopper GPUs and unaligned shapes)
+    # pointer loads everywhere (the path of pre-Hopper GPUs and unaligned shapes): 0.89 / 0.99 ms fwd+bwd at
+    # 2k / 32k against TMA's 0.74 / 0.84 (H200, 2026-11-22 session 7)
+    # with TMA (same run: default 0.74 / 0.84): "w8_s2" 0.84 / 0.94, "bg128" 0.79 / 0.89, "bt128" 0.78 / 0.89
+    ("no_tma", {"tma": 0}),
     ("w8_s2", {"warps_fwd": 8, "warps_bwd": 8, "stages": 2}),  # the default before 2026-11-22
     ("bg128", {"bg": 128}),  # [128, 128] chunk-matrix tiles (the default before 2026-11-22, 07:30 UTC)
     ("s2", {"stages": 2}),  # (with BG = 128: 1.08 / 1.28 ms, run of 07:20 UTC)
