@@ -199,12 +199,22 @@ def test_cuda_real_size_half_rule(dtype, causal):
 
 @cuda
 @needs_cuda
-def test_cuda_fp32_exact_packed():
-    """fp32 kernels (exact fp32 products) vs naive fp32: packed, S = 160 (two S tiles), E = 300."""
+@pytest.mark.parametrize("S, E", [(160, 300), (128, 512)])
+def test_cuda_fp32_exact_packed(S, E):
+    """fp32 kernels (exact fp32 products) vs naive fp32: packed, two heads; S = 160 (two S tiles),
+    E = 300, and S = 128, E = 512 -- a shape whose 16-bit inputs take the TMA path, which fp32 inputs
+    do not (their 512-wide tiles' TMA buffers exceed the shared memory: the pointer path runs)."""
+    from lintime.ops.gau.triton.gau import _tma
+    from lintime.ops.gau.triton.plan import default_blocks
+
+    dev = torch.device("cuda")
+    assert not _tma(default_blocks(S, E, torch.float32), S, E, dev, torch.float32)
+    assert _tma(default_blocks(S, E, torch.bfloat16), S, E, dev, torch.bfloat16) == (
+        S == 128 and torch.cuda.get_device_capability(dev)[0] >= 9)
     lens = [600, 1, 0, 333]
-    q, k, v, b, do = _inputs(1, sum(lens), 2, 160, 300, torch.float32, device="cuda", seed=4)
+    q, k, v, b, do = _inputs(1, sum(lens), 2, S, E, torch.float32, device="cuda", seed=4)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-    kw = {"causal": True, "scale": 160**-0.5, "cu_seqlens": cu}
+    kw = {"causal": True, "scale": S**-0.5, "cu_seqlens": cu}
     ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, **kw)
     for name in ref:
         assert_exact(f"cuda gau fp32 {name}", ref[name], out[name])

@@ -366,10 +366,17 @@ def test_cuda_real_size_half_rule(dtype, mode):
 
 @cuda
 @needs_cuda
-def test_cuda_fp32_exact_packed():
-    """fp32 kernels (exact fp32 products) vs naive fp32, packed sequences with states, S = 160
-    (two S tiles), E = 300 (partial E tiles), C = 128."""
-    C, H, S, E = 128, 2, 160, 300
+@pytest.mark.parametrize("S, E, tma", [(160, 300, False), (128, 256, True)], ids=["pointers", "tma"])
+def test_cuda_fp32_exact_packed(S, E, tma):
+    """fp32 kernels (exact fp32 products) vs naive fp32, packed sequences (short chunks) with states,
+    C = 128, two heads: S = 160 (two S tiles), E = 300 (partial E tiles) on the pointer path; S = 128,
+    E = 256 on the TMA path (on Hopper)."""
+    from lintime.ops.mixed_chunk.triton.mixed_chunk import _tma_shapes
+
+    C, H = 128, 2
+    dev = torch.device("cuda")
+    assert _tma_shapes(default_blocks(S, E, torch.float32, C), S, E, C, dev) == (
+        tma and torch.cuda.get_device_capability(dev)[0] >= 9)
     lens = [700, 1, 0, 300, 129]
     xs, rb = _inputs(1, sum(lens), H, S, E, C, torch.float32, device="cuda", seed=8)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
