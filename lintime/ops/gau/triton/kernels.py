@@ -164,18 +164,24 @@ def relu2_bwd_dv_kernel(
 
 @triton.jit
 def _dqk_tile(b_dp, n0, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs, mid,
-              K, DQ, DK, BIAS, scale, S, H, LB, OFF,
+              K, DQ, DK, BIAS, DK_, scale, S, H, LB, OFF,
               BM: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-              NEED_DB: tl.constexpr, ONE_S: tl.constexpr, PREC: tl.constexpr):
+              NEED_DB: tl.constexpr, ONE_S: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
     """Key tile ``n0`` of :func:`relu2_bwd_dqk_kernel` once ``dp = do . v^T`` is known: scores, ``ds``,
-    the bias gradient, ``dq`` (returned, or read-modify-written when ``S`` is tiled) and ``dk``."""
+    the bias gradient, ``dq`` (returned, or read-modify-written when ``S`` is tiled) and ``dk``.  With
+    ``TMA`` the key tile is loaded once through ``DK_`` for both the scores and ``dq``."""
     o_s = tl.arange(0, BS)
     o_b = tl.arange(0, BM)
     o_n = n0 + tl.arange(0, BM)
     m_n = o_n < rl
     rows_n = (rs + o_n) * H + i_h
     p_k = K + rows_n * S
-    b_s = _tile_scores(p_q, p_k, m_m, m_n, S, o_s, b_q, ONE_S, BS, PREC, BM, BM) * scale
+    if TMA:
+        b_kt = DK_.load([(rs + n0).to(tl.int32), i_h * S])
+        b_s = tl.dot(b_q, tl.trans(b_kt), input_precision=PREC) * scale
+    else:
+        b_kt = b_q  # (unused)
+        b_s = _tile_scores(p_q, p_k, m_m, m_n, S, o_s, b_q, ONE_S, BS, PREC, BM, BM) * scale
     if HAS_BIAS:
         b_s += tl.load(BIAS + i_h * LB + OFF + o_m[:, None] - o_n[None, :],
                        mask=m_m[:, None] & m_n[None, :], other=0.0)
@@ -190,7 +196,10 @@ def _dqk_tile(b_dp, n0, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs
     b_ds = b_ds * scale
     if ONE_S:
         m_s = o_s < S
-        b_k = tl.load(p_k[:, None] + o_s[None, :], mask=m_n[:, None] & m_s[None, :], other=0.0)
+        if TMA:
+            b_k = b_kt
+        else:
+            b_k = tl.load(p_k[:, None] + o_s[None, :], mask=m_n[:, None] & m_s[None, :], other=0.0)
         b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=PREC)
         b_dk = tl.dot(tl.trans(b_ds.to(b_q.dtype)), b_q, input_precision=PREC)
         tl.atomic_add(DK + rows_n[:, None] * S + o_s[None, :], b_dk, mask=m_n[:, None] & m_s[None, :],
@@ -213,7 +222,7 @@ def _dqk_tile(b_dp, n0, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs
 
 @triton.jit
 def relu2_bwd_dqk_kernel(
-    Q, K, V, DO, DQ, DK, DB, BIAS, DQ_, DV_, DDO_,
+    Q, K, V, DO, DQ, DK, DB, BIAS, DQ_, DK_, DV_, DDO_,
     TILE_REG, TILE_OFF, REG_START, REG_LEN,
     scale, S, E, H, LB, OFF, NTD,
     BM: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
@@ -223,8 +232,8 @@ def relu2_bwd_dqk_kernel(
     """Per row tile: ``DQ`` (fp32, this program's rows only), ``DK`` (fp32 atomics) and the bias
     gradient per tile diagonal into ``DB [H, NTD, BM, BM]``; grid ``(tiles, H)``.  Key tiles go in
     pairs: ``dp = do . v^T`` is reduced over ``E`` for both at once, so each ``do`` tile is read
-    from L2 once per pair (H200: 6.84 -> 6.38 ms GAU fwd+bwd at 4k).  With ``TMA`` the ``q`` tile and
-    the ``do`` / ``v`` tiles of that reduction load through ``DQ_, DDO_, DV_`` (rows past the region or
+    from L2 once per pair (H200: 6.84 -> 6.38 ms GAU fwd+bwd at 4k).  With ``TMA`` the ``q`` and ``k``
+    tiles and the ``do`` / ``v`` tiles of that reduction load through ``DQ_, DK_, DDO_, DV_`` (rows past the region or
     past the last key tile only reach masked or unused entries)."""
     i_t, i_h = tl.program_id(0), tl.program_id(1)
     r = tl.load(TILE_REG + i_t)
@@ -277,11 +286,11 @@ def relu2_bwd_dqk_kernel(
             b_dp0 += tl.dot(b_do, tl.trans(b_v0), input_precision=PREC)
             b_dp1 += tl.dot(b_do, tl.trans(b_v1), input_precision=PREC)
         b_dq = _dqk_tile(b_dp0, n0, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs, mid,
-                         K, DQ, DK, BIAS, scale, S, H, LB, OFF,
-                         BM, BS, CAUSAL, HAS_BIAS, NEED_DB, ONE_S, PREC)
+                         K, DQ, DK, BIAS, DK_, scale, S, H, LB, OFF,
+                         BM, BS, CAUSAL, HAS_BIAS, NEED_DB, ONE_S, PREC, TMA)
         if n1 < hi:
             b_dq = _dqk_tile(b_dp1, n1, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs, mid,
-                             K, DQ, DK, BIAS, scale, S, H, LB, OFF,
-                             BM, BS, CAUSAL, HAS_BIAS, NEED_DB, ONE_S, PREC)
+                             K, DQ, DK, BIAS, DK_, scale, S, H, LB, OFF,
+                             BM, BS, CAUSAL, HAS_BIAS, NEED_DB, ONE_S, PREC, TMA)
     if ONE_S:
         tl.store(DQ + rows_m[:, None] * S + o_s[None, :], b_dq, mask=m_m[:, None] & (o_s < S)[None, :])

@@ -41,7 +41,8 @@ class Blocks:
     (forward) and bit 1 (backward) launch the programs of the heaviest tiles first in causal calls;
     ``stages_gau_fwd`` the forward's pipeline stages (0: ``stages_gau``).  ``tma``: mixed chunk's
     output / dV GEMM and state walk load whole tiles through TMA tensor descriptors where the
-    device and the shape allow (``mixed_chunk._tma_shapes``).
+    device and the shape allow (``mixed_chunk._tma_shapes``); ``stages_walk`` the state walk's pipeline
+    stages (0: ``stages``).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -69,6 +70,7 @@ class Blocks:
     gau_order: int = 0
     stages_gau_fwd: int = 0
     tma: int = 0
+    stages_walk: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -133,7 +135,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
 # Fields of :class:`Blocks` that change only how a kernel is launched, not what a program computes:
 # the interpreter ignores them, so variants touching nothing else are checked on CUDA only.
 LAUNCH_ONLY_FIELDS = frozenset({"warps_fwd", "warps_bwd", "warps_gau", "warps_gau_fwd", "warps_gau_dv", "stages",
-                                "stages_gau", "stages_gau_fwd"})
+                                "stages_gau", "stages_gau_fwd", "stages_walk"})
 
 
 def variant_blocks(overrides: dict, S: int, E: int, dtype: torch.dtype, C: int | None = None) -> Blocks:
