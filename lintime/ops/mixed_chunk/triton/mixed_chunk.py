@@ -87,7 +87,9 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # 2k / 32k against TMA's 0.74 / 0.84 (H200, 2026-11-22 session 7)
     # with TMA (same run: default 0.74 / 0.84): "w8_s2" 0.84 / 0.94, "bg128" 0.79 / 0.89, "bt128" 0.78 / 0.89
     ("no_tma", {"tma": 0}),
-    ("walk_s4", {"stages_walk": 4}),  # 4 pipeline stages in the TMA walk (standalone: 0.082 -> 0.077 ms per walk)
+    # 4 pipeline stages in the TMA walk (standalone walk: 0.082 -> 0.077 ms; in the op no gain: 0.737 / 0.838 vs
+    # 0.734 / 0.838 ms at 2k / 32k, H200 session 7)
+    ("walk_s4", {"stages_walk": 4}),
     ("w8_s2", {"warps_fwd": 8, "warps_bwd": 8, "stages": 2}),  # the default before 2026-11-22
     ("bg128", {"bg": 128}),  # [128, 128] chunk-matrix tiles (the default before 2026-11-22, 07:30 UTC)
     ("s2", {"stages": 2}),  # (with BG = 128: 1.08 / 1.28 ms, run of 07:20 UTC)
