@@ -44,6 +44,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # host-side TMA descriptors (Triton >= 3.4); without them the kernels take their pointer paths
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton
+    TensorDescriptor = None
+
 BT = 64  # chunk length (tokens) of every kernel
 BC = 16  # sub-chunk length: secondary tiling of GLA (seed Fig. 3)
 MAX_HEAD_DIM = 256  # K and V supported by the kernels
@@ -107,20 +112,14 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-try:  # host-side TMA descriptors (Triton >= 3.4); without them the kernels take their pointer paths
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - older Triton
-    TensorDescriptor = None
-
-
 @functools.lru_cache(maxsize=16)
 def tma_device(device: torch.device) -> bool:
-    """Whether kernels on ``device`` can load through TMA tensor descriptors: Hopper and later
+    """Whether kernels on ``device`` can load through TMA tensor descriptors: NVIDIA Hopper and later
     (the interpreter emulates them), with a Triton that has host-side descriptors."""
     if TensorDescriptor is None:
         return False
     if device.type == "cuda":
-        return torch.cuda.get_device_capability(device)[0] >= 9
+        return torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
     return interpreting()
 
 

@@ -20,6 +20,10 @@ Non-causal (Eq. 7): every chunk reads its sequence's total.  Backward: the rever
 A^T do``), ``mc_dp_kernel`` (``dS``, stored like ``A``), ``mc_dlin_kernel`` (``dq_lin, dk_lin``)
 and ``mc_dqk_kernel`` (``dq_quad, dk_quad`` and the bias gradient).
 
+Loads: on Hopper GPUs (``Blocks.tma``, :func:`_tma_shapes`) the output / dV GEMMs and the walks load whole
+tiles through TMA tensor descriptors (inputs seen as ``[B T, H D]`` matrices, a head's tile a column offset);
+elsewhere the same kernels use masked pointer loads.
+
 What is materialised: ``A`` and ``dS`` (input dtype, ``T * C`` elements each), ``H`` and ``G``
 (``T * S * E / C`` elements each, half of ``v`` at ``S = 128, C = 256``), so each large product
 runs once, as a GEMM-shaped tile loop; the forward saves ``A`` and ``H`` for the backward.  The
@@ -69,7 +73,6 @@ from lintime.ops.triton_common import (
     tma_device,
 )
 
-
 # Candidate launches of the mixed chunk kernels: ``(name, overrides)``, the overrides applied to the
 # GPU defaults of the shape (:func:`lintime.ops.gau.triton.plan.variant_blocks`; defaults at
 # ``S = 128, E = 2048, C = 256``: BG = 64, 4 warps, 3 stages, S step 64, BE = 128 output / dV,
@@ -85,11 +88,12 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("default", {}),
     # pointer loads everywhere (the path of pre-Hopper GPUs and unaligned shapes): 0.89 / 0.99 ms fwd+bwd at
     # 2k / 32k against TMA's 0.74 / 0.84 (H200, 2026-11-22 session 7)
-    # with TMA (same run: default 0.74 / 0.84): "w8_s2" 0.84 / 0.94, "bg128" 0.79 / 0.89, "bt128" 0.78 / 0.89
     ("no_tma", {"tma": 0}),
     # 4 pipeline stages in the TMA walk (standalone walk: 0.082 -> 0.077 ms; in the op no gain: 0.737 / 0.838 vs
     # 0.734 / 0.838 ms at 2k / 32k, H200 session 7)
     ("walk_s4", {"stages_walk": 4}),
+    # the variants below, re-timed with TMA (session 7, default 0.74 / 0.84): "w8_s2" 0.84 / 0.94, "bg128" 0.79 /
+    # 0.89, "bt128" 0.78 / 0.89
     ("w8_s2", {"warps_fwd": 8, "warps_bwd": 8, "stages": 2}),  # the default before 2026-11-22
     ("bg128", {"bg": 128}),  # [128, 128] chunk-matrix tiles (the default before 2026-11-22, 07:30 UTC)
     ("s2", {"stages": 2}),  # (with BG = 128: 1.08 / 1.28 ms, run of 07:20 UTC)
