@@ -115,8 +115,10 @@ def _sm_count(index: int) -> int:
 @functools.lru_cache(maxsize=16)
 def tma_device(device: torch.device) -> bool:
     """Whether kernels on ``device`` can load through TMA tensor descriptors: NVIDIA Hopper and later
-    (the interpreter emulates them), with a Triton that has host-side descriptors."""
-    if TensorDescriptor is None:
+    (the interpreter emulates them), with a Triton that has host-side descriptors, unless the
+    environment sets ``LINTIME_TMA=0`` (read once per device and process: every kernel then takes its
+    pointer path)."""
+    if TensorDescriptor is None or os.environ.get("LINTIME_TMA", "1") == "0":
         return False
     if device.type == "cuda":
         return torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
