@@ -59,7 +59,7 @@ def chunk_state_kernel(
     (``TOT``).
 
     With ``TMA`` the whole ``BT``-token steps of a chunk load ``X`` and ``Y`` through the tensor
-    descriptors ``DX`` / ``DY`` (:func:`lintime.ops.mixed_chunk.triton.mixed_chunk._descs`); a short
+    descriptors ``DX`` / ``DY`` (:func:`lintime.ops.triton_common.tma_descriptors`); a short
     chunk's partial last step uses masked loads (its rows past the chunk are the next chunk's).
     """
     i_se, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
