@@ -48,6 +48,8 @@ try:  # host-side TMA descriptors (Triton >= 3.4); without them the kernels take
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - older Triton
     TensorDescriptor = None
+if tuple(int(x) for x in triton.__version__.split(".")[:2] if x.isdigit()) < (3, 4):  # pragma: no cover
+    TensorDescriptor = None  # (3.3's descriptors are experimental, with another kernel-side API)
 
 BT = 64  # chunk length (tokens) of every kernel
 BC = 16  # sub-chunk length: secondary tiling of GLA (seed Fig. 3)
