@@ -335,12 +335,9 @@ def case_profile(results, quick=False, T=None, S=128, E=2048, C=256, tokens=TOKE
     """Per-kernel device time of one mixed chunk forward + backward (torch.profiler), to see what
     bounds the total; also the same for GAU at T = 4096.  ``T`` (mixed chunk) defaults to 32k, or the
     comma-separated lengths in ``LINTIME_PROFILE_TS``."""
-    if T is None:
-        Ts = [int(t) for t in os.environ.get("LINTIME_PROFILE_TS", "32768").split(",") if t]
-        for t in Ts[:-1]:
-            _profile_mixed_chunk(results, t, S, E, C, tokens)
-        T = Ts[-1]
-    _profile_mixed_chunk(results, T, S, E, C, tokens)
+    Ts = [T] if T is not None else [int(t) for t in os.environ.get("LINTIME_PROFILE_TS", "32768").split(",") if t]
+    for t in Ts:
+        _profile_mixed_chunk(results, t, S, E, C, tokens)
     _profile_gau(results, S, E, tokens)
 
 

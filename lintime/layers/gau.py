@@ -47,8 +47,8 @@ SCALINGS = ("n", "ns")
 
 class ScaleOffset(nn.Module):
     """Cheap per-dimension heads of a shared representation (seed Code 6 / 8 ``gamma``,
-    ``beta``): ``z [..., s] -> [..., heads, s]`` with ``z * gamma[h] + beta[h]``.  The parameters
-    ``forward`` is the plain formula (the tests' reference); the layers compute the heads inside
+    ``beta``): ``z [..., s] -> [..., heads, s]`` with ``z * gamma[h] + beta[h]``.  ``forward`` is
+    the plain formula (the tests' reference); the layers compute the heads inside
     :func:`lintime.ops.gau_heads` (with SiLU and RoPE) from these parameters.
 
     ``gamma`` is initialised ``N(0, std)`` (the seed's ``WEIGHT_INITIALIZER``), ``beta`` 0.  Both

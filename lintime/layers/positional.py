@@ -17,6 +17,8 @@ import math
 import torch
 import torch.nn as nn
 
+from lintime.ops.utils import rope, rope_inv_freq
+
 
 def _angle_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -56,8 +58,7 @@ def sinusoid(positions: torch.Tensor, dim: int, dtype: torch.dtype, base: float 
     """``[*P, dim]``: ``[sin(p * f), cos(p * f)]`` with ``f_i = base ** (-i / (dim/2))`` (seed Code 2)."""
     half = dim // 2
     adt = _angle_dtype(dtype)
-    inv_freq = base ** -(torch.arange(half, device=positions.device, dtype=adt) / half)
-    ang = positions.to(adt)[..., None] * inv_freq
+    ang = positions.to(adt)[..., None] * rope_inv_freq(half, base, adt, positions.device)
     return torch.cat([ang.sin(), ang.cos()], dim=-1).to(dtype)
 
 
@@ -119,14 +120,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) 
     D = x.shape[-1]
     if D % 2:
         raise ValueError(f"RoPE needs an even feature size, got {D}")
-    half = D // 2
-    adt = _angle_dtype(x.dtype)
-    inv_freq = base ** -(torch.arange(half, device=x.device, dtype=adt) / half)
-    ang = positions.to(adt)[..., None, None] * inv_freq  # [*P, 1, D/2]
-    cos, sin = ang.cos(), ang.sin()
-    xf = x.to(adt)
-    x1, x2 = xf[..., :half], xf[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    return rope(x, positions[..., None], base)  # positions [*P, 1] against x's [*P, H]
 
 
 class RoPE(nn.Module):

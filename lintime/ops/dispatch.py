@@ -32,6 +32,23 @@ def triton_available(device: torch.device) -> bool:
     return True
 
 
+def register_triton(impls: dict, load: Callable[[], Callable]) -> None:
+    """Register ``impls["triton"]`` when Triton is installed: a function that calls ``load()`` and then
+    what it returns.  ``load`` holds the family's literal ``from ... import`` of its Triton entry, so
+    the kernel modules are imported on first use (Triton decides interpreter vs compiler when a kernel
+    module is imported: ``TRITON_INTERPRET``) and ``torch.compile`` can trace the import (it cannot
+    trace ``importlib``)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return
+
+    def triton_impl(*args, **kwargs):
+        return load()(*args, **kwargs)
+
+    impls["triton"] = triton_impl
+
+
 def select(op: str, backend: str | None, impls: Mapping[str, Callable], x: torch.Tensor) -> Callable:
     """Pick the implementation of ``op`` for input ``x`` (``[B, T, H, D]``).
 

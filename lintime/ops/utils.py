@@ -21,6 +21,25 @@ def acc_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
+def rope_inv_freq(half: int, base: float, dtype: torch.dtype, device) -> torch.Tensor:
+    """RoPE / sinusoid frequencies ``base ** (-i / half)``, ``i < half`` (FLASH seed Codes 2, 3)."""
+    return base ** -(torch.arange(half, device=device, dtype=dtype) / half)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """RoPE (seed Code 3, two-halves layout) over ``x``'s last dim ``D`` (even):
+    ``[x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin]``, angle ``p * base ** (-i / (D/2))`` computed in
+    fp32 (fp64 for fp64 ``x``); ``positions`` broadcasts against ``x.shape[:-1]``.  Result in ``x``'s
+    dtype."""
+    half = x.shape[-1] // 2
+    adt = acc_dtype(x)
+    ang = positions.to(adt)[..., None] * rope_inv_freq(half, base, adt, x.device)
+    cos, sin = ang.cos(), ang.sin()
+    xf = x.to(adt)
+    x1, x2 = xf[..., :half], xf[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
 def check_tensor(op: str, name: str, x: torch.Tensor, ndim: int = 4) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}")

@@ -370,12 +370,9 @@ def test_cuda_fp32_exact_odd_sizes_large_positions():
 
 @cuda
 @needs_cuda
-def test_cuda_dispatch_picks_triton(monkeypatch):
+def test_cuda_dispatch_picks_triton(impl_calls):
     # (the package attribute ``lintime.ops.gau_heads`` is the function: take the module itself)
-    family = importlib.import_module("lintime.ops.gau_heads")
-    calls = []
-    impl = family._IMPLS["triton"]
-    monkeypatch.setitem(family._IMPLS, "triton", lambda *a, **kw: calls.append(1) or impl(*a, **kw))
+    calls = impl_calls(importlib.import_module("lintime.ops.gau_heads"), "triton")
     h, g, b, pos, _ = _inputs(1, 64, 32, 16, 4, True, torch.bfloat16, device="cuda")
     gau_heads(h, g, b, pos, e=32, s=16)
     assert calls == [1]

@@ -222,12 +222,10 @@ def test_cuda_fp32_exact_packed(S, E):
 
 @cuda
 @needs_cuda
-def test_cuda_dispatch_picks_triton(monkeypatch):
+def test_cuda_dispatch_picks_triton(impl_calls):
     import lintime.ops.gau as gau_module
 
-    calls = []
-    impl = gau_module._IMPLS["triton"]
-    monkeypatch.setitem(gau_module._IMPLS, "triton", lambda *a, **kw: calls.append(1) or impl(*a, **kw))
+    calls = impl_calls(gau_module, "triton")
     q, k, v, b, _ = _inputs(1, 64, 1, 16, 16, torch.bfloat16, device="cuda")
     gau_attention(q, k, v, rel_bias=b, scale=0.25)
     assert calls == [1]

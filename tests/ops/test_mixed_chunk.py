@@ -399,10 +399,8 @@ def test_state_select_and_to():
     assert torch.equal(o_z, o_none)
 
 
-def test_single_token_dispatches_to_recurrent(monkeypatch):
-    calls = []
-    impl = mc_module._IMPLS["recurrent"]
-    monkeypatch.setitem(mc_module._IMPLS, "recurrent", lambda *a, **k: calls.append(1) or impl(*a, **k))
+def test_single_token_dispatches_to_recurrent(impl_calls):
+    calls = impl_calls(mc_module, "recurrent")
     xs, _ = _inputs(1, 1, 1, 4, 4, 8, torch.float32)
     mixed_chunk_attention(*xs, chunk_size=8)
     assert calls == [1]

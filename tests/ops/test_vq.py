@@ -478,10 +478,8 @@ def test_state_object():
     assert st_.cache_mean.requires_grad and not st_.detach().cache_mean.requires_grad
 
 
-def test_decoding_step_dispatches_to_recurrent(monkeypatch):
-    calls = []
-    rec = vq_mod._IMPLS["recurrent"]
-    monkeypatch.setitem(vq_mod._IMPLS, "recurrent", lambda *a, **k: calls.append(1) or rec(*a, **k))
+def test_decoding_step_dispatches_to_recurrent(impl_calls):
+    calls = impl_calls(vq_mod, "recurrent")
     inp = _inputs(2, 1, 1, 4, 3, 5, 4, torch.float32)
     k_hat = _gather(inp["codebook"], inp["codes"])
     vq_attention(inp["q"], k_hat, inp["codes"], inp["v"], inp["codebook"], block_len=4)

@@ -7,27 +7,21 @@ from numbers import Real
 
 import torch
 
-from lintime.ops.dispatch import select
+from lintime.ops.dispatch import register_triton, select
 from lintime.ops.gau.chunk import chunk_gau_attention
 from lintime.ops.gau.naive import naive_gau_attention
 from lintime.ops.utils import check_cu_seqlens, check_same_btH, check_tensor
 
 _IMPLS = {"naive": naive_gau_attention, "chunk": chunk_gau_attention}
 
-try:  # the fused kernels, when Triton is installed (picked automatically for CUDA tensors)
-    import triton  # noqa: F401
-except ImportError:
-    pass
-else:
 
-    def _triton_gau_attention(*args, **kwargs):
-        # imported on first use: Triton decides interpreter vs compiler when a kernel module is
-        # imported (TRITON_INTERPRET)
-        from lintime.ops.gau.triton import triton_gau_attention
+def _load_triton():  # the fused kernels, when Triton is installed (picked automatically for CUDA tensors)
+    from lintime.ops.gau.triton import triton_gau_attention
 
-        return triton_gau_attention(*args, **kwargs)
+    return triton_gau_attention
 
-    _IMPLS["triton"] = _triton_gau_attention
+
+register_triton(_IMPLS, _load_triton)
 
 
 def gau_attention(

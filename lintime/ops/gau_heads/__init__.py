@@ -8,27 +8,21 @@ from numbers import Integral, Real
 
 import torch
 
-from lintime.ops.dispatch import select
+from lintime.ops.dispatch import register_triton, select
 from lintime.ops.gau_heads.chunk import chunk_gau_heads
 from lintime.ops.gau_heads.naive import naive_gau_heads
 from lintime.ops.utils import FLOAT_DTYPES
 
 _IMPLS = {"naive": naive_gau_heads, "chunk": chunk_gau_heads}
 
-try:  # the fused kernels, when Triton is installed (picked automatically for CUDA tensors)
-    import triton  # noqa: F401
-except ImportError:
-    pass
-else:
 
-    def _triton_gau_heads(*args, **kwargs):
-        # imported on first use: Triton decides interpreter vs compiler when a kernel module is
-        # imported (TRITON_INTERPRET)
-        from lintime.ops.gau_heads.triton import triton_gau_heads
+def _load_triton():  # the fused kernels, when Triton is installed (picked automatically for CUDA tensors)
+    from lintime.ops.gau_heads.triton import triton_gau_heads
 
-        return triton_gau_heads(*args, **kwargs)
+    return triton_gau_heads
 
-    _IMPLS["triton"] = _triton_gau_heads
+
+register_triton(_IMPLS, _load_triton)
 
 
 def _check(op, h, gamma, beta, positions, e, s, gating, rope_base, rope_heads):

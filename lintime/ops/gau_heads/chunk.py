@@ -12,22 +12,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lintime.ops.utils import acc_dtype
+from lintime.ops.utils import rope
 
 
 def rope_groups(x: torch.Tensor, positions: torch.Tensor, base: float, groups: int) -> torch.Tensor:
     """RoPE (seed Code 3, two-halves layout) on ``x [B, T, nh, s]``, each of the ``groups`` runs of
-    ``D = s / groups`` features rotated on its own; angles ``p * base ** (-i / (D/2))`` in fp32
-    (fp64 for fp64 ``x``), the result in ``x``'s dtype."""
+    ``D = s / groups`` features rotated on its own (:func:`lintime.ops.utils.rope`), the result in
+    ``x``'s dtype."""
     xg = x.unflatten(-1, (groups, x.shape[-1] // groups))  # [B, T, nh, groups, D]
-    half = xg.shape[-1] // 2
-    adt = acc_dtype(x)
-    inv_freq = base ** -(torch.arange(half, device=x.device, dtype=adt) / half)
-    ang = positions.to(adt)[..., None, None, None] * inv_freq  # [B, T, 1, 1, D/2]
-    cos, sin = ang.cos(), ang.sin()
-    xf = xg.to(adt)
-    x1, x2 = xf[..., :half], xf[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype).flatten(-2)
+    return rope(xg, positions[..., None, None], base).flatten(-2)  # positions [B, T, 1, 1]
 
 
 def chunk_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=10000.0, rope_heads=1):

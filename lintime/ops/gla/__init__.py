@@ -6,7 +6,7 @@ import numbers
 
 import torch
 
-from lintime.ops.dispatch import select
+from lintime.ops.dispatch import register_triton, select
 from lintime.ops.gla.chunk import chunk_gla
 from lintime.ops.gla.naive import naive_gla
 from lintime.ops.gla.recurrent import recurrent_gla
@@ -14,20 +14,14 @@ from lintime.ops.utils import check_cu_seqlens, check_same_btH, check_tensor, nu
 
 _IMPLS = {"naive": naive_gla, "chunk": chunk_gla, "recurrent": recurrent_gla}
 
-try:  # the fused kernels, when Triton is installed (picked automatically for CUDA tensors)
-    import triton  # noqa: F401
-except ImportError:
-    pass
-else:
 
-    def _triton_gla(*args, **kwargs):
-        # imported on first use: Triton decides interpreter vs compiler when a kernel module is
-        # imported (TRITON_INTERPRET), and importing the kernels costs nothing until they run
-        from lintime.ops.gla.triton import triton_gla
+def _load_triton():  # the fused kernels, when Triton is installed (picked automatically for CUDA tensors)
+    from lintime.ops.gla.triton import triton_gla
 
-        return triton_gla(*args, **kwargs)
+    return triton_gla
 
-    _IMPLS["triton"] = _triton_gla
+
+register_triton(_IMPLS, _load_triton)
 
 
 def gated_linear_attention(

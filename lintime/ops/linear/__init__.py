@@ -6,7 +6,7 @@ import numbers
 
 import torch
 
-from lintime.ops.dispatch import select
+from lintime.ops.dispatch import register_triton, select
 from lintime.ops.linear.chunk import chunk_linear_attention
 from lintime.ops.linear.naive import naive_linear_attention
 from lintime.ops.linear.recurrent import recurrent_linear_attention
@@ -18,20 +18,14 @@ _IMPLS = {
     "recurrent": recurrent_linear_attention,
 }
 
-try:  # the fused kernels, when Triton is installed (picked automatically for CUDA tensors)
-    import triton  # noqa: F401
-except ImportError:
-    pass
-else:
 
-    def _triton_linear_attention(*args, **kwargs):
-        # imported on first use: Triton decides interpreter vs compiler when a kernel module is
-        # imported (TRITON_INTERPRET), and importing the kernels costs nothing until they run
-        from lintime.ops.linear.triton import triton_linear_attention
+def _load_triton():  # the fused kernels, when Triton is installed (picked automatically for CUDA tensors)
+    from lintime.ops.linear.triton import triton_linear_attention
 
-        return triton_linear_attention(*args, **kwargs)
+    return triton_linear_attention
 
-    _IMPLS["triton"] = _triton_linear_attention
+
+register_triton(_IMPLS, _load_triton)
 
 _OP = "linear_attention"
 

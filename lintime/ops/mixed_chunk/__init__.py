@@ -6,7 +6,7 @@ import numbers
 
 import torch
 
-from lintime.ops.dispatch import select
+from lintime.ops.dispatch import register_triton, select
 from lintime.ops.mixed_chunk.chunk import chunk_mixed_chunk_attention
 from lintime.ops.mixed_chunk.naive import naive_mixed_chunk_attention
 from lintime.ops.mixed_chunk.recurrent import recurrent_mixed_chunk_attention
@@ -19,20 +19,15 @@ _IMPLS = {
     "recurrent": recurrent_mixed_chunk_attention,
 }
 
-try:  # the fused kernels, when Triton is installed (picked automatically for CUDA tensors)
-    import triton  # noqa: F401
-except ImportError:
-    pass
-else:
 
-    def _triton_mixed_chunk_attention(*args, **kwargs):
-        # imported on first use: Triton decides interpreter vs compiler when a kernel module is
-        # imported (TRITON_INTERPRET)
-        from lintime.ops.mixed_chunk.triton import triton_mixed_chunk_attention
+def _load_triton():  # the fused kernels, when Triton is installed (picked automatically for CUDA tensors)
+    from lintime.ops.mixed_chunk.triton import triton_mixed_chunk_attention
 
-        return triton_mixed_chunk_attention(*args, **kwargs)
+    return triton_mixed_chunk_attention
 
-    _IMPLS["triton"] = _triton_mixed_chunk_attention
+
+register_triton(_IMPLS, _load_triton)
+
 # the recurrent form cannot see future chunks
 _NONCAUSAL_IMPLS = {k: f for k, f in _IMPLS.items() if k != "recurrent"}
 

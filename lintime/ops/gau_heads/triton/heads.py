@@ -30,6 +30,7 @@ from lintime.ops.triton_common import (
     interpreting,
     next_pow2,
 )
+from lintime.ops.utils import rope_inv_freq
 
 
 @dataclass(frozen=True)
@@ -64,11 +65,11 @@ def _grid(TT, e, gating, cfg: Blocks):
 
 @functools.lru_cache(maxsize=32)
 def _inv_freq(half: int, base: float, device: str) -> torch.Tensor:
-    """``base ** -(i / half)``, fp32 -- the expression of ``apply_rope``, so the angles match."""
-    return base ** -(torch.arange(half, device=device, dtype=torch.float32) / half)
+    """The fp32 RoPE frequencies of :func:`lintime.ops.utils.rope` (cached per call shape), so the angles match."""
+    return rope_inv_freq(half, base, torch.float32, device)
 
 
-def _layout(h, gamma, e, s, gating, rope_heads):
+def _layout(h, gamma, s, rope_heads):
     B, T, W = h.shape
     hd = s // rope_heads // 2
     return B, T, W, B * T, gamma.shape[0], hd
@@ -77,7 +78,7 @@ def _layout(h, gamma, e, s, gating, rope_heads):
 def _fwd_impl(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, cfg: Blocks | None = None):
     """The forward launcher: ``(u, v, heads)``, ``u`` an empty tensor without gating."""
     cfg = cfg or default_blocks(h.device)
-    B, T, W, TT, nh, hd = _layout(h, gamma, e, s, gating, rope_heads)
+    B, T, W, TT, nh, hd = _layout(h, gamma, s, rope_heads)
     h, gamma, beta, positions = (x.contiguous() for x in (h, gamma, beta, positions))
     u = h.new_empty(B, T, e) if gating else h.new_empty(0)
     v = h.new_empty(B, T, e)
@@ -99,7 +100,7 @@ def _bwd_impl(du, dv, dheads, h, gamma, positions, e, s, gating, rope_base, rope
     """The backward launcher: ``dh`` (``h``'s dtype) and, when ``need_dparams``, ``dgamma`` and
     ``dbeta`` as fp32 ``[nh, s]`` (else empty tensors).  ``None`` gradients count as zero."""
     cfg = cfg or default_blocks(h.device)
-    _, _, W, TT, nh, hd = _layout(h, gamma, e, s, gating, rope_heads)
+    _, _, W, TT, nh, hd = _layout(h, gamma, s, rope_heads)
     du = du if (gating and du is not None and du.numel()) else None
     h, gamma, positions = (x.contiguous() for x in (h, gamma, positions))
     du, dv, dheads = (None if x is None else x.contiguous() for x in (du, dv, dheads))
