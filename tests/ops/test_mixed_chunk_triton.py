@@ -161,12 +161,12 @@ def test_tma_and_pointer_paths(tma, causal, monkeypatch):
     real = mc.tma_descriptors
     monkeypatch.setattr(mc, "tma_descriptors", lambda *specs: taken.append(real(*specs) is not None) or real(*specs))
     C, H, S, E = 32, 2, 32, 48
-    lens = [70, 1, 0, 45]
+    lens = [70, 1, 0, 45, 48]  # (the last: a short last chunk of whole walk steps)
     blocks = Blocks(**{**default_blocks(S, E, torch.float32, C).__dict__, "tma": tma})
     assert mc._tma_shapes(blocks, S, E, C, torch.device("cpu")) == bool(tma)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     xs, rb = _inputs(1, sum(lens), H, S, E, C, torch.float32, seed=12)
-    st = _state([13, 0, 7, 0], [2 * C, 0, C, 3 * C], C, H, S, E, torch.float32) if causal else None
+    st = _state([13, 0, 7, 0, 0], [2 * C, 0, C, 3 * C, C], C, H, S, E, torch.float32) if causal else None
     kw = {"chunk_size": C, "causal": causal, "output_final_state": causal, "cu_seqlens": cu}
     out = _run("triton", xs, rb, st, blocks=blocks, **kw)
     # the TMA run loaded through descriptors in both walks and both GEMMs (forward and backward)
@@ -438,19 +438,20 @@ _VARIANTS = [(n, o) for n, o in LAUNCH_VARIANTS if o and (CUDA or changes_tiles(
 @pytest.mark.parametrize("name,overrides", _VARIANTS, ids=[n for n, _ in _VARIANTS])
 def test_launch_variants(name, overrides):
     """Every candidate launch of ``LAUNCH_VARIANTS`` against the naive form: packed sequences of
-    several chunks (one of one token, one empty), an initial state with partial chunks (the
+    several chunks (one of one token, one empty, short last chunks of several kinds), an initial state with partial chunks (the
     composition path), the Toeplitz bias; forward, final state and every gradient.  CPU: fp32 at the
     exact rule at small widths (S = 12, E = 14, C = 32: partial tiles, up to 3 chunks per sequence);
     CUDA: bf16 at FLASH's widths (S = 128, E = 2048, C = 256) by the half-precision rule."""
+    # the last sequence's short last chunk is a whole number of walk steps (16 / 64 tokens)
     if CUDA:
-        lens, S, E, C, dtype = [1100, 1, 0, 700], 128, 2048, 256, torch.bfloat16
+        lens, S, E, C, dtype = [1100, 1, 0, 700, 320], 128, 2048, 256, torch.bfloat16
     else:
-        lens, S, E, C, dtype = [70, 1, 0, 20], 12, 14, 32, torch.float32
+        lens, S, E, C, dtype = [70, 1, 0, 20, 48], 12, 14, 32, torch.float32
     blocks = variant_blocks(overrides, S, E, dtype, C)
     H = 1
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
     xs64, rb64 = _inputs(1, sum(lens), H, S, E, C, torch.float64, seed=11, device=DEV)
-    st64 = _state([13, 0, 7, 0], [2 * C, 0, C, 3 * C], C, H, S, E, torch.float64, device=DEV)
+    st64 = _state([13, 0, 7, 0, 0], [2 * C, 0, C, 3 * C, C], C, H, S, E, torch.float64, device=DEV)
     kw = {"chunk_size": C, "output_final_state": True, "cu_seqlens": cu}
     xs, rb, st = [x.to(dtype) for x in xs64], rb64.to(dtype), _cast_state(st64, dtype)
     base = _run("naive", xs, rb, st, **kw)

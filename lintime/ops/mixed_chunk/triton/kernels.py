@@ -46,6 +46,7 @@ def chunk_state_kernel(
     S, E, H,
     BS: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr,
     REVERSE: tl.constexpr, STORE: tl.constexpr, HAS_INIT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
+    C=1, FLAT: tl.constexpr = False,
 ):
     """Walk the chunks of one segment (a run of chunks of one sequence), carrying an ``[BS, BE]``
     fp32 tile of ``sum_c w_c X_c^T Y_c`` in registers; grid ``(S tiles * E tiles, segments, H)``.
@@ -61,6 +62,8 @@ def chunk_state_kernel(
     With ``TMA`` the whole ``BT``-token steps of a chunk load ``X`` and ``Y`` through the tensor
     descriptors ``DX`` / ``DY`` (:func:`lintime.ops.triton_common.tma_descriptors`); a short
     chunk's partial last step uses masked loads (its rows past the chunk are the next chunk's).
+    ``FLAT`` (``C`` a multiple of ``BT``): one loop over the segment's token steps instead of a loop per
+    chunk (:func:`_walk_flat`).
     """
     i_se, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NE = tl.cdiv(E, BE)
@@ -78,33 +81,108 @@ def chunk_state_kernel(
     if HAS_INIT:
         i_n = tl.load(SEG_SEQ + i_g).to(tl.int64)
         b_h += tl.load(INIT + (i_n * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
-    for i in range(nc):
-        if REVERSE:
-            c = c0 + nc - 1 - i
-        else:
-            c = c0 + i
-        if STORE:
-            tl.store(HOUT + (c.to(tl.int64) * H + i_h) * S * E + o_se, b_h.to(HOUT.dtype.element_ty), mask=m_se)
-        cs = tl.load(CH_START + c).to(tl.int64)
-        cl = tl.load(CH_LEN + c)
-        w = tl.load(W + c)
-        b_d = tl.zeros([BS, BE], dtype=tl.float32)
-        if TMA:
-            full = (cl // BT) * BT
-            for t0 in range(0, full, BT):
-                r = (cs + t0).to(tl.int32)
+    if FLAT:
+        b_h = _walk_flat(X, Y, DX, DY, HOUT, W, CH_START, CH_LEN, b_h, c0, nc, i_s, i_e, i_h, o_t, o_s, o_e, m_s, m_e,
+                         o_se, m_se, S, E, H, C, BS, BE, BT, REVERSE, STORE, PREC, TMA)
+    else:
+        for i in range(nc):
+            if REVERSE:
+                c = c0 + nc - 1 - i
+            else:
+                c = c0 + i
+            if STORE:
+                tl.store(HOUT + (c.to(tl.int64) * H + i_h) * S * E + o_se, b_h.to(HOUT.dtype.element_ty), mask=m_se)
+            cs = tl.load(CH_START + c).to(tl.int64)
+            cl = tl.load(CH_LEN + c)
+            w = tl.load(W + c)
+            b_d = tl.zeros([BS, BE], dtype=tl.float32)
+            if TMA:
+                full = (cl // BT) * BT
+                for t0 in range(0, full, BT):
+                    r = (cs + t0).to(tl.int32)
+                    b_x = DX.load([r, i_h * S + i_s * BS])
+                    b_y = DY.load([r, i_h * E + i_e * BE])
+                    b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
+                if full < cl:  # a short chunk's partial last step: one masked step, not a second pipelined loop
+                    b_x, b_y = _walk_tile(X, Y, cs, full, cl, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h)
+                    b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
+            else:
+                for t0 in range(0, cl, BT):
+                    b_x, b_y = _walk_tile(X, Y, cs, t0, cl, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h)
+                    b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
+            b_h += w * b_d
+    tl.store(TOT + (i_g.to(tl.int64) * H + i_h) * S * E + o_se, b_h, mask=m_se)
+
+
+@triton.jit
+def _walk_flat(X, Y, DX, DY, HOUT, W, CH_START, CH_LEN, b_h, c0, nc, i_s, i_e, i_h, o_t, o_s, o_e, m_s, m_e, o_se, m_se,
+               S, E, H, C, BS: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr, REVERSE: tl.constexpr,
+               STORE: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
+    """:func:`chunk_state_kernel`'s walk as one loop over the whole ``BT``-token steps of the segment
+    (its chunks are consecutive tokens of one sequence; ``C`` a multiple of ``BT``), so loads can be
+    in flight across chunk boundaries: the chunk's product accumulates in ``b_d`` and enters ``b_h``
+    with its weight at the chunk's last step; the state entering a chunk is stored at its first
+    step.  A short last chunk's partial step (masked loads) comes last in the forward, first in the
+    reverse walk.  Returns the state after the segment."""
+    cs0 = tl.load(CH_START + c0).to(tl.int64)
+    L = (nc - 1) * C + tl.load(CH_LEN + c0 + nc - 1)  # tokens of the segment
+    full = (L // BT) * BT
+    kl = nc - 1  # the last chunk (the only one that can be short)
+    b_d = tl.zeros([BS, BE], dtype=tl.float32)
+    if REVERSE:
+        if full < L:
+            if STORE:
+                tl.store(HOUT + ((c0 + kl).to(tl.int64) * H + i_h) * S * E + o_se, b_h.to(HOUT.dtype.element_ty),
+                         mask=m_se)
+            b_x, b_y = _walk_tile(X, Y, cs0, full, L, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h)
+            b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
+            if full == kl * C:  # the partial step is the whole chunk
+                b_h += tl.load(W + c0 + kl) * b_d
+                b_d = tl.zeros([BS, BE], dtype=tl.float32)
+        for i in range(full // BT):
+            t0 = full - BT - i * BT
+            k = t0 // C
+            if STORE:  # noqa: SIM102 - a compile-time branch around a run-time one (Triton)
+                if (t0 + BT == (k + 1) * C) | (t0 + BT == L):
+                    tl.store(HOUT + ((c0 + k).to(tl.int64) * H + i_h) * S * E + o_se,
+                             b_h.to(HOUT.dtype.element_ty), mask=m_se)
+            if TMA:
+                r = (cs0 + t0).to(tl.int32)
                 b_x = DX.load([r, i_h * S + i_s * BS])
                 b_y = DY.load([r, i_h * E + i_e * BE])
-                b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
-            if full < cl:  # a short chunk's partial last step: one masked step, not a second pipelined loop
-                b_x, b_y = _walk_tile(X, Y, cs, full, cl, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h)
-                b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
-        else:
-            for t0 in range(0, cl, BT):
-                b_x, b_y = _walk_tile(X, Y, cs, t0, cl, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h)
-                b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
-        b_h += w * b_d
-    tl.store(TOT + (i_g.to(tl.int64) * H + i_h) * S * E + o_se, b_h, mask=m_se)
+            else:
+                b_x, b_y = _walk_tile(X, Y, cs0, t0, L, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h)
+            b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
+            if t0 == k * C:
+                b_h += tl.load(W + c0 + k) * b_d
+                b_d = tl.zeros([BS, BE], dtype=tl.float32)
+    else:
+        for i in range(full // BT):
+            t0 = i * BT
+            k = t0 // C
+            if STORE:  # noqa: SIM102 - a compile-time branch around a run-time one (Triton)
+                if t0 == k * C:
+                    tl.store(HOUT + ((c0 + k).to(tl.int64) * H + i_h) * S * E + o_se,
+                             b_h.to(HOUT.dtype.element_ty), mask=m_se)
+            if TMA:
+                r = (cs0 + t0).to(tl.int32)
+                b_x = DX.load([r, i_h * S + i_s * BS])
+                b_y = DY.load([r, i_h * E + i_e * BE])
+            else:
+                b_x, b_y = _walk_tile(X, Y, cs0, t0, L, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h)
+            b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
+            if (t0 + BT == (k + 1) * C) | (t0 + BT == L):
+                b_h += tl.load(W + c0 + k) * b_d
+                b_d = tl.zeros([BS, BE], dtype=tl.float32)
+        if full < L:
+            if STORE:  # noqa: SIM102 - a compile-time branch around a run-time one (Triton)
+                if full == kl * C:
+                    tl.store(HOUT + ((c0 + kl).to(tl.int64) * H + i_h) * S * E + o_se,
+                             b_h.to(HOUT.dtype.element_ty), mask=m_se)
+            b_x, b_y = _walk_tile(X, Y, cs0, full, L, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h)
+            b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
+            b_h += tl.load(W + c0 + kl) * b_d
+    return b_h
 
 
 @triton.jit
@@ -249,42 +327,53 @@ def mc_dp_kernel(
     """``dS[c, h, m tile, n tile] = 2 relu(s) (do_m . v_n)``, masked (reduction over all of ``E``;
     the scores ``s`` recomputed); grid ``(NC * NMT, NMT, H)``, tiles as :func:`mc_scores_kernel`."""
     c, cs, cl, m0 = _row_tile(tl.program_id(0), CH_START, CH_LEN, NMT, BG)
-    n0 = tl.program_id(1) * BG
-    i_h = tl.program_id(2)
-    if m0 >= cl or n0 >= cl:
-        return
-    if CAUSAL and n0 > m0:
-        return
-    o_m = m0 + tl.arange(0, BG)
-    o_n = n0 + tl.arange(0, BG)
-    m_m = o_m < cl
-    m_n = o_n < cl
-    rows_m = (cs + o_m) * H + i_h
-    rows_n = (cs + o_n) * H + i_h
-    o_e = tl.arange(0, BE)
-    b_dp = tl.zeros([BG, BG], dtype=tl.float32)
-    for e0 in range(0, E, BE):
-        m_e = (e0 + o_e) < E
-        b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_e[None, :], mask=m_m[:, None] & m_e[None, :], other=0.0)
-        b_v = tl.load(V + rows_n[:, None] * E + e0 + o_e[None, :], mask=m_n[:, None] & m_e[None, :], other=0.0)
-        b_dp = tl.dot(b_do, tl.trans(b_v), b_dp, input_precision=PREC)
-    o_s = tl.arange(0, BS)
-    b_s = tl.zeros([BG, BG], dtype=tl.float32)
-    for s0 in range(0, S, BS):
-        m_s = (s0 + o_s) < S
-        b_q = tl.load(QQ + rows_m[:, None] * S + s0 + o_s[None, :], mask=m_m[:, None] & m_s[None, :], other=0.0)
-        b_k = tl.load(KQ + rows_n[:, None] * S + s0 + o_s[None, :], mask=m_n[:, None] & m_s[None, :], other=0.0)
-        b_s = tl.dot(b_q, tl.trans(b_k), b_s, input_precision=PREC)
-    b_s = b_s * scale
-    if HAS_BIAS:
-        b_s += tl.load(BIAS + i_h * LB + (C - 1) + o_m[:, None] - o_n[None, :],
-                       mask=m_m[:, None] & m_n[None, :], other=0.0)
-    keep = m_m[:, None] & m_n[None, :]
+    _dp_tile(QQ, KQ, V, DO, DS, BIAS, c, cs, cl, m0, tl.program_id(1) * BG, tl.program_id(2),
+             scale, S, E, H, C, LB, BG, BS, BE, CAUSAL, HAS_BIAS, PREC)
+
+
+@triton.jit
+def _dp_tile(
+    QQ, KQ, V, DO, DS, BIAS, c, cs, cl, m0, n0, i_h,
+    scale, S, E, H, C, LB,
+    BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr,
+):
+    """One ``dS`` tile (rows ``m0``, keys ``n0`` of chunk ``c``, head ``i_h``): the body of
+    :func:`mc_dp_kernel` and of :func:`mc_dred_kernel`'s first ``NMT`` programs per row tile."""
+    live = (m0 < cl) & (n0 < cl)
     if CAUSAL:
-        keep = keep & (o_n[None, :] <= o_m[:, None])
-    b_ds = tl.where(keep, 2.0 * tl.maximum(b_s, 0.0) * b_dp, 0.0)  # d relu(s)^2 / ds
-    p_ds = DS + ((c.to(tl.int64) * H + i_h) * C + o_m[:, None]) * C + o_n[None, :]
-    tl.store(p_ds, b_ds.to(DS.dtype.element_ty), mask=m_m[:, None] & (o_n < C)[None, :])
+        live = live & (n0 <= m0)
+    if live:
+        o_m = m0 + tl.arange(0, BG)
+        o_n = n0 + tl.arange(0, BG)
+        m_m = o_m < cl
+        m_n = o_n < cl
+        rows_m = (cs + o_m) * H + i_h
+        rows_n = (cs + o_n) * H + i_h
+        o_e = tl.arange(0, BE)
+        b_dp = tl.zeros([BG, BG], dtype=tl.float32)
+        for e0 in range(0, E, BE):
+            m_e = (e0 + o_e) < E
+            b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_e[None, :], mask=m_m[:, None] & m_e[None, :], other=0.0)
+            b_v = tl.load(V + rows_n[:, None] * E + e0 + o_e[None, :], mask=m_n[:, None] & m_e[None, :], other=0.0)
+            b_dp = tl.dot(b_do, tl.trans(b_v), b_dp, input_precision=PREC)
+        o_s = tl.arange(0, BS)
+        b_s = tl.zeros([BG, BG], dtype=tl.float32)
+        for s0 in range(0, S, BS):
+            m_s = (s0 + o_s) < S
+            b_q = tl.load(QQ + rows_m[:, None] * S + s0 + o_s[None, :], mask=m_m[:, None] & m_s[None, :], other=0.0)
+            b_k = tl.load(KQ + rows_n[:, None] * S + s0 + o_s[None, :], mask=m_n[:, None] & m_s[None, :], other=0.0)
+            b_s = tl.dot(b_q, tl.trans(b_k), b_s, input_precision=PREC)
+        b_s = b_s * scale
+        if HAS_BIAS:
+            b_s += tl.load(BIAS + i_h * LB + (C - 1) + o_m[:, None] - o_n[None, :],
+                           mask=m_m[:, None] & m_n[None, :], other=0.0)
+        keep = m_m[:, None] & m_n[None, :]
+        if CAUSAL:
+            keep = keep & (o_n[None, :] <= o_m[:, None])
+        b_ds = tl.where(keep, 2.0 * tl.maximum(b_s, 0.0) * b_dp, 0.0)  # d relu(s)^2 / ds
+        p_ds = DS + ((c.to(tl.int64) * H + i_h) * C + o_m[:, None]) * C + o_n[None, :]
+        tl.store(p_ds, b_ds.to(DS.dtype.element_ty), mask=m_m[:, None] & (o_n < C)[None, :])
 
 
 @triton.jit
@@ -295,38 +384,71 @@ def mc_dlin_kernel(
 ):
     """``dq_lin = wq do H_c^T``, ``dk_lin = wf v G_c^T`` for one row tile and ``S`` tile
     (reduction over all of ``E``); grid ``(S tiles, NC * NMT, H)``."""
-    i_s = tl.program_id(0)
+    c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
+    _dlin_tile(DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, c, cs, cl, m0, tl.program_id(0), tl.program_id(2),
+               S, E, H, BG, BS, BE, PREC, SDT)
+
+
+@triton.jit
+def _dlin_tile(
+    DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, c, cs, cl, m0, i_s, i_h,
+    S, E, H,
+    BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
+):
+    """``dq_lin``, ``dk_lin`` of one row tile and ``S`` tile: the body of :func:`mc_dlin_kernel` and
+    of :func:`mc_dred_kernel`'s last programs per row tile."""
+    if m0 < cl:
+        o_m = m0 + tl.arange(0, BG)
+        m_m = o_m < cl
+        o_s = i_s * BS + tl.arange(0, BS)
+        m_s = o_s < S
+        o_e = tl.arange(0, BE)
+        rows_m = (cs + o_m) * H + i_h
+        idx = tl.load(ST_IDX + c).to(tl.int64)
+        p_h = HS + (idx * H + i_h) * S * E
+        p_g = GS + (idx * H + i_h) * S * E
+        b_dql = tl.zeros([BG, BS], dtype=tl.float32)
+        b_dkl = tl.zeros([BG, BS], dtype=tl.float32)
+        for e0 in range(0, E, BE):
+            m_e = (e0 + o_e) < E
+            m_me = m_m[:, None] & m_e[None, :]
+            m_se = m_s[:, None] & m_e[None, :]
+            b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_e[None, :], mask=m_me, other=0.0)
+            b_v = tl.load(V + rows_m[:, None] * E + e0 + o_e[None, :], mask=m_me, other=0.0)
+            b_h = tl.load(p_h + o_s[:, None] * E + e0 + o_e[None, :], mask=m_se, other=0.0)
+            b_g = tl.load(p_g + o_s[:, None] * E + e0 + o_e[None, :], mask=m_se, other=0.0)
+            b_dql = tl.dot(b_do.to(SDT), tl.trans(b_h.to(SDT)), b_dql, input_precision=PREC)
+            b_dkl = tl.dot(b_v.to(SDT), tl.trans(b_g.to(SDT)), b_dkl, input_precision=PREC)
+        wq = tl.load(WQ + c)
+        wf = tl.load(WF + c)
+        o_ms = rows_m[:, None] * S + o_s[None, :]
+        m_ms = m_m[:, None] & m_s[None, :]
+        tl.store(DQL + o_ms, (wq * b_dql).to(DQL.dtype.element_ty), mask=m_ms)
+        tl.store(DKL + o_ms, (wf * b_dkl).to(DKL.dtype.element_ty), mask=m_ms)
+
+
+@triton.jit
+def mc_dred_kernel(
+    QQ, KQ, V, DO, DS, BIAS, HS, GS, WQ, WF, ST_IDX, DQL, DKL, CH_START, CH_LEN,
+    scale, S, E, H, C, LB, NMT,
+    BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
+):
+    """:func:`mc_dp_kernel` and :func:`mc_dlin_kernel` in one launch, both reductions over ``E``
+    reading ``do`` / ``v`` rows of one chunk: grid ``(NMT + S tiles, NC * NMT, H)``, program ``j <
+    NMT`` of a row tile computes its ``dS`` tile with keys ``j``, the others its ``dq_lin, dk_lin``
+    for ``S`` tile ``j - NMT``.  The programs touching one row tile's ``do`` / ``v`` rows (and the
+    chunk's states) are adjacent in launch order, so those rows are read from memory about once
+    and re-read from L2 (the two kernels' grids re-read ``do`` from memory per key tile)."""
+    j = tl.program_id(0)
     c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
     i_h = tl.program_id(2)
-    if m0 >= cl:
-        return
-    o_m = m0 + tl.arange(0, BG)
-    m_m = o_m < cl
-    o_s = i_s * BS + tl.arange(0, BS)
-    m_s = o_s < S
-    o_e = tl.arange(0, BE)
-    rows_m = (cs + o_m) * H + i_h
-    idx = tl.load(ST_IDX + c).to(tl.int64)
-    p_h = HS + (idx * H + i_h) * S * E
-    p_g = GS + (idx * H + i_h) * S * E
-    b_dql = tl.zeros([BG, BS], dtype=tl.float32)
-    b_dkl = tl.zeros([BG, BS], dtype=tl.float32)
-    for e0 in range(0, E, BE):
-        m_e = (e0 + o_e) < E
-        m_me = m_m[:, None] & m_e[None, :]
-        m_se = m_s[:, None] & m_e[None, :]
-        b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_e[None, :], mask=m_me, other=0.0)
-        b_v = tl.load(V + rows_m[:, None] * E + e0 + o_e[None, :], mask=m_me, other=0.0)
-        b_h = tl.load(p_h + o_s[:, None] * E + e0 + o_e[None, :], mask=m_se, other=0.0)
-        b_g = tl.load(p_g + o_s[:, None] * E + e0 + o_e[None, :], mask=m_se, other=0.0)
-        b_dql = tl.dot(b_do.to(SDT), tl.trans(b_h.to(SDT)), b_dql, input_precision=PREC)
-        b_dkl = tl.dot(b_v.to(SDT), tl.trans(b_g.to(SDT)), b_dkl, input_precision=PREC)
-    wq = tl.load(WQ + c)
-    wf = tl.load(WF + c)
-    o_ms = rows_m[:, None] * S + o_s[None, :]
-    m_ms = m_m[:, None] & m_s[None, :]
-    tl.store(DQL + o_ms, (wq * b_dql).to(DQL.dtype.element_ty), mask=m_ms)
-    tl.store(DKL + o_ms, (wf * b_dkl).to(DKL.dtype.element_ty), mask=m_ms)
+    if j < NMT:
+        _dp_tile(QQ, KQ, V, DO, DS, BIAS, c, cs, cl, m0, j * BG, i_h,
+                 scale, S, E, H, C, LB, BG, BS, BE, CAUSAL, HAS_BIAS, PREC)
+    else:
+        _dlin_tile(DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, c, cs, cl, m0, j - NMT, i_h,
+                   S, E, H, BG, BS, BE, PREC, SDT)
 
 
 @triton.jit
