@@ -17,8 +17,8 @@ Kernel sequence (:mod:`lintime.ops.mixed_chunk.triton.kernels`), causal forward:
 Non-causal (Eq. 7): every chunk reads its sequence's total.  Backward: the reverse walk on
 ``(q_lin, do)`` with weights ``wq`` gives ``G`` (the gradient flowing into each chunk's
 ``k_lin^T v``) and the initial state's gradient; then ``mc_gemm_kernel`` (``dv = wf k_lin G_c +
-A^T do``), ``mc_dp_kernel`` (``dS``, stored like ``A``), ``mc_dlin_kernel`` (``dq_lin, dk_lin``)
-and ``mc_dqk_kernel`` (``dq_quad, dk_quad`` and the bias gradient).
+A^T do``), ``mc_dred_kernel`` (``dS``, stored like ``A``, and ``dq_lin, dk_lin``: both reductions over
+``E`` in one launch) and ``mc_dqk_kernel`` (``dq_quad, dk_quad`` and the bias gradient).
 
 Loads: on Hopper GPUs (``Blocks.tma``, :func:`_tma_shapes`) the output / dV GEMMs and the walks load whole
 tiles through TMA tensor descriptors (inputs seen as ``[B T, H D]`` matrices, a head's tile a column offset);
@@ -54,8 +54,6 @@ from lintime.ops.gau.triton.plan import (
 from lintime.ops.mixed_chunk.state import MixedChunkState, clean_buffers
 from lintime.ops.mixed_chunk.triton.kernels import (
     chunk_state_kernel,
-    mc_dlin_kernel,
-    mc_dp_kernel,
     mc_dqk_kernel,
     mc_dred_kernel,
     mc_gemm_kernel,
@@ -87,10 +85,6 @@ from lintime.ops.triton_common import (
 # (default since), "one_seg" 1.00 / 1.73.
 LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("default", {}),
-    # dS and dq_lin, dk_lin in two launches (the grids before session 8; mc_dp's re-read do per key tile)
-    ("split_red", {"fuse_red": 0}),
-    # the state walk as one loop over a segment's token steps (loads in flight across chunk boundaries)
-    ("walk_flat", {"walk_flat": 1}),
     # pointer loads everywhere (the path of pre-Hopper GPUs and unaligned shapes): 0.89 / 0.99 ms fwd+bwd at
     # 2k / 32k against TMA's 0.74 / 0.84 (H200, 2026-11-22 session 7)
     ("no_tma", {"tma": 0}),
@@ -278,10 +272,9 @@ def _compute_weights(plan: _Plan, C, causal, linear_norm, count0):
     return wq.contiguous(), wf.contiguous()
 
 
-def _walk(x, y, w, plan: _Plan, cfg, *, H, C, reverse, store, hout, tot, init=None, tma=False):
+def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, init=None, tma=False):
     """``chunk_state_kernel`` over every segment: with ``init`` (one walk per sequence) each walk starts
-    from its sequence's initial state, else from zero; ``tma``: load through descriptors where aligned;
-    ``Blocks.walk_flat`` (and ``C`` a multiple of the token step): one loop over a segment's steps."""
+    from its sequence's initial state, else from zero; ``tma``: load through descriptors where aligned."""
     S, E = x.shape[-1], y.shape[-1]
     if plan.NSEG == 0:
         return
@@ -292,8 +285,7 @@ def _walk(x, y, w, plan: _Plan, cfg, *, H, C, reverse, store, hout, tot, init=No
         x, y, *(d or (x, y)), hout, tot, init if init is not None else tot, w,
         plan.seg_first, plan.seg_n, plan.seg_seq, plan.ch_start, plan.ch_len, S, E, H,
         BS=cfg.bs_state, BE=cfg.be_state, BT=cfg.bt, REVERSE=reverse, STORE=store, HAS_INIT=init is not None,
-        PREC=dot_config(x.dtype)[1], TMA=d is not None, C=C, FLAT=bool(cfg.walk_flat and C % cfg.bt == 0),
-        num_warps=4, num_stages=cfg.stages_walk or cfg.stages,
+        PREC=dot_config(x.dtype)[1], TMA=d is not None, num_warps=4, num_stages=cfg.stages_walk or cfg.stages,
     )
 
 
@@ -310,7 +302,7 @@ def _scan(tot, plan: _Plan, *, H, S, E, reverse):
     return final
 
 
-def _states(x, y, w, plan: _Plan, cfg, *, H, C, reverse, init, causal, sdt, tma):
+def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt, tma):
     """Per-chunk states of the walk direction and the per-sequence result.
 
     Causal: ``(ST [NC_alloc, H, S, E] in sdt, the state entering each chunk; FINAL [N, H, S, E]
@@ -320,7 +312,7 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, C, reverse, init, causal, sdt, tma)
     f32 = {"dtype": torch.float32, "device": x.device}
     if not causal:
         tot = torch.empty(max(plan.NSEG, 1), H, S, E, **f32)
-        _walk(x, y, w, plan, cfg, tma=tma, H=H, C=C, reverse=reverse, store=False, hout=tot, tot=tot)
+        _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=False, hout=tot, tot=tot)
         final = _scan(tot, plan, H=H, S=S, E=E, reverse=reverse)
         return final.to(sdt), final
     hout = torch.empty(plan.NC_alloc, H, S, E, dtype=sdt, device=x.device)
@@ -330,19 +322,19 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, C, reverse, init, causal, sdt, tma)
         # one walk per (non-empty) sequence from its initial state writes the final states in place: no
         # zero fill and no copy from the totals (H200, 2026-11-22: 0.93 -> 0.89 ms fwd+bwd at 2k)
         final = torch.empty(plan.N, H, S, E, **f32)
-        _walk(x, y, w, plan, cfg, tma=tma, H=H, C=C, reverse=reverse, store=True, hout=hout, tot=final, init=init)
+        _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=final, init=init)
         return hout, final
     tot = torch.empty(max(plan.NSEG, 1), H, S, E, **f32)
     final = init.clone() if init is not None else torch.zeros(plan.N, H, S, E, **f32)  # (empty sequences)
     if plan.one_segment:
         # one walk per sequence from the initial state; the walk's total is the final state
-        _walk(x, y, w, plan, cfg, tma=tma, H=H, C=C, reverse=reverse, store=True, hout=hout, tot=tot, init=init)
+        _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=tot, init=init)
         if plan.NSEG > 0:
             final.index_copy_(0, plan.seg_seq.long(), tot[: plan.NSEG])
         return hout, final
     # one walk from zero at every segment writes segment-local states and totals; one pass adds each
     # segment's start (init + the totals walked before it) and writes the final states
-    _walk(x, y, w, plan, cfg, tma=tma, H=H, C=C, reverse=reverse, store=True, hout=hout, tot=tot)
+    _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=tot)
     if plan.NSEG > 0:
         BS, BE = min(64, cfg.bs_state), cfg.be_state
         seg_fix_kernel[(cdiv(S, BS) * cdiv(E, BE), plan.NSEG, H)](
@@ -397,7 +389,7 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
     plan = _plan(B, T, H, S, E, C, cu_seqlens, cfg, qq.device)
     tma = _tma_shapes(cfg, S, E, C, qq.device)
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
-    st, final = _states(kl, v, wf, plan, cfg, H=H, C=C, reverse=False, init=kv0 if causal else None, causal=causal,
+    st, final = _states(kl, v, wf, plan, cfg, H=H, reverse=False, init=kv0 if causal else None, causal=causal,
                         sdt=_sdt_torch(qq.dtype), tma=tma)
     # unwritten entries of A (above the diagonal, past a short chunk, the shape bound's slack rows)
     # are never read by the pointer kernels, but an op's outputs must be fully defined (torch.compile
@@ -469,7 +461,7 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     tma = _tma_shapes(cfg, S, E, C, dev)
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
     init = dkv.contiguous() if (causal and dkv is not None) else None
-    gst, gfinal = _states(ql, do, wq, plan, cfg, H=H, C=C, reverse=True, init=init, causal=causal,
+    gst, gfinal = _states(ql, do, wq, plan, cfg, H=H, reverse=True, init=init, causal=causal,
                           sdt=_sdt_torch(qq.dtype), tma=tma)
     idx = plan.ch_id if causal else plan.ch_seq
     bias, LB = _bias(rel_bias)
@@ -496,23 +488,11 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
             S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
             TMA=d is not None, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
-        if cfg.fuse_red:
-            mc_dred_kernel[(NMT + cdiv(S, cfg.bs), rows, H)](
-                qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
-                float(scale), S, E, H, C, LB, NMT, BG=BG, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
-                HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
-            )
-        else:
-            mc_dp_kernel[(rows, NMT, H)](
-                qq, kq, v, do, ds, b_ptr, plan.ch_start, plan.ch_len,
-                float(scale), S, E, H, C, LB, NMT, BG=BG, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
-                HAS_BIAS=bias is not None, PREC=PREC, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
-            )
-            mc_dlin_kernel[(cdiv(S, cfg.bs), rows, H)](
-                do, v, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
-                S, E, H, NMT, BG=BG, BS=cfg.bs, BE=cfg.be_red, PREC=PREC, SDT=SDT,
-                num_warps=cfg.warps_bwd, num_stages=cfg.stages,
-            )
+        mc_dred_kernel[(NMT + cdiv(S, cfg.bs), rows, H)](
+            qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
+            float(scale), S, E, H, C, LB, NMT, BG=BG, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
+            HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
+        )
         mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
             qq, kq, ds, dqq, dkq, db_tiles, plan.ch_start, plan.ch_len,
             float(scale), S, H, C, NMT, ntd, BG=BG, BS=cfg.bs, CAUSAL=causal, NEED_DB=need_db, PREC=PREC,
