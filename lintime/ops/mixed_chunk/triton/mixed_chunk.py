@@ -88,6 +88,10 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # pointer loads everywhere (the path of pre-Hopper GPUs and unaligned shapes): 0.89 / 0.99 ms fwd+bwd at
     # 2k / 32k against TMA's 0.74 / 0.84 (H200, 2026-11-22 session 7)
     ("no_tma", {"tma": 0}),
+    # the backward's reductions over E (mc_dred_kernel) on [128, 128] dS tiles / 128-row dq_lin, dk_lin tiles
+    ("bgred128_w8", {"bg_red": 128, "warps_red": 8}),
+    ("bgred128_w8_bs128", {"bg_red": 128, "warps_red": 8, "bs": 128}),
+    ("red_w8", {"warps_red": 8}),
     # 4 pipeline stages in the TMA walk (standalone walk: 0.082 -> 0.077 ms; in the op no gain: 0.737 / 0.838 vs
     # 0.734 / 0.838 ms at 2k / 32k, H200 session 7)
     ("walk_s4", {"stages_walk": 4}),
@@ -488,10 +492,13 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
             S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
             TMA=d is not None, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
-        mc_dred_kernel[(NMT + cdiv(S, cfg.bs), rows, H)](
+        BGR = cfg.bg_red or BG
+        NMTR = cdiv(C, BGR)
+        mc_dred_kernel[(NMTR + cdiv(S, cfg.bs), plan.NC * NMTR, H)](
             qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
-            float(scale), S, E, H, C, LB, NMT, BG=BG, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
-            HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
+            float(scale), S, E, H, C, LB, NMTR, BG=BGR, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
+            HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, num_warps=cfg.warps_red or cfg.warps_bwd,
+            num_stages=cfg.stages,
         )
         mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
             qq, kq, ds, dqq, dkq, db_tiles, plan.ch_start, plan.ch_len,
