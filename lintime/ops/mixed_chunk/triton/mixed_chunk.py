@@ -88,6 +88,9 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # pointer loads everywhere (the path of pre-Hopper GPUs and unaligned shapes): 0.89 / 0.99 ms fwd+bwd at
     # 2k / 32k against TMA's 0.74 / 0.84 (H200, 2026-11-22 session 7)
     ("no_tma", {"tma": 0}),
+    # segmented walks fix their own states up (look-back on the earlier segments' totals): no seg_fix launch
+    ("lookback", {"lookback": 1}),
+    ("lookback_bgred128_w8", {"lookback": 1, "bg_red": 128, "warps_red": 8}),
     # the backward's reductions over E (mc_dred_kernel) on [128, 128] dS tiles / 128-row dq_lin, dk_lin tiles
     ("bgred128_w8", {"bg_red": 128, "warps_red": 8}),
     ("bgred128_w8_bs128", {"bg_red": 128, "warps_red": 8, "bs": 128}),
@@ -276,20 +279,29 @@ def _compute_weights(plan: _Plan, C, causal, linear_norm, count0):
     return wq.contiguous(), wf.contiguous()
 
 
-def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, init=None, tma=False):
+def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, init=None, tma=False, fix=None):
     """``chunk_state_kernel`` over every segment: with ``init`` (one walk per sequence) each walk starts
-    from its sequence's initial state, else from zero; ``tma``: load through descriptors where aligned."""
+    from its sequence's initial state, else from zero; ``tma``: load through descriptors where aligned;
+    ``fix = (final, init or None)``: walks from zero that fix their states up themselves (``LOOKBACK``)."""
     S, E = x.shape[-1], y.shape[-1]
     if plan.NSEG == 0:
         return
     grid = (cdiv(S, cfg.bs_state) * cdiv(E, cfg.be_state), plan.NSEG, H)
     NT = x.shape[0] * x.shape[1]
     d = tma_descriptors((x, NT, (cfg.bt, cfg.bs_state)), (y, NT, (cfg.bt, cfg.be_state))) if tma else None
+    lb = {}
+    if fix is not None:
+        final, init0 = fix
+        flags = torch.zeros(1 + grid[0] * plan.NSEG * H, dtype=torch.int32, device=x.device)
+        lb = {"FLAGS": flags, "FINAL": final, "SEQ_PTR": plan.seq_ptr, "NSEG": plan.NSEG, "LOOKBACK": True,
+              "FIX_INIT": init0 is not None}
+        init = init0  # read by the fix-up only (HAS_INIT stays False: the walks start from zero)
     chunk_state_kernel[grid](
         x, y, *(d or (x, y)), hout, tot, init if init is not None else tot, w,
         plan.seg_first, plan.seg_n, plan.seg_seq, plan.ch_start, plan.ch_len, S, E, H,
-        BS=cfg.bs_state, BE=cfg.be_state, BT=cfg.bt, REVERSE=reverse, STORE=store, HAS_INIT=init is not None,
-        PREC=dot_config(x.dtype)[1], TMA=d is not None, num_warps=4, num_stages=cfg.stages_walk or cfg.stages,
+        BS=cfg.bs_state, BE=cfg.be_state, BT=cfg.bt, REVERSE=reverse, STORE=store,
+        HAS_INIT=init is not None and fix is None, PREC=dot_config(x.dtype)[1], TMA=d is not None, **lb,
+        num_warps=4, num_stages=cfg.stages_walk or cfg.stages,
     )
 
 
@@ -338,6 +350,9 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt, tma):
         return hout, final
     # one walk from zero at every segment writes segment-local states and totals; one pass adds each
     # segment's start (init + the totals walked before it) and writes the final states
+    if cfg.lookback:
+        _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=tot, fix=(final, init))
+        return hout, final
     _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=tot)
     if plan.NSEG > 0:
         BS, BE = min(64, cfg.bs_state), cfg.be_state
