@@ -43,8 +43,7 @@ class Blocks:
     output / dV GEMM and state walk load whole tiles through TMA tensor descriptors where the
     device and the shape allow (``mixed_chunk._tma_shapes``); ``stages_walk`` the state walk's pipeline
     stages (0: ``stages``); ``bg_red`` / ``warps_red`` the row (and key) tile / warps of the backward's
-    reductions over ``E`` (``mc_dred_kernel``; 0: ``bg`` / ``warps_bwd``); ``lookback``: segmented state
-    walks add the earlier segments' totals to their states themselves (no ``seg_fix_kernel`` pass).
+    reductions over ``E`` (``mc_dred_kernel``; 0: ``bg`` / ``warps_bwd``).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -75,7 +74,6 @@ class Blocks:
     stages_walk: int = 0
     bg_red: int = 0
     warps_red: int = 0
-    lookback: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -115,7 +113,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
     if interp:
         return Blocks(bm=16, bs=16, be_fwd=16, be_dv=16, be_red=16, warps_fwd=1, warps_bwd=1, stages=1,
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
-                      be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, gau_order=3, tma=1, lookback=1)
+                      be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, gau_order=3, tma=1)
     # Promoted variants, each CUDA-tested and faster in device time on an H200 (2026-11-22, S = 128,
     # E = 2048, C = 256; docs/notes/kernels_flash.md): mixed chunk 4 warps and 3 stages ("w4_s3") and
     # [64, 64] chunk-matrix tiles ("bg64": 0.999 -> 0.925 ms fwd+bwd at 2k, 1.151 -> 1.081 at 32k);
@@ -128,10 +126,13 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
         # quarter of the score recomputation per E; "fwd_be512_w8_s2" 09:00 UTC: fwd 2.20 -> 1.55 ms, fwd+bwd
         # 6.38 -> 5.73 at 4k; "dv_be512_w8" 09:04 UTC: fwd+bwd 5.72 -> 4.83)
         tiles = {"be_fwd": 512, "be_dv": 512, "warps_gau_fwd": 8, "warps_gau_dv": 8, "stages_gau_fwd": 2}
-    else:  # mixed chunk's output and dV GEMMs
-        tiles = {"be_fwd": 128, "be_dv": 128}
+    else:  # mixed chunk's output and dV GEMMs; the fused backward reduction over E on [128, 128] dS tiles with
+        # 8 warps, S steps / tiles of up to 128 everywhere (session 8, "red64" 0.684 / 0.788 -> 0.650 / 0.756 ms
+        # fwd+bwd at 2k / 32k)
+        tiles = {"be_fwd": 128, "be_dv": 128, "bg_red": min(128, pow2_at_least(C)), "warps_red": 8,
+                 "bs": min(128, pow2_at_least(S))}
     return Blocks(
-        bm=64, bs=64, be_red=64, warps_fwd=4, warps_bwd=4, stages=3,
+        be_red=64, warps_fwd=4, warps_bwd=4, stages=3, bm=64, **({"bs": 64} if C is None else {}),
         bg=bg, bk=64, bt=64, bs_state=min(128, pow2_at_least(S)), be_state=64, seg_chunks=0,
         bs_gau=min(128, pow2_at_least(S)), warps_gau=4, be_red_gau=128, stages_gau=2, gau_order=3, tma=1, **tiles,
     )

@@ -46,8 +46,6 @@ def chunk_state_kernel(
     S, E, H,
     BS: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr,
     REVERSE: tl.constexpr, STORE: tl.constexpr, HAS_INIT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
-    FLAGS=None, FINAL=None, SEQ_PTR=None, NSEG=1,
-    LOOKBACK: tl.constexpr = False, FIX_INIT: tl.constexpr = False,
 ):
     """Walk the chunks of one segment (a run of chunks of one sequence), carrying an ``[BS, BE]``
     fp32 tile of ``sum_c w_c X_c^T Y_c`` in registers; grid ``(S tiles * E tiles, segments, H)``.
@@ -63,25 +61,8 @@ def chunk_state_kernel(
     With ``TMA`` the whole ``BT``-token steps of a chunk load ``X`` and ``Y`` through the tensor
     descriptors ``DX`` / ``DY`` (:func:`lintime.ops.triton_common.tma_descriptors`); a short
     chunk's partial last step uses masked loads (its rows past the chunk are the next chunk's).
-
-    ``LOOKBACK`` (several segments per sequence, walks from zero): the start fix-up of
-    :func:`seg_fix_kernel` done by the walk itself, right after it stored its segment-local states
-    (still in L2): it publishes its total (``TOT``, then its flag in ``FLAGS``), waits for the flags of
-    the segments walked before it in its sequence, adds their totals and ``INIT`` (``FIX_INIT``) to its
-    states and, in the sequence's last segment, writes ``FINAL``.  Programs take their (tile, segment,
-    head) from a ticket counter (``FLAGS[0]``, zeroed by the launcher) in walk order, so every program
-    waits only on programs that started before it: no deadlock whatever the order the GPU starts them.
     """
-    if LOOKBACK:
-        NSE = tl.num_programs(0)
-        tk = tl.atomic_add(FLAGS, 1)
-        i_se = tk % NSE
-        i_g = (tk // NSE) % NSEG
-        i_h = tk // (NSE * NSEG)
-        if REVERSE:  # later segments first
-            i_g = NSEG - 1 - i_g
-    else:
-        i_se, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_se, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NE = tl.cdiv(E, BE)
     i_s, i_e = i_se // NE, i_se % NE
     o_s = i_s * BS + tl.arange(0, BS)
@@ -124,48 +105,6 @@ def chunk_state_kernel(
                 b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
         b_h += w * b_d
     tl.store(TOT + (i_g.to(tl.int64) * H + i_h) * S * E + o_se, b_h, mask=m_se)
-    if LOOKBACK:
-        _lookback_fix(HOUT, TOT, INIT, FINAL, FLAGS, SEQ_PTR, SEG_SEQ, b_h, c0, nc, i_se, i_g, i_h, o_se, m_se,
-                      S, E, H, BS, BE, REVERSE, FIX_INIT)
-
-
-@triton.jit
-def _lookback_fix(HOUT, TOT, INIT, FINAL, FLAGS, SEQ_PTR, SEG_SEQ, b_tot, c0, nc, i_se, i_g, i_h, o_se, m_se,
-                  S, E, H, BS: tl.constexpr, BE: tl.constexpr, REVERSE: tl.constexpr, FIX_INIT: tl.constexpr):
-    """:func:`chunk_state_kernel`'s ``LOOKBACK`` tail (see there); ``b_tot`` the segment's total, already
-    stored in ``TOT``.  Flag of (segment g, head h, tile t): ``FLAGS[1 + (g H + h) NSE + t]``."""
-    NSE = tl.num_programs(0)
-    tl.debug_barrier()  # every thread's part of TOT is written before the flag says so
-    tl.atomic_xchg(FLAGS + 1 + (i_g * H + i_h) * NSE + i_se, 1, sem="release")
-    i_n = tl.load(SEG_SEQ + i_g)
-    g0 = tl.load(SEQ_PTR + i_n)
-    g1 = tl.load(SEQ_PTR + i_n + 1)
-    b_st = tl.zeros([BS, BE], dtype=tl.float32)
-    if FIX_INIT:
-        b_st += tl.load(INIT + (i_n.to(tl.int64) * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
-    if REVERSE:  # segments after this one are walked first
-        lo = i_g + 1
-        hi = g1
-    else:
-        lo = g0
-        hi = i_g
-    for g in range(lo, hi):
-        p_f = FLAGS + 1 + (g * H + i_h) * NSE + i_se
-        while tl.atomic_add(p_f, 0, sem="acquire") == 0:
-            pass
-        b_st += tl.load(TOT + (g * H + i_h).to(tl.int64) * S * E + o_se, mask=m_se, other=0.0,
-                        cache_modifier=".cg")
-    if FIX_INIT or hi > lo:
-        for i in range(nc):
-            p = HOUT + ((c0 + i).to(tl.int64) * H + i_h) * S * E + o_se
-            b = tl.load(p, mask=m_se, other=0.0).to(tl.float32)
-            tl.store(p, (b + b_st).to(HOUT.dtype.element_ty), mask=m_se)
-    if REVERSE:
-        last = i_g == g0
-    else:
-        last = i_g == g1 - 1
-    if last:
-        tl.store(FINAL + (i_n.to(tl.int64) * H + i_h) * S * E + o_se, b_st + b_tot, mask=m_se)
 
 
 @triton.jit

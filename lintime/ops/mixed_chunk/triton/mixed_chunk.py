@@ -74,9 +74,9 @@ from lintime.ops.triton_common import (
 
 # Candidate launches of the mixed chunk kernels: ``(name, overrides)``, the overrides applied to the
 # GPU defaults of the shape (:func:`lintime.ops.gau.triton.plan.variant_blocks`; defaults at
-# ``S = 128, E = 2048, C = 256``: BG = 64, 4 warps, 3 stages, S step 64, BE = 128 output / dV,
-# BK = 64, E step 64 in the reductions over E, state walk [128, 64] tiles with 64-token steps,
-# automatic segments).  Timed side by side by ``lintime bench ops --cases flash.variants`` and run
+# ``S = 128, E = 2048, C = 256``: BG = 64, 4 warps, 3 stages, S step 128, BE = 128 output / dV,
+# BK = 64, the fused reduction over E on [128, 128] tiles with 8 warps and E steps of 64, state walk
+# [128, 64] tiles with 64-token steps, automatic segments).  Timed side by side by ``lintime bench ops --cases flash.variants`` and run
 # against the naive form by the CUDA test ``test_launch_variants`` (the tile-changing ones also under
 # the interpreter) -- a variant becomes a default only after both, on the GPU.  H200, 2026-11-22,
 # CUDA-graph fwd+bwd at T = 2k / 32k (docs/notes/kernels_flash.md): the v2 default (8 warps, 2 stages)
@@ -88,13 +88,16 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # pointer loads everywhere (the path of pre-Hopper GPUs and unaligned shapes): 0.89 / 0.99 ms fwd+bwd at
     # 2k / 32k against TMA's 0.74 / 0.84 (H200, 2026-11-22 session 7)
     ("no_tma", {"tma": 0}),
-    # segmented walks fix their own states up (look-back on the earlier segments' totals): no seg_fix launch
-    ("lookback", {"lookback": 1}),
-    ("lookback_bgred128_w8", {"lookback": 1, "bg_red": 128, "warps_red": 8}),
-    # the backward's reductions over E (mc_dred_kernel) on [128, 128] dS tiles / 128-row dq_lin, dk_lin tiles
-    ("bgred128_w8", {"bg_red": 128, "warps_red": 8}),
-    ("bgred128_w8_bs128", {"bg_red": 128, "warps_red": 8, "bs": 128}),
-    ("red_w8", {"warps_red": 8}),
+    # the fused reduction kernel (mc_dred_kernel) on [64, 64] dS tiles with 4 warps and 64-wide S steps / tiles
+    # everywhere (the default before session 8's promotion; H200, device fwd+bwd at 2k / 32k: 0.684 / 0.788 ms
+    # against 0.650 / 0.756); [128, 128] tiles with 8 warps and S steps of 64: 0.668 / 0.771; 64-row tiles with 8
+    # warps: 0.695 / 0.791
+    ("red64", {"bg_red": 64, "warps_red": 4, "bs": 64}),
+    ("red128_bs64", {"bs": 64}),
+    # Measured and removed (session 8, H200, fwd+bwd device at 2k / 32k): dS and dq_lin, dk_lin as two kernels
+    # whose grids had the key tile slowest (0.742 / 0.838 vs the fused kernel's 0.686 / 0.786 ms); the state
+    # walk as one loop over a segment's token steps (walks 0.162 -> 0.192 ms); segmented walks fixing their own
+    # states up by look-back on flags instead of the seg_fix pass (0.684 / 0.846 vs 0.684 / 0.788 ms)
     # 4 pipeline stages in the TMA walk (standalone walk: 0.082 -> 0.077 ms; in the op no gain: 0.737 / 0.838 vs
     # 0.734 / 0.838 ms at 2k / 32k, H200 session 7)
     ("walk_s4", {"stages_walk": 4}),
@@ -115,11 +118,8 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # walk + start fix-up that replaced it) and 128 / 256-row output / dV GEMM tiles (0.945-1.167 vs 0.927 /
     # 0.982 ms).
     ("seg4", {"seg_chunks": 4}),  # 4-chunk segments: 0.97 / 1.05 ms (H200 08:37 UTC)
-    # all of S (128) in one step / tile: dq_lin, dk_lin read each do / v row tile once instead of per S tile.
-    # No gain (H200 09:13 UTC, fwd+bwd 2k / 32k: default 0.923 / 0.979 ms, bs128 0.930 / 0.986, with 8 warps in
-    # the backward 0.977 / 1.033)
-    ("bs128", {"bs": 128}),
-    ("bs128_w8", {"bs": 128, "warps_bwd": 8}),
+    # (all of S in one step / tile, "bs128", was no gain with two reduction kernels -- H200 09:13 UTC: 0.930 / 0.986
+    # vs 0.923 / 0.979 ms -- and is part of the default since session 8's fused reduction; "red128_bs64" above)
     # Measured on an H200 and removed (2026-11-22 session 6, code in commit d65bb21, fwd+bwd device at 2k / 32k
     # against the default's 0.89 / 0.99 ms): states stored times their consumers' weight ("fold1": 0.89 / 0.99,
     # no gain), with it the output / dV GEMM as one reduction loop whose operands are picked by pointer per
@@ -279,29 +279,20 @@ def _compute_weights(plan: _Plan, C, causal, linear_norm, count0):
     return wq.contiguous(), wf.contiguous()
 
 
-def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, init=None, tma=False, fix=None):
+def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, init=None, tma=False):
     """``chunk_state_kernel`` over every segment: with ``init`` (one walk per sequence) each walk starts
-    from its sequence's initial state, else from zero; ``tma``: load through descriptors where aligned;
-    ``fix = (final, init or None)``: walks from zero that fix their states up themselves (``LOOKBACK``)."""
+    from its sequence's initial state, else from zero; ``tma``: load through descriptors where aligned."""
     S, E = x.shape[-1], y.shape[-1]
     if plan.NSEG == 0:
         return
     grid = (cdiv(S, cfg.bs_state) * cdiv(E, cfg.be_state), plan.NSEG, H)
     NT = x.shape[0] * x.shape[1]
     d = tma_descriptors((x, NT, (cfg.bt, cfg.bs_state)), (y, NT, (cfg.bt, cfg.be_state))) if tma else None
-    lb = {}
-    if fix is not None:
-        final, init0 = fix
-        flags = torch.zeros(1 + grid[0] * plan.NSEG * H, dtype=torch.int32, device=x.device)
-        lb = {"FLAGS": flags, "FINAL": final, "SEQ_PTR": plan.seq_ptr, "NSEG": plan.NSEG, "LOOKBACK": True,
-              "FIX_INIT": init0 is not None}
-        init = init0  # read by the fix-up only (HAS_INIT stays False: the walks start from zero)
     chunk_state_kernel[grid](
         x, y, *(d or (x, y)), hout, tot, init if init is not None else tot, w,
         plan.seg_first, plan.seg_n, plan.seg_seq, plan.ch_start, plan.ch_len, S, E, H,
-        BS=cfg.bs_state, BE=cfg.be_state, BT=cfg.bt, REVERSE=reverse, STORE=store,
-        HAS_INIT=init is not None and fix is None, PREC=dot_config(x.dtype)[1], TMA=d is not None, **lb,
-        num_warps=4, num_stages=cfg.stages_walk or cfg.stages,
+        BS=cfg.bs_state, BE=cfg.be_state, BT=cfg.bt, REVERSE=reverse, STORE=store, HAS_INIT=init is not None,
+        PREC=dot_config(x.dtype)[1], TMA=d is not None, num_warps=4, num_stages=cfg.stages_walk or cfg.stages,
     )
 
 
@@ -350,9 +341,6 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt, tma):
         return hout, final
     # one walk from zero at every segment writes segment-local states and totals; one pass adds each
     # segment's start (init + the totals walked before it) and writes the final states
-    if cfg.lookback:
-        _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=tot, fix=(final, init))
-        return hout, final
     _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=tot)
     if plan.NSEG > 0:
         BS, BE = min(64, cfg.bs_state), cfg.be_state
