@@ -106,7 +106,9 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("w8_s2", {"warps_fwd": 8, "warps_bwd": 8, "stages": 2}),  # the default before 2026-11-22
     ("bg128", {"bg": 128}),  # [128, 128] chunk-matrix tiles (the default before 2026-11-22, 07:30 UTC)
     ("s2", {"stages": 2}),  # (with BG = 128: 1.08 / 1.28 ms, run of 07:20 UTC)
-    ("ered128", {"be_red": 128, "stages": 2}),  # E step 128 in dS / dq_lin, dk_lin (3 stages: over the shared memory)
+    # E step 128 in the reduction, 2 stages (3: over the shared memory), with the tiles of before session 8 (0.876 /
+    # 0.976 vs 0.684 / 0.788 ms then; with [128, 128] tiles it overflows the shared memory)
+    ("ered128", {"be_red": 128, "stages": 2, "bg_red": 64, "warps_red": 4, "bs": 64}),
     ("be_state32", {"be_state": 32}),  # [128, 32] state-walk tiles: twice the walk programs
     ("bg64_be256_w8", {"bg": 64, "be_fwd": 256, "be_dv": 256, "warps_fwd": 8, "warps_bwd": 8}),
     ("g1", {"seg_chunks": 1}),  # one chunk per segment: a walk per chunk + the start fix-up over all chunks
