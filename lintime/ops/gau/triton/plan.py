@@ -43,7 +43,8 @@ class Blocks:
     output / dV GEMM and state walk load whole tiles through TMA tensor descriptors where the
     device and the shape allow (``mixed_chunk._tma_shapes``); ``stages_walk`` the state walk's pipeline
     stages (0: ``stages``); ``bg_red`` / ``warps_red`` the row (and key) tile / warps of the backward's
-    reductions over ``E`` (``mc_dred_kernel``; 0: ``bg`` / ``warps_bwd``).
+    reductions over ``E`` (``mc_dred_kernel``; 0: ``bg`` / ``warps_bwd``); ``warps_walk`` the state walk's warps
+    (0: 4).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -74,6 +75,7 @@ class Blocks:
     stages_walk: int = 0
     bg_red: int = 0
     warps_red: int = 0
+    warps_walk: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -144,7 +146,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
 # Fields of :class:`Blocks` that change only how a kernel is launched, not what a program computes:
 # the interpreter ignores them, so variants touching nothing else are checked on CUDA only.
 LAUNCH_ONLY_FIELDS = frozenset({"warps_fwd", "warps_bwd", "warps_gau", "warps_gau_fwd", "warps_gau_dv", "stages",
-                                "stages_gau", "stages_gau_fwd", "stages_walk", "warps_red"})
+                                "stages_gau", "stages_gau_fwd", "stages_walk", "warps_red", "warps_walk"})
 
 
 def variant_blocks(overrides: dict, S: int, E: int, dtype: torch.dtype, C: int | None = None) -> Blocks:

@@ -101,6 +101,8 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # 4 pipeline stages in the TMA walk (standalone walk: 0.082 -> 0.077 ms; in the op no gain: 0.737 / 0.838 vs
     # 0.734 / 0.838 ms at 2k / 32k, H200 session 7)
     ("walk_s4", {"stages_walk": 4}),
+    ("walk_w8", {"warps_walk": 8}),  # 8 warps in the state walk ([128, 64] fp32 state: 32 registers a thread)
+    ("walk_w8_s4", {"warps_walk": 8, "stages_walk": 4}),
     # the variants below, re-timed with TMA (session 7, default 0.74 / 0.84): "w8_s2" 0.84 / 0.94, "bg128" 0.79 /
     # 0.89, "bt128" 0.78 / 0.89
     ("w8_s2", {"warps_fwd": 8, "warps_bwd": 8, "stages": 2}),  # the default before 2026-11-22
@@ -294,7 +296,8 @@ def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, init=None,
         x, y, *(d or (x, y)), hout, tot, init if init is not None else tot, w,
         plan.seg_first, plan.seg_n, plan.seg_seq, plan.ch_start, plan.ch_len, S, E, H,
         BS=cfg.bs_state, BE=cfg.be_state, BT=cfg.bt, REVERSE=reverse, STORE=store, HAS_INIT=init is not None,
-        PREC=dot_config(x.dtype)[1], TMA=d is not None, num_warps=4, num_stages=cfg.stages_walk or cfg.stages,
+        PREC=dot_config(x.dtype)[1], TMA=d is not None, num_warps=cfg.warps_walk or 4,
+        num_stages=cfg.stages_walk or cfg.stages,
     )
 
 
