@@ -101,7 +101,9 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # 4 pipeline stages in the TMA walk (standalone walk: 0.082 -> 0.077 ms; in the op no gain: 0.737 / 0.838 vs
     # 0.734 / 0.838 ms at 2k / 32k, H200 session 7)
     ("walk_s4", {"stages_walk": 4}),
-    ("walk_w8", {"warps_walk": 8}),  # 8 warps in the state walk ([128, 64] fp32 state: 32 registers a thread)
+    # 8 warps in the state walk ([128, 64] fp32 state: 32 registers a thread), with 4 stages: no gain (session 8,
+    # 2k / 32k: 0.655 / 0.746 and 0.655 / 0.757 vs the default's 0.655 / 0.752 ms)
+    ("walk_w8", {"warps_walk": 8}),
     ("walk_w8_s4", {"warps_walk": 8, "stages_walk": 4}),
     # the variants below, re-timed with TMA (session 7, default 0.74 / 0.84): "w8_s2" 0.84 / 0.94, "bg128" 0.79 /
     # 0.89, "bt128" 0.78 / 0.89
