@@ -56,9 +56,9 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # pointer loads (pre-Hopper GPUs, S != the S step, unaligned inputs): 4.86 vs 3.94 ms fwd+bwd at 4k with
     # TMA (H200, 2026-11-22 session 7)
     ("no_tma", {"tma": 0}),
-    # the dq/dk kernel's key-tile pair as one [128, E step] v tile and one [64, 128] dp product per E step
-    ("wide_dp", {"gau_wide_dp": 1}),
-    ("wide_dp_w8", {"gau_wide_dp": 1, "warps_gau": 8}),
+    # Measured and removed (session 8, code in commit 687f654): the dq/dk kernel's key-tile pair as one [128, E
+    # step] v tile and one [64, 128] dp product per E step, split after the reduction -- 3.916 vs 3.935 ms fwd+bwd at
+    # 4k (the same backward within noise; with 8 warps 4.49); the kernel is not bound by its MMA shape
     ("tma_be256", {"be_fwd": 256, "be_dv": 256}),  # TMA boxes of at most 256 columns: 6.23 ms (same run)
     # with TMA (same session, default 3.96 ms): 8 warps in the dq/dk kernel 4.80 ("w8" 4.80, "bm128_w8" 7.12,
     # "ered256" -- E step 256 in the dq/dk kernel's do . v reduction -- 4.45)
@@ -242,15 +242,14 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
             float(scale), S, E, H, LB, T - 1,
             BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_dv, TMA=d is not None, num_warps=cfg.warps_gau_dv, **common,
         )
-        vrows = 2 * cfg.bm if cfg.gau_wide_dp else cfg.bm
-        d = tma_descriptors((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (v, R, (vrows, cfg.be_red_gau)),
+        d = tma_descriptors((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (v, R, (cfg.bm, cfg.be_red_gau)),
                             (do, R, (cfg.bm, cfg.be_red_gau))) if tma else None
         relu2_bwd_dqk_kernel[(NT, H)](
             q, k, v, do, dq32, dk32, db_tiles, b_ptr, *(d or (q, k, v, do)),
             *_tile_tables(tables, cfg, causal, "q", bwd=True), r_start, r_len,
             float(scale), S, E, H, LB, T - 1, ntd,
             BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red_gau, NEED_DB=need_db, TMA=d is not None,
-            WIDE=bool(cfg.gau_wide_dp), num_warps=cfg.warps_gau, **common,
+            num_warps=cfg.warps_gau, **common,
         )
     else:
         dv.zero_()

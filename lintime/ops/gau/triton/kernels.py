@@ -163,28 +163,6 @@ def relu2_bwd_dv_kernel(
 
 
 @triton.jit
-def _dp_pair(V, DO, DV_, DDO_, rs, m0, n0, rows_m, m_m, rl, i_h, E, H,
-             BM: tl.constexpr, BE: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
-    """``dp = do . v^T`` of query rows ``m0`` against the key tiles ``n0`` and ``n0 + BM`` as one ``[BM, 2 BM]``
-    product per ``E`` step (:func:`relu2_bwd_dqk_kernel` with ``WIDE``); returns the two ``[BM, BM]`` halves."""
-    o_n = n0 + tl.arange(0, 2 * BM)
-    rows_n = (rs + o_n) * H + i_h
-    m_n = o_n < rl  # (the second tile's rows past the causal bound are read but never used)
-    o_eb = tl.arange(0, BE)
-    b_dp = tl.zeros([BM, 2 * BM], dtype=tl.float32)
-    for e0 in range(0, E, BE):
-        if TMA:
-            b_do = DDO_.load([(rs + m0).to(tl.int32), i_h * E + e0])
-            b_v = DV_.load([(rs + n0).to(tl.int32), i_h * E + e0])
-        else:
-            m_e = (e0 + o_eb) < E
-            b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_eb[None, :], mask=m_m[:, None] & m_e[None, :], other=0.0)
-            b_v = tl.load(V + rows_n[:, None] * E + e0 + o_eb[None, :], mask=m_n[:, None] & m_e[None, :], other=0.0)
-        b_dp = tl.dot(b_do, tl.trans(b_v), b_dp, input_precision=PREC)
-    return tl.split(tl.permute(tl.reshape(b_dp, [BM, 2, BM]), (0, 2, 1)))
-
-
-@triton.jit
 def _dqk_tile(b_dp, n0, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs, mid,
               K, DQ, DK, BIAS, DK_, scale, S, H, LB, OFF,
               BM: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -249,16 +227,14 @@ def relu2_bwd_dqk_kernel(
     scale, S, E, H, LB, OFF, NTD,
     BM: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DB: tl.constexpr, ONE_S: tl.constexpr,
-    PREC: tl.constexpr, TMA: tl.constexpr, WIDE: tl.constexpr = False,
+    PREC: tl.constexpr, TMA: tl.constexpr,
 ):
     """Per row tile: ``DQ`` (fp32, this program's rows only), ``DK`` (fp32 atomics) and the bias
     gradient per tile diagonal into ``DB [H, NTD, BM, BM]``; grid ``(tiles, H)``.  Key tiles go in
     pairs: ``dp = do . v^T`` is reduced over ``E`` for both at once, so each ``do`` tile is read
     from L2 once per pair (H200: 6.84 -> 6.38 ms GAU fwd+bwd at 4k).  With ``TMA`` the ``q`` and ``k``
     tiles and the ``do`` / ``v`` tiles of that reduction load through ``DQ_, DK_, DDO_, DV_`` (rows past the region or
-    past the last key tile only reach masked or unused entries).  ``WIDE``: the pair's ``v`` rows are one
-    ``[2 BM, BE]`` tile and ``dp`` one ``[BM, 2 BM]`` product per ``E`` step, split in two after the reduction
-    (``DV_`` then has ``2 BM``-row boxes)."""
+    past the last key tile only reach masked or unused entries)."""
     i_t, i_h = tl.program_id(0), tl.program_id(1)
     r = tl.load(TILE_REG + i_t)
     m0 = tl.load(TILE_OFF + i_t)
@@ -294,24 +270,21 @@ def relu2_bwd_dqk_kernel(
         rows_n1 = (rs + o_n1) * H + i_h
         b_dp0 = tl.zeros([BM, BM], dtype=tl.float32)
         b_dp1 = tl.zeros([BM, BM], dtype=tl.float32)
-        if WIDE:
-            b_dp0, b_dp1 = _dp_pair(V, DO, DV_, DDO_, rs, m0, n0, rows_m, m_m, rl, i_h, E, H, BM, BE, PREC, TMA)
-        else:
-            for e0 in range(0, E, BE):
-                if TMA:
-                    b_do = DDO_.load([(rs + m0).to(tl.int32), i_h * E + e0])
-                    b_v0 = DV_.load([(rs + n0).to(tl.int32), i_h * E + e0])
-                    b_v1 = DV_.load([(rs + n1).to(tl.int32), i_h * E + e0])
-                else:
-                    m_e = (e0 + o_eb) < E
-                    b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_eb[None, :], mask=m_m[:, None] & m_e[None, :],
-                                   other=0.0)
-                    b_v0 = tl.load(V + rows_n0[:, None] * E + e0 + o_eb[None, :], mask=m_n0[:, None] & m_e[None, :],
-                                   other=0.0)
-                    b_v1 = tl.load(V + rows_n1[:, None] * E + e0 + o_eb[None, :], mask=m_n1[:, None] & m_e[None, :],
-                                   other=0.0)
-                b_dp0 += tl.dot(b_do, tl.trans(b_v0), input_precision=PREC)
-                b_dp1 += tl.dot(b_do, tl.trans(b_v1), input_precision=PREC)
+        for e0 in range(0, E, BE):
+            if TMA:
+                b_do = DDO_.load([(rs + m0).to(tl.int32), i_h * E + e0])
+                b_v0 = DV_.load([(rs + n0).to(tl.int32), i_h * E + e0])
+                b_v1 = DV_.load([(rs + n1).to(tl.int32), i_h * E + e0])
+            else:
+                m_e = (e0 + o_eb) < E
+                b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_eb[None, :], mask=m_m[:, None] & m_e[None, :],
+                               other=0.0)
+                b_v0 = tl.load(V + rows_n0[:, None] * E + e0 + o_eb[None, :], mask=m_n0[:, None] & m_e[None, :],
+                               other=0.0)
+                b_v1 = tl.load(V + rows_n1[:, None] * E + e0 + o_eb[None, :], mask=m_n1[:, None] & m_e[None, :],
+                               other=0.0)
+            b_dp0 += tl.dot(b_do, tl.trans(b_v0), input_precision=PREC)
+            b_dp1 += tl.dot(b_do, tl.trans(b_v1), input_precision=PREC)
         b_dq = _dqk_tile(b_dp0, n0, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs, mid,
                          K, DQ, DK, BIAS, DK_, scale, S, H, LB, OFF,
                          BM, BS, CAUSAL, HAS_BIAS, NEED_DB, ONE_S, PREC, TMA)

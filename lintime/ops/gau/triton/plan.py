@@ -44,8 +44,7 @@ class Blocks:
     device and the shape allow (``mixed_chunk._tma_shapes``); ``stages_walk`` the state walk's pipeline
     stages (0: ``stages``); ``bg_red`` / ``warps_red`` the row (and key) tile / warps of the backward's
     reductions over ``E`` (``mc_dred_kernel``; 0: ``bg`` / ``warps_bwd``); ``warps_walk`` the state walk's warps
-    (0: 4); ``gau_wide_dp``: GAU's dq/dk kernel reduces ``do . v`` for its key-tile pair as one
-    ``[bm, 2 bm]`` product per ``E`` step.
+    (0: 4).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -77,7 +76,6 @@ class Blocks:
     bg_red: int = 0
     warps_red: int = 0
     warps_walk: int = 0
-    gau_wide_dp: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -117,7 +115,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
     if interp:
         return Blocks(bm=16, bs=16, be_fwd=16, be_dv=16, be_red=16, warps_fwd=1, warps_bwd=1, stages=1,
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
-                      be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, gau_order=3, tma=1, gau_wide_dp=1)
+                      be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, gau_order=3, tma=1)
     # Promoted variants, each CUDA-tested and faster in device time on an H200 (2026-11-22, S = 128,
     # E = 2048, C = 256; docs/notes/kernels_flash.md): mixed chunk 4 warps and 3 stages ("w4_s3") and
     # [64, 64] chunk-matrix tiles ("bg64": 0.999 -> 0.925 ms fwd+bwd at 2k, 1.151 -> 1.081 at 32k);
