@@ -118,6 +118,21 @@ def _row_tile(pid, CH_START, CH_LEN, NMT, BG: tl.constexpr):
 
 
 @triton.jit
+def _gram(X, Y, rows_x, rows_y, m_x, m_y, D, BD: tl.constexpr, BX: tl.constexpr, BY: tl.constexpr,
+          PREC: tl.constexpr):
+    """``X[rows_x] . Y[rows_y]^T`` over all ``D`` columns of two ``D``-wide row-major matrices (masked rows
+    give zeros), fp32 ``[BX, BY]``: the scores ``q_quad . k_quad`` and ``do . v`` of the kernels below."""
+    o_d = tl.arange(0, BD)
+    acc = tl.zeros([BX, BY], dtype=tl.float32)
+    for d0 in range(0, D, BD):
+        m_d = (d0 + o_d) < D
+        b_x = tl.load(X + rows_x[:, None] * D + d0 + o_d[None, :], mask=m_x[:, None] & m_d[None, :], other=0.0)
+        b_y = tl.load(Y + rows_y[:, None] * D + d0 + o_d[None, :], mask=m_y[:, None] & m_d[None, :], other=0.0)
+        acc = tl.dot(b_x, tl.trans(b_y), acc, input_precision=PREC)
+    return acc
+
+
+@triton.jit
 def mc_scores_kernel(
     QQ, KQ, A, BIAS, CH_START, CH_LEN,
     scale, S, H, C, LB, NMT,
@@ -138,16 +153,7 @@ def mc_scores_kernel(
     o_n = n0 + tl.arange(0, BG)
     m_m = o_m < cl
     m_n = o_n < cl
-    o_s = tl.arange(0, BS)
-    p_q = QQ + ((cs + o_m) * H + i_h) * S
-    p_k = KQ + ((cs + o_n) * H + i_h) * S
-    b_s = tl.zeros([BG, BG], dtype=tl.float32)
-    for s0 in range(0, S, BS):
-        m_s = (s0 + o_s) < S
-        b_q = tl.load(p_q[:, None] + s0 + o_s[None, :], mask=m_m[:, None] & m_s[None, :], other=0.0)
-        b_k = tl.load(p_k[:, None] + s0 + o_s[None, :], mask=m_n[:, None] & m_s[None, :], other=0.0)
-        b_s = tl.dot(b_q, tl.trans(b_k), b_s, input_precision=PREC)
-    b_s = b_s * scale
+    b_s = _gram(QQ, KQ, (cs + o_m) * H + i_h, (cs + o_n) * H + i_h, m_m, m_n, S, BS, BG, BG, PREC) * scale
     if HAS_BIAS:
         b_s += tl.load(BIAS + i_h * LB + (C - 1) + o_m[:, None] - o_n[None, :],
                        mask=m_m[:, None] & m_n[None, :], other=0.0)
@@ -259,21 +265,8 @@ def _dp_tile(
         m_n = o_n < cl
         rows_m = (cs + o_m) * H + i_h
         rows_n = (cs + o_n) * H + i_h
-        o_e = tl.arange(0, BE)
-        b_dp = tl.zeros([BG, BG], dtype=tl.float32)
-        for e0 in range(0, E, BE):
-            m_e = (e0 + o_e) < E
-            b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_e[None, :], mask=m_m[:, None] & m_e[None, :], other=0.0)
-            b_v = tl.load(V + rows_n[:, None] * E + e0 + o_e[None, :], mask=m_n[:, None] & m_e[None, :], other=0.0)
-            b_dp = tl.dot(b_do, tl.trans(b_v), b_dp, input_precision=PREC)
-        o_s = tl.arange(0, BS)
-        b_s = tl.zeros([BG, BG], dtype=tl.float32)
-        for s0 in range(0, S, BS):
-            m_s = (s0 + o_s) < S
-            b_q = tl.load(QQ + rows_m[:, None] * S + s0 + o_s[None, :], mask=m_m[:, None] & m_s[None, :], other=0.0)
-            b_k = tl.load(KQ + rows_n[:, None] * S + s0 + o_s[None, :], mask=m_n[:, None] & m_s[None, :], other=0.0)
-            b_s = tl.dot(b_q, tl.trans(b_k), b_s, input_precision=PREC)
-        b_s = b_s * scale
+        b_dp = _gram(DO, V, rows_m, rows_n, m_m, m_n, E, BE, BG, BG, PREC)
+        b_s = _gram(QQ, KQ, rows_m, rows_n, m_m, m_n, S, BS, BG, BG, PREC) * scale
         if HAS_BIAS:
             b_s += tl.load(BIAS + i_h * LB + (C - 1) + o_m[:, None] - o_n[None, :],
                            mask=m_m[:, None] & m_n[None, :], other=0.0)

@@ -74,11 +74,11 @@ from lintime.ops.triton_common import (
 
 # Candidate launches of the mixed chunk kernels: ``(name, overrides)``, the overrides applied to the
 # GPU defaults of the shape (:func:`lintime.ops.gau.triton.plan.variant_blocks`; defaults at
-# ``S = 128, E = 2048, C = 256``: BG = 64, 4 warps, 3 stages, S step 128, BE = 128 output / dV,
+# ``S = 128, E = 2048, C = 256``, bf16: BG = 64, 4 warps, 3 stages, S step 128, BE = 128 output / dV,
 # BK = 64, the fused reduction over E on [128, 128] tiles with 8 warps and E steps of 64, state walk
-# [128, 64] tiles with 64-token steps, automatic segments).  Timed side by side by ``lintime bench ops --cases flash.variants`` and run
-# against the naive form by the CUDA test ``test_launch_variants`` (the tile-changing ones also under
-# the interpreter) -- a variant becomes a default only after both, on the GPU.  H200, 2026-11-22,
+# [128, 64] tiles with 64-token steps, automatic segments).  Timed side by side by ``lintime bench ops
+# --cases flash.variants`` and run against the naive form by the CUDA test ``test_launch_variants`` (the
+# tile-changing ones also under the interpreter) -- a variant becomes a default only after both, on the GPU.  H200, 2026-11-22,
 # CUDA-graph fwd+bwd at T = 2k / 32k (docs/notes/kernels_flash.md): the v2 default (8 warps, 2 stages)
 # 1.22 / 1.42 ms, "w4_s3" 1.02 / 1.17 (default since), "bg64_w4" 1.00 / 1.19, "one_seg" 1.22 / 2.25,
 # "g1" 1.71 / 2.08; a later run (07:20 UTC): "w4_s3" 0.999 / 1.151, with BG = 64 ("bg64") 0.925 / 1.081
