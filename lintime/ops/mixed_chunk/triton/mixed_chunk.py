@@ -94,8 +94,9 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # warps: 0.695 / 0.791
     ("red64", {"bg_red": 64, "warps_red": 4, "bs": 64}),
     ("red128_bs64", {"bs": 64}),
-    # E steps of 32 in the reduction: a quarter / half the shared memory per pipeline stage, so two programs of 8
-    # warps fit an SM (with [128, 128] tiles and E steps of 64 the dq_lin, dk_lin programs' 3 stages take ~192 KB)
+    # E steps of 32 in the reduction: half the shared memory per pipeline stage, so two programs of 8 warps fit an
+    # SM (with [128, 128] tiles and E steps of 64 the dq_lin, dk_lin programs' 3 stages take ~192 KB) -- slower
+    # (session 8, 2k / 32k: 0.715 / 0.817 and with S steps of 64 0.763 / 0.862 vs the default's 0.651 / 0.753 ms)
     ("ered32", {"be_red": 32}),
     ("ered32_bs64", {"be_red": 32, "bs": 64}),
     # Measured and removed (session 8, H200, fwd+bwd device at 2k / 32k): dS and dq_lin, dk_lin as two kernels
