@@ -119,6 +119,9 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # 0.976 vs 0.684 / 0.788 ms then; with [128, 128] tiles it overflows the shared memory)
     ("ered128", {"be_red": 128, "stages": 2, "bg_red": 64, "warps_red": 4, "bs": 64}),
     ("be_state32", {"be_state": 32}),  # [128, 32] state-walk tiles: twice the walk programs
+    # [128, 128] state-walk tiles: half the walk programs, each k_lin / q_lin step tile feeding twice the columns
+    ("be_state128", {"be_state": 128}),
+    ("be_state128_w8", {"be_state": 128, "warps_walk": 8}),
     ("bg64_be256_w8", {"bg": 64, "be_fwd": 256, "be_dv": 256, "warps_fwd": 8, "warps_bwd": 8}),
     ("g1", {"seg_chunks": 1}),  # one chunk per segment: a walk per chunk + the start fix-up over all chunks
     ("one_seg", {"seg_chunks": 1 << 20}),  # one segment per sequence: no start fix-up
