@@ -119,7 +119,9 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # 0.976 vs 0.684 / 0.788 ms then; with [128, 128] tiles it overflows the shared memory)
     ("ered128", {"be_red": 128, "stages": 2, "bg_red": 64, "warps_red": 4, "bs": 64}),
     ("be_state32", {"be_state": 32}),  # [128, 32] state-walk tiles: twice the walk programs
-    # [128, 128] state-walk tiles: half the walk programs, each k_lin / q_lin step tile feeding twice the columns
+    # [128, 128] state-walk tiles: half the walk programs, each k_lin / q_lin step tile feeding twice the columns --
+    # slower (session 8, 2k / 32k: 0.772 / 0.855, with 8 warps 0.749 / 0.832, [128, 32] tiles 0.678 / 0.864, against
+    # the default's 0.647 / 0.750 ms)
     ("be_state128", {"be_state": 128}),
     ("be_state128_w8", {"be_state": 128, "warps_walk": 8}),
     ("bg64_be256_w8", {"bg": 64, "be_fwd": 256, "be_dv": 256, "warps_fwd": 8, "warps_bwd": 8}),
