@@ -440,8 +440,9 @@ def test_launch_variants(name, overrides):
     """Every candidate launch of ``LAUNCH_VARIANTS`` against the naive form: packed sequences of
     several chunks (one of one token, one empty, short last chunks of several kinds), an initial state
     with partial chunks (the composition path), the Toeplitz bias; forward, final state and every
-    gradient.  CPU: fp32 at the exact rule at small widths (S = 12, E = 14, C = 32: partial tiles, up to 3 chunks per sequence);
-    CUDA: bf16 at FLASH's widths (S = 128, E = 2048, C = 256) by the half-precision rule."""
+    gradient.  CPU: fp32 at the exact rule at small widths (S = 12, E = 14, C = 32: partial tiles, up
+    to 3 chunks per sequence); CUDA: bf16 at FLASH's widths (S = 128, E = 2048, C = 256) by the
+    half-precision rule."""
     # the last sequence's short last chunk is a whole number of walk steps (16 / 64 tokens)
     if CUDA:
         lens, S, E, C, dtype = [1100, 1, 0, 700, 320], 128, 2048, 256, torch.bfloat16

@@ -56,9 +56,6 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # pointer loads (pre-Hopper GPUs, S != the S step, unaligned inputs): 4.86 vs 3.94 ms fwd+bwd at 4k with
     # TMA (H200, 2026-11-22 session 7)
     ("no_tma", {"tma": 0}),
-    # Measured and removed (session 8, code in commit 687f654): the dq/dk kernel's key-tile pair as one [128, E
-    # step] v tile and one [64, 128] dp product per E step, split after the reduction -- 3.916 vs 3.935 ms fwd+bwd at
-    # 4k (the same backward within noise; with 8 warps 4.49); the kernel is not bound by its MMA shape
     ("tma_be256", {"be_fwd": 256, "be_dv": 256}),  # TMA boxes of at most 256 columns: 6.23 ms (same run)
     # with TMA (same session, default 3.96 ms): 8 warps in the dq/dk kernel 4.80 ("w8" 4.80, "bm128_w8" 7.12,
     # "ered256" -- E step 256 in the dq/dk kernel's do . v reduction -- 4.45)
@@ -103,6 +100,9 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # default's 1.54 / 4.82 ms): 128-row query tiles in the forward with 64-key steps and 256-wide E tiles (each
     # warp group's score rows stay in its registers, FlashAttention's split: 1.75 / 5.02; 3 stages need 240 KB of
     # shared memory), 128-row key tiles in the dV pass (4.87), both (5.08)
+    # Measured and removed (session 8, code in commit 687f654): the dq/dk kernel's key-tile pair as one [128, E
+    # step] v tile and one [64, 128] dp product per E step, split after the reduction -- 3.916 vs 3.935 ms fwd+bwd at
+    # 4k (the same backward within noise; with 8 warps 4.49); the kernel is not bound by its MMA shape
 )
 
 

@@ -127,7 +127,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
     if C is None:  # GAU: forward and dV pass on 512-wide E tiles with 8 warps, the forward with 2 stages (a
         # quarter of the score recomputation per E; "fwd_be512_w8_s2" 09:00 UTC: fwd 2.20 -> 1.55 ms, fwd+bwd
         # 6.38 -> 5.73 at 4k; "dv_be512_w8" 09:04 UTC: fwd+bwd 5.72 -> 4.83)
-        tiles = {"be_fwd": 512, "be_dv": 512, "warps_gau_fwd": 8, "warps_gau_dv": 8, "stages_gau_fwd": 2}
+        tiles = {"be_fwd": 512, "be_dv": 512, "warps_gau_fwd": 8, "warps_gau_dv": 8, "stages_gau_fwd": 2, "bs": 64}
     elif dtype == torch.bfloat16:  # mixed chunk's output and dV GEMMs; the fused backward reduction over E on
         # [128, 128] dS tiles with 8 warps, S steps / tiles of up to 128 everywhere (session 8, "red64" 0.684 /
         # 0.788 -> 0.650 / 0.756 ms fwd+bwd at 2k / 32k)
@@ -137,7 +137,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
         # shared memory (OutOfResources on an H200), so the reduction keeps [64, 64] tiles, 4 warps, S steps of 64
         tiles = {"be_fwd": 128, "be_dv": 128, "bg_red": min(64, pow2_at_least(C)), "warps_red": 4, "bs": 64}
     return Blocks(
-        bm=64, be_red=64, warps_fwd=4, warps_bwd=4, stages=3, **({"bs": 64} if C is None else {}),
+        bm=64, be_red=64, warps_fwd=4, warps_bwd=4, stages=3,
         bg=bg, bk=64, bt=64, bs_state=min(128, pow2_at_least(S)), be_state=64, seg_chunks=0,
         bs_gau=min(128, pow2_at_least(S)), warps_gau=4, be_red_gau=128, stages_gau=2, gau_order=3, tma=1, **tiles,
     )

@@ -78,8 +78,8 @@ from lintime.ops.triton_common import (
 # BK = 64, the fused reduction over E on [128, 128] tiles with 8 warps and E steps of 64, state walk
 # [128, 64] tiles with 64-token steps, automatic segments).  Timed side by side by ``lintime bench ops
 # --cases flash.variants`` and run against the naive form by the CUDA test ``test_launch_variants`` (the
-# tile-changing ones also under the interpreter) -- a variant becomes a default only after both, on the GPU.  H200, 2026-11-22,
-# CUDA-graph fwd+bwd at T = 2k / 32k (docs/notes/kernels_flash.md): the v2 default (8 warps, 2 stages)
+# tile-changing ones also under the interpreter) -- a variant becomes a default only after both, on the GPU.
+# H200, 2026-11-22, CUDA-graph fwd+bwd at T = 2k / 32k (docs/notes/kernels_flash.md): the v2 default (8 warps, 2 stages)
 # 1.22 / 1.42 ms, "w4_s3" 1.02 / 1.17 (default since), "bg64_w4" 1.00 / 1.19, "one_seg" 1.22 / 2.25,
 # "g1" 1.71 / 2.08; a later run (07:20 UTC): "w4_s3" 0.999 / 1.151, with BG = 64 ("bg64") 0.925 / 1.081
 # (default since), "one_seg" 1.00 / 1.73.
