@@ -296,13 +296,15 @@ def _variant_jobs(Ts, T_gau, S, E, C, tokens):
 
 def case_variants(results, quick=False, Ts=(2048, 32768), T_gau=4096, graph=True, S=128, E=2048, C=256,
                   tokens=TOKENS):
-    """Every launch variant of mixed chunk attention (T = 2k and 32k) and GAU (T = 4k), exactly the
+    """Every launch variant of mixed chunk attention (T = 2k and 32k, or ``LINTIME_VARIANT_TS``) and GAU (T = 4k), exactly the
     lists their CUDA tests run (``test_launch_variants``), bf16, 32k tokens per batch.  First the
     eager medians of all of them (launch overhead included), then, with ``graph``, the device time of
     the same calls replayed from CUDA graphs (``extra["fwd_graph_ms"]`` / ``["fwdbwd_graph_ms"]``;
     after the first failed capture the rest are skipped: a failed capture can spoil the context).
     One line per variant as soon as it is measured.  Rows: ``variants_mixed_chunk`` /
     ``variants_gau`` with the variant's name as impl; ``extra`` holds the overrides and the blocks."""
+    env_ts = [int(t) for t in os.environ.get("LINTIME_VARIANT_TS", "").split(",") if t]
+    Ts = env_ts or Ts  # LINTIME_VARIANT_TS=4096,8192: the mixed chunk lengths to time instead
     jobs = _variant_jobs((Ts[-1],) if quick else Ts, T_gau, S, E, C, tokens)
     rows = []
     for case, name, T, B, shape, flops, overrides, blocks, f, inputs in jobs:

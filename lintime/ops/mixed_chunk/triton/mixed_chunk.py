@@ -134,6 +134,10 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # walk + start fix-up that replaced it) and 128 / 256-row output / dV GEMM tiles (0.945-1.167 vs 0.927 /
     # 0.982 ms).
     ("seg4", {"seg_chunks": 4}),  # 4-chunk segments: 0.97 / 1.05 ms (H200 08:37 UTC)
+    # 8- / 16-chunk segments: the automatic rule's choice between one segment per sequence and segments, timed
+    # at the lengths in between (LINTIME_VARIANT_TS=4096,8192,16384)
+    ("seg8", {"seg_chunks": 8}),
+    ("seg16", {"seg_chunks": 16}),
     # (all of S in one step / tile, "bs128", was no gain with two reduction kernels -- H200 09:13 UTC: 0.930 / 0.986
     # vs 0.923 / 0.979 ms -- and is part of the default since session 8's fused reduction; "red128_bs64" above)
     # Measured on an H200 and removed (2026-11-22 session 6, code in commit d65bb21, fwd+bwd device at 2k / 32k
