@@ -28,6 +28,7 @@ from lintime.ops.gau.triton.plan import (
     blocks_of,
     default_blocks,
     fold_bias_grad,
+    kernel_bias,
     sequence_bounds,
     tiles_of,
     to_device,
@@ -143,13 +144,6 @@ def _tile_tables(tables, cfg: Blocks, causal: bool, side: str, bwd: bool):
     return tables[0:2]
 
 
-def _bias(rel_bias, H):
-    if rel_bias is None:
-        return None, 1
-    b = rel_bias.detach().to(torch.float32).contiguous()
-    return b, b.shape[1]
-
-
 def _fwd_fake(q, k, v, rel_bias, cu_seqlens, scale, causal, blocks):
     return torch.empty_like(v)
 
@@ -181,7 +175,7 @@ def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
         return o
     t_reg, t_off = _tile_tables(tables, cfg, causal, "q", bwd=False)
     r_start, r_len = tables[2:4]
-    bias, LB = _bias(rel_bias, H)
+    bias, LB = kernel_bias(rel_bias)
     grid = (cdiv(E, cfg.be_fwd), NT, H)
     R = B * T
     d = tma_descriptors((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (v, R, (cfg.bm, cfg.be_fwd))) \
@@ -224,7 +218,7 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
     dk32 = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
     tables, NT, longest = _plan(B, T, cu_seqlens, cfg.bm, q.device)
     r_start, r_len = tables[2:4]
-    bias, LB = _bias(rel_bias, H)
+    bias, LB = kernel_bias(rel_bias)
     need_db = need_db and bias is not None
     ntd = 2 * cdiv(max(longest, 1), cfg.bm) - 1
     # (no bias gradient: a 1-element placeholder the kernel never touches, not a fill)
@@ -254,7 +248,7 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
     else:
         dv.zero_()
     if need_db:
-        db = fold_bias_grad(db_tiles, LB, T - 1, cfg.bm).to(rel_bias.dtype)
+        db = fold_bias_grad(db_tiles, LB, T - 1, cfg.bm, rel_bias.dtype)
     else:
         db = q.new_empty(0)
     return dq32.to(q.dtype), dk32.to(k.dtype), dv, db

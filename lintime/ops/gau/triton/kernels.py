@@ -294,3 +294,26 @@ def relu2_bwd_dqk_kernel(
                              BM, BS, CAUSAL, HAS_BIAS, NEED_DB, ONE_S, PREC, TMA)
     if ONE_S:
         tl.store(DQ + rows_m[:, None] * S + o_s[None, :], b_dq, mask=m_m[:, None] & (o_s < S)[None, :])
+
+
+@triton.jit
+def fold_bias_kernel(DB, OUT, NTD, LB, OFF, BM: tl.constexpr, BJ: tl.constexpr):
+    """``OUT[h, j] = sum of DB[h, td, a, b]`` over the entries with ``OFF + (td - mid) BM + a - b = j``
+    (``mid = (NTD - 1) // 2``): the per-tile-diagonal bias-gradient sums of both ops folded into the
+    ``[H, LB]`` bias gradient, in ``OUT``'s dtype.  For ``r = j - OFF`` only the tile diagonals
+    ``td - mid`` in ``{floor(r / BM), floor(r / BM) + 1}`` hold such entries.  Grid ``(H, LB / BJ)``."""
+    i_h = tl.program_id(0)
+    o_j = tl.program_id(1) * BJ + tl.arange(0, BJ)
+    m_j = o_j < LB
+    r = o_j - OFF
+    q = tl.where(r >= 0, r // BM, -((BM - 1 - r) // BM))  # floor(r / BM) for either sign
+    mid = (NTD - 1) // 2
+    o_a = tl.arange(0, BM)
+    acc = tl.zeros([BJ], dtype=tl.float32)
+    for k in range(2):
+        td = q + k + mid
+        b = o_a[None, :] - (r - (q + k) * BM)[:, None]  # column of row a on this tile diagonal
+        m = (m_j & (td >= 0) & (td < NTD))[:, None] & (b >= 0) & (b < BM)
+        x = tl.load(DB + ((i_h * NTD + td[:, None]).to(tl.int64) * BM + o_a[None, :]) * BM + b, mask=m, other=0.0)
+        acc += tl.sum(x, axis=1)
+    tl.store(OUT + i_h * LB + o_j, acc.to(OUT.dtype.element_ty), mask=m_j)

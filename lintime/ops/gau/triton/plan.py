@@ -76,6 +76,8 @@ class Blocks:
     bg_red: int = 0
     warps_red: int = 0
     warps_walk: int = 0
+    fuse_dqk: int = 0
+    fuse_scores: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -115,7 +117,8 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
     if interp:
         return Blocks(bm=16, bs=16, be_fwd=16, be_dv=16, be_red=16, warps_fwd=1, warps_bwd=1, stages=1,
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
-                      be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, gau_order=3, tma=1)
+                      be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, gau_order=3, tma=1, fuse_dqk=1,
+                      fuse_scores=1)
     # Promoted variants, each CUDA-tested and faster in device time on an H200 (2026-11-22, S = 128,
     # E = 2048, C = 256; docs/notes/kernels_flash.md): mixed chunk 4 warps and 3 stages ("w4_s3") and
     # [64, 64] chunk-matrix tiles ("bg64": 0.999 -> 0.925 ms fwd+bwd at 2k, 1.151 -> 1.081 at 32k);
@@ -139,7 +142,8 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
     return Blocks(
         bm=64, be_red=64, warps_fwd=4, warps_bwd=4, stages=3,
         bg=bg, bk=64, bt=64, bs_state=min(128, pow2_at_least(S)), be_state=64, seg_chunks=0,
-        bs_gau=min(128, pow2_at_least(S)), warps_gau=4, be_red_gau=128, stages_gau=2, gau_order=3, tma=1, **tiles,
+        bs_gau=min(128, pow2_at_least(S)), warps_gau=4, be_red_gau=128, stages_gau=2, gau_order=3, tma=1,
+        fuse_dqk=1, fuse_scores=1, **tiles,
     )
 
 
@@ -191,24 +195,26 @@ def to_device(device, *xs: torch.Tensor) -> list[torch.Tensor]:
     return list(torch.split(flat.to(device), sizes))
 
 
-def fold_bias_grad(db_tiles: torch.Tensor, LB: int, OFF: int, bm: int) -> torch.Tensor:
-    """``[H, NTD, BM, BM]`` per-tile-diagonal sums of ``ds`` -> ``[H, LB]`` bias gradient, with
-    entry ``(td, a, b)`` at bias index ``OFF + (td - mid) * bm + a - b``."""
+def kernel_bias(rel_bias: torch.Tensor | None) -> tuple[torch.Tensor | None, int]:
+    """``(bias, LB)`` as both ops' kernels read it: its own 16- / 32-bit dtype (the kernels add it to fp32
+    scores; a conversion here cost a launch per pass), other dtypes as fp32; ``(None, 1)`` without one."""
+    if rel_bias is None:
+        return None, 1
+    b = rel_bias.detach()
+    if b.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        b = b.to(torch.float32)
+    return b.contiguous(), rel_bias.shape[1]
+
+
+def fold_bias_grad(db_tiles: torch.Tensor, LB: int, OFF: int, bm: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[H, NTD, BM, BM]`` per-tile-diagonal sums of ``ds`` (fp32) -> ``[H, LB]`` bias gradient in ``dtype``,
+    with entry ``(td, a, b)`` at bias index ``OFF + (td - mid) * bm + a - b`` (entries outside ``[0, LB)``:
+    padding rows / columns, dropped).  One launch (:func:`~lintime.ops.gau.triton.kernels.fold_bias_kernel`;
+    before session 9 five PyTorch kernels: a fill, a mask product, an index-add and a cast)."""
+    from lintime.ops.gau.triton.kernels import fold_bias_kernel
+
     H, NTD = db_tiles.shape[:2]
-    idx, ok = _fold_index(NTD, LB, OFF, bm, db_tiles.device)
-    out = torch.zeros(H, LB, dtype=db_tiles.dtype, device=db_tiles.device)
-    # masked by multiplication, not boolean indexing: no device sync
-    return out.index_add_(1, idx, (db_tiles * ok).reshape(H, -1))
-
-
-@functools.lru_cache(maxsize=32)
-def _fold_index(NTD: int, LB: int, OFF: int, bm: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The bias index of every ``(td, a, b)`` entry (flat, clamped into ``[0, LB)``) and the mask of
-    the in-range ones (``[NTD, BM, BM]``, the dtype of the sums: fp32); cached per shape -- building
-    them took a quarter of a millisecond of host time per backward (five torch calls, H200 host)."""
-    mid = (NTD - 1) // 2
-    td = torch.arange(NTD, device=device)[:, None, None]
-    a = torch.arange(bm, device=device)
-    idx = OFF + (td - mid) * bm + (a[:, None] - a[None, :])  # [NTD, BM, BM]
-    ok = ((idx >= 0) & (idx < LB)).to(torch.float32)  # entries outside hold zeros (padding rows / columns)
-    return idx.clamp(0, LB - 1).reshape(-1), ok
+    out = torch.empty(H, LB, dtype=dtype, device=db_tiles.device)
+    BJ = 32
+    fold_bias_kernel[(H, (LB + BJ - 1) // BJ)](db_tiles, out, NTD, LB, OFF, BM=bm, BJ=BJ, num_warps=4)
+    return out

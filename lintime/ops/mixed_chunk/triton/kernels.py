@@ -19,7 +19,8 @@ flowing into chunk ``c``'s ``k_lin^T v``: the reverse state pass on ``(q_lin, do
 
     dP_c = do V^T -> dS = 2 relu(s) dP  [C, C]        mc_dred_kernel (K = E, one launch
     dQl = wq do H^T, dKl = wf V G^T     [C, S]                        for both)
-    dQq = scale dS Kq, dKq = scale dS^T Qq, db        mc_dqk_kernel  (K = C)
+    dQq = scale dS Kq, dKq = scale dS^T Qq, db        mc_dred_kernel (K = C; the chunk's last dS
+                                                      program), or mc_dqk_kernel
     dV  = wf Kl G + A^T do              [C, E]        mc_gemm_kernel (transposed A)
 """
 
@@ -43,12 +44,19 @@ def _walk_tile(X, Y, cs, t0, cl, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h):
 def chunk_state_kernel(
     X, Y, DX, DY, HOUT, TOT, INIT, W,
     SEG_FIRST, SEG_N, SEG_SEQ, CH_START, CH_LEN,
-    S, E, H,
+    S, E, H, NSEG,
+    QQ, KQ, A, BIAS, scale, C, LB, NMT,
     BS: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr,
     REVERSE: tl.constexpr, STORE: tl.constexpr, HAS_INIT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
+    SCORES: tl.constexpr, BG: tl.constexpr, BSQ: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     """Walk the chunks of one segment (a run of chunks of one sequence), carrying an ``[BS, BE]``
-    fp32 tile of ``sum_c w_c X_c^T Y_c`` in registers; grid ``(S tiles * E tiles, segments, H)``.
+    fp32 tile of ``sum_c w_c X_c^T Y_c`` in registers; one-dimensional grid, the first ``S tiles * E
+    tiles * NSEG * H`` programs walk (tile fastest, then segment, then head).
+
+    With ``SCORES`` (the forward) the programs after those compute the tiles of ``A``
+    (:func:`_scores_tile` on ``QQ, KQ, A, BIAS, ...``, ``NC * NMT * NMT * H`` programs): independent of the
+    walk, they fill the SMs the walk's last programs leave idle -- no ``mc_scores_kernel`` launch.
 
     Forward: ``X = k_lin, Y = v``, ``w_c = 1`` (0 for a short last chunk of a causal call: no later
     token sees it), chunks in order.  Reverse: ``X = q_lin, Y = do``, ``w_c`` = the chunk's
@@ -62,7 +70,32 @@ def chunk_state_kernel(
     descriptors ``DX`` / ``DY`` (:func:`lintime.ops.triton_common.tma_descriptors`); a short
     chunk's partial last step uses masked loads (its rows past the chunk are the next chunk's).
     """
-    i_se, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid = tl.program_id(0)
+    NE = tl.cdiv(E, BE)
+    NSE = tl.cdiv(S, BS) * NE
+    nwalk = NSE * NSEG * H
+    if SCORES:
+        if pid >= nwalk:
+            p = pid - nwalk
+            _scores_tile(QQ, KQ, A, BIAS, CH_START, CH_LEN, p % (NMT * NMT) // NMT, p % NMT, p // (NMT * NMT) % H,
+                         p // (NMT * NMT * H), scale, S, H, C, LB, BG, BSQ, CAUSAL, HAS_BIAS, PREC)
+        else:
+            _walk_segment(X, Y, DX, DY, HOUT, TOT, INIT, W, SEG_FIRST, SEG_N, SEG_SEQ, CH_START, CH_LEN,
+                          pid % NSE, pid // NSE % NSEG, pid // (NSE * NSEG), S, E, H,
+                          BS, BE, BT, REVERSE, STORE, HAS_INIT, PREC, TMA)
+    else:
+        _walk_segment(X, Y, DX, DY, HOUT, TOT, INIT, W, SEG_FIRST, SEG_N, SEG_SEQ, CH_START, CH_LEN,
+                      pid % NSE, pid // NSE % NSEG, pid // (NSE * NSEG), S, E, H,
+                      BS, BE, BT, REVERSE, STORE, HAS_INIT, PREC, TMA)
+
+
+@triton.jit
+def _walk_segment(
+    X, Y, DX, DY, HOUT, TOT, INIT, W, SEG_FIRST, SEG_N, SEG_SEQ, CH_START, CH_LEN, i_se, i_g, i_h, S, E, H,
+    BS: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr,
+    REVERSE: tl.constexpr, STORE: tl.constexpr, HAS_INIT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
+):
+    """:func:`chunk_state_kernel`'s walk of segment ``i_g``, state tile ``i_se``, head ``i_h``."""
     NE = tl.cdiv(E, BE)
     i_s, i_e = i_se // NE, i_se % NE
     o_s = i_s * BS + tl.arange(0, BS)
@@ -139,31 +172,46 @@ def mc_scores_kernel(
     BG: tl.constexpr, BS: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr,
 ):
-    """``A[c, h, m tile, n tile] = relu(scale q_quad . k_quad + b[i - j])^2`` (seed Eq. 6), zero
-    where masked (keys past the chunk, future keys); grid ``(NC * NMT, NMT, H)``.  Tiles above
-    the diagonal (causal) or past the chunk are never read and not written."""
-    c, cs, cl, m0 = _row_tile(tl.program_id(0), CH_START, CH_LEN, NMT, BG)
-    n0 = tl.program_id(1) * BG
-    i_h = tl.program_id(2)
-    if m0 >= cl or n0 >= cl:
-        return
-    if CAUSAL and n0 > m0:
-        return
-    o_m = m0 + tl.arange(0, BG)
-    o_n = n0 + tl.arange(0, BG)
-    m_m = o_m < cl
-    m_n = o_n < cl
-    b_s = _gram(QQ, KQ, (cs + o_m) * H + i_h, (cs + o_n) * H + i_h, m_m, m_n, S, BS, BG, BG, PREC) * scale
-    if HAS_BIAS:
-        b_s += tl.load(BIAS + i_h * LB + (C - 1) + o_m[:, None] - o_n[None, :],
-                       mask=m_m[:, None] & m_n[None, :], other=0.0)
-    b_p = tl.maximum(b_s, 0.0)
-    keep = m_n[None, :]
+    """:func:`_scores_tile` on grid ``(NC * NMT, NMT, H)`` (the path of ``Blocks.fuse_scores = 0`` and of
+    non-causal calls; by default the causal forward's state walk launches these programs)."""
+    pid = tl.program_id(0)
+    _scores_tile(QQ, KQ, A, BIAS, CH_START, CH_LEN, pid % NMT, tl.program_id(1), tl.program_id(2), pid // NMT,
+                 scale, S, H, C, LB, BG, BS, CAUSAL, HAS_BIAS, PREC)
+
+
+@triton.jit
+def _scores_tile(
+    QQ, KQ, A, BIAS, CH_START, CH_LEN, i_m, i_n, i_h, c,
+    scale, S, H, C, LB,
+    BG: tl.constexpr, BS: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr,
+):
+    """``A[c, h, m tile, n tile] = relu(scale q_quad . k_quad + b[i - j])^2`` (seed Eq. 6) for row tile
+    ``i_m`` and key tile ``i_n`` of chunk ``c``, zero where masked (keys past the chunk, future keys).
+    Tiles above the diagonal (causal) or past the chunk are never read and not written."""
+    cs = tl.load(CH_START + c).to(tl.int64)
+    cl = tl.load(CH_LEN + c)
+    m0 = i_m * BG
+    n0 = i_n * BG
+    live = (m0 < cl) & (n0 < cl)
     if CAUSAL:
-        keep = keep & (o_n[None, :] <= o_m[:, None])
-    b_p = tl.where(keep, b_p * b_p, 0.0)
-    p_a = A + ((c.to(tl.int64) * H + i_h) * C + o_m[:, None]) * C + o_n[None, :]
-    tl.store(p_a, b_p.to(A.dtype.element_ty), mask=m_m[:, None] & (o_n < C)[None, :])
+        live = live & (n0 <= m0)
+    if live:
+        o_m = m0 + tl.arange(0, BG)
+        o_n = n0 + tl.arange(0, BG)
+        m_m = o_m < cl
+        m_n = o_n < cl
+        b_s = _gram(QQ, KQ, (cs + o_m) * H + i_h, (cs + o_n) * H + i_h, m_m, m_n, S, BS, BG, BG, PREC) * scale
+        if HAS_BIAS:
+            b_s += tl.load(BIAS + i_h * LB + (C - 1) + o_m[:, None] - o_n[None, :],
+                           mask=m_m[:, None] & m_n[None, :], other=0.0)
+        b_p = tl.maximum(b_s, 0.0)
+        keep = m_n[None, :]
+        if CAUSAL:
+            keep = keep & (o_n[None, :] <= o_m[:, None])
+        b_p = tl.where(keep, b_p * b_p, 0.0)
+        p_a = A + ((c.to(tl.int64) * H + i_h) * C + o_m[:, None]) * C + o_n[None, :]
+        tl.store(p_a, b_p.to(A.dtype.element_ty), mask=m_m[:, None] & (o_n < C)[None, :])
 
 
 @triton.jit
@@ -254,7 +302,7 @@ def _dp_tile(
 ):
     """``dS[c, h, m tile, n tile] = 2 relu(s) (do_m . v_n)``, masked (reduction over all of ``E``; the
     scores ``s`` recomputed) for rows ``m0`` and keys ``n0`` of chunk ``c``, head ``i_h`` (tiles as
-    :func:`mc_scores_kernel`)."""
+    :func:`mc_scores_kernel`).  Returns whether the tile is live (computed and stored)."""
     live = (m0 < cl) & (n0 < cl)
     if CAUSAL:
         live = live & (n0 <= m0)
@@ -276,6 +324,7 @@ def _dp_tile(
         b_ds = tl.where(keep, 2.0 * tl.maximum(b_s, 0.0) * b_dp, 0.0)  # d relu(s)^2 / ds
         p_ds = DS + ((c.to(tl.int64) * H + i_h) * C + o_m[:, None]) * C + o_n[None, :]
         tl.store(p_ds, b_ds.to(DS.dtype.element_ty), mask=m_m[:, None] & (o_n < C)[None, :])
+    return live
 
 
 @triton.jit
@@ -318,10 +367,11 @@ def _dlin_tile(
 
 @triton.jit
 def mc_dred_kernel(
-    QQ, KQ, V, DO, DS, BIAS, HS, GS, WQ, WF, ST_IDX, DQL, DKL, CH_START, CH_LEN,
-    scale, S, E, H, C, LB, NMT,
+    QQ, KQ, V, DO, DS, BIAS, HS, GS, WQ, WF, ST_IDX, DQL, DKL, CH_START, CH_LEN, DQQ, DKQ, DB, CNT,
+    scale, S, E, H, C, LB, NMT, NTD,
     BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
+    FUSE_DQK: tl.constexpr, NEED_DB: tl.constexpr,
 ):
     """The backward's two reductions over ``E`` in one launch, ``dS`` (:func:`_dp_tile`) and ``dq_lin,
     dk_lin`` (:func:`_dlin_tile`): grid ``(NMT + S tiles, NC * NMT, H)``; program ``j < NMT`` of a row
@@ -329,33 +379,49 @@ def mc_dred_kernel(
     NMT``.  The programs touching one row tile's ``do`` / ``v`` rows (and the chunk's states) are
     adjacent in launch order, so those rows are read from memory about once and re-read from L2 (as two
     kernels whose grids had the key tile slowest, ``do`` was read from memory once per key tile: 0.257 ->
-    0.204 ms at 32k tokens, H200, 2026-11-22)."""
+    0.204 ms at 32k tokens, H200, 2026-11-22).
+
+    ``FUSE_DQK``: the last ``dS`` program of a chunk to finish (a per-(chunk, head) counter in ``CNT``,
+    zeroed by the launcher, counts the chunk's live tiles) computes the chunk's ``dq_quad, dk_quad`` and
+    bias gradient (:func:`_dqk_rows` over its row and ``S`` tiles) from the ``dS`` tiles just written, still
+    in L2 -- no ``mc_dqk_kernel`` launch.  Each program's stores are ordered before its count by a CTA
+    barrier and the counter's release; the last one's acquire orders its loads after all of them."""
     j = tl.program_id(0)
     c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
     i_h = tl.program_id(2)
     if j < NMT:
-        _dp_tile(QQ, KQ, V, DO, DS, BIAS, c, cs, cl, m0, j * BG, i_h,
-                 scale, S, E, H, C, LB, BG, BS, BE, CAUSAL, HAS_BIAS, PREC)
+        live = _dp_tile(QQ, KQ, V, DO, DS, BIAS, c, cs, cl, m0, j * BG, i_h,
+                        scale, S, E, H, C, LB, BG, BS, BE, CAUSAL, HAS_BIAS, PREC)
+        if FUSE_DQK:  # noqa: SIM102 - a compile-time branch around a run-time one (Triton)
+            if live:
+                nm = tl.cdiv(cl, BG)
+                if CAUSAL:
+                    need = nm * (nm + 1) // 2
+                else:
+                    need = nm * nm
+                tl.debug_barrier()  # every thread's part of the dS tile is stored before the count says so
+                done = tl.atomic_add(CNT + c * H + i_h, 1, sem="acq_rel")
+                if done == need - 1:
+                    for mm in range(nm):
+                        for i_s in range(tl.cdiv(S, BS)):
+                            _dqk_rows(QQ, KQ, DS, DQQ, DKQ, DB, c, cs, cl, mm * BG, i_s, i_h, scale, S, H, C, NTD,
+                                      BG, BS, CAUSAL, NEED_DB, PREC)
     else:
         _dlin_tile(DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, c, cs, cl, m0, j - NMT, i_h,
                    S, E, H, BG, BS, BE, PREC, SDT)
 
 
 @triton.jit
-def mc_dqk_kernel(
-    QQ, KQ, DS, DQQ, DKQ, DB, CH_START, CH_LEN,
-    scale, S, H, C, NMT, NTD,
+def _dqk_rows(
+    QQ, KQ, DS, DQQ, DKQ, DB, c, cs, cl, m0, i_s, i_h,
+    scale, S, H, C, NTD,
     BG: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, NEED_DB: tl.constexpr, PREC: tl.constexpr,
 ):
     """``dq_quad[m] = scale sum_n dS[m, n] k_quad[n]``, ``dk_quad[m] = scale sum_i dS[i, m]^T q_quad[i]``
-    for one row tile and ``S`` tile; with ``NEED_DB`` (first ``S`` tile only) the tiles
-    ``dS[m, n]`` are summed per tile diagonal into ``DB [H, NTD, BG, BG]`` (fp32 atomics: every
-    chunk adds to the same bias).  Grid ``(S tiles, NC * NMT, H)``."""
-    i_s = tl.program_id(0)
-    c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
-    i_h = tl.program_id(2)
-    if m0 >= cl:
-        return
+    for the row tile ``m0`` of chunk ``c`` and ``S`` tile ``i_s``; with ``NEED_DB`` (first ``S`` tile
+    only) the tiles ``dS[m, n]`` are summed per tile diagonal into ``DB [H, NTD, BG, BG]`` (fp32 atomics:
+    every chunk adds to the same bias).  ``dS`` is read past L1 (``.cg``): in the fused reduction other
+    programs wrote it moments before."""
     o_m = m0 + tl.arange(0, BG)
     m_m = o_m < cl
     o_b = tl.arange(0, BG)
@@ -363,6 +429,8 @@ def mc_dqk_kernel(
     m_s = o_s < S
     p_ds = DS + (c.to(tl.int64) * H + i_h) * C * C
     mid = (NTD - 1) // 2
+    rows_m = (cs + o_m) * H + i_h
+    m_ms = m_m[:, None] & m_s[None, :]
     b_dq = tl.zeros([BG, BS], dtype=tl.float32)
     if CAUSAL:
         hi = tl.minimum(m0 + BG, cl)
@@ -371,7 +439,8 @@ def mc_dqk_kernel(
     for n0 in range(0, hi, BG):
         o_n = n0 + o_b
         m_n = o_n < cl
-        b_ds = tl.load(p_ds + o_m[:, None] * C + o_n[None, :], mask=m_m[:, None] & m_n[None, :], other=0.0)
+        b_ds = tl.load(p_ds + o_m[:, None] * C + o_n[None, :], mask=m_m[:, None] & m_n[None, :], other=0.0,
+                       cache_modifier=".cg")
         b_k = tl.load(KQ + ((cs + o_n) * H + i_h)[:, None] * S + o_s[None, :], mask=m_n[:, None] & m_s[None, :],
                       other=0.0)
         b_dq = tl.dot(b_ds, b_k, b_dq, input_precision=PREC)
@@ -379,6 +448,7 @@ def mc_dqk_kernel(
             if i_s == 0:
                 p_db = DB + ((i_h * NTD + (m0 - n0) // BG + mid) * BG + o_b[:, None]) * BG + o_b[None, :]
                 tl.atomic_add(p_db, b_ds.to(tl.float32), sem="relaxed")
+    tl.store(DQQ + rows_m[:, None] * S + o_s[None, :], (scale * b_dq).to(DQQ.dtype.element_ty), mask=m_ms)
     if CAUSAL:
         lo = m0
     else:
@@ -387,14 +457,28 @@ def mc_dqk_kernel(
     for i0 in range(lo, cl, BG):
         o_i = i0 + o_b
         m_i = o_i < cl
-        b_dst = tl.load(p_ds + o_i[None, :] * C + o_m[:, None], mask=m_m[:, None] & m_i[None, :], other=0.0)
+        b_dst = tl.load(p_ds + o_i[None, :] * C + o_m[:, None], mask=m_m[:, None] & m_i[None, :], other=0.0,
+                        cache_modifier=".cg")
         b_q = tl.load(QQ + ((cs + o_i) * H + i_h)[:, None] * S + o_s[None, :], mask=m_i[:, None] & m_s[None, :],
                       other=0.0)
         b_dk = tl.dot(b_dst, b_q, b_dk, input_precision=PREC)
-    rows_m = (cs + o_m) * H + i_h
-    m_ms = m_m[:, None] & m_s[None, :]
-    tl.store(DQQ + rows_m[:, None] * S + o_s[None, :], (scale * b_dq).to(DQQ.dtype.element_ty), mask=m_ms)
     tl.store(DKQ + rows_m[:, None] * S + o_s[None, :], (scale * b_dk).to(DKQ.dtype.element_ty), mask=m_ms)
+
+
+@triton.jit
+def mc_dqk_kernel(
+    QQ, KQ, DS, DQQ, DKQ, DB, CH_START, CH_LEN,
+    scale, S, H, C, NMT, NTD,
+    BG: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, NEED_DB: tl.constexpr, PREC: tl.constexpr,
+):
+    """:func:`_dqk_rows` for one row tile and ``S`` tile: grid ``(S tiles, NC * NMT, H)`` (the path of
+    ``Blocks.fuse_dqk = 0``; by default :func:`mc_dred_kernel` does this work)."""
+    i_s = tl.program_id(0)
+    c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
+    i_h = tl.program_id(2)
+    if m0 < cl:
+        _dqk_rows(QQ, KQ, DS, DQQ, DKQ, DB, c, cs, cl, m0, i_s, i_h, scale, S, H, C, NTD, BG, BS, CAUSAL, NEED_DB,
+                  PREC)
 
 
 @triton.jit

@@ -48,6 +48,7 @@ from lintime.ops.gau.triton.plan import (
     blocks_of,
     default_blocks,
     fold_bias_grad,
+    kernel_bias,
     sequence_bounds,
     to_device,
 )
@@ -133,6 +134,12 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # pass of long sequences (totals walk + scan + second walk; 1.08 vs 0.99 ms at 32k against the segment-local
     # walk + start fix-up that replaced it) and 128 / 256-row output / dV GEMM tiles (0.945-1.167 vs 0.927 /
     # 0.982 ms).
+    # dq_quad, dk_quad and the bias gradient as their own launch (mc_dqk_kernel; the default before session 9) instead of
+    # in the chunk's last dS program of the fused reduction
+    ("split_dqk", {"fuse_dqk": 0}),
+    # A's tiles in their own launch (mc_scores_kernel; the default before session 9) instead of as extra programs
+    # of the forward's state walk
+    ("split_scores", {"fuse_scores": 0}),
     ("seg4", {"seg_chunks": 4}),  # 4-chunk segments: 0.97 / 1.05 ms (H200 08:37 UTC)
     # 8- / 16-chunk segments: the automatic rule's choice between one segment per sequence and segments, timed
     # at the lengths in between (LINTIME_VARIANT_TS=4096,8192,16384)
@@ -172,16 +179,21 @@ def _chunk_bound(B: int, T: int, C: int, cu_seqlens) -> int:
 
 def _seg_chunks(B, T, H, S, E, C, cu_seqlens, cfg: Blocks, device) -> int:
     """Chunks per segment of the state walk, from shapes only.  One segment per sequence when
-    sequences x state tiles already give every SM two programs; otherwise about four programs per
-    SM, never fewer than 2 chunks per segment."""
+    sequences x state tiles already give every SM a program; otherwise segments for about two walk
+    programs per SM (all resident at once), never fewer than 2 chunks per segment.
+
+    H200, 2026-11-22 (session 9), fwd+bwd device ms at S = 128, E = 2048, C = 256, 32k tokens (32 state
+    tiles): 4k (8 sequences: 256 programs unsegmented) one segment 0.640 against 8-chunk segments 0.708;
+    8k 16-chunk segments (256 programs) 0.702, one segment 0.710, 8-chunk 0.725; 16k 16-chunk 0.716,
+    8-chunk 0.744, one segment 0.895 (the rule before aimed at four programs per SM: 8-chunk segments)."""
     nct = max(1, _chunk_bound(B, T, C, cu_seqlens))
     if cfg.seg_chunks > 0:
         return min(cfg.seg_chunks, nct)
     tiles = H * cdiv(S, cfg.bs_state) * cdiv(E, cfg.be_state)
     sms = sm_count(device)
-    if _n_seqs(B, cu_seqlens) * tiles >= 2 * sms:
+    if _n_seqs(B, cu_seqlens) * tiles >= sms:
         return nct
-    want = math.ceil(4 * sms / tiles)
+    want = max(1, 2 * sms // tiles)  # segments in all
     return min(nct, max(2, math.ceil(nct / want)))
 
 
@@ -299,22 +311,45 @@ def _compute_weights(plan: _Plan, C, causal, linear_norm, count0):
     return wq.contiguous(), wf.contiguous()
 
 
-def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, init=None, tma=False):
+def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, init=None, tma=False, scores=None):
     """``chunk_state_kernel`` over every segment: with ``init`` (one walk per sequence) each walk starts
-    from its sequence's initial state, else from zero; ``tma``: load through descriptors where aligned."""
+    from its sequence's initial state, else from zero; ``tma``: load through descriptors where aligned;
+    ``scores``: the :class:`_ScoresJob` whose programs the same launch runs after the walk's."""
     S, E = x.shape[-1], y.shape[-1]
-    if plan.NSEG == 0:
+    nwalk = cdiv(S, cfg.bs_state) * cdiv(E, cfg.be_state) * plan.NSEG * H
+    nscores = scores.programs if scores is not None else 0
+    if nwalk + nscores == 0:
         return
-    grid = (cdiv(S, cfg.bs_state) * cdiv(E, cfg.be_state), plan.NSEG, H)
     NT = x.shape[0] * x.shape[1]
     d = tma_descriptors((x, NT, (cfg.bt, cfg.bs_state)), (y, NT, (cfg.bt, cfg.be_state))) if tma else None
-    chunk_state_kernel[grid](
+    sc = scores or _ScoresJob(x, x, x, None, 1.0, 1, 1, 1, 1, 16, False, 0)
+    chunk_state_kernel[(nwalk + nscores,)](
         x, y, *(d or (x, y)), hout, tot, init if init is not None else tot, w,
-        plan.seg_first, plan.seg_n, plan.seg_seq, plan.ch_start, plan.ch_len, S, E, H,
+        plan.seg_first, plan.seg_n, plan.seg_seq, plan.ch_start, plan.ch_len, S, E, H, plan.NSEG,
+        sc.qq, sc.kq, sc.a, sc.bias if sc.bias is not None else x, sc.scale, sc.C, sc.LB, sc.NMT,
         BS=cfg.bs_state, BE=cfg.be_state, BT=cfg.bt, REVERSE=reverse, STORE=store, HAS_INIT=init is not None,
-        PREC=dot_config(x.dtype)[1], TMA=d is not None, num_warps=cfg.warps_walk or 4,
+        PREC=dot_config(x.dtype)[1], TMA=d is not None, SCORES=scores is not None, BG=sc.BG, BSQ=sc.BS,
+        CAUSAL=sc.causal, HAS_BIAS=sc.bias is not None, num_warps=cfg.warps_walk or 4,
         num_stages=cfg.stages_walk or cfg.stages,
     )
+
+
+@dataclass
+class _ScoresJob:
+    """The arguments of ``A``'s programs (``_scores_tile``), launched with the forward's state walk."""
+
+    qq: torch.Tensor
+    kq: torch.Tensor
+    a: torch.Tensor
+    bias: torch.Tensor | None
+    scale: float
+    C: int
+    LB: int
+    NMT: int
+    BG: int
+    BS: int
+    causal: bool
+    programs: int
 
 
 def _scan(tot, plan: _Plan, *, H, S, E, reverse):
@@ -330,7 +365,7 @@ def _scan(tot, plan: _Plan, *, H, S, E, reverse):
     return final
 
 
-def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt, tma):
+def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt, tma, scores=None):
     """Per-chunk states of the walk direction and the per-sequence result.
 
     Causal: ``(ST [NC_alloc, H, S, E] in sdt, the state entering each chunk; FINAL [N, H, S, E]
@@ -340,7 +375,7 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt, tma):
     f32 = {"dtype": torch.float32, "device": x.device}
     if not causal:
         tot = torch.empty(max(plan.NSEG, 1), H, S, E, **f32)
-        _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=False, hout=tot, tot=tot)
+        _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=False, hout=tot, tot=tot, scores=scores)
         final = _scan(tot, plan, H=H, S=S, E=E, reverse=reverse)
         return final.to(sdt), final
     hout = torch.empty(plan.NC_alloc, H, S, E, dtype=sdt, device=x.device)
@@ -350,19 +385,21 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt, tma):
         # one walk per (non-empty) sequence from its initial state writes the final states in place: no
         # zero fill and no copy from the totals (H200, 2026-11-22: 0.93 -> 0.89 ms fwd+bwd at 2k)
         final = torch.empty(plan.N, H, S, E, **f32)
-        _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=final, init=init)
+        _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=final, init=init,
+              scores=scores)
         return hout, final
     tot = torch.empty(max(plan.NSEG, 1), H, S, E, **f32)
     final = init.clone() if init is not None else torch.zeros(plan.N, H, S, E, **f32)  # (empty sequences)
     if plan.one_segment:
         # one walk per sequence from the initial state; the walk's total is the final state
-        _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=tot, init=init)
+        _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=tot, init=init,
+              scores=scores)
         if plan.NSEG > 0:
             final.index_copy_(0, plan.seg_seq.long(), tot[: plan.NSEG])
         return hout, final
     # one walk from zero at every segment writes segment-local states and totals; one pass adds each
     # segment's start (init + the totals walked before it) and writes the final states
-    _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=tot)
+    _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=tot, scores=scores)
     if plan.NSEG > 0:
         BS, BE = min(64, cfg.bs_state), cfg.be_state
         seg_fix_kernel[(cdiv(S, BS) * cdiv(E, BE), plan.NSEG, H)](
@@ -370,12 +407,6 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt, tma):
             plan.seq_ptr, S, E, H, BS=BS, BE=BE, REVERSE=reverse, HAS_INIT=init is not None, num_warps=4,
         )
     return hout, final
-
-
-def _bias(rel_bias):
-    if rel_bias is None:
-        return None, 1
-    return rel_bias.detach().to(torch.float32).contiguous(), rel_bias.shape[1]
 
 
 # --------------------------------------------------------------------------------- forward op
@@ -417,24 +448,28 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
     plan = _plan(B, T, H, S, E, C, cu_seqlens, cfg, qq.device)
     tma = _tma_shapes(cfg, S, E, C, qq.device)
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
-    st, final = _states(kl, v, wf, plan, cfg, H=H, reverse=False, init=kv0 if causal else None, causal=causal,
-                        sdt=_sdt_torch(qq.dtype), tma=tma)
     # unwritten entries of A (above the diagonal, past a short chunk, the shape bound's slack rows)
     # are never read by the pointer kernels, but an op's outputs must be fully defined (torch.compile
     # compares them), and the backward's TMA path reads whole tiles: rows past a short chunk must be 0
     zero_a = zero_a or (tma and plan.ragged)
     a = qq.new_zeros(plan.NC_alloc, H, C, C) if zero_a else qq.new_empty(plan.NC_alloc, H, C, C)
     o = torch.empty_like(v)
-    bias, LB = _bias(rel_bias)
+    bias, LB = kernel_bias(rel_bias)
     SDT, PREC = dot_config(qq.dtype)
     BG = cfg.bg
     NMT = cdiv(C, BG)
+    # A's programs run in the state walk's launch (Blocks.fuse_scores) or in their own
+    job = _ScoresJob(qq, kq, a, bias, float(scale), C, LB, NMT, BG, cfg.bs, bool(causal), plan.NC * NMT * NMT * H)
+    fuse = bool(cfg.fuse_scores)
+    st, final = _states(kl, v, wf, plan, cfg, H=H, reverse=False, init=kv0 if causal else None, causal=causal,
+                        sdt=_sdt_torch(qq.dtype), tma=tma, scores=job if fuse else None)
     if plan.NC > 0:
-        mc_scores_kernel[(plan.NC * NMT, NMT, H)](
-            qq, kq, a, bias if bias is not None else qq, plan.ch_start, plan.ch_len,
-            float(scale), S, H, C, LB, NMT, BG=BG, BS=cfg.bs, CAUSAL=causal, HAS_BIAS=bias is not None, PREC=PREC,
-            num_warps=cfg.warps_fwd, num_stages=cfg.stages,
-        )
+        if not fuse:
+            mc_scores_kernel[(plan.NC * NMT, NMT, H)](
+                qq, kq, a, bias if bias is not None else qq, plan.ch_start, plan.ch_len,
+                float(scale), S, H, C, LB, NMT, BG=BG, BS=cfg.bs, CAUSAL=causal, HAS_BIAS=bias is not None,
+                PREC=PREC, num_warps=cfg.warps_fwd, num_stages=cfg.stages,
+            )
         NT = B * T
         d = tma_descriptors((a, a.shape[0] * H * C, (BG, cfg.bk)), (v, NT, (cfg.bk, cfg.be_fwd)),
                             (ql, NT, (BG, cfg.bk)), (st, st.shape[0] * H * S, (cfg.bk, cfg.be_fwd))) if tma else None
@@ -492,7 +527,7 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     gst, gfinal = _states(ql, do, wq, plan, cfg, H=H, reverse=True, init=init, causal=causal,
                           sdt=_sdt_torch(qq.dtype), tma=tma)
     idx = plan.ch_id if causal else plan.ch_seq
-    bias, LB = _bias(rel_bias)
+    bias, LB = kernel_bias(rel_bias)
     need_db = need_db and bias is not None
     SDT, PREC = dot_config(qq.dtype)
     BG = cfg.bg
@@ -501,10 +536,19 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     dql, dkl = torch.empty_like(ql), torch.empty_like(kl)
     dqq, dkq = torch.empty_like(qq), torch.empty_like(kq)
     ds = qq.new_empty(plan.NC_alloc, H, C, C)
-    ntd = 2 * NMT - 1
-    # (no bias gradient: a 1-element placeholder the kernel never touches, not a fill)
-    db_tiles = (torch.zeros((H, ntd, BG, BG), dtype=torch.float32, device=dev) if need_db
-                else torch.empty(1, dtype=torch.float32, device=dev))
+    BGR = cfg.bg_red or BG
+    NMTR = cdiv(C, BGR)
+    fuse = bool(cfg.fuse_dqk)
+    BGQ = BGR if fuse else BG  # the row tile of the dq_quad, dk_quad work (and of the bias-gradient tiles)
+    ntd = 2 * cdiv(C, BGQ) - 1
+    # one zero fill for the bias-gradient tiles (fp32 atomics) and the fused path's per-(chunk, head) counters
+    n_db = H * ntd * BGQ * BGQ if need_db else 1
+    n_cnt = plan.NC_alloc * H if fuse else 0
+    zeros = torch.zeros(n_db + n_cnt, dtype=torch.float32, device=dev) if (need_db or fuse) else None
+    if zeros is None:  # (no bias gradient and no counters: a 1-element placeholder the kernels never touch)
+        zeros = torch.empty(1, dtype=torch.float32, device=dev)
+    db_tiles = zeros[:n_db]
+    cnt = zeros[n_db:].view(torch.int32) if fuse else db_tiles
     if plan.NC > 0:
         b_ptr = bias if bias is not None else qq
         rows = plan.NC * NMT
@@ -516,20 +560,19 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
             S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
             TMA=d is not None, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
-        BGR = cfg.bg_red or BG
-        NMTR = cdiv(C, BGR)
         mc_dred_kernel[(NMTR + cdiv(S, cfg.bs), plan.NC * NMTR, H)](
-            qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
-            float(scale), S, E, H, C, LB, NMTR, BG=BGR, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
-            HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, num_warps=cfg.warps_red or cfg.warps_bwd,
-            num_stages=cfg.stages,
+            qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len, dqq, dkq, db_tiles,
+            cnt, float(scale), S, E, H, C, LB, NMTR, ntd, BG=BGR, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
+            HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, FUSE_DQK=fuse, NEED_DB=need_db,
+            num_warps=cfg.warps_red or cfg.warps_bwd, num_stages=cfg.stages,
         )
-        mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
-            qq, kq, ds, dqq, dkq, db_tiles, plan.ch_start, plan.ch_len,
-            float(scale), S, H, C, NMT, ntd, BG=BG, BS=cfg.bs, CAUSAL=causal, NEED_DB=need_db, PREC=PREC,
-            num_warps=cfg.warps_bwd, num_stages=cfg.stages,
-        )
-    db = fold_bias_grad(db_tiles, LB, C - 1, BG).to(rel_bias.dtype) if need_db else qq.new_empty(0)
+        if not fuse:
+            mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
+                qq, kq, ds, dqq, dkq, db_tiles, plan.ch_start, plan.ch_len,
+                float(scale), S, H, C, NMT, ntd, BG=BG, BS=cfg.bs, CAUSAL=causal, NEED_DB=need_db, PREC=PREC,
+                num_warps=cfg.warps_bwd, num_stages=cfg.stages,
+            )
+    db = fold_bias_grad(db_tiles.view(H, ntd, BGQ, BGQ), LB, C - 1, BGQ, rel_bias.dtype) if need_db else qq.new_empty(0)
     dkv0 = gfinal if (causal and has_kv0) else qq.new_empty(0, dtype=torch.float32)
     return dqq, dkq, dql, dkl, dv, db, dkv0
 
