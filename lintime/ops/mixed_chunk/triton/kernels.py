@@ -19,8 +19,8 @@ flowing into chunk ``c``'s ``k_lin^T v``: the reverse state pass on ``(q_lin, do
 
     dP_c = do V^T -> dS = 2 relu(s) dP  [C, C]        mc_dred_kernel (K = E, one launch
     dQl = wq do H^T, dKl = wf V G^T     [C, S]                        for both)
-    dQq = scale dS Kq, dKq = scale dS^T Qq, db        mc_dred_kernel (K = C; the chunk's last dS
-                                                      program), or mc_dqk_kernel
+    dQq = scale dS Kq, dKq = scale dS^T Qq, db        mc_gemm_kernel's dV launch (K = C; programs after
+                                                      the GEMM's), or mc_dqk_kernel
     dV  = wf Kl G + A^T do              [C, E]        mc_gemm_kernel (transposed A)
 """
 
@@ -217,25 +217,67 @@ def _scores_tile(
 @triton.jit
 def mc_gemm_kernel(
     A, Y, L, ST, DA, DY, DL, DST, W, ST_IDX, OUT, CH_START, CH_LEN,
-    S, E, H, C, NMT,
+    S, E, H, C, NMT, NROWS,
+    QQ, KQ, DS, DQQ, DKQ, DB, scale, NTD,
     BG: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
     TRANS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr, TMA: tl.constexpr,
+    DQK: tl.constexpr, BS: tl.constexpr, NEED_DB: tl.constexpr,
 ):
     """``OUT[rows, E tile] = w_c L[rows] ST[idx_c] + A_c[rows, :] Y`` (``TRANS``: ``A_c^T``).
 
     Forward: ``L = q_lin, ST = H, w = wq, Y = v`` gives ``o``; backward with ``TRANS``:
-    ``L = k_lin, ST = G, w = wf, Y = do`` gives ``dv``.  Grid ``(E tiles, NC * NMT, H)``.
+    ``L = k_lin, ST = G, w = wf, Y = do`` gives ``dv``.  One-dimensional grid: the first ``E tiles *
+    NROWS * H`` programs are the GEMM's (``E`` tile fastest, then row tile ``NROWS = NC * NMT``, then head).
+
+    With ``DQK`` (the backward, after ``mc_dred_kernel`` wrote ``dS``) the programs after those compute
+    ``dq_quad, dk_quad`` and the bias gradient (:func:`_dqk_rows` on ``QQ, KQ, DS, ...``, ``S tiles * NROWS *
+    H`` programs): independent of the GEMM, they fill the SMs its last programs leave idle -- no
+    ``mc_dqk_kernel`` launch.
 
     With ``TMA`` every tile is loaded whole through the descriptors ``DA, DY, DL, DST``: rows past a
     short chunk then come from the next chunk, which is harmless -- ``L`` / ``A`` rows past it only
     reach output rows that are not stored, and ``Y`` rows past it meet ``A`` entries that are zero
     (stored zeros of the written tiles; with ``TRANS`` the launcher zero-fills ``A`` when a chunk is short).
     """
-    i_e = tl.program_id(0)
-    c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
-    i_h = tl.program_id(2)
-    if m0 >= cl:
-        return
+    pid = tl.program_id(0)
+    NE = tl.cdiv(E, BE)
+    ngemm = NE * NROWS * H
+    if DQK:
+        if pid >= ngemm:
+            p = pid - ngemm
+            NSB = tl.cdiv(S, BS)
+            c, cs, cl, m0 = _row_tile(p // NSB % NROWS, CH_START, CH_LEN, NMT, BG)
+            if m0 < cl:
+                _dqk_rows(QQ, KQ, DS, DQQ, DKQ, DB, c, cs, cl, m0, p % NSB, p // (NSB * NROWS), scale, S, H, C, NTD,
+                          BG, BS, CAUSAL, NEED_DB, PREC)
+        else:
+            _gemm_tile(A, Y, L, ST, DA, DY, DL, DST, W, ST_IDX, OUT, CH_START, CH_LEN, pid % NE, pid // NE % NROWS,
+                       pid // (NE * NROWS), S, E, H, C, NMT, BG, BE, BK, TRANS, CAUSAL, PREC, SDT, TMA)
+    else:
+        _gemm_tile(A, Y, L, ST, DA, DY, DL, DST, W, ST_IDX, OUT, CH_START, CH_LEN, pid % NE, pid // NE % NROWS,
+                   pid // (NE * NROWS), S, E, H, C, NMT, BG, BE, BK, TRANS, CAUSAL, PREC, SDT, TMA)
+
+
+@triton.jit
+def _gemm_tile(
+    A, Y, L, ST, DA, DY, DL, DST, W, ST_IDX, OUT, CH_START, CH_LEN, i_e, row, i_h, S, E, H, C, NMT,
+    BG: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
+    TRANS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr, TMA: tl.constexpr,
+):
+    """The GEMM program of :func:`mc_gemm_kernel` for ``E`` tile ``i_e``, row tile ``row``, head ``i_h``."""
+    c, cs, cl, m0 = _row_tile(row, CH_START, CH_LEN, NMT, BG)
+    if m0 < cl:
+        _gemm_rows(A, Y, L, ST, DA, DY, DL, DST, W, ST_IDX, OUT, c, cs, cl, m0, i_e, i_h, S, E, H, C,
+                   BG, BE, BK, TRANS, CAUSAL, PREC, SDT, TMA)
+
+
+@triton.jit
+def _gemm_rows(
+    A, Y, L, ST, DA, DY, DL, DST, W, ST_IDX, OUT, c, cs, cl, m0, i_e, i_h, S, E, H, C,
+    BG: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
+    TRANS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr, TMA: tl.constexpr,
+):
+    """:func:`mc_gemm_kernel`'s ``[BG, BE]`` output tile at rows ``m0`` of chunk ``c`` and ``E`` tile ``i_e``."""
     o_m = m0 + tl.arange(0, BG)
     m_m = o_m < cl
     o_e = i_e * BE + tl.arange(0, BE)
@@ -302,7 +344,7 @@ def _dp_tile(
 ):
     """``dS[c, h, m tile, n tile] = 2 relu(s) (do_m . v_n)``, masked (reduction over all of ``E``; the
     scores ``s`` recomputed) for rows ``m0`` and keys ``n0`` of chunk ``c``, head ``i_h`` (tiles as
-    :func:`mc_scores_kernel`).  Returns whether the tile is live (computed and stored)."""
+    :func:`mc_scores_kernel`)."""
     live = (m0 < cl) & (n0 < cl)
     if CAUSAL:
         live = live & (n0 <= m0)
@@ -324,7 +366,6 @@ def _dp_tile(
         b_ds = tl.where(keep, 2.0 * tl.maximum(b_s, 0.0) * b_dp, 0.0)  # d relu(s)^2 / ds
         p_ds = DS + ((c.to(tl.int64) * H + i_h) * C + o_m[:, None]) * C + o_n[None, :]
         tl.store(p_ds, b_ds.to(DS.dtype.element_ty), mask=m_m[:, None] & (o_n < C)[None, :])
-    return live
 
 
 @triton.jit
@@ -367,11 +408,10 @@ def _dlin_tile(
 
 @triton.jit
 def mc_dred_kernel(
-    QQ, KQ, V, DO, DS, BIAS, HS, GS, WQ, WF, ST_IDX, DQL, DKL, CH_START, CH_LEN, DQQ, DKQ, DB, CNT,
-    scale, S, E, H, C, LB, NMT, NTD,
+    QQ, KQ, V, DO, DS, BIAS, HS, GS, WQ, WF, ST_IDX, DQL, DKL, CH_START, CH_LEN,
+    scale, S, E, H, C, LB, NMT,
     BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
-    FUSE_DQK: tl.constexpr, NEED_DB: tl.constexpr,
 ):
     """The backward's two reductions over ``E`` in one launch, ``dS`` (:func:`_dp_tile`) and ``dq_lin,
     dk_lin`` (:func:`_dlin_tile`): grid ``(NMT + S tiles, NC * NMT, H)``; program ``j < NMT`` of a row
@@ -379,33 +419,13 @@ def mc_dred_kernel(
     NMT``.  The programs touching one row tile's ``do`` / ``v`` rows (and the chunk's states) are
     adjacent in launch order, so those rows are read from memory about once and re-read from L2 (as two
     kernels whose grids had the key tile slowest, ``do`` was read from memory once per key tile: 0.257 ->
-    0.204 ms at 32k tokens, H200, 2026-11-22).
-
-    ``FUSE_DQK``: the last ``dS`` program of a chunk to finish (a per-(chunk, head) counter in ``CNT``,
-    zeroed by the launcher, counts the chunk's live tiles) computes the chunk's ``dq_quad, dk_quad`` and
-    bias gradient (:func:`_dqk_rows` over its row and ``S`` tiles) from the ``dS`` tiles just written, still
-    in L2 -- no ``mc_dqk_kernel`` launch.  Each program's stores are ordered before its count by a CTA
-    barrier and the counter's release; the last one's acquire orders its loads after all of them."""
+    0.204 ms at 32k tokens, H200, 2026-11-22)."""
     j = tl.program_id(0)
     c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
     i_h = tl.program_id(2)
     if j < NMT:
-        live = _dp_tile(QQ, KQ, V, DO, DS, BIAS, c, cs, cl, m0, j * BG, i_h,
-                        scale, S, E, H, C, LB, BG, BS, BE, CAUSAL, HAS_BIAS, PREC)
-        if FUSE_DQK:  # noqa: SIM102 - a compile-time branch around a run-time one (Triton)
-            if live:
-                nm = tl.cdiv(cl, BG)
-                if CAUSAL:
-                    need = nm * (nm + 1) // 2
-                else:
-                    need = nm * nm
-                tl.debug_barrier()  # every thread's part of the dS tile is stored before the count says so
-                done = tl.atomic_add(CNT + c * H + i_h, 1, sem="acq_rel")
-                if done == need - 1:
-                    for mm in range(nm):
-                        for i_s in range(tl.cdiv(S, BS)):
-                            _dqk_rows(QQ, KQ, DS, DQQ, DKQ, DB, c, cs, cl, mm * BG, i_s, i_h, scale, S, H, C, NTD,
-                                      BG, BS, CAUSAL, NEED_DB, PREC)
+        _dp_tile(QQ, KQ, V, DO, DS, BIAS, c, cs, cl, m0, j * BG, i_h,
+                 scale, S, E, H, C, LB, BG, BS, BE, CAUSAL, HAS_BIAS, PREC)
     else:
         _dlin_tile(DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, c, cs, cl, m0, j - NMT, i_h,
                    S, E, H, BG, BS, BE, PREC, SDT)
@@ -420,8 +440,7 @@ def _dqk_rows(
     """``dq_quad[m] = scale sum_n dS[m, n] k_quad[n]``, ``dk_quad[m] = scale sum_i dS[i, m]^T q_quad[i]``
     for the row tile ``m0`` of chunk ``c`` and ``S`` tile ``i_s``; with ``NEED_DB`` (first ``S`` tile
     only) the tiles ``dS[m, n]`` are summed per tile diagonal into ``DB [H, NTD, BG, BG]`` (fp32 atomics:
-    every chunk adds to the same bias).  ``dS`` is read past L1 (``.cg``): in the fused reduction other
-    programs wrote it moments before."""
+    every chunk adds to the same bias)."""
     o_m = m0 + tl.arange(0, BG)
     m_m = o_m < cl
     o_b = tl.arange(0, BG)
@@ -439,8 +458,7 @@ def _dqk_rows(
     for n0 in range(0, hi, BG):
         o_n = n0 + o_b
         m_n = o_n < cl
-        b_ds = tl.load(p_ds + o_m[:, None] * C + o_n[None, :], mask=m_m[:, None] & m_n[None, :], other=0.0,
-                       cache_modifier=".cg")
+        b_ds = tl.load(p_ds + o_m[:, None] * C + o_n[None, :], mask=m_m[:, None] & m_n[None, :], other=0.0)
         b_k = tl.load(KQ + ((cs + o_n) * H + i_h)[:, None] * S + o_s[None, :], mask=m_n[:, None] & m_s[None, :],
                       other=0.0)
         b_dq = tl.dot(b_ds, b_k, b_dq, input_precision=PREC)
@@ -457,8 +475,7 @@ def _dqk_rows(
     for i0 in range(lo, cl, BG):
         o_i = i0 + o_b
         m_i = o_i < cl
-        b_dst = tl.load(p_ds + o_i[None, :] * C + o_m[:, None], mask=m_m[:, None] & m_i[None, :], other=0.0,
-                        cache_modifier=".cg")
+        b_dst = tl.load(p_ds + o_i[None, :] * C + o_m[:, None], mask=m_m[:, None] & m_i[None, :], other=0.0)
         b_q = tl.load(QQ + ((cs + o_i) * H + i_h)[:, None] * S + o_s[None, :], mask=m_i[:, None] & m_s[None, :],
                       other=0.0)
         b_dk = tl.dot(b_dst, b_q, b_dk, input_precision=PREC)
@@ -472,7 +489,7 @@ def mc_dqk_kernel(
     BG: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, NEED_DB: tl.constexpr, PREC: tl.constexpr,
 ):
     """:func:`_dqk_rows` for one row tile and ``S`` tile: grid ``(S tiles, NC * NMT, H)`` (the path of
-    ``Blocks.fuse_dqk = 0``; by default :func:`mc_dred_kernel` does this work)."""
+    ``Blocks.fuse_dqk = 0``; by default the dV launch of :func:`mc_gemm_kernel` runs these programs)."""
     i_s = tl.program_id(0)
     c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
     i_h = tl.program_id(2)

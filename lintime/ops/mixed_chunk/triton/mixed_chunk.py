@@ -10,15 +10,17 @@ Kernel sequence (:mod:`lintime.ops.mixed_chunk.triton.kernels`), causal forward:
     chunk_state_kernel  the state entering every chunk, H [NC, H, S, E] (SDT), and the final kv:
                         one walk per sequence when that fills the GPU; otherwise a walk from zero
                         per segment gives segment-local states and segment totals, and
-    seg_fix_kernel      adds each segment's start (initial state + earlier totals) to its states
-    mc_scores_kernel    A [NC, H, C, C] = relu(scale q_quad k_quad^T + b)^2, causal-masked
+    seg_fix_kernel      adds each segment's start (initial state + earlier totals) to its states;
+                        the walk's launch also runs A's programs (``Blocks.fuse_scores``; else
+    mc_scores_kernel)   A [NC, H, C, C] = relu(scale q_quad k_quad^T + b)^2, causal-masked
     mc_gemm_kernel      o = wq q_lin H_c + A_c v
 
 Non-causal (Eq. 7): every chunk reads its sequence's total.  Backward: the reverse walk on
 ``(q_lin, do)`` with weights ``wq`` gives ``G`` (the gradient flowing into each chunk's
-``k_lin^T v``) and the initial state's gradient; then ``mc_gemm_kernel`` (``dv = wf k_lin G_c +
-A^T do``), ``mc_dred_kernel`` (``dS``, stored like ``A``, and ``dq_lin, dk_lin``: both reductions over
-``E`` in one launch) and ``mc_dqk_kernel`` (``dq_quad, dk_quad`` and the bias gradient).
+``k_lin^T v``) and the initial state's gradient; then ``mc_dred_kernel`` (``dS``, stored like ``A``, and
+``dq_lin, dk_lin``: both reductions over ``E`` in one launch) and ``mc_gemm_kernel`` (``dv = wf k_lin G_c +
+A^T do``), whose launch also runs the programs of ``dq_quad, dk_quad`` and the bias gradient
+(``Blocks.fuse_dqk``; else ``mc_dqk_kernel``).
 
 Loads: on Hopper GPUs (``Blocks.tma``, :func:`_tma_shapes`) the output / dV GEMMs and the walks load whole
 tiles through TMA tensor descriptors (inputs seen as ``[B T, H D]`` matrices, a head's tile a column offset);
@@ -134,8 +136,8 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # pass of long sequences (totals walk + scan + second walk; 1.08 vs 0.99 ms at 32k against the segment-local
     # walk + start fix-up that replaced it) and 128 / 256-row output / dV GEMM tiles (0.945-1.167 vs 0.927 /
     # 0.982 ms).
-    # dq_quad, dk_quad and the bias gradient as their own launch (mc_dqk_kernel; the default before session 9) instead of
-    # in the chunk's last dS program of the fused reduction
+    # dq_quad, dk_quad and the bias gradient as their own launch (mc_dqk_kernel; the default before session 9) instead
+    # of as extra programs of the dV GEMM's launch
     ("split_dqk", {"fuse_dqk": 0}),
     # A's tiles in their own launch (mc_scores_kernel; the default before session 9) instead of as extra programs
     # of the forward's state walk
@@ -473,10 +475,12 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
         NT = B * T
         d = tma_descriptors((a, a.shape[0] * H * C, (BG, cfg.bk)), (v, NT, (cfg.bk, cfg.be_fwd)),
                             (ql, NT, (BG, cfg.bk)), (st, st.shape[0] * H * S, (cfg.bk, cfg.be_fwd))) if tma else None
-        mc_gemm_kernel[(cdiv(E, cfg.be_fwd), plan.NC * NMT, H)](
+        rows = plan.NC * NMT
+        mc_gemm_kernel[(cdiv(E, cfg.be_fwd) * rows * H,)](
             a, v, ql, st, *(d or (a, v, ql, st)), wq, plan.ch_id if causal else plan.ch_seq, o, plan.ch_start,
-            plan.ch_len, S, E, H, C, NMT, BG=BG, BE=cfg.be_fwd, BK=cfg.bk, TRANS=False, CAUSAL=causal, PREC=PREC,
-            SDT=SDT, TMA=d is not None, num_warps=cfg.warps_fwd, num_stages=cfg.stages,
+            plan.ch_len, S, E, H, C, NMT, rows, qq, kq, a, o, o, wq, 1.0, 1, BG=BG, BE=cfg.be_fwd, BK=cfg.bk,
+            TRANS=False, CAUSAL=causal, PREC=PREC, SDT=SDT, TMA=d is not None, DQK=False, BS=cfg.bs, NEED_DB=False,
+            num_warps=cfg.warps_fwd, num_stages=cfg.stages,
         )
     if not causal:
         final = qq.new_empty(0, dtype=torch.float32)
@@ -536,35 +540,32 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     dql, dkl = torch.empty_like(ql), torch.empty_like(kl)
     dqq, dkq = torch.empty_like(qq), torch.empty_like(kq)
     ds = qq.new_empty(plan.NC_alloc, H, C, C)
-    BGR = cfg.bg_red or BG
-    NMTR = cdiv(C, BGR)
+    ntd = 2 * NMT - 1
+    # (no bias gradient: a 1-element placeholder the kernels never touch, not a fill)
+    db_tiles = (torch.zeros((H, ntd, BG, BG), dtype=torch.float32, device=dev) if need_db
+                else torch.empty(1, dtype=torch.float32, device=dev))
     fuse = bool(cfg.fuse_dqk)
-    BGQ = BGR if fuse else BG  # the row tile of the dq_quad, dk_quad work (and of the bias-gradient tiles)
-    ntd = 2 * cdiv(C, BGQ) - 1
-    # one zero fill for the bias-gradient tiles (fp32 atomics) and the fused path's per-(chunk, head) counters
-    n_db = H * ntd * BGQ * BGQ if need_db else 1
-    n_cnt = plan.NC_alloc * H if fuse else 0
-    zeros = torch.zeros(n_db + n_cnt, dtype=torch.float32, device=dev) if (need_db or fuse) else None
-    if zeros is None:  # (no bias gradient and no counters: a 1-element placeholder the kernels never touch)
-        zeros = torch.empty(1, dtype=torch.float32, device=dev)
-    db_tiles = zeros[:n_db]
-    cnt = zeros[n_db:].view(torch.int32) if fuse else db_tiles
     if plan.NC > 0:
         b_ptr = bias if bias is not None else qq
         rows = plan.NC * NMT
+        BGR = cfg.bg_red or BG
+        NMTR = cdiv(C, BGR)
+        mc_dred_kernel[(NMTR + cdiv(S, cfg.bs), plan.NC * NMTR, H)](
+            qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
+            float(scale), S, E, H, C, LB, NMTR, BG=BGR, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
+            HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, num_warps=cfg.warps_red or cfg.warps_bwd,
+            num_stages=cfg.stages,
+        )
+        # dv; with fuse_dqk the same launch's last programs compute dq_quad, dk_quad, db from dS
         NT = B * T
         d = tma_descriptors((a, a.shape[0] * H * C, (cfg.bk, BG)), (do, NT, (cfg.bk, cfg.be_dv)),
                             (kl, NT, (BG, cfg.bk)), (gst, gst.shape[0] * H * S, (cfg.bk, cfg.be_dv))) if tma else None
-        mc_gemm_kernel[(cdiv(E, cfg.be_dv), rows, H)](
+        ndqk = cdiv(S, cfg.bs) * rows * H if fuse else 0
+        mc_gemm_kernel[(cdiv(E, cfg.be_dv) * rows * H + ndqk,)](
             a, do, kl, gst, *(d or (a, do, kl, gst)), wf, idx, dv, plan.ch_start, plan.ch_len,
-            S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
-            TMA=d is not None, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
-        )
-        mc_dred_kernel[(NMTR + cdiv(S, cfg.bs), plan.NC * NMTR, H)](
-            qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len, dqq, dkq, db_tiles,
-            cnt, float(scale), S, E, H, C, LB, NMTR, ntd, BG=BGR, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
-            HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, FUSE_DQK=fuse, NEED_DB=need_db,
-            num_warps=cfg.warps_red or cfg.warps_bwd, num_stages=cfg.stages,
+            S, E, H, C, NMT, rows, qq, kq, ds, dqq, dkq, db_tiles, float(scale), ntd,
+            BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT, TMA=d is not None,
+            DQK=fuse, BS=cfg.bs, NEED_DB=need_db, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
         if not fuse:
             mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
@@ -572,7 +573,7 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
                 float(scale), S, H, C, NMT, ntd, BG=BG, BS=cfg.bs, CAUSAL=causal, NEED_DB=need_db, PREC=PREC,
                 num_warps=cfg.warps_bwd, num_stages=cfg.stages,
             )
-    db = fold_bias_grad(db_tiles.view(H, ntd, BGQ, BGQ), LB, C - 1, BGQ, rel_bias.dtype) if need_db else qq.new_empty(0)
+    db = fold_bias_grad(db_tiles, LB, C - 1, BG, rel_bias.dtype) if need_db else qq.new_empty(0)
     dkv0 = gfinal if (causal and has_kv0) else qq.new_empty(0, dtype=torch.float32)
     return dqq, dkq, dql, dkl, dv, db, dkv0
 
