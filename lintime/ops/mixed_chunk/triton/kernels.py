@@ -19,8 +19,7 @@ flowing into chunk ``c``'s ``k_lin^T v``: the reverse state pass on ``(q_lin, do
 
     dP_c = do V^T -> dS = 2 relu(s) dP  [C, C]        mc_dred_kernel (K = E, one launch
     dQl = wq do H^T, dKl = wf V G^T     [C, S]                        for both)
-    dQq = scale dS Kq, dKq = scale dS^T Qq, db        mc_gemm_kernel's dV launch (K = C; programs after
-                                                      the GEMM's), or mc_dqk_kernel
+    dQq = scale dS Kq, dKq = scale dS^T Qq, db        mc_dqk_kernel  (K = C)
     dV  = wf Kl G + A^T do              [C, E]        mc_gemm_kernel (transposed A)
 """
 
@@ -172,8 +171,8 @@ def mc_scores_kernel(
     BG: tl.constexpr, BS: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr,
 ):
-    """:func:`_scores_tile` on grid ``(NC * NMT, NMT, H)`` (the path of ``Blocks.fuse_scores = 0`` and of
-    non-causal calls; by default the causal forward's state walk launches these programs)."""
+    """:func:`_scores_tile` on grid ``(NC * NMT, NMT, H)`` (the path of ``Blocks.fuse_scores = 0``; by default
+    the forward's state walk launches these programs, :func:`chunk_state_kernel`)."""
     pid = tl.program_id(0)
     _scores_tile(QQ, KQ, A, BIAS, CH_START, CH_LEN, pid % NMT, tl.program_id(1), tl.program_id(2), pid // NMT,
                  scale, S, H, C, LB, BG, BS, CAUSAL, HAS_BIAS, PREC)
@@ -217,67 +216,25 @@ def _scores_tile(
 @triton.jit
 def mc_gemm_kernel(
     A, Y, L, ST, DA, DY, DL, DST, W, ST_IDX, OUT, CH_START, CH_LEN,
-    S, E, H, C, NMT, NROWS,
-    QQ, KQ, DS, DQQ, DKQ, DB, scale, NTD,
+    S, E, H, C, NMT,
     BG: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
     TRANS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr, TMA: tl.constexpr,
-    DQK: tl.constexpr, BS: tl.constexpr, NEED_DB: tl.constexpr,
 ):
     """``OUT[rows, E tile] = w_c L[rows] ST[idx_c] + A_c[rows, :] Y`` (``TRANS``: ``A_c^T``).
 
     Forward: ``L = q_lin, ST = H, w = wq, Y = v`` gives ``o``; backward with ``TRANS``:
-    ``L = k_lin, ST = G, w = wf, Y = do`` gives ``dv``.  One-dimensional grid: the first ``E tiles *
-    NROWS * H`` programs are the GEMM's (``E`` tile fastest, then row tile ``NROWS = NC * NMT``, then head).
-
-    With ``DQK`` (the backward, after ``mc_dred_kernel`` wrote ``dS``) the programs after those compute
-    ``dq_quad, dk_quad`` and the bias gradient (:func:`_dqk_rows` on ``QQ, KQ, DS, ...``, ``S tiles * NROWS *
-    H`` programs): independent of the GEMM, they fill the SMs its last programs leave idle -- no
-    ``mc_dqk_kernel`` launch.
+    ``L = k_lin, ST = G, w = wf, Y = do`` gives ``dv``.  Grid ``(E tiles, NC * NMT, H)``.
 
     With ``TMA`` every tile is loaded whole through the descriptors ``DA, DY, DL, DST``: rows past a
     short chunk then come from the next chunk, which is harmless -- ``L`` / ``A`` rows past it only
     reach output rows that are not stored, and ``Y`` rows past it meet ``A`` entries that are zero
     (stored zeros of the written tiles; with ``TRANS`` the launcher zero-fills ``A`` when a chunk is short).
     """
-    pid = tl.program_id(0)
-    NE = tl.cdiv(E, BE)
-    ngemm = NE * NROWS * H
-    if DQK:
-        if pid >= ngemm:
-            p = pid - ngemm
-            NSB = tl.cdiv(S, BS)
-            c, cs, cl, m0 = _row_tile(p // NSB % NROWS, CH_START, CH_LEN, NMT, BG)
-            if m0 < cl:
-                _dqk_rows(QQ, KQ, DS, DQQ, DKQ, DB, c, cs, cl, m0, p % NSB, p // (NSB * NROWS), scale, S, H, C, NTD,
-                          BG, BS, CAUSAL, NEED_DB, PREC)
-        else:
-            _gemm_tile(A, Y, L, ST, DA, DY, DL, DST, W, ST_IDX, OUT, CH_START, CH_LEN, pid % NE, pid // NE % NROWS,
-                       pid // (NE * NROWS), S, E, H, C, NMT, BG, BE, BK, TRANS, CAUSAL, PREC, SDT, TMA)
-    else:
-        _gemm_tile(A, Y, L, ST, DA, DY, DL, DST, W, ST_IDX, OUT, CH_START, CH_LEN, pid % NE, pid // NE % NROWS,
-                   pid // (NE * NROWS), S, E, H, C, NMT, BG, BE, BK, TRANS, CAUSAL, PREC, SDT, TMA)
-
-
-@triton.jit
-def _gemm_tile(
-    A, Y, L, ST, DA, DY, DL, DST, W, ST_IDX, OUT, CH_START, CH_LEN, i_e, row, i_h, S, E, H, C, NMT,
-    BG: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
-    TRANS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr, TMA: tl.constexpr,
-):
-    """The GEMM program of :func:`mc_gemm_kernel` for ``E`` tile ``i_e``, row tile ``row``, head ``i_h``."""
-    c, cs, cl, m0 = _row_tile(row, CH_START, CH_LEN, NMT, BG)
-    if m0 < cl:
-        _gemm_rows(A, Y, L, ST, DA, DY, DL, DST, W, ST_IDX, OUT, c, cs, cl, m0, i_e, i_h, S, E, H, C,
-                   BG, BE, BK, TRANS, CAUSAL, PREC, SDT, TMA)
-
-
-@triton.jit
-def _gemm_rows(
-    A, Y, L, ST, DA, DY, DL, DST, W, ST_IDX, OUT, c, cs, cl, m0, i_e, i_h, S, E, H, C,
-    BG: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
-    TRANS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr, TMA: tl.constexpr,
-):
-    """:func:`mc_gemm_kernel`'s ``[BG, BE]`` output tile at rows ``m0`` of chunk ``c`` and ``E`` tile ``i_e``."""
+    i_e = tl.program_id(0)
+    c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
+    i_h = tl.program_id(2)
+    if m0 >= cl:
+        return
     o_m = m0 + tl.arange(0, BG)
     m_m = o_m < cl
     o_e = i_e * BE + tl.arange(0, BE)
@@ -432,15 +389,20 @@ def mc_dred_kernel(
 
 
 @triton.jit
-def _dqk_rows(
-    QQ, KQ, DS, DQQ, DKQ, DB, c, cs, cl, m0, i_s, i_h,
-    scale, S, H, C, NTD,
+def mc_dqk_kernel(
+    QQ, KQ, DS, DQQ, DKQ, DB, CH_START, CH_LEN,
+    scale, S, H, C, NMT, NTD,
     BG: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, NEED_DB: tl.constexpr, PREC: tl.constexpr,
 ):
     """``dq_quad[m] = scale sum_n dS[m, n] k_quad[n]``, ``dk_quad[m] = scale sum_i dS[i, m]^T q_quad[i]``
-    for the row tile ``m0`` of chunk ``c`` and ``S`` tile ``i_s``; with ``NEED_DB`` (first ``S`` tile
-    only) the tiles ``dS[m, n]`` are summed per tile diagonal into ``DB [H, NTD, BG, BG]`` (fp32 atomics:
-    every chunk adds to the same bias)."""
+    for one row tile and ``S`` tile; with ``NEED_DB`` (first ``S`` tile only) the tiles
+    ``dS[m, n]`` are summed per tile diagonal into ``DB [H, NTD, BG, BG]`` (fp32 atomics: every
+    chunk adds to the same bias).  Grid ``(S tiles, NC * NMT, H)``."""
+    i_s = tl.program_id(0)
+    c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
+    i_h = tl.program_id(2)
+    if m0 >= cl:
+        return
     o_m = m0 + tl.arange(0, BG)
     m_m = o_m < cl
     o_b = tl.arange(0, BG)
@@ -448,8 +410,6 @@ def _dqk_rows(
     m_s = o_s < S
     p_ds = DS + (c.to(tl.int64) * H + i_h) * C * C
     mid = (NTD - 1) // 2
-    rows_m = (cs + o_m) * H + i_h
-    m_ms = m_m[:, None] & m_s[None, :]
     b_dq = tl.zeros([BG, BS], dtype=tl.float32)
     if CAUSAL:
         hi = tl.minimum(m0 + BG, cl)
@@ -466,7 +426,6 @@ def _dqk_rows(
             if i_s == 0:
                 p_db = DB + ((i_h * NTD + (m0 - n0) // BG + mid) * BG + o_b[:, None]) * BG + o_b[None, :]
                 tl.atomic_add(p_db, b_ds.to(tl.float32), sem="relaxed")
-    tl.store(DQQ + rows_m[:, None] * S + o_s[None, :], (scale * b_dq).to(DQQ.dtype.element_ty), mask=m_ms)
     if CAUSAL:
         lo = m0
     else:
@@ -479,23 +438,10 @@ def _dqk_rows(
         b_q = tl.load(QQ + ((cs + o_i) * H + i_h)[:, None] * S + o_s[None, :], mask=m_i[:, None] & m_s[None, :],
                       other=0.0)
         b_dk = tl.dot(b_dst, b_q, b_dk, input_precision=PREC)
+    rows_m = (cs + o_m) * H + i_h
+    m_ms = m_m[:, None] & m_s[None, :]
+    tl.store(DQQ + rows_m[:, None] * S + o_s[None, :], (scale * b_dq).to(DQQ.dtype.element_ty), mask=m_ms)
     tl.store(DKQ + rows_m[:, None] * S + o_s[None, :], (scale * b_dk).to(DKQ.dtype.element_ty), mask=m_ms)
-
-
-@triton.jit
-def mc_dqk_kernel(
-    QQ, KQ, DS, DQQ, DKQ, DB, CH_START, CH_LEN,
-    scale, S, H, C, NMT, NTD,
-    BG: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, NEED_DB: tl.constexpr, PREC: tl.constexpr,
-):
-    """:func:`_dqk_rows` for one row tile and ``S`` tile: grid ``(S tiles, NC * NMT, H)`` (the path of
-    ``Blocks.fuse_dqk = 0``; by default the dV launch of :func:`mc_gemm_kernel` runs these programs)."""
-    i_s = tl.program_id(0)
-    c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
-    i_h = tl.program_id(2)
-    if m0 < cl:
-        _dqk_rows(QQ, KQ, DS, DQQ, DKQ, DB, c, cs, cl, m0, i_s, i_h, scale, S, H, C, NTD, BG, BS, CAUSAL, NEED_DB,
-                  PREC)
 
 
 @triton.jit

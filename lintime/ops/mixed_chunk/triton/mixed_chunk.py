@@ -17,10 +17,9 @@ Kernel sequence (:mod:`lintime.ops.mixed_chunk.triton.kernels`), causal forward:
 
 Non-causal (Eq. 7): every chunk reads its sequence's total.  Backward: the reverse walk on
 ``(q_lin, do)`` with weights ``wq`` gives ``G`` (the gradient flowing into each chunk's
-``k_lin^T v``) and the initial state's gradient; then ``mc_dred_kernel`` (``dS``, stored like ``A``, and
-``dq_lin, dk_lin``: both reductions over ``E`` in one launch) and ``mc_gemm_kernel`` (``dv = wf k_lin G_c +
-A^T do``), whose launch also runs the programs of ``dq_quad, dk_quad`` and the bias gradient
-(``Blocks.fuse_dqk``; else ``mc_dqk_kernel``).
+``k_lin^T v``) and the initial state's gradient; then ``mc_gemm_kernel`` (``dv = wf k_lin G_c +
+A^T do``), ``mc_dred_kernel`` (``dS``, stored like ``A``, and ``dq_lin, dk_lin``: both reductions over
+``E`` in one launch) and ``mc_dqk_kernel`` (``dq_quad, dk_quad`` and the bias gradient).
 
 Loads: on Hopper GPUs (``Blocks.tma``, :func:`_tma_shapes`) the output / dV GEMMs and the walks load whole
 tiles through TMA tensor descriptors (inputs seen as ``[B T, H D]`` matrices, a head's tile a column offset);
@@ -136,9 +135,10 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # pass of long sequences (totals walk + scan + second walk; 1.08 vs 0.99 ms at 32k against the segment-local
     # walk + start fix-up that replaced it) and 128 / 256-row output / dV GEMM tiles (0.945-1.167 vs 0.927 /
     # 0.982 ms).
-    # dq_quad, dk_quad and the bias gradient as their own launch (mc_dqk_kernel; the default before session 9) instead
-    # of as extra programs of the dV GEMM's launch
-    ("split_dqk", {"fuse_dqk": 0}),
+    # Measured and removed (session 9, H200, fwd+bwd device at 2k / 32k): dq_quad, dk_quad and the bias gradient done
+    # by the last dS program of each chunk in the fused reduction (a per-chunk counter; 0.665 / 0.742 against their
+    # own launch's 0.639 / 0.713 ms), or as extra programs after the dV GEMM's in its launch (0.663 / 0.741 vs 0.635 /
+    # 0.715): both slower -- the dq/dk work runs as the launch's tail (code in git history, fa9a2b5 / 88d9c0c)
     # A's tiles in their own launch (mc_scores_kernel; the default before session 9) instead of as extra programs
     # of the forward's state walk
     ("split_scores", {"fuse_scores": 0}),
@@ -475,12 +475,10 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
         NT = B * T
         d = tma_descriptors((a, a.shape[0] * H * C, (BG, cfg.bk)), (v, NT, (cfg.bk, cfg.be_fwd)),
                             (ql, NT, (BG, cfg.bk)), (st, st.shape[0] * H * S, (cfg.bk, cfg.be_fwd))) if tma else None
-        rows = plan.NC * NMT
-        mc_gemm_kernel[(cdiv(E, cfg.be_fwd) * rows * H,)](
+        mc_gemm_kernel[(cdiv(E, cfg.be_fwd), plan.NC * NMT, H)](
             a, v, ql, st, *(d or (a, v, ql, st)), wq, plan.ch_id if causal else plan.ch_seq, o, plan.ch_start,
-            plan.ch_len, S, E, H, C, NMT, rows, qq, kq, a, o, o, wq, 1.0, 1, BG=BG, BE=cfg.be_fwd, BK=cfg.bk,
-            TRANS=False, CAUSAL=causal, PREC=PREC, SDT=SDT, TMA=d is not None, DQK=False, BS=cfg.bs, NEED_DB=False,
-            num_warps=cfg.warps_fwd, num_stages=cfg.stages,
+            plan.ch_len, S, E, H, C, NMT, BG=BG, BE=cfg.be_fwd, BK=cfg.bk, TRANS=False, CAUSAL=causal, PREC=PREC,
+            SDT=SDT, TMA=d is not None, num_warps=cfg.warps_fwd, num_stages=cfg.stages,
         )
     if not causal:
         final = qq.new_empty(0, dtype=torch.float32)
@@ -541,13 +539,20 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     dqq, dkq = torch.empty_like(qq), torch.empty_like(kq)
     ds = qq.new_empty(plan.NC_alloc, H, C, C)
     ntd = 2 * NMT - 1
-    # (no bias gradient: a 1-element placeholder the kernels never touch, not a fill)
+    # (no bias gradient: a 1-element placeholder the kernel never touches, not a fill)
     db_tiles = (torch.zeros((H, ntd, BG, BG), dtype=torch.float32, device=dev) if need_db
                 else torch.empty(1, dtype=torch.float32, device=dev))
-    fuse = bool(cfg.fuse_dqk)
     if plan.NC > 0:
         b_ptr = bias if bias is not None else qq
         rows = plan.NC * NMT
+        NT = B * T
+        d = tma_descriptors((a, a.shape[0] * H * C, (cfg.bk, BG)), (do, NT, (cfg.bk, cfg.be_dv)),
+                            (kl, NT, (BG, cfg.bk)), (gst, gst.shape[0] * H * S, (cfg.bk, cfg.be_dv))) if tma else None
+        mc_gemm_kernel[(cdiv(E, cfg.be_dv), rows, H)](
+            a, do, kl, gst, *(d or (a, do, kl, gst)), wf, idx, dv, plan.ch_start, plan.ch_len,
+            S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
+            TMA=d is not None, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
+        )
         BGR = cfg.bg_red or BG
         NMTR = cdiv(C, BGR)
         mc_dred_kernel[(NMTR + cdiv(S, cfg.bs), plan.NC * NMTR, H)](
@@ -556,23 +561,11 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
             HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, num_warps=cfg.warps_red or cfg.warps_bwd,
             num_stages=cfg.stages,
         )
-        # dv; with fuse_dqk the same launch's last programs compute dq_quad, dk_quad, db from dS
-        NT = B * T
-        d = tma_descriptors((a, a.shape[0] * H * C, (cfg.bk, BG)), (do, NT, (cfg.bk, cfg.be_dv)),
-                            (kl, NT, (BG, cfg.bk)), (gst, gst.shape[0] * H * S, (cfg.bk, cfg.be_dv))) if tma else None
-        ndqk = cdiv(S, cfg.bs) * rows * H if fuse else 0
-        mc_gemm_kernel[(cdiv(E, cfg.be_dv) * rows * H + ndqk,)](
-            a, do, kl, gst, *(d or (a, do, kl, gst)), wf, idx, dv, plan.ch_start, plan.ch_len,
-            S, E, H, C, NMT, rows, qq, kq, ds, dqq, dkq, db_tiles, float(scale), ntd,
-            BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT, TMA=d is not None,
-            DQK=fuse, BS=cfg.bs, NEED_DB=need_db, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
+        mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
+            qq, kq, ds, dqq, dkq, db_tiles, plan.ch_start, plan.ch_len,
+            float(scale), S, H, C, NMT, ntd, BG=BG, BS=cfg.bs, CAUSAL=causal, NEED_DB=need_db, PREC=PREC,
+            num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
-        if not fuse:
-            mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
-                qq, kq, ds, dqq, dkq, db_tiles, plan.ch_start, plan.ch_len,
-                float(scale), S, H, C, NMT, ntd, BG=BG, BS=cfg.bs, CAUSAL=causal, NEED_DB=need_db, PREC=PREC,
-                num_warps=cfg.warps_bwd, num_stages=cfg.stages,
-            )
     db = fold_bias_grad(db_tiles, LB, C - 1, BG, rel_bias.dtype) if need_db else qq.new_empty(0)
     dkv0 = gfinal if (causal and has_kv0) else qq.new_empty(0, dtype=torch.float32)
     return dqq, dkq, dql, dkl, dv, db, dkv0
