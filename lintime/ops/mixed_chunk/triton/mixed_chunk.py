@@ -108,6 +108,9 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # 4 pipeline stages in the TMA walk (standalone walk: 0.082 -> 0.077 ms; in the op no gain: 0.737 / 0.838 vs
     # 0.734 / 0.838 ms at 2k / 32k, H200 session 7)
     ("walk_s4", {"stages_walk": 4}),
+    # 2 stages in the walk (48 KB of shared memory: four walk programs per SM instead of three): slower (session 9,
+    # H200, device fwd+bwd at 2k / 8k / 32k: 0.666 / 0.711 / 0.744 vs 0.631 / 0.678 / 0.707 ms)
+    ("walk_s2", {"stages_walk": 2}),
     # 2 stages in the walk: 48 KB of shared memory, so four walk programs fit an SM instead of three
     ("walk_s2", {"stages_walk": 2}),
     # 8 warps in the state walk ([128, 64] fp32 state: 32 registers a thread), with 4 stages: no gain (session 8,
@@ -144,6 +147,9 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # A's tiles in their own launch (mc_scores_kernel; the default before session 9) instead of as extra programs
     # of the forward's state walk
     ("split_scores", {"fuse_scores": 0}),
+    # Measured and removed (session 9, same run): the start fix-up moving 4 or 8 chunks per step as one [CB, 64, 64]
+    # block (0.631 / 0.678 / 0.707 and 0.635 / 0.685 / 0.713 against one chunk per step's 0.634 / 0.681 / 0.700 ms at
+    # 2k / 8k / 32k): the pass is bound by its traffic (~3.1 TB/s), not by its load-add-store chain (code: 2aa0d6d)
     # the start fix-up one chunk per step (a load-add-store chain; the default before session 9), or 8 per step
     ("fix_cb1", {"fix_chunks": 1, "warps_fix": 4}),
     ("fix_cb8", {"fix_chunks": 8}),
