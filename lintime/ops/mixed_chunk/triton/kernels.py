@@ -448,14 +448,13 @@ def mc_dqk_kernel(
 def seg_fix_kernel(
     HOUT, TOT, INIT, FINAL, SEG_FIRST, SEG_N, SEG_SEQ, SEQ_PTR,
     S, E, H,
-    BS: tl.constexpr, BE: tl.constexpr, CB: tl.constexpr, REVERSE: tl.constexpr, HAS_INIT: tl.constexpr,
+    BS: tl.constexpr, BE: tl.constexpr, REVERSE: tl.constexpr, HAS_INIT: tl.constexpr,
 ):
     """Turn segment-local per-chunk states into global ones: ``HOUT[c] += start(segment)``, where
     ``start`` = the initial state + the totals of the sequence's segments walked before this one;
     the last segment (in walk order) also writes the sequence's final state.  With the walk from
     zero at every segment (``chunk_state_kernel`` with ``STORE``) this gives the states entering every
-    chunk in two passes.  Grid ``(S tiles * E tiles, segments, H)``; ``CB`` chunks per step, loaded as one
-    ``[CB, BS, BE]`` block (independent loads in flight instead of one load-add-store chain per chunk)."""
+    chunk in two passes.  Grid ``(S tiles * E tiles, segments, H)``."""
     i_se, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NE = tl.cdiv(E, BE)
     i_s, i_e = i_se // NE, i_se % NE
@@ -480,12 +479,10 @@ def seg_fix_kernel(
     if HAS_INIT or hi > lo:
         c0 = tl.load(SEG_FIRST + i_g)
         nc = tl.load(SEG_N + i_g)
-        o_c = tl.arange(0, CB)
-        for i0 in range(0, nc, CB):
-            m = ((i0 + o_c) < nc)[:, None, None] & m_se[None, :, :]
-            p = HOUT + (((c0 + i0 + o_c).to(tl.int64) * H + i_h) * S * E)[:, None, None] + o_se[None, :, :]
-            b_h = tl.load(p, mask=m, other=0.0).to(tl.float32)
-            tl.store(p, (b_h + b_st[None, :, :]).to(HOUT.dtype.element_ty), mask=m)
+        for i in range(nc):
+            p = HOUT + ((c0 + i).to(tl.int64) * H + i_h) * S * E + o_se
+            b_h = tl.load(p, mask=m_se, other=0.0).to(tl.float32)
+            tl.store(p, (b_h + b_st).to(HOUT.dtype.element_ty), mask=m_se)
     if REVERSE:
         last = i_g == g0
     else:

@@ -111,8 +111,6 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # 2 stages in the walk (48 KB of shared memory: four walk programs per SM instead of three): slower (session 9,
     # H200, device fwd+bwd at 2k / 8k / 32k: 0.666 / 0.711 / 0.744 vs 0.631 / 0.678 / 0.707 ms)
     ("walk_s2", {"stages_walk": 2}),
-    # 2 stages in the walk: 48 KB of shared memory, so four walk programs fit an SM instead of three
-    ("walk_s2", {"stages_walk": 2}),
     # 8 warps in the state walk ([128, 64] fp32 state: 32 registers a thread), with 4 stages: no gain (session 8,
     # 2k / 32k: 0.655 / 0.746 and 0.655 / 0.757 vs the default's 0.655 / 0.752 ms)
     ("walk_w8", {"warps_walk": 8}),
@@ -150,9 +148,6 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # Measured and removed (session 9, same run): the start fix-up moving 4 or 8 chunks per step as one [CB, 64, 64]
     # block (0.631 / 0.678 / 0.707 and 0.635 / 0.685 / 0.713 against one chunk per step's 0.634 / 0.681 / 0.700 ms at
     # 2k / 8k / 32k): the pass is bound by its traffic (~3.1 TB/s), not by its load-add-store chain (code: 2aa0d6d)
-    # the start fix-up one chunk per step (a load-add-store chain; the default before session 9), or 8 per step
-    ("fix_cb1", {"fix_chunks": 1, "warps_fix": 4}),
-    ("fix_cb8", {"fix_chunks": 8}),
     ("seg4", {"seg_chunks": 4}),  # 4-chunk segments: 0.97 / 1.05 ms (H200 08:37 UTC)
     # 8- / 16-chunk segments: the automatic rule's choice between one segment per sequence and segments, timed
     # at the lengths in between (LINTIME_VARIANT_TS=4096,8192,16384)
@@ -417,8 +412,7 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt, tma, sc
         BS, BE = min(64, cfg.bs_state), cfg.be_state
         seg_fix_kernel[(cdiv(S, BS) * cdiv(E, BE), plan.NSEG, H)](
             hout, tot, init if init is not None else tot, final, plan.seg_first, plan.seg_n, plan.seg_seq,
-            plan.seq_ptr, S, E, H, BS=BS, BE=BE, CB=cfg.fix_chunks or 1, REVERSE=reverse, HAS_INIT=init is not None,
-            num_warps=cfg.warps_fix or 4,
+            plan.seq_ptr, S, E, H, BS=BS, BE=BE, REVERSE=reverse, HAS_INIT=init is not None, num_warps=4,
         )
     return hout, final
 
