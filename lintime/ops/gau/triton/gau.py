@@ -165,17 +165,40 @@ def _tma(cfg: Blocks, S: int, E: int, device: torch.device, dtype: torch.dtype) 
                 and E % cfg.be_fwd == 0 and E % cfg.be_dv == 0 and E % cfg.be_red_gau == 0)
 
 
+def _bias_tiles(bias: torch.Tensor | None, ntd: int, OFF: int, bm: int) -> torch.Tensor | None:
+    """The bias ``[H, LB]`` as one ``[bm, bm]`` tile per tile diagonal, ``[H, ntd, bm, bm]`` (the kernels'
+    :func:`~lintime.ops.gau.triton.kernels._bias_tile`): entry ``(td, a, b)`` is ``bias[h, OFF + (td - mid) bm
+    + a - b]``, 0 outside ``[0, LB)`` (rows / columns past a region, never used unmasked).  Two small gathers
+    per pass; about ``2 T / bm`` tiles (1 MB in fp32 at T = 4k, bm = 64)."""
+    if bias is None:
+        return None
+    idx, ok = _tile_index(ntd, bias.shape[1], OFF, bm, bias.device)
+    return torch.where(ok, bias[:, idx], torch.zeros((), dtype=bias.dtype, device=bias.device)).view(
+        bias.shape[0], ntd, bm, bm)
+
+
+@functools.lru_cache(maxsize=32)
+def _tile_index(ntd: int, LB: int, OFF: int, bm: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    mid = (ntd - 1) // 2
+    td = torch.arange(ntd, device=device)[:, None, None]
+    a = torch.arange(bm, device=device)
+    idx = (OFF + (td - mid) * bm + (a[:, None] - a[None, :])).reshape(-1)
+    ok = (idx >= 0) & (idx < LB)
+    return idx.clamp(0, LB - 1), ok
+
+
 def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
     """The forward launcher (``lintime::gau_fwd`` and the eager path)."""
     B, T, H, S = q.shape
     E = v.shape[-1]
     o = torch.empty_like(v)
-    tables, NT, _ = _plan(B, T, cu_seqlens, cfg.bm, q.device)
+    tables, NT, longest = _plan(B, T, cu_seqlens, cfg.bm, q.device)
     if NT == 0:
         return o
     t_reg, t_off = _tile_tables(tables, cfg, causal, "q", bwd=False)
     r_start, r_len = tables[2:4]
-    bias, LB = kernel_bias(rel_bias)
+    ntd = 2 * cdiv(max(longest, 1), cfg.bm) - 1
+    bias = _bias_tiles(kernel_bias(rel_bias)[0], ntd, T - 1, cfg.bm)
     grid = (cdiv(E, cfg.be_fwd), NT, H)
     R = B * T
     d = tma_descriptors((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (v, R, (cfg.bm, cfg.be_fwd))) \
@@ -183,7 +206,7 @@ def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
     relu2_fwd_kernel[grid](
         q, k, v, o, bias if bias is not None else q, *(d or (q, k, v)),
         t_reg, t_off, r_start, r_len,
-        float(scale), S, E, H, LB, T - 1,
+        float(scale), S, E, H, ntd,
         BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_fwd, CAUSAL=causal, HAS_BIAS=bias is not None,
         ONE_S=cfg.bs_gau >= S, PREC=dot_config(q.dtype)[1], TMA=d is not None, num_warps=cfg.warps_gau_fwd,
         num_stages=cfg.stages_gau_fwd or cfg.stages_gau,
@@ -227,13 +250,14 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
     if NT > 0:
         common = {"CAUSAL": causal, "HAS_BIAS": bias is not None, "ONE_S": cfg.bs_gau >= S,
                   "PREC": dot_config(q.dtype)[1], "num_stages": cfg.stages_gau}
-        b_ptr = bias if bias is not None else q
+        tiles = _bias_tiles(bias, ntd, T - 1, cfg.bm)
+        b_ptr = tiles if tiles is not None else q
         R, tma = B * T, _tma(cfg, S, E, q.device, q.dtype)
         d = tma_descriptors((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (do, R, (cfg.bm, cfg.be_dv))) if tma else None
         relu2_bwd_dv_kernel[(cdiv(E, cfg.be_dv), NT, H)](
             q, k, do, dv, b_ptr, *(d or (q, k, do)),
             *_tile_tables(tables, cfg, causal, "k", bwd=True), r_start, r_len,
-            float(scale), S, E, H, LB, T - 1,
+            float(scale), S, E, H, ntd,
             BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_dv, TMA=d is not None, num_warps=cfg.warps_gau_dv, **common,
         )
         d = tma_descriptors((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (v, R, (cfg.bm, cfg.be_red_gau)),
@@ -241,7 +265,7 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
         relu2_bwd_dqk_kernel[(NT, H)](
             q, k, v, do, dq32, dk32, db_tiles, b_ptr, *(d or (q, k, v, do)),
             *_tile_tables(tables, cfg, causal, "q", bwd=True), r_start, r_len,
-            float(scale), S, E, H, LB, T - 1, ntd,
+            float(scale), S, E, H, ntd,
             BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red_gau, NEED_DB=need_db, TMA=d is not None,
             num_warps=cfg.warps_gau, **common,
         )
