@@ -57,6 +57,8 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # pointer loads (pre-Hopper GPUs, S != the S step, unaligned inputs): 4.86 vs 3.94 ms fwd+bwd at 4k with
     # TMA (H200, 2026-11-22 session 7)
     ("no_tma", {"tma": 0}),
+    # the bias tiles by pointer loads while everything else loads through TMA (session 9)
+    ("bias_ptr", {"tma_bias": 0}),
     ("tma_be256", {"be_fwd": 256, "be_dv": 256}),  # TMA boxes of at most 256 columns: 6.23 ms (same run)
     # with TMA (same session, default 3.96 ms): 8 warps in the dq/dk kernel 4.80 ("w8" 4.80, "bm128_w8" 7.12,
     # "ered256" -- E step 256 in the dq/dk kernel's do . v reduction -- 4.45)
@@ -177,6 +179,23 @@ def _bias_tiles(bias: torch.Tensor | None, ntd: int, OFF: int, bm: int) -> torch
         bias.shape[0], ntd, bm, bm)
 
 
+def _bias_spec(tiles: torch.Tensor | None, cfg: Blocks) -> tuple:
+    """The bias tiles' TMA descriptor spec (``[H NTD bm, bm]``, ``[bm, bm]`` blocks); none without a bias or
+    with ``Blocks.tma_bias`` 0 (the kernels then read the tiles by pointers, :func:`_with_bias`)."""
+    if tiles is None or not cfg.tma_bias:
+        return ()
+    return ((tiles, tiles.shape[0] * tiles.shape[1] * cfg.bm, (cfg.bm, cfg.bm)),)
+
+
+def _with_bias(d, plain: tuple, tiles) -> tuple:
+    """A kernel's descriptor arguments: the TMA descriptors ``d`` (the bias tiles' last when there are
+    ``len(plain) + 1``; else a placeholder: no bias, or pointer loads of the tiles -- the kernels' ``TMA_BIAS``
+    off), else the plain tensors and a placeholder."""
+    if d is None:
+        return (*plain, plain[0])
+    return tuple(d) if len(d) > len(plain) else (*d, plain[0])
+
+
 @functools.lru_cache(maxsize=32)
 def _tile_index(ntd: int, LB: int, OFF: int, bm: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     mid = (ntd - 1) // 2
@@ -201,14 +220,15 @@ def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
     bias = _bias_tiles(kernel_bias(rel_bias)[0], ntd, T - 1, cfg.bm)
     grid = (cdiv(E, cfg.be_fwd), NT, H)
     R = B * T
-    d = tma_descriptors((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (v, R, (cfg.bm, cfg.be_fwd))) \
-        if _tma(cfg, S, E, q.device, q.dtype) else None
+    d = tma_descriptors((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (v, R, (cfg.bm, cfg.be_fwd)),
+                        *_bias_spec(bias, cfg)) if _tma(cfg, S, E, q.device, q.dtype) else None
     relu2_fwd_kernel[grid](
-        q, k, v, o, bias if bias is not None else q, *(d or (q, k, v)),
+        q, k, v, o, bias if bias is not None else q, *_with_bias(d, (q, k, v), bias),
         t_reg, t_off, r_start, r_len,
         float(scale), S, E, H, ntd,
         BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_fwd, CAUSAL=causal, HAS_BIAS=bias is not None,
-        ONE_S=cfg.bs_gau >= S, PREC=dot_config(q.dtype)[1], TMA=d is not None, num_warps=cfg.warps_gau_fwd,
+        ONE_S=cfg.bs_gau >= S, PREC=dot_config(q.dtype)[1], TMA=d is not None,
+        TMA_BIAS=d is not None and len(d) > 3, num_warps=cfg.warps_gau_fwd,
         num_stages=cfg.stages_gau_fwd or cfg.stages_gau,
     )
     return o
@@ -253,20 +273,23 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
         tiles = _bias_tiles(bias, ntd, T - 1, cfg.bm)
         b_ptr = tiles if tiles is not None else q
         R, tma = B * T, _tma(cfg, S, E, q.device, q.dtype)
-        d = tma_descriptors((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (do, R, (cfg.bm, cfg.be_dv))) if tma else None
+        d = tma_descriptors((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (do, R, (cfg.bm, cfg.be_dv)),
+                            *_bias_spec(tiles, cfg)) if tma else None
         relu2_bwd_dv_kernel[(cdiv(E, cfg.be_dv), NT, H)](
-            q, k, do, dv, b_ptr, *(d or (q, k, do)),
+            q, k, do, dv, b_ptr, *_with_bias(d, (q, k, do), tiles),
             *_tile_tables(tables, cfg, causal, "k", bwd=True), r_start, r_len,
             float(scale), S, E, H, ntd,
-            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_dv, TMA=d is not None, num_warps=cfg.warps_gau_dv, **common,
+            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_dv, TMA=d is not None, TMA_BIAS=d is not None and len(d) > 3,
+            num_warps=cfg.warps_gau_dv, **common,
         )
         d = tma_descriptors((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (v, R, (cfg.bm, cfg.be_red_gau)),
-                            (do, R, (cfg.bm, cfg.be_red_gau))) if tma else None
+                            (do, R, (cfg.bm, cfg.be_red_gau)), *_bias_spec(tiles, cfg)) if tma else None
         relu2_bwd_dqk_kernel[(NT, H)](
-            q, k, v, do, dq32, dk32, db_tiles, b_ptr, *(d or (q, k, v, do)),
+            q, k, v, do, dq32, dk32, db_tiles, b_ptr, *_with_bias(d, (q, k, v, do), tiles),
             *_tile_tables(tables, cfg, causal, "q", bwd=True), r_start, r_len,
             float(scale), S, E, H, ntd,
             BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red_gau, NEED_DB=need_db, TMA=d is not None,
+            TMA_BIAS=d is not None and len(d) > 4,
             num_warps=cfg.warps_gau, **common,
         )
     else:

@@ -48,24 +48,28 @@ def _tile_scores(p_a, p_b, m_a, m_b, S, o_s, b_a, ONE_S: tl.constexpr, BS: tl.co
 
 
 @triton.jit
-def _bias_tile(BIAS, i_h, m0, n0, NTD, BM: tl.constexpr):
+def _bias_tile(BIAS, DB_, i_h, m0, n0, NTD, BM: tl.constexpr, TMA: tl.constexpr):
     """The ``[BM, BM]`` bias tile of query tile ``m0`` and key tile ``n0``: ``b[i - j]`` depends only on the
     tile diagonal ``(m0 - n0) / BM``, so the launcher lays the bias out as one tile per tile diagonal
     (``BIAS [H, NTD, BM, BM]``, :func:`lintime.ops.gau.triton.gau._bias_tiles`) and this is a contiguous load
     from L2 -- the ``[BM, BM]`` gather ``BIAS[h, OFF + i - j]`` it replaces cost GAU 0.84 of 4.0 ms fwd+bwd
-    at 4k (H200, 2026-11-22)."""
+    at 4k (H200, 2026-11-22).  With ``TMA`` (the kernels' ``TMA_BIAS``) through the descriptor ``DB_`` (the
+    tiles as ``[H NTD BM, BM]``)."""
     td = (m0 - n0) // BM + (NTD - 1) // 2
+    if TMA:
+        return DB_.load([((i_h * NTD + td) * BM).to(tl.int32), 0])
     o_b = tl.arange(0, BM)
     return tl.load(BIAS + ((i_h * NTD + td).to(tl.int64) * BM + o_b[:, None]) * BM + o_b[None, :])
 
 
 @triton.jit
 def relu2_fwd_kernel(
-    Q, K, V, O, BIAS, DQ_, DK_, DV_,
+    Q, K, V, O, BIAS, DQ_, DK_, DV_, DB_,
     TILE_REG, TILE_OFF, REG_START, REG_LEN,
     scale, S, E, H, NTD,
     BM: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, ONE_S: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
+    TMA_BIAS: tl.constexpr,
 ):
     """``O[tile, E tile] = sum_j relu2(s_ij) v_j``; grid ``(E tiles, tiles, H)``; the bias as tiles per tile
     diagonal (:func:`_bias_tile`).  With ``TMA`` (``S == BS``)
@@ -101,7 +105,7 @@ def relu2_fwd_kernel(
             p_k = K + ((rs + o_n) * H + i_h) * S
             b_s = _tile_scores(p_q, p_k, m_m, m_n, S, o_s, b_q, ONE_S, BS, PREC, BM, BM) * scale
         if HAS_BIAS:
-            b_s += _bias_tile(BIAS, i_h, m0, n0, NTD, BM)
+            b_s += _bias_tile(BIAS, DB_, i_h, m0, n0, NTD, BM, TMA_BIAS)
         b_p = tl.maximum(b_s, 0.0)
         keep = m_n[None, :]
         if CAUSAL:
@@ -119,11 +123,12 @@ def relu2_fwd_kernel(
 
 @triton.jit
 def relu2_bwd_dv_kernel(
-    Q, K, DO, DV, BIAS, DQ_, DK_, DDO_,
+    Q, K, DO, DV, BIAS, DQ_, DK_, DDO_, DB_,
     TILE_REG, TILE_OFF, REG_START, REG_LEN,
     scale, S, E, H, NTD,
     BM: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, ONE_S: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
+    TMA_BIAS: tl.constexpr,
 ):
     """``DV[key tile, E tile] = sum_i relu2(s_ij) do_i``; grid ``(E tiles, tiles, H)``; ``TMA`` as in
     :func:`relu2_fwd_kernel` (descriptors ``DQ_, DK_, DDO_``)."""
@@ -157,7 +162,7 @@ def relu2_bwd_dv_kernel(
             p_q = Q + ((rs + o_m) * H + i_h) * S
             b_st = _tile_scores(p_k, p_q, m_n, m_m, S, o_s, b_k, ONE_S, BS, PREC, BM, BM) * scale  # [BN, BM]
         if HAS_BIAS:
-            b_st += tl.trans(_bias_tile(BIAS, i_h, m0, n0, NTD, BM))
+            b_st += tl.trans(_bias_tile(BIAS, DB_, i_h, m0, n0, NTD, BM, TMA_BIAS))
         b_pt = tl.maximum(b_st, 0.0)
         keep = m_m[None, :]
         if CAUSAL:
@@ -175,9 +180,10 @@ def relu2_bwd_dv_kernel(
 
 @triton.jit
 def _dqk_tile(b_dp, n0, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs, mid,
-              K, DQ, DK, BIAS, DK_, scale, S, H, NTD,
+              K, DQ, DK, BIAS, DK_, DB_, scale, S, H, NTD,
               BM: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-              NEED_DB: tl.constexpr, ONE_S: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
+              NEED_DB: tl.constexpr, ONE_S: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
+              TMA_BIAS: tl.constexpr):
     """Key tile ``n0`` of :func:`relu2_bwd_dqk_kernel` once ``dp = do . v^T`` is known: scores, ``ds``,
     the bias gradient, ``dq`` (returned, or read-modify-written when ``S`` is tiled) and ``dk``.  With
     ``TMA`` the key tile is loaded once through ``DK_`` for both the scores and ``dq``."""
@@ -194,7 +200,7 @@ def _dqk_tile(b_dp, n0, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs
         b_kt = b_q  # (unused)
         b_s = _tile_scores(p_q, p_k, m_m, m_n, S, o_s, b_q, ONE_S, BS, PREC, BM, BM) * scale
     if HAS_BIAS:
-        b_s += _bias_tile(BIAS, i_h, m0, n0, NTD, BM)
+        b_s += _bias_tile(BIAS, DB_, i_h, m0, n0, NTD, BM, TMA_BIAS)
     keep = m_m[:, None] & m_n[None, :]
     if CAUSAL:
         keep = keep & (o_n[None, :] <= o_m[:, None])
@@ -232,12 +238,12 @@ def _dqk_tile(b_dp, n0, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs
 
 @triton.jit
 def relu2_bwd_dqk_kernel(
-    Q, K, V, DO, DQ, DK, DB, BIAS, DQ_, DK_, DV_, DDO_,
+    Q, K, V, DO, DQ, DK, DB, BIAS, DQ_, DK_, DV_, DDO_, DB_,
     TILE_REG, TILE_OFF, REG_START, REG_LEN,
     scale, S, E, H, NTD,
     BM: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DB: tl.constexpr, ONE_S: tl.constexpr,
-    PREC: tl.constexpr, TMA: tl.constexpr,
+    PREC: tl.constexpr, TMA: tl.constexpr, TMA_BIAS: tl.constexpr,
 ):
     """Per row tile: ``DQ`` (fp32, this program's rows only), ``DK`` (fp32 atomics) and the bias
     gradient per tile diagonal into ``DB [H, NTD, BM, BM]``; grid ``(tiles, H)``.  Key tiles go in
@@ -296,12 +302,12 @@ def relu2_bwd_dqk_kernel(
             b_dp0 += tl.dot(b_do, tl.trans(b_v0), input_precision=PREC)
             b_dp1 += tl.dot(b_do, tl.trans(b_v1), input_precision=PREC)
         b_dq = _dqk_tile(b_dp0, n0, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs, mid,
-                         K, DQ, DK, BIAS, DK_, scale, S, H, NTD,
-                         BM, BS, CAUSAL, HAS_BIAS, NEED_DB, ONE_S, PREC, TMA)
+                         K, DQ, DK, BIAS, DK_, DB_, scale, S, H, NTD,
+                         BM, BS, CAUSAL, HAS_BIAS, NEED_DB, ONE_S, PREC, TMA, TMA_BIAS)
         if n1 < hi:
             b_dq = _dqk_tile(b_dp1, n1, m0, o_m, m_m, rows_m, p_q, b_q, b_dq, rs, rl, i_h, p_dbs, mid,
-                             K, DQ, DK, BIAS, DK_, scale, S, H, NTD,
-                             BM, BS, CAUSAL, HAS_BIAS, NEED_DB, ONE_S, PREC, TMA)
+                             K, DQ, DK, BIAS, DK_, DB_, scale, S, H, NTD,
+                             BM, BS, CAUSAL, HAS_BIAS, NEED_DB, ONE_S, PREC, TMA, TMA_BIAS)
     if ONE_S:
         tl.store(DQ + rows_m[:, None] * S + o_s[None, :], b_dq, mask=m_m[:, None] & (o_s < S)[None, :])
 

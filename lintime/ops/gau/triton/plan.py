@@ -77,6 +77,7 @@ class Blocks:
     warps_red: int = 0
     warps_walk: int = 0
     fuse_scores: int = 0
+    tma_bias: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -116,7 +117,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
     if interp:
         return Blocks(bm=16, bs=16, be_fwd=16, be_dv=16, be_red=16, warps_fwd=1, warps_bwd=1, stages=1,
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
-                      be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, gau_order=3, tma=1, fuse_scores=1)
+                      be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, gau_order=3, tma=1, fuse_scores=1, tma_bias=1)
     # Promoted variants, each CUDA-tested and faster in device time on an H200 (2026-11-22, S = 128,
     # E = 2048, C = 256; docs/notes/kernels_flash.md): mixed chunk 4 warps and 3 stages ("w4_s3") and
     # [64, 64] chunk-matrix tiles ("bg64": 0.999 -> 0.925 ms fwd+bwd at 2k, 1.151 -> 1.081 at 32k);
@@ -141,7 +142,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
         bm=64, be_red=64, warps_fwd=4, warps_bwd=4, stages=3,
         bg=bg, bk=64, bt=64, bs_state=min(128, pow2_at_least(S)), be_state=64, seg_chunks=0,
         bs_gau=min(128, pow2_at_least(S)), warps_gau=4, be_red_gau=128, stages_gau=2, gau_order=3, tma=1,
-        fuse_scores=1, **tiles,
+        fuse_scores=1, tma_bias=1, **tiles,
     )
 
 
