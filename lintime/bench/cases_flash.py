@@ -296,8 +296,8 @@ def _variant_jobs(Ts, T_gau, S, E, C, tokens):
 
 def case_variants(results, quick=False, Ts=(2048, 32768), T_gau=4096, graph=True, S=128, E=2048, C=256,
                   tokens=TOKENS):
-    """Every launch variant of mixed chunk attention (T = 2k and 32k, or ``LINTIME_VARIANT_TS``) and GAU (T = 4k), exactly the
-    lists their CUDA tests run (``test_launch_variants``), bf16, 32k tokens per batch.  First the
+    """Every launch variant of mixed chunk attention (T = 2k and 32k, or ``LINTIME_VARIANT_TS``) and GAU
+    (T = 4k), exactly the lists their CUDA tests run (``test_launch_variants``), bf16, 32k tokens per batch.  First the
     eager medians of all of them (launch overhead included), then, with ``graph``, the device time of
     the same calls replayed from CUDA graphs (``extra["fwd_graph_ms"]`` / ``["fwdbwd_graph_ms"]``;
     after the first failed capture the rest are skipped: a failed capture can spoil the context).

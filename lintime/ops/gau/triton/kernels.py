@@ -8,8 +8,8 @@ tile, its region (``TILE_REG``) and offset (``TILE_OFF``), and per region its fi
 (``REG_START``) and length (``REG_LEN``).  Offsets ``i, j`` below are positions inside the region.
 
 Scores (seed Eq. 5, Code 6): ``s_ij = scale * q_i . k_j + b[i - j]`` with
-``b[i - j] = rel_bias[h, (i - j) + T - 1]``, read from its tiles per tile diagonal (:func:`_bias_tile`); weights ``p = relu(s)^2``; ``o_i = sum_j p_ij v_j`` over
-``j <= i`` (causal) or the whole region.  No normaliser, so tiles add up in fp32 and no ``T x T``
+``b[i - j] = rel_bias[h, (i - j) + T - 1]``, read from its tiles per tile diagonal (:func:`_bias_tile`);
+weights ``p = relu(s)^2``; ``o_i = sum_j p_ij v_j`` over ``j <= i`` (causal) or the whole region.  No normaliser, so tiles add up in fp32 and no ``T x T``
 tensor is ever formed.
 
 Backward (``ds = 2 relu(s) dp``, ``dp = do . v``):

@@ -165,6 +165,27 @@ def _gram(X, Y, rows_x, rows_y, m_x, m_y, D, BD: tl.constexpr, BX: tl.constexpr,
 
 
 @triton.jit
+def _live(m0, n0, cl, CAUSAL: tl.constexpr):
+    """Whether the chunk-matrix tile at rows ``m0`` and keys ``n0`` holds any entry of a chunk of ``cl`` tokens
+    (causal: on or below the diagonal)."""
+    live = (m0 < cl) & (n0 < cl)
+    if CAUSAL:
+        live = live & (n0 <= m0)
+    return live
+
+
+@triton.jit
+def _scores(QQ, KQ, BIAS, rows_m, rows_n, o_m, o_n, m_m, m_n, i_h, scale, S, C, LB,
+            BG: tl.constexpr, BS: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr):
+    """``scale q_quad . k_quad + b[i - j]`` of one ``[BG, BG]`` tile (fp32; the bias ``[H, 2C - 1]``)."""
+    b_s = _gram(QQ, KQ, rows_m, rows_n, m_m, m_n, S, BS, BG, BG, PREC) * scale
+    if HAS_BIAS:
+        b_s += tl.load(BIAS + i_h * LB + (C - 1) + o_m[:, None] - o_n[None, :],
+                       mask=m_m[:, None] & m_n[None, :], other=0.0)
+    return b_s
+
+
+@triton.jit
 def mc_scores_kernel(
     QQ, KQ, A, BIAS, CH_START, CH_LEN,
     scale, S, H, C, LB, NMT,
@@ -192,18 +213,13 @@ def _scores_tile(
     cl = tl.load(CH_LEN + c)
     m0 = i_m * BG
     n0 = i_n * BG
-    live = (m0 < cl) & (n0 < cl)
-    if CAUSAL:
-        live = live & (n0 <= m0)
-    if live:
+    if _live(m0, n0, cl, CAUSAL):
         o_m = m0 + tl.arange(0, BG)
         o_n = n0 + tl.arange(0, BG)
         m_m = o_m < cl
         m_n = o_n < cl
-        b_s = _gram(QQ, KQ, (cs + o_m) * H + i_h, (cs + o_n) * H + i_h, m_m, m_n, S, BS, BG, BG, PREC) * scale
-        if HAS_BIAS:
-            b_s += tl.load(BIAS + i_h * LB + (C - 1) + o_m[:, None] - o_n[None, :],
-                           mask=m_m[:, None] & m_n[None, :], other=0.0)
+        b_s = _scores(QQ, KQ, BIAS, (cs + o_m) * H + i_h, (cs + o_n) * H + i_h, o_m, o_n, m_m, m_n, i_h,
+                      scale, S, C, LB, BG, BS, HAS_BIAS, PREC)
         b_p = tl.maximum(b_s, 0.0)
         keep = m_n[None, :]
         if CAUSAL:
@@ -302,10 +318,7 @@ def _dp_tile(
     """``dS[c, h, m tile, n tile] = 2 relu(s) (do_m . v_n)``, masked (reduction over all of ``E``; the
     scores ``s`` recomputed) for rows ``m0`` and keys ``n0`` of chunk ``c``, head ``i_h`` (tiles as
     :func:`mc_scores_kernel`)."""
-    live = (m0 < cl) & (n0 < cl)
-    if CAUSAL:
-        live = live & (n0 <= m0)
-    if live:
+    if _live(m0, n0, cl, CAUSAL):
         o_m = m0 + tl.arange(0, BG)
         o_n = n0 + tl.arange(0, BG)
         m_m = o_m < cl
@@ -313,10 +326,7 @@ def _dp_tile(
         rows_m = (cs + o_m) * H + i_h
         rows_n = (cs + o_n) * H + i_h
         b_dp = _gram(DO, V, rows_m, rows_n, m_m, m_n, E, BE, BG, BG, PREC)
-        b_s = _gram(QQ, KQ, rows_m, rows_n, m_m, m_n, S, BS, BG, BG, PREC) * scale
-        if HAS_BIAS:
-            b_s += tl.load(BIAS + i_h * LB + (C - 1) + o_m[:, None] - o_n[None, :],
-                           mask=m_m[:, None] & m_n[None, :], other=0.0)
+        b_s = _scores(QQ, KQ, BIAS, rows_m, rows_n, o_m, o_n, m_m, m_n, i_h, scale, S, C, LB, BG, BS, HAS_BIAS, PREC)
         keep = m_m[:, None] & m_n[None, :]
         if CAUSAL:
             keep = keep & (o_n[None, :] <= o_m[:, None])
