@@ -9,6 +9,8 @@ query/key tiles per chunk, several ``S`` and ``E`` tiles, several segments per s
 partial tiles everywhere.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -210,6 +212,25 @@ def test_segment_lengths_agree():
         o, s = triton_mixed_chunk_attention(*xs, blocks=blocks, **kw)
         assert_exact(f"G={G} o", o_ref, o)
         assert_exact(f"G={G} kv", s_ref.kv, s.kv)
+
+
+def test_segment_rule_follows_the_measurements(monkeypatch):
+    """The automatic chunks per segment of the state walk (``_seg_chunks``) at the benchmark's shape on a
+    132-SM GPU, as measured on an H200 (session 9): one walk per sequence while sequences x state tiles give every
+    SM a program (2k: 16 x 32, 4k: 8 x 32), otherwise 16-chunk segments (~two programs per SM) at 8k-32k; explicit
+    ``seg_chunks`` wins; packed calls use the same rule on their chunk bound."""
+    import lintime.ops.mixed_chunk.triton.mixed_chunk as mc
+
+    monkeypatch.setattr(mc, "sm_count", lambda device: 132)
+    S, E, C = 128, 2048, 256
+    cfg = Blocks(**{**default_blocks(S, E, torch.bfloat16, C).__dict__, "bs_state": 128, "be_state": 64,
+                    "seg_chunks": 0})
+    dev = torch.device("cpu")
+    got = {T: mc._seg_chunks(32768 // T, T, 1, S, E, C, None, cfg, dev) for T in (2048, 4096, 8192, 16384, 32768)}
+    assert got == {2048: 128, 4096: 128, 8192: 16, 16384: 16, 32768: 16}
+    assert mc._seg_chunks(1, 32768, 1, S, E, C, None, Blocks(**{**cfg.__dict__, "seg_chunks": 4}), dev) == 4
+    cu = torch.tensor([0, 16384, 32768])
+    assert mc._seg_chunks(1, 32768, 1, S, E, C, cu, cfg, dev) == math.ceil((2 + 128) / 8)
 
 
 @cpu_only
