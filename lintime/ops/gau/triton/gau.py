@@ -180,21 +180,18 @@ def _bias_tiles(bias: torch.Tensor | None, ntd: int, OFF: int, bm: int) -> torch
         bias.shape[0], ntd, bm, bm)
 
 
-def _bias_spec(tiles: torch.Tensor | None, cfg: Blocks) -> tuple:
-    """The bias tiles' TMA descriptor spec (``[H NTD bm, bm]``, ``[bm, bm]`` blocks); none without a bias or
-    with ``Blocks.tma_bias`` 0 (the kernels then read the tiles by pointers, :func:`_with_bias`)."""
-    if tiles is None or not cfg.tma_bias:
-        return ()
-    return ((tiles, tiles.shape[0] * tiles.shape[1] * cfg.bm, (cfg.bm, cfg.bm)),)
-
-
-def _with_bias(d, plain: tuple, tiles) -> tuple:
-    """A kernel's descriptor arguments: the TMA descriptors ``d`` (the bias tiles' last when there are
-    ``len(plain) + 1``; else a placeholder: no bias, or pointer loads of the tiles -- the kernels' ``TMA_BIAS``
-    off), else the plain tensors and a placeholder."""
+def _loads(tma: bool, specs: tuple, tiles: torch.Tensor | None, cfg: Blocks) -> tuple[tuple, bool, bool]:
+    """A kernel's load arguments ``(DQ_, DK_, ..., DB_)``, ``TMA`` and ``TMA_BIAS``: with ``tma`` the TMA
+    descriptors of ``specs`` (``(tensor, rows, block)``) and, with a bias and ``Blocks.tma_bias``, of its tiles
+    (``[H NTD bm, bm]``, ``[bm, bm]`` blocks); else the plain tensors.  ``DB_`` is a placeholder where the kernels
+    read the tiles by pointers (no descriptor, or an unaligned tensor: the pointer path)."""
+    plain = tuple(t for t, _, _ in specs)
+    bias_tma = tiles is not None and bool(cfg.tma_bias)
+    extra = ((tiles, tiles.shape[0] * tiles.shape[1] * cfg.bm, (cfg.bm, cfg.bm)),) if bias_tma else ()
+    d = tma_descriptors(*specs, *extra) if tma else None
     if d is None:
-        return (*plain, plain[0])
-    return tuple(d) if len(d) > len(plain) else (*d, plain[0])
+        return (*plain, plain[0]), False, False
+    return ((*d,) if bias_tma else (*d, plain[0])), True, bias_tma
 
 
 @functools.lru_cache(maxsize=32)
@@ -221,15 +218,14 @@ def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
     bias = _bias_tiles(kernel_bias(rel_bias)[0], ntd, T - 1, cfg.bm)
     grid = (cdiv(E, cfg.be_fwd), NT, H)
     R = B * T
-    d = tma_descriptors((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (v, R, (cfg.bm, cfg.be_fwd)),
-                        *_bias_spec(bias, cfg)) if _tma(cfg, S, E, q.device, q.dtype) else None
+    loads, tma, tma_bias = _loads(_tma(cfg, S, E, q.device, q.dtype),
+                                  ((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (v, R, (cfg.bm, cfg.be_fwd))), bias, cfg)
     relu2_fwd_kernel[grid](
-        q, k, v, o, bias if bias is not None else q, *_with_bias(d, (q, k, v), bias),
+        q, k, v, o, bias if bias is not None else q, *loads,
         t_reg, t_off, r_start, r_len,
         float(scale), S, E, H, ntd,
         BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_fwd, CAUSAL=causal, HAS_BIAS=bias is not None,
-        ONE_S=cfg.bs_gau >= S, PREC=dot_config(q.dtype)[1], TMA=d is not None,
-        TMA_BIAS=d is not None and len(d) > 3, num_warps=cfg.warps_gau_fwd,
+        ONE_S=cfg.bs_gau >= S, PREC=dot_config(q.dtype)[1], TMA=tma, TMA_BIAS=tma_bias, num_warps=cfg.warps_gau_fwd,
         num_stages=cfg.stages_gau_fwd or cfg.stages_gau,
     )
     return o
@@ -274,23 +270,21 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
         tiles = _bias_tiles(bias, ntd, T - 1, cfg.bm)
         b_ptr = tiles if tiles is not None else q
         R, tma = B * T, _tma(cfg, S, E, q.device, q.dtype)
-        d = tma_descriptors((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (do, R, (cfg.bm, cfg.be_dv)),
-                            *_bias_spec(tiles, cfg)) if tma else None
+        loads, on, on_bias = _loads(tma, ((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (do, R, (cfg.bm, cfg.be_dv))),
+                                    tiles, cfg)
         relu2_bwd_dv_kernel[(cdiv(E, cfg.be_dv), NT, H)](
-            q, k, do, dv, b_ptr, *_with_bias(d, (q, k, do), tiles),
+            q, k, do, dv, b_ptr, *loads,
             *_tile_tables(tables, cfg, causal, "k", bwd=True), r_start, r_len,
             float(scale), S, E, H, ntd,
-            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_dv, TMA=d is not None, TMA_BIAS=d is not None and len(d) > 3,
-            num_warps=cfg.warps_gau_dv, **common,
+            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_dv, TMA=on, TMA_BIAS=on_bias, num_warps=cfg.warps_gau_dv, **common,
         )
-        d = tma_descriptors((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (v, R, (cfg.bm, cfg.be_red_gau)),
-                            (do, R, (cfg.bm, cfg.be_red_gau)), *_bias_spec(tiles, cfg)) if tma else None
+        loads, on, on_bias = _loads(tma, ((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (v, R, (cfg.bm, cfg.be_red_gau)),
+                                          (do, R, (cfg.bm, cfg.be_red_gau))), tiles, cfg)
         relu2_bwd_dqk_kernel[(NT, H)](
-            q, k, v, do, dq32, dk32, db_tiles, b_ptr, *_with_bias(d, (q, k, v, do), tiles),
+            q, k, v, do, dq32, dk32, db_tiles, b_ptr, *loads,
             *_tile_tables(tables, cfg, causal, "q", bwd=True), r_start, r_len,
             float(scale), S, E, H, ntd,
-            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red_gau, NEED_DB=need_db, TMA=d is not None,
-            TMA_BIAS=d is not None and len(d) > 4,
+            BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red_gau, NEED_DB=need_db, TMA=on, TMA_BIAS=on_bias,
             num_warps=cfg.warps_gau, **common,
         )
     else:

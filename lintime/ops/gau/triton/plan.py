@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from lintime.ops.gau.triton.kernels import fold_bias_kernel
 from lintime.ops.triton_common import interpreting
 
 
@@ -211,8 +212,6 @@ def fold_bias_grad(db_tiles: torch.Tensor, LB: int, OFF: int, bm: int, dtype: to
     with entry ``(td, a, b)`` at bias index ``OFF + (td - mid) * bm + a - b`` (entries outside ``[0, LB)``:
     padding rows / columns, dropped).  One launch (:func:`~lintime.ops.gau.triton.kernels.fold_bias_kernel`;
     before session 9 five PyTorch kernels: a fill, a mask product, an index-add and a cast)."""
-    from lintime.ops.gau.triton.kernels import fold_bias_kernel
-
     H, NTD = db_tiles.shape[:2]
     out = torch.empty(H, LB, dtype=dtype, device=db_tiles.device)
     BJ = 32
