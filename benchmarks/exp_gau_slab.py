@@ -1,112 +1,122 @@
-"""Experiment (issue #5, GAU target): how fast could GAU be if its scores were materialised by query slabs?
+"""Experiment (issue #5, GAU target): GAU's slab path (:mod:`lintime.ops.gau.triton.slab`) against its tiled
+FlashAttention-shaped kernels and SDPA, in one call.
 
-Today's GAU kernels are FlashAttention-shaped (no scores in memory): with ``E = 2048`` the output tile of a
-query block does not fit on chip, so each program keeps a ``[64, 512]`` accumulator and re-streams ``v`` tiles
-from L2 for every 64 query rows (about 80 KB per 2.6 M MACs), and the scores are recomputed per E tile.  The
-alternative measured here writes ``relu(s)^2`` for a slab of query rows (memory ``R x T`` per sequence, linear
-in ``T`` for a fixed slab height ``R``) and runs the ``E``-wide products as long-K GEMMs (cuBLAS here).
+1. Correctness at GAU's real shape (``H = 1, S = 128, E = 2048``, T = 1100 and 700, B = 2, Toeplitz bias,
+   causal and not): every slab variant named below, bf16 by the half-precision rule of ``lintime.testing``
+   against the fp64 naive form (output and the gradients of q, k, v and the bias); a failure is printed and
+   makes the exit code 1.
+2. CUDA-graph device time, fwd and fwd+bwd, bf16, 32k tokens per batch, at T = 2k / 4k / 8k (or ``--Ts``):
+   SDPA causal ``H16 D64``, the tiled kernels (``slab = 0``) and each slab variant (the bias and its gradient
+   included, like ``lintime bench ops --cases flash.graph``).
 
-This is a PyTorch prototype, not a kernel: block-causal (query block ``i`` of ``NB`` sees keys ``[0, (i + 1) T /
-NB)``, the diagonal block masked), no Toeplitz bias, elementwise passes unfused, autograd saving every
-intermediate.  A fused version would only be faster.  Prints and writes (``--out``) CUDA-graph medians of
-forward and forward + backward at ``T = 4096, B = 8, S = 128, E = 2048`` bf16 next to SDPA (H16 D64) and the
-Triton GAU kernels of the same call.
-
-Usage (GPU): ``PYTHONPATH=$PWD python3 benchmarks/exp_gau_slab.py --out $OUT/exp_gau_slab.json``
+Writes ``$OUT/exp_gau_slab.json`` (or ``--out``).  Usage (GPU):
+``OUT=. PYTHONPATH=$PWD python3 benchmarks/exp_gau_slab.py [--Ts 2048,4096,8192] [--variants slab512,...]``.
+(The session-9 PyTorch prototype this replaces -- unfused elementwise passes, 1.19 / 4.15 ms at 4k -- is in git
+history, commit 9bc2246.)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
 from lintime.bench.measure import fwd_fwdbwd_graph_ms, git_commit
+from lintime.ops import gau_attention
+from lintime.ops.gau.triton import triton_gau_attention
+from lintime.ops.gau.triton.gau import LAUNCH_VARIANTS
+from lintime.ops.gau.triton.plan import variant_blocks
+from lintime.testing import assert_half_rule
 
 
-def gau_slab(q, k, v, scale: float, nb: int):
-    """Block-causal relu^2 attention by ``nb`` query slabs with materialised scores (``[B, T, S]`` q / k,
-    ``[B, T, E]`` v)."""
-    T = q.shape[1]
-    R = T // nb
-    outs = []
-    tri = torch.ones(R, R, dtype=torch.bool, device=q.device).tril()
-    for i in range(nb):
-        lo, hi = i * R, (i + 1) * R
-        s = torch.bmm(q[:, lo:hi], k[:, :hi].transpose(1, 2)) * scale  # [B, R, hi]
-        p = F.relu(s).square()
-        diag = p[:, :, lo:hi].masked_fill(~tri, 0.0)
-        p = torch.cat([p[:, :, :lo], diag], dim=2)
-        outs.append(torch.bmm(p, v[:, :hi]))
-    return torch.cat(outs, dim=1)
+def check(blocks, name, causal, T=1100, B=2, S=128, E=2048):
+    g = torch.Generator().manual_seed(T)
+    q, k = (0.5 * torch.randn(B, T, 1, S, generator=g, dtype=torch.float64) for _ in range(2))
+    v, do = (torch.randn(B, T, 1, E, generator=g, dtype=torch.float64) for _ in range(2))
+    b = 0.5 * torch.randn(1, 2 * T - 1, generator=g, dtype=torch.float64)
+    xs64 = [x.cuda() for x in (q, k, v, b, do)]
+
+    def run(xs, triton):
+        leaves = [x.detach().clone().requires_grad_() for x in xs[:4]]
+        if triton:
+            o = triton_gau_attention(*leaves[:3], rel_bias=leaves[3], scale=1 / S, causal=causal, blocks=blocks)
+        else:
+            o = gau_attention(*leaves[:3], rel_bias=leaves[3], scale=1 / S, causal=causal, backend="naive")
+        return [o, *torch.autograd.grad(o, leaves, xs[4])]
+
+    ref = run(xs64, False)
+    xs = [x.bfloat16() for x in xs64]
+    base, out = run(xs, False), run(xs, True)
+    bad = []
+    for n, r, o, bb in zip(("o", "dq", "dk", "dv", "db"), ref, out, base):
+        try:
+            assert_half_rule(f"{name} causal={causal} T={T} {n}", r, o, bb)
+        except AssertionError as e:
+            bad.append(str(e))
+    return bad
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--T", type=int, default=4096)
-    ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "exp_gau_slab.json"))
+    ap.add_argument("--Ts", default="2048,4096,8192")
+    ap.add_argument("--variants", default="", help="comma-separated names of LAUNCH_VARIANTS (default: every "
+                                                   "variant whose name starts with 'slab' or is 'tiled')")
+    ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args()
-    T = args.T
-    B = max(1, args.tokens // T)
-    S, E = 128, 2048
-    dev = "cuda"
-    bf = torch.bfloat16
-    torch.manual_seed(0)
-
-    def leaf(*shape, scale=1.0):
-        return (torch.randn(*shape, device=dev, dtype=bf) * scale).requires_grad_()
-
-    q, k, v = leaf(B, T, S, scale=0.5), leaf(B, T, S, scale=0.5), leaf(B, T, E)
+    S, E, bf = 128, 2048, torch.bfloat16
+    want = [n for n in args.variants.split(",") if n]
+    variants = [(n, o) for n, o in LAUNCH_VARIANTS if (n in want if want else (n.startswith("slab") or n == "tiled"))]
+    variants = [("default", {})] + variants
+    failures = []
+    if not args.no_check:
+        for name, o in variants:
+            blocks = variant_blocks(o, S, E, bf)
+            for causal in (True, False):
+                bad = check(blocks, name, causal, T=1100 if causal else 700)
+                print(f"check {name:14s} causal={causal}: {'ok' if not bad else 'FAILED'}", flush=True)
+                failures += bad
+        for f in failures:
+            print(f, flush=True)
     rows = []
-
-    def record(name, f, inputs, **extra):
-        fwd, fb = fwd_fwdbwd_graph_ms(f, inputs, rep=30)
-        rows.append({"name": name, "fwd_graph_ms": fwd, "fwdbwd_graph_ms": fb, **extra})
-        print(f"{name:24s} fwd {fwd}  fwd+bwd {fb} ms", flush=True)
-
-    qs, ks, vs = leaf(B, 16, T, 64), leaf(B, 16, T, 64), leaf(B, 16, T, 64)
-    record("sdpa_h16_d64", lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), [qs, ks, vs])
-    del qs, ks, vs
-
-    from lintime.ops.gau.triton import triton_gau_attention
-
-    q4, k4, v4 = (x.detach()[:, :, None].clone().requires_grad_() for x in (q, k, v))
-    record("gau_triton", lambda a, b, c: triton_gau_attention(a, b, c, scale=1.0 / S), [q4, k4, v4])
-    del q4, k4, v4
-    for nb in (1, 2, 4, 8):
+    for T in (int(t) for t in args.Ts.split(",")):
+        B = max(1, 32768 // T)
+        qs, ks, vs = [torch.randn(B, 16, T, 64, device="cuda", dtype=bf).requires_grad_() for _ in range(3)]
+        s = fwd_fwdbwd_graph_ms(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True),
+                                [qs, ks, vs], rep=30)
+        del qs, ks, vs
+        rows.append({"T": T, "B": B, "impl": "sdpa_h16_d64", "fwd_ms": s[0], "fwdbwd_ms": s[1]})
+        print(rows[-1], flush=True)
+        q = (torch.randn(B, T, 1, S, device="cuda", dtype=bf) * 0.5).requires_grad_()
+        k = (torch.randn(B, T, 1, S, device="cuda", dtype=bf) * 0.5).requires_grad_()
+        v = torch.randn(B, T, 1, E, device="cuda", dtype=bf).requires_grad_()
+        rb = (torch.randn(1, 2 * T - 1, device="cuda", dtype=bf) * 0.1).requires_grad_()
+        for name, o in variants:
+            blocks = variant_blocks(o, S, E, bf)
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            g = fwd_fwdbwd_graph_ms(lambda a, b, c, d, _b=blocks: triton_gau_attention(a, b, c, rel_bias=d,
+                                                                                       scale=1 / S, blocks=_b),
+                                    [q, k, v, rb], rep=30)
+            peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+            rows.append({"T": T, "B": B, "impl": name, "blocks": dataclasses.asdict(blocks), "fwd_ms": g[0],
+                         "fwdbwd_ms": g[1], "ratio_to_sdpa": (g[1] / s[1]) if g[1] and s[1] else None,
+                         "peak_mib_above_inputs": peak})
+            print({k_: v_ for k_, v_ in rows[-1].items() if k_ != "blocks"}, flush=True)
+        del q, k, v, rb
         torch.cuda.empty_cache()
-        try:
-            record(f"slab_prototype_nb{nb}", lambda a, b, c, _nb=nb: gau_slab(a, b, c, 1.0 / S, _nb), [q, k, v],
-                   causal_fraction=(nb + 1) / (2 * nb))
-        except torch.OutOfMemoryError as e:  # the prototype keeps every intermediate for autograd
-            print(f"slab_prototype_nb{nb}: out of memory ({str(e)[:80]})", flush=True)
-    # the GEMMs alone: what a fused slab kernel's products would take (block-causal, nb = 8)
-    with torch.no_grad():
-        nb = 8
-        R = T // nb
-        p_full = torch.rand(B, T, T, device=dev, dtype=bf)
-        vv = v.detach()
-
-        def gemms():
-            for i in range(nb):
-                torch.bmm(p_full[:, i * R:(i + 1) * R, :(i + 1) * R], vv[:, :(i + 1) * R])
-
-        from lintime.bench.measure import graph_ms
-
-        ms = graph_ms(gemms, rep=30)
-        flops = 2 * B * E * sum(R * (i + 1) * R for i in range(nb))
-        rows.append({"name": "pv_gemms_only_nb8", "graph_ms": ms, "tflops": flops / ms / 1e9 if ms else None})
-        print(f"pv_gemms_only_nb8        {ms} ms  ({flops / ms / 1e9 if ms else float('nan'):.0f} TFLOP/s)", flush=True)
     res = {"env": {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                    "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "git_commit": git_commit()},
-           "shape": {"B": B, "T": T, "S": S, "E": E, "dtype": "bf16"}, "results": rows}
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(res, fh, indent=1)
+           "failures": failures, "rows": rows}
+    with open(args.out, "w") as fh:
+        json.dump(res, fh, indent=1)
+    sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":

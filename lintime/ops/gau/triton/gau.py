@@ -25,6 +25,7 @@ from lintime.ops.gau.triton.kernels import (
 )
 from lintime.ops.gau.triton.plan import (
     Blocks,
+    bias_tiles,
     blocks_of,
     default_blocks,
     fold_bias_grad,
@@ -33,6 +34,7 @@ from lintime.ops.gau.triton.plan import (
     tiles_of,
     to_device,
 )
+from lintime.ops.gau.triton.slab import slab_applies, slab_bwd, slab_fwd
 from lintime.ops.triton_common import (
     cdiv,
     check_device,
@@ -107,6 +109,14 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # Measured and removed (session 8, code in commit 687f654): the dq/dk kernel's key-tile pair as one [128, E
     # step] v tile and one [64, 128] dp product per E step, split after the reduction -- 3.916 vs 3.935 ms fwd+bwd at
     # 4k (the same backward within noise; with 8 warps 4.49); the kernel is not bound by its MMA shape
+    # The slab path (lintime.ops.gau.triton.slab; session 10): scores materialised per slab of R rows, the
+    # E-wide products as cuBLAS GEMMs.  "tiled" is the FlashAttention-shaped kernels above.
+    ("tiled", {"slab": 0}),
+    ("slab256", {"slab": 256}),
+    ("slab512", {"slab": 512}),
+    ("slab1024", {"slab": 1024}),
+    ("slab512_w4", {"slab": 512, "warps_slab": 4}),
+    ("slab512_bm64", {"slab": 512, "bm_slab": 64, "warps_slab": 4}),
 )
 
 
@@ -168,18 +178,6 @@ def _tma(cfg: Blocks, S: int, E: int, device: torch.device, dtype: torch.dtype) 
                 and E % cfg.be_fwd == 0 and E % cfg.be_dv == 0 and E % cfg.be_red_gau == 0)
 
 
-def _bias_tiles(bias: torch.Tensor | None, ntd: int, OFF: int, bm: int) -> torch.Tensor | None:
-    """The bias ``[H, LB]`` as one ``[bm, bm]`` tile per tile diagonal, ``[H, ntd, bm, bm]`` (the kernels'
-    :func:`~lintime.ops.gau.triton.kernels._bias_tile`): entry ``(td, a, b)`` is ``bias[h, OFF + (td - mid) bm
-    + a - b]``, 0 outside ``[0, LB)`` (rows / columns past a region, never used unmasked).  Two small gathers
-    per pass; about ``2 T / bm`` tiles (1 MB in fp32 at T = 4k, bm = 64)."""
-    if bias is None:
-        return None
-    idx, ok = _tile_index(ntd, bias.shape[1], OFF, bm, bias.device)
-    return torch.where(ok, bias[:, idx], torch.zeros((), dtype=bias.dtype, device=bias.device)).view(
-        bias.shape[0], ntd, bm, bm)
-
-
 def _loads(tma: bool, specs: tuple, tiles: torch.Tensor | None, cfg: Blocks) -> tuple[tuple, bool, bool]:
     """A kernel's load arguments ``(DQ_, DK_, ..., DB_)``, ``TMA`` and ``TMA_BIAS``: with ``tma`` the TMA
     descriptors of ``specs`` (``(tensor, rows, block)``) and, with a bias and ``Blocks.tma_bias``, of its tiles
@@ -194,19 +192,12 @@ def _loads(tma: bool, specs: tuple, tiles: torch.Tensor | None, cfg: Blocks) -> 
     return ((*d,) if bias_tma else (*d, plain[0])), True, bias_tma
 
 
-@functools.lru_cache(maxsize=32)
-def _tile_index(ntd: int, LB: int, OFF: int, bm: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    mid = (ntd - 1) // 2
-    td = torch.arange(ntd, device=device)[:, None, None]
-    a = torch.arange(bm, device=device)
-    idx = (OFF + (td - mid) * bm + (a[:, None] - a[None, :])).reshape(-1)
-    ok = (idx >= 0) & (idx < LB)
-    return idx.clamp(0, LB - 1), ok
-
-
 def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
-    """The forward launcher (``lintime::gau_fwd`` and the eager path)."""
+    """The forward launcher (``lintime::gau_fwd`` and the eager path): the slab path
+    (:mod:`lintime.ops.gau.triton.slab`) where it applies, else the tiled kernels."""
     B, T, H, S = q.shape
+    if slab_applies(cfg, S, cu_seqlens):
+        return slab_fwd(q, k, v, rel_bias, scale, causal, cfg)
     E = v.shape[-1]
     o = torch.empty_like(v)
     tables, NT, longest = _plan(B, T, cu_seqlens, cfg.bm, q.device)
@@ -215,7 +206,7 @@ def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
     t_reg, t_off = _tile_tables(tables, cfg, causal, "q", bwd=False)
     r_start, r_len = tables[2:4]
     ntd = 2 * cdiv(max(longest, 1), cfg.bm) - 1
-    bias = _bias_tiles(kernel_bias(rel_bias)[0], ntd, T - 1, cfg.bm)
+    bias = bias_tiles(kernel_bias(rel_bias)[0], ntd, T - 1, cfg.bm)
     grid = (cdiv(E, cfg.be_fwd), NT, H)
     R = B * T
     loads, tma, tma_bias = _loads(_tma(cfg, S, E, q.device, q.dtype),
@@ -249,8 +240,10 @@ gau_bwd = custom_op("gau_bwd", _bwd_fake)(_gau_bwd)
 
 
 def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Blocks):
-    """The backward launcher (``lintime::gau_bwd`` and the eager path)."""
+    """The backward launcher (``lintime::gau_bwd`` and the eager path), slab or tiled like the forward."""
     B, T, H, S = q.shape
+    if slab_applies(cfg, S, cu_seqlens):
+        return slab_bwd(do, q, k, v, rel_bias, scale, causal, need_db, cfg)
     E = v.shape[-1]
     do = do.contiguous()
     dv = torch.empty_like(v)
@@ -267,7 +260,7 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
     if NT > 0:
         common = {"CAUSAL": causal, "HAS_BIAS": bias is not None, "ONE_S": cfg.bs_gau >= S,
                   "PREC": dot_config(q.dtype)[1], "num_stages": cfg.stages_gau}
-        tiles = _bias_tiles(bias, ntd, T - 1, cfg.bm)
+        tiles = bias_tiles(bias, ntd, T - 1, cfg.bm)
         b_ptr = tiles if tiles is not None else q
         R, tma = B * T, _tma(cfg, S, E, q.device, q.dtype)
         loads, on, on_bias = _loads(tma, ((q, R, (cfg.bm, S)), (k, R, (cfg.bm, S)), (do, R, (cfg.bm, cfg.be_dv))),

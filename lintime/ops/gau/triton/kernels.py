@@ -51,7 +51,7 @@ def _tile_scores(p_a, p_b, m_a, m_b, S, o_s, b_a, ONE_S: tl.constexpr, BS: tl.co
 def _bias_tile(BIAS, DB_, i_h, m0, n0, NTD, BM: tl.constexpr, TMA: tl.constexpr):
     """The ``[BM, BM]`` bias tile of query tile ``m0`` and key tile ``n0``: ``b[i - j]`` depends only on the
     tile diagonal ``(m0 - n0) / BM``, so the launcher lays the bias out as one tile per tile diagonal
-    (``BIAS [H, NTD, BM, BM]``, :func:`lintime.ops.gau.triton.gau._bias_tiles`) and this is a contiguous load
+    (``BIAS [H, NTD, BM, BM]``, :func:`lintime.ops.gau.triton.plan.bias_tiles`) and this is a contiguous load
     from L2, with ``TMA`` (the kernels' ``TMA_BIAS``) through the descriptor ``DB_`` (the tiles as ``[H NTD BM,
     BM]``).  H200, 2026-11-22, GAU fwd+bwd at 4k (B 8, S 128, E 2048, bf16): the ``[BM, BM]`` gather
     ``BIAS[h, OFF + i - j]`` this replaces 4.01 ms, tiles by pointers 3.80, through TMA 3.58; no bias 3.06."""

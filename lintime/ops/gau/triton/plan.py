@@ -45,7 +45,9 @@ class Blocks:
     device and the shape allow (``mixed_chunk._tma_shapes``); ``stages_walk`` the state walk's pipeline
     stages (0: ``stages``); ``bg_red`` / ``warps_red`` the row (and key) tile / warps of the backward's
     reductions over ``E`` (``mc_dred_kernel``; 0: ``bg`` / ``warps_bwd``); ``warps_walk`` the state walk's warps
-    (0: 4).
+    (0: 4).  GAU's slab path (:mod:`lintime.ops.gau.triton.slab`): ``slab`` rows per slab of materialised
+    scores (0: the tiled kernels), ``bm_slab`` the square score tile of its two kernels, ``warps_slab`` their
+    warps.
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -79,6 +81,9 @@ class Blocks:
     warps_walk: int = 0
     fuse_scores: int = 0
     tma_bias: int = 0
+    slab: int = 0
+    bm_slab: int = 128
+    warps_slab: int = 8
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -119,7 +124,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
         return Blocks(bm=16, bs=16, be_fwd=16, be_dv=16, be_red=16, warps_fwd=1, warps_bwd=1, stages=1,
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
                       be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, gau_order=3, tma=1, fuse_scores=1,
-                      tma_bias=1)
+                      tma_bias=1, slab=0, bm_slab=16, warps_slab=1)
     # Promoted variants, each CUDA-tested and faster in device time on an H200 (2026-11-22, S = 128,
     # E = 2048, C = 256; docs/notes/kernels_flash.md): mixed chunk 4 warps and 3 stages ("w4_s3") and
     # [64, 64] chunk-matrix tiles ("bg64": 0.999 -> 0.925 ms fwd+bwd at 2k, 1.151 -> 1.081 at 32k);
@@ -151,7 +156,8 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
 # Fields of :class:`Blocks` that change only how a kernel is launched, not what a program computes:
 # the interpreter ignores them, so variants touching nothing else are checked on CUDA only.
 LAUNCH_ONLY_FIELDS = frozenset({"warps_fwd", "warps_bwd", "warps_gau", "warps_gau_fwd", "warps_gau_dv", "stages",
-                                "stages_gau", "stages_gau_fwd", "stages_walk", "warps_red", "warps_walk"})
+                                "stages_gau", "stages_gau_fwd", "stages_walk", "warps_red", "warps_walk",
+                                "warps_slab"})
 
 
 def variant_blocks(overrides: dict, S: int, E: int, dtype: torch.dtype, C: int | None = None) -> Blocks:
@@ -205,6 +211,29 @@ def kernel_bias(rel_bias: torch.Tensor | None) -> tuple[torch.Tensor | None, int
     if b.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         b = b.to(torch.float32)
     return b.contiguous(), rel_bias.shape[1]
+
+
+def bias_tiles(bias: torch.Tensor | None, ntd: int, OFF: int, bm: int) -> torch.Tensor | None:
+    """The bias ``[H, LB]`` as one ``[bm, bm]`` tile per tile diagonal, ``[H, ntd, bm, bm]`` (the kernels'
+    :func:`~lintime.ops.gau.triton.kernels._bias_tile`): entry ``(td, a, b)`` is ``bias[h, OFF + (td - mid) bm
+    + a - b]``, 0 outside ``[0, LB)`` (rows / columns past a region, never used unmasked).  Two small gathers
+    per pass; about ``2 T / bm`` tiles (1 MB in fp32 at T = 4k, bm = 64)."""
+    if bias is None:
+        return None
+    idx, ok = tile_index(ntd, bias.shape[1], OFF, bm, bias.device)
+    return torch.where(ok, bias[:, idx], torch.zeros((), dtype=bias.dtype, device=bias.device)).view(
+        bias.shape[0], ntd, bm, bm)
+
+
+@functools.lru_cache(maxsize=32)
+def tile_index(ntd: int, LB: int, OFF: int, bm: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gather of :func:`bias_tiles`: bias indices (clamped) and which of them fall inside ``[0, LB)``."""
+    mid = (ntd - 1) // 2
+    td = torch.arange(ntd, device=device)[:, None, None]
+    a = torch.arange(bm, device=device)
+    idx = (OFF + (td - mid) * bm + (a[:, None] - a[None, :])).reshape(-1)
+    ok = (idx >= 0) & (idx < LB)
+    return idx.clamp(0, LB - 1), ok
 
 
 def fold_bias_grad(db_tiles: torch.Tensor, LB: int, OFF: int, bm: int, dtype: torch.dtype) -> torch.Tensor:

@@ -1,0 +1,231 @@
+"""GAU attention by slabs: relu^2 scores materialised for a slab of rows, the ``E``-wide products as GEMMs.
+
+Notation: ``B`` batch, ``T`` time, ``H`` heads, ``S`` query/key width, ``E`` value width, ``R`` slab height
+(``Blocks.slab`` rows), ``BM`` the square score tile of the two kernels below (``Blocks.bm_slab``),
+``NTD = 2 ceil(T / BM) - 1`` bias tile diagonals.
+
+Why.  With ``E = 2048`` a FlashAttention-shaped kernel cannot hold a query tile's whole output row on chip:
+the tiled kernels (:mod:`lintime.ops.gau.triton.kernels`) keep a ``[64, 512]`` accumulator, recompute the
+scores per ``E`` tile and re-stream ``v`` from L2 for every 64 query rows, which caps them near 240 TFLOP/s of
+useful work.  Here the scores ``P = relu(scale q k^T + b)^2`` (``S``-wide products: 1/16 of the work at
+``S = 128, E = 2048``) are written for ``R`` rows at a time -- ``R x T`` elements per sequence, a few MB that
+stay in L2, memory linear in ``T`` for a fixed ``R``; no ``T x T`` tensor -- and the ``E``-wide products run as
+long-K GEMMs (cuBLAS through ``torch.bmm``: ``P V``, ``dO V^T``, ``P^T dO``, ``dS^T q``).
+
+Forward, per query slab ``[r0, r1)`` (keys ``[0, kend)``, ``kend = r1`` causal, ``T`` not):
+``P = relu2(scale q k^T + b)`` by :func:`slab_fwd_scores_kernel` (one ``[BM, BM]`` tile per program, causal
+zeros above the diagonal), then ``o[r0:r1] = P @ v[:kend]``.
+
+Backward, per key slab ``[c0, c1)`` (query rows ``[q0, T)``, ``q0 = c0`` causal, 0 not): the GEMM
+``dP = do[q0:] v[c0:c1]^T``; :func:`slab_bwd_scores_kernel` (one program per ``BM`` query rows) recomputes the
+scores, writes ``P`` and ``dS = 2 relu(s) dP scale`` (over ``dP``, in place), adds ``dS k`` to the fp32 ``dq``
+rows it owns and the bias gradient per tile diagonal (fp32 atomics, folded by
+:func:`~lintime.ops.gau.triton.plan.fold_bias_grad`); then the GEMMs ``dv[c0:c1] = P^T do[q0:]`` and
+``dk[c0:c1] = dS^T q[q0:]`` write their rows once (no accumulation across slabs).
+
+The causal waste is the upper half of each diagonal ``[R, R]`` block in the GEMMs: a fraction ``R / T`` of
+the useful work.  Packed sequences (``cu_seqlens``) and ``S > 256`` take the tiled kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from lintime.ops.gau.triton.kernels import _bias_tile
+from lintime.ops.gau.triton.plan import Blocks, bias_tiles, fold_bias_grad, kernel_bias, pow2_at_least
+from lintime.ops.triton_common import cdiv, dot_config
+
+MAX_S = 256  # widest q / k the slab kernels keep in one tile (wider: the tiled kernels)
+
+
+@triton.jit
+def _slab_scores(K, BIAS, b_q, i_b, i_h, m0, n0, kmax, T, H, S, NTD, scale,
+                 BM: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 PREC: tl.constexpr):
+    """Scores ``s = scale q k^T + b`` (fp32 ``[BM, BM]``) of query rows ``m0..`` (their tile ``b_q``) and keys
+    ``n0..`` of sequence ``i_b``, the mask of the pairs that count (key ``< kmax``, query ``< T``, causal) and
+    the key tile."""
+    o_m = m0 + tl.arange(0, BM)
+    o_n = n0 + tl.arange(0, BM)
+    o_s = tl.arange(0, BS)
+    m_n = o_n < kmax
+    rows_n = (i_b.to(tl.int64) * T + o_n) * H + i_h
+    b_k = tl.load(K + rows_n[:, None] * S + o_s[None, :], mask=m_n[:, None] & (o_s < S)[None, :], other=0.0)
+    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * scale
+    if HAS_BIAS:
+        b_s += _bias_tile(BIAS, BIAS, i_h, m0, n0, NTD, BM, False)
+    keep = (o_m < T)[:, None] & m_n[None, :]
+    if CAUSAL:
+        keep = keep & (o_n[None, :] <= o_m[:, None])
+    return b_s, keep, b_k
+
+
+@triton.jit
+def _load_rows(X, i_b, i_h, m0, mmax, T, H, S, BM: tl.constexpr, BS: tl.constexpr):
+    o_m = m0 + tl.arange(0, BM)
+    o_s = tl.arange(0, BS)
+    rows = (i_b.to(tl.int64) * T + o_m) * H + i_h
+    return tl.load(X + rows[:, None] * S + o_s[None, :], mask=(o_m < mmax)[:, None] & (o_s < S)[None, :], other=0.0)
+
+
+@triton.jit
+def slab_fwd_scores_kernel(
+    Q, K, P, BIAS, r0, r1, kend, T, H, i_h, S, NTD, stride_pb, stride_pr, scale,
+    BM: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr,
+):
+    """``P[b, i - r0, j] = relu(scale q_i . k_j + b[i - j])^2`` for query rows ``i`` in ``[r0, r1)`` and keys
+    ``j < kend`` of head ``i_h`` (0 where causal masks; the GEMM reads the whole ``[r1 - r0, kend]`` block);
+    grid ``(key tiles, query tiles, B)``, one ``[BM, BM]`` tile each.  ``P`` is ``[B, R, >= kend]`` with
+    strides ``(stride_pb, stride_pr, 1)``."""
+    i_n, i_m, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    m0 = r0 + i_m * BM
+    n0 = i_n * BM
+    o_m = m0 + tl.arange(0, BM)
+    o_n = n0 + tl.arange(0, BM)
+    m_st = (o_m < r1)[:, None] & (o_n < kend)[None, :]
+    p_p = P + i_b.to(tl.int64) * stride_pb + (o_m - r0)[:, None] * stride_pr + o_n[None, :]
+    if CAUSAL:
+        last = m0 + BM - 1  # the last key any row of this tile sees
+    else:
+        last = kend
+    if n0 > last:  # above the diagonal: zeros for the GEMM, no scores
+        tl.store(p_p, tl.zeros([BM, BM], dtype=P.dtype.element_ty), mask=m_st)
+    else:
+        b_q = _load_rows(Q, i_b, i_h, m0, r1, T, H, S, BM, BS)
+        b_s, keep, _ = _slab_scores(K, BIAS, b_q, i_b, i_h, m0, n0, kend, T, H, S, NTD, scale,
+                                    BM, BS, CAUSAL, HAS_BIAS, PREC)
+        b_r = tl.maximum(b_s, 0.0)
+        tl.store(p_p, tl.where(keep, b_r * b_r, 0.0).to(P.dtype.element_ty), mask=m_st)  # seed Eq. 5: relu^2
+
+
+@triton.jit
+def slab_bwd_scores_kernel(
+    Q, K, DP, P, DQ, DB, BIAS, c0, c1, q0, T, H, i_h, S, NTD, stride_b, stride_r, scale,
+    BM: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DB: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Key slab ``[c0, c1)`` against query rows ``[q0, T)`` of head ``i_h``: reads ``dP [B, T - q0, c1 - c0]``
+    (``do . v``, from the GEMM; strides ``(stride_b, stride_r, 1)``), writes ``P`` (same layout) and
+    ``dS = 2 relu(s) dP scale`` over ``dP``, adds ``dS k`` to the fp32 ``DQ`` rows of this program (it alone
+    writes them in this launch) and, with ``NEED_DB``, ``2 relu(s) dP`` to the bias gradient's tile of each
+    tile diagonal (``DB [H, NTD, BM, BM]``, fp32 atomics).  Grid ``(query tiles, B)``; the program walks the
+    slab's key tiles."""
+    i_m, i_b = tl.program_id(0), tl.program_id(1)
+    m0 = q0 + i_m * BM
+    o_m = m0 + tl.arange(0, BM)
+    m_m = o_m < T
+    o_s = tl.arange(0, BS)
+    o_b = tl.arange(0, BM)
+    b_q = _load_rows(Q, i_b, i_h, m0, T, T, H, S, BM, BS)
+    b_dq = tl.zeros([BM, BS], dtype=tl.float32)
+    base = i_b.to(tl.int64) * stride_b + (o_m - q0)[:, None] * stride_r
+    mid = (NTD - 1) // 2
+    if CAUSAL:
+        last = m0 + BM - 1  # the last key any row of this tile sees
+    else:
+        last = c1
+    for n0 in range(c0, c1, BM):
+        o_c = n0 - c0 + tl.arange(0, BM)  # columns inside the slab
+        m_st = m_m[:, None] & (o_c < c1 - c0)[None, :]
+        if n0 > last:  # above the diagonal: zeros for the GEMMs
+            tl.store(P + base + o_c[None, :], tl.zeros([BM, BM], dtype=P.dtype.element_ty), mask=m_st)
+            tl.store(DP + base + o_c[None, :], tl.zeros([BM, BM], dtype=DP.dtype.element_ty), mask=m_st)
+        else:
+            b_s, keep, b_k = _slab_scores(K, BIAS, b_q, i_b, i_h, m0, n0, c1, T, H, S, NTD, scale,
+                                          BM, BS, CAUSAL, HAS_BIAS, PREC)
+            b_r = tl.where(keep, tl.maximum(b_s, 0.0), 0.0)
+            b_dp = tl.load(DP + base + o_c[None, :], mask=m_st, other=0.0).to(tl.float32)
+            b_ds = 2.0 * b_r * b_dp  # d relu(s)^2 / ds
+            if NEED_DB:
+                p_db = DB + ((i_h * NTD + (m0 - n0) // BM + mid).to(tl.int64) * BM + o_b[:, None]) * BM + o_b[None, :]
+                tl.atomic_add(p_db, b_ds, sem="relaxed")
+            b_ds = b_ds * scale
+            tl.store(P + base + o_c[None, :], (b_r * b_r).to(P.dtype.element_ty), mask=m_st)
+            tl.store(DP + base + o_c[None, :], b_ds.to(DP.dtype.element_ty), mask=m_st)
+            b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=PREC)
+    rows_m = (i_b.to(tl.int64) * T + o_m) * H + i_h
+    p_dq = DQ + rows_m[:, None] * S + o_s[None, :]
+    m_dq = m_m[:, None] & (o_s < S)[None, :]
+    tl.store(p_dq, tl.load(p_dq, mask=m_dq, other=0.0) + b_dq, mask=m_dq)
+
+
+def slab_applies(cfg: Blocks, S: int, cu_seqlens) -> bool:
+    """Whether a call takes the slab path: ``Blocks.slab > 0``, unpacked, ``S <= MAX_S``."""
+    return cfg.slab > 0 and cu_seqlens is None and S <= MAX_S
+
+
+def _geometry(T: int, cfg: Blocks) -> tuple[int, int, int]:
+    """``(R, BM, NTD)``: the slab height (a multiple of the tile, at most ``T`` rounded up), the tile and
+    the number of bias tile diagonals."""
+    bm = cfg.bm_slab
+    R = max(bm, min(cfg.slab // bm * bm, cdiv(T, bm) * bm))
+    return R, bm, 2 * cdiv(T, bm) - 1
+
+
+def _pad(n: int, m: int = 64) -> int:  # buffer row length: 16-byte aligned rows for cuBLAS, whole tiles
+    return cdiv(n, m) * m
+
+
+def slab_fwd(q, k, v, rel_bias, scale: float, causal: bool, cfg: Blocks) -> torch.Tensor:
+    """``o [B, T, H, E]`` of GAU attention by query slabs (q, k ``[B, T, H, S]``, v ``[B, T, H, E]``
+    contiguous, rel_bias ``[H, 2T - 1]`` or None)."""
+    B, T, H, S = q.shape
+    o = torch.empty_like(v)
+    if B * T == 0:
+        return o
+    R, bm, ntd = _geometry(T, cfg)
+    bias = bias_tiles(kernel_bias(rel_bias)[0], ntd, T - 1, bm)
+    P = torch.empty(B, R, _pad(T), dtype=q.dtype, device=q.device)
+    BS, PREC = pow2_at_least(S), dot_config(q.dtype)[1]
+    for h in range(H):
+        for r0 in range(0, T, R):
+            r1 = min(r0 + R, T)
+            kend = r1 if causal else T
+            slab_fwd_scores_kernel[(cdiv(kend, bm), cdiv(r1 - r0, bm), B)](
+                q, k, P, bias if bias is not None else q, r0, r1, kend, T, H, h, S, ntd, P.stride(0), P.stride(1),
+                float(scale), BM=bm, BS=BS, CAUSAL=causal, HAS_BIAS=bias is not None, PREC=PREC,
+                num_warps=cfg.warps_slab,
+            )
+            torch.bmm(P[:, : r1 - r0, :kend], v[:, :kend, h], out=o[:, r0:r1, h])
+    return o
+
+
+def slab_bwd(do, q, k, v, rel_bias, scale: float, causal: bool, need_db: bool, cfg: Blocks):
+    """``(dq, dk, dv, db)`` of :func:`slab_fwd` (``db``: ``[H, 2T - 1]`` in ``rel_bias``'s dtype, or an empty
+    tensor when not asked for), by key slabs."""
+    B, T, H, S = q.shape
+    do = do.contiguous()
+    dq32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    bias, LB = kernel_bias(rel_bias)
+    need_db = need_db and bias is not None
+    if B * T == 0:
+        dk.zero_(), dv.zero_()
+        return dq32.to(q.dtype), dk, dv, (torch.zeros_like(rel_bias) if need_db else q.new_empty(0))
+    R, bm, ntd = _geometry(T, cfg)
+    tiles = bias_tiles(bias, ntd, T - 1, bm)
+    db_tiles = (torch.zeros((H, ntd, bm, bm), dtype=torch.float32, device=q.device) if need_db
+                else torch.empty(1, dtype=torch.float32, device=q.device))
+    # dP (then dS, in place) and P for the rows of one key slab: [B, T, R], R a multiple of 64
+    dP = torch.empty(B, T, R, dtype=q.dtype, device=q.device)
+    P = torch.empty(B, T, R, dtype=q.dtype, device=q.device)
+    BS, PREC = pow2_at_least(S), dot_config(q.dtype)[1]
+    for h in range(H):
+        for c0 in range(0, T, R):
+            c1 = min(c0 + R, T)
+            q0 = c0 if causal else 0
+            n, w = T - q0, c1 - c0
+            dp, p = dP[:, :n, :w], P[:, :n, :w]
+            torch.bmm(do[:, q0:, h], v[:, c0:c1, h].transpose(1, 2), out=dp)
+            slab_bwd_scores_kernel[(cdiv(n, bm), B)](
+                q, k, dP, P, dq32, db_tiles, tiles if tiles is not None else q, c0, c1, q0, T, H, h, S, ntd,
+                dP.stride(0), dP.stride(1), float(scale),
+                BM=bm, BS=BS, CAUSAL=causal, HAS_BIAS=tiles is not None, NEED_DB=need_db, PREC=PREC,
+                num_warps=cfg.warps_slab,
+            )
+            torch.bmm(p.transpose(1, 2), do[:, q0:, h], out=dv[:, c0:c1, h])
+            torch.bmm(dp.transpose(1, 2), q[:, q0:, h], out=dk[:, c0:c1, h])
+    db = fold_bias_grad(db_tiles, LB, T - 1, bm, rel_bias.dtype) if need_db else q.new_empty(0)
+    return dq32.to(q.dtype), dk, dv, db
