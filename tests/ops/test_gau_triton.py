@@ -8,6 +8,8 @@ Without CUDA, tests/ops/conftest.py sets ``TRITON_INTERPRET=1``.  Under the inte
 tiles, ``S`` tiles and ``E`` tiles, with partial tiles.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -46,12 +48,36 @@ def _run(backend, q, k, v, b, do, blocks=None, **kw):
     return dict(zip(NAMES, (o, *grads)))
 
 
+def _path_blocks(path, S, E, dtype=torch.float32):
+    """The default blocks with the slab path on (``slab``: the defaults' slabs -- 32 rows of 16-row tiles under
+    the interpreter -- or 512 rows where the defaults keep it off) or off (``tiled``)."""
+    from lintime.ops.gau.triton.plan import default_blocks
+
+    blocks = default_blocks(S, E, dtype)
+    if path == "tiled":
+        return dataclasses.replace(blocks, slab=0)
+    return blocks if blocks.slab else dataclasses.replace(blocks, slab=512)
+
+
+@pytest.fixture
+def slab_calls(monkeypatch):
+    """Counts the slab path's launchers (forward, backward) as the GAU entry calls them."""
+    from lintime.ops.gau.triton import gau as g
+
+    calls = []
+    for name in ("slab_fwd", "slab_bwd"):
+        real = getattr(g, name)
+        monkeypatch.setattr(g, name, lambda *a, _real=real, **kw: calls.append(1) or _real(*a, **kw))
+    return calls
+
+
 # ------------------------------------------------------------------------ interpreter (CPU)
 
 cpu_only = pytest.mark.skipif(CUDA, reason="interpreter tests: the CUDA tests below cover the compiled kernels")
 
 
 @cpu_only
+@pytest.mark.parametrize("path", ["tiled", "slab"])
 @pytest.mark.parametrize(
     "causal, bias, T, H, S, E",
     [
@@ -63,11 +89,14 @@ cpu_only = pytest.mark.skipif(CUDA, reason="interpreter tests: the CUDA tests be
         (True, True, 257, 1, 8, 20),  # 17 query / key tiles
     ],
 )
-def test_matches_naive_fp32(causal, bias, T, H, S, E):
+def test_matches_naive_fp32(path, causal, bias, T, H, S, E, slab_calls):
+    """Both paths of the Triton backend: the tiled kernels and the slab path (slabs of 32 rows, 16-row score
+    tiles under the interpreter: several slabs, a partial last slab and partial tiles)."""
     q, k, v, b, do = _inputs(2, T, H, S, E, torch.float32)
     kw = {"causal": causal, "scale": S**-0.5}
     ref = _run("naive", q, k, v, b if bias else None, do, **kw)
-    out = _run("triton", q, k, v, b if bias else None, do, **kw)
+    out = _run("triton", q, k, v, b if bias else None, do, blocks=_path_blocks(path, S, E), **kw)
+    assert slab_calls == ([1, 1] if path == "slab" else [])  # forward and backward took the path asked for
     assert sorted(ref) == sorted(out)
     for name in ref:
         assert out[name].dtype == ref[name].dtype
@@ -174,6 +203,81 @@ def test_opcheck():
     torch.library.opcheck(gau_fwd, (q, k, v, b, cu, 0.3, True, default_blocks(8, 12, torch.float32).to_list()))
 
 
+@cpu_only
+@pytest.mark.parametrize("causal", [True, False])
+def test_slab_fp16_half_precision_rule(causal, slab_calls):
+    """The slab path in fp16 (scores, ``dS`` and the GEMMs' operands in fp16, fp32 accumulation) by the
+    half-precision rule against the fp64 naive form."""
+    q, k, v, b, do = _inputs(2, 45, 1, 16, 24, torch.float64, seed=8)
+    kw = {"causal": causal, "scale": 16**-0.5}
+    ref = _run("naive", q, k, v, b, do, **kw)
+    half = [x.half() for x in (q, k, v, b, do)]
+    base = _run("naive", *half, **kw)
+    out = _run("triton", *half, blocks=_path_blocks("slab", 16, 24, torch.float16), **kw)
+    assert slab_calls == [1, 1]
+    for name in ref:
+        assert out[name].dtype == torch.float16
+        assert_half_rule(f"gau slab fp16 {name} (causal={causal})", ref[name], out[name], base[name])
+
+
+@cpu_only
+def test_slab_height_not_a_tile_multiple_and_longer_than_T(slab_calls):
+    """A slab height that is no multiple of the tile (rounded down to one) and one taller than the sequence
+    (one slab): both exact."""
+    q, k, v, b, do = _inputs(1, 29, 1, 8, 8, torch.float32, seed=10)
+    kw = {"causal": True, "scale": 0.3}
+    ref = _run("naive", q, k, v, b, do, **kw)
+    for slab in (40, 1000):
+        blocks = dataclasses.replace(_path_blocks("slab", 8, 8), slab=slab)
+        out = _run("triton", q, k, v, b, do, blocks=blocks, **kw)
+        for name in ref:
+            assert_exact(f"gau slab={slab} {name}", ref[name], out[name])
+    assert slab_calls == [1, 1, 1, 1]
+
+
+@cpu_only
+def test_slab_falls_back_to_tiles_for_packed_and_wide_inputs(slab_calls):
+    """Packed sequences (``cu_seqlens``) and ``S`` wider than the slab kernels' tile take the tiled kernels even
+    with ``slab`` set, and are still exact."""
+    from lintime.ops.gau.triton.slab import MAX_S, slab_applies
+
+    blocks = _path_blocks("slab", 8, 6)
+    assert slab_applies(blocks, MAX_S, None) and not slab_applies(blocks, MAX_S + 1, None)
+    assert not slab_applies(blocks, 8, torch.tensor([0, 3]))
+    assert not slab_applies(dataclasses.replace(blocks, slab=0), 8, None)
+    lens = [13, 1, 0, 20]
+    q, k, v, b, do = _inputs(1, sum(lens), 1, 8, 6, torch.float32, seed=3)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    kw = {"causal": True, "scale": 0.3, "cu_seqlens": cu}
+    ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, blocks=blocks, **kw)
+    assert slab_calls == []
+    for name in ref:
+        assert_exact(f"gau packed with slab set {name}", ref[name], out[name])
+
+
+@cpu_only
+def test_slab_opcheck_and_compile():
+    """The custom ops with the slab path on: ``torch.library.opcheck`` of ``lintime::gau_fwd`` (fake tensors,
+    autograd, AOT tracing) and a ``torch.compile`` (aot_eager) trace whose gradients equal the eager ones."""
+    from lintime.ops.gau.triton import triton_gau_attention
+    from lintime.ops.gau.triton.gau import gau_fwd
+
+    blocks = _path_blocks("slab", 8, 12)
+    q, k, v, b, do = _inputs(2, 35, 1, 8, 12, torch.float32, seed=11)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, b)]
+    torch.library.opcheck(gau_fwd, (*leaves[:4], None, 0.3, True, blocks.to_list()))
+
+    def f(q, k, v, b):
+        return triton_gau_attention(q, k, v, rel_bias=b, scale=0.3, blocks=blocks)
+
+    torch._dynamo.reset()
+    g1 = torch.autograd.grad(torch.compile(f, backend="aot_eager")(*leaves), leaves, do)
+    leaves2 = [x.clone().requires_grad_() for x in (q, k, v, b)]
+    g2 = torch.autograd.grad(f(*leaves2), leaves2, do)
+    for a, c in zip(g2, g1):
+        assert_exact("compiled slab grad", a, c)
+
+
 # ------------------------------------------------------------------------ CUDA, real sizes
 
 cuda = pytest.mark.cuda
@@ -182,17 +286,25 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 
 @cuda
 @needs_cuda
+@pytest.mark.parametrize("path", ["default", "tiled"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [True, False])
-def test_cuda_real_size_half_rule(dtype, causal):
-    """GAU's shape (H = 1, S = 128, E = 2048) at T = 1100 in half precision vs the fp64 naive."""
+def test_cuda_real_size_half_rule(path, dtype, causal, slab_calls):
+    """GAU's shape (H = 1, S = 128, E = 2048) at T = 1100 in half precision vs the fp64 naive: the default
+    (the slab path for unpacked calls) and the tiled kernels."""
     B, T, H, S, E = 2, 1100, 1, 128, 2048
     q, k, v, b, do = _inputs(B, T, H, S, E, torch.float64, device="cuda", seed=1)
     q, k = q * 0.5, k * 0.5
     kw = {"causal": causal, "scale": 1.0 / 128}
     ref = _run("naive", q, k, v, b, do, **kw)
     half = [x.to(dtype) for x in (q, k, v, b, do)]
-    base, out = _run("naive", *half, **kw), _run("triton", *half, **kw)
+    base = _run("naive", *half, **kw)
+    if path == "default":
+        out = _run("triton", *half, **kw)
+        assert slab_calls == [1, 1]  # the default takes the slab path at this shape
+    else:
+        out = _run("triton", *half, blocks=_path_blocks("tiled", S, E, dtype), **kw)
+        assert slab_calls == []
     for name in ref:
         assert_half_rule(f"cuda gau {dtype} {name} (causal={causal})", ref[name], out[name], base[name])
 
@@ -222,6 +334,21 @@ def test_cuda_fp32_exact_packed(S, E):
 
 @cuda
 @needs_cuda
+@pytest.mark.parametrize("causal", [True, False])
+def test_cuda_slab_fp32_exact_two_heads(causal, slab_calls):
+    """The slab path in fp32 (exact fp32 GEMMs and products) vs naive fp32: two heads (per-head strided GEMM
+    operands), T = 1500 (several slabs, a partial last one), S = 96 (a padded score tile), E = 320."""
+    q, k, v, b, do = _inputs(2, 1500, 2, 96, 320, torch.float32, device="cuda", seed=12)
+    kw = {"causal": causal, "scale": 96**-0.5}
+    ref = _run("naive", q, k, v, b, do, **kw)
+    out = _run("triton", q, k, v, b, do, blocks=_path_blocks("slab", 96, 320), **kw)
+    assert slab_calls == [1, 1]
+    for name in ref:
+        assert_exact(f"cuda gau slab fp32 {name} (causal={causal})", ref[name], out[name])
+
+
+@cuda
+@needs_cuda
 def test_cuda_dispatch_picks_triton(impl_calls):
     import lintime.ops.gau as gau_module
 
@@ -247,7 +374,8 @@ _VARIANTS = [(n, o) for n, o in LAUNCH_VARIANTS if o and (CUDA or changes_tiles(
 @pytest.mark.parametrize("name,overrides", _VARIANTS, ids=[n for n, _ in _VARIANTS])
 def test_launch_variants(name, overrides):
     """Every candidate launch of ``LAUNCH_VARIANTS`` against the naive form: packed sequences (one
-    longer than a 128-row tile, one of one token, one empty), causal, with the Toeplitz bias; the
+    longer than a 128-row tile, one of one token, one empty; two unpacked sequences of the first length for
+    the slab path's variants), causal, with the Toeplitz bias; the
     output and the gradients of q, k, v and the bias.  CPU: fp32 at the exact rule at small widths
     (S = 12, E = 12); CUDA: bf16 at GAU's widths (S = 128, E = 2048) by the half-precision rule."""
     if CUDA:
@@ -255,10 +383,14 @@ def test_launch_variants(name, overrides):
     else:
         lens, S, E, dtype = [133, 1, 0, 20], 12, 12, torch.float32
     blocks = variant_blocks(overrides, S, E, dtype)
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
-    q, k, v, b, do = _inputs(1, sum(lens), 1, S, E, torch.float64, device=DEV, seed=9)
+    if blocks.slab:  # the slab path runs unpacked calls (packed ones take the tiled kernels): two sequences
+        q, k, v, b, do = _inputs(2, lens[0], 1, S, E, torch.float64, device=DEV, seed=9)
+        kw = {"causal": True, "scale": S**-0.5}
+    else:
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+        q, k, v, b, do = _inputs(1, sum(lens), 1, S, E, torch.float64, device=DEV, seed=9)
+        kw = {"causal": True, "scale": S**-0.5, "cu_seqlens": cu}
     q, k = q * 0.5, k * 0.5
-    kw = {"causal": True, "scale": S**-0.5, "cu_seqlens": cu}
     xs = [x.to(dtype) for x in (q, k, v, b, do)]
     base, out = _run("naive", *xs, **kw), _run("triton", *xs, blocks=blocks, **kw)
     ref = _run("naive", q, k, v, b, do, **kw) if dtype != torch.float32 else None

@@ -111,12 +111,17 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # 4k (the same backward within noise; with 8 warps 4.49); the kernel is not bound by its MMA shape
     # The slab path (lintime.ops.gau.triton.slab; session 10): scores materialised per slab of R rows, the
     # E-wide products as cuBLAS GEMMs.  "tiled" is the FlashAttention-shaped kernels above.
+    # H200 (2026-11-26, CUDA-graph fwd+bwd at 2k / 4k / 8k, ms): tiled 2.01 / 3.60 / 6.78; 512-row slabs with
+    # [64, 64] score tiles and 4 warps 1.17 / 2.06 / 3.97 (the default since); [128, 128] tiles with 8 warps: slabs
+    # of 256 rows 1.30 / 2.45 / 4.77, 512 1.25 / 2.23 / 4.25, 1024 1.29 / 2.22 / 4.01; with 4 warps (512) 1.42 /
+    # 2.56 / 4.95
     ("tiled", {"slab": 0}),
+    ("slab512_bm128_w8", {"slab": 512, "bm_slab": 128, "warps_slab": 8}),
     ("slab256", {"slab": 256}),
-    ("slab512", {"slab": 512}),
     ("slab1024", {"slab": 1024}),
-    ("slab512_w4", {"slab": 512, "warps_slab": 4}),
-    ("slab512_bm64", {"slab": 512, "bm_slab": 64, "warps_slab": 4}),
+    ("slab2048", {"slab": 2048}),
+    ("slab512_w8", {"slab": 512, "warps_slab": 8}),
+    ("slab512_w2", {"slab": 512, "warps_slab": 2}),
 )
 
 

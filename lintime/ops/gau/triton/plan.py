@@ -124,7 +124,8 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
         return Blocks(bm=16, bs=16, be_fwd=16, be_dv=16, be_red=16, warps_fwd=1, warps_bwd=1, stages=1,
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
                       be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, gau_order=3, tma=1, fuse_scores=1,
-                      tma_bias=1, slab=0, bm_slab=16, warps_slab=1)
+                      tma_bias=1, slab=32 if E >= 16 else 0, bm_slab=16, warps_slab=1)  # GAU: slabs for E >= 16 (the
+        # GPU rule, E >= 512, at the interpreter's widths), so tests of narrow and wide values run both paths
     # Promoted variants, each CUDA-tested and faster in device time on an H200 (2026-11-22, S = 128,
     # E = 2048, C = 256; docs/notes/kernels_flash.md): mixed chunk 4 warps and 3 stages ("w4_s3") and
     # [64, 64] chunk-matrix tiles ("bg64": 0.999 -> 0.925 ms fwd+bwd at 2k, 1.151 -> 1.081 at 32k);
@@ -137,6 +138,10 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
         # quarter of the score recomputation per E; "fwd_be512_w8_s2" 09:00 UTC: fwd 2.20 -> 1.55 ms, fwd+bwd
         # 6.38 -> 5.73 at 4k; "dv_be512_w8" 09:04 UTC: fwd+bwd 5.72 -> 4.83)
         tiles = {"be_fwd": 512, "be_dv": 512, "warps_gau_fwd": 8, "warps_gau_dv": 8, "stages_gau_fwd": 2, "bs": 64}
+        # the slab path for wide values (session 10, H200, fwd+bwd at 2k / 4k / 8k: tiled 2.01 / 3.60 / 6.78 ms,
+        # slabs of 512 rows with [64, 64] score tiles and 4 warps 1.17 / 2.06 / 3.97; [128, 128] tiles with 8 warps
+        # 1.25 / 2.23 / 4.25, with 4 warps 1.42 / 2.56 / 4.95)
+        tiles.update(slab=512 if E >= 512 else 0, bm_slab=64, warps_slab=4)
     elif dtype == torch.bfloat16:  # mixed chunk's output and dV GEMMs; the fused backward reduction over E on
         # [128, 128] dS tiles with 8 warps, S steps / tiles of up to 128 everywhere (session 8, "red64" 0.684 /
         # 0.788 -> 0.650 / 0.756 ms fwd+bwd at 2k / 32k)
