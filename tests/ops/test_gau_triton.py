@@ -399,3 +399,18 @@ def test_launch_variants(name, overrides):
             assert_exact(f"gau variant {name} {name_}", base[name_], out[name_])
         else:
             assert_half_rule(f"gau variant {name} {name_}", ref[name_], out[name_], base[name_])
+
+
+def test_slab_rows_rule():
+    """The slab height: ``Blocks.slab`` rows, doubled for each factor of 4 of ``T`` beyond 4096 up to
+    ``slab_max`` (none with ``slab_max = 0``), a multiple of the score tile and no taller than ``T`` rounded up to
+    one tile."""
+    from lintime.ops.gau.triton.plan import Blocks
+    from lintime.ops.gau.triton.slab import slab_rows
+
+    grow = Blocks(slab=512, slab_max=2048, bm_slab=64)
+    assert [slab_rows(T, grow) for T in (4096, 4097, 16384, 16385, 1 << 20)] == [512, 1024, 1024, 2048, 2048]
+    assert [slab_rows(T, grow) for T in (1, 64, 65, 300)] == [64, 64, 128, 320]
+    fixed = Blocks(slab=512, slab_max=0, bm_slab=64)
+    assert slab_rows(1 << 20, fixed) == 512
+    assert slab_rows(1 << 20, Blocks(slab=600, slab_max=0, bm_slab=64)) == 576

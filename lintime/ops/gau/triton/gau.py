@@ -115,13 +115,17 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # [64, 64] score tiles and 4 warps 1.17 / 2.06 / 3.97 (the default since); [128, 128] tiles with 8 warps: slabs
     # of 256 rows 1.30 / 2.45 / 4.77, 512 1.25 / 2.23 / 4.25, 1024 1.29 / 2.22 / 4.01; with 4 warps (512) 1.42 /
     # 2.56 / 4.95
+    # 2026-11-26, fixed slab heights at 1k..32k: plan.slab_rows (512 up to 4k, 1024 up to 16k, 2048 beyond: the
+    # default since); 8 warps (512 rows) 0.751 / 1.234 / 2.185 / 4.141 / 8.434 / 17.04 ms vs 4 warps 0.693 / 1.131 /
+    # 2.027 / 3.859 / 7.862 / 15.71, 2 warps 0.782 / 1.294 / 2.298 / 4.420 / 8.853 / 18.29
     ("tiled", {"slab": 0}),
-    ("slab512_bm128_w8", {"slab": 512, "bm_slab": 128, "warps_slab": 8}),
-    ("slab256", {"slab": 256}),
-    ("slab1024", {"slab": 1024}),
-    ("slab2048", {"slab": 2048}),
-    ("slab512_w8", {"slab": 512, "warps_slab": 8}),
-    ("slab512_w2", {"slab": 512, "warps_slab": 2}),
+    ("slab512_bm128_w8", {"slab": 512, "bm_slab": 128, "warps_slab": 8, "slab_max": 0}),
+    ("slab256", {"slab": 256, "slab_max": 0}),
+    ("slab512", {"slab": 512, "slab_max": 0}),
+    ("slab1024", {"slab": 1024, "slab_max": 0}),
+    ("slab2048", {"slab": 2048, "slab_max": 0}),
+    ("slab_w8", {"warps_slab": 8}),
+    ("slab_w2", {"warps_slab": 2}),
 )
 
 

@@ -46,8 +46,9 @@ class Blocks:
     stages (0: ``stages``); ``bg_red`` / ``warps_red`` the row (and key) tile / warps of the backward's
     reductions over ``E`` (``mc_dred_kernel``; 0: ``bg`` / ``warps_bwd``); ``warps_walk`` the state walk's warps
     (0: 4).  GAU's slab path (:mod:`lintime.ops.gau.triton.slab`): ``slab`` rows per slab of materialised
-    scores (0: the tiled kernels), ``bm_slab`` the square score tile of its two kernels, ``warps_slab`` their
-    warps.
+    scores (0: the tiled kernels), ``slab_max`` how tall slabs grow on long sequences (0: always ``slab``;
+    :func:`lintime.ops.gau.triton.slab.slab_rows`), ``bm_slab`` the square score tile of its two kernels,
+    ``warps_slab`` their warps.
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -84,6 +85,7 @@ class Blocks:
     slab: int = 0
     bm_slab: int = 128
     warps_slab: int = 8
+    slab_max: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -141,7 +143,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
         # the slab path for wide values (session 10, H200, fwd+bwd at 2k / 4k / 8k: tiled 2.01 / 3.60 / 6.78 ms,
         # slabs of 512 rows with [64, 64] score tiles and 4 warps 1.17 / 2.06 / 3.97; [128, 128] tiles with 8 warps
         # 1.25 / 2.23 / 4.25, with 4 warps 1.42 / 2.56 / 4.95)
-        tiles.update(slab=512 if E >= 512 else 0, bm_slab=64, warps_slab=4)
+        tiles.update(slab=512 if E >= 512 else 0, bm_slab=64, warps_slab=4, slab_max=2048)
     elif dtype == torch.bfloat16:  # mixed chunk's output and dV GEMMs; the fused backward reduction over E on
         # [128, 128] dS tiles with 8 warps, S steps / tiles of up to 128 everywhere (session 8, "red64" 0.684 /
         # 0.788 -> 0.650 / 0.756 ms fwd+bwd at 2k / 32k)
