@@ -16,6 +16,7 @@ Run: ``lintime bench ops --cases flash --out DIR`` (CUDA only; ``benchmarks/gpu_
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -426,6 +427,7 @@ def case_graph(results, quick=False, tokens=TOKENS, S=128, E=2048, C=256):
 
     from lintime.layers.positional import token_positions
     from lintime.ops import gau_attention
+    from lintime.ops.gau.triton import triton_gau_attention
     from lintime.ops.gau.triton.plan import default_blocks
     from lintime.ops.mixed_chunk.triton import triton_mixed_chunk_attention
 
@@ -447,13 +449,18 @@ def case_graph(results, quick=False, tokens=TOKENS, S=128, E=2048, C=256):
             mixed_chunk_flops(T, B, S, E, C), {"blocks": blocks.to_list()})
         del xs
         torch.cuda.empty_cache()
-    for T in (2048, 4096, 8192):
-        B = tokens // T
+    gau_tiled = dataclasses.replace(default_blocks(S, E, torch.bfloat16), slab=0)
+    for T in T_GAU:
+        B = max(1, tokens // T)
         q, k = _rand(B, T, 1, S, scale=0.5), _rand(B, T, 1, S, scale=0.5)
         v = _rand(B, T, 1, E)
         rbg = _rand(1, 2 * T - 1, scale=0.1)
         fwd, fb = fwd_fwdbwd_graph_ms(lambda q, k, v, b: gau_attention(q, k, v, rel_bias=b, scale=1 / 128), [q, k, v, rbg])
         log("graph:gau", "triton", T, B, {"H": 1, "S": S, "E": E}, fwd, fb, gau_flops(T, B, S, E))
+        # the tiled (FlashAttention-shaped) kernels, the default before the slab path, in the same run
+        fwd, fb = fwd_fwdbwd_graph_ms(lambda q, k, v, b: triton_gau_attention(q, k, v, rel_bias=b, scale=1 / 128,
+                                                                              blocks=gau_tiled), [q, k, v, rbg])
+        log("graph:gau", "triton_tiled", T, B, {"H": 1, "S": S, "E": E}, fwd, fb, gau_flops(T, B, S, E))
         del q, k, v
         qs, ks, vs = (_rand(B, 16, T, 64) for _ in range(3))
         fwd, fb = fwd_fwdbwd_graph_ms(
