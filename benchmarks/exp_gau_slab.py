@@ -69,6 +69,8 @@ def main():
     ap.add_argument("--variants", default="", help="comma-separated names of LAUNCH_VARIANTS (default: every "
                                                    "variant whose name starts with 'slab' or is 'tiled')")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--bias", default="grad", help="comma-separated: grad (bias with its gradient, the default), "
+                                                   "nograd (bias, no gradient), none (no bias)")
     args = ap.parse_args()
     S, E, bf = 128, 2048, torch.bfloat16
     want = [n for n in args.variants.split(",") if n]
@@ -97,15 +99,16 @@ def main():
         k = (torch.randn(B, T, 1, S, device="cuda", dtype=bf) * 0.5).requires_grad_()
         v = torch.randn(B, T, 1, E, device="cuda", dtype=bf).requires_grad_()
         rb = (torch.randn(1, 2 * T - 1, device="cuda", dtype=bf) * 0.1).requires_grad_()
-        for name, o in variants:
+        for (name, o), bias in ((v_, b_) for v_ in variants for b_ in args.bias.split(",")):
             blocks = variant_blocks(o, S, E, bf)
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
-            g = fwd_fwdbwd_graph_ms(lambda a, b, c, d, _b=blocks: triton_gau_attention(a, b, c, rel_bias=d,
-                                                                                       scale=1 / S, blocks=_b),
-                                    [q, k, v, rb], rep=30)
+            rb_ = {"grad": rb, "nograd": rb.detach(), "none": None}[bias]
+            g = fwd_fwdbwd_graph_ms(lambda a, b, c, d=None, _b=blocks: triton_gau_attention(
+                a, b, c, rel_bias=d, scale=1 / S, blocks=_b), [q, k, v] + ([rb_] if rb_ is not None else []), rep=30)
             peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-            rows.append({"T": T, "B": B, "impl": name, "blocks": dataclasses.asdict(blocks), "fwd_ms": g[0],
+            rows.append({"T": T, "B": B, "impl": name, "bias": bias, "blocks": dataclasses.asdict(blocks),
+                         "fwd_ms": g[0],
                          "fwdbwd_ms": g[1], "ratio_to_sdpa": (g[1] / s[1]) if g[1] and s[1] else None,
                          "peak_mib_above_inputs": peak})
             print({k_: v_ for k_, v_ in rows[-1].items() if k_ != "blocks"}, flush=True)
