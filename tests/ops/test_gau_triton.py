@@ -414,3 +414,35 @@ def test_slab_rows_rule():
     fixed = Blocks(slab=512, slab_max=0, bm_slab=64)
     assert slab_rows(1 << 20, fixed) == 512
     assert slab_rows(1 << 20, Blocks(slab=600, slab_max=0, bm_slab=64)) == 576
+
+
+@cpu_only
+@pytest.mark.parametrize("causal", [True, False])
+def test_slab_never_holds_a_TxT_tensor(causal, slab_calls):
+    """The slab path's memory is linear in ``T``: no tensor any torch op produces during its forward and backward
+    (buffers of scores, GEMM outputs, gradients, bias tiles) has more than ``B T max(R, H S, H E)`` elements, far
+    below ``T x T`` (the dense matrix the naive form shows the probe)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for x in out if isinstance(out, (tuple, list)) else (out,):
+                # (floating tensors: the interpreter moves kernel arguments through byte copies of their storage)
+                if isinstance(x, torch.Tensor) and x.is_floating_point():
+                    Largest.largest = max(Largest.largest, x.numel())
+            return out
+
+    B, T, H, S, E, R = 1, 512, 1, 8, 8, 64
+    q, k, v, b, do = _inputs(B, T, H, S, E, torch.float32, seed=14)
+    blocks = dataclasses.replace(_path_blocks("slab", S, E), slab=R)
+    with Largest():
+        _run("triton", q, k, v, b, do, blocks=blocks, causal=causal, scale=0.3)
+    slab_peak, Largest.largest = Largest.largest, 0
+    with Largest():
+        _run("naive", q, k, v, b, do, causal=causal, scale=0.3)
+    assert slab_calls == [1, 1]
+    assert Largest.largest >= T * T  # the probe sees the dense matrix when there is one
+    assert 0 < slab_peak <= B * T * max(R, H * S, H * E), slab_peak

@@ -1,4 +1,6 @@
-"""GAU attention on fused Triton kernels (FlashAttention-style tiling, no ``T x T`` tensor).
+"""GAU attention on the GPU: the slab path (:mod:`lintime.ops.gau.triton.slab`, scores materialised per slab of
+rows, the ``E``-wide products as GEMMs) for unpacked calls where ``Blocks.slab`` is set, else fused Triton kernels
+with FlashAttention-style tiling (below).  Neither forms a ``T x T`` tensor.
 
 Notation: ``B`` batch, ``T`` time, ``H`` heads, ``S`` query/key width, ``E`` value width, ``N``
 sequences, ``LB = 2T - 1`` bias diagonals.  Each sequence is one *region* of
@@ -339,7 +341,8 @@ def triton_gau_attention(q, k, v, *, causal=True, rel_bias=None, scale, cu_seqle
     """Fused GAU attention: same arguments and result as
     :func:`lintime.ops.gau.naive.naive_gau_attention` (q, k ``[B, T, H, S]``, v ``[B, T, H, E]``,
     rel_bias ``[H, 2T - 1]``); fp16 / bf16 / fp32 inputs, fp32 accumulation.  ``blocks``
-    overrides the block sizes (:func:`default_blocks`).  fp64 inputs go to the chunked PyTorch
+    overrides the block sizes and the path (:func:`default_blocks`; ``slab = 0`` the tiled kernels, else the
+    slab path for unpacked calls with ``S <= 256``).  fp64 inputs go to the chunked PyTorch
     form (Triton's fp64 products are not worth a kernel variant)."""
     if q.dtype == torch.float64:
         from lintime.ops.gau.chunk import chunk_gau_attention
