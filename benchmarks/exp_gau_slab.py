@@ -62,6 +62,39 @@ def check(blocks, name, causal, T=1100, B=2, S=128, E=2048):
     return bad
 
 
+def packed_rows(Ts, S, E, tokens=32768):
+    """Packed batches like ``lintime train``'s (``[1, 32k]`` with ``cu_seqlens``, rows of ``T`` tokens): three
+    quarters of the rows are one document each (slab runs), a quarter hold three documents (the tiled kernels).
+    The default (runs by slabs, the rest tiled) against all-tiled, CUDA-graph and eager fwd+bwd, bias with its
+    gradient."""
+    from lintime.bench.measure import fwd_fwdbwd_ms
+
+    bf, out = torch.bfloat16, []
+    for T in Ts:
+        n_rows = tokens // T
+        lens = []
+        for r in range(n_rows):
+            lens += [T] if r % 4 else [T // 2, T // 3, T - T // 2 - T // 3]
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+        TT = sum(lens)
+        q = (torch.randn(1, TT, 1, S, device="cuda", dtype=bf) * 0.5).requires_grad_()
+        k = (torch.randn(1, TT, 1, S, device="cuda", dtype=bf) * 0.5).requires_grad_()
+        v = torch.randn(1, TT, 1, E, device="cuda", dtype=bf).requires_grad_()
+        rb = (torch.randn(1, 2 * TT - 1, device="cuda", dtype=bf) * 0.1).requires_grad_()
+        for name, o in (("default", {}), ("tiled", {"slab": 0})):
+            blocks = variant_blocks(o, S, E, bf)
+
+            def f(a, b, c, d, _b=blocks):
+                return triton_gau_attention(a, b, c, rel_bias=d, scale=1 / S, cu_seqlens=cu, blocks=_b)
+
+            g = fwd_fwdbwd_graph_ms(f, [q, k, v, rb], rep=30)
+            e = fwd_fwdbwd_ms(f, [q, k, v, rb], rep=30)
+            out.append({"T": T, "packed": True, "n_seqs": len(lens), "impl": name, "fwd_ms": g[0], "fwdbwd_ms": g[1],
+                        "fwd_eager_ms": e[0], "fwdbwd_eager_ms": e[1]})
+            print(out[-1], flush=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "exp_gau_slab.json"))
@@ -69,6 +102,8 @@ def main():
     ap.add_argument("--variants", default="", help="comma-separated names of LAUNCH_VARIANTS (default: every "
                                                    "variant whose name starts with 'slab' or is 'tiled')")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--packed", action="store_true", help="also time packed batches (packed_rows)")
+    ap.add_argument("--skip-unpacked", action="store_true")
     ap.add_argument("--bias", default="grad", help="comma-separated: grad (bias with its gradient, the default), "
                                                    "nograd (bias, no gradient), none (no bias)")
     args = ap.parse_args()
@@ -87,7 +122,7 @@ def main():
         for f in failures:
             print(f, flush=True)
     rows = []
-    for T in (int(t) for t in args.Ts.split(",")):
+    for T in ([] if args.skip_unpacked else [int(t) for t in args.Ts.split(",")]):
         B = max(1, 32768 // T)
         qs, ks, vs = [torch.randn(B, 16, T, 64, device="cuda", dtype=bf).requires_grad_() for _ in range(3)]
         s = fwd_fwdbwd_graph_ms(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True),
@@ -114,6 +149,8 @@ def main():
             print({k_: v_ for k_, v_ in rows[-1].items() if k_ != "blocks"}, flush=True)
         del q, k, v, rb
         torch.cuda.empty_cache()
+    if args.packed:
+        rows += packed_rows([int(t) for t in args.Ts.split(",")], S, E)
     res = {"env": {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                    "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "git_commit": git_commit()},
            "failures": failures, "rows": rows}

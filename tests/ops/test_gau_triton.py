@@ -236,9 +236,9 @@ def test_slab_height_not_a_tile_multiple_and_longer_than_T(slab_calls):
 
 
 @cpu_only
-def test_slab_falls_back_to_tiles_for_packed_and_wide_inputs(slab_calls):
-    """Packed sequences (``cu_seqlens``) and ``S`` wider than the slab kernels' tile take the tiled kernels even
-    with ``slab`` set, and are still exact."""
+def test_slab_falls_back_to_tiles_for_short_packed_and_wide_inputs(slab_calls):
+    """Packed sequences that form no run (:func:`~lintime.ops.gau.triton.slab.slab_runs`) and ``S`` wider than the
+    slab kernels' tile take the tiled kernels even with ``slab`` set, and are still exact."""
     from lintime.ops.gau.triton.slab import MAX_S, slab_applies
 
     blocks = _path_blocks("slab", 8, 6)
@@ -253,6 +253,55 @@ def test_slab_falls_back_to_tiles_for_packed_and_wide_inputs(slab_calls):
     assert slab_calls == []
     for name in ref:
         assert_exact(f"gau packed with slab set {name}", ref[name], out[name])
+
+
+def test_slab_runs_of_a_packed_call():
+    """Runs: consecutive sequences of one length ``L >= slab`` with ``n L >= 4 slab`` tokens (here slab = 32:
+    ``L >= 32``, 128 tokens); everything else is left to the tiled kernels."""
+    from lintime.ops.gau.triton.plan import Blocks
+    from lintime.ops.gau.triton.slab import slab_runs
+
+    lens = torch.tensor([40, 40, 40, 40, 7, 33, 0, 1, 64, 64, 40, 40, 200])
+    starts = torch.cumsum(lens, 0) - lens
+    runs, rest = slab_runs(starts, lens, Blocks(slab=32, bm_slab=16), 16)
+    assert runs == [(0, 4, 40), (int(starts[8]), 2, 64), (int(starts[12]), 1, 200)]
+    assert rest.tolist() == [False] * 4 + [True] * 4 + [False, False, True, True, False]
+    assert slab_runs(starts, lens, Blocks(slab=0, bm_slab=16), 16)[0] == []  # slab path off
+    assert slab_runs(starts, lens, Blocks(slab=32, bm_slab=16), 300)[0] == []  # S too wide
+
+
+@cpu_only
+@pytest.mark.parametrize("causal", [True, False])
+def test_slab_packed_runs_and_tiles_in_one_call(causal, slab_calls):
+    """A packed call with two slab runs (4 x 40 and 2 x 64 tokens) and sequences left to the tiled kernels
+    (7, 33, an empty one, 1, 20 tokens) between and after them: output and every gradient (the bias's summed over
+    both paths) exact against naive."""
+    lens = [40, 40, 40, 40, 7, 33, 0, 1, 64, 64, 20]
+    q, k, v, b, do = _inputs(1, sum(lens), 2, 8, 16, torch.float32, seed=15)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    kw = {"causal": causal, "scale": 0.3, "cu_seqlens": cu}
+    ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, blocks=_path_blocks("slab", 8, 16),
+                                                        **kw)
+    assert slab_calls == [1, 1, 1, 1]  # two runs, forward and backward
+    for name in ref:
+        assert_exact(f"gau packed runs {name} (causal={causal})", ref[name], out[name])
+
+
+@cpu_only
+def test_slab_packed_all_runs_fp16(slab_calls):
+    """A packed call that is all one run (3 x 64 tokens: no sequence left to the tiled kernels), fp16 by the half
+    rule."""
+    lens = [64, 64, 64]
+    q, k, v, b, do = _inputs(1, sum(lens), 1, 16, 24, torch.float64, seed=16)
+    cu = torch.tensor([0, 64, 128, 192], dtype=torch.int32)
+    kw = {"causal": True, "scale": 0.25, "cu_seqlens": cu}
+    ref = _run("naive", q, k, v, b, do, **kw)
+    half = [x.half() for x in (q, k, v, b, do)]
+    base = _run("naive", *half, **kw)
+    out = _run("triton", *half, blocks=_path_blocks("slab", 16, 24, torch.float16), **kw)
+    assert slab_calls == [1, 1]
+    for name in ref:
+        assert_half_rule(f"gau packed one run fp16 {name}", ref[name], out[name], base[name])
 
 
 @cpu_only
@@ -345,6 +394,24 @@ def test_cuda_slab_fp32_exact_two_heads(causal, slab_calls):
     assert slab_calls == [1, 1]
     for name in ref:
         assert_exact(f"cuda gau slab fp32 {name} (causal={causal})", ref[name], out[name])
+
+
+@cuda
+@needs_cuda
+def test_cuda_packed_runs_half_rule(slab_calls):
+    """A packed bf16 call at GAU's shape whose first two sequences (2 x 1100 tokens) form a slab run and whose
+    others (333, 1, 0, 700 tokens) stay on the tiled kernels: output and every gradient by the half rule."""
+    lens, S, E = [1100, 1100, 333, 1, 0, 700], 128, 2048
+    q, k, v, b, do = _inputs(1, sum(lens), 1, S, E, torch.float64, device="cuda", seed=17)
+    q, k = q * 0.5, k * 0.5
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    kw = {"causal": True, "scale": 1.0 / S, "cu_seqlens": cu}
+    ref = _run("naive", q, k, v, b, do, **kw)
+    half = [x.bfloat16() for x in (q, k, v, b, do)]
+    base, out = _run("naive", *half, **kw), _run("triton", *half, **kw)
+    assert slab_calls == [1, 1]
+    for name in ref:
+        assert_half_rule(f"cuda gau packed runs {name}", ref[name], out[name], base[name])
 
 
 @cuda

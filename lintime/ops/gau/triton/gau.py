@@ -36,7 +36,7 @@ from lintime.ops.gau.triton.plan import (
     tiles_of,
     to_device,
 )
-from lintime.ops.gau.triton.slab import slab_applies, slab_bwd, slab_fwd
+from lintime.ops.gau.triton.slab import slab_applies, slab_bwd, slab_fwd, slab_runs
 from lintime.ops.triton_common import (
     cdiv,
     check_device,
@@ -131,21 +131,44 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
 )
 
 
-def _plan(B, T, cu_seqlens, bm, device):
-    """Regions = non-empty sequences; returns the device tables and the longest sequence.
-    Unpacked calls reuse the tables of the same shape (no host work, no copy)."""
+def _plan(B, T, cu_seqlens, bm, device, bounds=None):
+    """Regions = non-empty sequences (of ``bounds = (starts, lengths)`` when given: a packed call's sequences
+    left to the tiled kernels); returns the device tables and the longest sequence.  Unpacked calls reuse the
+    tables of the same shape (no host work, no copy)."""
+    if bounds is not None:
+        return _build_plan(*bounds, bm, device)
     if cu_seqlens is None:
         return _regular_plan(B, T, bm, str(device))
-    return _build_plan(B, T, cu_seqlens, bm, device)
+    return _build_plan(*sequence_bounds(B, T, cu_seqlens), bm, device)
 
 
 @functools.lru_cache(maxsize=64)
 def _regular_plan(B, T, bm, device):
-    return _build_plan(B, T, None, bm, torch.device(device))
+    return _build_plan(*sequence_bounds(B, T, None), bm, torch.device(device))
 
 
-def _build_plan(B, T, cu_seqlens, bm, device):
+def _packed_split(B, T, cu_seqlens, cfg: Blocks, S: int):
+    """A packed call's slab runs and the ``bounds`` of its other sequences (:func:`~.slab.slab_runs`; one read of
+    ``cu_seqlens`` on the host, as the tiled kernels' plan needs anyway); ``([], None)`` for unpacked calls or
+    with the slab path off."""
+    if cu_seqlens is None or not cfg.slab:
+        return [], None
     starts, lengths = sequence_bounds(B, T, cu_seqlens)
+    runs, rest = slab_runs(starts, lengths, cfg, S)
+    return runs, (starts[rest], lengths[rest])
+
+
+def _run_views(T: int, s0: int, n: int, L: int, *xs):
+    """Views ``[n, L, H, D]`` of the packed ``[1, T, H, D]`` tensors ``xs`` over the run ``(s0, n, L)``."""
+    return [x[0, s0:s0 + n * L].view(n, L, *x.shape[2:]) for x in xs]
+
+
+def _run_bias(rel_bias, T: int, L: int):
+    """The ``[H, 2L - 1]`` diagonals of a packed call's ``[H, 2T - 1]`` bias that sequences of length ``L`` use."""
+    return None if rel_bias is None else rel_bias[:, T - L:T + L - 1]
+
+
+def _build_plan(starts, lengths, bm, device):
     keep = lengths > 0
     starts, lengths = starts[keep], lengths[keep]
     reg, off = tiles_of(lengths, bm)
@@ -211,7 +234,11 @@ def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
         return slab_fwd(q, k, v, rel_bias, scale, causal, cfg)
     E = v.shape[-1]
     o = torch.empty_like(v)
-    tables, NT, longest = _plan(B, T, cu_seqlens, cfg.bm, q.device)
+    runs, bounds = _packed_split(B, T, cu_seqlens, cfg, S)
+    for s0, n, L in runs:  # packed: runs of equal-length sequences by slabs, the rest tiled below
+        qr, kr, vr, orun = _run_views(T, s0, n, L, q, k, v, o)
+        slab_fwd(qr, kr, vr, _run_bias(rel_bias, T, L), scale, causal, cfg, o=orun)
+    tables, NT, longest = _plan(B, T, cu_seqlens, cfg.bm, q.device, bounds)
     if NT == 0:
         return o
     t_reg, t_off = _tile_tables(tables, cfg, causal, "q", bwd=False)
@@ -260,10 +287,18 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
     dv = torch.empty_like(v)
     dq32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dk32 = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
-    tables, NT, longest = _plan(B, T, cu_seqlens, cfg.bm, q.device)
-    r_start, r_len = tables[2:4]
     bias, LB = kernel_bias(rel_bias)
     need_db = need_db and bias is not None
+    runs, bounds = _packed_split(B, T, cu_seqlens, cfg, S)
+    run_dk, run_db = [], []
+    for s0, n, L in runs:  # packed: runs of equal-length sequences by slabs (dq, dv in place), the rest below
+        qr, kr, vr, dor, dqr, dvr = _run_views(T, s0, n, L, q, k, v, do, dq32, dv)
+        _, dkr, _, dbr = slab_bwd(dor, qr, kr, vr, _run_bias(rel_bias, T, L), scale, causal, need_db, cfg,
+                                  dq32=dqr, dv=dvr, db_dtype=torch.float32)
+        run_dk.append((s0, n * L, dkr))
+        run_db.append((L, dbr))
+    tables, NT, longest = _plan(B, T, cu_seqlens, cfg.bm, q.device, bounds)
+    r_start, r_len = tables[2:4]
     ntd = 2 * cdiv(max(longest, 1), cfg.bm) - 1
     # (no bias gradient: a 1-element placeholder the kernel never touches, not a fill)
     db_tiles = (torch.zeros((H, ntd, cfg.bm, cfg.bm), dtype=torch.float32, device=q.device) if need_db
@@ -291,13 +326,18 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
             BM=cfg.bm, BS=cfg.bs_gau, BE=cfg.be_red_gau, NEED_DB=need_db, TMA=on, TMA_BIAS=on_bias,
             num_warps=cfg.warps_gau, **common,
         )
-    else:
+    elif not runs:
         dv.zero_()
+    db = q.new_empty(0)
     if need_db:
-        db = fold_bias_grad(db_tiles, LB, T - 1, cfg.bm, rel_bias.dtype)
-    else:
-        db = q.new_empty(0)
-    return dq32.to(q.dtype), dk32.to(k.dtype), dv, db
+        db = fold_bias_grad(db_tiles, LB, T - 1, cfg.bm, torch.float32 if runs else rel_bias.dtype)
+        for L, dbr in run_db:  # the runs' bias gradients, summed in fp32
+            _run_bias(db, T, L).add_(dbr)
+        db = db.to(rel_bias.dtype)
+    dk = dk32.to(k.dtype)
+    for s0, nL, dkr in run_dk:
+        dk[0, s0:s0 + nL].copy_(dkr.reshape(nL, *dk.shape[2:]))
+    return dq32.to(q.dtype), dk, dv, db
 
 
 def _setup(ctx, inputs, output):

@@ -24,7 +24,9 @@ rows it owns and the bias gradient per tile diagonal (fp32 atomics, folded by
 ``dk[c0:c1] = dS^T q[q0:]`` write their rows once (no accumulation across slabs).
 
 The causal waste is the upper half of each diagonal ``[R, R]`` block in the GEMMs: a fraction ``R / T`` of
-the useful work.  Packed sequences (``cu_seqlens``) and ``S > 256`` take the tiled kernels.
+the useful work.  Packed calls (``cu_seqlens``): runs of consecutive sequences of one length (:func:`slab_runs`,
+whole rows of long documents in a packed training batch) go through the slab path as ``[n, L]`` views, the other
+sequences through the tiled kernels, in the same call.  ``S > 256`` takes the tiled kernels.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def slab_fwd_scores_kernel(
     o_m = m0 + tl.arange(0, BM)
     o_n = n0 + tl.arange(0, BM)
     m_st = (o_m < r1)[:, None] & (o_n < kend)[None, :]
-    p_p = P + i_b.to(tl.int64) * stride_pb + (o_m - r0)[:, None] * stride_pr + o_n[None, :]
+    p_p = P + i_b.to(tl.int64) * stride_pb + (o_m - r0).to(tl.int64)[:, None] * stride_pr + o_n[None, :]
     if CAUSAL:
         last = m0 + BM - 1  # the last key any row of this tile sees
     else:
@@ -120,7 +122,7 @@ def slab_bwd_scores_kernel(
     o_b = tl.arange(0, BM)
     b_q = _load_rows(Q, i_b, i_h, m0, T, T, H, S, BM, BS)
     b_dq = tl.zeros([BM, BS], dtype=tl.float32)
-    base = i_b.to(tl.int64) * stride_b + (o_m - q0)[:, None] * stride_r
+    base = i_b.to(tl.int64) * stride_b + (o_m - q0).to(tl.int64)[:, None] * stride_r
     mid = (NTD - 1) // 2
     if CAUSAL:
         last = m0 + BM - 1  # the last key any row of this tile sees
@@ -170,6 +172,28 @@ def slab_rows(T: int, cfg: Blocks) -> int:
     return max(bm, min(R // bm * bm, cdiv(T, bm) * bm))
 
 
+def slab_runs(starts: torch.Tensor, lengths: torch.Tensor, cfg: Blocks, S: int):
+    """How a packed call splits: ``(runs, rest)`` -- ``runs``, a list of ``(first token, n, L)``: ``n``
+    consecutive sequences of one length ``L >= Blocks.slab`` holding at least ``4 Blocks.slab`` tokens together,
+    which the slab path takes as an ``[n, L]`` batch (a view: consecutive sequences are consecutive tokens), and
+    ``rest``, a bool mask of the sequences left to the tiled kernels.  Packed training batches are mostly such
+    runs: a document longer than a row fills whole rows, one sequence each.  Shorter runs stay tiled: their few
+    tokens would cost ~6 launches per slab.  (``starts``, ``lengths``: CPU int tensors, in token order.)"""
+    rest = torch.ones(lengths.numel(), dtype=torch.bool)
+    if not (cfg.slab > 0 and S <= MAX_S) or lengths.numel() == 0:
+        return [], rest
+    new_run = torch.ones_like(rest)
+    new_run[1:] = lengths[1:] != lengths[:-1]
+    first = torch.nonzero(new_run).flatten().tolist() + [lengths.numel()]
+    runs = []
+    for a, b in zip(first[:-1], first[1:]):
+        L = int(lengths[a])
+        if L >= cfg.slab and (b - a) * L >= 4 * cfg.slab:
+            runs.append((int(starts[a]), b - a, L))
+            rest[a:b] = False
+    return runs, rest
+
+
 def _geometry(T: int, cfg: Blocks) -> tuple[int, int, int]:
     """``(R, BM, NTD)``: the slab height (:func:`slab_rows`), the score tile and the number of bias tile
     diagonals."""
@@ -180,11 +204,12 @@ def _pad(n: int, m: int = 64) -> int:  # buffer row length: 16-byte aligned rows
     return cdiv(n, m) * m
 
 
-def slab_fwd(q, k, v, rel_bias, scale: float, causal: bool, cfg: Blocks) -> torch.Tensor:
-    """``o [B, T, H, E]`` of GAU attention by query slabs (q, k ``[B, T, H, S]``, v ``[B, T, H, E]``
-    contiguous, rel_bias ``[H, 2T - 1]`` or None)."""
+def slab_fwd(q, k, v, rel_bias, scale: float, causal: bool, cfg: Blocks, o: torch.Tensor | None = None):
+    """``o [B, T, H, E]`` of GAU attention by query slabs (q, k ``[B, T, H, S]``, v ``[B, T, H, E]``, each
+    contiguous within a sequence -- views of a packed call's runs qualify -- rel_bias ``[H, 2T - 1]`` or None);
+    written into ``o`` when given (such a view)."""
     B, T, H, S = q.shape
-    o = torch.empty_like(v)
+    o = torch.empty_like(v) if o is None else o
     if B * T == 0:
         return o
     R, bm, ntd = _geometry(T, cfg)
@@ -204,18 +229,24 @@ def slab_fwd(q, k, v, rel_bias, scale: float, causal: bool, cfg: Blocks) -> torc
     return o
 
 
-def slab_bwd(do, q, k, v, rel_bias, scale: float, causal: bool, need_db: bool, cfg: Blocks):
-    """``(dq, dk, dv, db)`` of :func:`slab_fwd` (``db``: ``[H, 2T - 1]`` in ``rel_bias``'s dtype, or an empty
-    tensor when not asked for), by key slabs."""
+def slab_bwd(do, q, k, v, rel_bias, scale: float, causal: bool, need_db: bool, cfg: Blocks, *,
+             dq32: torch.Tensor | None = None, dv: torch.Tensor | None = None, db_dtype: torch.dtype | None = None):
+    """``(dq, dk, dv, db)`` of :func:`slab_fwd`, by key slabs (``db``: ``[H, 2T - 1]`` in ``db_dtype``, default
+    ``rel_bias``'s, or an empty tensor when not asked for).  A packed call passes views of its buffers: ``dq32``
+    (fp32, zeros; ``dq`` is accumulated there and returned as is) and ``dv`` (written in place)."""
     B, T, H, S = q.shape
     do = do.contiguous()
-    dq32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    own_dq = dq32 is None
+    dq32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if own_dq else dq32
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v) if dv is None else dv
     bias, LB = kernel_bias(rel_bias)
     need_db = need_db and bias is not None
+    db_dtype = db_dtype or (rel_bias.dtype if rel_bias is not None else None)
     if B * T == 0:
         dk.zero_(), dv.zero_()
-        return dq32.to(q.dtype), dk, dv, (torch.zeros_like(rel_bias) if need_db else q.new_empty(0))
+        db = torch.zeros(rel_bias.shape, dtype=db_dtype, device=q.device) if need_db else q.new_empty(0)
+        return (dq32.to(q.dtype) if own_dq else dq32), dk, dv, db
     R, bm, ntd = _geometry(T, cfg)
     tiles = bias_tiles(bias, ntd, T - 1, bm)
     db_tiles = (torch.zeros((H, ntd, bm, bm), dtype=torch.float32, device=q.device) if need_db
@@ -239,5 +270,5 @@ def slab_bwd(do, q, k, v, rel_bias, scale: float, causal: bool, need_db: bool, c
             )
             torch.bmm(p.transpose(1, 2), do[:, q0:, h], out=dv[:, c0:c1, h])
             torch.bmm(dp.transpose(1, 2), q[:, q0:, h], out=dk[:, c0:c1, h])
-    db = fold_bias_grad(db_tiles, LB, T - 1, bm, rel_bias.dtype) if need_db else q.new_empty(0)
-    return dq32.to(q.dtype), dk, dv, db
+    db = fold_bias_grad(db_tiles, LB, T - 1, bm, db_dtype) if need_db else q.new_empty(0)
+    return (dq32.to(q.dtype) if own_dq else dq32), dk, dv, db
