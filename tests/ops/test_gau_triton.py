@@ -256,41 +256,45 @@ def test_slab_falls_back_to_tiles_for_short_packed_and_wide_inputs(slab_calls):
 
 
 def test_slab_runs_of_a_packed_call():
-    """Runs: consecutive sequences of one length ``L >= slab`` with ``n L >= 4 slab`` tokens (here slab = 32:
-    ``L >= 32``, 128 tokens); everything else is left to the tiled kernels."""
+    """Runs (with ``slab_packed``): consecutive sequences of one length ``L >= slab`` with ``n L >= 4 slab`` tokens
+    (here slab = 32: ``L >= 32``, 128 tokens); everything else is left to the tiled kernels."""
     from lintime.ops.gau.triton.plan import Blocks
     from lintime.ops.gau.triton.slab import slab_runs
 
     lens = torch.tensor([40, 40, 40, 40, 7, 33, 0, 1, 64, 64, 40, 40, 200])
     starts = torch.cumsum(lens, 0) - lens
-    runs, rest = slab_runs(starts, lens, Blocks(slab=32, bm_slab=16), 16)
+    on = Blocks(slab=32, bm_slab=16, slab_packed=1)
+    runs, rest = slab_runs(starts, lens, on, 16)
     assert runs == [(0, 4, 40), (int(starts[8]), 2, 64), (int(starts[12]), 1, 200)]
     assert rest.tolist() == [False] * 4 + [True] * 4 + [False, False, True, True, False]
-    assert slab_runs(starts, lens, Blocks(slab=0, bm_slab=16), 16)[0] == []  # slab path off
-    assert slab_runs(starts, lens, Blocks(slab=32, bm_slab=16), 300)[0] == []  # S too wide
+    assert slab_runs(starts, lens, dataclasses.replace(on, slab_packed=0), 16)[0] == []  # the default: off
+    assert slab_runs(starts, lens, dataclasses.replace(on, slab=0), 16)[0] == []  # slab path off
+    assert slab_runs(starts, lens, on, 300)[0] == []  # S too wide
 
 
 @cpu_only
 @pytest.mark.parametrize("causal", [True, False])
 def test_slab_packed_runs_and_tiles_in_one_call(causal, slab_calls):
-    """A packed call with two slab runs (4 x 40 and 2 x 64 tokens) and sequences left to the tiled kernels
+    """``slab_packed``: a packed call with two slab runs (4 x 40 and 2 x 64 tokens) and sequences left to the tiled kernels
     (7, 33, an empty one, 1, 20 tokens) between and after them: output and every gradient (the bias's summed over
     both paths) exact against naive."""
     lens = [40, 40, 40, 40, 7, 33, 0, 1, 64, 64, 20]
     q, k, v, b, do = _inputs(1, sum(lens), 2, 8, 16, torch.float32, seed=15)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     kw = {"causal": causal, "scale": 0.3, "cu_seqlens": cu}
-    ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, blocks=_path_blocks("slab", 8, 16),
-                                                        **kw)
+    blocks = dataclasses.replace(_path_blocks("slab", 8, 16), slab_packed=1)
+    ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, blocks=blocks, **kw)
     assert slab_calls == [1, 1, 1, 1]  # two runs, forward and backward
+    _run("triton", q, k, v, b, do, **kw)
+    assert slab_calls == [1, 1, 1, 1]  # the default leaves packed calls to the tiled kernels
     for name in ref:
         assert_exact(f"gau packed runs {name} (causal={causal})", ref[name], out[name])
 
 
 @cpu_only
 def test_slab_packed_all_runs_fp16(slab_calls):
-    """A packed call that is all one run (3 x 64 tokens: no sequence left to the tiled kernels), fp16 by the half
-    rule."""
+    """``slab_packed``: a packed call that is all one run (3 x 64 tokens: no sequence left to the tiled kernels),
+    fp16 by the half rule."""
     lens = [64, 64, 64]
     q, k, v, b, do = _inputs(1, sum(lens), 1, 16, 24, torch.float64, seed=16)
     cu = torch.tensor([0, 64, 128, 192], dtype=torch.int32)
@@ -298,7 +302,8 @@ def test_slab_packed_all_runs_fp16(slab_calls):
     ref = _run("naive", q, k, v, b, do, **kw)
     half = [x.half() for x in (q, k, v, b, do)]
     base = _run("naive", *half, **kw)
-    out = _run("triton", *half, blocks=_path_blocks("slab", 16, 24, torch.float16), **kw)
+    out = _run("triton", *half, blocks=dataclasses.replace(_path_blocks("slab", 16, 24, torch.float16), slab_packed=1),
+               **kw)
     assert slab_calls == [1, 1]
     for name in ref:
         assert_half_rule(f"gau packed one run fp16 {name}", ref[name], out[name], base[name])
@@ -399,8 +404,9 @@ def test_cuda_slab_fp32_exact_two_heads(causal, slab_calls):
 @cuda
 @needs_cuda
 def test_cuda_packed_runs_half_rule(slab_calls):
-    """A packed bf16 call at GAU's shape whose first two sequences (2 x 1100 tokens) form a slab run and whose
-    others (333, 1, 0, 700 tokens) stay on the tiled kernels: output and every gradient by the half rule."""
+    """``slab_packed``: a packed bf16 call at GAU's shape whose first two sequences (2 x 1100 tokens) form a slab run
+    and whose others (333, 1, 0, 700 tokens) stay on the tiled kernels: output and every gradient by the half
+    rule."""
     lens, S, E = [1100, 1100, 333, 1, 0, 700], 128, 2048
     q, k, v, b, do = _inputs(1, sum(lens), 1, S, E, torch.float64, device="cuda", seed=17)
     q, k = q * 0.5, k * 0.5
@@ -408,7 +414,8 @@ def test_cuda_packed_runs_half_rule(slab_calls):
     kw = {"causal": True, "scale": 1.0 / S, "cu_seqlens": cu}
     ref = _run("naive", q, k, v, b, do, **kw)
     half = [x.bfloat16() for x in (q, k, v, b, do)]
-    base, out = _run("naive", *half, **kw), _run("triton", *half, **kw)
+    blocks = dataclasses.replace(_path_blocks("slab", S, E, torch.bfloat16), slab_packed=1)
+    base, out = _run("naive", *half, **kw), _run("triton", *half, blocks=blocks, **kw)
     assert slab_calls == [1, 1]
     for name in ref:
         assert_half_rule(f"cuda gau packed runs {name}", ref[name], out[name], base[name])
@@ -435,14 +442,16 @@ from lintime.ops.gau.triton.plan import changes_tiles, variant_blocks
 # interpreter's 16-wide blocks; the GPU runs every variant with the blocks that `lintime bench ops
 # --cases flash.variants` times (the GPU defaults at S = 128, E = 2048 + the overrides).
 _VARIANTS = [(n, o) for n, o in LAUNCH_VARIANTS if o and (CUDA or changes_tiles(o))]
+SLAB_FIELDS = {"slab", "slab_max", "bm_slab", "warps_slab", "slab_packed"}  # a variant of the slab path
 
 
 @cuda  # also in the GPU runs' `-m cuda` selection; runs on the CPU (interpreter) as well
 @pytest.mark.parametrize("name,overrides", _VARIANTS, ids=[n for n, _ in _VARIANTS])
-def test_launch_variants(name, overrides):
-    """Every candidate launch of ``LAUNCH_VARIANTS`` against the naive form: packed sequences (one
-    longer than a 128-row tile, one of one token, one empty; two unpacked sequences of the first length for
-    the slab path's variants), causal, with the Toeplitz bias; the
+def test_launch_variants(name, overrides, slab_calls):
+    """Every candidate launch of ``LAUNCH_VARIANTS`` against the naive form, on the path it varies: packed
+    sequences for the tiled kernels' variants (one longer than a 128-row tile, one of one token, one empty; packed
+    calls take the tiled kernels), two unpacked sequences of the first length for the slab path's, a run of four
+    equal sequences before the short ones for ``slab_packed``; causal, with the Toeplitz bias; the
     output and the gradients of q, k, v and the bias.  CPU: fp32 at the exact rule at small widths
     (S = 12, E = 12); CUDA: bf16 at GAU's widths (S = 128, E = 2048) by the half-precision rule."""
     if CUDA:
@@ -450,16 +459,21 @@ def test_launch_variants(name, overrides):
     else:
         lens, S, E, dtype = [133, 1, 0, 20], 12, 12, torch.float32
     blocks = variant_blocks(overrides, S, E, dtype)
-    if blocks.slab:  # the slab path runs unpacked calls (packed ones take the tiled kernels): two sequences
+    slab_variant = bool(set(overrides) & SLAB_FIELDS)
+    if blocks.slab_packed:  # packed runs by slabs: a run of four sequences, then short ones for the tiled kernels
+        blocks = dataclasses.replace(blocks, slab=blocks.slab or 32)
+        lens = [blocks.slab + 8] * 4 + lens[1:]
+    if slab_variant and blocks.slab and not blocks.slab_packed:  # the slab path's unpacked calls: two sequences
         q, k, v, b, do = _inputs(2, lens[0], 1, S, E, torch.float64, device=DEV, seed=9)
         kw = {"causal": True, "scale": S**-0.5}
-    else:
+    else:  # packed: the tiled kernels (the variants of those kernels, and "tiled") or slab_packed's runs
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
         q, k, v, b, do = _inputs(1, sum(lens), 1, S, E, torch.float64, device=DEV, seed=9)
         kw = {"causal": True, "scale": S**-0.5, "cu_seqlens": cu}
     q, k = q * 0.5, k * 0.5
     xs = [x.to(dtype) for x in (q, k, v, b, do)]
     base, out = _run("naive", *xs, **kw), _run("triton", *xs, blocks=blocks, **kw)
+    assert slab_calls == ([1, 1] if slab_variant and blocks.slab else [])  # the variant's path ran
     ref = _run("naive", q, k, v, b, do, **kw) if dtype != torch.float32 else None
     for name_ in base:
         if ref is None:

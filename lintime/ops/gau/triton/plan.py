@@ -48,7 +48,8 @@ class Blocks:
     (0: 4).  GAU's slab path (:mod:`lintime.ops.gau.triton.slab`): ``slab`` rows per slab of materialised
     scores (0: the tiled kernels), ``slab_max`` how tall slabs grow on long sequences (0: always ``slab``;
     :func:`lintime.ops.gau.triton.slab.slab_rows`), ``bm_slab`` the square score tile of its two kernels,
-    ``warps_slab`` their warps.
+    ``warps_slab`` their warps, ``slab_packed`` whether packed calls send runs of equal-length sequences to it
+    (:func:`lintime.ops.gau.triton.slab.slab_runs`; measured slower in eager calls, off by default).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -86,6 +87,7 @@ class Blocks:
     bm_slab: int = 128
     warps_slab: int = 8
     slab_max: int = 0
+    slab_packed: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
