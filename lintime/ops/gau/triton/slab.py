@@ -67,6 +67,8 @@ def _slab_scores(K, BIAS, b_q, i_b, i_h, m0, n0, kmax, T, H, S, NTD, scale,
 
 @triton.jit
 def _load_rows(X, i_b, i_h, m0, mmax, T, H, S, BM: tl.constexpr, BS: tl.constexpr):
+    """Rows ``m0 .. m0 + BM`` (those ``< mmax``) of sequence ``i_b``, head ``i_h`` of a ``[B, T, H, S]`` tensor, as
+    a ``[BM, BS]`` tile padded with zeros."""
     o_m = m0 + tl.arange(0, BM)
     o_s = tl.arange(0, BS)
     rows = (i_b.to(tl.int64) * T + o_m) * H + i_h
