@@ -63,33 +63,34 @@ def check(blocks, name, causal, T=1100, B=2, S=128, E=2048):
 
 
 def packed_rows(Ts, S, E, tokens=32768):
-    """Packed batches like ``lintime train``'s (``[1, 32k]`` with ``cu_seqlens``, rows of ``T`` tokens): three
-    quarters of the rows are one document each (slab runs), a quarter hold three documents (the tiled kernels).
-    The default (runs by slabs, the rest tiled) against all-tiled, CUDA-graph and eager fwd+bwd, bias with its
+    """Packed batches (``[1, 32k]`` with ``cu_seqlens``, rows of ``T`` tokens): ``mixed`` -- like ``lintime
+    train``'s, three quarters of the rows one document each, a quarter three documents -- and ``uniform`` -- every
+    row one document (``lintime bench model``'s batches).  The default, runs by slabs (``slab_packed``) and the
+    tiled kernels alone, eager fwd+bwd (packed calls read ``cu_seqlens`` on the host: no CUDA graph), bias with its
     gradient."""
     from lintime.bench.measure import fwd_fwdbwd_ms
 
     bf, out = torch.bfloat16, []
-    for T in Ts:
+    for T, layout in ((T, layout) for T in Ts for layout in ("mixed", "uniform")):
         n_rows = tokens // T
         lens = []
         for r in range(n_rows):
-            lens += [T] if r % 4 else [T // 2, T // 3, T - T // 2 - T // 3]
+            lens += [T] if (r % 4 or layout == "uniform") else [T // 2, T // 3, T - T // 2 - T // 3]
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
         TT = sum(lens)
         q = (torch.randn(1, TT, 1, S, device="cuda", dtype=bf) * 0.5).requires_grad_()
         k = (torch.randn(1, TT, 1, S, device="cuda", dtype=bf) * 0.5).requires_grad_()
         v = torch.randn(1, TT, 1, E, device="cuda", dtype=bf).requires_grad_()
         rb = (torch.randn(1, 2 * TT - 1, device="cuda", dtype=bf) * 0.1).requires_grad_()
-        for name, o in (("default", {}), ("tiled", {"slab": 0})):
+        impls = (("default", {}), ("slab_packed", {"slab_packed": 1}), ("tiled", {"slab": 0}))
+        for name, o in impls[::2] if layout == "uniform" else impls:
             blocks = variant_blocks(o, S, E, bf)
 
             def f(a, b, c, d, _b=blocks):
                 return triton_gau_attention(a, b, c, rel_bias=d, scale=1 / S, cu_seqlens=cu, blocks=_b)
 
-            g = fwd_fwdbwd_graph_ms(f, [q, k, v, rb], rep=30)
             e = fwd_fwdbwd_ms(f, [q, k, v, rb], rep=30)
-            out.append({"T": T, "packed": True, "n_seqs": len(lens), "impl": name, "fwd_ms": g[0], "fwdbwd_ms": g[1],
+            out.append({"T": T, "packed": layout, "n_seqs": len(lens), "impl": name,
                         "fwd_eager_ms": e[0], "fwdbwd_eager_ms": e[1]})
             print(out[-1], flush=True)
     return out

@@ -268,6 +268,10 @@ def test_slab_runs_of_a_packed_call():
     assert runs == [(0, 4, 40), (int(starts[8]), 2, 64), (int(starts[12]), 1, 200)]
     assert rest.tolist() == [False] * 4 + [True] * 4 + [False, False, True, True, False]
     assert slab_runs(starts, lens, dataclasses.replace(on, slab_packed=0), 16)[0] == []  # the default: off
+    # ...except a call of one length (empty sequences aside), which is one [n, L] batch: a run whatever its size
+    uni = torch.tensor([0, 20, 20, 0, 20])
+    runs, rest = slab_runs(torch.cumsum(uni, 0) - uni, uni, dataclasses.replace(on, slab_packed=0), 16)
+    assert runs == [(0, 3, 20)] and rest.tolist() == [True, False, False, True, False]
     assert slab_runs(starts, lens, dataclasses.replace(on, slab=0), 16)[0] == []  # slab path off
     assert slab_runs(starts, lens, on, 300)[0] == []  # S too wide
 
@@ -289,6 +293,21 @@ def test_slab_packed_runs_and_tiles_in_one_call(causal, slab_calls):
     assert slab_calls == [1, 1, 1, 1]  # the default leaves packed calls to the tiled kernels
     for name in ref:
         assert_exact(f"gau packed runs {name} (causal={causal})", ref[name], out[name])
+
+
+@cpu_only
+@pytest.mark.parametrize("causal", [True, False])
+def test_slab_packed_one_length_by_default(causal, slab_calls):
+    """A packed call whose sequences all have one length (rows of one document each, an empty sequence between
+    them: ``lintime bench model``'s batches) takes the slab path by default as one ``[n, L]`` batch: exact."""
+    lens = [37, 37, 0, 37]
+    q, k, v, b, do = _inputs(1, sum(lens), 2, 8, 16, torch.float32, seed=18)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    kw = {"causal": causal, "scale": 0.3, "cu_seqlens": cu}
+    ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, **kw)
+    assert slab_calls == [1, 1]
+    for name in ref:
+        assert_exact(f"gau packed one length {name} (causal={causal})", ref[name], out[name])
 
 
 @cpu_only
@@ -399,6 +418,24 @@ def test_cuda_slab_fp32_exact_two_heads(causal, slab_calls):
     assert slab_calls == [1, 1]
     for name in ref:
         assert_exact(f"cuda gau slab fp32 {name} (causal={causal})", ref[name], out[name])
+
+
+@cuda
+@needs_cuda
+def test_cuda_packed_one_length_takes_slabs(slab_calls):
+    """A packed bf16 call of two 1100-token sequences at GAU's shape (the default sends it to the slab path as one
+    ``[2, 1100]`` batch): output and every gradient by the half rule."""
+    S, E = 128, 2048
+    q, k, v, b, do = _inputs(1, 2200, 1, S, E, torch.float64, device="cuda", seed=19)
+    q, k = q * 0.5, k * 0.5
+    kw = {"causal": True, "scale": 1.0 / S, "cu_seqlens": torch.tensor([0, 1100, 2200], dtype=torch.int32,
+                                                                        device="cuda")}
+    ref = _run("naive", q, k, v, b, do, **kw)
+    half = [x.bfloat16() for x in (q, k, v, b, do)]
+    base, out = _run("naive", *half, **kw), _run("triton", *half, **kw)
+    assert slab_calls == [1, 1]
+    for name in ref:
+        assert_half_rule(f"cuda gau packed one length {name}", ref[name], out[name], base[name])
 
 
 @cuda

@@ -154,8 +154,8 @@ def _regular_plan(B, T, bm, device):
 def _packed_split(B, T, cu_seqlens, cfg: Blocks, S: int):
     """A packed call's slab runs and the ``bounds`` of its other sequences (:func:`~.slab.slab_runs`; one read of
     ``cu_seqlens`` on the host, as the tiled kernels' plan needs anyway); ``([], None)`` for unpacked calls or
-    without ``Blocks.slab_packed``."""
-    if cu_seqlens is None or not (cfg.slab and cfg.slab_packed):
+    with the slab path off."""
+    if cu_seqlens is None or not cfg.slab:
         return [], None
     starts, lengths = sequence_bounds(B, T, cu_seqlens)
     runs, rest = slab_runs(starts, lengths, cfg, S)

@@ -48,8 +48,9 @@ class Blocks:
     (0: 4).  GAU's slab path (:mod:`lintime.ops.gau.triton.slab`): ``slab`` rows per slab of materialised
     scores (0: the tiled kernels), ``slab_max`` how tall slabs grow on long sequences (0: always ``slab``;
     :func:`lintime.ops.gau.triton.slab.slab_rows`), ``bm_slab`` the square score tile of its two kernels,
-    ``warps_slab`` their warps, ``slab_packed`` whether packed calls send runs of equal-length sequences to it
-    (:func:`lintime.ops.gau.triton.slab.slab_runs`; measured slower in eager calls, off by default).
+    ``warps_slab`` their warps, ``slab_packed`` whether packed calls of mixed lengths send runs of equal-length
+    sequences to it (:func:`lintime.ops.gau.triton.slab.slab_runs`; measured slower in eager calls, off by default;
+    packed calls of one length always go to it).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """

@@ -24,10 +24,11 @@ rows it owns and the bias gradient per tile diagonal (fp32 atomics, folded by
 ``dk[c0:c1] = dS^T q[q0:]`` write their rows once (no accumulation across slabs).
 
 The causal waste is the upper half of each diagonal ``[R, R]`` block in the GEMMs: a fraction ``R / T`` of
-the useful work.  Packed calls (``cu_seqlens``) take the tiled kernels; with ``Blocks.slab_packed`` (a measured
-launch variant, slower in eager calls) runs of consecutive sequences of one length (:func:`slab_runs`) go through
-the slab path as ``[n, L]`` views and the other sequences through the tiled kernels, in the same call.  ``S > 256``
-takes the tiled kernels.
+the useful work.  Packed calls (``cu_seqlens``) whose sequences all have one length take the slab path as one
+``[n, L]`` view; other packed calls take the tiled kernels -- or, with ``Blocks.slab_packed`` (a measured launch
+variant, slower in eager calls), runs of consecutive sequences of one length (:func:`slab_runs`) go through the slab
+path as ``[n, L]`` views and the other sequences through the tiled kernels, in the same call.  ``S > 256`` takes the
+tiled kernels.
 """
 
 from __future__ import annotations
@@ -177,17 +178,26 @@ def slab_rows(T: int, cfg: Blocks) -> int:
 
 def slab_runs(starts: torch.Tensor, lengths: torch.Tensor, cfg: Blocks, S: int):
     """How a packed call splits: ``(runs, rest)`` -- ``runs``, a list of ``(first token, n, L)``: ``n``
-    consecutive sequences of one length ``L >= Blocks.slab`` holding at least ``4 Blocks.slab`` tokens together,
-    which the slab path takes as an ``[n, L]`` batch (a view: consecutive sequences are consecutive tokens), and
-    ``rest``, a bool mask of the sequences left to the tiled kernels; no runs unless ``Blocks.slab_packed``.
-    Packed training batches hold such runs -- a document longer than a row fills whole rows, one sequence each --
+    consecutive sequences of one length ``L``, which the slab path takes as an ``[n, L]`` batch (a view:
+    consecutive sequences are consecutive tokens), and ``rest``, a bool mask of the sequences left to the tiled
+    kernels.  By default one run or none: a call whose (non-empty) sequences all have one length is a single
+    ``[n, L]`` batch -- the same work as an unpacked call (``lintime bench model``'s batches, equal-length
+    sequences packed by a user).  With ``Blocks.slab_packed``, also runs of ``L >= Blocks.slab`` holding at least
+    ``4 Blocks.slab`` tokens inside mixed calls.  Packed training batches hold such runs -- a document longer than a row fills whole rows, one sequence each --
     but measured on an H200 (2026-11-26, eager fwd+bwd of 32k tokens, three rows in four whole documents,
     ``exp_gau_slab.py --packed``) runs by slabs took 14.6 / 10.0 / 9.2 / 9.6 ms at rows of 1k / 2k / 4k / 8k
     against 2.8 / 3.7 / 5.8 / 8.2 for the tiled kernels alone: each short run is a separate batch of slabs, ~6
-    launches per slab after the host has read ``cu_seqlens``.  Hence off by default (a launch variant).
+    launches per slab after the host has read ``cu_seqlens``.  Hence mixed calls are tiled by default (the
+    runs are a launch variant).
     (``starts``, ``lengths``: CPU int tensors, in token order.)"""
     rest = torch.ones(lengths.numel(), dtype=torch.bool)
-    if not (cfg.slab > 0 and cfg.slab_packed and S <= MAX_S) or lengths.numel() == 0:
+    if not (cfg.slab > 0 and S <= MAX_S) or not bool((lengths > 0).any()):
+        return [], rest
+    used = lengths > 0
+    L = int(lengths[used][0])
+    if bool((lengths[used] == L).all()):  # one length: the whole call is an [n, L] batch, as fast as unpacked
+        return [(int(starts[used][0]), int(used.sum()), L)], ~used
+    if not cfg.slab_packed:
         return [], rest
     new_run = torch.ones_like(rest)
     new_run[1:] = lengths[1:] != lengths[:-1]
