@@ -132,11 +132,11 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # 1k / 2k / 4k / 8k with three in four whole documents: 14.6 / 10.0 / 9.2 / 9.6 ms against the tiled default's
     # 2.8 / 3.7 / 5.8 / 8.2 -- short runs are separate slab batches of ~6 launches per slab)
     ("slab_packed", {"slab_packed": 1}),
-    # cheaper score kernels (session 10, after the profile: forward 0.16 ms and backward 0.43 ms of 1.94 at 4k)
-    ("slab_nk2", {"slab_nk": 2}),
-    ("slab_nk4", {"slab_nk": 4}),
-    ("slab_db_diag", {"slab_db": 1}),
-    ("slab_nk4_db_diag", {"slab_nk": 4, "slab_db": 1}),
+    # Measured and removed (code in commit ead069c; H200 2026-11-26, CUDA-graph fwd+bwd at 2k / 4k / 8k / 32k against
+    # the default's 1.120 / 2.078 / 3.833 / 14.15 ms): two or four key tiles per program of the forward score kernel
+    # (one q load) 1.167 / 2.046 / 3.803 / 14.05 and 1.161 / 2.048 / 3.816 / 14.69 -- noise; the bias gradient summed
+    # along each tile's diagonals through a per-program scratch (one atomic per diagonal, not per score) 1.271 /
+    # 2.279 / 4.111 / 15.22 -- slower: two barriers and the scratch's traffic per tile cost more than the atomics
 )
 
 

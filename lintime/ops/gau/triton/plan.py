@@ -50,8 +50,7 @@ class Blocks:
     :func:`lintime.ops.gau.triton.slab.slab_rows`), ``bm_slab`` the square score tile of its two kernels,
     ``warps_slab`` their warps, ``slab_packed`` whether packed calls of mixed lengths send runs of equal-length
     sequences to it (:func:`lintime.ops.gau.triton.slab.slab_runs`; measured slower in eager calls, off by default;
-    packed calls of one length always go to it), ``slab_nk`` key tiles per program of its forward score kernel,
-    ``slab_db`` its bias gradient by diagonal sums (1) or per-score atomics into tile-diagonal tiles (0).
+    packed calls of one length always go to it).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -90,8 +89,6 @@ class Blocks:
     warps_slab: int = 8
     slab_max: int = 0
     slab_packed: int = 0
-    slab_nk: int = 1
-    slab_db: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]

@@ -79,66 +79,44 @@ def _load_rows(X, i_b, i_h, m0, mmax, T, H, S, BM: tl.constexpr, BS: tl.constexp
 @triton.jit
 def slab_fwd_scores_kernel(
     Q, K, P, BIAS, r0, r1, kend, T, H, i_h, S, NTD, stride_pb, stride_pr, scale,
-    BM: tl.constexpr, BS: tl.constexpr, NK: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PREC: tl.constexpr,
+    BM: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr,
 ):
     """``P[b, i - r0, j] = relu(scale q_i . k_j + b[i - j])^2`` for query rows ``i`` in ``[r0, r1)`` and keys
     ``j < kend`` of head ``i_h`` (0 where causal masks; the GEMM reads the whole ``[r1 - r0, kend]`` block);
-    grid ``(key tile groups, query tiles, B)``, ``NK`` ``[BM, BM]`` tiles each (one ``q`` tile load).  ``P`` is
-    ``[B, R, >= kend]`` with strides ``(stride_pb, stride_pr, 1)``."""
+    grid ``(key tiles, query tiles, B)``, one ``[BM, BM]`` tile each.  ``P`` is ``[B, R, >= kend]`` with
+    strides ``(stride_pb, stride_pr, 1)``."""
     i_n, i_m, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     m0 = r0 + i_m * BM
+    n0 = i_n * BM
     o_m = m0 + tl.arange(0, BM)
+    o_n = n0 + tl.arange(0, BM)
+    m_st = (o_m < r1)[:, None] & (o_n < kend)[None, :]
+    p_p = P + i_b.to(tl.int64) * stride_pb + (o_m - r0).to(tl.int64)[:, None] * stride_pr + o_n[None, :]
     if CAUSAL:
         last = m0 + BM - 1  # the last key any row of this tile sees
     else:
         last = kend
-    b_q = _load_rows(Q, i_b, i_h, m0, r1, T, H, S, BM, BS)
-    for j in tl.static_range(NK):
-        n0 = (i_n * NK + j) * BM
-        o_n = n0 + tl.arange(0, BM)
-        m_st = (o_m < r1)[:, None] & (o_n < kend)[None, :]
-        p_p = P + i_b.to(tl.int64) * stride_pb + (o_m - r0).to(tl.int64)[:, None] * stride_pr + o_n[None, :]
-        if n0 > last:  # above the diagonal (or past kend, where m_st is empty): zeros for the GEMM, no scores
-            tl.store(p_p, tl.zeros([BM, BM], dtype=P.dtype.element_ty), mask=m_st)
-        else:
-            b_s, keep, _ = _slab_scores(K, BIAS, b_q, i_b, i_h, m0, n0, kend, T, H, S, NTD, scale,
-                                        BM, BS, CAUSAL, HAS_BIAS, PREC)
-            b_r = tl.maximum(b_s, 0.0)
-            tl.store(p_p, tl.where(keep, b_r * b_r, 0.0).to(P.dtype.element_ty), mask=m_st)  # seed Eq. 5: relu^2
-
-
-@triton.jit
-def _diagonal_sums(x, p_w, BM: tl.constexpr):
-    """Sums of the ``[BM, BM]`` fp32 tile ``x`` along its diagonals, ``[2 BM]``: entry ``c`` sums ``x[a, b]`` over
-    ``a - b = BM - 1 - c`` (the last entry is 0).  Row ``a`` is stored shifted right by ``BM - 1 - a`` into the
-    program's ``[BM, 2 BM]`` scratch ``p_w``, so each diagonal becomes a column; the columns are summed from a
-    masked reload (no zero fill).  Barriers around it: other threads of the program read what one wrote, and the
-    scratch is rewritten for the next tile."""
-    o_a = tl.arange(0, BM)
-    o_c = tl.arange(0, 2 * BM)
-    tl.debug_barrier()
-    tl.store(p_w + o_a[:, None] * (2 * BM) + (BM - 1 - o_a)[:, None] + o_a[None, :], x)
-    tl.debug_barrier()
-    lo = (BM - 1 - o_a)[:, None]
-    w = tl.load(p_w + o_a[:, None] * (2 * BM) + o_c[None, :], mask=(o_c[None, :] >= lo) & (o_c[None, :] < lo + BM),
-                other=0.0)
-    return tl.sum(w, axis=0)
+    if n0 > last:  # above the diagonal: zeros for the GEMM, no scores
+        tl.store(p_p, tl.zeros([BM, BM], dtype=P.dtype.element_ty), mask=m_st)
+    else:
+        b_q = _load_rows(Q, i_b, i_h, m0, r1, T, H, S, BM, BS)
+        b_s, keep, _ = _slab_scores(K, BIAS, b_q, i_b, i_h, m0, n0, kend, T, H, S, NTD, scale,
+                                    BM, BS, CAUSAL, HAS_BIAS, PREC)
+        b_r = tl.maximum(b_s, 0.0)
+        tl.store(p_p, tl.where(keep, b_r * b_r, 0.0).to(P.dtype.element_ty), mask=m_st)  # seed Eq. 5: relu^2
 
 
 @triton.jit
 def slab_bwd_scores_kernel(
-    Q, K, DP, P, DQ, DB, BIAS, SCRATCH, c0, c1, q0, T, H, i_h, S, NTD, stride_b, stride_r, scale,
+    Q, K, DP, P, DQ, DB, BIAS, c0, c1, q0, T, H, i_h, S, NTD, stride_b, stride_r, scale,
     BM: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DB: tl.constexpr,
-    DIAG_DB: tl.constexpr, PREC: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """Key slab ``[c0, c1)`` against query rows ``[q0, T)`` of head ``i_h``: reads ``dP [B, T - q0, c1 - c0]``
     (``do . v``, from the GEMM; strides ``(stride_b, stride_r, 1)``), writes ``P`` (same layout) and
     ``dS = 2 relu(s) dP scale`` over ``dP``, adds ``dS k`` to the fp32 ``DQ`` rows of this program (it alone
-    writes them in this launch) and, with ``NEED_DB``, ``2 relu(s) dP`` to the bias gradient: with ``DIAG_DB``
-    summed along each tile's ``2 BM - 1`` diagonals first (:func:`_diagonal_sums`, the program's ``SCRATCH``) and
-    added to ``DB [H, 2T - 1]`` (fp32, one atomic per diagonal), else added to the tile of its tile diagonal
-    (``DB [H, NTD, BM, BM]``, one fp32 atomic per score).  Grid ``(query tiles, B)``; the program walks the
+    writes them in this launch) and, with ``NEED_DB``, ``2 relu(s) dP`` to the bias gradient's tile of each
+    tile diagonal (``DB [H, NTD, BM, BM]``, fp32 atomics).  Grid ``(query tiles, B)``; the program walks the
     slab's key tiles."""
     i_m, i_b = tl.program_id(0), tl.program_id(1)
     m0 = q0 + i_m * BM
@@ -167,17 +145,8 @@ def slab_bwd_scores_kernel(
             b_dp = tl.load(DP + base + o_c[None, :], mask=m_st, other=0.0).to(tl.float32)
             b_ds = 2.0 * b_r * b_dp  # d relu(s)^2 / ds
             if NEED_DB:
-                if DIAG_DB:
-                    p_w = SCRATCH + ((i_b * tl.num_programs(0) + i_m).to(tl.int64) * BM) * (2 * BM)
-                    b_d = _diagonal_sums(b_ds, p_w, BM)  # [2 BM]: entry c is diagonal a - b = BM - 1 - c
-                    o_d = tl.arange(0, 2 * BM)
-                    g = (m0 - n0) + (BM - 1) - o_d + (T - 1)  # bias index of diagonal c
-                    # (diagonals outside [0, 2T - 1) hold only padding rows / columns: zeros, not stored)
-                    tl.atomic_add(DB + i_h.to(tl.int64) * (2 * T - 1) + g, b_d,
-                                  mask=(o_d < 2 * BM - 1) & (g >= 0) & (g < 2 * T - 1), sem="relaxed")
-                else:
-                    p_db = DB + ((i_h * NTD + (m0 - n0) // BM + mid).to(tl.int64) * BM + o_b[:, None]) * BM + o_b[None, :]
-                    tl.atomic_add(p_db, b_ds, sem="relaxed")
+                p_db = DB + ((i_h * NTD + (m0 - n0) // BM + mid).to(tl.int64) * BM + o_b[:, None]) * BM + o_b[None, :]
+                tl.atomic_add(p_db, b_ds, sem="relaxed")
             b_ds = b_ds * scale
             tl.store(P + base + o_c[None, :], (b_r * b_r).to(P.dtype.element_ty), mask=m_st)
             tl.store(DP + base + o_c[None, :], b_ds.to(DP.dtype.element_ty), mask=m_st)
@@ -268,9 +237,9 @@ def slab_fwd(q, k, v, rel_bias, scale: float, causal: bool, cfg: Blocks, o: torc
         for r0 in range(0, T, R):
             r1 = min(r0 + R, T)
             kend = r1 if causal else T
-            slab_fwd_scores_kernel[(cdiv(cdiv(kend, bm), cfg.slab_nk), cdiv(r1 - r0, bm), B)](
+            slab_fwd_scores_kernel[(cdiv(kend, bm), cdiv(r1 - r0, bm), B)](
                 q, k, P, bias if bias is not None else q, r0, r1, kend, T, H, h, S, ntd, P.stride(0), P.stride(1),
-                float(scale), BM=bm, BS=BS, NK=cfg.slab_nk, CAUSAL=causal, HAS_BIAS=bias is not None, PREC=PREC,
+                float(scale), BM=bm, BS=BS, CAUSAL=causal, HAS_BIAS=bias is not None, PREC=PREC,
                 num_warps=cfg.warps_slab,
             )
             torch.bmm(P[:, : r1 - r0, :kend], v[:, :kend, h], out=o[:, r0:r1, h])
@@ -297,12 +266,8 @@ def slab_bwd(do, q, k, v, rel_bias, scale: float, causal: bool, need_db: bool, c
         return (dq32.to(q.dtype) if own_dq else dq32), dk, dv, db
     R, bm, ntd = _geometry(T, cfg)
     tiles = bias_tiles(bias, ntd, T - 1, bm)
-    diag = bool(cfg.slab_db)
-    # the bias gradient: [H, 2T - 1] fp32 by diagonal sums (a [BM, 2 BM] scratch per program), or per tile diagonal
-    db_acc = (torch.zeros((H, LB) if diag else (H, ntd, bm, bm), dtype=torch.float32, device=q.device) if need_db
-              else torch.empty(1, dtype=torch.float32, device=q.device))
-    scratch = (torch.empty((B * cdiv(T, bm), bm, 2 * bm), dtype=torch.float32, device=q.device) if need_db and diag
-               else db_acc)
+    db_tiles = (torch.zeros((H, ntd, bm, bm), dtype=torch.float32, device=q.device) if need_db
+                else torch.empty(1, dtype=torch.float32, device=q.device))
     # dP (then dS, in place) and P for the rows of one key slab: [B, T, R], R a multiple of 64
     dP = torch.empty(B, T, R, dtype=q.dtype, device=q.device)
     P = torch.empty(B, T, R, dtype=q.dtype, device=q.device)
@@ -315,14 +280,12 @@ def slab_bwd(do, q, k, v, rel_bias, scale: float, causal: bool, need_db: bool, c
             dp, p = dP[:, :n, :w], P[:, :n, :w]
             torch.bmm(do[:, q0:, h], v[:, c0:c1, h].transpose(1, 2), out=dp)
             slab_bwd_scores_kernel[(cdiv(n, bm), B)](
-                q, k, dP, P, dq32, db_acc, tiles if tiles is not None else q, scratch, c0, c1, q0, T, H, h, S, ntd,
+                q, k, dP, P, dq32, db_tiles, tiles if tiles is not None else q, c0, c1, q0, T, H, h, S, ntd,
                 dP.stride(0), dP.stride(1), float(scale),
-                BM=bm, BS=BS, CAUSAL=causal, HAS_BIAS=tiles is not None, NEED_DB=need_db, DIAG_DB=diag, PREC=PREC,
+                BM=bm, BS=BS, CAUSAL=causal, HAS_BIAS=tiles is not None, NEED_DB=need_db, PREC=PREC,
                 num_warps=cfg.warps_slab,
             )
             torch.bmm(p.transpose(1, 2), do[:, q0:, h], out=dv[:, c0:c1, h])
             torch.bmm(dp.transpose(1, 2), q[:, q0:, h], out=dk[:, c0:c1, h])
-    db = q.new_empty(0)
-    if need_db:
-        db = db_acc.to(db_dtype) if diag else fold_bias_grad(db_acc, LB, T - 1, bm, db_dtype)
+    db = fold_bias_grad(db_tiles, LB, T - 1, bm, db_dtype) if need_db else q.new_empty(0)
     return (dq32.to(q.dtype) if own_dq else dq32), dk, dv, db
