@@ -422,40 +422,24 @@ def test_cuda_slab_fp32_exact_two_heads(causal, slab_calls):
 
 @cuda
 @needs_cuda
-def test_cuda_packed_one_length_takes_slabs(slab_calls):
-    """A packed bf16 call of two 1100-token sequences at GAU's shape (the default sends it to the slab path as one
-    ``[2, 1100]`` batch): output and every gradient by the half rule."""
+@pytest.mark.parametrize("lens, runs", [([1100, 1100], 0), ([1100, 1100, 333, 1, 0, 700], 1)],
+                         ids=["one_length", "slab_packed_runs"])
+def test_cuda_packed_slab_half_rule(lens, runs, slab_calls):
+    """Packed bf16 calls at GAU's shape that reach the slab path: two 1100-token sequences (one length: one
+    ``[2, 1100]`` batch by default), and with ``slab_packed`` the same two as a run before sequences of 333, 1, 0 and
+    700 tokens that stay on the tiled kernels.  Output and every gradient by the half rule."""
     S, E = 128, 2048
-    q, k, v, b, do = _inputs(1, 2200, 1, S, E, torch.float64, device="cuda", seed=19)
-    q, k = q * 0.5, k * 0.5
-    kw = {"causal": True, "scale": 1.0 / S, "cu_seqlens": torch.tensor([0, 1100, 2200], dtype=torch.int32,
-                                                                        device="cuda")}
-    ref = _run("naive", q, k, v, b, do, **kw)
-    half = [x.bfloat16() for x in (q, k, v, b, do)]
-    base, out = _run("naive", *half, **kw), _run("triton", *half, **kw)
-    assert slab_calls == [1, 1]
-    for name in ref:
-        assert_half_rule(f"cuda gau packed one length {name}", ref[name], out[name], base[name])
-
-
-@cuda
-@needs_cuda
-def test_cuda_packed_runs_half_rule(slab_calls):
-    """``slab_packed``: a packed bf16 call at GAU's shape whose first two sequences (2 x 1100 tokens) form a slab run
-    and whose others (333, 1, 0, 700 tokens) stay on the tiled kernels: output and every gradient by the half
-    rule."""
-    lens, S, E = [1100, 1100, 333, 1, 0, 700], 128, 2048
     q, k, v, b, do = _inputs(1, sum(lens), 1, S, E, torch.float64, device="cuda", seed=17)
     q, k = q * 0.5, k * 0.5
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     kw = {"causal": True, "scale": 1.0 / S, "cu_seqlens": cu}
     ref = _run("naive", q, k, v, b, do, **kw)
     half = [x.bfloat16() for x in (q, k, v, b, do)]
-    blocks = dataclasses.replace(_path_blocks("slab", S, E, torch.bfloat16), slab_packed=1)
+    blocks = dataclasses.replace(_path_blocks("slab", S, E, torch.bfloat16), slab_packed=runs)
     base, out = _run("naive", *half, **kw), _run("triton", *half, blocks=blocks, **kw)
     assert slab_calls == [1, 1]
     for name in ref:
-        assert_half_rule(f"cuda gau packed runs {name}", ref[name], out[name], base[name])
+        assert_half_rule(f"cuda gau packed {lens} slab_packed={runs} {name}", ref[name], out[name], base[name])
 
 
 @cuda
