@@ -167,6 +167,11 @@ def _packed_split(B, T, cu_seqlens, cfg: Blocks, S: int):
     return runs, (starts[rest], lengths[rest])
 
 
+def _one_run(runs, bounds) -> bool:
+    """Whether a packed call is all one run (every non-empty sequence of one length): an ``[n, L]`` call."""
+    return len(runs) == 1 and not bool((bounds[1] > 0).any())
+
+
 def _run_views(T: int, s0: int, n: int, L: int, *xs):
     """Views ``[n, L, H, D]`` of the packed ``[1, T, H, D]`` tensors ``xs`` over the run ``(s0, n, L)``."""
     return [x[0, s0:s0 + n * L].view(n, L, *x.shape[2:]) for x in xs]
@@ -244,7 +249,11 @@ def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
     E = v.shape[-1]
     o = torch.empty_like(v)
     runs, bounds = _packed_split(B, T, cu_seqlens, cfg, S)
-    for s0, n, L in runs:  # packed: runs of equal-length sequences by slabs, the rest tiled below
+    if _one_run(runs, bounds):  # packed, one length: the unpacked slab path on the [n, L] view
+        s0, n, L = runs[0]
+        return slab_fwd(*_run_views(T, s0, n, L, q, k, v), _run_bias(rel_bias, T, L), scale, causal,
+                        cfg).view(v.shape)
+    for s0, n, L in runs:  # packed (slab_packed): runs of equal-length sequences by slabs, the rest tiled below
         qr, kr, vr, orun = _run_views(T, s0, n, L, q, k, v, o)
         slab_fwd(qr, kr, vr, _run_bias(rel_bias, T, L), scale, causal, cfg, o=orun)
     tables, NT, longest = _plan(B, T, cu_seqlens, cfg.bm, q.device, bounds)
@@ -291,6 +300,17 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
     B, T, H, S = q.shape
     if slab_applies(cfg, S, cu_seqlens):
         return slab_bwd(do, q, k, v, rel_bias, scale, causal, need_db, cfg)
+    runs, bounds = _packed_split(B, T, cu_seqlens, cfg, S)
+    if _one_run(runs, bounds):  # packed, one length: the unpacked slab path on the [n, L] view
+        s0, n, L = runs[0]
+        dq, dk, dv, dbr = slab_bwd(*_run_views(T, s0, n, L, do.contiguous(), q, k, v), _run_bias(rel_bias, T, L), scale, causal,
+                                   need_db, cfg, db_dtype=torch.float32)
+        db = q.new_empty(0)
+        if need_db and rel_bias is not None:  # the [H, 2L - 1] diagonals inside the call's [H, 2T - 1]
+            db = torch.zeros(rel_bias.shape, dtype=torch.float32, device=q.device)
+            _run_bias(db, T, L).copy_(dbr)
+            db = db.to(rel_bias.dtype)
+        return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape), db
     E = v.shape[-1]
     do = do.contiguous()
     dv = torch.empty_like(v)
@@ -298,9 +318,8 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
     dk32 = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
     bias, LB = kernel_bias(rel_bias)
     need_db = need_db and bias is not None
-    runs, bounds = _packed_split(B, T, cu_seqlens, cfg, S)
     run_dk, run_db = [], []
-    for s0, n, L in runs:  # packed: runs of equal-length sequences by slabs (dq, dv in place), the rest below
+    for s0, n, L in runs:  # packed (slab_packed): runs of equal-length sequences by slabs (dq, dv in place)
         qr, kr, vr, dor, dqr, dvr = _run_views(T, s0, n, L, q, k, v, do, dq32, dv)
         _, dkr, _, dbr = slab_bwd(dor, qr, kr, vr, _run_bias(rel_bias, T, L), scale, causal, need_db, cfg,
                                   dq32=dqr, dv=dvr, db_dtype=torch.float32)

@@ -157,9 +157,14 @@ def slab_bwd_scores_kernel(
     tl.store(p_dq, tl.load(p_dq, mask=m_dq, other=0.0) + b_dq, mask=m_dq)
 
 
+def slab_on(cfg: Blocks, S: int) -> bool:
+    """Whether the slab path is on for ``S``-wide keys: ``Blocks.slab > 0`` and ``S <= MAX_S``."""
+    return cfg.slab > 0 and S <= MAX_S
+
+
 def slab_applies(cfg: Blocks, S: int, cu_seqlens) -> bool:
-    """Whether a call takes the slab path: ``Blocks.slab > 0``, unpacked, ``S <= MAX_S``."""
-    return cfg.slab > 0 and cu_seqlens is None and S <= MAX_S
+    """Whether an unpacked call takes the slab path (packed calls: :func:`slab_runs`)."""
+    return cu_seqlens is None and slab_on(cfg, S)
 
 
 def slab_rows(T: int, cfg: Blocks) -> int:
@@ -183,15 +188,15 @@ def slab_runs(starts: torch.Tensor, lengths: torch.Tensor, cfg: Blocks, S: int):
     kernels.  By default one run or none: a call whose (non-empty) sequences all have one length is a single
     ``[n, L]`` batch -- the same work as an unpacked call (``lintime bench model``'s batches, equal-length
     sequences packed by a user).  With ``Blocks.slab_packed``, also runs of ``L >= Blocks.slab`` holding at least
-    ``4 Blocks.slab`` tokens inside mixed calls.  Packed training batches hold such runs -- a document longer than a row fills whole rows, one sequence each --
-    but measured on an H200 (2026-11-26, eager fwd+bwd of 32k tokens, three rows in four whole documents,
+    ``4 Blocks.slab`` tokens inside mixed calls.  Packed training batches hold such runs -- a document longer than
+    a row fills whole rows, one sequence each -- but measured on an H200 (2026-11-26, eager fwd+bwd of 32k tokens, three rows in four whole documents,
     ``exp_gau_slab.py --packed``) runs by slabs took 14.6 / 10.0 / 9.2 / 9.6 ms at rows of 1k / 2k / 4k / 8k
     against 2.8 / 3.7 / 5.8 / 8.2 for the tiled kernels alone: each short run is a separate batch of slabs, ~6
     launches per slab after the host has read ``cu_seqlens``.  Hence mixed calls are tiled by default (the
     runs are a launch variant).
     (``starts``, ``lengths``: CPU int tensors, in token order.)"""
     rest = torch.ones(lengths.numel(), dtype=torch.bool)
-    if not (cfg.slab > 0 and S <= MAX_S) or not bool((lengths > 0).any()):
+    if not slab_on(cfg, S) or not bool((lengths > 0).any()):
         return [], rest
     used = lengths > 0
     L = int(lengths[used][0])
@@ -261,7 +266,8 @@ def slab_bwd(do, q, k, v, rel_bias, scale: float, causal: bool, need_db: bool, c
     need_db = need_db and bias is not None
     db_dtype = db_dtype or (rel_bias.dtype if rel_bias is not None else None)
     if B * T == 0:
-        dk.zero_(), dv.zero_()
+        dk.zero_()
+        dv.zero_()
         db = torch.zeros(rel_bias.shape, dtype=db_dtype, device=q.device) if need_db else q.new_empty(0)
         return (dq32.to(q.dtype) if own_dq else dq32), dk, dv, db
     R, bm, ntd = _geometry(T, cfg)
