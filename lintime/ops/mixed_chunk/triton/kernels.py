@@ -384,8 +384,7 @@ def _dlin_tile(
         p_gs = GS + (sidx * H + i_h) * S * E
         b_dql = tl.zeros([BG, BS], dtype=tl.float32)
         b_dkl = tl.zeros([BG, BS], dtype=tl.float32)
-        # with FOLD six tiles per step: 3 pipeline stages would exceed an H200's shared memory (240 / 288 KB)
-        for e0 in tl.range(0, E, BE, num_stages=2 if FOLD else None):
+        for e0 in range(0, E, BE):
             m_e = (e0 + o_e) < E
             m_me = m_m[:, None] & m_e[None, :]
             m_se = m_s[:, None] & m_e[None, :]

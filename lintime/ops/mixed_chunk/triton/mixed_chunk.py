@@ -176,8 +176,6 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("fold1", {"mc_fold": 1}),
     ("fold2", {"mc_fold": 2}),
     ("fold1_order", {"mc_fold": 1, "mc_order": 15}),
-    ("fold1_seg8", {"mc_fold": 1, "seg_chunks": 8}),
-    ("fold1_seg16", {"mc_fold": 1, "seg_chunks": 16}),
     ("bs_state64", {"bs_state": 64}),  # [64, 64] state-walk tiles: twice the walk programs, S split in two
 )
 
