@@ -50,12 +50,7 @@ class Blocks:
     :func:`lintime.ops.gau.triton.slab.slab_rows`), ``bm_slab`` the square score tile of its two kernels,
     ``warps_slab`` their warps, ``slab_packed`` whether packed calls of mixed lengths send runs of equal-length
     sequences to it (:func:`lintime.ops.gau.triton.slab.slab_runs`; measured slower in eager calls, off by default;
-    packed calls of one length always go to it).  Mixed chunk's ``mc_order``: launch the chunks of the output GEMM
-    (bit 0), the dV GEMM (bit 1), the reduction over ``E`` (bit 2) and the ``dq, dk`` kernel (bit 3) in the order
-    that starts with the chunks the kernel before it touched last (their rows still in L2;
-    ``mixed_chunk._Plan.ord_tail`` / ``ord_head``); ``mc_fold``: segmented state walks leave their per-chunk
-    states segment-local and the consumers add the segment's start (no pass over the states; in the reduction
-    over ``E`` 1: added to each loaded state tile, 2: as a second product).
+    packed calls of one length always go to it).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -94,8 +89,6 @@ class Blocks:
     warps_slab: int = 8
     slab_max: int = 0
     slab_packed: int = 0
-    mc_order: int = 0
-    mc_fold: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]

@@ -140,13 +140,9 @@ def _walk_segment(
 
 
 @triton.jit
-def _row_tile(pid, CH_START, CH_LEN, ORD, NMT, BG: tl.constexpr, ORDERED: tl.constexpr):
-    """Chunk ``c``, its first token ``cs`` (int64), length ``cl`` and row-tile offset ``m0``; with ``ORDERED``
-    the ``pid // NMT``-th chunk of the launch order ``ORD`` (a permutation of the chunks, see
-    ``mixed_chunk._Plan.ord_head``), else chunks in their own order."""
+def _row_tile(pid, CH_START, CH_LEN, NMT, BG: tl.constexpr):
+    """Chunk ``c``, its first token ``cs`` (int64), length ``cl`` and row-tile offset ``m0``."""
     c = pid // NMT
-    if ORDERED:
-        c = tl.load(ORD + c)
     m0 = (pid % NMT) * BG
     cs = tl.load(CH_START + c).to(tl.int64)
     cl = tl.load(CH_LEN + c)
@@ -235,19 +231,15 @@ def _scores_tile(
 
 @triton.jit
 def mc_gemm_kernel(
-    A, Y, L, ST, DA, DY, DL, DST, W, ST_IDX, SEG_IDX, ORD, OUT, CH_START, CH_LEN,
+    A, Y, L, ST, DA, DY, DL, DST, W, ST_IDX, OUT, CH_START, CH_LEN,
     S, E, H, C, NMT,
     BG: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
     TRANS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr, TMA: tl.constexpr,
-    FOLD: tl.constexpr, ORDERED: tl.constexpr,
 ):
     """``OUT[rows, E tile] = w_c L[rows] ST[idx_c] + A_c[rows, :] Y`` (``TRANS``: ``A_c^T``).
 
     Forward: ``L = q_lin, ST = H, w = wq, Y = v`` gives ``o``; backward with ``TRANS``:
-    ``L = k_lin, ST = G, w = wf, Y = do`` gives ``dv``.  Grid ``(E tiles, NC * NMT, H)``; with ``ORDERED``
-    the chunks in the launch order ``ORD``.  With ``FOLD`` the states ``ST[idx_c]`` are segment-local and
-    the chunk's segment start ``ST[SEG_IDX[c]]`` is added: ``w_c L (ST[idx_c] + ST[SEG_IDX[c]])`` as two
-    products into one accumulator (:func:`seg_fix_kernel` with ``FOLD``: no pass over the per-chunk states).
+    ``L = k_lin, ST = G, w = wf, Y = do`` gives ``dv``.  Grid ``(E tiles, NC * NMT, H)``.
 
     With ``TMA`` every tile is loaded whole through the descriptors ``DA, DY, DL, DST``: rows past a
     short chunk then come from the next chunk, which is harmless -- ``L`` / ``A`` rows past it only
@@ -255,7 +247,7 @@ def mc_gemm_kernel(
     (stored zeros of the written tiles; with ``TRANS`` the launcher zero-fills ``A`` when a chunk is short).
     """
     i_e = tl.program_id(0)
-    c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, ORD, NMT, BG, ORDERED)
+    c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
     i_h = tl.program_id(2)
     if m0 >= cl:
         return
@@ -269,11 +261,6 @@ def mc_gemm_kernel(
     w = tl.load(W + c)
     idx = tl.load(ST_IDX + c).to(tl.int64)
     p_st = ST + (idx * H + i_h) * S * E
-    if FOLD:
-        sidx = tl.load(SEG_IDX + c).to(tl.int64)
-    else:
-        sidx = idx
-    p_ss = ST + (sidx * H + i_h) * S * E
     acc = tl.zeros([BG, BE], dtype=tl.float32)
     for s0 in range(0, S, BK):
         if TMA:
@@ -285,13 +272,6 @@ def mc_gemm_kernel(
             b_st = tl.load(p_st + (s0 + o_k)[:, None] * E + o_e[None, :], mask=m_s[:, None] & m_e[None, :],
                            other=0.0)
         acc = tl.dot(b_l.to(SDT), b_st.to(SDT), acc, input_precision=PREC)
-        if FOLD:
-            if TMA:
-                b_ss = DST.load([((sidx * H + i_h) * S + s0).to(tl.int32), i_e * BE])
-            else:
-                b_ss = tl.load(p_ss + (s0 + o_k)[:, None] * E + o_e[None, :],
-                               mask=((s0 + o_k) < S)[:, None] & m_e[None, :], other=0.0)
-            acc = tl.dot(b_l.to(SDT), b_ss.to(SDT), acc, input_precision=PREC)
     acc = acc * w
     # quadratic part (seed Eq. 6): A's masked entries are stored zeros
     p_a = A + (c.to(tl.int64) * H + i_h) * C * C
@@ -357,15 +337,12 @@ def _dp_tile(
 
 @triton.jit
 def _dlin_tile(
-    DO, V, HS, GS, WQ, WF, ST_IDX, SEG_IDX, DQL, DKL, c, cs, cl, m0, i_s, i_h,
+    DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, c, cs, cl, m0, i_s, i_h,
     S, E, H,
     BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
-    FOLD: tl.constexpr,
 ):
     """``dq_lin = wq do H_c^T``, ``dk_lin = wf v G_c^T`` for the row tile ``m0`` of chunk ``c`` and ``S``
-    tile ``i_s`` (reduction over all of ``E``).  ``FOLD``: the states are segment-local and the segment's
-    start (rows ``SEG_IDX[c]`` of ``HS`` / ``GS``) is added -- 1: to each loaded state tile (in fp32,
-    then rounded to ``SDT``), 2: as a second product into the same accumulator."""
+    tile ``i_s`` (reduction over all of ``E``)."""
     if m0 < cl:
         o_m = m0 + tl.arange(0, BG)
         m_m = o_m < cl
@@ -376,33 +353,18 @@ def _dlin_tile(
         idx = tl.load(ST_IDX + c).to(tl.int64)
         p_h = HS + (idx * H + i_h) * S * E
         p_g = GS + (idx * H + i_h) * S * E
-        if FOLD:
-            sidx = tl.load(SEG_IDX + c).to(tl.int64)
-        else:
-            sidx = idx
-        p_hs = HS + (sidx * H + i_h) * S * E
-        p_gs = GS + (sidx * H + i_h) * S * E
         b_dql = tl.zeros([BG, BS], dtype=tl.float32)
         b_dkl = tl.zeros([BG, BS], dtype=tl.float32)
         for e0 in range(0, E, BE):
             m_e = (e0 + o_e) < E
             m_me = m_m[:, None] & m_e[None, :]
             m_se = m_s[:, None] & m_e[None, :]
-            o_se = o_s[:, None] * E + e0 + o_e[None, :]
             b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_e[None, :], mask=m_me, other=0.0)
             b_v = tl.load(V + rows_m[:, None] * E + e0 + o_e[None, :], mask=m_me, other=0.0)
-            b_h = tl.load(p_h + o_se, mask=m_se, other=0.0)
-            b_g = tl.load(p_g + o_se, mask=m_se, other=0.0)
-            if FOLD == 1:
-                b_h = b_h.to(tl.float32) + tl.load(p_hs + o_se, mask=m_se, other=0.0).to(tl.float32)
-                b_g = b_g.to(tl.float32) + tl.load(p_gs + o_se, mask=m_se, other=0.0).to(tl.float32)
+            b_h = tl.load(p_h + o_s[:, None] * E + e0 + o_e[None, :], mask=m_se, other=0.0)
+            b_g = tl.load(p_g + o_s[:, None] * E + e0 + o_e[None, :], mask=m_se, other=0.0)
             b_dql = tl.dot(b_do.to(SDT), tl.trans(b_h.to(SDT)), b_dql, input_precision=PREC)
             b_dkl = tl.dot(b_v.to(SDT), tl.trans(b_g.to(SDT)), b_dkl, input_precision=PREC)
-            if FOLD == 2:
-                b_hs = tl.load(p_hs + o_se, mask=m_se, other=0.0)
-                b_gs = tl.load(p_gs + o_se, mask=m_se, other=0.0)
-                b_dql = tl.dot(b_do.to(SDT), tl.trans(b_hs.to(SDT)), b_dql, input_precision=PREC)
-                b_dkl = tl.dot(b_v.to(SDT), tl.trans(b_gs.to(SDT)), b_dkl, input_precision=PREC)
         wq = tl.load(WQ + c)
         wf = tl.load(WF + c)
         o_ms = rows_m[:, None] * S + o_s[None, :]
@@ -413,11 +375,10 @@ def _dlin_tile(
 
 @triton.jit
 def mc_dred_kernel(
-    QQ, KQ, V, DO, DS, BIAS, HS, GS, WQ, WF, ST_IDX, SEG_IDX, ORD, DQL, DKL, CH_START, CH_LEN,
+    QQ, KQ, V, DO, DS, BIAS, HS, GS, WQ, WF, ST_IDX, DQL, DKL, CH_START, CH_LEN,
     scale, S, E, H, C, LB, NMT,
     BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
-    FOLD: tl.constexpr, ORDERED: tl.constexpr,
 ):
     """The backward's two reductions over ``E`` in one launch, ``dS`` (:func:`_dp_tile`) and ``dq_lin,
     dk_lin`` (:func:`_dlin_tile`): grid ``(NMT + S tiles, NC * NMT, H)``; program ``j < NMT`` of a row
@@ -425,33 +386,30 @@ def mc_dred_kernel(
     NMT``.  The programs touching one row tile's ``do`` / ``v`` rows (and the chunk's states) are
     adjacent in launch order, so those rows are read from memory about once and re-read from L2 (as two
     kernels whose grids had the key tile slowest, ``do`` was read from memory once per key tile: 0.257 ->
-    0.204 ms at 32k tokens, H200, 2026-11-22).  ``ORDERED``: chunks in the launch order ``ORD``; ``FOLD``:
-    segment-local states plus their segments' starts (:func:`_dlin_tile`)."""
+    0.204 ms at 32k tokens, H200, 2026-11-22)."""
     j = tl.program_id(0)
-    c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, ORD, NMT, BG, ORDERED)
+    c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
     i_h = tl.program_id(2)
     if j < NMT:
         _dp_tile(QQ, KQ, V, DO, DS, BIAS, c, cs, cl, m0, j * BG, i_h,
                  scale, S, E, H, C, LB, BG, BS, BE, CAUSAL, HAS_BIAS, PREC)
     else:
-        _dlin_tile(DO, V, HS, GS, WQ, WF, ST_IDX, SEG_IDX, DQL, DKL, c, cs, cl, m0, j - NMT, i_h,
-                   S, E, H, BG, BS, BE, PREC, SDT, FOLD)
+        _dlin_tile(DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, c, cs, cl, m0, j - NMT, i_h,
+                   S, E, H, BG, BS, BE, PREC, SDT)
 
 
 @triton.jit
 def mc_dqk_kernel(
-    QQ, KQ, DS, DQQ, DKQ, DB, ORD, CH_START, CH_LEN,
+    QQ, KQ, DS, DQQ, DKQ, DB, CH_START, CH_LEN,
     scale, S, H, C, NMT, NTD,
     BG: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, NEED_DB: tl.constexpr, PREC: tl.constexpr,
-    ORDERED: tl.constexpr,
 ):
     """``dq_quad[m] = scale sum_n dS[m, n] k_quad[n]``, ``dk_quad[m] = scale sum_i dS[i, m]^T q_quad[i]``
     for one row tile and ``S`` tile; with ``NEED_DB`` (first ``S`` tile only) the tiles
     ``dS[m, n]`` are summed per tile diagonal into ``DB [H, NTD, BG, BG]`` (fp32 atomics: every
-    chunk adds to the same bias).  Grid ``(S tiles, NC * NMT, H)``; ``ORDERED``: chunks in the launch order
-    ``ORD``."""
+    chunk adds to the same bias).  Grid ``(S tiles, NC * NMT, H)``."""
     i_s = tl.program_id(0)
-    c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, ORD, NMT, BG, ORDERED)
+    c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
     i_h = tl.program_id(2)
     if m0 >= cl:
         return
@@ -499,16 +457,14 @@ def mc_dqk_kernel(
 @triton.jit
 def seg_fix_kernel(
     HOUT, TOT, INIT, FINAL, SEG_FIRST, SEG_N, SEG_SEQ, SEQ_PTR,
-    S, E, H, START_ROW,
-    BS: tl.constexpr, BE: tl.constexpr, REVERSE: tl.constexpr, HAS_INIT: tl.constexpr, FOLD: tl.constexpr,
+    S, E, H,
+    BS: tl.constexpr, BE: tl.constexpr, REVERSE: tl.constexpr, HAS_INIT: tl.constexpr,
 ):
     """Turn segment-local per-chunk states into global ones: ``HOUT[c] += start(segment)``, where
     ``start`` = the initial state + the totals of the sequence's segments walked before this one;
     the last segment (in walk order) also writes the sequence's final state.  With the walk from
     zero at every segment (``chunk_state_kernel`` with ``STORE``) this gives the states entering every
-    chunk in two passes.  With ``FOLD`` the per-chunk states stay segment-local: the start is written to
-    ``HOUT[START_ROW + segment]`` (zero when there is none) for their consumers to add
-    (:func:`mc_gemm_kernel`, :func:`_dlin_tile`).  Grid ``(S tiles * E tiles, segments, H)``."""
+    chunk in two passes.  Grid ``(S tiles * E tiles, segments, H)``."""
     i_se, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NE = tl.cdiv(E, BE)
     i_s, i_e = i_se // NE, i_se % NE
@@ -530,10 +486,7 @@ def seg_fix_kernel(
         hi = i_g
     for g in range(lo, hi):
         b_st += tl.load(TOT + (g * H + i_h).to(tl.int64) * S * E + o_se, mask=m_se, other=0.0)
-    if FOLD:
-        p = HOUT + ((START_ROW + i_g).to(tl.int64) * H + i_h) * S * E + o_se
-        tl.store(p, b_st.to(HOUT.dtype.element_ty), mask=m_se)
-    elif HAS_INIT or hi > lo:
+    if HAS_INIT or hi > lo:
         c0 = tl.load(SEG_FIRST + i_g)
         nc = tl.load(SEG_N + i_g)
         for i in range(nc):

@@ -165,18 +165,6 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("bk128", {"bk": 128}),
     ("bk128_s2", {"bk": 128, "stages": 2}),
     ("bt128", {"bt": 128}),  # 128-token steps in the state walk
-    # Session 11: the chunks of the output GEMM / dV GEMM / reduction over E / dq, dk kernel launched starting with
-    # those the kernel before touched last (L2 reuse across launches: Blocks.mc_order bits 0-3)
-    ("order_all", {"mc_order": 15}),
-    ("order_fwd", {"mc_order": 1}),
-    ("order_bwd", {"mc_order": 14}),
-    # segmented walks' per-chunk states left segment-local, the segment start added by the consumers instead of
-    # the start fix-up pass over all states (Blocks.mc_fold; in the reduction over E 1: added to each state tile,
-    # 2: as a second product)
-    ("fold1", {"mc_fold": 1}),
-    ("fold2", {"mc_fold": 2}),
-    ("fold1_order", {"mc_fold": 1, "mc_order": 15}),
-    ("bs_state64", {"bs_state": 64}),  # [64, 64] state-walk tiles: twice the walk programs, S split in two
 )
 
 
@@ -258,11 +246,6 @@ class _Plan:
     seg_seq: torch.Tensor
     seq_ptr: torch.Tensor
     lengths: torch.Tensor  # [N] on the device
-    # launch orders (permutations of the chunks): the last chunk of every segment first, then the one before it,
-    # ... (where a forward walk ends) / the first chunk of every segment first (where a reverse walk ends)
-    ord_tail: torch.Tensor
-    ord_head: torch.Tensor
-    ch_sidx: torch.Tensor  # NC_alloc + the chunk's segment: the row of its segment's start (Blocks.mc_fold)
     weights: dict  # (C, causal, linear_norm) -> (wq, wf) of calls without a state
 
 
@@ -295,34 +278,12 @@ def _build_plan(B, T, H, S, E, C, cu_seqlens, cfg, device) -> _Plan:
     seg_k = torch.arange(seg_seq.numel()) - seq_ptr[seg_seq]
     seg_first = first_ch[seg_seq] + seg_k * G
     seg_n = torch.clamp(nch[seg_seq] - seg_k * G, max=G)
-    nc_alloc = _chunk_bound(B, T, C, cu_seqlens)
-    ch_seg = torch.repeat_interleave(torch.arange(seg_seq.numel()), seg_n)
-    pos = torch.arange(ch_seq.numel()) - seg_first[ch_seg]
-    ord_tail = torch.sort(seg_n[ch_seg] - 1 - pos, stable=True).indices
-    ord_head = torch.sort(pos, stable=True).indices
     t = to_device(device, ch_start, ch_len, ch_seq, ch_k, torch.arange(ch_seq.numel()), seg_first, seg_n, seg_seq,
-                  seq_ptr, lengths, ord_tail, ord_head, nc_alloc + ch_seg)
+                  seq_ptr, lengths)
     one = bool((nseg <= 1).all())
     ragged = bool((ch_len < C).any())
-    return _Plan(N, ch_seq.numel(), seg_seq.numel(), nc_alloc, _seg_bound(B, T, C, cu_seqlens, G), one, ragged, *t,
-                 weights={})
-
-
-def _state_rows(B, T, H, S, E, C, cu_seqlens, cfg: Blocks, device, causal: bool) -> int:
-    """Rows of the per-chunk state tensors (``H`` / ``G``) of a causal call, from shapes only (a custom op's output
-    is sized without reading ``cu_seqlens``): one per chunk, then with ``Blocks.mc_fold`` one per segment for the
-    segments' starts.  Non-causal calls hold one total per sequence instead."""
-    if not causal:
-        return _n_seqs(B, cu_seqlens)
-    rows = _chunk_bound(B, T, C, cu_seqlens)
-    if cfg.mc_fold:
-        return rows + _seg_bound(B, T, C, cu_seqlens, _seg_chunks(B, T, H, S, E, C, cu_seqlens, cfg, device))
-    return rows
-
-
-def _fold(cfg: Blocks, causal: bool, plan: _Plan) -> int:
-    """``FOLD`` of the consumers: 0 when the states are global (no segments, non-causal, or ``mc_fold`` off)."""
-    return cfg.mc_fold if (causal and not plan.one_segment) else 0
+    return _Plan(N, ch_seq.numel(), seg_seq.numel(), _chunk_bound(B, T, C, cu_seqlens),
+                 _seg_bound(B, T, C, cu_seqlens, G), one, ragged, *t, weights={})
 
 
 def _weights(plan: _Plan, C, causal, linear_norm, count0):
@@ -425,12 +386,9 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt, tma, sc
         _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=False, hout=tot, tot=tot, scores=scores)
         final = _scan(tot, plan, H=H, S=S, E=E, reverse=reverse)
         return final.to(sdt), final
-    rows = plan.NC_alloc + (plan.NSEG_alloc if cfg.mc_fold else 0)  # (_state_rows)
-    hout = torch.empty(rows, H, S, E, dtype=sdt, device=x.device)
+    hout = torch.empty(plan.NC_alloc, H, S, E, dtype=sdt, device=x.device)
     if plan.NC_alloc > plan.NC:
-        hout[plan.NC : plan.NC_alloc].zero_()  # the shape bound's slack rows (packed calls)
-    if rows > plan.NC_alloc + (plan.NSEG if _fold(cfg, causal, plan) else 0):
-        hout[plan.NC_alloc + (plan.NSEG if _fold(cfg, causal, plan) else 0) :].zero_()  # starts not written
+        hout[plan.NC :].zero_()  # the shape bound's slack rows (packed calls)
     if plan.one_segment and plan.NSEG == plan.N:
         # one walk per (non-empty) sequence from its initial state writes the final states in place: no
         # zero fill and no copy from the totals (H200, 2026-11-22: 0.93 -> 0.89 ms fwd+bwd at 2k)
@@ -448,15 +406,13 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt, tma, sc
             final.index_copy_(0, plan.seg_seq.long(), tot[: plan.NSEG])
         return hout, final
     # one walk from zero at every segment writes segment-local states and totals; one pass adds each
-    # segment's start (init + the totals walked before it) and writes the final states -- or, with
-    # Blocks.mc_fold, writes each segment's start to row NC_alloc + segment for the consumers to add
+    # segment's start (init + the totals walked before it) and writes the final states
     _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=tot, scores=scores)
     if plan.NSEG > 0:
         BS, BE = min(64, cfg.bs_state), cfg.be_state
         seg_fix_kernel[(cdiv(S, BS) * cdiv(E, BE), plan.NSEG, H)](
             hout, tot, init if init is not None else tot, final, plan.seg_first, plan.seg_n, plan.seg_seq,
-            plan.seq_ptr, S, E, H, plan.NC_alloc, BS=BS, BE=BE, REVERSE=reverse, HAS_INIT=init is not None,
-            FOLD=bool(cfg.mc_fold), num_warps=4,
+            plan.seq_ptr, S, E, H, BS=BS, BE=BE, REVERSE=reverse, HAS_INIT=init is not None, num_warps=4,
         )
     return hout, final
 
@@ -472,8 +428,7 @@ def _fwd_fake(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
     nc = _chunk_bound(B, T, C, cu_seqlens)
     f32 = {"dtype": torch.float32, "device": qq.device}
     a = qq.new_empty(nc, H, C, C)
-    rows = _state_rows(B, T, H, S, E, C, cu_seqlens, blocks_of(blocks), qq.device, causal)
-    st = qq.new_empty((rows, H, S, E), dtype=_sdt_torch(qq.dtype))
+    st = qq.new_empty((nc if causal else N, H, S, E), dtype=_sdt_torch(qq.dtype))
     final = torch.empty(N, H, S, E, **f32) if causal else qq.new_empty(0, dtype=torch.float32)
     return torch.empty_like(v), final, a, st
 
@@ -527,10 +482,9 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
         d = tma_descriptors((a, a.shape[0] * H * C, (BG, cfg.bk)), (v, NT, (cfg.bk, cfg.be_fwd)),
                             (ql, NT, (BG, cfg.bk)), (st, st.shape[0] * H * S, (cfg.bk, cfg.be_fwd))) if tma else None
         mc_gemm_kernel[(cdiv(E, cfg.be_fwd), plan.NC * NMT, H)](
-            a, v, ql, st, *(d or (a, v, ql, st)), wq, plan.ch_id if causal else plan.ch_seq, plan.ch_sidx,
-            plan.ord_tail, o, plan.ch_start, plan.ch_len, S, E, H, C, NMT, BG=BG, BE=cfg.be_fwd, BK=cfg.bk,
-            TRANS=False, CAUSAL=causal, PREC=PREC, SDT=SDT, TMA=d is not None, FOLD=_fold(cfg, causal, plan) > 0,
-            ORDERED=bool(cfg.mc_order & 1), num_warps=cfg.warps_fwd, num_stages=cfg.stages,
+            a, v, ql, st, *(d or (a, v, ql, st)), wq, plan.ch_id if causal else plan.ch_seq, o, plan.ch_start,
+            plan.ch_len, S, E, H, C, NMT, BG=BG, BE=cfg.be_fwd, BK=cfg.bk, TRANS=False, CAUSAL=causal, PREC=PREC,
+            SDT=SDT, TMA=d is not None, num_warps=cfg.warps_fwd, num_stages=cfg.stages,
         )
     if not causal:
         final = qq.new_empty(0, dtype=torch.float32)
@@ -600,25 +554,23 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
         NT = B * T
         d = tma_descriptors((a, a.shape[0] * H * C, (cfg.bk, BG)), (do, NT, (cfg.bk, cfg.be_dv)),
                             (kl, NT, (BG, cfg.bk)), (gst, gst.shape[0] * H * S, (cfg.bk, cfg.be_dv))) if tma else None
-        fold = _fold(cfg, causal, plan)
         mc_gemm_kernel[(cdiv(E, cfg.be_dv), rows, H)](
-            a, do, kl, gst, *(d or (a, do, kl, gst)), wf, idx, plan.ch_sidx, plan.ord_head, dv, plan.ch_start,
-            plan.ch_len, S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC,
-            SDT=SDT, TMA=d is not None, FOLD=fold > 0, ORDERED=bool(cfg.mc_order & 2), num_warps=cfg.warps_bwd,
-            num_stages=cfg.stages,
+            a, do, kl, gst, *(d or (a, do, kl, gst)), wf, idx, dv, plan.ch_start, plan.ch_len,
+            S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
+            TMA=d is not None, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
         BGR = cfg.bg_red or BG
         NMTR = cdiv(C, BGR)
         mc_dred_kernel[(NMTR + cdiv(S, cfg.bs), plan.NC * NMTR, H)](
-            qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, plan.ch_sidx, plan.ord_tail, dql, dkl, plan.ch_start,
-            plan.ch_len, float(scale), S, E, H, C, LB, NMTR, BG=BGR, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
-            HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, FOLD=fold, ORDERED=bool(cfg.mc_order & 4),
-            num_warps=cfg.warps_red or cfg.warps_bwd, num_stages=cfg.stages,
+            qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
+            float(scale), S, E, H, C, LB, NMTR, BG=BGR, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
+            HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, num_warps=cfg.warps_red or cfg.warps_bwd,
+            num_stages=cfg.stages,
         )
         mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
-            qq, kq, ds, dqq, dkq, db_tiles, plan.ord_head, plan.ch_start, plan.ch_len,
+            qq, kq, ds, dqq, dkq, db_tiles, plan.ch_start, plan.ch_len,
             float(scale), S, H, C, NMT, ntd, BG=BG, BS=cfg.bs, CAUSAL=causal, NEED_DB=need_db, PREC=PREC,
-            ORDERED=bool(cfg.mc_order & 8), num_warps=cfg.warps_bwd, num_stages=cfg.stages,
+            num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
     db = fold_bias_grad(db_tiles, LB, C - 1, BG, rel_bias.dtype) if need_db else qq.new_empty(0)
     dkv0 = gfinal if (causal and has_kv0) else qq.new_empty(0, dtype=torch.float32)
