@@ -170,6 +170,9 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("split_dlin", {"split_dlin": 1}),
     ("split_dlin_s4", {"split_dlin": 1, "stages_red": 4}),
     ("split_dlin_s2", {"split_dlin": 1, "stages_red": 2}),
+    # thinner state-walk tiles: more walk programs, so one segment per sequence (no start fix-up) at 8k / 16k
+    ("bs_state64", {"bs_state": 64}),
+    ("bs_state32", {"bs_state": 32}),
 )
 
 
