@@ -50,8 +50,7 @@ class Blocks:
     :func:`lintime.ops.gau.triton.slab.slab_rows`), ``bm_slab`` the square score tile of its two kernels,
     ``warps_slab`` their warps, ``slab_packed`` whether packed calls of mixed lengths send runs of equal-length
     sequences to it (:func:`lintime.ops.gau.triton.slab.slab_runs`; measured slower in eager calls, off by default;
-    packed calls of one length always go to it).  Mixed chunk's ``split_dlin``: ``dq_lin`` and ``dk_lin`` as separate
-    programs of the fused reduction over ``E`` (``mc_dred_kernel``), ``stages_red`` its pipeline stages (0: ``stages``).
+    packed calls of one length always go to it).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -90,8 +89,6 @@ class Blocks:
     warps_slab: int = 8
     slab_max: int = 0
     slab_packed: int = 0
-    split_dlin: int = 0
-    stages_red: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -170,7 +167,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
 # the interpreter ignores them, so variants touching nothing else are checked on CUDA only.
 LAUNCH_ONLY_FIELDS = frozenset({"warps_fwd", "warps_bwd", "warps_gau", "warps_gau_fwd", "warps_gau_dv", "stages",
                                 "stages_gau", "stages_gau_fwd", "stages_walk", "warps_red", "warps_walk",
-                                "warps_slab", "stages_red"})
+                                "warps_slab"})
 
 
 def variant_blocks(overrides: dict, S: int, E: int, dtype: torch.dtype, C: int | None = None) -> Blocks:

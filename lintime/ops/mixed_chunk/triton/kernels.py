@@ -336,34 +336,6 @@ def _dp_tile(
 
 
 @triton.jit
-def _dlin_one(
-    X, ST, W, ST_IDX, OUT, c, cs, cl, m0, i_s, i_h,
-    S, E, H,
-    BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
-):
-    """``OUT = w X ST_c^T`` (``dq_lin = wq do H_c^T`` or ``dk_lin = wf v G_c^T``) for the row tile ``m0`` of chunk
-    ``c`` and ``S`` tile ``i_s``, reducing over all of ``E`` with two tiles per step (``Blocks.split_dlin``)."""
-    if m0 < cl:
-        o_m = m0 + tl.arange(0, BG)
-        m_m = o_m < cl
-        o_s = i_s * BS + tl.arange(0, BS)
-        m_s = o_s < S
-        o_e = tl.arange(0, BE)
-        rows_m = (cs + o_m) * H + i_h
-        idx = tl.load(ST_IDX + c).to(tl.int64)
-        p_st = ST + (idx * H + i_h) * S * E
-        acc = tl.zeros([BG, BS], dtype=tl.float32)
-        for e0 in range(0, E, BE):
-            m_e = (e0 + o_e) < E
-            b_x = tl.load(X + rows_m[:, None] * E + e0 + o_e[None, :], mask=m_m[:, None] & m_e[None, :], other=0.0)
-            b_st = tl.load(p_st + o_s[:, None] * E + e0 + o_e[None, :], mask=m_s[:, None] & m_e[None, :], other=0.0)
-            acc = tl.dot(b_x.to(SDT), tl.trans(b_st.to(SDT)), acc, input_precision=PREC)
-        w = tl.load(W + c)
-        tl.store(OUT + rows_m[:, None] * S + o_s[None, :], (w * acc).to(OUT.dtype.element_ty),
-                 mask=m_m[:, None] & m_s[None, :])
-
-
-@triton.jit
 def _dlin_tile(
     DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, c, cs, cl, m0, i_s, i_h,
     S, E, H,
@@ -406,14 +378,12 @@ def mc_dred_kernel(
     QQ, KQ, V, DO, DS, BIAS, HS, GS, WQ, WF, ST_IDX, DQL, DKL, CH_START, CH_LEN,
     scale, S, E, H, C, LB, NMT,
     BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr, SPLIT: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
 ):
     """The backward's two reductions over ``E`` in one launch, ``dS`` (:func:`_dp_tile`) and ``dq_lin,
     dk_lin`` (:func:`_dlin_tile`): grid ``(NMT + S tiles, NC * NMT, H)``; program ``j < NMT`` of a row
     tile computes its ``dS`` tile with keys ``j``, the others its ``dq_lin, dk_lin`` for ``S`` tile ``j -
-    NMT``.  With ``SPLIT`` (grid ``(NMT + 2 S tiles, ...)``) ``dq_lin`` and ``dk_lin`` are separate programs
-    (:func:`_dlin_one`), each streaming two tiles per step like the ``dS`` programs, so the kernel's shared memory
-    is that of two tiles per pipeline stage, not four.  The programs touching one row tile's ``do`` / ``v`` rows (and the chunk's states) are
+    NMT``.  The programs touching one row tile's ``do`` / ``v`` rows (and the chunk's states) are
     adjacent in launch order, so those rows are read from memory about once and re-read from L2 (as two
     kernels whose grids had the key tile slowest, ``do`` was read from memory once per key tile: 0.257 ->
     0.204 ms at 32k tokens, H200, 2026-11-22)."""
@@ -423,12 +393,6 @@ def mc_dred_kernel(
     if j < NMT:
         _dp_tile(QQ, KQ, V, DO, DS, BIAS, c, cs, cl, m0, j * BG, i_h,
                  scale, S, E, H, C, LB, BG, BS, BE, CAUSAL, HAS_BIAS, PREC)
-    elif SPLIT:
-        jj = j - NMT
-        if jj % 2 == 0:
-            _dlin_one(DO, HS, WQ, ST_IDX, DQL, c, cs, cl, m0, jj // 2, i_h, S, E, H, BG, BS, BE, PREC, SDT)
-        else:
-            _dlin_one(V, GS, WF, ST_IDX, DKL, c, cs, cl, m0, jj // 2, i_h, S, E, H, BG, BS, BE, PREC, SDT)
     else:
         _dlin_tile(DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, c, cs, cl, m0, j - NMT, i_h,
                    S, E, H, BG, BS, BE, PREC, SDT)

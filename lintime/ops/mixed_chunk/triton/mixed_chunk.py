@@ -165,12 +165,10 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("bk128", {"bk": 128}),
     ("bk128_s2", {"bk": 128, "stages": 2}),
     ("bt128", {"bt": 128}),  # 128-token steps in the state walk
-    # Session 11: dq_lin and dk_lin as separate programs of the fused reduction (two tiles per step each, like dS's:
-    # half the shared memory per stage, so two 8-warp programs per SM), with 3 / 4 stages
-    ("split_dlin", {"split_dlin": 1}),
-    ("split_dlin_s4", {"split_dlin": 1, "stages_red": 4}),
-    ("split_dlin_s2", {"split_dlin": 1, "stages_red": 2}),
-    # thinner state-walk tiles: more walk programs, so one segment per sequence (no start fix-up) at 8k / 16k
+    # Session 11 (H200, 2026-11-26, device fwd+bwd at 2k / 8k / 16k / 32k against the default's 0.631 / 0.686 / 0.697 /
+    # 0.707 ms; docs/notes/kernels_flash.md): thinner state-walk tiles -- more walk programs, so one segment per
+    # sequence (no start fix-up) at 8k -- 0.663 / 0.670 / 0.761 / 0.757 ([64, 64]) and 0.799 / 0.833 / 0.816 / 0.917
+    # ([32, 64]); only 8k gains (2 %, twice), not made a rule
     ("bs_state64", {"bs_state": 64}),
     ("bs_state32", {"bs_state": 32}),
 )
@@ -569,11 +567,11 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
         )
         BGR = cfg.bg_red or BG
         NMTR = cdiv(C, BGR)
-        mc_dred_kernel[(NMTR + (1 + bool(cfg.split_dlin)) * cdiv(S, cfg.bs), plan.NC * NMTR, H)](
+        mc_dred_kernel[(NMTR + cdiv(S, cfg.bs), plan.NC * NMTR, H)](
             qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
             float(scale), S, E, H, C, LB, NMTR, BG=BGR, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
-            HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, SPLIT=bool(cfg.split_dlin),
-            num_warps=cfg.warps_red or cfg.warps_bwd, num_stages=cfg.stages_red or cfg.stages,
+            HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, num_warps=cfg.warps_red or cfg.warps_bwd,
+            num_stages=cfg.stages,
         )
         mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
             qq, kq, ds, dqq, dkq, db_tiles, plan.ch_start, plan.ch_len,
