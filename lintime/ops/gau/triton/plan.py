@@ -50,9 +50,7 @@ class Blocks:
     :func:`lintime.ops.gau.triton.slab.slab_rows`), ``bm_slab`` the square score tile of its two kernels,
     ``warps_slab`` their warps, ``slab_packed`` whether packed calls of mixed lengths send runs of equal-length
     sequences to it (:func:`lintime.ops.gau.triton.slab.slab_runs`; measured slower in eager calls, off by default;
-    packed calls of one length always go to it).  Mixed chunk's ``fuse_dp``: the backward's ``dS`` tiles as extra
-    programs of the reverse state walk's launch (``[bg, bg]`` tiles, ``E`` steps of ``be_red``) instead of the fused
-    reduction's.
+    packed calls of one length always go to it).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -91,7 +89,6 @@ class Blocks:
     warps_slab: int = 8
     slab_max: int = 0
     slab_packed: int = 0
-    fuse_dp: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]

@@ -44,21 +44,18 @@ def chunk_state_kernel(
     X, Y, DX, DY, HOUT, TOT, INIT, W,
     SEG_FIRST, SEG_N, SEG_SEQ, CH_START, CH_LEN,
     S, E, H, NSEG,
-    QQ, KQ, A, BIAS, VP, scale, C, LB, NMT,
+    QQ, KQ, A, BIAS, scale, C, LB, NMT,
     BS: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr,
     REVERSE: tl.constexpr, STORE: tl.constexpr, HAS_INIT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
     SCORES: tl.constexpr, BG: tl.constexpr, BSQ: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BED: tl.constexpr,
 ):
     """Walk the chunks of one segment (a run of chunks of one sequence), carrying an ``[BS, BE]``
     fp32 tile of ``sum_c w_c X_c^T Y_c`` in registers; one-dimensional grid, the first ``S tiles * E
     tiles * NSEG * H`` programs walk (tile fastest, then segment, then head).
 
-    With ``SCORES = 1`` (the forward) the programs after those compute the tiles of ``A``
+    With ``SCORES`` (the forward) the programs after those compute the tiles of ``A``
     (:func:`_scores_tile` on ``QQ, KQ, A, BIAS, ...``, ``NC * NMT * NMT * H`` programs): independent of the
-    walk, they fill the SMs the walk's last programs leave idle -- no ``mc_scores_kernel`` launch.  With
-    ``SCORES = 2`` (the backward, ``Blocks.fuse_dp``) they compute the tiles of ``dS`` instead (:func:`_dp_tile`
-    on ``Y = do`` and ``VP = v``, ``E`` steps of ``BED``; ``A`` is then ``dS``), which do not need ``G`` either.
+    walk, they fill the SMs the walk's last programs leave idle -- no ``mc_scores_kernel`` launch.
 
     Forward: ``X = k_lin, Y = v``, ``w_c = 1`` (0 for a short last chunk of a causal call: no later
     token sees it), chunks in order.  Reverse: ``X = q_lin, Y = do``, ``w_c`` = the chunk's
@@ -76,18 +73,11 @@ def chunk_state_kernel(
     NE = tl.cdiv(E, BE)
     NSE = tl.cdiv(S, BS) * NE
     nwalk = NSE * NSEG * H
-    if SCORES > 0:
+    if SCORES:
         if pid >= nwalk:
             p = pid - nwalk
-            if SCORES == 1:
-                _scores_tile(QQ, KQ, A, BIAS, CH_START, CH_LEN, p % (NMT * NMT) // NMT, p % NMT,
-                             p // (NMT * NMT) % H, p // (NMT * NMT * H), scale, S, H, C, LB, BG, BSQ, CAUSAL,
-                             HAS_BIAS, PREC)
-            else:
-                c = p // (NMT * NMT * H)
-                _dp_tile(QQ, KQ, VP, Y, A, BIAS, c, tl.load(CH_START + c).to(tl.int64), tl.load(CH_LEN + c),
-                         p % (NMT * NMT) // NMT * BG, p % NMT * BG, p // (NMT * NMT) % H,
-                         scale, S, E, H, C, LB, BG, BSQ, BED, CAUSAL, HAS_BIAS, PREC)
+            _scores_tile(QQ, KQ, A, BIAS, CH_START, CH_LEN, p % (NMT * NMT) // NMT, p % NMT, p // (NMT * NMT) % H,
+                         p // (NMT * NMT * H), scale, S, H, C, LB, BG, BSQ, CAUSAL, HAS_BIAS, PREC)
         else:
             _walk_segment(X, Y, DX, DY, HOUT, TOT, INIT, W, SEG_FIRST, SEG_N, SEG_SEQ, CH_START, CH_LEN,
                           pid % NSE, pid // NSE % NSEG, pid // (NSE * NSEG), S, E, H,
@@ -388,23 +378,19 @@ def mc_dred_kernel(
     QQ, KQ, V, DO, DS, BIAS, HS, GS, WQ, WF, ST_IDX, DQL, DKL, CH_START, CH_LEN,
     scale, S, E, H, C, LB, NMT,
     BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr, DSP: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
 ):
     """The backward's two reductions over ``E`` in one launch, ``dS`` (:func:`_dp_tile`) and ``dq_lin,
     dk_lin`` (:func:`_dlin_tile`): grid ``(NMT + S tiles, NC * NMT, H)``; program ``j < NMT`` of a row
     tile computes its ``dS`` tile with keys ``j``, the others its ``dq_lin, dk_lin`` for ``S`` tile ``j -
-    NMT``.  Without ``DSP`` (``dS`` computed in the reverse walk's launch, ``Blocks.fuse_dp``) only the latter:
-    grid ``(S tiles, NC * NMT, H)``.  The programs touching one row tile's ``do`` / ``v`` rows (and the chunk's states) are
+    NMT``.  The programs touching one row tile's ``do`` / ``v`` rows (and the chunk's states) are
     adjacent in launch order, so those rows are read from memory about once and re-read from L2 (as two
     kernels whose grids had the key tile slowest, ``do`` was read from memory once per key tile: 0.257 ->
     0.204 ms at 32k tokens, H200, 2026-11-22)."""
     j = tl.program_id(0)
     c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
     i_h = tl.program_id(2)
-    if not DSP:
-        _dlin_tile(DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, c, cs, cl, m0, j, i_h,
-                   S, E, H, BG, BS, BE, PREC, SDT)
-    elif j < NMT:
+    if j < NMT:
         _dp_tile(QQ, KQ, V, DO, DS, BIAS, c, cs, cl, m0, j * BG, i_h,
                  scale, S, E, H, C, LB, BG, BS, BE, CAUSAL, HAS_BIAS, PREC)
     else:

@@ -171,10 +171,6 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # ([32, 64]); only 8k gains (2 %, twice), not made a rule
     ("bs_state64", {"bs_state": 64}),
     ("bs_state32", {"bs_state": 32}),
-    # dS's tiles as extra programs of the reverse walk's launch (they do not need G; the walk is latency-bound and
-    # leaves SMs idle), [64, 64] tiles with the walk's 4 warps; the fused reduction then only does dq_lin, dk_lin
-    ("fuse_dp", {"fuse_dp": 1}),
-    ("fuse_dp_w8", {"fuse_dp": 1, "warps_walk": 8}),
 )
 
 
@@ -344,20 +340,17 @@ def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, init=None,
     chunk_state_kernel[(nwalk + nscores,)](
         x, y, *(d or (x, y)), hout, tot, init if init is not None else tot, w,
         plan.seg_first, plan.seg_n, plan.seg_seq, plan.ch_start, plan.ch_len, S, E, H, plan.NSEG,
-        sc.qq, sc.kq, sc.a, sc.bias if sc.bias is not None else x, sc.v if sc.v is not None else x, sc.scale, sc.C,
-        sc.LB, sc.NMT, BS=cfg.bs_state, BE=cfg.be_state, BT=cfg.bt, REVERSE=reverse, STORE=store,
-        HAS_INIT=init is not None, PREC=dot_config(x.dtype)[1], TMA=d is not None,
-        SCORES=0 if scores is None else (2 if sc.v is not None else 1), BG=sc.BG, BSQ=sc.BS, CAUSAL=sc.causal,
-        HAS_BIAS=sc.bias is not None, BED=sc.BED, num_warps=cfg.warps_walk or 4,
+        sc.qq, sc.kq, sc.a, sc.bias if sc.bias is not None else x, sc.scale, sc.C, sc.LB, sc.NMT,
+        BS=cfg.bs_state, BE=cfg.be_state, BT=cfg.bt, REVERSE=reverse, STORE=store, HAS_INIT=init is not None,
+        PREC=dot_config(x.dtype)[1], TMA=d is not None, SCORES=scores is not None, BG=sc.BG, BSQ=sc.BS,
+        CAUSAL=sc.causal, HAS_BIAS=sc.bias is not None, num_warps=cfg.warps_walk or 4,
         num_stages=cfg.stages_walk or cfg.stages,
     )
 
 
 @dataclass
 class _ScoresJob:
-    """The arguments of ``A``'s programs (``_scores_tile``), launched with the forward's state walk, or with ``v``
-    those of ``dS``'s (``_dp_tile``, ``a`` is ``dS``, ``E`` steps of ``BED``) with the backward's
-    (``Blocks.fuse_dp``)."""
+    """The arguments of ``A``'s programs (``_scores_tile``), launched with the forward's state walk."""
 
     qq: torch.Tensor
     kq: torch.Tensor
@@ -371,8 +364,6 @@ class _ScoresJob:
     BS: int
     causal: bool
     programs: int
-    v: torch.Tensor | None = None
-    BED: int = 16
 
 
 def _scan(tot, plan: _Plan, *, H, S, E, reverse):
@@ -547,21 +538,18 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     tma = _tma_shapes(cfg, S, E, C, dev)
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
     init = dkv.contiguous() if (causal and dkv is not None) else None
-    bias, LB = kernel_bias(rel_bias)
-    BG = cfg.bg
-    NMT = cdiv(C, BG)
-    ds = qq.new_empty(plan.NC_alloc, H, C, C)
-    # dS's tiles in the reverse walk's launch (Blocks.fuse_dp) or in the fused reduction's
-    dp_job = (_ScoresJob(qq, kq, ds, bias, float(scale), C, LB, NMT, BG, cfg.bs, bool(causal),
-                         plan.NC * NMT * NMT * H, v=v, BED=cfg.be_red) if cfg.fuse_dp else None)
     gst, gfinal = _states(ql, do, wq, plan, cfg, H=H, reverse=True, init=init, causal=causal,
-                          sdt=_sdt_torch(qq.dtype), tma=tma, scores=dp_job)
+                          sdt=_sdt_torch(qq.dtype), tma=tma)
     idx = plan.ch_id if causal else plan.ch_seq
+    bias, LB = kernel_bias(rel_bias)
     need_db = need_db and bias is not None
     SDT, PREC = dot_config(qq.dtype)
+    BG = cfg.bg
+    NMT = cdiv(C, BG)
     dv = torch.empty_like(v)
     dql, dkl = torch.empty_like(ql), torch.empty_like(kl)
     dqq, dkq = torch.empty_like(qq), torch.empty_like(kq)
+    ds = qq.new_empty(plan.NC_alloc, H, C, C)
     ntd = 2 * NMT - 1
     # (no bias gradient: a 1-element placeholder the kernel never touches, not a fill)
     db_tiles = (torch.zeros((H, ntd, BG, BG), dtype=torch.float32, device=dev) if need_db
@@ -579,11 +567,11 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
         )
         BGR = cfg.bg_red or BG
         NMTR = cdiv(C, BGR)
-        mc_dred_kernel[((0 if cfg.fuse_dp else NMTR) + cdiv(S, cfg.bs), plan.NC * NMTR, H)](
+        mc_dred_kernel[(NMTR + cdiv(S, cfg.bs), plan.NC * NMTR, H)](
             qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
             float(scale), S, E, H, C, LB, NMTR, BG=BGR, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
-            HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, DSP=not cfg.fuse_dp,
-            num_warps=cfg.warps_red or cfg.warps_bwd, num_stages=cfg.stages,
+            HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, num_warps=cfg.warps_red or cfg.warps_bwd,
+            num_stages=cfg.stages,
         )
         mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
             qq, kq, ds, dqq, dkq, db_tiles, plan.ch_start, plan.ch_len,
