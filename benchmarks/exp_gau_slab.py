@@ -64,25 +64,30 @@ def check(blocks, name, causal, T=1100, B=2, S=128, E=2048):
 
 def packed_rows(Ts, S, E, tokens=32768):
     """Packed batches (``[1, 32k]`` with ``cu_seqlens``, rows of ``T`` tokens): ``mixed`` -- like ``lintime
-    train``'s, three quarters of the rows one document each, a quarter three documents -- and ``uniform`` -- every
-    row one document (``lintime bench model``'s batches).  The default, runs by slabs (``slab_packed``) and the
-    tiled kernels alone, eager fwd+bwd (packed calls read ``cu_seqlens`` on the host: no CUDA graph), bias with its
-    gradient."""
+    train``'s, three quarters of the rows one document each, a quarter three documents --, ``uniform`` -- every
+    row one document (``lintime bench model``'s batches) -- and ``short`` -- eight documents a row.  The default,
+    the default without masked rows (``slab_masked = 0``) and the tiled kernels alone, eager fwd+bwd (packed calls
+    read ``cu_seqlens`` on the host: no CUDA graph), bias with its gradient."""
     from lintime.bench.measure import fwd_fwdbwd_ms
 
     bf, out = torch.bfloat16, []
-    for T, layout in ((T, layout) for T in Ts for layout in ("mixed", "uniform")):
+    for T, layout in ((T, layout) for T in Ts for layout in ("mixed", "uniform", "short")):
         n_rows = tokens // T
         lens = []
         for r in range(n_rows):
-            lens += [T] if (r % 4 or layout == "uniform") else [T // 2, T // 3, T - T // 2 - T // 3]
+            if layout == "short":  # every row eight documents
+                lens += [T // 8] * 7 + [T - 7 * (T // 8)]
+            else:
+                lens += [T] if (r % 4 or layout == "uniform") else [T // 2, T // 3, T - T // 2 - T // 3]
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
         TT = sum(lens)
         q = (torch.randn(1, TT, 1, S, device="cuda", dtype=bf) * 0.5).requires_grad_()
         k = (torch.randn(1, TT, 1, S, device="cuda", dtype=bf) * 0.5).requires_grad_()
         v = torch.randn(1, TT, 1, E, device="cuda", dtype=bf).requires_grad_()
         rb = (torch.randn(1, 2 * TT - 1, device="cuda", dtype=bf) * 0.1).requires_grad_()
-        impls = (("default", {}), ("slab_packed", {"slab_packed": 1}), ("tiled", {"slab": 0}))
+        # default: mixed / short rows by the masked slab path where its work rule says so (session 11), one-length
+        # calls as an [n, L] batch; "unmasked": the default before (mixed lengths to the tiled kernels)
+        impls = (("default", {}), ("unmasked", {"slab_masked": 0}), ("tiled", {"slab": 0}))
         for name, o in impls[::2] if layout == "uniform" else impls:
             blocks = variant_blocks(o, S, E, bf)
 

@@ -104,17 +104,82 @@ def test_matches_naive_fp32(path, causal, bias, T, H, S, E, slab_calls):
 
 
 @cpu_only
+@pytest.mark.parametrize("path", ["tiled", "masked"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_packing_matches_naive(causal):
+def test_packing_matches_naive(causal, path, slab_calls):
     """Packed sequences (one of length 1, one empty): no token attends across a boundary, and
-    the bias index ``i - j`` is taken inside each sequence of the packed length's table."""
+    the bias index ``i - j`` is taken inside each sequence of the packed length's table -- on the tiled kernels
+    and on the slab path over the call's one row with pairs across sequences masked (``slab_masked``)."""
     lens = [13, 1, 0, 20]
     q, k, v, b, do = _inputs(1, sum(lens), 1, 8, 6, torch.float32, seed=3)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     kw = {"causal": causal, "scale": 0.3, "cu_seqlens": cu}
-    ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, **kw)
+    blocks = dataclasses.replace(_path_blocks("slab", 8, 6), slab_masked=2 if path == "masked" else 0)
+    ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, blocks=blocks, **kw)
+    assert slab_calls == ([1, 1] if path == "masked" else [])
     for name in ref:
-        assert_exact(f"gau packed {name} (causal={causal})", ref[name], out[name])
+        assert_exact(f"gau packed {path} {name} (causal={causal})", ref[name], out[name])
+
+
+# rows of 64 tokens, several sequences each (empty and one-token ones too): a training batch's layout
+# (lintime.data.packing: every row starts a sequence); "split" rows all cut near position 32, so the second slab's
+# keys start past 0 (k0 = 16)
+_ROWS = {"whole": [64, 20, 1, 0, 43, 64, 30, 34], "split": [20, 44, 17, 47, 30, 1, 33]}
+
+
+@cpu_only
+@pytest.mark.parametrize("rows", sorted(_ROWS))
+@pytest.mark.parametrize("causal", [True, False])
+def test_masked_rows_match_naive(rows, causal, slab_calls):
+    """The slab path over a packed call's rows with pairs across sequences masked (``slab_masked``, 2: whatever the
+    work rule says): two heads, the bias, slabs of 32 rows over 64-token rows (slab and sequence boundaries not
+    aligned); output and every gradient exact against naive."""
+    from lintime.ops.gau.triton.plan import default_blocks, sequence_bounds
+    from lintime.ops.gau.triton.slab import packed_rows
+
+    lens = _ROWS[rows]
+    N = sum(lens)
+    q, k, v, b, do = _inputs(1, N, 2, 8, 16, torch.float32, seed=21)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    blocks = dataclasses.replace(default_blocks(8, 16, torch.float32), slab_masked=2)
+    mask = packed_rows(*sequence_bounds(1, N, cu), N, N, blocks, 8, causal, torch.device("cpu"))
+    assert mask is not None and mask.L == 64
+    if rows == "split":
+        assert mask.keys(32, 64, causal, 16)[0] == 16
+        assert mask.queries(0, 16, causal, 16) == (0, 30)  # keys 0-15 are seen by rows' first sequences only
+    kw = {"causal": causal, "scale": 0.3, "cu_seqlens": cu}
+    ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, blocks=blocks, **kw)
+    assert slab_calls == [1, 1]
+    for name in ref:
+        assert_exact(f"gau masked rows {rows} {name} (causal={causal})", ref[name], out[name])
+
+
+def test_packed_rows_rule():
+    """:func:`~lintime.ops.gau.triton.slab.packed_rows`: the rows are the smallest length at least the longest
+    sequence whose multiples are all boundaries; they are taken when the slabs' work is at most ``SLAB_PAIR_RATIO``
+    times the tiled kernels' (whole-document rows: yes; one long row of short sequences: no); never with the slab
+    path or ``slab_masked`` off, ``S`` too wide or rows longer than the call's ``T``."""
+    from lintime.ops.gau.triton.plan import Blocks
+    from lintime.ops.gau.triton.slab import packed_rows
+
+    def rule(lens, cfg, S=16, causal=True, T_max=None):
+        lens = torch.tensor(lens)
+        N = int(lens.sum())
+        m = packed_rows(torch.cumsum(lens, 0) - lens, lens, N, T_max or N, cfg, S, causal, torch.device("cpu"))
+        return None if m is None else m.L
+
+    on = Blocks(slab=32, bm_slab=16, bm=16, slab_masked=1)
+    train = [128, 128, 128, 40, 1, 0, 87] * 2  # rows of 128: three in four one document
+    assert rule(train, on) == 128
+    assert rule(train, on, causal=False) == 128
+    assert rule([60, 70, 126], on) == 256  # 128 is not a boundary: one row of all 256 tokens
+    short = [5, 6] * 40 + [64]  # one 504-token row of short sequences: 128-row slabs do far more work than tiles
+    assert rule(short, dataclasses.replace(on, slab=128)) is None
+    assert rule(short, dataclasses.replace(on, slab=128, slab_masked=2)) == 504  # (forced)
+    assert rule(train, dataclasses.replace(on, slab_masked=0)) is None
+    assert rule(train, dataclasses.replace(on, slab=0)) is None
+    assert rule(train, on, S=300) is None
+    assert rule(train, on, T_max=100) is None
 
 
 @cpu_only
@@ -135,7 +200,7 @@ def test_tma_and_pointer_paths(tma, causal, monkeypatch):
     real = g.tma_descriptors
     monkeypatch.setattr(g, "tma_descriptors", lambda *specs: taken.append(real(*specs) is not None) or real(*specs))
     lens, H, S, E = [37, 1, 0, 20], 2, 16, 48
-    blocks = dataclasses.replace(default_blocks(S, E, torch.float32), tma=tma)
+    blocks = dataclasses.replace(default_blocks(S, E, torch.float32), tma=tma, slab_masked=0)  # the tiled kernels
     q, k, v, b, do = _inputs(1, sum(lens), H, S, E, torch.float32, seed=13)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     kw = {"causal": causal, "scale": S**-0.5, "cu_seqlens": cu}
@@ -237,11 +302,11 @@ def test_slab_height_not_a_tile_multiple_and_longer_than_T(slab_calls):
 
 @cpu_only
 def test_slab_falls_back_to_tiles_for_short_packed_and_wide_inputs(slab_calls):
-    """Packed sequences that form no run (:func:`~lintime.ops.gau.triton.slab.slab_runs`) and ``S`` wider than the
-    slab kernels' tile take the tiled kernels even with ``slab`` set, and are still exact."""
+    """Packed sequences that form no run (:func:`~lintime.ops.gau.triton.slab.slab_runs`; masked rows off) and ``S``
+    wider than the slab kernels' tile take the tiled kernels even with ``slab`` set, and are still exact."""
     from lintime.ops.gau.triton.slab import MAX_S, slab_applies
 
-    blocks = _path_blocks("slab", 8, 6)
+    blocks = dataclasses.replace(_path_blocks("slab", 8, 6), slab_masked=0)
     assert slab_applies(blocks, MAX_S, None) and not slab_applies(blocks, MAX_S + 1, None)
     assert not slab_applies(blocks, 8, torch.tensor([0, 3]))
     assert not slab_applies(dataclasses.replace(blocks, slab=0), 8, None)
@@ -286,11 +351,11 @@ def test_slab_packed_runs_and_tiles_in_one_call(causal, slab_calls):
     q, k, v, b, do = _inputs(1, sum(lens), 2, 8, 16, torch.float32, seed=15)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     kw = {"causal": causal, "scale": 0.3, "cu_seqlens": cu}
-    blocks = dataclasses.replace(_path_blocks("slab", 8, 16), slab_packed=1)
+    blocks = dataclasses.replace(_path_blocks("slab", 8, 16), slab_packed=1, slab_masked=0)
     ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, blocks=blocks, **kw)
     assert slab_calls == [1, 1, 1, 1]  # two runs, forward and backward
-    _run("triton", q, k, v, b, do, **kw)
-    assert slab_calls == [1, 1, 1, 1]  # the default leaves packed calls to the tiled kernels
+    _run("triton", q, k, v, b, do, blocks=dataclasses.replace(blocks, slab_packed=0), **kw)
+    assert slab_calls == [1, 1, 1, 1]  # without slab_packed (and masked rows) packed calls go to the tiled kernels
     for name in ref:
         assert_exact(f"gau packed runs {name} (causal={causal})", ref[name], out[name])
 
@@ -444,6 +509,26 @@ def test_cuda_packed_slab_half_rule(lens, runs, slab_calls):
 
 @cuda
 @needs_cuda
+@pytest.mark.parametrize("causal", [True, False])
+def test_cuda_masked_rows_half_rule(causal, slab_calls):
+    """A training-like packed batch (``[1, 4096]``: rows of 1024, one split into 333 + 1 + 0 + 690 tokens) at GAU's
+    widths in bf16 takes the masked slab path by default (the work rule) and meets the half-precision rule."""
+    lens = [1024, 333, 1, 0, 690, 1024, 1024]
+    S, E = 128, 2048
+    q, k, v, b, do = _inputs(1, sum(lens), 1, S, E, torch.float64, device="cuda", seed=23)
+    q, k = q * 0.5, k * 0.5
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    kw = {"causal": causal, "scale": 1.0 / S, "cu_seqlens": cu}
+    ref = _run("naive", q, k, v, b, do, **kw)
+    half = [x.to(torch.bfloat16) for x in (q, k, v, b, do)]
+    base, out = _run("naive", *half, **kw), _run("triton", *half, **kw)
+    assert slab_calls == [1, 1]
+    for name in ref:
+        assert_half_rule(f"cuda gau masked rows {name} (causal={causal})", ref[name], out[name], base[name])
+
+
+@cuda
+@needs_cuda
 def test_cuda_dispatch_picks_triton(impl_calls):
     import lintime.ops.gau as gau_module
 
@@ -481,6 +566,8 @@ def test_launch_variants(name, overrides, slab_calls):
         lens, S, E, dtype = [133, 1, 0, 20], 12, 12, torch.float32
     blocks = variant_blocks(overrides, S, E, dtype)
     slab_variant = bool(set(overrides) & SLAB_FIELDS)
+    if not slab_variant or blocks.slab_packed:  # packed inputs below: the tiled kernels (or slab_packed's runs), not
+        blocks = dataclasses.replace(blocks, slab_masked=0)  # the masked rows (tested on their own)
     if blocks.slab_packed:  # packed runs by slabs: a run of four sequences, then short ones for the tiled kernels
         blocks = dataclasses.replace(blocks, slab=blocks.slab or 32)
         lens = [blocks.slab + 8] * 4 + lens[1:]

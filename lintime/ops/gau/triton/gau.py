@@ -36,7 +36,7 @@ from lintime.ops.gau.triton.plan import (
     tiles_of,
     to_device,
 )
-from lintime.ops.gau.triton.slab import slab_applies, slab_bwd, slab_fwd, slab_runs
+from lintime.ops.gau.triton.slab import packed_rows, slab_applies, slab_bwd, slab_fwd, slab_runs
 from lintime.ops.triton_common import (
     cdiv,
     check_device,
@@ -156,15 +156,23 @@ def _regular_plan(B, T, bm, device):
     return _build_plan(*sequence_bounds(B, T, None), bm, torch.device(device))
 
 
-def _packed_split(B, T, cu_seqlens, cfg: Blocks, S: int):
-    """A packed call's slab runs and the ``bounds`` of its other sequences (:func:`~.slab.slab_runs`; one read of
-    ``cu_seqlens`` on the host, as the tiled kernels' plan needs anyway); ``([], None)`` for unpacked calls or
-    with the slab path off."""
+def _packed_split(B, T, cu_seqlens, cfg: Blocks, S: int, causal: bool, device):
+    """A packed call's slab runs, the ``bounds`` of its other sequences (:func:`~.slab.slab_runs`; one read of
+    ``cu_seqlens`` on the host, as the tiled kernels' plan needs anyway) and, unless it is one run, its rows for the
+    masked slab path (:func:`~.slab.packed_rows`, or None); ``([], None, None)`` for unpacked calls or with the slab
+    path off."""
     if cu_seqlens is None or not cfg.slab:
-        return [], None
+        return [], None, None
     starts, lengths = sequence_bounds(B, T, cu_seqlens)
     runs, rest = slab_runs(starts, lengths, cfg, S)
-    return runs, (starts[rest], lengths[rest])
+    bounds = (starts[rest], lengths[rest])
+    mask = None if _one_run(runs, bounds) else packed_rows(starts, lengths, B * T, T, cfg, S, causal, device)
+    return runs, bounds, mask
+
+
+def _rows(N: int, L: int, *xs):
+    """Views ``[N / L, L, H, D]`` of a packed call's ``[B, T, H, D]`` tensors (``B T = N`` tokens)."""
+    return [x.reshape(N // L, L, *x.shape[2:]) for x in xs]
 
 
 def _one_run(runs, bounds) -> bool:
@@ -248,11 +256,14 @@ def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
         return slab_fwd(q, k, v, rel_bias, scale, causal, cfg)
     E = v.shape[-1]
     o = torch.empty_like(v)
-    runs, bounds = _packed_split(B, T, cu_seqlens, cfg, S)
+    runs, bounds, mask = _packed_split(B, T, cu_seqlens, cfg, S, causal, q.device)
     if _one_run(runs, bounds):  # packed, one length: the unpacked slab path on the [n, L] view
         s0, n, L = runs[0]
         return slab_fwd(*_run_views(T, s0, n, L, q, k, v), _run_bias(rel_bias, T, L), scale, causal,
                         cfg).view(v.shape)
+    if mask is not None:  # packed, rows of mixed sequences: the slab path over the rows, pairs across sequences masked
+        return slab_fwd(*_rows(B * T, mask.L, q, k, v), _run_bias(rel_bias, T, mask.L), scale, causal, cfg,
+                        mask=mask).view(v.shape)
     for s0, n, L in runs:  # packed (slab_packed): runs of equal-length sequences by slabs, the rest tiled below
         qr, kr, vr, orun = _run_views(T, s0, n, L, q, k, v, o)
         slab_fwd(qr, kr, vr, _run_bias(rel_bias, T, L), scale, causal, cfg, o=orun)
@@ -300,11 +311,15 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
     B, T, H, S = q.shape
     if slab_applies(cfg, S, cu_seqlens):
         return slab_bwd(do, q, k, v, rel_bias, scale, causal, need_db, cfg)
-    runs, bounds = _packed_split(B, T, cu_seqlens, cfg, S)
-    if _one_run(runs, bounds):  # packed, one length: the unpacked slab path on the [n, L] view
-        s0, n, L = runs[0]
-        dq, dk, dv, dbr = slab_bwd(*_run_views(T, s0, n, L, do.contiguous(), q, k, v), _run_bias(rel_bias, T, L), scale, causal,
-                                   need_db, cfg, db_dtype=torch.float32)
+    runs, bounds, mask = _packed_split(B, T, cu_seqlens, cfg, S, causal, q.device)
+    one = _one_run(runs, bounds)
+    if one or mask is not None:  # packed: one length (the unpacked slab path on the [n, L] view) or rows of mixed
+        # sequences (the slab path over the rows, pairs across sequences masked)
+        L = runs[0][2] if one else mask.L
+        views = (_run_views(T, runs[0][0], runs[0][1], L, do.contiguous(), q, k, v) if one
+                 else _rows(B * T, L, do.contiguous(), q, k, v))
+        dq, dk, dv, dbr = slab_bwd(*views, _run_bias(rel_bias, T, L), scale, causal, need_db, cfg,
+                                   db_dtype=torch.float32, mask=mask)
         db = q.new_empty(0)
         if need_db and rel_bias is not None:  # the [H, 2L - 1] diagonals inside the call's [H, 2T - 1]
             db = torch.zeros(rel_bias.shape, dtype=torch.float32, device=q.device)

@@ -50,7 +50,10 @@ class Blocks:
     :func:`lintime.ops.gau.triton.slab.slab_rows`), ``bm_slab`` the square score tile of its two kernels,
     ``warps_slab`` their warps, ``slab_packed`` whether packed calls of mixed lengths send runs of equal-length
     sequences to it (:func:`lintime.ops.gau.triton.slab.slab_runs`; measured slower in eager calls, off by default;
-    packed calls of one length always go to it).
+    packed calls of one length always go to it).  ``slab_masked``: packed calls of mixed lengths whose sequences
+    tile rows of one length (training batches) run by slabs over those rows, pairs across sequences masked, where
+    that is less work than the tiled kernels' by :data:`lintime.ops.gau.triton.slab.SLAB_PAIR_RATIO`
+    (:func:`lintime.ops.gau.triton.slab.packed_rows`; 2: whenever the rows exist).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -89,6 +92,7 @@ class Blocks:
     warps_slab: int = 8
     slab_max: int = 0
     slab_packed: int = 0
+    slab_masked: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -129,7 +133,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
         return Blocks(bm=16, bs=16, be_fwd=16, be_dv=16, be_red=16, warps_fwd=1, warps_bwd=1, stages=1,
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
                       be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, gau_order=3, tma=1, fuse_scores=1,
-                      tma_bias=1, slab=32 if E >= 16 else 0, bm_slab=16, warps_slab=1)  # GAU: slabs for E >= 16 (the
+                      tma_bias=1, slab=32 if E >= 16 else 0, bm_slab=16, warps_slab=1, slab_masked=1)  # GAU: slabs for E >= 16 (the
         # GPU rule, E >= 512, at the interpreter's widths), so tests of narrow and wide values run both paths
     # Promoted variants, each CUDA-tested and faster in device time on an H200 (2026-11-22, S = 128,
     # E = 2048, C = 256; docs/notes/kernels_flash.md): mixed chunk 4 warps and 3 stages ("w4_s3") and
@@ -146,7 +150,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
         # the slab path for wide values (session 10, H200, fwd+bwd at 2k / 4k / 8k: tiled 2.01 / 3.60 / 6.78 ms,
         # slabs of 512 rows with [64, 64] score tiles and 4 warps 1.17 / 2.06 / 3.97; [128, 128] tiles with 8 warps
         # 1.25 / 2.23 / 4.25, with 4 warps 1.42 / 2.56 / 4.95)
-        tiles.update(slab=512 if E >= 512 else 0, bm_slab=64, warps_slab=4, slab_max=2048)
+        tiles.update(slab=512 if E >= 512 else 0, bm_slab=64, warps_slab=4, slab_max=2048, slab_masked=1)
     elif dtype == torch.bfloat16:  # mixed chunk's output and dV GEMMs; the fused backward reduction over E on
         # [128, 128] dS tiles with 8 warps, S steps / tiles of up to 128 everywhere (session 8, "red64" 0.684 /
         # 0.788 -> 0.650 / 0.756 ms fwd+bwd at 2k / 32k)

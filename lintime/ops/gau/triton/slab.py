@@ -33,24 +33,28 @@ tiled kernels.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from lintime.ops.gau.triton.kernels import _bias_tile
-from lintime.ops.gau.triton.plan import Blocks, bias_tiles, fold_bias_grad, kernel_bias, pow2_at_least
+from lintime.ops.gau.triton.plan import Blocks, bias_tiles, fold_bias_grad, kernel_bias, pow2_at_least, to_device
 from lintime.ops.triton_common import cdiv, dot_config
 
 MAX_S = 256  # widest q / k the slab kernels keep in one tile (wider: the tiled kernels)
 
 
 @triton.jit
-def _slab_scores(K, BIAS, b_q, i_b, i_h, m0, n0, kmax, T, H, S, NTD, scale,
+def _slab_scores(K, BIAS, ST, EN, b_q, i_b, i_h, m0, n0, kmax, mmax, T, H, S, NTD, scale,
                  BM: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 PREC: tl.constexpr):
+                 MASKED: tl.constexpr, PREC: tl.constexpr):
     """Scores ``s = scale q k^T + b`` (fp32 ``[BM, BM]``) of query rows ``m0..`` (their tile ``b_q``) and keys
-    ``n0..`` of sequence ``i_b``, the mask of the pairs that count (key ``< kmax``, query ``< T``, causal) and
-    the key tile."""
+    ``n0..`` of row ``i_b``, the mask of the pairs that count (key ``< kmax``, query ``< mmax``, causal; with
+    ``MASKED`` also key in ``[ST[i], EN[i])``, the query's own sequence inside a row of a packed call) and the key
+    tile."""
     o_m = m0 + tl.arange(0, BM)
     o_n = n0 + tl.arange(0, BM)
     o_s = tl.arange(0, BS)
@@ -60,9 +64,15 @@ def _slab_scores(K, BIAS, b_q, i_b, i_h, m0, n0, kmax, T, H, S, NTD, scale,
     b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * scale
     if HAS_BIAS:
         b_s += _bias_tile(BIAS, BIAS, i_h, m0, n0, NTD, BM, False)
-    keep = (o_m < T)[:, None] & m_n[None, :]
+    m_m = o_m < mmax
+    keep = m_m[:, None] & m_n[None, :]
     if CAUSAL:
         keep = keep & (o_n[None, :] <= o_m[:, None])
+    if MASKED:
+        tok = i_b.to(tl.int64) * T + o_m
+        st = tl.load(ST + tok, mask=m_m, other=0)
+        en = tl.load(EN + tok, mask=m_m, other=0)
+        keep = keep & (o_n[None, :] >= st[:, None]) & (o_n[None, :] < en[:, None])
     return b_s, keep, b_k
 
 
@@ -78,20 +88,22 @@ def _load_rows(X, i_b, i_h, m0, mmax, T, H, S, BM: tl.constexpr, BS: tl.constexp
 
 @triton.jit
 def slab_fwd_scores_kernel(
-    Q, K, P, BIAS, r0, r1, kend, T, H, i_h, S, NTD, stride_pb, stride_pr, scale,
-    BM: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr,
+    Q, K, P, BIAS, ST, EN, r0, r1, k0, kend, T, H, i_h, S, NTD, stride_pb, stride_pr, scale,
+    BM: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, MASKED: tl.constexpr,
+    PREC: tl.constexpr,
 ):
-    """``P[b, i - r0, j] = relu(scale q_i . k_j + b[i - j])^2`` for query rows ``i`` in ``[r0, r1)`` and keys
-    ``j < kend`` of head ``i_h`` (0 where causal masks; the GEMM reads the whole ``[r1 - r0, kend]`` block);
-    grid ``(key tiles, query tiles, B)``, one ``[BM, BM]`` tile each.  ``P`` is ``[B, R, >= kend]`` with
-    strides ``(stride_pb, stride_pr, 1)``."""
+    """``P[b, i - r0, j - k0] = relu(scale q_i . k_j + b[i - j])^2`` for query rows ``i`` in ``[r0, r1)`` and keys
+    ``j`` in ``[k0, kend)`` of head ``i_h`` (0 where causal or, with ``MASKED``, the rows' sequences mask: see
+    :func:`_slab_scores`; the GEMM reads the whole ``[r1 - r0, kend - k0]`` block); grid ``(key tiles, query tiles,
+    B)``, one ``[BM, BM]`` tile each (``k0`` a multiple of ``BM``).  ``P`` is ``[B, R, >= kend - k0]`` with strides
+    ``(stride_pb, stride_pr, 1)``."""
     i_n, i_m, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     m0 = r0 + i_m * BM
-    n0 = i_n * BM
+    n0 = k0 + i_n * BM
     o_m = m0 + tl.arange(0, BM)
     o_n = n0 + tl.arange(0, BM)
     m_st = (o_m < r1)[:, None] & (o_n < kend)[None, :]
-    p_p = P + i_b.to(tl.int64) * stride_pb + (o_m - r0).to(tl.int64)[:, None] * stride_pr + o_n[None, :]
+    p_p = P + i_b.to(tl.int64) * stride_pb + (o_m - r0).to(tl.int64)[:, None] * stride_pr + (o_n - k0)[None, :]
     if CAUSAL:
         last = m0 + BM - 1  # the last key any row of this tile sees
     else:
@@ -100,19 +112,20 @@ def slab_fwd_scores_kernel(
         tl.store(p_p, tl.zeros([BM, BM], dtype=P.dtype.element_ty), mask=m_st)
     else:
         b_q = _load_rows(Q, i_b, i_h, m0, r1, T, H, S, BM, BS)
-        b_s, keep, _ = _slab_scores(K, BIAS, b_q, i_b, i_h, m0, n0, kend, T, H, S, NTD, scale,
-                                    BM, BS, CAUSAL, HAS_BIAS, PREC)
+        b_s, keep, _ = _slab_scores(K, BIAS, ST, EN, b_q, i_b, i_h, m0, n0, kend, r1, T, H, S, NTD, scale,
+                                    BM, BS, CAUSAL, HAS_BIAS, MASKED, PREC)
         b_r = tl.maximum(b_s, 0.0)
         tl.store(p_p, tl.where(keep, b_r * b_r, 0.0).to(P.dtype.element_ty), mask=m_st)  # seed Eq. 5: relu^2
 
 
 @triton.jit
 def slab_bwd_scores_kernel(
-    Q, K, DP, P, DQ, DB, BIAS, c0, c1, q0, T, H, i_h, S, NTD, stride_b, stride_r, scale,
+    Q, K, DP, P, DQ, DB, BIAS, ST, EN, c0, c1, q0, q1, T, H, i_h, S, NTD, stride_b, stride_r, scale,
     BM: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DB: tl.constexpr,
-    PREC: tl.constexpr,
+    MASKED: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Key slab ``[c0, c1)`` against query rows ``[q0, T)`` of head ``i_h``: reads ``dP [B, T - q0, c1 - c0]``
+    """Key slab ``[c0, c1)`` against query rows ``[q0, q1)`` of head ``i_h`` (``MASKED``: pairs across the rows'
+    sequences are zero, :func:`_slab_scores`): reads ``dP [B, q1 - q0, c1 - c0]``
     (``do . v``, from the GEMM; strides ``(stride_b, stride_r, 1)``), writes ``P`` (same layout) and
     ``dS = 2 relu(s) dP scale`` over ``dP``, adds ``dS k`` to the fp32 ``DQ`` rows of this program (it alone
     writes them in this launch) and, with ``NEED_DB``, ``2 relu(s) dP`` to the bias gradient's tile of each
@@ -121,10 +134,10 @@ def slab_bwd_scores_kernel(
     i_m, i_b = tl.program_id(0), tl.program_id(1)
     m0 = q0 + i_m * BM
     o_m = m0 + tl.arange(0, BM)
-    m_m = o_m < T
+    m_m = o_m < q1
     o_s = tl.arange(0, BS)
     o_b = tl.arange(0, BM)
-    b_q = _load_rows(Q, i_b, i_h, m0, T, T, H, S, BM, BS)
+    b_q = _load_rows(Q, i_b, i_h, m0, q1, T, H, S, BM, BS)
     b_dq = tl.zeros([BM, BS], dtype=tl.float32)
     base = i_b.to(tl.int64) * stride_b + (o_m - q0).to(tl.int64)[:, None] * stride_r
     mid = (NTD - 1) // 2
@@ -139,8 +152,8 @@ def slab_bwd_scores_kernel(
             tl.store(P + base + o_c[None, :], tl.zeros([BM, BM], dtype=P.dtype.element_ty), mask=m_st)
             tl.store(DP + base + o_c[None, :], tl.zeros([BM, BM], dtype=DP.dtype.element_ty), mask=m_st)
         else:
-            b_s, keep, b_k = _slab_scores(K, BIAS, b_q, i_b, i_h, m0, n0, c1, T, H, S, NTD, scale,
-                                          BM, BS, CAUSAL, HAS_BIAS, PREC)
+            b_s, keep, b_k = _slab_scores(K, BIAS, ST, EN, b_q, i_b, i_h, m0, n0, c1, q1, T, H, S, NTD, scale,
+                                          BM, BS, CAUSAL, HAS_BIAS, MASKED, PREC)
             b_r = tl.where(keep, tl.maximum(b_s, 0.0), 0.0)
             b_dp = tl.load(DP + base + o_c[None, :], mask=m_st, other=0.0).to(tl.float32)
             b_ds = 2.0 * b_r * b_dp  # d relu(s)^2 / ds
@@ -216,6 +229,74 @@ def slab_runs(starts: torch.Tensor, lengths: torch.Tensor, cfg: Blocks, S: int):
     return runs, rest
 
 
+# How much cheaper a pair of the slab path is than one of the tiled kernels, with a margin: device fwd+bwd at 1k-64k
+# (H200, 2026-11-26) the slab path ran at 0.74-0.83x SDPA's time, the tiled kernels at 1.38-1.51x, a ratio of 1.7-2.0
+SLAB_PAIR_RATIO = 1.6
+
+
+@dataclass
+class RowMask:
+    """A packed call run by slabs over ``[n, L]`` rows of its tokens, pairs across its sequences masked
+    (:func:`packed_rows`): ``st`` / ``en`` ``[n L]`` (int32, device) the first and one-past-last position inside
+    its row of each token's sequence; ``st_rows`` / ``en_rows`` ``[n, L]`` the same on the host, for the slabs'
+    bounds."""
+
+    L: int
+    st: torch.Tensor
+    en: torch.Tensor
+    st_rows: torch.Tensor
+    en_rows: torch.Tensor
+
+    def keys(self, r0: int, r1: int, causal: bool, bm: int) -> tuple[int, int]:
+        """``[k0, kend)``: the keys that query rows ``[r0, r1)`` of some row see (``k0`` down to a tile)."""
+        k0 = int(self.st_rows[:, r0].min()) // bm * bm
+        return k0, (r1 if causal else int(self.en_rows[:, r1 - 1].max()))
+
+    def queries(self, c0: int, c1: int, causal: bool, bm: int) -> tuple[int, int]:
+        """``[q0, q1)``: the query rows that see some key of ``[c0, c1)`` in some row (``q0`` down to a tile)."""
+        q0 = c0 if causal else int(self.st_rows[:, c0].min()) // bm * bm
+        return q0, int(self.en_rows[:, c1 - 1].max())
+
+
+def _tile_pairs(lengths: torch.Tensor, bm: int, causal: bool) -> int:
+    """``[bm, bm]`` tile pairs the tiled kernels compute for sequences of these lengths."""
+    nt = (lengths + bm - 1) // bm
+    return int((nt * (nt + 1) // 2).sum() if causal else (nt * nt).sum()) * bm * bm
+
+
+def packed_rows(starts: torch.Tensor, lengths: torch.Tensor, N: int, T_max: int, cfg: Blocks, S: int, causal: bool,
+                device: torch.device) -> RowMask | None:
+    """Whether a packed call of ``N`` tokens (sequences ``starts`` / ``lengths``, CPU, in token order) runs by slabs
+    over ``[N / L, L]`` rows with the pairs across sequences masked, and how: the smallest ``L`` at least the longest
+    sequence that divides ``N`` and whose multiples are all sequence boundaries -- a training batch's rows
+    (:mod:`lintime.data.packing`: every row starts a sequence) -- if the slabs' work (every slab's ``[R, kend - k0]``
+    block in every row) is at most :data:`SLAB_PAIR_RATIO` times the tiled kernels' (the in-sequence tile pairs).
+    Else None: the tiled kernels.  ``L`` is at most ``T_max`` (the call's ``T``: its bias covers offsets below it).
+    ``Blocks.slab_masked`` 0 turns it off, 2 skips the work comparison (tests)."""
+    if not cfg.slab_masked or not slab_on(cfg, S) or N == 0:
+        return None
+    used = lengths > 0
+    if not bool(used.any()):
+        return None
+    lmax = int(lengths.max())
+    bounds = set(starts[used].tolist()) | {N}
+    divisors = sorted({d for i in range(1, math.isqrt(N) + 1) if N % i == 0 for d in (i, N // i)})
+    L = next((L for L in divisors if L >= lmax and all(m * L in bounds for m in range(N // L))), None)
+    if L is None or L > T_max:
+        return None
+    seq = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    row0 = torch.arange(N) // L * L
+    st = starts[seq] - row0
+    en = st + lengths[seq]
+    mask = RowMask(L, *to_device(device, st, en), st.view(N // L, L), en.view(N // L, L))
+    if cfg.slab_masked == 2:
+        return mask
+    R, bm = slab_rows(L, cfg), cfg.bm_slab
+    work = sum(mask.keys(r0, min(r0 + R, L), causal, bm)[1] - mask.keys(r0, min(r0 + R, L), causal, bm)[0]
+               for r0 in range(0, L, R)) * R * (N // L)
+    return mask if work <= SLAB_PAIR_RATIO * _tile_pairs(lengths[used], cfg.bm, causal) else None
+
+
 def _geometry(T: int, cfg: Blocks) -> tuple[int, int, int]:
     """``(R, BM, NTD)``: the slab height (:func:`slab_rows`), the score tile and the number of bias tile
     diagonals."""
@@ -226,10 +307,13 @@ def _pad(n: int, m: int = 64) -> int:  # buffer row length: 16-byte aligned rows
     return cdiv(n, m) * m
 
 
-def slab_fwd(q, k, v, rel_bias, scale: float, causal: bool, cfg: Blocks, o: torch.Tensor | None = None):
+def slab_fwd(q, k, v, rel_bias, scale: float, causal: bool, cfg: Blocks, o: torch.Tensor | None = None,
+             mask: RowMask | None = None):
     """``o [B, T, H, E]`` of GAU attention by query slabs (q, k ``[B, T, H, S]``, v ``[B, T, H, E]``, each
     contiguous within a sequence -- views of a packed call's runs qualify -- rel_bias ``[H, 2T - 1]`` or None);
-    written into ``o`` when given (such a view)."""
+    written into ``o`` when given (such a view).  ``mask``: the rows hold several sequences each (a packed call's
+    ``[n, L]`` view, :func:`packed_rows`), pairs across them are zero and each slab reads only the keys its rows'
+    sequences reach."""
     B, T, H, S = q.shape
     o = torch.empty_like(v) if o is None else o
     if B * T == 0:
@@ -238,24 +322,27 @@ def slab_fwd(q, k, v, rel_bias, scale: float, causal: bool, cfg: Blocks, o: torc
     bias = bias_tiles(kernel_bias(rel_bias)[0], ntd, T - 1, bm)
     P = torch.empty(B, R, _pad(T), dtype=q.dtype, device=q.device)
     BS, PREC = pow2_at_least(S), dot_config(q.dtype)[1]
-    for h in range(H):
-        for r0 in range(0, T, R):
-            r1 = min(r0 + R, T)
-            kend = r1 if causal else T
-            slab_fwd_scores_kernel[(cdiv(kend, bm), cdiv(r1 - r0, bm), B)](
-                q, k, P, bias if bias is not None else q, r0, r1, kend, T, H, h, S, ntd, P.stride(0), P.stride(1),
-                float(scale), BM=bm, BS=BS, CAUSAL=causal, HAS_BIAS=bias is not None, PREC=PREC,
-                num_warps=cfg.warps_slab,
+    st, en = (mask.st, mask.en) if mask is not None else (q, q)
+    for r0 in range(0, T, R):
+        r1 = min(r0 + R, T)
+        k0, kend = mask.keys(r0, r1, causal, bm) if mask is not None else (0, r1 if causal else T)
+        for h in range(H):
+            slab_fwd_scores_kernel[(cdiv(kend - k0, bm), cdiv(r1 - r0, bm), B)](
+                q, k, P, bias if bias is not None else q, st, en, r0, r1, k0, kend, T, H, h, S, ntd, P.stride(0),
+                P.stride(1), float(scale), BM=bm, BS=BS, CAUSAL=causal, HAS_BIAS=bias is not None,
+                MASKED=mask is not None, PREC=PREC, num_warps=cfg.warps_slab,
             )
-            torch.bmm(P[:, : r1 - r0, :kend], v[:, :kend, h], out=o[:, r0:r1, h])
+            torch.bmm(P[:, : r1 - r0, : kend - k0], v[:, k0:kend, h], out=o[:, r0:r1, h])
     return o
 
 
 def slab_bwd(do, q, k, v, rel_bias, scale: float, causal: bool, need_db: bool, cfg: Blocks, *,
-             dq32: torch.Tensor | None = None, dv: torch.Tensor | None = None, db_dtype: torch.dtype | None = None):
+             dq32: torch.Tensor | None = None, dv: torch.Tensor | None = None, db_dtype: torch.dtype | None = None,
+             mask: RowMask | None = None):
     """``(dq, dk, dv, db)`` of :func:`slab_fwd`, by key slabs (``db``: ``[H, 2T - 1]`` in ``db_dtype``, default
     ``rel_bias``'s, or an empty tensor when not asked for).  A packed call passes views of its buffers: ``dq32``
-    (fp32, zeros; ``dq`` is accumulated there and returned as is) and ``dv`` (written in place)."""
+    (fp32, zeros; ``dq`` is accumulated there and returned as is) and ``dv`` (written in place); ``mask`` as in
+    :func:`slab_fwd`."""
     B, T, H, S = q.shape
     do = do.contiguous()
     own_dq = dq32 is None
@@ -278,20 +365,21 @@ def slab_bwd(do, q, k, v, rel_bias, scale: float, causal: bool, need_db: bool, c
     dP = torch.empty(B, T, R, dtype=q.dtype, device=q.device)
     P = torch.empty(B, T, R, dtype=q.dtype, device=q.device)
     BS, PREC = pow2_at_least(S), dot_config(q.dtype)[1]
-    for h in range(H):
-        for c0 in range(0, T, R):
-            c1 = min(c0 + R, T)
-            q0 = c0 if causal else 0
-            n, w = T - q0, c1 - c0
-            dp, p = dP[:, :n, :w], P[:, :n, :w]
-            torch.bmm(do[:, q0:, h], v[:, c0:c1, h].transpose(1, 2), out=dp)
+    st, en = (mask.st, mask.en) if mask is not None else (q, q)
+    for c0 in range(0, T, R):
+        c1 = min(c0 + R, T)
+        q0, q1 = mask.queries(c0, c1, causal, bm) if mask is not None else (c0 if causal else 0, T)
+        n, w = q1 - q0, c1 - c0
+        dp, p = dP[:, :n, :w], P[:, :n, :w]
+        for h in range(H):
+            torch.bmm(do[:, q0:q1, h], v[:, c0:c1, h].transpose(1, 2), out=dp)
             slab_bwd_scores_kernel[(cdiv(n, bm), B)](
-                q, k, dP, P, dq32, db_tiles, tiles if tiles is not None else q, c0, c1, q0, T, H, h, S, ntd,
-                dP.stride(0), dP.stride(1), float(scale),
-                BM=bm, BS=BS, CAUSAL=causal, HAS_BIAS=tiles is not None, NEED_DB=need_db, PREC=PREC,
-                num_warps=cfg.warps_slab,
+                q, k, dP, P, dq32, db_tiles, tiles if tiles is not None else q, st, en, c0, c1, q0, q1, T, H, h, S,
+                ntd, dP.stride(0), dP.stride(1), float(scale),
+                BM=bm, BS=BS, CAUSAL=causal, HAS_BIAS=tiles is not None, NEED_DB=need_db, MASKED=mask is not None,
+                PREC=PREC, num_warps=cfg.warps_slab,
             )
-            torch.bmm(p.transpose(1, 2), do[:, q0:, h], out=dv[:, c0:c1, h])
-            torch.bmm(dp.transpose(1, 2), q[:, q0:, h], out=dk[:, c0:c1, h])
+            torch.bmm(p.transpose(1, 2), do[:, q0:q1, h], out=dv[:, c0:c1, h])
+            torch.bmm(dp.transpose(1, 2), q[:, q0:q1, h], out=dk[:, c0:c1, h])
     db = fold_bias_grad(db_tiles, LB, T - 1, bm, db_dtype) if need_db else q.new_empty(0)
     return (dq32.to(q.dtype) if own_dq else dq32), dk, dv, db
