@@ -121,10 +121,14 @@ def test_packing_matches_naive(causal, path, slab_calls):
         assert_exact(f"gau packed {path} {name} (causal={causal})", ref[name], out[name])
 
 
-# rows of 64 tokens, several sequences each (empty and one-token ones too): a training batch's layout
-# (lintime.data.packing: every row starts a sequence); "split" rows all cut near position 32, so the second slab's
-# keys start past 0 (k0 = 16)
-_ROWS = {"whole": [64, 20, 1, 0, 43, 64, 30, 34], "split": [20, 44, 17, 47, 30, 1, 33]}
+# rows of several sequences each (empty and one-token ones too): a training batch's layout (lintime.data.packing:
+# every row starts a sequence), with the row length and the slabs' bounds (32-row slabs, 16-row tiles): the first key
+# any query row of a slab sees (k0) and one past the last query row that sees a key of the slab (hi).  "split" (rows
+# of 64): the second slab's keys start past 0; "cut" (rows of 48): every row cut at 32, so the first slab's keys are
+# seen by its own query rows only
+_ROWS = {"whole": ([64, 20, 1, 0, 43, 64, 30, 34], 64, [0, 0], [64, 64]),
+         "split": ([20, 44, 17, 47, 30, 1, 33], 64, [0, 16], [64, 64]),
+         "cut": ([32, 16, 20, 12, 16, 32, 1, 15], 48, [0, 32], [32, 48])}
 
 
 @cpu_only
@@ -132,21 +136,18 @@ _ROWS = {"whole": [64, 20, 1, 0, 43, 64, 30, 34], "split": [20, 44, 17, 47, 30, 
 @pytest.mark.parametrize("causal", [True, False])
 def test_masked_rows_match_naive(rows, causal, slab_calls):
     """The slab path over a packed call's rows with pairs across sequences masked (``slab_masked``, 2: whatever the
-    work rule says): two heads, the bias, slabs of 32 rows over 64-token rows (slab and sequence boundaries not
-    aligned); output and every gradient exact against naive."""
+    work rule says): two heads, the bias, slabs of 32 rows over rows of 64 / 48 tokens (slab and sequence boundaries
+    not aligned, a partial last slab); output and every gradient exact against naive."""
     from lintime.ops.gau.triton.plan import default_blocks, sequence_bounds
     from lintime.ops.gau.triton.slab import packed_rows
 
-    lens = _ROWS[rows]
+    lens, L, k0, hi = _ROWS[rows]
     N = sum(lens)
     q, k, v, b, do = _inputs(1, N, 2, 8, 16, torch.float32, seed=21)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     blocks = dataclasses.replace(default_blocks(8, 16, torch.float32), slab_masked=2)
-    mask = packed_rows(*sequence_bounds(1, N, cu), N, N, blocks, 8, causal, torch.device("cpu"))
-    assert mask is not None and mask.L == 64
-    if rows == "split":
-        assert mask.keys(32, 64, causal, 16)[0] == 16
-        assert mask.queries(0, 16, causal, 16) == (0, 30)  # keys 0-15 are seen by rows' first sequences only
+    mask = packed_rows(*sequence_bounds(1, N, cu), N, N, blocks, 8, causal, cu, torch.device("cpu"))
+    assert mask is not None and (mask.L, mask.R, mask.k0, mask.hi) == (L, 32, k0, hi)
     kw = {"causal": causal, "scale": 0.3, "cu_seqlens": cu}
     ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, blocks=blocks, **kw)
     assert slab_calls == [1, 1]
@@ -165,7 +166,8 @@ def test_packed_rows_rule():
     def rule(lens, cfg, S=16, causal=True, T_max=None):
         lens = torch.tensor(lens)
         N = int(lens.sum())
-        m = packed_rows(torch.cumsum(lens, 0) - lens, lens, N, T_max or N, cfg, S, causal, torch.device("cpu"))
+        cu = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(lens, 0)])
+        m = packed_rows(torch.cumsum(lens, 0) - lens, lens, N, T_max or N, cfg, S, causal, cu, torch.device("cpu"))
         return None if m is None else m.L
 
     on = Blocks(slab=32, bm_slab=16, bm=16, slab_masked=1)

@@ -166,7 +166,8 @@ def _packed_split(B, T, cu_seqlens, cfg: Blocks, S: int, causal: bool, device):
     starts, lengths = sequence_bounds(B, T, cu_seqlens)
     runs, rest = slab_runs(starts, lengths, cfg, S)
     bounds = (starts[rest], lengths[rest])
-    mask = None if _one_run(runs, bounds) else packed_rows(starts, lengths, B * T, T, cfg, S, causal, device)
+    mask = (None if _one_run(runs, bounds)
+            else packed_rows(starts, lengths, B * T, T, cfg, S, causal, cu_seqlens, device))
     return runs, bounds, mask
 
 

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from lintime.ops.gau.triton.kernels import _bias_tile
-from lintime.ops.gau.triton.plan import Blocks, bias_tiles, fold_bias_grad, kernel_bias, pow2_at_least, to_device
+from lintime.ops.gau.triton.plan import Blocks, bias_tiles, fold_bias_grad, kernel_bias, pow2_at_least
 from lintime.ops.triton_common import cdiv, dot_config
 
 MAX_S = 256  # widest q / k the slab kernels keep in one tile (wider: the tiled kernels)
@@ -238,24 +238,26 @@ SLAB_PAIR_RATIO = 1.6
 class RowMask:
     """A packed call run by slabs over ``[n, L]`` rows of its tokens, pairs across its sequences masked
     (:func:`packed_rows`): ``st`` / ``en`` ``[n L]`` (int32, device) the first and one-past-last position inside
-    its row of each token's sequence; ``st_rows`` / ``en_rows`` ``[n, L]`` the same on the host, for the slabs'
-    bounds."""
+    its row of each token's sequence; per slab ``s`` of ``R`` rows (host ints), ``k0[s]`` the first key any of its
+    query rows sees in any row (down to a tile) and ``hi[s]`` one past the last query row that sees one of its keys
+    (the end of the furthest sequence holding its last position)."""
 
     L: int
+    R: int
     st: torch.Tensor
     en: torch.Tensor
-    st_rows: torch.Tensor
-    en_rows: torch.Tensor
+    k0: list
+    hi: list
 
     def keys(self, r0: int, r1: int, causal: bool, bm: int) -> tuple[int, int]:
-        """``[k0, kend)``: the keys that query rows ``[r0, r1)`` of some row see (``k0`` down to a tile)."""
-        k0 = int(self.st_rows[:, r0].min()) // bm * bm
-        return k0, (r1 if causal else int(self.en_rows[:, r1 - 1].max()))
+        """``[k0, kend)``: the keys that query rows ``[r0, r1)`` (slab ``r0 // R``) see in some row."""
+        s = r0 // self.R
+        return self.k0[s], (r1 if causal else self.hi[s])
 
     def queries(self, c0: int, c1: int, causal: bool, bm: int) -> tuple[int, int]:
-        """``[q0, q1)``: the query rows that see some key of ``[c0, c1)`` in some row (``q0`` down to a tile)."""
-        q0 = c0 if causal else int(self.st_rows[:, c0].min()) // bm * bm
-        return q0, int(self.en_rows[:, c1 - 1].max())
+        """``[q0, q1)``: the query rows that see some key of ``[c0, c1)`` (slab ``c0 // R``) in some row."""
+        s = c0 // self.R
+        return (c0 if causal else self.k0[s]), self.hi[s]
 
 
 def _tile_pairs(lengths: torch.Tensor, bm: int, causal: bool) -> int:
@@ -265,36 +267,47 @@ def _tile_pairs(lengths: torch.Tensor, bm: int, causal: bool) -> int:
 
 
 def packed_rows(starts: torch.Tensor, lengths: torch.Tensor, N: int, T_max: int, cfg: Blocks, S: int, causal: bool,
-                device: torch.device) -> RowMask | None:
-    """Whether a packed call of ``N`` tokens (sequences ``starts`` / ``lengths``, CPU, in token order) runs by slabs
-    over ``[N / L, L]`` rows with the pairs across sequences masked, and how: the smallest ``L`` at least the longest
-    sequence that divides ``N`` and whose multiples are all sequence boundaries -- a training batch's rows
-    (:mod:`lintime.data.packing`: every row starts a sequence) -- if the slabs' work (every slab's ``[R, kend - k0]``
-    block in every row) is at most :data:`SLAB_PAIR_RATIO` times the tiled kernels' (the in-sequence tile pairs).
-    Else None: the tiled kernels.  ``L`` is at most ``T_max`` (the call's ``T``: its bias covers offsets below it).
-    ``Blocks.slab_masked`` 0 turns it off, 2 skips the work comparison (tests)."""
+                cu_seqlens: torch.Tensor, device: torch.device) -> RowMask | None:
+    """Whether a packed call of ``N`` tokens (sequences ``starts`` / ``lengths``, CPU, in token order; ``cu_seqlens``
+    as the call has it) runs by slabs over ``[N / L, L]`` rows with the pairs across sequences masked, and how: the
+    smallest ``L`` at least the longest sequence that divides ``N`` and whose multiples are all sequence boundaries --
+    a training batch's rows (:mod:`lintime.data.packing`: every row starts a sequence) -- if the slabs' work (every
+    slab's ``[R, kend - k0]`` block in every row) is at most :data:`SLAB_PAIR_RATIO` times the tiled kernels' (the
+    in-sequence tile pairs).  Else None: the tiled kernels.  ``L`` is at most ``T_max`` (the call's ``T``: its bias
+    covers offsets below it).  ``Blocks.slab_masked`` 0 turns it off, 2 skips the work comparison (tests).  Host work:
+    a few small ``[rows, slabs]`` tables; the per-token ones are built on the device, and only for rows taken."""
     if not cfg.slab_masked or not slab_on(cfg, S) or N == 0:
         return None
     used = lengths > 0
     if not bool(used.any()):
         return None
+    starts, lengths = starts[used], lengths[used]
     lmax = int(lengths.max())
-    bounds = set(starts[used].tolist()) | {N}
+    bounds = set(starts.tolist()) | {N}
     divisors = sorted({d for i in range(1, math.isqrt(N) + 1) if N % i == 0 for d in (i, N // i)})
     L = next((L for L in divisors if L >= lmax and all(m * L in bounds for m in range(N // L))), None)
     if L is None or L > T_max:
         return None
-    seq = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
-    row0 = torch.arange(N) // L * L
-    st = starts[seq] - row0
-    en = st + lengths[seq]
-    mask = RowMask(L, *to_device(device, st, en), st.view(N // L, L), en.view(N // L, L))
-    if cfg.slab_masked == 2:
-        return mask
     R, bm = slab_rows(L, cfg), cfg.bm_slab
-    work = sum(mask.keys(r0, min(r0 + R, L), causal, bm)[1] - mask.keys(r0, min(r0 + R, L), causal, bm)[0]
-               for r0 in range(0, L, R)) * R * (N // L)
-    return mask if work <= SLAB_PAIR_RATIO * _tile_pairs(lengths[used], cfg.bm, causal) else None
+    rows, lo = N // L, torch.arange(0, L, R)
+    hi_pos = torch.clamp(lo + R, max=L) - 1
+    row0 = torch.arange(rows)[:, None] * L
+    ends = starts + lengths
+
+    def seq_at(pos):  # the (non-empty) sequence holding each flat position
+        return torch.searchsorted(ends, pos.reshape(-1), right=True).view(pos.shape)
+
+    k0 = ((starts[seq_at(row0 + lo)] - row0).min(0).values // bm * bm).tolist()
+    hi = (ends[seq_at(row0 + hi_pos)] - row0).max(0).values.tolist()
+    if cfg.slab_masked != 2:
+        work = sum((min(r0 + R, L) if causal else h) - k for r0, k, h in zip(lo.tolist(), k0, hi)) * R * rows
+        if work > SLAB_PAIR_RATIO * _tile_pairs(lengths, cfg.bm, causal):
+            return None
+    cu = cu_seqlens.to(device=device, dtype=torch.int32)
+    tok = torch.arange(N, device=device, dtype=torch.int32)
+    seq = torch.searchsorted(cu, tok, right=True) - 1
+    first = tok // L * L
+    return RowMask(L, R, cu[seq] - first, cu[seq + 1] - first, k0, hi)
 
 
 def _geometry(T: int, cfg: Blocks) -> tuple[int, int, int]:
