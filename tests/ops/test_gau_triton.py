@@ -155,6 +155,38 @@ def test_masked_rows_match_naive(rows, causal, slab_calls):
         assert_exact(f"gau masked rows {rows} {name} (causal={causal})", ref[name], out[name])
 
 
+@cpu_only
+def test_packed_host_work_cached_per_cu_seqlens(monkeypatch):
+    """A packed call's split, masked rows and tile tables are built once per ``cu_seqlens`` tensor: the backward and
+    further calls with the same tensor (a model's layers) reuse them; an in-place write to it, or another tensor,
+    rebuilds them -- and the results stay exact."""
+    from lintime.ops.gau.triton import gau as g
+
+    reads = []
+    real = g.sequence_bounds
+    monkeypatch.setattr(g, "sequence_bounds", lambda *a: reads.append(1) or real(*a))
+    lens = [40, 24, 30, 34]
+    q, k, v, b, do = _inputs(1, sum(lens), 1, 8, 16, torch.float32, seed=25)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    for path in ("masked", "tiled"):
+        blocks = dataclasses.replace(_path_blocks("slab", 8, 16), slab_masked=2 if path == "masked" else 0)
+        kw = {"causal": True, "scale": 0.3, "cu_seqlens": cu, "blocks": blocks}
+        reads.clear()
+        out = [_run("triton", q, k, v, b, do, **kw) for _ in range(2)]
+        assert len(reads) == 1, (path, reads)  # two forwards and backwards, one read of cu_seqlens
+        cu[2] = 60  # in place: another layout of the same tensor
+        moved = _run("triton", q, k, v, b, do, **kw)
+        assert len(reads) == 2
+        ref = _run("naive", q, k, v, b, do, **{**kw, "blocks": None})
+        for name in ref:
+            assert_exact(f"gau cached {path} {name}", ref[name], moved[name])
+        cu[2] = 64
+        again = _run("triton", q, k, v, b, do, **{**kw, "cu_seqlens": cu.clone()})  # another tensor
+        assert len(reads) == 3
+        for name in out[0]:
+            assert torch.equal(out[0][name], out[1][name]) and torch.equal(out[0][name], again[name])
+
+
 def test_packed_rows_rule():
     """:func:`~lintime.ops.gau.triton.slab.packed_rows`: the rows are the smallest length at least the longest
     sequence whose multiples are all boundaries; they are taken when the slabs' work is at most ``SLAB_PAIR_RATIO``

@@ -17,6 +17,7 @@ inside one program per query tile.
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 
@@ -143,12 +144,30 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
 def _plan(B, T, cu_seqlens, bm, device, bounds=None):
     """Regions = non-empty sequences (of ``bounds = (starts, lengths)`` when given: a packed call's sequences
     left to the tiled kernels); returns the device tables and the longest sequence.  Unpacked calls reuse the
-    tables of the same shape (no host work, no copy)."""
-    if bounds is not None:
-        return _build_plan(*bounds, bm, device)
+    tables of the same shape (no host work, no copy); packed calls those of the same ``cu_seqlens`` tensor
+    (:func:`_packed_cache`)."""
     if cu_seqlens is None:
         return _regular_plan(B, T, bm, str(device))
-    return _build_plan(*sequence_bounds(B, T, cu_seqlens), bm, device)
+    # (bounds: the tuple cached with the call's split, alive as long as this entry -- its id names it)
+    entry = _packed_cache(cu_seqlens, ("plan", B, T, bm, str(device), None if bounds is None else id(bounds)))
+    if "plan" not in entry:
+        entry["plan"] = _build_plan(*(bounds if bounds is not None else sequence_bounds(B, T, cu_seqlens)), bm, device)
+    return entry["plan"]
+
+
+# Host work of packed calls, per cu_seqlens tensor: a model passes one cu_seqlens to every layer's forward and
+# backward, and each packed call would otherwise read it on the host (a sync) and rebuild its split and tables.  One
+# entry per key, for the last cu_seqlens seen; it is the same tensor only while the weak reference resolves to it and
+# its version counter (bumped by in-place writes) is unchanged.
+_PACKED: dict = {"ref": None, "version": -1, "entries": {}}
+
+
+def _packed_cache(cu_seqlens: torch.Tensor, key: tuple) -> dict:
+    """The cache entry (a dict) of ``key`` for this ``cu_seqlens`` tensor, emptied when the tensor changed."""
+    ref = _PACKED["ref"]
+    if ref is None or ref() is not cu_seqlens or _PACKED["version"] != cu_seqlens._version:
+        _PACKED.update(ref=weakref.ref(cu_seqlens), version=cu_seqlens._version, entries={})
+    return _PACKED["entries"].setdefault(key, {})
 
 
 @functools.lru_cache(maxsize=64)
@@ -163,12 +182,15 @@ def _packed_split(B, T, cu_seqlens, cfg: Blocks, S: int, causal: bool, device):
     path off."""
     if cu_seqlens is None or not cfg.slab:
         return [], None, None
-    starts, lengths = sequence_bounds(B, T, cu_seqlens)
-    runs, rest = slab_runs(starts, lengths, cfg, S)
-    bounds = (starts[rest], lengths[rest])
-    mask = (None if _one_run(runs, bounds)
-            else packed_rows(starts, lengths, B * T, T, cfg, S, causal, cu_seqlens, device))
-    return runs, bounds, mask
+    entry = _packed_cache(cu_seqlens, ("split", B, T, cfg, S, causal, str(device)))
+    if "split" not in entry:
+        starts, lengths = sequence_bounds(B, T, cu_seqlens)
+        runs, rest = slab_runs(starts, lengths, cfg, S)
+        bounds = (starts[rest], lengths[rest])
+        mask = (None if _one_run(runs, bounds)
+                else packed_rows(starts, lengths, B * T, T, cfg, S, causal, cu_seqlens, device))
+        entry["split"] = (runs, bounds, mask)
+    return entry["split"]
 
 
 def _rows(N: int, L: int, *xs):
