@@ -6,7 +6,11 @@ out like ``lintime train``'s -- ``mixed``: rows of ``T`` tokens, three in four o
 * ``default``: the defaults (session 11: mixed rows by the masked slab path where its work rule says so; a packed
   call's split and tables cached per ``cu_seqlens`` tensor, so only the first GAU call of a step reads it);
 * ``unmasked``: ``Blocks.slab_masked = 0`` (mixed rows to the tiled kernels), cache on;
-* ``session10``: ``slab_masked = 0`` and no cache (every call reads ``cu_seqlens`` on the host: the code of session 10).
+* ``session10``: ``slab_masked = 0`` and no cache (every call reads and checks ``cu_seqlens`` on the host: the code of
+  session 10).
+
+``--preset flash-base`` runs FLASH (mixed chunk) models: ``unmasked`` equals ``default`` there; ``session10`` shows
+what the cache of mixed chunk's packed plan and of the ``cu_seqlens`` check gives.
 
 Median step time of ``--steps`` steps after ``--warmup``; JSON to ``--out``.  Usage::
 
@@ -56,15 +60,18 @@ def main():
     args = ap.parse_args()
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    real_defaults, real_cache = g.default_blocks, g._packed_cache
+    from lintime.ops import utils as ou
+    from lintime.ops.mixed_chunk.triton import mixed_chunk as mc
+
+    real_defaults, real_cache = g.default_blocks, ou.packed_cache
 
     def configure(name):
         g.default_blocks = real_defaults
-        g._packed_cache = real_cache
+        g.packed_cache = mc.packed_cache = ou.packed_cache = real_cache
         if name in ("unmasked", "session10"):
             g.default_blocks = lambda *a: dataclasses.replace(real_defaults(*a), slab_masked=0)
-        if name == "session10":
-            g._packed_cache = lambda cu, key: {}
+        if name == "session10":  # no cache anywhere: every call reads and checks cu_seqlens on the host
+            g.packed_cache = mc.packed_cache = ou.packed_cache = lambda cu, key: {}
 
     out = []
     cfg, _ = preset_config(args.preset, max(int(t) for t in args.Ts.split(",")))

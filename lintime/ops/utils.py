@@ -61,12 +61,32 @@ def check_same_btH(op: str, ref_name: str, ref: torch.Tensor, **others: torch.Te
             raise ValueError(f"{op}: {name} is on {x.device}, {ref_name} on {ref.device}")
 
 
+# Host work of packed calls, per cu_seqlens tensor: a model passes one cu_seqlens to every layer's forward and
+# backward, and each packed call would otherwise read it on the host (a sync that stalls the launch queue) and rebuild
+# its tables.  Entries of the last cu_seqlens seen; it is the same tensor only while the weak reference resolves to it
+# and its version counter (bumped by in-place writes) is unchanged.
+_PACKED: dict = {"ref": None, "version": -1, "entries": {}}
+
+
+def packed_cache(cu_seqlens: torch.Tensor, key: tuple) -> dict:
+    """The cache entry (a dict, empty at first) of ``key`` for this ``cu_seqlens`` tensor; all entries are dropped
+    when another tensor comes, or this one was written in place.  Used by :func:`check_cu_seqlens` and GAU's and mixed chunk's packed plans."""
+    ref = _PACKED["ref"]
+    if ref is None or ref() is not cu_seqlens or _PACKED["version"] != cu_seqlens._version:
+        _PACKED.update(ref=weakref.ref(cu_seqlens), version=cu_seqlens._version, entries={})
+    return _PACKED["entries"].setdefault(key, {})
+
+
 def check_cu_seqlens(op: str, cu_seqlens: torch.Tensor | None, B: int, T: int) -> None:
-    """Shape, dtype and values of ``cu_seqlens`` (the values cost one device-to-host read)."""
+    """Shape, dtype and values of ``cu_seqlens`` (the values cost one device-to-host read, once per tensor: a model's
+    layers pass the same one, :func:`packed_cache`)."""
     if cu_seqlens is None:
         return
     check_cu_seqlens_shape(op, cu_seqlens, B)
-    check_cu_seqlens_values(op, cu_seqlens.tolist(), T)
+    entry = packed_cache(cu_seqlens, ("values checked", T))
+    if not entry:
+        check_cu_seqlens_values(op, cu_seqlens.tolist(), T)
+        entry["ok"] = True
 
 
 def check_cu_seqlens_shape(op: str, cu_seqlens: torch.Tensor, B: int) -> None:

@@ -234,6 +234,43 @@ def test_segment_rule_follows_the_measurements(monkeypatch):
 
 
 @cpu_only
+def test_packed_plan_and_check_cached_per_cu_seqlens(monkeypatch):
+    """A packed call's plan and the values check of ``cu_seqlens`` are done once per tensor
+    (:func:`lintime.ops.utils.packed_cache`): further calls and backward passes with the same tensor (a model's
+    layers) skip them; an in-place write or another tensor redoes them, and a bad ``cu_seqlens`` is still refused."""
+    from lintime.ops import mixed_chunk_attention
+    from lintime.ops import utils as ou
+    from lintime.ops.mixed_chunk.triton import mixed_chunk as mc
+
+    builds, checks = [], []
+    real_build, real_check = mc._build_plan, ou.check_cu_seqlens_values
+    monkeypatch.setattr(mc, "_build_plan", lambda *a: builds.append(1) or real_build(*a))
+    monkeypatch.setattr(ou, "check_cu_seqlens_values", lambda *a: checks.append(1) or real_check(*a))
+    lens = [40, 1, 0, 23]
+    xs, _ = _inputs(1, sum(lens), 1, 8, 8, 16, torch.float32, seed=31)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+    def run(cu_):
+        leaves = [x.detach().clone().requires_grad_() for x in xs]
+        o, _ = mixed_chunk_attention(*leaves, chunk_size=16, cu_seqlens=cu_, backend="triton")
+        return [o, *torch.autograd.grad(o.square().sum(), leaves)]
+
+    first = run(cu)
+    second = run(cu)
+    assert (len(builds), len(checks)) == (1, 1)  # two forwards and backwards: one plan, one check
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    cu[2:4] = 45  # in place (sequences of 40, 5, 0, 19): the plan and the check are redone
+    moved = run(cu)
+    assert (len(builds), len(checks)) == (2, 2)
+    ref = run(cu.clone())  # another tensor: redone again, same results
+    assert (len(builds), len(checks)) == (3, 3)
+    assert all(torch.equal(a, b) for a, b in zip(moved, ref))
+    cu[2] = 100  # out of order: refused even though this tensor passed before
+    with pytest.raises(ValueError):
+        run(cu)
+
+
+@cpu_only
 @pytest.mark.parametrize("causal", [True, False])
 def test_fp16_half_precision_rule(causal):
     """fp16 through the kernels (fp16 products, fp32 states at tf32) vs the fp64 naive: at most

@@ -17,7 +17,6 @@ inside one program per query tile.
 from __future__ import annotations
 
 import functools
-import weakref
 
 import torch
 
@@ -47,6 +46,7 @@ from lintime.ops.triton_common import (
     tma_descriptors,
     tma_device,
 )
+from lintime.ops.utils import packed_cache
 
 # Candidate launches of the three GAU kernels: ``(name, overrides)``, the overrides applied to the GPU
 # defaults of the shape (:func:`lintime.ops.gau.triton.plan.variant_blocks`; defaults BM = 64, S step
@@ -145,29 +145,14 @@ def _plan(B, T, cu_seqlens, bm, device, bounds=None):
     """Regions = non-empty sequences (of ``bounds = (starts, lengths)`` when given: a packed call's sequences
     left to the tiled kernels); returns the device tables and the longest sequence.  Unpacked calls reuse the
     tables of the same shape (no host work, no copy); packed calls those of the same ``cu_seqlens`` tensor
-    (:func:`_packed_cache`)."""
+    (:func:`lintime.ops.utils.packed_cache`)."""
     if cu_seqlens is None:
         return _regular_plan(B, T, bm, str(device))
     # (bounds: the tuple cached with the call's split, alive as long as this entry -- its id names it)
-    entry = _packed_cache(cu_seqlens, ("plan", B, T, bm, str(device), None if bounds is None else id(bounds)))
+    entry = packed_cache(cu_seqlens, ("plan", B, T, bm, str(device), None if bounds is None else id(bounds)))
     if "plan" not in entry:
         entry["plan"] = _build_plan(*(bounds if bounds is not None else sequence_bounds(B, T, cu_seqlens)), bm, device)
     return entry["plan"]
-
-
-# Host work of packed calls, per cu_seqlens tensor: a model passes one cu_seqlens to every layer's forward and
-# backward, and each packed call would otherwise read it on the host (a sync) and rebuild its split and tables.  One
-# entry per key, for the last cu_seqlens seen; it is the same tensor only while the weak reference resolves to it and
-# its version counter (bumped by in-place writes) is unchanged.
-_PACKED: dict = {"ref": None, "version": -1, "entries": {}}
-
-
-def _packed_cache(cu_seqlens: torch.Tensor, key: tuple) -> dict:
-    """The cache entry (a dict) of ``key`` for this ``cu_seqlens`` tensor, emptied when the tensor changed."""
-    ref = _PACKED["ref"]
-    if ref is None or ref() is not cu_seqlens or _PACKED["version"] != cu_seqlens._version:
-        _PACKED.update(ref=weakref.ref(cu_seqlens), version=cu_seqlens._version, entries={})
-    return _PACKED["entries"].setdefault(key, {})
 
 
 @functools.lru_cache(maxsize=64)
@@ -182,7 +167,7 @@ def _packed_split(B, T, cu_seqlens, cfg: Blocks, S: int, causal: bool, device):
     path off."""
     if cu_seqlens is None or not cfg.slab:
         return [], None, None
-    entry = _packed_cache(cu_seqlens, ("split", B, T, cfg, S, causal, str(device)))
+    entry = packed_cache(cu_seqlens, ("split", B, T, cfg, S, causal, str(device)))
     if "split" not in entry:
         starts, lengths = sequence_bounds(B, T, cu_seqlens)
         runs, rest = slab_runs(starts, lengths, cfg, S)

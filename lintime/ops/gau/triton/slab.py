@@ -271,7 +271,7 @@ def packed_rows(starts: torch.Tensor, lengths: torch.Tensor, N: int, T_max: int,
     """Whether a packed call of ``N`` tokens (sequences ``starts`` / ``lengths``, CPU, in token order; ``cu_seqlens``
     as the call has it) runs by slabs over ``[N / L, L]`` rows with the pairs across sequences masked, and how: the
     smallest ``L`` at least the longest sequence that divides ``N`` and whose multiples are all sequence boundaries --
-    a training batch's rows (:mod:`lintime.data.packing`: every row starts a sequence) -- if the slabs' work (every
+    a training batch's rows (the data packer starts a sequence at every row) -- if the slabs' work (every
     slab's ``[R, kend - k0]`` block in every row) is at most :data:`SLAB_PAIR_RATIO` times the tiled kernels' (the
     in-sequence tile pairs).  Else None: the tiled kernels.  ``L`` is at most ``T_max`` (the call's ``T``: its bias
     covers offsets below it).  ``Blocks.slab_masked`` 0 turns it off, 2 skips the work comparison (tests).  Host work:

@@ -73,6 +73,7 @@ from lintime.ops.triton_common import (
     tma_descriptors,
     tma_device,
 )
+from lintime.ops.utils import packed_cache
 
 # Candidate launches of the mixed chunk kernels: ``(name, overrides)``, the overrides applied to the
 # GPU defaults of the shape (:func:`lintime.ops.gau.triton.plan.variant_blocks`; defaults at
@@ -256,10 +257,15 @@ class _Plan:
 
 
 def _plan(B, T, H, S, E, C, cu_seqlens, cfg, device) -> _Plan:
-    """The call's tables; unpacked calls reuse those of the same shape (no host work, no copy)."""
+    """The call's tables; unpacked calls reuse those of the same shape (no host work, no copy), packed calls those of
+    the same ``cu_seqlens`` tensor (:func:`lintime.ops.utils.packed_cache`: a model's layers and backward
+    passes skip the host read of ``cu_seqlens`` and the rebuild)."""
     if cu_seqlens is None:
         return _regular_plan(B, T, H, S, E, C, cfg, str(device))
-    return _build_plan(B, T, H, S, E, C, cu_seqlens, cfg, device)
+    entry = packed_cache(cu_seqlens, ("mixed_chunk", B, T, H, S, E, C, cfg, str(device)))
+    if "plan" not in entry:
+        entry["plan"] = _build_plan(B, T, H, S, E, C, cu_seqlens, cfg, device)
+    return entry["plan"]
 
 
 @functools.lru_cache(maxsize=64)
