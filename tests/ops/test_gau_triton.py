@@ -519,6 +519,16 @@ def test_cuda_slab_fp32_exact_two_heads(causal, slab_calls):
         assert_exact(f"cuda gau slab fp32 {name} (causal={causal})", ref[name], out[name])
 
 
+def _cuda_packed_bf16(lens, causal, seed):
+    """A packed call of ``lens`` at GAU's widths (S = 128, E = 2048) on CUDA: its keywords, the fp64 naive results
+    and the bf16 inputs (for the half-precision rule)."""
+    q, k, v, b, do = _inputs(1, sum(lens), 1, 128, 2048, torch.float64, device="cuda", seed=seed)
+    q, k = q * 0.5, k * 0.5
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    kw = {"causal": causal, "scale": 1.0 / 128, "cu_seqlens": cu}
+    return kw, _run("naive", q, k, v, b, do, **kw), [x.bfloat16() for x in (q, k, v, b, do)]
+
+
 @cuda
 @needs_cuda
 @pytest.mark.parametrize("lens, runs", [([1100, 1100], 0), ([1100, 1100, 333, 1, 0, 700], 1)],
@@ -526,15 +536,11 @@ def test_cuda_slab_fp32_exact_two_heads(causal, slab_calls):
 def test_cuda_packed_slab_half_rule(lens, runs, slab_calls):
     """Packed bf16 calls at GAU's shape that reach the slab path: two 1100-token sequences (one length: one
     ``[2, 1100]`` batch by default), and with ``slab_packed`` the same two as a run before sequences of 333, 1, 0 and
-    700 tokens that stay on the tiled kernels.  Output and every gradient by the half rule."""
+    700 tokens that stay on the tiled kernels (masked rows off: they are tested below).  Output and every gradient by
+    the half rule."""
     S, E = 128, 2048
-    q, k, v, b, do = _inputs(1, sum(lens), 1, S, E, torch.float64, device="cuda", seed=17)
-    q, k = q * 0.5, k * 0.5
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-    kw = {"causal": True, "scale": 1.0 / S, "cu_seqlens": cu}
-    ref = _run("naive", q, k, v, b, do, **kw)
-    half = [x.bfloat16() for x in (q, k, v, b, do)]
-    blocks = dataclasses.replace(_path_blocks("slab", S, E, torch.bfloat16), slab_packed=runs)
+    kw, ref, half = _cuda_packed_bf16(lens, True, seed=17)
+    blocks = dataclasses.replace(_path_blocks("slab", S, E, torch.bfloat16), slab_packed=runs, slab_masked=0)
     base, out = _run("naive", *half, **kw), _run("triton", *half, blocks=blocks, **kw)
     assert slab_calls == [1, 1]
     for name in ref:
@@ -547,14 +553,7 @@ def test_cuda_packed_slab_half_rule(lens, runs, slab_calls):
 def test_cuda_masked_rows_half_rule(causal, slab_calls):
     """A training-like packed batch (``[1, 4096]``: rows of 1024, one split into 333 + 1 + 0 + 690 tokens) at GAU's
     widths in bf16 takes the masked slab path by default (the work rule) and meets the half-precision rule."""
-    lens = [1024, 333, 1, 0, 690, 1024, 1024]
-    S, E = 128, 2048
-    q, k, v, b, do = _inputs(1, sum(lens), 1, S, E, torch.float64, device="cuda", seed=23)
-    q, k = q * 0.5, k * 0.5
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-    kw = {"causal": causal, "scale": 1.0 / S, "cu_seqlens": cu}
-    ref = _run("naive", q, k, v, b, do, **kw)
-    half = [x.to(torch.bfloat16) for x in (q, k, v, b, do)]
+    kw, ref, half = _cuda_packed_bf16([1024, 333, 1, 0, 690, 1024, 1024], causal, seed=23)
     base, out = _run("naive", *half, **kw), _run("triton", *half, **kw)
     assert slab_calls == [1, 1]
     for name in ref:
