@@ -1,6 +1,7 @@
 """GAU attention on the GPU: the slab path (:mod:`lintime.ops.gau.triton.slab`, scores materialised per slab of
-rows, the ``E``-wide products as GEMMs) for unpacked calls where ``Blocks.slab`` is set, else fused Triton kernels
-with FlashAttention-style tiling (below).  Neither forms a ``T x T`` tensor.
+rows, the ``E``-wide products as GEMMs) where ``Blocks.slab`` is set -- unpacked calls, packed calls of one length,
+packed calls whose sequences tile rows (masked) --, else fused Triton kernels with FlashAttention-style tiling
+(below).  Neither forms a ``T x T`` tensor.
 
 Notation: ``B`` batch, ``T`` time, ``H`` heads, ``S`` query/key width, ``E`` value width, ``N``
 sequences, ``LB = 2T - 1`` bias diagonals.  Each sequence is one *region* of
@@ -141,18 +142,15 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
 )
 
 
-def _plan(B, T, cu_seqlens, bm, device, bounds=None):
-    """Regions = non-empty sequences (of ``bounds = (starts, lengths)`` when given: a packed call's sequences
-    left to the tiled kernels); returns the device tables and the longest sequence.  Unpacked calls reuse the
-    tables of the same shape (no host work, no copy); packed calls those of the same ``cu_seqlens`` tensor
-    (:func:`lintime.ops.utils.packed_cache`)."""
+def _plan(B, T, cu_seqlens, bm, device, packed: dict | None = None):
+    """Regions = non-empty sequences (of a packed call, those its split left to the tiled kernels: ``packed``, the
+    call's :func:`_packed` entry, which keeps the tables); returns the device tables and the longest sequence.
+    Unpacked calls reuse the tables of the same shape (no host work, no copy)."""
     if cu_seqlens is None:
         return _regular_plan(B, T, bm, str(device))
-    # (bounds: the tuple cached with the call's split, alive as long as this entry -- its id names it)
-    entry = packed_cache(cu_seqlens, ("plan", B, T, bm, str(device), None if bounds is None else id(bounds)))
-    if "plan" not in entry:
-        entry["plan"] = _build_plan(*(bounds if bounds is not None else sequence_bounds(B, T, cu_seqlens)), bm, device)
-    return entry["plan"]
+    if "plan" not in packed:
+        packed["plan"] = _build_plan(*packed["bounds"], bm, device)
+    return packed["plan"]
 
 
 @functools.lru_cache(maxsize=64)
@@ -160,27 +158,37 @@ def _regular_plan(B, T, bm, device):
     return _build_plan(*sequence_bounds(B, T, None), bm, torch.device(device))
 
 
-def _packed_split(B, T, cu_seqlens, cfg: Blocks, S: int, causal: bool, device):
-    """A packed call's slab runs, the ``bounds`` of its other sequences (:func:`~.slab.slab_runs`; one read of
-    ``cu_seqlens`` on the host, as the tiled kernels' plan needs anyway) and, unless it is one run, its rows for the
-    masked slab path (:func:`~.slab.packed_rows`, or None); ``([], None, None)`` for unpacked calls or with the slab
-    path off."""
-    if cu_seqlens is None or not cfg.slab:
-        return [], None, None
-    entry = packed_cache(cu_seqlens, ("split", B, T, cfg, S, causal, str(device)))
-    if "split" not in entry:
+def _packed(B, T, cu_seqlens, cfg: Blocks, S: int, causal: bool, device) -> dict:
+    """A packed call's plan, kept per ``cu_seqlens`` tensor (:func:`lintime.ops.utils.packed_cache`: a model's other
+    layers and backward passes skip the host read of ``cu_seqlens`` and the rebuild): ``runs`` (slab runs,
+    :func:`~.slab.slab_runs`), ``bounds`` (the sequences left to the tiled kernels), ``mask`` (the rows for the masked
+    slab path, :func:`~.slab.packed_rows`, unless the call is one run) and, once built, the tiled kernels' ``plan``."""
+    entry = packed_cache(cu_seqlens, ("gau", B, T, cfg, S, causal, str(device)))
+    if not entry:
         starts, lengths = sequence_bounds(B, T, cu_seqlens)
         runs, rest = slab_runs(starts, lengths, cfg, S)
         bounds = (starts[rest], lengths[rest])
-        mask = (None if _one_run(runs, bounds)
-                else packed_rows(starts, lengths, B * T, T, cfg, S, causal, cu_seqlens, device))
-        entry["split"] = (runs, bounds, mask)
-    return entry["split"]
+        mask = None if _one_run(runs, bounds) else packed_rows(starts, lengths, B * T, T, cfg, S, causal, cu_seqlens,
+                                                                device)
+        entry.update(runs=runs, bounds=bounds, mask=mask)
+    return entry
 
 
-def _rows(N: int, L: int, *xs):
-    """Views ``[N / L, L, H, D]`` of a packed call's ``[B, T, H, D]`` tensors (``B T = N`` tokens)."""
-    return [x.reshape(N // L, L, *x.shape[2:]) for x in xs]
+def _whole_slab(packed: dict, T: int, *xs):
+    """``(L, views of xs, mask)`` when the slab path takes a packed call whole -- one length (``[n, L]`` views of its
+    run) or rows of mixed sequences (``[N / L, L]`` views, pairs across sequences masked) --, else None."""
+    runs, bounds, mask = packed["runs"], packed["bounds"], packed["mask"]
+    if _one_run(runs, bounds):
+        s0, n, L = runs[0]
+        return L, _run_views(T, s0, n, L, *xs), None
+    if mask is not None:
+        return mask.L, _rows(T, mask.L, *xs), mask
+    return None
+
+
+def _rows(T: int, L: int, *xs):
+    """Views ``[T / L, L, H, D]`` of a packed call's ``[1, T, H, D]`` tensors."""
+    return [x.reshape(T // L, L, *x.shape[2:]) for x in xs]
 
 
 def _one_run(runs, bounds) -> bool:
@@ -264,18 +272,16 @@ def _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, cfg: Blocks):
         return slab_fwd(q, k, v, rel_bias, scale, causal, cfg)
     E = v.shape[-1]
     o = torch.empty_like(v)
-    runs, bounds, mask = _packed_split(B, T, cu_seqlens, cfg, S, causal, q.device)
-    if _one_run(runs, bounds):  # packed, one length: the unpacked slab path on the [n, L] view
-        s0, n, L = runs[0]
-        return slab_fwd(*_run_views(T, s0, n, L, q, k, v), _run_bias(rel_bias, T, L), scale, causal,
-                        cfg).view(v.shape)
-    if mask is not None:  # packed, rows of mixed sequences: the slab path over the rows, pairs across sequences masked
-        return slab_fwd(*_rows(B * T, mask.L, q, k, v), _run_bias(rel_bias, T, mask.L), scale, causal, cfg,
-                        mask=mask).view(v.shape)
+    packed = _packed(B, T, cu_seqlens, cfg, S, causal, q.device) if cu_seqlens is not None else None
+    whole = _whole_slab(packed, T, q, k, v) if packed is not None else None
+    if whole is not None:  # packed, taken whole by the slab path
+        L, views, mask = whole
+        return slab_fwd(*views, _run_bias(rel_bias, T, L), scale, causal, cfg, mask=mask).view(v.shape)
+    runs = packed["runs"] if packed is not None else []
     for s0, n, L in runs:  # packed (slab_packed): runs of equal-length sequences by slabs, the rest tiled below
         qr, kr, vr, orun = _run_views(T, s0, n, L, q, k, v, o)
         slab_fwd(qr, kr, vr, _run_bias(rel_bias, T, L), scale, causal, cfg, o=orun)
-    tables, NT, longest = _plan(B, T, cu_seqlens, cfg.bm, q.device, bounds)
+    tables, NT, longest = _plan(B, T, cu_seqlens, cfg.bm, q.device, packed)
     if NT == 0:
         return o
     t_reg, t_off = _tile_tables(tables, cfg, causal, "q", bwd=False)
@@ -319,13 +325,10 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
     B, T, H, S = q.shape
     if slab_applies(cfg, S, cu_seqlens):
         return slab_bwd(do, q, k, v, rel_bias, scale, causal, need_db, cfg)
-    runs, bounds, mask = _packed_split(B, T, cu_seqlens, cfg, S, causal, q.device)
-    one = _one_run(runs, bounds)
-    if one or mask is not None:  # packed: one length (the unpacked slab path on the [n, L] view) or rows of mixed
-        # sequences (the slab path over the rows, pairs across sequences masked)
-        L = runs[0][2] if one else mask.L
-        views = (_run_views(T, runs[0][0], runs[0][1], L, do.contiguous(), q, k, v) if one
-                 else _rows(B * T, L, do.contiguous(), q, k, v))
+    packed = _packed(B, T, cu_seqlens, cfg, S, causal, q.device) if cu_seqlens is not None else None
+    whole = _whole_slab(packed, T, do.contiguous(), q, k, v) if packed is not None else None
+    if whole is not None:  # packed, taken whole by the slab path
+        L, views, mask = whole
         dq, dk, dv, dbr = slab_bwd(*views, _run_bias(rel_bias, T, L), scale, causal, need_db, cfg,
                                    db_dtype=torch.float32, mask=mask)
         db = q.new_empty(0)
@@ -342,13 +345,14 @@ def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: Bl
     bias, LB = kernel_bias(rel_bias)
     need_db = need_db and bias is not None
     run_dk, run_db = [], []
+    runs = packed["runs"] if packed is not None else []
     for s0, n, L in runs:  # packed (slab_packed): runs of equal-length sequences by slabs (dq, dv in place)
         qr, kr, vr, dor, dqr, dvr = _run_views(T, s0, n, L, q, k, v, do, dq32, dv)
         _, dkr, _, dbr = slab_bwd(dor, qr, kr, vr, _run_bias(rel_bias, T, L), scale, causal, need_db, cfg,
                                   dq32=dqr, dv=dvr, db_dtype=torch.float32)
         run_dk.append((s0, n * L, dkr))
         run_db.append((L, dbr))
-    tables, NT, longest = _plan(B, T, cu_seqlens, cfg.bm, q.device, bounds)
+    tables, NT, longest = _plan(B, T, cu_seqlens, cfg.bm, q.device, packed)
     r_start, r_len = tables[2:4]
     ntd = 2 * cdiv(max(longest, 1), cfg.bm) - 1
     # (no bias gradient: a 1-element placeholder the kernel never touches, not a fill)

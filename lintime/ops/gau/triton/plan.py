@@ -133,8 +133,9 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
         return Blocks(bm=16, bs=16, be_fwd=16, be_dv=16, be_red=16, warps_fwd=1, warps_bwd=1, stages=1,
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
                       be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, gau_order=3, tma=1, fuse_scores=1,
-                      tma_bias=1, slab=32 if E >= 16 else 0, bm_slab=16, warps_slab=1, slab_masked=1)  # GAU: slabs for E >= 16 (the
-        # GPU rule, E >= 512, at the interpreter's widths), so tests of narrow and wide values run both paths
+                      tma_bias=1, slab=32 if E >= 16 else 0, bm_slab=16, warps_slab=1, slab_masked=1)
+        # GAU: slabs for E >= 16 (the GPU rule, E >= 512, at the interpreter's widths), so tests of narrow and wide
+        # values run both paths
     # Promoted variants, each CUDA-tested and faster in device time on an H200 (2026-11-22, S = 128,
     # E = 2048, C = 256; docs/notes/kernels_flash.md): mixed chunk 4 warps and 3 stages ("w4_s3") and
     # [64, 64] chunk-matrix tiles ("bg64": 0.999 -> 0.925 ms fwd+bwd at 2k, 1.151 -> 1.081 at 32k);

@@ -1,7 +1,8 @@
 """GAU attention by slabs: relu^2 scores materialised for a slab of rows, the ``E``-wide products as GEMMs.
 
 Notation: ``B`` batch, ``T`` time, ``H`` heads, ``S`` query/key width, ``E`` value width, ``R`` slab height
-(:func:`slab_rows`: ``Blocks.slab`` rows, taller on long sequences), ``BM`` the square score tile of the two kernels below (``Blocks.bm_slab``),
+(:func:`slab_rows`: ``Blocks.slab`` rows, taller on long sequences), ``BM`` the square score tile of the two kernels
+below (``Blocks.bm_slab``),
 ``NTD = 2 ceil(T / BM) - 1`` bias tile diagonals.
 
 Why.  With ``E = 2048`` a FlashAttention-shaped kernel cannot hold a query tile's whole output row on chip:
@@ -25,10 +26,12 @@ rows it owns and the bias gradient per tile diagonal (fp32 atomics, folded by
 
 The causal waste is the upper half of each diagonal ``[R, R]`` block in the GEMMs: a fraction ``R / T`` of
 the useful work.  Packed calls (``cu_seqlens``) whose sequences all have one length take the slab path as one
-``[n, L]`` view; other packed calls take the tiled kernels -- or, with ``Blocks.slab_packed`` (a measured launch
-variant, slower in eager calls), runs of consecutive sequences of one length (:func:`slab_runs`) go through the slab
-path as ``[n, L]`` views and the other sequences through the tiled kernels, in the same call.  ``S > 256`` takes the
-tiled kernels.
+``[n, L]`` view; packed calls of mixed lengths whose sequences tile rows of one length (training batches) take it as
+``[N / L, L]`` rows with the pairs across sequences masked, where that is not much more work than the tiled kernels'
+(:func:`packed_rows`, :class:`RowMask`); other packed calls take the tiled kernels -- or, with ``Blocks.slab_packed``
+(a measured launch variant, slower in eager calls), runs of consecutive sequences of one length (:func:`slab_runs`)
+go through the slab path as ``[n, L]`` views and the other sequences through the tiled kernels, in the same call.
+``S > 256`` takes the tiled kernels.
 """
 
 from __future__ import annotations
@@ -202,11 +205,11 @@ def slab_runs(starts: torch.Tensor, lengths: torch.Tensor, cfg: Blocks, S: int):
     ``[n, L]`` batch -- the same work as an unpacked call (``lintime bench model``'s batches, equal-length
     sequences packed by a user).  With ``Blocks.slab_packed``, also runs of ``L >= Blocks.slab`` holding at least
     ``4 Blocks.slab`` tokens inside mixed calls.  Packed training batches hold such runs -- a document longer than
-    a row fills whole rows, one sequence each -- but measured on an H200 (2026-11-26, eager fwd+bwd of 32k tokens, three rows in four whole documents,
-    ``exp_gau_slab.py --packed``) runs by slabs took 14.6 / 10.0 / 9.2 / 9.6 ms at rows of 1k / 2k / 4k / 8k
-    against 2.8 / 3.7 / 5.8 / 8.2 for the tiled kernels alone: each short run is a separate batch of slabs, ~6
-    launches per slab after the host has read ``cu_seqlens``.  Hence mixed calls are tiled by default (the
-    runs are a launch variant).
+    a row fills whole rows, one sequence each -- but measured on an H200 (2026-11-26, eager fwd+bwd of 32k tokens,
+    three rows in four whole documents, ``exp_gau_slab.py --packed``) runs by slabs took 14.6 / 10.0 / 9.2 / 9.6 ms
+    at rows of 1k / 2k / 4k / 8k against 2.8 / 3.7 / 5.8 / 8.2 for the tiled kernels alone: each short run is a
+    separate batch of slabs, ~6 launches per slab.  Hence runs are a launch variant; mixed calls whose sequences tile
+    rows take the slab path whole instead, masked (:func:`packed_rows`).
     (``starts``, ``lengths``: CPU int tensors, in token order.)"""
     rest = torch.ones(lengths.numel(), dtype=torch.bool)
     if not slab_on(cfg, S) or not bool((lengths > 0).any()):
@@ -249,13 +252,13 @@ class RowMask:
     k0: list
     hi: list
 
-    def keys(self, r0: int, r1: int, causal: bool, bm: int) -> tuple[int, int]:
+    def keys(self, r0: int, r1: int, causal: bool) -> tuple[int, int]:
         """``[k0, kend)``: the keys that query rows ``[r0, r1)`` (slab ``r0 // R``) see in some row."""
         s = r0 // self.R
         return self.k0[s], (r1 if causal else self.hi[s])
 
-    def queries(self, c0: int, c1: int, causal: bool, bm: int) -> tuple[int, int]:
-        """``[q0, q1)``: the query rows that see some key of ``[c0, c1)`` (slab ``c0 // R``) in some row."""
+    def queries(self, c0: int, causal: bool) -> tuple[int, int]:
+        """``[q0, q1)``: the query rows that see some key of the slab starting at ``c0`` in some row."""
         s = c0 // self.R
         return (c0 if causal else self.k0[s]), self.hi[s]
 
@@ -338,7 +341,7 @@ def slab_fwd(q, k, v, rel_bias, scale: float, causal: bool, cfg: Blocks, o: torc
     st, en = (mask.st, mask.en) if mask is not None else (q, q)
     for r0 in range(0, T, R):
         r1 = min(r0 + R, T)
-        k0, kend = mask.keys(r0, r1, causal, bm) if mask is not None else (0, r1 if causal else T)
+        k0, kend = mask.keys(r0, r1, causal) if mask is not None else (0, r1 if causal else T)
         for h in range(H):
             slab_fwd_scores_kernel[(cdiv(kend - k0, bm), cdiv(r1 - r0, bm), B)](
                 q, k, P, bias if bias is not None else q, st, en, r0, r1, k0, kend, T, H, h, S, ntd, P.stride(0),
@@ -381,7 +384,7 @@ def slab_bwd(do, q, k, v, rel_bias, scale: float, causal: bool, need_db: bool, c
     st, en = (mask.st, mask.en) if mask is not None else (q, q)
     for c0 in range(0, T, R):
         c1 = min(c0 + R, T)
-        q0, q1 = mask.queries(c0, c1, causal, bm) if mask is not None else (c0 if causal else 0, T)
+        q0, q1 = mask.queries(c0, causal) if mask is not None else (c0 if causal else 0, T)
         n, w = q1 - q0, c1 - c0
         dp, p = dP[:, :n, :w], P[:, :n, :w]
         for h in range(H):
