@@ -1,4 +1,4 @@
-"""A/B of GAU's packed paths in whole training steps (one process, one GPU): ``flash-quad-base`` (or ``--preset``)
+"""A/B of GAU's packed paths in whole training steps (one process, one GPU): ``flash-quad-base`` and ``flash-base`` (``--presets``)
 ``lintime train`` steps (forward, backward, clip, AdamW; bf16 autocast) on packed batches of ``--tokens`` tokens laid
 out like ``lintime train``'s -- ``mixed``: rows of ``T`` tokens, three in four one document, the fourth three -- and
 ``uniform`` -- every row one document (``lintime bench model``'s batches).  Configurations:
@@ -9,12 +9,13 @@ out like ``lintime train``'s -- ``mixed``: rows of ``T`` tokens, three in four o
 * ``session10``: ``slab_masked = 0`` and no cache (every call reads and checks ``cu_seqlens`` on the host: the code of
   session 10).
 
-``--preset flash-base`` runs FLASH (mixed chunk) models: ``unmasked`` equals ``default`` there; ``session10`` shows
-what the cache of mixed chunk's packed plan and of the ``cu_seqlens`` check gives.
+``flash-base`` is a FLASH (mixed chunk) model: ``unmasked`` equals ``default`` there; ``session10`` shows what the
+cache of mixed chunk's packed plan and of the ``cu_seqlens`` check gives.  The anchor in the same run:
+``transformer-pp-base`` (softmax attention on PyTorch SDPA, same batches, defaults).
 
 Median step time of ``--steps`` steps after ``--warmup``; JSON to ``--out``.  Usage::
 
-    PYTHONPATH=$PWD python3 benchmarks/ab_gau_packed_train.py --Ts 2048,4096,8192 --out $OUT/ab_gau_packed_train.json
+    PYTHONPATH=$PWD python3 benchmarks/ab_gau_packed_train.py --Ts 2048,4096,8192 --out $OUT/ab_packed_train.json
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ def main():
     from lintime.ops.gau.triton import gau as g
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--preset", default="flash-quad-base")
+    ap.add_argument("--presets", default="flash-quad-base,flash-base,transformer-pp-base",
+                    help="comma-separated; presets of other families (the anchor: transformer-pp-base, softmax "
+                         "attention on PyTorch SDPA) are timed with the defaults only")
     ap.add_argument("--Ts", default="2048,4096,8192")
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--steps", type=int, default=10)
@@ -74,28 +77,34 @@ def main():
             g.packed_cache = mc.packed_cache = ou.packed_cache = lambda cu, key: {}
 
     out = []
-    cfg, _ = preset_config(args.preset, max(int(t) for t in args.Ts.split(",")))
-    model = build_model(cfg, dev)
-    model.train()
-    for T in (int(t) for t in args.Ts.split(",")):
-        for layout in ("mixed", "uniform"):
-            b = batch(args.tokens // T, T, cfg.vocab_size, layout, dev)
-            for name in ("default", "unmasked", "session10") if layout == "mixed" else ("default", "session10"):
-                configure(name)
-                step, _opt = train_step_fn(model, b, torch.bfloat16 if dev.type == "cuda" else None)
-                for _ in range(args.warmup):
-                    step()
-                sync()
-                times = []
-                for _ in range(args.steps):
-                    t0 = time.perf_counter()
-                    step()
+    for preset in args.presets.split(","):
+        cfg, _ = preset_config(preset, max(int(t) for t in args.Ts.split(",")))
+        model = build_model(cfg, dev)
+        model.train()
+        ours = preset.startswith("flash")
+        for T in (int(t) for t in args.Ts.split(",")):
+            for layout in ("mixed", "uniform"):
+                b = batch(args.tokens // T, T, cfg.vocab_size, layout, dev)
+                names = ("default", "unmasked", "session10") if layout == "mixed" else ("default", "session10")
+                for name in names if ours else ("default",):
+                    configure(name)
+                    step, _opt = train_step_fn(model, b, torch.bfloat16 if dev.type == "cuda" else None)
+                    for _ in range(args.warmup):
+                        step()
                     sync()
-                    times.append((time.perf_counter() - t0) * 1e3)
-                row = {"preset": args.preset, "T": T, "rows": args.tokens // T, "layout": layout, "config": name,
-                       "step_ms_median": statistics.median(times), "step_ms_min": min(times)}
-                out.append(row)
-                print(row, flush=True)
+                    times = []
+                    for _ in range(args.steps):
+                        t0 = time.perf_counter()
+                        step()
+                        sync()
+                        times.append((time.perf_counter() - t0) * 1e3)
+                    row = {"preset": preset, "T": T, "rows": args.tokens // T, "layout": layout, "config": name,
+                           "step_ms_median": statistics.median(times), "step_ms_min": min(times)}
+                    out.append(row)
+                    print(row, flush=True)
+        del model
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
     configure("default")
     env = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
