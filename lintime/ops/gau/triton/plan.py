@@ -53,7 +53,10 @@ class Blocks:
     packed calls of one length always go to it).  ``slab_masked``: packed calls of mixed lengths whose sequences
     tile rows of one length (training batches) run by slabs over those rows, pairs across sequences masked, where
     that is less work than the tiled kernels' by :data:`lintime.ops.gau.triton.slab.SLAB_PAIR_RATIO`
-    (:func:`lintime.ops.gau.triton.slab.packed_rows`; 2: whenever the rows exist).
+    (:func:`lintime.ops.gau.triton.slab.packed_rows`; 2: whenever the rows exist).  ``walk_flat``: mixed chunk's
+    state walk runs a segment's full chunks as one loop over their token steps (chunks a whole number of ``bt``
+    steps; :func:`lintime.ops.mixed_chunk.triton.kernels.chunk_state_kernel`; 2: the same with the chunk's end
+    applied without a branch).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -93,6 +96,7 @@ class Blocks:
     slab_max: int = 0
     slab_packed: int = 0
     slab_masked: int = 0
+    walk_flat: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]

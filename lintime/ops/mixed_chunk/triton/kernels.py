@@ -43,11 +43,12 @@ def _walk_tile(X, Y, cs, t0, cl, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h):
 def chunk_state_kernel(
     X, Y, DX, DY, HOUT, TOT, INIT, W,
     SEG_FIRST, SEG_N, SEG_SEQ, CH_START, CH_LEN,
-    S, E, H, NSEG,
+    S, E, H, NSEG, CHUNK,
     QQ, KQ, A, BIAS, scale, C, LB, NMT,
     BS: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr,
     REVERSE: tl.constexpr, STORE: tl.constexpr, HAS_INIT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
-    SCORES: tl.constexpr, BG: tl.constexpr, BSQ: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    FLAT: tl.constexpr, SCORES: tl.constexpr, BG: tl.constexpr, BSQ: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     """Walk the chunks of one segment (a run of chunks of one sequence), carrying an ``[BS, BE]``
     fp32 tile of ``sum_c w_c X_c^T Y_c`` in registers; one-dimensional grid, the first ``S tiles * E
@@ -80,21 +81,27 @@ def chunk_state_kernel(
                          p // (NMT * NMT * H), scale, S, H, C, LB, BG, BSQ, CAUSAL, HAS_BIAS, PREC)
         else:
             _walk_segment(X, Y, DX, DY, HOUT, TOT, INIT, W, SEG_FIRST, SEG_N, SEG_SEQ, CH_START, CH_LEN,
-                          pid % NSE, pid // NSE % NSEG, pid // (NSE * NSEG), S, E, H,
-                          BS, BE, BT, REVERSE, STORE, HAS_INIT, PREC, TMA)
+                          pid % NSE, pid // NSE % NSEG, pid // (NSE * NSEG), S, E, H, CHUNK,
+                          BS, BE, BT, REVERSE, STORE, HAS_INIT, PREC, TMA, FLAT)
     else:
         _walk_segment(X, Y, DX, DY, HOUT, TOT, INIT, W, SEG_FIRST, SEG_N, SEG_SEQ, CH_START, CH_LEN,
-                      pid % NSE, pid // NSE % NSEG, pid // (NSE * NSEG), S, E, H,
-                      BS, BE, BT, REVERSE, STORE, HAS_INIT, PREC, TMA)
+                      pid % NSE, pid // NSE % NSEG, pid // (NSE * NSEG), S, E, H, CHUNK,
+                      BS, BE, BT, REVERSE, STORE, HAS_INIT, PREC, TMA, FLAT)
 
 
 @triton.jit
 def _walk_segment(
-    X, Y, DX, DY, HOUT, TOT, INIT, W, SEG_FIRST, SEG_N, SEG_SEQ, CH_START, CH_LEN, i_se, i_g, i_h, S, E, H,
+    X, Y, DX, DY, HOUT, TOT, INIT, W, SEG_FIRST, SEG_N, SEG_SEQ, CH_START, CH_LEN, i_se, i_g, i_h, S, E, H, CHUNK,
     BS: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr,
     REVERSE: tl.constexpr, STORE: tl.constexpr, HAS_INIT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
+    FLAT: tl.constexpr,
 ):
-    """:func:`chunk_state_kernel`'s walk of segment ``i_g``, state tile ``i_se``, head ``i_h``."""
+    """:func:`chunk_state_kernel`'s walk of segment ``i_g``, state tile ``i_se``, head ``i_h``.
+
+    ``FLAT`` (chunks of ``CHUNK`` tokens, a whole number of ``BT``-token steps): the segment's full chunks --
+    consecutive tokens -- are walked as one loop over their token steps, so the loads of the next chunk are in
+    flight while a chunk ends (its state added and stored); a short last chunk of the sequence is walked on its
+    own (first in reverse, last forward).  Otherwise one loop per chunk (:func:`_walk_chunk`)."""
     NE = tl.cdiv(E, BE)
     i_s, i_e = i_se // NE, i_se % NE
     o_s = i_s * BS + tl.arange(0, BS)
@@ -110,33 +117,85 @@ def _walk_segment(
     if HAS_INIT:
         i_n = tl.load(SEG_SEQ + i_g).to(tl.int64)
         b_h += tl.load(INIT + (i_n * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
-    for i in range(nc):
+    if FLAT:
+        c_end = c0 + nc - 1
+        short = (tl.load(CH_LEN + c_end) < CHUNK) & (nc > 0)
+        nfull = nc - short.to(tl.int32)
         if REVERSE:
-            c = c0 + nc - 1 - i
-        else:
-            c = c0 + i
-        if STORE:
-            tl.store(HOUT + (c.to(tl.int64) * H + i_h) * S * E + o_se, b_h.to(HOUT.dtype.element_ty), mask=m_se)
-        cs = tl.load(CH_START + c).to(tl.int64)
-        cl = tl.load(CH_LEN + c)
-        w = tl.load(W + c)
+            if short:
+                b_h = _walk_chunk(X, Y, DX, DY, HOUT, W, CH_START, CH_LEN, c_end, b_h, o_t, o_s, o_e, m_s, m_e,
+                                  o_se, m_se, i_s, i_e, i_h, S, E, H, BS, BE, BT, STORE, PREC, TMA)
+        spc = CHUNK // BT
+        cs0 = tl.load(CH_START + c0).to(tl.int64)
         b_d = tl.zeros([BS, BE], dtype=tl.float32)
-        if TMA:
-            full = (cl // BT) * BT
-            for t0 in range(0, full, BT):
-                r = (cs + t0).to(tl.int32)
-                b_x = DX.load([r, i_h * S + i_s * BS])
-                b_y = DY.load([r, i_h * E + i_e * BE])
-                b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
-            if full < cl:  # a short chunk's partial last step: one masked step, not a second pipelined loop
-                b_x, b_y = _walk_tile(X, Y, cs, full, cl, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h)
-                b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
-        else:
-            for t0 in range(0, cl, BT):
-                b_x, b_y = _walk_tile(X, Y, cs, t0, cl, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h)
-                b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
-        b_h += w * b_d
+        for i in range(nfull * spc):
+            j = i // spc
+            r = i - j * spc
+            if REVERSE:
+                j = nfull - 1 - j
+            c = c0 + j
+            if STORE:  # noqa: SIM102 - a compile-time branch around a run-time one (Triton)
+                if r == 0:
+                    tl.store(HOUT + (c.to(tl.int64) * H + i_h) * S * E + o_se, b_h.to(HOUT.dtype.element_ty),
+                             mask=m_se)
+            t = cs0 + j * CHUNK + r * BT
+            if TMA:
+                b_x = DX.load([t.to(tl.int32), i_h * S + i_s * BS])
+                b_y = DY.load([t.to(tl.int32), i_h * E + i_e * BE])
+            else:
+                b_x, b_y = _walk_tile(X, Y, t, 0, BT, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h)
+            b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
+            if FLAT == 2:  # without a branch: every step adds 0 x the partial sum, except at a chunk's end
+                end = r == spc - 1
+                b_h += tl.where(end, tl.load(W + c), 0.0) * b_d
+                b_d = tl.where(end, 0.0, b_d)
+            else:
+                if r == spc - 1:
+                    b_h += tl.load(W + c) * b_d
+                    b_d = tl.zeros([BS, BE], dtype=tl.float32)
+        if not REVERSE:  # noqa: SIM102 - a compile-time branch around a run-time one (Triton)
+            if short:
+                b_h = _walk_chunk(X, Y, DX, DY, HOUT, W, CH_START, CH_LEN, c_end, b_h, o_t, o_s, o_e, m_s, m_e,
+                                  o_se, m_se, i_s, i_e, i_h, S, E, H, BS, BE, BT, STORE, PREC, TMA)
+    else:
+        for i in range(nc):
+            if REVERSE:
+                c = c0 + nc - 1 - i
+            else:
+                c = c0 + i
+            b_h = _walk_chunk(X, Y, DX, DY, HOUT, W, CH_START, CH_LEN, c, b_h, o_t, o_s, o_e, m_s, m_e,
+                              o_se, m_se, i_s, i_e, i_h, S, E, H, BS, BE, BT, STORE, PREC, TMA)
     tl.store(TOT + (i_g.to(tl.int64) * H + i_h) * S * E + o_se, b_h, mask=m_se)
+
+
+@triton.jit
+def _walk_chunk(
+    X, Y, DX, DY, HOUT, W, CH_START, CH_LEN, c, b_h, o_t, o_s, o_e, m_s, m_e, o_se, m_se, i_s, i_e, i_h, S, E, H,
+    BS: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr,
+    STORE: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
+):
+    """One chunk ``c`` of a walk: store the state entering it (``STORE``), return it plus ``w_c X_c^T Y_c``."""
+    if STORE:
+        tl.store(HOUT + (c.to(tl.int64) * H + i_h) * S * E + o_se, b_h.to(HOUT.dtype.element_ty), mask=m_se)
+    cs = tl.load(CH_START + c).to(tl.int64)
+    cl = tl.load(CH_LEN + c)
+    w = tl.load(W + c)
+    b_d = tl.zeros([BS, BE], dtype=tl.float32)
+    if TMA:
+        full = (cl // BT) * BT
+        for t0 in range(0, full, BT):
+            r = (cs + t0).to(tl.int32)
+            b_x = DX.load([r, i_h * S + i_s * BS])
+            b_y = DY.load([r, i_h * E + i_e * BE])
+            b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
+        if full < cl:  # a short chunk's partial last step: one masked step, not a second pipelined loop
+            b_x, b_y = _walk_tile(X, Y, cs, full, cl, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h)
+            b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
+    else:
+        for t0 in range(0, cl, BT):
+            b_x, b_y = _walk_tile(X, Y, cs, t0, cl, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h)
+            b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
+    return b_h + w * b_d
 
 
 @triton.jit

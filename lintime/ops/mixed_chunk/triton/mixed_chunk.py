@@ -172,6 +172,13 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # ([32, 64]); only 8k gains (2 %, twice), not made a rule
     ("bs_state64", {"bs_state": 64}),
     ("bs_state32", {"bs_state": 32}),
+    # Session 12: a segment's full chunks walked as one loop over their token steps (the loads of the next chunk in
+    # flight while a chunk's state is added and stored)
+    ("walk_flat", {"walk_flat": 1}),
+    ("walk_flat2", {"walk_flat": 2}),  # the same without a branch at a chunk's end
+    ("walk_flat_bs64", {"walk_flat": 1, "bs_state": 64}),
+    ("walk_flat_seg8", {"walk_flat": 1, "seg_chunks": 8}),
+    ("walk_flat_seg32", {"walk_flat": 1, "seg_chunks": 32}),
 )
 
 
@@ -331,7 +338,7 @@ def _compute_weights(plan: _Plan, C, causal, linear_norm, count0):
     return wq.contiguous(), wf.contiguous()
 
 
-def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, init=None, tma=False, scores=None):
+def _walk(x, y, w, plan: _Plan, cfg, *, H, C, reverse, store, hout, tot, init=None, tma=False, scores=None):
     """``chunk_state_kernel`` over every segment: with ``init`` (one walk per sequence) each walk starts
     from its sequence's initial state, else from zero; ``tma``: load through descriptors where aligned;
     ``scores``: the :class:`_ScoresJob` whose programs the same launch runs after the walk's."""
@@ -345,10 +352,11 @@ def _walk(x, y, w, plan: _Plan, cfg, *, H, reverse, store, hout, tot, init=None,
     sc = scores or _ScoresJob(x, x, x, None, 1.0, 1, 1, 1, 1, 16, False, 0)
     chunk_state_kernel[(nwalk + nscores,)](
         x, y, *(d or (x, y)), hout, tot, init if init is not None else tot, w,
-        plan.seg_first, plan.seg_n, plan.seg_seq, plan.ch_start, plan.ch_len, S, E, H, plan.NSEG,
+        plan.seg_first, plan.seg_n, plan.seg_seq, plan.ch_start, plan.ch_len, S, E, H, plan.NSEG, C,
         sc.qq, sc.kq, sc.a, sc.bias if sc.bias is not None else x, sc.scale, sc.C, sc.LB, sc.NMT,
         BS=cfg.bs_state, BE=cfg.be_state, BT=cfg.bt, REVERSE=reverse, STORE=store, HAS_INIT=init is not None,
-        PREC=dot_config(x.dtype)[1], TMA=d is not None, SCORES=scores is not None, BG=sc.BG, BSQ=sc.BS,
+        PREC=dot_config(x.dtype)[1], TMA=d is not None, FLAT=cfg.walk_flat if C % cfg.bt == 0 else 0,
+        SCORES=scores is not None, BG=sc.BG, BSQ=sc.BS,
         CAUSAL=sc.causal, HAS_BIAS=sc.bias is not None, num_warps=cfg.warps_walk or 4,
         num_stages=cfg.stages_walk or cfg.stages,
     )
@@ -385,7 +393,7 @@ def _scan(tot, plan: _Plan, *, H, S, E, reverse):
     return final
 
 
-def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt, tma, scores=None):
+def _states(x, y, w, plan: _Plan, cfg, *, H, C, reverse, init, causal, sdt, tma, scores=None):
     """Per-chunk states of the walk direction and the per-sequence result.
 
     Causal: ``(ST [NC_alloc, H, S, E] in sdt, the state entering each chunk; FINAL [N, H, S, E]
@@ -395,7 +403,8 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt, tma, sc
     f32 = {"dtype": torch.float32, "device": x.device}
     if not causal:
         tot = torch.empty(max(plan.NSEG, 1), H, S, E, **f32)
-        _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=False, hout=tot, tot=tot, scores=scores)
+        _walk(x, y, w, plan, cfg, tma=tma, H=H, C=C, reverse=reverse, store=False, hout=tot, tot=tot,
+              scores=scores)
         final = _scan(tot, plan, H=H, S=S, E=E, reverse=reverse)
         return final.to(sdt), final
     hout = torch.empty(plan.NC_alloc, H, S, E, dtype=sdt, device=x.device)
@@ -405,21 +414,21 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, reverse, init, causal, sdt, tma, sc
         # one walk per (non-empty) sequence from its initial state writes the final states in place: no
         # zero fill and no copy from the totals (H200, 2026-11-22: 0.93 -> 0.89 ms fwd+bwd at 2k)
         final = torch.empty(plan.N, H, S, E, **f32)
-        _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=final, init=init,
+        _walk(x, y, w, plan, cfg, tma=tma, H=H, C=C, reverse=reverse, store=True, hout=hout, tot=final, init=init,
               scores=scores)
         return hout, final
     tot = torch.empty(max(plan.NSEG, 1), H, S, E, **f32)
     final = init.clone() if init is not None else torch.zeros(plan.N, H, S, E, **f32)  # (empty sequences)
     if plan.one_segment:
         # one walk per sequence from the initial state; the walk's total is the final state
-        _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=tot, init=init,
+        _walk(x, y, w, plan, cfg, tma=tma, H=H, C=C, reverse=reverse, store=True, hout=hout, tot=tot, init=init,
               scores=scores)
         if plan.NSEG > 0:
             final.index_copy_(0, plan.seg_seq.long(), tot[: plan.NSEG])
         return hout, final
     # one walk from zero at every segment writes segment-local states and totals; one pass adds each
     # segment's start (init + the totals walked before it) and writes the final states
-    _walk(x, y, w, plan, cfg, tma=tma, H=H, reverse=reverse, store=True, hout=hout, tot=tot, scores=scores)
+    _walk(x, y, w, plan, cfg, tma=tma, H=H, C=C, reverse=reverse, store=True, hout=hout, tot=tot, scores=scores)
     if plan.NSEG > 0:
         BS, BE = min(64, cfg.bs_state), cfg.be_state
         seg_fix_kernel[(cdiv(S, BS) * cdiv(E, BE), plan.NSEG, H)](
@@ -481,7 +490,7 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
     # A's programs run in the state walk's launch (Blocks.fuse_scores) or in their own
     job = _ScoresJob(qq, kq, a, bias, float(scale), C, LB, NMT, BG, cfg.bs, bool(causal), plan.NC * NMT * NMT * H)
     fuse = bool(cfg.fuse_scores)
-    st, final = _states(kl, v, wf, plan, cfg, H=H, reverse=False, init=kv0 if causal else None, causal=causal,
+    st, final = _states(kl, v, wf, plan, cfg, H=H, C=C, reverse=False, init=kv0 if causal else None, causal=causal,
                         sdt=_sdt_torch(qq.dtype), tma=tma, scores=job if fuse else None)
     if plan.NC > 0:
         if not fuse:
@@ -544,7 +553,7 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     tma = _tma_shapes(cfg, S, E, C, dev)
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
     init = dkv.contiguous() if (causal and dkv is not None) else None
-    gst, gfinal = _states(ql, do, wq, plan, cfg, H=H, reverse=True, init=init, causal=causal,
+    gst, gfinal = _states(ql, do, wq, plan, cfg, H=H, C=C, reverse=True, init=init, causal=causal,
                           sdt=_sdt_torch(qq.dtype), tma=tma)
     idx = plan.ch_id if causal else plan.ch_seq
     bias, LB = kernel_bias(rel_bias)
