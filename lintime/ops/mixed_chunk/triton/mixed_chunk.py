@@ -176,9 +176,10 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # flight while a chunk's state is added and stored)
     ("walk_flat", {"walk_flat": 1}),
     ("walk_flat2", {"walk_flat": 2}),  # the same without a branch at a chunk's end
-    ("walk_flat_bs64", {"walk_flat": 1, "bs_state": 64}),
-    ("walk_flat_seg8", {"walk_flat": 1, "seg_chunks": 8}),
-    ("walk_flat_seg32", {"walk_flat": 1, "seg_chunks": 32}),
+    ("walk_flat3", {"walk_flat": 3}),  # and the forward's steps straight into the state (its weights are 1)
+    ("walk_flat3_bs64", {"walk_flat": 3, "bs_state": 64}),
+    ("walk_flat3_one", {"walk_flat": 3, "seg_chunks": 1 << 20}),
+    ("walk_flat3_bs64_one", {"walk_flat": 3, "bs_state": 64, "seg_chunks": 1 << 20}),
 )
 
 
