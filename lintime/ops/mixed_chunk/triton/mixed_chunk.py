@@ -180,6 +180,12 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("walk_flat3_bs64", {"walk_flat": 3, "bs_state": 64}),
     ("walk_flat3_one", {"walk_flat": 3, "seg_chunks": 1 << 20}),
     ("walk_flat3_bs64_one", {"walk_flat": 3, "bs_state": 64, "seg_chunks": 1 << 20}),
+    ("walk_flat3_s4", {"walk_flat": 3, "stages_walk": 4}),
+    ("walk_flat3_s2", {"walk_flat": 3, "stages_walk": 2}),
+    ("walk_flat3_w8", {"walk_flat": 3, "warps_walk": 8}),
+    ("walk_flat3_w8_s4", {"walk_flat": 3, "warps_walk": 8, "stages_walk": 4}),
+    ("walk_flat3_bt128", {"walk_flat": 3, "bt": 128}),
+    ("walk_flat3_be32", {"walk_flat": 3, "be_state": 32}),
 )
 
 
