@@ -56,7 +56,10 @@ class Blocks:
     (:func:`lintime.ops.gau.triton.slab.packed_rows`; 2: whenever the rows exist).  ``walk_flat``: mixed chunk's
     state walk runs a segment's full chunks as one loop over their token steps (chunks a whole number of ``bt``
     steps; :func:`lintime.ops.mixed_chunk.triton.kernels.chunk_state_kernel`; 2: the same with the chunk's end
-    applied without a branch).
+    applied without a branch; 3: and the forward's
+    steps accumulated straight into the state).  ``red_diag``: the backward's reduction over ``E`` computes each row
+    tile's diagonal ``dS`` tile in its first ``dq_lin, dk_lin`` program
+    (:func:`lintime.ops.mixed_chunk.triton.kernels.mc_dred_kernel`).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -97,6 +100,7 @@ class Blocks:
     slab_packed: int = 0
     slab_masked: int = 0
     walk_flat: int = 0
+    red_diag: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]

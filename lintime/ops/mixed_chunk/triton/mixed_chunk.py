@@ -186,6 +186,9 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("walk_flat3_w8_s4", {"walk_flat": 3, "warps_walk": 8, "stages_walk": 4}),
     ("walk_flat3_bt128", {"walk_flat": 3, "bt": 128}),
     ("walk_flat3_be32", {"walk_flat": 3, "be_state": 32}),
+    # the diagonal dS tile of each row tile computed by its first dq_lin, dk_lin program (do / v tiles loaded once)
+    ("red_diag", {"red_diag": 1}),
+    ("flat3_red_diag", {"walk_flat": 3, "red_diag": 1}),
 )
 
 
@@ -592,7 +595,8 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
         mc_dred_kernel[(NMTR + cdiv(S, cfg.bs), plan.NC * NMTR, H)](
             qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
             float(scale), S, E, H, C, LB, NMTR, BG=BGR, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
-            HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, num_warps=cfg.warps_red or cfg.warps_bwd,
+            HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, DIAG=bool(cfg.red_diag),
+            num_warps=cfg.warps_red or cfg.warps_bwd,
             num_stages=cfg.stages,
         )
         mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
