@@ -9,6 +9,7 @@ query/key tiles per chunk, several ``S`` and ``E`` tiles, several segments per s
 partial tiles everywhere.
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -231,6 +232,37 @@ def test_segment_rule_follows_the_measurements(monkeypatch):
     assert mc._seg_chunks(1, 32768, 1, S, E, C, None, Blocks(**{**cfg.__dict__, "seg_chunks": 4}), dev) == 4
     cu = torch.tensor([0, 16384, 32768])
     assert mc._seg_chunks(1, 32768, 1, S, E, C, cu, cfg, dev) == math.ceil((2 + 128) / 8)
+
+
+def test_walk_tile_rule_follows_the_measurements(monkeypatch):
+    """The state walk's ``S`` tile is halved (``_walk_cfg``) exactly where that alone gives a 132-SM GPU one walk
+    program per SM with one segment per sequence, as measured on an H200 (session 12): at 8k (4 sequences x 32
+    [128, 64] tiles = 128 programs; [64, 64] tiles 0.64 vs 0.67 ms), not at 2k / 4k (enough programs already) nor at
+    16k / 32k (still too few: segments); never with explicit segments or tiles already 64 high; packed calls count
+    their sequences."""
+    import lintime.ops.mixed_chunk.triton.mixed_chunk as mc
+
+    monkeypatch.setattr(mc, "sm_count", lambda device: 132)
+    mc._thin_walk.cache_clear()
+    try:
+        S, E, C = 128, 2048, 256
+        cfg = Blocks(**{**default_blocks(S, E, torch.bfloat16, C).__dict__, "bs_state": 128, "be_state": 64,
+                        "seg_chunks": 0})
+        dev = torch.device("cpu")
+        got = {T: mc._walk_cfg(32768 // T, T, 1, S, E, C, None, cfg, dev).bs_state
+               for T in (2048, 4096, 8192, 16384, 32768)}
+        assert got == {2048: 128, 4096: 128, 8192: 64, 16384: 128, 32768: 128}
+        thin = mc._walk_cfg(4, 8192, 1, S, E, C, None, cfg, dev)
+        assert dataclasses.replace(thin, bs_state=128) == cfg  # nothing else changes
+        assert mc._seg_chunks(4, 8192, 1, S, E, C, None, thin, dev) >= 8192 // C  # one segment per sequence
+        for other in ({"seg_chunks": 16}, {"bs_state": 64}):
+            c2 = dataclasses.replace(cfg, **other)
+            assert mc._walk_cfg(4, 8192, 1, S, E, C, None, c2, dev) is c2
+        cu = torch.tensor([0, 8192, 16384, 24576, 32768])
+        assert mc._walk_cfg(1, 32768, 1, S, E, C, cu, cfg, dev).bs_state == 64
+        assert mc._walk_cfg(1, 32768, 1, S, E, C, cu[[0, 2, 4]], cfg, dev).bs_state == 128
+    finally:
+        mc._thin_walk.cache_clear()
 
 
 @cpu_only

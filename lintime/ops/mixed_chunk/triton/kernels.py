@@ -401,13 +401,10 @@ def _dp_tile(
 def _dlin_tile(
     DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, c, cs, cl, m0, i_s, i_h,
     S, E, H,
-    QQ, KQ, DS, BIAS, scale, C, LB,
     BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
-    DIAG: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     """``dq_lin = wq do H_c^T``, ``dk_lin = wf v G_c^T`` for the row tile ``m0`` of chunk ``c`` and ``S``
-    tile ``i_s`` (reduction over all of ``E``).  With ``DIAG`` also the row tile's diagonal ``dS`` tile (keys
-    ``m0``, as :func:`_dp_tile`): its ``do . v^T`` product from the same ``do`` / ``v`` tiles of each ``E`` step."""
+    tile ``i_s`` (reduction over all of ``E``)."""
     if m0 < cl:
         o_m = m0 + tl.arange(0, BG)
         m_m = o_m < cl
@@ -420,8 +417,6 @@ def _dlin_tile(
         p_g = GS + (idx * H + i_h) * S * E
         b_dql = tl.zeros([BG, BS], dtype=tl.float32)
         b_dkl = tl.zeros([BG, BS], dtype=tl.float32)
-        if DIAG:
-            b_dp = tl.zeros([BG, BG], dtype=tl.float32)
         for e0 in range(0, E, BE):
             m_e = (e0 + o_e) < E
             m_me = m_m[:, None] & m_e[None, :]
@@ -432,23 +427,12 @@ def _dlin_tile(
             b_g = tl.load(p_g + o_s[:, None] * E + e0 + o_e[None, :], mask=m_se, other=0.0)
             b_dql = tl.dot(b_do.to(SDT), tl.trans(b_h.to(SDT)), b_dql, input_precision=PREC)
             b_dkl = tl.dot(b_v.to(SDT), tl.trans(b_g.to(SDT)), b_dkl, input_precision=PREC)
-            if DIAG:
-                b_dp = tl.dot(b_do, tl.trans(b_v), b_dp, input_precision=PREC)
         wq = tl.load(WQ + c)
         wf = tl.load(WF + c)
         o_ms = rows_m[:, None] * S + o_s[None, :]
         m_ms = m_m[:, None] & m_s[None, :]
         tl.store(DQL + o_ms, (wq * b_dql).to(DQL.dtype.element_ty), mask=m_ms)
         tl.store(DKL + o_ms, (wf * b_dkl).to(DKL.dtype.element_ty), mask=m_ms)
-        if DIAG:
-            b_sc = _scores(QQ, KQ, BIAS, rows_m, rows_m, o_m, o_m, m_m, m_m, i_h, scale, S, C, LB, BG, BS,
-                           HAS_BIAS, PREC)
-            keep = m_m[:, None] & m_m[None, :]
-            if CAUSAL:
-                keep = keep & (o_m[None, :] <= o_m[:, None])
-            b_ds = tl.where(keep, 2.0 * tl.maximum(b_sc, 0.0) * b_dp, 0.0)
-            p_ds = DS + ((c.to(tl.int64) * H + i_h) * C + o_m[:, None]) * C + o_m[None, :]
-            tl.store(p_ds, b_ds.to(DS.dtype.element_ty), mask=m_m[:, None] & (o_m < C)[None, :])
 
 
 @triton.jit
@@ -456,7 +440,7 @@ def mc_dred_kernel(
     QQ, KQ, V, DO, DS, BIAS, HS, GS, WQ, WF, ST_IDX, DQL, DKL, CH_START, CH_LEN,
     scale, S, E, H, C, LB, NMT,
     BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr, DIAG: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
 ):
     """The backward's two reductions over ``E`` in one launch, ``dS`` (:func:`_dp_tile`) and ``dq_lin,
     dk_lin`` (:func:`_dlin_tile`): grid ``(NMT + S tiles, NC * NMT, H)``; program ``j < NMT`` of a row
@@ -464,31 +448,16 @@ def mc_dred_kernel(
     NMT``.  The programs touching one row tile's ``do`` / ``v`` rows (and the chunk's states) are
     adjacent in launch order, so those rows are read from memory about once and re-read from L2 (as two
     kernels whose grids had the key tile slowest, ``do`` was read from memory once per key tile: 0.257 ->
-    0.204 ms at 32k tokens, H200, 2026-11-22).  With ``DIAG`` the diagonal ``dS`` tile is computed by the row
-    tile's first ``dq_lin, dk_lin`` program from the ``do`` / ``v`` tiles it loads anyway (its own program
-    returns at once)."""
+    0.204 ms at 32k tokens, H200, 2026-11-22)."""
     j = tl.program_id(0)
     c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
     i_h = tl.program_id(2)
     if j < NMT:
-        if DIAG:
-            if j * BG != m0:
-                _dp_tile(QQ, KQ, V, DO, DS, BIAS, c, cs, cl, m0, j * BG, i_h,
-                         scale, S, E, H, C, LB, BG, BS, BE, CAUSAL, HAS_BIAS, PREC)
-        else:
-            _dp_tile(QQ, KQ, V, DO, DS, BIAS, c, cs, cl, m0, j * BG, i_h,
-                     scale, S, E, H, C, LB, BG, BS, BE, CAUSAL, HAS_BIAS, PREC)
+        _dp_tile(QQ, KQ, V, DO, DS, BIAS, c, cs, cl, m0, j * BG, i_h,
+                 scale, S, E, H, C, LB, BG, BS, BE, CAUSAL, HAS_BIAS, PREC)
     else:
-        if DIAG:
-            if j == NMT:
-                _dlin_tile(DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, c, cs, cl, m0, 0, i_h, S, E, H,
-                           QQ, KQ, DS, BIAS, scale, C, LB, BG, BS, BE, PREC, SDT, True, CAUSAL, HAS_BIAS)
-            else:
-                _dlin_tile(DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, c, cs, cl, m0, j - NMT, i_h, S, E, H,
-                           QQ, KQ, DS, BIAS, scale, C, LB, BG, BS, BE, PREC, SDT, False, CAUSAL, HAS_BIAS)
-        else:
-            _dlin_tile(DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, c, cs, cl, m0, j - NMT, i_h, S, E, H,
-                       QQ, KQ, DS, BIAS, scale, C, LB, BG, BS, BE, PREC, SDT, False, CAUSAL, HAS_BIAS)
+        _dlin_tile(DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, c, cs, cl, m0, j - NMT, i_h,
+                   S, E, H, BG, BS, BE, PREC, SDT)
 
 
 @triton.jit

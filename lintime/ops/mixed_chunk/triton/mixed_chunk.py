@@ -38,6 +38,7 @@ gathered from the inputs with differentiable PyTorch indexing.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -172,23 +173,21 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # ([32, 64]); only 8k gains (2 %, twice), not made a rule
     ("bs_state64", {"bs_state": 64}),
     ("bs_state32", {"bs_state": 32}),
-    # Session 12: a segment's full chunks walked as one loop over their token steps (the loads of the next chunk in
-    # flight while a chunk's state is added and stored)
-    ("walk_flat", {"walk_flat": 1}),
-    ("walk_flat2", {"walk_flat": 2}),  # the same without a branch at a chunk's end
-    ("walk_flat3", {"walk_flat": 3}),  # and the forward's steps straight into the state (its weights are 1)
-    ("walk_flat3_bs64", {"walk_flat": 3, "bs_state": 64}),
-    ("walk_flat3_one", {"walk_flat": 3, "seg_chunks": 1 << 20}),
-    ("walk_flat3_bs64_one", {"walk_flat": 3, "bs_state": 64, "seg_chunks": 1 << 20}),
-    ("walk_flat3_s4", {"walk_flat": 3, "stages_walk": 4}),
-    ("walk_flat3_s2", {"walk_flat": 3, "stages_walk": 2}),
-    ("walk_flat3_w8", {"walk_flat": 3, "warps_walk": 8}),
-    ("walk_flat3_w8_s4", {"walk_flat": 3, "warps_walk": 8, "stages_walk": 4}),
-    ("walk_flat3_bt128", {"walk_flat": 3, "bt": 128}),
-    ("walk_flat3_be32", {"walk_flat": 3, "be_state": 32}),
-    # the diagonal dS tile of each row tile computed by its first dq_lin, dk_lin program (do / v tiles loaded once)
-    ("red_diag", {"red_diag": 1}),
-    ("flat3_red_diag", {"walk_flat": 3, "red_diag": 1}),
+    # Session 12 (H200, 2026-11-26, device fwd+bwd at 2k / 4k / 8k / 16k / 32k; docs/notes/kernels_flash.md): a segment's
+    # full chunks walked as one loop over their token steps ("walk_flat"), so the loads of the next chunk are in flight
+    # while a chunk's state is added and stored.  The default since (3: a chunk's end applied without a branch, the
+    # forward's steps straight into the state): 0.613 / 0.605 / 0.666 / 0.677 / 0.686 ms.  One loop per chunk (the
+    # default before): 0.630 / 0.624 / 0.688 / 0.698 / 0.705; with the chunk's end in a branch (1): 0.668 / - / 0.723 /
+    # 0.735 / 0.745 -- the branch around the accumulator keeps the MMA from being pipelined (as session 8 found); 2
+    # (the forward as the reverse walk) 0.615-0.618 / 0.610 / 0.666 / 0.678 / 0.684-0.687.  On the flat walk (same
+    # runs): 4 stages 0.636-0.650 at 2k, 0.706-0.709 at 32k, 2 stages 0.658 / 0.736, 8 warps 0.613-0.618 / 0.683-0.693,
+    # 128-token steps 0.637 / 0.707, [128, 32] tiles 0.651-0.659 / 0.770-0.789 -- no gain.
+    ("walk_loop", {"walk_flat": 0}),
+    ("walk_flat1", {"walk_flat": 1}),
+    ("walk_flat2", {"walk_flat": 2}),
+    # Measured and removed (session 12, same runs): each row tile's diagonal dS tile computed by its first dq_lin,
+    # dk_lin program from the do / v tiles it loads anyway (a third accumulator: the fused reduction 0.169 -> 0.190 ms,
+    # fwd+bwd 0.618 -> 0.638 at 2k; code in git history, 778d60f)
 )
 
 
@@ -227,6 +226,30 @@ def _seg_chunks(B, T, H, S, E, C, cu_seqlens, cfg: Blocks, device) -> int:
         return nct
     want = max(1, 2 * sms // tiles)  # segments in all
     return min(nct, max(2, math.ceil(nct / want)))
+
+
+def _walk_cfg(B, T, H, S, E, C, cu_seqlens, cfg: Blocks, device) -> Blocks:
+    """``cfg`` with the state walk's ``S`` tile halved (once, from more than 64) where that alone gives every SM a
+    walk program with one segment per sequence -- sequences x tiles short of the SM count at ``bs_state``, enough
+    at half of it -- so no segment-start fix-up runs; automatic segments only (``seg_chunks = 0``).  From shapes
+    only: the forward and the backward agree.
+
+    H200, 2026-11-26 (session 12), fwd+bwd device ms at S = 128, E = 2048, C = 256, 32k tokens, the flat walk: 8k
+    (4 sequences x 32 tiles of [128, 64] = 128 programs, 132 SMs) 16-chunk segments 0.665-0.666, one segment on
+    [128, 64] tiles 0.650-0.659, on [64, 64] tiles 0.638-0.643; at 4k (256 programs of [128, 64]) the thinner
+    tiles are slower (0.650 vs 0.609), at 16k (128 programs of [64, 64]) too (0.720 vs 0.677, segments)."""
+    if cfg.seg_chunks or cfg.bs_state <= 64:
+        return cfg
+    return _thin_walk(_n_seqs(B, cu_seqlens), H, S, E, cfg, str(device))
+
+
+@functools.lru_cache(maxsize=64)
+def _thin_walk(n, H, S, E, cfg: Blocks, device: str) -> Blocks:
+    tiles = H * cdiv(S, cfg.bs_state) * cdiv(E, cfg.be_state)
+    thin = H * cdiv(S, cfg.bs_state // 2) * cdiv(E, cfg.be_state)
+    if n * tiles < sm_count(torch.device(device)) <= n * thin:
+        return dataclasses.replace(cfg, bs_state=cfg.bs_state // 2)
+    return cfg
 
 
 def _seg_bound(B, T, C, cu_seqlens, G) -> int:
@@ -484,6 +507,7 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
     B, T, H, S = qq.shape
     E = v.shape[-1]
     C = chunk_size
+    cfg = _walk_cfg(B, T, H, S, E, C, cu_seqlens, cfg, qq.device)
     plan = _plan(B, T, H, S, E, C, cu_seqlens, cfg, qq.device)
     tma = _tma_shapes(cfg, S, E, C, qq.device)
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
@@ -559,6 +583,7 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     C = chunk_size
     dev = qq.device
     do = do.contiguous()
+    cfg = _walk_cfg(B, T, H, S, E, C, cu_seqlens, cfg, dev)
     plan = _plan(B, T, H, S, E, C, cu_seqlens, cfg, dev)
     tma = _tma_shapes(cfg, S, E, C, dev)
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
@@ -595,8 +620,7 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
         mc_dred_kernel[(NMTR + cdiv(S, cfg.bs), plan.NC * NMTR, H)](
             qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
             float(scale), S, E, H, C, LB, NMTR, BG=BGR, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
-            HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, DIAG=bool(cfg.red_diag),
-            num_warps=cfg.warps_red or cfg.warps_bwd,
+            HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, num_warps=cfg.warps_red or cfg.warps_bwd,
             num_stages=cfg.stages,
         )
         mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
