@@ -91,8 +91,8 @@ def main(argv=None) -> int:
         from lintime.bench.measure import environment
 
         with open(a.out, "w") as fh:
-            json.dump({"env": environment(peaks=False), "rounds": a.rounds, "rep": a.rep, "shape": {"S": S, "E": E, "C": C, "H": 1},
-                       "rows": rows}, fh, indent=1)
+            json.dump({"env": environment(peaks=False), "rounds": a.rounds, "rep": a.rep,
+                       "shape": {"S": S, "E": E, "C": C, "H": 1}, "rows": rows}, fh, indent=1)
         print(f"wrote {a.out}")
     return 0
 
