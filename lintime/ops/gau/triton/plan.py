@@ -57,7 +57,6 @@ class Blocks:
     state walk runs a segment's full chunks as one loop over their token steps (chunks a whole number of ``bt``
     steps; :func:`lintime.ops.mixed_chunk.triton.kernels.chunk_state_kernel`; 1: a chunk's end in a branch, 2:
     without a branch, 3: as 2 with the forward's steps accumulated straight into the state; 0: one loop per chunk).
-    ``gemm_zip``: mixed chunk's output / dV GEMMs run their linear and quadratic parts in one loop (TMA path only).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -98,7 +97,6 @@ class Blocks:
     slab_packed: int = 0
     slab_masked: int = 0
     walk_flat: int = 0
-    gemm_zip: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]

@@ -297,7 +297,6 @@ def mc_gemm_kernel(
     S, E, H, C, NMT,
     BG: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
     TRANS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr, TMA: tl.constexpr,
-    ZIP: tl.constexpr = False,
 ):
     """``OUT[rows, E tile] = w_c L[rows] ST[idx_c] + A_c[rows, :] Y`` (``TRANS``: ``A_c^T``).
 
@@ -320,50 +319,9 @@ def mc_gemm_kernel(
     m_e = o_e < E
     o_k = tl.arange(0, BK)
     rows_m = (cs + o_m) * H + i_h
+    # linear part first, so one accumulator carries both (seed Eq. 8 / its gradient)
     w = tl.load(W + c)
     idx = tl.load(ST_IDX + c).to(tl.int64)
-    if TMA and ZIP:
-        # both parts in one pipelined loop: step i loads the linear part's step i and the quadratic part's step i,
-        # a part that has run out loading an out-of-bounds box instead (TMA fills it with zeros, no memory traffic)
-        if TRANS:
-            if CAUSAL:
-                lo = m0
-            else:
-                lo = 0
-            hi = cl
-        else:
-            lo = 0
-            if CAUSAL:
-                hi = tl.minimum(m0 + BG, cl)
-            else:
-                hi = cl
-        OOB: tl.constexpr = 1 << 30
-        ns = tl.cdiv(S, BK)
-        nk = tl.maximum(ns, tl.cdiv(hi - lo, BK))
-        r_l = (cs + m0).to(tl.int32)
-        r_st = ((idx * H + i_h) * S).to(tl.int32)
-        ra = ((c * H + i_h) * C).to(tl.int32)
-        acc_l = tl.zeros([BG, BE], dtype=tl.float32)
-        acc_q = tl.zeros([BG, BE], dtype=tl.float32)
-        for i in range(nk):
-            s0 = i * BK
-            lin = s0 < S
-            b_l = DL.load([tl.where(lin, r_l, OOB), i_h * S + s0 % S])
-            b_st = DST.load([tl.where(lin, r_st + s0, OOB), i_e * BE])
-            acc_l = tl.dot(b_l.to(SDT), b_st.to(SDT), acc_l, input_precision=PREC)
-            k0 = lo + s0
-            quad = k0 < hi
-            if TRANS:
-                b_a = tl.trans(DA.load([tl.where(quad, ra + k0, OOB), m0]))
-            else:
-                b_a = DA.load([tl.where(quad, ra + m0, OOB), k0 % C])
-            b_y = DY.load([tl.where(quad, (cs + k0).to(tl.int32), OOB), i_h * E + i_e * BE])
-            acc_q = tl.dot(b_a, b_y, acc_q, input_precision=PREC)
-        acc = acc_l * w + acc_q
-        tl.store(OUT + rows_m[:, None] * E + o_e[None, :], acc.to(OUT.dtype.element_ty),
-                 mask=m_m[:, None] & m_e[None, :])
-        return
-    # linear part first, so one accumulator carries both (seed Eq. 8 / its gradient)
     p_st = ST + (idx * H + i_h) * S * E
     acc = tl.zeros([BG, BE], dtype=tl.float32)
     for s0 in range(0, S, BK):
