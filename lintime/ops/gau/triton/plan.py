@@ -55,8 +55,7 @@ class Blocks:
     that is less work than the tiled kernels' by :data:`lintime.ops.gau.triton.slab.SLAB_PAIR_RATIO`
     (:func:`lintime.ops.gau.triton.slab.packed_rows`; 2: whenever the rows exist).  ``walk_flat``: mixed chunk's
     state walk runs a segment's full chunks as one loop over their token steps (chunks a whole number of ``bt``
-    steps; :func:`lintime.ops.mixed_chunk.triton.kernels.chunk_state_kernel`; 1: a chunk's end in a branch, 2:
-    without a branch, 3: as 2 with the forward's steps accumulated straight into the state; 0: one loop per chunk).
+    steps; :func:`lintime.ops.mixed_chunk.triton.kernels.chunk_state_kernel`; 0: one loop per chunk).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -138,7 +137,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
                       be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, gau_order=3, tma=1, fuse_scores=1,
                       tma_bias=1, slab=32 if E >= 16 else 0, bm_slab=16, warps_slab=1, slab_masked=1,
-                      walk_flat=3)
+                      walk_flat=1)
         # GAU: slabs for E >= 16 (the GPU rule, E >= 512, at the interpreter's widths), so tests of narrow and wide
         # values run both paths
     # Promoted variants, each CUDA-tested and faster in device time on an H200 (2026-11-22, S = 128,
@@ -170,9 +169,9 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
         bg=bg, bk=64, bt=64, bs_state=min(128, pow2_at_least(S)), be_state=64, seg_chunks=0,
         bs_gau=min(128, pow2_at_least(S)), warps_gau=4, be_red_gau=128, stages_gau=2, gau_order=3, tma=1,
         # mixed chunk's state walk as one loop over a segment's token steps, chunk ends without a branch, the forward
-        # straight into the state ("walk_flat" 3; session 12, H200, fwd+bwd at 2k / 4k / 8k / 16k / 32k: 0.630 / 0.624
+        # straight into the state ("walk_flat"; session 12, H200, fwd+bwd at 2k / 4k / 8k / 16k / 32k: 0.630 / 0.624
         # / 0.688 / 0.698 / 0.705 -> 0.613 / 0.605 / 0.666 / 0.677 / 0.686 ms)
-        fuse_scores=1, tma_bias=1, walk_flat=3, **tiles,
+        fuse_scores=1, tma_bias=1, walk_flat=1, **tiles,
     )
 
 

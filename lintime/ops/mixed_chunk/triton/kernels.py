@@ -119,7 +119,7 @@ def _walk_segment(
         b_h += tl.load(INIT + (i_n * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
     if FLAT:
         c_end = c0 + nc - 1
-        short = (tl.load(CH_LEN + c_end) < CHUNK) & (nc > 0)
+        short = tl.load(CH_LEN + c_end) < CHUNK
         nfull = nc - short.to(tl.int32)
         if REVERSE:
             if short:
@@ -144,18 +144,14 @@ def _walk_segment(
                 b_y = DY.load([t.to(tl.int32), i_h * E + i_e * BE])
             else:
                 b_x, b_y = _walk_tile(X, Y, t, 0, BT, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h)
-            if FLAT == 3 and not REVERSE:  # forward walks weigh every full chunk 1 (``wf``): one accumulator
-                b_h = tl.dot(tl.trans(b_x), b_y, b_h, input_precision=PREC)
-            else:
+            if REVERSE:  # per-chunk weights: the chunk's partial sum is added with its weight at its last step --
+                # without a branch (one around the accumulator keeps the MMA out of the pipeline)
                 b_d = tl.dot(tl.trans(b_x), b_y, b_d, input_precision=PREC)
-                if FLAT >= 2:  # without a branch: every step adds 0 x the partial sum, except at a chunk's end
-                    end = r == spc - 1
-                    b_h += tl.where(end, tl.load(W + c), 0.0) * b_d
-                    b_d = tl.where(end, 0.0, b_d)
-                else:
-                    if r == spc - 1:
-                        b_h += tl.load(W + c) * b_d
-                        b_d = tl.zeros([BS, BE], dtype=tl.float32)
+                end = r == spc - 1
+                b_h += tl.where(end, tl.load(W + c), 0.0) * b_d
+                b_d = tl.where(end, 0.0, b_d)
+            else:  # forward walks weigh every full chunk 1 (``wf``): straight into the state
+                b_h = tl.dot(tl.trans(b_x), b_y, b_h, input_precision=PREC)
         if not REVERSE:  # noqa: SIM102 - a compile-time branch around a run-time one (Triton)
             if short:
                 b_h = _walk_chunk(X, Y, DX, DY, HOUT, W, CH_START, CH_LEN, c_end, b_h, o_t, o_s, o_e, m_s, m_e,

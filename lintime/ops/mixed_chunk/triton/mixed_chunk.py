@@ -175,23 +175,22 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("bs_state32", {"bs_state": 32}),
     # Session 12 (H200, 2026-11-26, device fwd+bwd at 2k / 4k / 8k / 16k / 32k; docs/notes/kernels_flash.md): a
     # segment's full chunks walked as one loop over their token steps ("walk_flat"), so the loads of the next chunk are
-    # in flight while a chunk's state is added and stored.  The default since (3: a chunk's end applied without a
-    # branch, the forward's steps straight into the state): 0.613 / 0.605 / 0.666 / 0.677 / 0.686 ms.  One loop per
-    # chunk (the default before): 0.630 / 0.624 / 0.688 / 0.698 / 0.705; with the chunk's end in a branch (1): 0.668 / -
-    # / 0.723 / 0.735 / 0.745 -- the branch around the accumulator keeps the MMA from being pipelined (as session 8
-    # found); 2 (the forward as the reverse walk) 0.615-0.618 / 0.610 / 0.666 / 0.678 / 0.684-0.687.  On the flat walk
-    # (same runs): 4 stages 0.636-0.650 at 2k, 0.706-0.709 at 32k, 2 stages 0.658 / 0.736, 8 warps 0.613-0.618 /
-    # 0.683-0.693, 128-token steps 0.637 / 0.707, [128, 32] tiles 0.651-0.659 / 0.770-0.789 -- no gain.
+    # in flight while a chunk's state is added and stored; a chunk's end applied without a branch, the forward's steps
+    # straight into the state.  The default since: 0.613 / 0.605 / 0.666 / 0.677 / 0.686 ms; one loop per chunk (the
+    # default before, "walk_loop"): 0.630 / 0.624 / 0.688 / 0.698 / 0.705.  Measured and removed: the chunk's end in a
+    # branch, 0.668 / - / 0.723 / 0.735 / 0.745 (the branch around the accumulator keeps the MMA out of the pipeline,
+    # as session 8 found); the forward accumulating per chunk as the reverse walk does, 0.615-0.618 / 0.610 / 0.666 /
+    # 0.678 / 0.684-0.687 (no gain).  On the flat walk (same runs): 4 stages 0.636-0.650 at 2k, 0.706-0.709 at 32k, 2
+    # stages 0.658 / 0.736, 8 warps 0.613-0.618 / 0.683-0.693, 128-token steps 0.637 / 0.707, [128, 32] tiles
+    # 0.651-0.659 / 0.770-0.789 -- no gain.
     ("walk_loop", {"walk_flat": 0}),
-    ("walk_flat1", {"walk_flat": 1}),
-    ("walk_flat2", {"walk_flat": 2}),
     # Measured and removed (session 12, interleaved rounds, benchmarks/ab_mixed_chunk_rounds.py): the output / dV GEMM's
     # two parts in one pipelined loop, a step of each per iteration and out-of-bounds TMA boxes (zeros) where a part
     # has run out -- 0.795 / 0.786 / 0.819 / 0.865 ms at 2k / 4k / 8k / 32k against 0.612 / 0.604 / 0.636 / 0.684 (twice
     # the pipeline buffers: one program per SM instead of three; with 64-wide E tiles 0.779-0.848; code in git history,
-    # d10f9b5).  Each row tile's diagonal dS tile computed by its first dq_lin,
-    # dk_lin program from the do / v tiles it loads anyway (a third accumulator: the fused reduction 0.169 -> 0.190 ms,
-    # fwd+bwd 0.618 -> 0.638 at 2k; code in git history, 778d60f)
+    # d10f9b5).  Each row tile's diagonal dS tile computed by its first dq_lin, dk_lin program from the do / v tiles
+    # it loads anyway (a third accumulator: the fused reduction 0.169 -> 0.190 ms, fwd+bwd 0.618 -> 0.638 at 2k; code
+    # in git history, 778d60f)
 )
 
 
@@ -392,7 +391,7 @@ def _walk(x, y, w, plan: _Plan, cfg, *, H, C, reverse, store, hout, tot, init=No
         plan.seg_first, plan.seg_n, plan.seg_seq, plan.ch_start, plan.ch_len, S, E, H, plan.NSEG, C,
         sc.qq, sc.kq, sc.a, sc.bias if sc.bias is not None else x, sc.scale, sc.C, sc.LB, sc.NMT,
         BS=cfg.bs_state, BE=cfg.be_state, BT=cfg.bt, REVERSE=reverse, STORE=store, HAS_INIT=init is not None,
-        PREC=dot_config(x.dtype)[1], TMA=d is not None, FLAT=cfg.walk_flat if C % cfg.bt == 0 else 0,
+        PREC=dot_config(x.dtype)[1], TMA=d is not None, FLAT=bool(cfg.walk_flat) and C % cfg.bt == 0,
         SCORES=scores is not None, BG=sc.BG, BSQ=sc.BS,
         CAUSAL=sc.causal, HAS_BIAS=sc.bias is not None, num_warps=cfg.warps_walk or 4,
         num_stages=cfg.stages_walk or cfg.stages,
