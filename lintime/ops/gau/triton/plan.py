@@ -56,6 +56,10 @@ class Blocks:
     (:func:`lintime.ops.gau.triton.slab.packed_rows`; 2: whenever the rows exist).  ``walk_flat``: mixed chunk's
     state walk runs a segment's full chunks as one loop over their token steps (chunks a whole number of ``bt``
     steps; :func:`lintime.ops.mixed_chunk.triton.kernels.chunk_state_kernel`; 0: one loop per chunk).
+    ``bwd_streams``: mixed chunk's backward runs independent launches on a second CUDA stream (1: the dV GEMM beside
+    the reductions (3: issued after them); 2: ``dS`` and ``dq, dk`` beside the reverse walk, the reduction split in
+    two launches; 4: as 2, the dV GEMM on the second stream too; 0: one stream;
+    :func:`lintime.ops.mixed_chunk.triton.mixed_chunk._bwd_impl`).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -96,6 +100,7 @@ class Blocks:
     slab_packed: int = 0
     slab_masked: int = 0
     walk_flat: int = 0
+    bwd_streams: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]

@@ -38,6 +38,7 @@ gathered from the inputs with differentiable PyTorch indexing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -184,6 +185,14 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # stages 0.658 / 0.736, 8 warps 0.613-0.618 / 0.683-0.693, 128-token steps 0.637 / 0.707, [128, 32] tiles
     # 0.651-0.659 / 0.770-0.789 -- no gain.
     ("walk_loop", {"walk_flat": 0}),
+    # Session 13: the backward's independent launches on a second stream (Blocks.bwd_streams) -- the dV GEMM beside
+    # the fused reduction and dq, dk (1: issued first; 3: issued after them), or dS and dq, dk beside the reverse walk
+    # with the reduction split in two launches (2; 4: and the dV GEMM
+    # on the second stream after them, beside dq_lin, dk_lin)
+    ("streams_dv", {"bwd_streams": 1}),
+    ("streams_dv_late", {"bwd_streams": 3}),
+    ("streams_ds", {"bwd_streams": 2}),
+    ("streams_ds_dv", {"bwd_streams": 4}),
     # Measured and removed (session 12, interleaved rounds, benchmarks/ab_mixed_chunk_rounds.py): the output / dV GEMM's
     # two parts in one pipelined loop, a step of each per iteration and out-of-bounds TMA boxes (zeros) where a part
     # has run out -- 0.795 / 0.786 / 0.819 / 0.865 ms at 2k / 4k / 8k / 32k against 0.612 / 0.604 / 0.636 / 0.684 (twice
@@ -591,8 +600,6 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     tma = _tma_shapes(cfg, S, E, C, dev)
     wq, wf = _weights(plan, C, causal, linear_norm, count0)
     init = dkv.contiguous() if (causal and dkv is not None) else None
-    gst, gfinal = _states(ql, do, wq, plan, cfg, H=H, C=C, reverse=True, init=init, causal=causal,
-                          sdt=_sdt_torch(qq.dtype), tma=tma)
     idx = plan.ch_id if causal else plan.ch_seq
     bias, LB = kernel_bias(rel_bias)
     need_db = need_db and bias is not None
@@ -607,10 +614,19 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     # (no bias gradient: a 1-element placeholder the kernel never touches, not a fill)
     db_tiles = (torch.zeros((H, ntd, BG, BG), dtype=torch.float32, device=dev) if need_db
                 else torch.empty(1, dtype=torch.float32, device=dev))
-    if plan.NC > 0:
-        b_ptr = bias if bias is not None else qq
-        rows = plan.NC * NMT
-        NT = B * T
+    mode = cfg.bwd_streams if plan.NC > 0 else 0
+    # a second stream for the launches that do not wait on the ones before them; every tensor they touch is
+    # allocated above on the calling stream and lives until the join below, so the caching allocator needs no
+    # record_stream (interpreter: one stream, the same launches in order)
+    side = _side_stream(dev) if (mode and dev.type == "cuda") else None
+    cur = torch.cuda.current_stream(dev) if side is not None else None
+    b_ptr = bias if bias is not None else qq
+    rows = plan.NC * NMT
+    NT = B * T
+    BGR = cfg.bg_red or BG
+    NMTR = cdiv(C, BGR)
+
+    def dv_gemm():
         d = tma_descriptors((a, a.shape[0] * H * C, (cfg.bk, BG)), (do, NT, (cfg.bk, cfg.be_dv)),
                             (kl, NT, (BG, cfg.bk)), (gst, gst.shape[0] * H * S, (cfg.bk, cfg.be_dv))) if tma else None
         mc_gemm_kernel[(cdiv(E, cfg.be_dv), rows, H)](
@@ -618,22 +634,75 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
             S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
             TMA=d is not None, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
-        BGR = cfg.bg_red or BG
-        NMTR = cdiv(C, BGR)
-        mc_dred_kernel[(NMTR + cdiv(S, cfg.bs), plan.NC * NMTR, H)](
+
+    def reduction(j0, nj):  # programs j0 .. j0 + nj of the fused reduction (0, NMTR: the dS tiles)
+        mc_dred_kernel[(nj, plan.NC * NMTR, H)](
             qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
-            float(scale), S, E, H, C, LB, NMTR, BG=BGR, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
+            float(scale), S, E, H, C, LB, NMTR, j0, BG=BGR, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
             HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, num_warps=cfg.warps_red or cfg.warps_bwd,
             num_stages=cfg.stages,
         )
+
+    def dqk():
         mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
             qq, kq, ds, dqq, dkq, db_tiles, plan.ch_start, plan.ch_len,
             float(scale), S, H, C, NMT, ntd, BG=BG, BS=cfg.bs, CAUSAL=causal, NEED_DB=need_db, PREC=PREC,
             num_warps=cfg.warps_bwd, num_stages=cfg.stages,
         )
+
+    if side is not None and mode in (2, 4):
+        side.wait_stream(cur)  # the fork: dS and dq, dk need no state
+    gst, gfinal = _states(ql, do, wq, plan, cfg, H=H, C=C, reverse=True, init=init, causal=causal,
+                          sdt=_sdt_torch(qq.dtype), tma=tma)
+    if mode in (2, 4):  # dS, then dq, dk beside the reverse walk; dq_lin, dk_lin after it, the dV GEMM too (2) or
+        # on the second stream after dq, dk (4)
+        with _on(side):
+            reduction(0, NMTR)
+            dqk()
+        if mode == 4:
+            if side is not None:
+                side.wait_stream(cur)  # the states
+            with _on(side):
+                dv_gemm()
+        else:
+            dv_gemm()
+        reduction(NMTR, cdiv(S, cfg.bs))
+    elif mode in (1, 3):  # the dV GEMM beside the reductions (3: the reductions issued first)
+        if side is not None:
+            side.wait_stream(cur)
+        if mode == 1:
+            with _on(side):
+                dv_gemm()
+        reduction(0, NMTR + cdiv(S, cfg.bs))
+        dqk()
+        if mode == 3:
+            with _on(side):
+                dv_gemm()
+    elif plan.NC > 0:
+        dv_gemm()
+        reduction(0, NMTR + cdiv(S, cfg.bs))
+        dqk()
+    if side is not None:
+        cur.wait_stream(side)  # the join
     db = fold_bias_grad(db_tiles, LB, C - 1, BG, rel_bias.dtype) if need_db else qq.new_empty(0)
     dkv0 = gfinal if (causal and has_kv0) else qq.new_empty(0, dtype=torch.float32)
     return dqq, dkq, dql, dkl, dv, db, dkv0
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(dev: torch.device) -> torch.cuda.Stream:
+    """One second stream per device for the backward's independent launches (``Blocks.bwd_streams``)."""
+    key = dev.index if dev.index is not None else torch.cuda.current_device()
+    if key not in _SIDE_STREAMS:
+        _SIDE_STREAMS[key] = torch.cuda.Stream(device=key)
+    return _SIDE_STREAMS[key]
+
+
+def _on(side):
+    """Launches on ``side`` (forked from the calling stream by the caller), or on the calling stream."""
+    return torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
 
 
 def _setup(ctx, inputs, output):
