@@ -58,7 +58,8 @@ class Blocks:
     steps; :func:`lintime.ops.mixed_chunk.triton.kernels.chunk_state_kernel`; 0: one loop per chunk).
     ``bwd_streams``: mixed chunk's backward runs independent launches on a second CUDA stream (1: the dV GEMM beside
     the reductions (3: issued after them); 2: ``dS`` and ``dq, dk`` beside the reverse walk, the reduction split in
-    two launches; 4: as 2, the dV GEMM on the second stream too; 0: one stream;
+    two launches; 4: as 2, the dV GEMM on the second stream too; 5 / 6: the reductions on a stream of higher priority,
+    the dV GEMM issued after / before them; 0: one stream;
     :func:`lintime.ops.mixed_chunk.triton.mixed_chunk._bwd_impl`).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.

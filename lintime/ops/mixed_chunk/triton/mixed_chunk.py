@@ -188,11 +188,14 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # Session 13: the backward's independent launches on a second stream (Blocks.bwd_streams) -- the dV GEMM beside
     # the fused reduction and dq, dk (1: issued first; 3: issued after them), or dS and dq, dk beside the reverse walk
     # with the reduction split in two launches (2; 4: and the dV GEMM
-    # on the second stream after them, beside dq_lin, dk_lin)
+    # on the second stream after them, beside dq_lin, dk_lin); the fused reduction and dq, dk on a stream of higher
+    # priority, the dV GEMM on the calling stream (5: issued after them; 6: before)
     ("streams_dv", {"bwd_streams": 1}),
     ("streams_dv_late", {"bwd_streams": 3}),
     ("streams_ds", {"bwd_streams": 2}),
     ("streams_ds_dv", {"bwd_streams": 4}),
+    ("streams_prio", {"bwd_streams": 5}),
+    ("streams_prio_dv_first", {"bwd_streams": 6}),
     # Measured and removed (session 12, interleaved rounds, benchmarks/ab_mixed_chunk_rounds.py): the output / dV GEMM's
     # two parts in one pipelined loop, a step of each per iteration and out-of-bounds TMA boxes (zeros) where a part
     # has run out -- 0.795 / 0.786 / 0.819 / 0.865 ms at 2k / 4k / 8k / 32k against 0.612 / 0.604 / 0.636 / 0.684 (twice
@@ -618,7 +621,7 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     # a second stream for the launches that do not wait on the ones before them; every tensor they touch is
     # allocated above on the calling stream and lives until the join below, so the caching allocator needs no
     # record_stream (interpreter: one stream, the same launches in order)
-    side = _side_stream(dev) if (mode and dev.type == "cuda") else None
+    side = _side_stream(dev, hi=mode in (5, 6)) if (mode and dev.type == "cuda") else None
     cur = torch.cuda.current_stream(dev) if side is not None else None
     b_ptr = bias if bias is not None else qq
     rows = plan.NC * NMT
@@ -678,6 +681,16 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
         if mode == 3:
             with _on(side):
                 dv_gemm()
+    elif mode in (5, 6):  # the reductions on a second stream of higher priority beside the dV GEMM (5: issued first)
+        if side is not None:
+            side.wait_stream(cur)
+        if mode == 6:
+            dv_gemm()
+        with _on(side):
+            reduction(0, NMTR + cdiv(S, cfg.bs))
+            dqk()
+        if mode == 5:
+            dv_gemm()
     elif plan.NC > 0:
         dv_gemm()
         reduction(0, NMTR + cdiv(S, cfg.bs))
@@ -692,11 +705,12 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
 _SIDE_STREAMS: dict = {}
 
 
-def _side_stream(dev: torch.device) -> torch.cuda.Stream:
-    """One second stream per device for the backward's independent launches (``Blocks.bwd_streams``)."""
-    key = dev.index if dev.index is not None else torch.cuda.current_device()
+def _side_stream(dev: torch.device, hi: bool = False) -> torch.cuda.Stream:
+    """A second stream per device for the backward's independent launches (``Blocks.bwd_streams``); ``hi``: one
+    whose blocks the GPU schedules before those of default-priority streams."""
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(), hi)
     if key not in _SIDE_STREAMS:
-        _SIDE_STREAMS[key] = torch.cuda.Stream(device=key)
+        _SIDE_STREAMS[key] = torch.cuda.Stream(device=key[0], priority=-1 if hi else 0)
     return _SIDE_STREAMS[key]
 
 
