@@ -434,7 +434,7 @@ def _dlin_tile(
 @triton.jit
 def mc_dred_kernel(
     QQ, KQ, V, DO, DS, BIAS, HS, GS, WQ, WF, ST_IDX, DQL, DKL, CH_START, CH_LEN,
-    scale, S, E, H, C, LB, NMT, J0,
+    scale, S, E, H, C, LB, NMT,
     BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
 ):
@@ -444,9 +444,8 @@ def mc_dred_kernel(
     NMT``.  The programs touching one row tile's ``do`` / ``v`` rows (and the chunk's states) are
     adjacent in launch order, so those rows are read from memory about once and re-read from L2 (as two
     kernels whose grids had the key tile slowest, ``do`` was read from memory once per key tile: 0.257 ->
-    0.204 ms at 32k tokens, H200, 2026-11-22).  ``J0`` offsets ``j``: a launch of ``NMT`` programs from 0 runs
-    only the ``dS`` tiles, one from ``NMT`` only the ``dq_lin, dk_lin`` tiles (``Blocks.bwd_streams`` 2)."""
-    j = tl.program_id(0) + J0
+    0.204 ms at 32k tokens, H200, 2026-11-22)."""
+    j = tl.program_id(0)
     c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
     i_h = tl.program_id(2)
     if j < NMT:

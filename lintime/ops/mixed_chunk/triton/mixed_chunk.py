@@ -185,17 +185,17 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # stages 0.658 / 0.736, 8 warps 0.613-0.618 / 0.683-0.693, 128-token steps 0.637 / 0.707, [128, 32] tiles
     # 0.651-0.659 / 0.770-0.789 -- no gain.
     ("walk_loop", {"walk_flat": 0}),
-    # Session 13: the backward's independent launches on a second stream (Blocks.bwd_streams) -- the dV GEMM beside
-    # the fused reduction and dq, dk (1: issued first; 3: issued after them), or dS and dq, dk beside the reverse walk
-    # with the reduction split in two launches (2; 4: and the dV GEMM
-    # on the second stream after them, beside dq_lin, dk_lin); the fused reduction and dq, dk on a stream of higher
-    # priority, the dV GEMM on the calling stream (5: issued after them; 6: before)
-    ("streams_dv", {"bwd_streams": 1}),
-    ("streams_dv_late", {"bwd_streams": 3}),
-    ("streams_ds", {"bwd_streams": 2}),
-    ("streams_ds_dv", {"bwd_streams": 4}),
-    ("streams_prio", {"bwd_streams": 5}),
-    ("streams_prio_dv_first", {"bwd_streams": 6}),
+    # Session 13 (H200, 2026-11-26, interleaved rounds, fwd+bwd at 2k / 4k / 8k / 16k / 32k): the backward's dV GEMM on a
+    # second stream beside the fused reduction and dq, dk ("bwd_streams"), so dq, dk's short launch and the kernels'
+    # tails overlap the GEMM.  Issued after the reductions (the default since): 0.598 / 0.590 / 0.622-0.623 / 0.660-0.661
+    # / 0.669-0.670 ms against one stream's 0.611-0.612 / 0.602-0.603 / 0.635 / 0.675-0.676 / 0.683-0.686; issued before
+    # them: 0.615 / 0.606 / 0.639 / 0.681 / 0.687 (no gain); the reductions on a higher-priority stream ("streams_prio"):
+    # 0.596 / 0.588 / 0.621 / 0.660 / 0.669 (the same within noise).  Measured and removed: dS and dq, dk on the second
+    # stream beside the reverse walk, the fused reduction split in two launches (its dS and dq_lin, dk_lin programs
+    # apart): 0.642 / 0.637 / 0.671 / 0.707 / 0.717, 5 % slower -- do / v are read from memory twice again (session 8);
+    # with the dV GEMM on the second stream too, the same (0.644 / 0.639 / 0.672 / 0.706 / 0.715; code in b160a4d).
+    ("one_stream", {"bwd_streams": 0}),
+    ("streams_prio", {"bwd_streams": 2}),
     # Measured and removed (session 12, interleaved rounds, benchmarks/ab_mixed_chunk_rounds.py): the output / dV GEMM's
     # two parts in one pipelined loop, a step of each per iteration and out-of-bounds TMA boxes (zeros) where a part
     # has run out -- 0.795 / 0.786 / 0.819 / 0.865 ms at 2k / 4k / 8k / 32k against 0.612 / 0.604 / 0.636 / 0.684 (twice
@@ -617,86 +617,60 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     # (no bias gradient: a 1-element placeholder the kernel never touches, not a fill)
     db_tiles = (torch.zeros((H, ntd, BG, BG), dtype=torch.float32, device=dev) if need_db
                 else torch.empty(1, dtype=torch.float32, device=dev))
+    # Blocks.bwd_streams: the dV GEMM on a second stream beside the fused reduction and dq, dk, issued after them (1;
+    # 2: the reductions on a second stream of higher priority, the dV GEMM on the calling stream).  Every tensor the
+    # second stream touches is allocated above on the calling stream and lives until the join below, so the caching
+    # allocator needs no record_stream.  Under the interpreter (CPU tensors) the same launches run in order.
     mode = cfg.bwd_streams if plan.NC > 0 else 0
-    # a second stream for the launches that do not wait on the ones before them; every tensor they touch is
-    # allocated above on the calling stream and lives until the join below, so the caching allocator needs no
-    # record_stream (interpreter: one stream, the same launches in order)
-    side = _side_stream(dev, hi=mode in (5, 6)) if (mode and dev.type == "cuda") else None
+    side = _side_stream(dev, hi=mode == 2) if (mode and dev.type == "cuda") else None
     cur = torch.cuda.current_stream(dev) if side is not None else None
-    b_ptr = bias if bias is not None else qq
-    rows = plan.NC * NMT
-    NT = B * T
-    BGR = cfg.bg_red or BG
-    NMTR = cdiv(C, BGR)
-
-    def dv_gemm():
-        d = tma_descriptors((a, a.shape[0] * H * C, (cfg.bk, BG)), (do, NT, (cfg.bk, cfg.be_dv)),
-                            (kl, NT, (BG, cfg.bk)), (gst, gst.shape[0] * H * S, (cfg.bk, cfg.be_dv))) if tma else None
-        mc_gemm_kernel[(cdiv(E, cfg.be_dv), rows, H)](
-            a, do, kl, gst, *(d or (a, do, kl, gst)), wf, idx, dv, plan.ch_start, plan.ch_len,
-            S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
-            TMA=d is not None, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
-        )
-
-    def reduction(j0, nj):  # programs j0 .. j0 + nj of the fused reduction (0, NMTR: the dS tiles)
-        mc_dred_kernel[(nj, plan.NC * NMTR, H)](
-            qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
-            float(scale), S, E, H, C, LB, NMTR, j0, BG=BGR, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
-            HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, num_warps=cfg.warps_red or cfg.warps_bwd,
-            num_stages=cfg.stages,
-        )
-
-    def dqk():
-        mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
-            qq, kq, ds, dqq, dkq, db_tiles, plan.ch_start, plan.ch_len,
-            float(scale), S, H, C, NMT, ntd, BG=BG, BS=cfg.bs, CAUSAL=causal, NEED_DB=need_db, PREC=PREC,
-            num_warps=cfg.warps_bwd, num_stages=cfg.stages,
-        )
-
-    if side is not None and mode in (2, 4):
-        side.wait_stream(cur)  # the fork: dS and dq, dk need no state
     gst, gfinal = _states(ql, do, wq, plan, cfg, H=H, C=C, reverse=True, init=init, causal=causal,
                           sdt=_sdt_torch(qq.dtype), tma=tma)
-    if mode in (2, 4):  # dS, then dq, dk beside the reverse walk; dq_lin, dk_lin after it, the dV GEMM too (2) or
-        # on the second stream after dq, dk (4)
-        with _on(side):
-            reduction(0, NMTR)
-            dqk()
-        if mode == 4:
-            if side is not None:
-                side.wait_stream(cur)  # the states
+    if plan.NC > 0:
+        rows = plan.NC * NMT
+        NT = B * T
+        BGR = cfg.bg_red or BG
+        NMTR = cdiv(C, BGR)
+        b_ptr = bias if bias is not None else qq
+
+        def dv_gemm():  # dV = wf Kl G + A^T dO
+            d = tma_descriptors(
+                (a, a.shape[0] * H * C, (cfg.bk, BG)), (do, NT, (cfg.bk, cfg.be_dv)), (kl, NT, (BG, cfg.bk)),
+                (gst, gst.shape[0] * H * S, (cfg.bk, cfg.be_dv))) if tma else None
+            mc_gemm_kernel[(cdiv(E, cfg.be_dv), rows, H)](
+                a, do, kl, gst, *(d or (a, do, kl, gst)), wf, idx, dv, plan.ch_start, plan.ch_len,
+                S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
+                TMA=d is not None, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
+            )
+
+        def reductions():  # dS, dq_lin, dk_lin (one launch), then dq_quad, dk_quad and the bias gradient
+            mc_dred_kernel[(NMTR + cdiv(S, cfg.bs), plan.NC * NMTR, H)](
+                qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
+                float(scale), S, E, H, C, LB, NMTR, BG=BGR, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
+                HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, num_warps=cfg.warps_red or cfg.warps_bwd,
+                num_stages=cfg.stages,
+            )
+            mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
+                qq, kq, ds, dqq, dkq, db_tiles, plan.ch_start, plan.ch_len,
+                float(scale), S, H, C, NMT, ntd, BG=BG, BS=cfg.bs, CAUSAL=causal, NEED_DB=need_db, PREC=PREC,
+                num_warps=cfg.warps_bwd, num_stages=cfg.stages,
+            )
+
+        if side is not None:
+            side.wait_stream(cur)  # the fork, after the states
+        if mode == 0:
+            dv_gemm()
+            reductions()
+        elif mode == 1:
+            reductions()
             with _on(side):
                 dv_gemm()
         else:
-            dv_gemm()
-        reduction(NMTR, cdiv(S, cfg.bs))
-    elif mode in (1, 3):  # the dV GEMM beside the reductions (3: the reductions issued first)
-        if side is not None:
-            side.wait_stream(cur)
-        if mode == 1:
             with _on(side):
-                dv_gemm()
-        reduction(0, NMTR + cdiv(S, cfg.bs))
-        dqk()
-        if mode == 3:
-            with _on(side):
-                dv_gemm()
-    elif mode in (5, 6):  # the reductions on a second stream of higher priority beside the dV GEMM (5: issued first)
+                reductions()
+            dv_gemm()
         if side is not None:
-            side.wait_stream(cur)
-        if mode == 6:
-            dv_gemm()
-        with _on(side):
-            reduction(0, NMTR + cdiv(S, cfg.bs))
-            dqk()
-        if mode == 5:
-            dv_gemm()
-    elif plan.NC > 0:
-        dv_gemm()
-        reduction(0, NMTR + cdiv(S, cfg.bs))
-        dqk()
-    if side is not None:
-        cur.wait_stream(side)  # the join
+            cur.wait_stream(side)  # the join
     db = fold_bias_grad(db_tiles, LB, C - 1, BG, rel_bias.dtype) if need_db else qq.new_empty(0)
     dkv0 = gfinal if (causal and has_kv0) else qq.new_empty(0, dtype=torch.float32)
     return dqq, dkq, dql, dkl, dv, db, dkv0
