@@ -33,11 +33,14 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default="default,s11,flat_bs128")
     p.add_argument("--tokens", type=int, default=32768)
     p.add_argument("--out", default=None)
+    p.add_argument("--eager", action="store_true",
+                   help="eager calls (host and launch overhead included; do_bench medians, L2 flushed) instead of "
+                        "CUDA-graph replays")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
-    from lintime.bench.measure import fwd_fwdbwd_graph_ms
+    from lintime.bench.measure import fwd_fwdbwd_graph_ms, fwd_fwdbwd_ms
     from lintime.ops.gau.triton.plan import default_blocks, variant_blocks
     from lintime.ops.mixed_chunk.triton import mixed_chunk as mc
     from lintime.ops.mixed_chunk.triton import triton_mixed_chunk_attention
@@ -75,7 +78,7 @@ def main(argv=None) -> int:
     times: dict = {(T, n): [] for T, _, n, _, _ in cases}
     for r in range(a.rounds):
         for T, B, name, f, xs in cases:
-            _, fb = fwd_fwdbwd_graph_ms(f, xs, rep=a.rep)
+            _, fb = (fwd_fwdbwd_ms if a.eager else fwd_fwdbwd_graph_ms)(f, xs, rep=a.rep)
             times[(T, name)].append(fb)
         print(f"round {r + 1}/{a.rounds} done", flush=True)
     rows = []
@@ -85,7 +88,7 @@ def main(argv=None) -> int:
         for n in names:
             t = times[(T, n)]
             med = statistics.median(t)
-            rows.append({"T": T, "variant": n, "fwdbwd_graph_ms": t, "median_ms": med})
+            rows.append({"T": T, "variant": n, "fwdbwd_eager_ms" if a.eager else "fwdbwd_graph_ms": t, "median_ms": med})
             print(f"{T:6d} {n:12s} {med:8.4f} {min(t):8.4f} {max(t):8.4f} {med / ref:10.3f}")
     if a.out:
         from lintime.bench.measure import environment
