@@ -56,8 +56,9 @@ class Blocks:
     (:func:`lintime.ops.gau.triton.slab.packed_rows`; 2: whenever the rows exist).  ``walk_flat``: mixed chunk's
     state walk runs a segment's full chunks as one loop over their token steps (chunks a whole number of ``bt``
     steps; :func:`lintime.ops.mixed_chunk.triton.kernels.chunk_state_kernel`; 0: one loop per chunk).
-    ``bwd_streams``: mixed chunk's backward runs its dV GEMM on a second CUDA stream beside the fused reduction and
-    ``dq, dk`` (1: issued after them; 2: the reductions on a second stream of higher priority; 0: one stream;
+    ``bwd_streams``: mixed chunk's backward runs its dV GEMM beside the fused reduction and ``dq, dk`` on two CUDA
+    streams (2: the GEMM issued first on the calling stream, the reductions on a second stream of higher priority; 1:
+    the GEMM on a second stream, issued after the reductions; 0: one stream;
     :func:`lintime.ops.mixed_chunk.triton.mixed_chunk._bwd_impl`).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
@@ -141,7 +142,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
                       be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, gau_order=3, tma=1, fuse_scores=1,
                       tma_bias=1, slab=32 if E >= 16 else 0, bm_slab=16, warps_slab=1, slab_masked=1,
-                      walk_flat=1, bwd_streams=1)
+                      walk_flat=1, bwd_streams=2)
         # GAU: slabs for E >= 16 (the GPU rule, E >= 512, at the interpreter's widths), so tests of narrow and wide
         # values run both paths
     # Promoted variants, each CUDA-tested and faster in device time on an H200 (2026-11-22, S = 128,
@@ -175,9 +176,10 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
         # mixed chunk's state walk as one loop over a segment's token steps, chunk ends without a branch, the forward
         # straight into the state ("walk_flat"; session 12, H200, fwd+bwd at 2k / 4k / 8k / 16k / 32k: 0.630 / 0.624
         # / 0.688 / 0.698 / 0.705 -> 0.613 / 0.605 / 0.666 / 0.677 / 0.686 ms)
-        # its backward's dV GEMM on a second stream, issued after the reductions ("bwd_streams"; session 13, H200, fwd+bwd
-        # at 2k / 4k / 8k / 16k / 32k: 0.611 / 0.602 / 0.635 / 0.675 / 0.685 -> 0.598 / 0.590 / 0.622 / 0.660 / 0.669 ms)
-        fuse_scores=1, tma_bias=1, walk_flat=1, bwd_streams=1, **tiles,
+        # its backward's dV GEMM beside the reductions, which run on a second stream of higher priority ("bwd_streams";
+        # session 13, H200, fwd+bwd at 2k / 4k / 8k / 16k / 32k: 0.611 / 0.602 / 0.635 / 0.675 / 0.685 -> 0.596 / 0.588 /
+        # 0.620 / 0.660 / 0.670 ms)
+        fuse_scores=1, tma_bias=1, walk_flat=1, bwd_streams=2, **tiles,
     )
 
 

@@ -185,17 +185,20 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # stages 0.658 / 0.736, 8 warps 0.613-0.618 / 0.683-0.693, 128-token steps 0.637 / 0.707, [128, 32] tiles
     # 0.651-0.659 / 0.770-0.789 -- no gain.
     ("walk_loop", {"walk_flat": 0}),
-    # Session 13 (H200, 2026-11-26, interleaved rounds, fwd+bwd at 2k / 4k / 8k / 16k / 32k): the backward's dV GEMM on a
-    # second stream beside the fused reduction and dq, dk ("bwd_streams"), so dq, dk's short launch and the kernels'
-    # tails overlap the GEMM.  Issued after the reductions (the default since): 0.598 / 0.590 / 0.622-0.623 / 0.660-0.661
-    # / 0.669-0.670 ms against one stream's 0.611-0.612 / 0.602-0.603 / 0.635 / 0.675-0.676 / 0.683-0.686; issued before
-    # them: 0.615 / 0.606 / 0.639 / 0.681 / 0.687 (no gain); the reductions on a higher-priority stream ("streams_prio"):
-    # 0.596 / 0.588 / 0.621 / 0.660 / 0.669 (the same within noise).  Measured and removed: dS and dq, dk on the second
-    # stream beside the reverse walk, the fused reduction split in two launches (its dS and dq_lin, dk_lin programs
-    # apart): 0.642 / 0.637 / 0.671 / 0.707 / 0.717, 5 % slower -- do / v are read from memory twice again (session 8);
-    # with the dV GEMM on the second stream too, the same (0.644 / 0.639 / 0.672 / 0.706 / 0.715; code in b160a4d).
+    # Session 13 (H200, 2026-11-26, interleaved rounds, fwd+bwd at 2k / 4k / 8k / 16k / 32k): the backward's dV GEMM beside
+    # the fused reduction and dq, dk on two streams ("bwd_streams"), so dq, dk's short launch and the kernels' tails
+    # overlap the GEMM.  Device time (CUDA graphs), one stream 0.611-0.612 / 0.602-0.603 / 0.635 / 0.675-0.676 /
+    # 0.683-0.686 ms; the GEMM on a second stream issued after the reductions ("streams_dv"): 0.598 / 0.590 /
+    # 0.622-0.623 / 0.660-0.661 / 0.669-0.670; issued before them: 0.615 / 0.606 / 0.639 / 0.681 / 0.687 (no gain); the
+    # reductions on a higher-priority second stream, the GEMM issued first (the default since): 0.596 / 0.588 / 0.620 /
+    # 0.660 / 0.670, or issued last, 0.596 / 0.588 / 0.621 / 0.660 / 0.669.  Eager calls (bound by the host) end with
+    # the last launch's device time: "streams_dv" was 10-12 % slower than one stream at 8k / 32k (its last launch is
+    # the GEMM), hence the default's order.  Measured and removed: dS and dq, dk on the second stream beside the
+    # reverse walk, the fused reduction split in two launches (its dS and dq_lin, dk_lin programs apart): 0.642 / 0.637
+    # / 0.671 / 0.707 / 0.717, 5 % slower -- do / v are read from memory twice again (session 8); with the dV GEMM on
+    # the second stream too, the same (0.644 / 0.639 / 0.672 / 0.706 / 0.715; code in b160a4d).
     ("one_stream", {"bwd_streams": 0}),
-    ("streams_prio", {"bwd_streams": 2}),
+    ("streams_dv", {"bwd_streams": 1}),
     # Measured and removed (session 12, interleaved rounds, benchmarks/ab_mixed_chunk_rounds.py): the output / dV GEMM's
     # two parts in one pipelined loop, a step of each per iteration and out-of-bounds TMA boxes (zeros) where a part
     # has run out -- 0.795 / 0.786 / 0.819 / 0.865 ms at 2k / 4k / 8k / 32k against 0.612 / 0.604 / 0.636 / 0.684 (twice
@@ -617,10 +620,13 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     # (no bias gradient: a 1-element placeholder the kernel never touches, not a fill)
     db_tiles = (torch.zeros((H, ntd, BG, BG), dtype=torch.float32, device=dev) if need_db
                 else torch.empty(1, dtype=torch.float32, device=dev))
-    # Blocks.bwd_streams: the dV GEMM on a second stream beside the fused reduction and dq, dk, issued after them (1;
-    # 2: the reductions on a second stream of higher priority, the dV GEMM on the calling stream).  Every tensor the
-    # second stream touches is allocated above on the calling stream and lives until the join below, so the caching
-    # allocator needs no record_stream.  Under the interpreter (CPU tensors) the same launches run in order.
+    # Blocks.bwd_streams: the dV GEMM beside the fused reduction and dq, dk on two streams.  2 (the default): the GEMM
+    # issued first on the calling stream, the reductions on a second stream of higher priority -- the GPU gives them
+    # the SMs first and the GEMM fills around their tail and dq, dk; an eager call, bound by the host, ends with dq, dk's
+    # short launch, not the GEMM's.  1: the GEMM on a second stream, issued after the reductions (the same device time;
+    # eager calls end with the GEMM: ~0.1 ms later at 8k-32k).  Every tensor the second stream touches is allocated
+    # above on the calling stream and lives until the join below, so the caching allocator needs no record_stream.
+    # Under the interpreter (CPU tensors) the same launches run in order.
     mode = cfg.bwd_streams if plan.NC > 0 else 0
     side = _side_stream(dev, hi=mode == 2) if (mode and dev.type == "cuda") else None
     gst, gfinal = _states(ql, do, wq, plan, cfg, H=H, C=C, reverse=True, init=init, causal=causal,
@@ -664,9 +670,9 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
             with _on(side, cur):
                 dv_gemm()
         else:
+            dv_gemm()
             with _on(side, cur):
                 reductions()
-            dv_gemm()
         if side is not None:
             side.join(cur)
     db = fold_bias_grad(db_tiles, LB, C - 1, BG, rel_bias.dtype) if need_db else qq.new_empty(0)
