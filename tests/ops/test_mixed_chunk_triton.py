@@ -496,6 +496,47 @@ def test_cuda_fp32_exact_packed(S, E, tma):
 
 @cuda
 @needs_cuda
+@pytest.mark.parametrize("T", [1100, 16384])
+def test_cuda_graph_capture_two_streams(T, monkeypatch):
+    """``Blocks.bwd_streams``: while a CUDA graph is captured the backward forks its reductions onto a second
+    stream and joins it; eager calls keep one stream.  The replayed forward + backward equal the eager ones exactly
+    (the kernels are deterministic without a bias gradient), for one sequence per state-walk segment (T = 1100, a
+    short last chunk) and for segments with the start fix-up (T = 16384)."""
+    from lintime.ops.mixed_chunk.triton import mixed_chunk as mc
+
+    forks = []
+    fork = mc._Side.fork
+    monkeypatch.setattr(mc._Side, "fork", lambda self: (forks.append(1), fork(self))[1])
+    C, H, S, E, B = 256, 1, 128, 2048, 2
+    xs = [x.bfloat16().requires_grad_() for x in _inputs(B, T, H, S, E, C, torch.float64, device="cuda", seed=5)[0]]
+    do = torch.randn(B, T, H, E, device="cuda").bfloat16()
+
+    def step():
+        o = mixed_chunk_attention(*xs, chunk_size=C, backend="triton")[0]
+        return (o, *torch.autograd.grad(o, xs, do))
+
+    eager = [t.detach().clone() for t in step()]
+    torch.cuda.synchronize()
+    assert not forks  # eager: one stream
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        step()
+    torch.cuda.current_stream().wait_stream(warm)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for t in out:
+        t.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert forks  # captured with the second stream
+    for name, a, b in zip(("o", "dqq", "dkq", "dql", "dkl", "dv"), eager, out, strict=True):
+        assert torch.equal(a, b), f"graph replay differs from eager: {name}"
+
+
+@cuda
+@needs_cuda
 def test_cuda_long_sequence_segments():
     """T = 32768 in one sequence (the state pass is cut into segments across the SMs) vs the
     chunked PyTorch form in fp64, bf16 by the half-precision rule."""

@@ -58,8 +58,8 @@ class Blocks:
     steps; :func:`lintime.ops.mixed_chunk.triton.kernels.chunk_state_kernel`; 0: one loop per chunk).
     ``bwd_streams``: mixed chunk's backward runs its dV GEMM beside the fused reduction and ``dq, dk`` on two CUDA
     streams (2: the GEMM issued first on the calling stream, the reductions on a second stream of higher priority; 1:
-    the GEMM on a second stream, issued after the reductions; 0: one stream;
-    :func:`lintime.ops.mixed_chunk.triton.mixed_chunk._bwd_impl`).
+    the GEMM on a second stream, issued after the reductions; 0: one stream), while a CUDA graph is captured (eager
+    calls keep one stream; :func:`lintime.ops.mixed_chunk.triton.mixed_chunk._bwd_impl`).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """

@@ -622,13 +622,16 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
                 else torch.empty(1, dtype=torch.float32, device=dev))
     # Blocks.bwd_streams: the dV GEMM beside the fused reduction and dq, dk on two streams.  2 (the default): the GEMM
     # issued first on the calling stream, the reductions on a second stream of higher priority -- the GPU gives them
-    # the SMs first and the GEMM fills around their tail and dq, dk; an eager call, bound by the host, ends with dq, dk's
-    # short launch, not the GEMM's.  1: the GEMM on a second stream, issued after the reductions (the same device time;
-    # eager calls end with the GEMM: ~0.1 ms later at 8k-32k).  Every tensor the second stream touches is allocated
-    # above on the calling stream and lives until the join below, so the caching allocator needs no record_stream.
-    # Under the interpreter (CPU tensors) the same launches run in order.
+    # the SMs first and the GEMM fills around their tail and dq, dk.  1: the GEMM on a second stream, issued after the
+    # reductions (the same device time).  Only while a CUDA graph is being captured (CUDA graphs, torch.compile's
+    # "reduce-overhead"): eager calls, bound by the host, measured 2-10 % slower with two streams (H200, session 13,
+    # interleaved rounds; not understood beyond the fork / join's 8 us of host time), so they keep one stream (mode 2's
+    # launch order is then mode 0's).  Every tensor the second stream touches is allocated above on the calling
+    # stream and lives until the join below, so the caching allocator needs no record_stream.  Under the interpreter
+    # (CPU tensors) the same launches run in order.
     mode = cfg.bwd_streams if plan.NC > 0 else 0
-    side = _side_stream(dev, hi=mode == 2) if (mode and dev.type == "cuda") else None
+    two = bool(mode) and dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    side = _side_stream(dev, hi=mode == 2) if two else None
     gst, gfinal = _states(ql, do, wq, plan, cfg, H=H, C=C, reverse=True, init=init, causal=causal,
                           sdt=_sdt_torch(qq.dtype), tma=tma)
     if plan.NC > 0:
