@@ -9,6 +9,9 @@ its changes.
     PYTHONPATH=$PWD python3 benchmarks/ab_mixed_chunk_rounds.py --Ts 2048,4096,8192,16384,32768 --rounds 5 \
         --variants default,s11,flat_bs128 [--out results.json]
 
+``--eager`` times eager calls instead (host-bound at these sizes; session 13 found such A/Bs dominated by noise: the
+same code read up to 12 % apart).
+
 Variants: ``default`` (the blocks a call gets), ``s11`` (session 11's walk: one loop per chunk, the state tile
 never thinned), ``flat_bs128`` (the default walk, the state tile never thinned), or any name of
 ``LAUNCH_VARIANTS``.  bf16, S = 128, E = 2048, C = 256, H = 1, 32k tokens per batch, with the Toeplitz bias.

@@ -196,7 +196,9 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # the GEMM), hence the default's order.  Measured and removed: dS and dq, dk on the second stream beside the
     # reverse walk, the fused reduction split in two launches (its dS and dq_lin, dk_lin programs apart): 0.642 / 0.637
     # / 0.671 / 0.707 / 0.717, 5 % slower -- do / v are read from memory twice again (session 8); with the dV GEMM on
-    # the second stream too, the same (0.644 / 0.639 / 0.672 / 0.706 / 0.715; code in b160a4d).
+    # the second stream too, the same (0.644 / 0.639 / 0.672 / 0.706 / 0.715; code in b160a4d).  The final form (two
+    # streams only under graph capture, 80e401e): 0.594 / 0.588 / 0.621 / 0.659 / 0.668 against one stream's 0.611 /
+    # 0.602 / 0.634 / 0.673 / 0.681 in the same rounds.
     ("one_stream", {"bwd_streams": 0}),
     ("streams_dv", {"bwd_streams": 1}),
     # Measured and removed (session 12, interleaved rounds, benchmarks/ab_mixed_chunk_rounds.py): the output / dV GEMM's
@@ -624,9 +626,10 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     # issued first on the calling stream, the reductions on a second stream of higher priority -- the GPU gives them
     # the SMs first and the GEMM fills around their tail and dq, dk.  1: the GEMM on a second stream, issued after the
     # reductions (the same device time).  Only while a CUDA graph is being captured (CUDA graphs, torch.compile's
-    # "reduce-overhead"): eager calls, bound by the host, measured 2-10 % slower with two streams (H200, session 13,
-    # interleaved rounds; not understood beyond the fork / join's 8 us of host time), so they keep one stream (mode 2's
-    # launch order is then mode 0's).  Every tensor the second stream touches is allocated above on the calling
+    # "reduce-overhead"), where the device time is what the gain was measured in.  Eager calls, bound by the host, keep
+    # one stream (mode 2's launch order is then mode 0's): their interleaved A/Bs were too noisy to decide (two
+    # streams read 2-12 % slower, but so did one and the same code path against itself, H200, session 13), and the
+    # fork / join costs 8 us of host time.  Every tensor the second stream touches is allocated above on the calling
     # stream and lives until the join below, so the caching allocator needs no record_stream.  Under the interpreter
     # (CPU tensors) the same launches run in order.
     mode = cfg.bwd_streams if plan.NC > 0 else 0
