@@ -52,21 +52,28 @@ def fwd_fwdbwd_ms(f, inputs: list, *, rep: int = 100) -> tuple[float, float]:
     return median_ms(fwd, rep=rep), median_ms(fwdbwd, rep=rep)
 
 
+def capture_graph(fn):
+    """``fn`` called once, warmed up on a side stream, then captured into a CUDA graph: ``(graph, the outputs of the
+    captured call)`` -- those live in the graph's memory pool and are rewritten by every ``graph.replay()``."""
+    fn()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def graph_ms(fn, rep: int = 100) -> float | None:
     """Median device time of ``fn`` replayed from a CUDA graph: the launch overhead of the host
     (Python, the dispatcher, Triton's launcher) is gone, what remains is the GPU's work and the
     gaps between dependent kernels.  ``None`` when ``fn`` cannot be captured."""
     try:
-        fn()
-        torch.cuda.synchronize()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
+        graph, _ = capture_graph(fn)
         return median_ms(graph.replay, rep=rep)
     except Exception as e:  # capture is best effort: report the eager time only
         print(f"graph capture failed: {type(e).__name__}: {str(e)[:200]}", flush=True)

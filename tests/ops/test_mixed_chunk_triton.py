@@ -515,17 +515,12 @@ def test_cuda_graph_capture_two_streams(T, monkeypatch):
         o = mixed_chunk_attention(*xs, chunk_size=C, backend="triton")[0]
         return (o, *torch.autograd.grad(o, xs, do))
 
+    from lintime.bench.measure import capture_graph
+
     eager = [t.detach().clone() for t in step()]
     torch.cuda.synchronize()
     assert not forks  # eager: one stream
-    warm = torch.cuda.Stream()
-    warm.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(warm):
-        step()
-    torch.cuda.current_stream().wait_stream(warm)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = capture_graph(step)
     for t in out:
         t.zero_()
     graph.replay()
