@@ -21,7 +21,7 @@ _EXPORTS = {
     "gated_linear_attention": "gla",
     "vq_attention": "vq",
     "VQState": "vq",
-    "gau_heads": "gau_heads",
+    "gau_heads": "heads",
 }
 
 __all__ = list(_EXPORTS)

@@ -16,7 +16,7 @@ FAMILIES = {
     "linear": ["linear_attention"],
     "gla": ["gated_linear_attention"],
     "vq": ["vq_attention", "VQState"],
-    "gau_heads": ["gau_heads"],
+    "heads": ["gau_heads"],
 }
 
 
@@ -32,6 +32,25 @@ def test_every_family_has_naive_and_chunk():
         folder = Path(ops.__file__).parent / d
         assert (folder / "naive.py").exists(), f"op family {d!r} has no naive.py"
         assert (folder / "chunk.py").exists(), f"op family {d!r} has no chunk.py"
+
+
+def test_no_family_folder_shadows_an_export():
+    """A family folder named like one of ``lintime.ops``' exports would shadow it: importing the sub-package binds
+    its name on ``lintime.ops`` over the lazily exported function (the ``gau_heads`` folder did until session 13)."""
+    assert not set(_family_dirs()) & set(ops.__all__)
+
+
+def test_export_after_importing_its_family_modules_first():
+    """In a fresh interpreter: the family modules imported first, the exports are still the functions."""
+    import subprocess
+    import sys
+
+    code = ("import importlib, inspect; fams = {fams!r}\n"
+            "[importlib.import_module('lintime.ops.' + f) for f in fams]\n"
+            "import lintime.ops as ops\n"
+            "bad = [n for n in ops.__all__ if inspect.ismodule(getattr(ops, n))]\n"
+            "assert not bad, bad").format(fams=sorted(FAMILIES))
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_families_export_their_public_functions():

@@ -221,7 +221,7 @@ def test_torch_compile_traces_the_custom_ops():
 @pytest.mark.parametrize("gating", [True, False])
 def test_opcheck(gating):
     """``torch.library.opcheck``: schema, fake tensors, autograd registration and AOT tracing."""
-    from lintime.ops.gau_heads.triton.heads import gau_heads_fwd
+    from lintime.ops.heads.triton.heads import gau_heads_fwd
 
     e, s = 5, 8
     h, g, b, pos, _ = _inputs(1, 10, e, s, 2, gating, torch.float32, seed=7)
@@ -371,8 +371,7 @@ def test_cuda_fp32_exact_odd_sizes_large_positions():
 @cuda
 @needs_cuda
 def test_cuda_dispatch_picks_triton(impl_calls):
-    # (the package attribute ``lintime.ops.gau_heads`` is the function: take the module itself)
-    calls = impl_calls(importlib.import_module("lintime.ops.gau_heads"), "triton")
+    calls = impl_calls(importlib.import_module("lintime.ops.heads"), "triton")
     h, g, b, pos, _ = _inputs(1, 64, 32, 16, 4, True, torch.bfloat16, device="cuda")
     gau_heads(h, g, b, pos, e=32, s=16)
     assert calls == [1]

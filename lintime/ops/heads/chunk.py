@@ -24,7 +24,7 @@ def rope_groups(x: torch.Tensor, positions: torch.Tensor, base: float, groups: i
 
 
 def chunk_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=10000.0, rope_heads=1):
-    """Same arguments and results as :func:`lintime.ops.gau_heads.naive.naive_gau_heads`; ``u``
+    """Same arguments and results as :func:`lintime.ops.heads.naive.naive_gau_heads`; ``u``
     and ``v`` are contiguous copies of their slices."""
     a = F.silu(h)
     if gating:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lintime.ops.gau_heads.triton.kernels import (
+from lintime.ops.heads.triton.kernels import (
     gau_heads_bwd_kernel,
     gau_heads_fwd_kernel,
 )
@@ -204,10 +204,10 @@ class _EagerGAUHeads(torch.autograd.Function):
 
 def triton_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=10000.0, rope_heads=1):
     """Fused GAU / FLASH heads: same arguments and results as
-    :func:`lintime.ops.gau_heads.naive.naive_gau_heads`; fp16 / bf16 / fp32 ``h`` (fp64 goes to the
+    :func:`lintime.ops.heads.naive.naive_gau_heads`; fp16 / bf16 / fp32 ``h`` (fp64 goes to the
     PyTorch composite), computed in fp32 and rounded once to ``h``'s dtype."""
     if h.dtype == torch.float64:
-        from lintime.ops.gau_heads.chunk import chunk_gau_heads
+        from lintime.ops.heads.chunk import chunk_gau_heads
 
         return chunk_gau_heads(h, gamma, beta, positions, e=e, s=s, gating=gating, rope_base=rope_base,
                                rope_heads=rope_heads)

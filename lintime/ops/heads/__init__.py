@@ -9,15 +9,15 @@ from numbers import Integral, Real
 import torch
 
 from lintime.ops.dispatch import register_triton, select
-from lintime.ops.gau_heads.chunk import chunk_gau_heads
-from lintime.ops.gau_heads.naive import naive_gau_heads
+from lintime.ops.heads.chunk import chunk_gau_heads
+from lintime.ops.heads.naive import naive_gau_heads
 from lintime.ops.utils import FLOAT_DTYPES
 
 _IMPLS = {"naive": naive_gau_heads, "chunk": chunk_gau_heads}
 
 
 def _load_triton():  # the fused kernels, when Triton is installed (picked automatically for CUDA tensors)
-    from lintime.ops.gau_heads.triton import triton_gau_heads
+    from lintime.ops.heads.triton import triton_gau_heads
 
     return triton_gau_heads
 
