@@ -191,9 +191,9 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # 0.683-0.686 ms; the GEMM on a second stream issued after the reductions ("streams_dv"): 0.598 / 0.590 /
     # 0.622-0.623 / 0.660-0.661 / 0.669-0.670; issued before them: 0.615 / 0.606 / 0.639 / 0.681 / 0.687 (no gain); the
     # reductions on a higher-priority second stream, the GEMM issued first (the default since): 0.596 / 0.588 / 0.620 /
-    # 0.660 / 0.670, or issued last, 0.596 / 0.588 / 0.621 / 0.660 / 0.669.  Eager calls (bound by the host) end with
-    # the last launch's device time: "streams_dv" was 10-12 % slower than one stream at 8k / 32k (its last launch is
-    # the GEMM), hence the default's order.  Measured and removed: dS and dq, dk on the second stream beside the
+    # 0.660 / 0.670, or issued last, 0.596 / 0.588 / 0.621 / 0.660 / 0.669 (the default keeps the long GEMM first in
+    # issue order).  Eager A/Bs could not decide (the same code read up to 12 % apart), so eager calls keep one stream
+    # (_bwd_impl).  Measured and removed: dS and dq, dk on the second stream beside the
     # reverse walk, the fused reduction split in two launches (its dS and dq_lin, dk_lin programs apart): 0.642 / 0.637
     # / 0.671 / 0.707 / 0.717, 5 % slower -- do / v are read from memory twice again (session 8); with the dV GEMM on
     # the second stream too, the same (0.644 / 0.639 / 0.672 / 0.706 / 0.715; code in b160a4d).  The final form (two
@@ -628,7 +628,7 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     # reductions (the same device time).  Only while a CUDA graph is being captured (CUDA graphs, torch.compile's
     # "reduce-overhead"), where the device time is what the gain was measured in.  Eager calls, bound by the host, keep
     # one stream (mode 2's launch order is then mode 0's): their interleaved A/Bs were too noisy to decide (two
-    # streams read 2-12 % slower, but so did one and the same code path against itself, H200, session 13), and the
+    # streams read 1-17 % slower, but one and the same code path read 12 % apart from itself, H200, session 13), and the
     # fork / join costs 8 us of host time.  Every tensor the second stream touches is allocated above on the calling
     # stream and lives until the join below, so the caching allocator needs no record_stream.  Under the interpreter
     # (CPU tensors) the same launches run in order.
@@ -694,8 +694,8 @@ class _Side:
     events reused by every call: ``fork`` makes the second stream wait for the calling one, ``join`` the reverse.
     (A wait holds the event's record as of the wait, so re-recording it later is safe, in eager calls and under
     CUDA graph capture.)  Reused events and a plain ``set_stream`` keep the host cost of a fork and a join low:
-    ``benchmarks/exp_stream_host.py`` measured 38 us per backward with ``Stream.wait_stream`` (a new event each
-    time) and the ``torch.cuda.stream`` context manager."""
+    ``benchmarks/exp_stream_host.py`` measured 8 us per backward on the H200 host, against 21-38 us with
+    ``Stream.wait_stream`` (a new event each time) and the ``torch.cuda.stream`` context manager."""
 
     def __init__(self, device: int, hi: bool):
         self.device = device
