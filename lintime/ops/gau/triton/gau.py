@@ -182,13 +182,8 @@ def _whole_slab(packed: dict, T: int, *xs):
         s0, n, L = runs[0]
         return L, _run_views(T, s0, n, L, *xs), None
     if mask is not None:
-        return mask.L, _rows(T, mask.L, *xs), mask
+        return mask.L, _run_views(T, 0, T // mask.L, mask.L, *xs), mask
     return None
-
-
-def _rows(T: int, L: int, *xs):
-    """Views ``[T / L, L, H, D]`` of a packed call's ``[1, T, H, D]`` tensors."""
-    return [x.reshape(T // L, L, *x.shape[2:]) for x in xs]
 
 
 def _one_run(runs, bounds) -> bool:

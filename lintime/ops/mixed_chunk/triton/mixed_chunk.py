@@ -632,7 +632,7 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     # fork / join costs 8 us of host time.  Every tensor the second stream touches is allocated above on the calling
     # stream and lives until the join below, so the caching allocator needs no record_stream.  Under the interpreter
     # (CPU tensors) the same launches run in order.
-    mode = cfg.bwd_streams if plan.NC > 0 else 0
+    mode = cfg.bwd_streams
     two = bool(mode) and dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
     side = _side_stream(dev, hi=mode == 2) if two else None
     gst, gfinal = _states(ql, do, wq, plan, cfg, H=H, C=C, reverse=True, init=init, causal=causal,
