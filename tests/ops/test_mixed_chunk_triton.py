@@ -150,14 +150,15 @@ def test_matches_naive_fp32(mode, norm, T, H, S, E, C):
 
 
 @cpu_only
-@pytest.mark.parametrize("tma", [1, 0], ids=["tma", "pointers"])
+@pytest.mark.parametrize("tma,red", [(1, 0), (0, 0), (1, 1)], ids=["tma", "pointers", "tma_red"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_tma_and_pointer_paths(tma, causal, monkeypatch):
+def test_tma_and_pointer_paths(tma, red, causal, monkeypatch):
     """Both load paths at a shape where every tile is whole inside its head and chunk (S, E, C
     multiples of the interpreter's 16-wide tiles), so ``Blocks.tma`` decides which one runs: two heads
     (a head's tile is a column offset of the [B T, H D] view), packed sequences with short chunks
     (whole-tile loads read the next chunk's rows), an empty and a one-token sequence, an initial
-    state with buffered tokens; forward, final state and every gradient vs naive (fp32 exact)."""
+    state with buffered tokens; forward, final state and every gradient vs naive (fp32 exact).  ``tma_red``: the
+    fused backward reduction loads through descriptors as well (``Blocks.tma_red``)."""
     from lintime.ops.mixed_chunk.triton import mixed_chunk as mc
 
     taken = []
@@ -165,15 +166,16 @@ def test_tma_and_pointer_paths(tma, causal, monkeypatch):
     monkeypatch.setattr(mc, "tma_descriptors", lambda *specs: taken.append(real(*specs) is not None) or real(*specs))
     C, H, S, E = 32, 2, 32, 48
     lens = [70, 1, 0, 45, 48]  # (the last: a short last chunk of whole walk steps)
-    blocks = Blocks(**{**default_blocks(S, E, torch.float32, C).__dict__, "tma": tma})
+    blocks = Blocks(**{**default_blocks(S, E, torch.float32, C).__dict__, "tma": tma, "tma_red": red})
     assert mc._tma_shapes(blocks, S, E, C, torch.device("cpu")) == bool(tma)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     xs, rb = _inputs(1, sum(lens), H, S, E, C, torch.float32, seed=12)
     st = _state([13, 0, 7, 0, 0], [2 * C, 0, C, 3 * C, C], C, H, S, E, torch.float32) if causal else None
     kw = {"chunk_size": C, "causal": causal, "output_final_state": causal, "cu_seqlens": cu}
     out = _run("triton", xs, rb, st, blocks=blocks, **kw)
-    # the TMA run loaded through descriptors in both walks and both GEMMs (forward and backward)
-    assert taken == ([True] * len(taken) if tma else []) and (len(taken) == 4 or not tma), taken
+    # the TMA run loaded through descriptors in both walks and both GEMMs (forward and backward), and with tma_red in
+    # the fused reduction
+    assert taken == ([True] * len(taken) if tma else []) and (len(taken) == 4 + red or not tma), taken
     _assert_exact_all(f"mixed chunk tma={tma} causal={causal}", _run("naive", xs, rb, st, **kw), out)
 
 

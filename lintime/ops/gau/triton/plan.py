@@ -59,7 +59,9 @@ class Blocks:
     ``bwd_streams``: mixed chunk's backward runs its dV GEMM beside the fused reduction and ``dq, dk`` on two CUDA
     streams (2: the GEMM issued first on the calling stream, the reductions on a second stream of higher priority; 1:
     the GEMM on a second stream, issued after the reductions; 0: one stream), while a CUDA graph is captured (eager
-    calls keep one stream; :func:`lintime.ops.mixed_chunk.triton.mixed_chunk._bwd_impl`).
+    calls keep one stream; :func:`lintime.ops.mixed_chunk.triton.mixed_chunk._bwd_impl`).  ``tma_red``: mixed chunk's
+    fused backward reduction (``mc_dred_kernel``) loads its ``do`` / ``v`` / state tiles through TMA descriptors where
+    the shape allows; ``ws_red`` (with it) lets Triton warp-specialise its loops over ``E``.
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -101,6 +103,8 @@ class Blocks:
     slab_masked: int = 0
     walk_flat: int = 0
     bwd_streams: int = 0
+    tma_red: int = 0
+    ws_red: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -187,7 +191,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
 # the interpreter ignores them, so variants touching nothing else are checked on CUDA only.
 LAUNCH_ONLY_FIELDS = frozenset({"warps_fwd", "warps_bwd", "warps_gau", "warps_gau_fwd", "warps_gau_dv", "stages",
                                 "stages_gau", "stages_gau_fwd", "stages_walk", "warps_red", "warps_walk",
-                                "warps_slab"})
+                                "warps_slab", "ws_red"})
 
 
 def variant_blocks(overrides: dict, S: int, E: int, dtype: torch.dtype, C: int | None = None) -> Blocks:

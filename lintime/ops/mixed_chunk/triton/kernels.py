@@ -223,6 +223,19 @@ def _gram(X, Y, rows_x, rows_y, m_x, m_y, D, BD: tl.constexpr, BX: tl.constexpr,
 
 
 @triton.jit
+def _gram_tma(DX, DY, r_x, r_y, col0, D, BD: tl.constexpr, BX: tl.constexpr, BY: tl.constexpr,
+              PREC: tl.constexpr, WS: tl.constexpr):
+    """:func:`_gram` through TMA descriptors: rows ``r_x`` / ``r_y`` onwards of the ``D`` columns from ``col0``
+    (whole tiles; rows past the caller's range are loaded and must be masked by it)."""
+    acc = tl.zeros([BX, BY], dtype=tl.float32)
+    for d0 in tl.range(0, D, BD, warp_specialize=WS):
+        b_x = DX.load([r_x, col0 + d0])
+        b_y = DY.load([r_y, col0 + d0])
+        acc = tl.dot(b_x, tl.trans(b_y), acc, input_precision=PREC)
+    return acc
+
+
+@triton.jit
 def _live(m0, n0, cl, CAUSAL: tl.constexpr):
     """Whether the chunk-matrix tile at rows ``m0`` and keys ``n0`` holds any entry of a chunk of ``cl`` tokens
     (causal: on or below the diagonal)."""
@@ -368,10 +381,10 @@ def mc_gemm_kernel(
 
 @triton.jit
 def _dp_tile(
-    QQ, KQ, V, DO, DS, BIAS, c, cs, cl, m0, n0, i_h,
+    QQ, KQ, V, DO, DS, BIAS, DDO, DV, c, cs, cl, m0, n0, i_h,
     scale, S, E, H, C, LB,
     BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
 ):
     """``dS[c, h, m tile, n tile] = 2 relu(s) (do_m . v_n)``, masked (reduction over all of ``E``; the
     scores ``s`` recomputed) for rows ``m0`` and keys ``n0`` of chunk ``c``, head ``i_h`` (tiles as
@@ -383,7 +396,11 @@ def _dp_tile(
         m_n = o_n < cl
         rows_m = (cs + o_m) * H + i_h
         rows_n = (cs + o_n) * H + i_h
-        b_dp = _gram(DO, V, rows_m, rows_n, m_m, m_n, E, BE, BG, BG, PREC)
+        if TMA:
+            b_dp = _gram_tma(DDO, DV, (cs + m0).to(tl.int32), (cs + n0).to(tl.int32), i_h * E, E, BE, BG, BG, PREC,
+                             WS)
+        else:
+            b_dp = _gram(DO, V, rows_m, rows_n, m_m, m_n, E, BE, BG, BG, PREC)
         b_s = _scores(QQ, KQ, BIAS, rows_m, rows_n, o_m, o_n, m_m, m_n, i_h, scale, S, C, LB, BG, BS, HAS_BIAS, PREC)
         keep = m_m[:, None] & m_n[None, :]
         if CAUSAL:
@@ -395,9 +412,10 @@ def _dp_tile(
 
 @triton.jit
 def _dlin_tile(
-    DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, c, cs, cl, m0, i_s, i_h,
+    DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, DDO, DV, DHS, DGS, c, cs, cl, m0, i_s, i_h,
     S, E, H,
     BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
+    TMA: tl.constexpr, WS: tl.constexpr,
 ):
     """``dq_lin = wq do H_c^T``, ``dk_lin = wf v G_c^T`` for the row tile ``m0`` of chunk ``c`` and ``S``
     tile ``i_s`` (reduction over all of ``E``)."""
@@ -413,16 +431,27 @@ def _dlin_tile(
         p_g = GS + (idx * H + i_h) * S * E
         b_dql = tl.zeros([BG, BS], dtype=tl.float32)
         b_dkl = tl.zeros([BG, BS], dtype=tl.float32)
-        for e0 in range(0, E, BE):
-            m_e = (e0 + o_e) < E
-            m_me = m_m[:, None] & m_e[None, :]
-            m_se = m_s[:, None] & m_e[None, :]
-            b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_e[None, :], mask=m_me, other=0.0)
-            b_v = tl.load(V + rows_m[:, None] * E + e0 + o_e[None, :], mask=m_me, other=0.0)
-            b_h = tl.load(p_h + o_s[:, None] * E + e0 + o_e[None, :], mask=m_se, other=0.0)
-            b_g = tl.load(p_g + o_s[:, None] * E + e0 + o_e[None, :], mask=m_se, other=0.0)
-            b_dql = tl.dot(b_do.to(SDT), tl.trans(b_h.to(SDT)), b_dql, input_precision=PREC)
-            b_dkl = tl.dot(b_v.to(SDT), tl.trans(b_g.to(SDT)), b_dkl, input_precision=PREC)
+        if TMA:  # whole tiles: rows past a short chunk reach only unstored output rows
+            r_m = (cs + m0).to(tl.int32)
+            r_s = ((idx * H + i_h) * S + i_s * BS).to(tl.int32)
+            for e0 in tl.range(0, E, BE, warp_specialize=WS):
+                b_do = DDO.load([r_m, i_h * E + e0])
+                b_v = DV.load([r_m, i_h * E + e0])
+                b_h = DHS.load([r_s, e0])
+                b_g = DGS.load([r_s, e0])
+                b_dql = tl.dot(b_do.to(SDT), tl.trans(b_h.to(SDT)), b_dql, input_precision=PREC)
+                b_dkl = tl.dot(b_v.to(SDT), tl.trans(b_g.to(SDT)), b_dkl, input_precision=PREC)
+        else:
+            for e0 in range(0, E, BE):
+                m_e = (e0 + o_e) < E
+                m_me = m_m[:, None] & m_e[None, :]
+                m_se = m_s[:, None] & m_e[None, :]
+                b_do = tl.load(DO + rows_m[:, None] * E + e0 + o_e[None, :], mask=m_me, other=0.0)
+                b_v = tl.load(V + rows_m[:, None] * E + e0 + o_e[None, :], mask=m_me, other=0.0)
+                b_h = tl.load(p_h + o_s[:, None] * E + e0 + o_e[None, :], mask=m_se, other=0.0)
+                b_g = tl.load(p_g + o_s[:, None] * E + e0 + o_e[None, :], mask=m_se, other=0.0)
+                b_dql = tl.dot(b_do.to(SDT), tl.trans(b_h.to(SDT)), b_dql, input_precision=PREC)
+                b_dkl = tl.dot(b_v.to(SDT), tl.trans(b_g.to(SDT)), b_dkl, input_precision=PREC)
         wq = tl.load(WQ + c)
         wf = tl.load(WF + c)
         o_ms = rows_m[:, None] * S + o_s[None, :]
@@ -433,10 +462,11 @@ def _dlin_tile(
 
 @triton.jit
 def mc_dred_kernel(
-    QQ, KQ, V, DO, DS, BIAS, HS, GS, WQ, WF, ST_IDX, DQL, DKL, CH_START, CH_LEN,
+    QQ, KQ, V, DO, DS, BIAS, HS, GS, WQ, WF, ST_IDX, DQL, DKL, CH_START, CH_LEN, DDO, DV, DHS, DGS,
     scale, S, E, H, C, LB, NMT,
     BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
+    TMA: tl.constexpr, WS: tl.constexpr,
 ):
     """The backward's two reductions over ``E`` in one launch, ``dS`` (:func:`_dp_tile`) and ``dq_lin,
     dk_lin`` (:func:`_dlin_tile`): grid ``(NMT + S tiles, NC * NMT, H)``; program ``j < NMT`` of a row
@@ -444,16 +474,20 @@ def mc_dred_kernel(
     NMT``.  The programs touching one row tile's ``do`` / ``v`` rows (and the chunk's states) are
     adjacent in launch order, so those rows are read from memory about once and re-read from L2 (as two
     kernels whose grids had the key tile slowest, ``do`` was read from memory once per key tile: 0.257 ->
-    0.204 ms at 32k tokens, H200, 2026-11-22)."""
+    0.204 ms at 32k tokens, H200, 2026-11-22).
+
+    With ``TMA`` the ``do`` / ``v`` / state tiles of the reductions over ``E`` are loaded whole through the
+    descriptors ``DDO, DV`` (``[B T, H E]``) and ``DHS, DGS`` (``[NC H S, E]``); rows past a short chunk then come from
+    the next chunk and reach only masked entries.  ``WS``: Triton's automatic warp specialisation of those loops."""
     j = tl.program_id(0)
     c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
     i_h = tl.program_id(2)
     if j < NMT:
-        _dp_tile(QQ, KQ, V, DO, DS, BIAS, c, cs, cl, m0, j * BG, i_h,
-                 scale, S, E, H, C, LB, BG, BS, BE, CAUSAL, HAS_BIAS, PREC)
+        _dp_tile(QQ, KQ, V, DO, DS, BIAS, DDO, DV, c, cs, cl, m0, j * BG, i_h,
+                 scale, S, E, H, C, LB, BG, BS, BE, CAUSAL, HAS_BIAS, PREC, TMA, WS)
     else:
-        _dlin_tile(DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, c, cs, cl, m0, j - NMT, i_h,
-                   S, E, H, BG, BS, BE, PREC, SDT)
+        _dlin_tile(DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, DDO, DV, DHS, DGS, c, cs, cl, m0, j - NMT, i_h,
+                   S, E, H, BG, BS, BE, PREC, SDT, TMA, WS)
 
 
 @triton.jit

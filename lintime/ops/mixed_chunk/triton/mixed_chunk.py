@@ -133,7 +133,11 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("be_state128", {"be_state": 128}),
     ("be_state128_w8", {"be_state": 128, "warps_walk": 8}),
     ("bg64_be256_w8", {"bg": 64, "be_fwd": 256, "be_dv": 256, "warps_fwd": 8, "warps_bwd": 8}),
-    ("g1", {"seg_chunks": 1}),  # one chunk per segment: a walk per chunk + the start fix-up over all chunks
+    ("g1", {"seg_chunks": 1}),
+    # the fused reduction's do / v / state tiles through TMA descriptors (session 7 measured TMA in the two
+    # reductions when they were separate 64-row kernels: no gain; not measured on the fused [128, 128] kernel)
+    ("red_tma", {"tma_red": 1}),
+    ("red_tma_ws", {"tma_red": 1, "ws_red": 1}),  # one chunk per segment: a walk per chunk + the start fix-up over all chunks
     ("one_seg", {"seg_chunks": 1 << 20}),  # one segment per sequence: no start fix-up
     # Measured on an H200 and removed (code in commit ada80ee, docs/notes/kernels_flash.md session 5): the
     # causal state walk fused with the output / dV GEMM (state in registers across a segment's chunks; 1.14 /
@@ -655,11 +659,17 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
             )
 
         def reductions():  # dS, dq_lin, dk_lin (one launch), then dq_quad, dk_quad and the bias gradient
+            dr = None
+            if tma and cfg.tma_red and E % cfg.be_red == 0 and S % cfg.bs == 0:
+                dr = tma_descriptors((do, NT, (BGR, cfg.be_red)), (v, NT, (BGR, cfg.be_red)),
+                                     (st, st.shape[0] * H * S, (cfg.bs, cfg.be_red)),
+                                     (gst, gst.shape[0] * H * S, (cfg.bs, cfg.be_red)))
             mc_dred_kernel[(NMTR + cdiv(S, cfg.bs), plan.NC * NMTR, H)](
                 qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
+                *(dr or (do, v, st, gst)),
                 float(scale), S, E, H, C, LB, NMTR, BG=BGR, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
-                HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, num_warps=cfg.warps_red or cfg.warps_bwd,
-                num_stages=cfg.stages,
+                HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, TMA=dr is not None, WS=bool(dr and cfg.ws_red),
+                num_warps=cfg.warps_red or cfg.warps_bwd, num_stages=cfg.stages,
             )
             mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
                 qq, kq, ds, dqq, dkq, db_tiles, plan.ch_start, plan.ch_len,
