@@ -8,6 +8,10 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 V=${VARIANTS:?}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 ok=default
+if [ -n "${EXTRA_TESTS:-}" ]; then
+  python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops/test_mixed_chunk_triton.py -k "$EXTRA_TESTS" 2>&1 \
+    | tee "$OUT/extra_tests.log" | tail -15
+fi
 for v in ${V//,/ }; do
   if python3 -m pytest -q -m cuda -p no:cacheprovider "tests/ops/test_mixed_chunk_triton.py::test_launch_variants[$v]" \
       2>&1 | tee "$OUT/test_$v.log" | tail -3 | grep -q " passed" && ! grep -q "failed\|error" "$OUT/test_$v.log"; then

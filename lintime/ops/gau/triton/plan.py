@@ -61,7 +61,9 @@ class Blocks:
     the GEMM on a second stream, issued after the reductions; 0: one stream), while a CUDA graph is captured (eager
     calls keep one stream; :func:`lintime.ops.mixed_chunk.triton.mixed_chunk._bwd_impl`).  ``tma_red``: mixed chunk's
     fused backward reduction (``mc_dred_kernel``) loads its ``do`` / ``v`` / state tiles through TMA descriptors where
-    the shape allows; ``ws_red`` (with it) lets Triton warp-specialise its loops over ``E``.
+    the shape allows; ``ws_red`` (with it) lets Triton warp-specialise its loops over ``E``.  ``gemm_persist``: mixed
+    chunk's output / dV GEMMs on their TMA path as persistent kernels of that many programs per SM (0: one program per
+    tile; :func:`lintime.ops.mixed_chunk.triton.kernels.mc_gemm_persist_kernel`).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -105,6 +107,7 @@ class Blocks:
     bwd_streams: int = 0
     tma_red: int = 0
     ws_red: int = 0
+    gemm_persist: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]

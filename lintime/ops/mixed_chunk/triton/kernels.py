@@ -380,6 +380,70 @@ def mc_gemm_kernel(
 
 
 @triton.jit
+def mc_gemm_persist_kernel(
+    DA, DY, DL, DST, W, ST_IDX, OUT, CH_START, CH_LEN,
+    S, E, H, C, NMT, NTILES, NPROG,
+    BG: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
+    TRANS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
+):
+    """:func:`mc_gemm_kernel`'s TMA path as a persistent kernel (``Blocks.gemm_persist``): ``NPROG`` programs take the
+    tiles ``pid, pid + NPROG, ...`` (the ``E`` tile fastest, as the other kernel's grid).  Every loop has bounds
+    that do not depend on the tile -- the ``S`` steps, then all ``C / BK`` key steps, a step outside the tile's causal
+    range loading boxes at negative rows, which TMA fills with zeros without reading memory -- and no branch
+    surrounds them, so Triton can flatten the tile loop with its inner loops (``flatten=True``) and prefetch the next
+    tile's first steps while a tile ends (its store).  Short K-loops (3-6 steps of 64 at ``C = 256``) are where a
+    kernel of one tile per program spends most of its time filling and draining its pipeline."""
+    pid = tl.program_id(0)
+    NE = tl.cdiv(E, BE)
+    NR = NTILES // (NE * H)
+    o_b = tl.arange(0, BG)
+    o_be = tl.arange(0, BE)
+    for t in tl.range(pid, NTILES, NPROG, flatten=True):
+        i_e = t % NE
+        rt = t // NE % NR
+        i_h = t // (NE * NR)
+        c = rt // NMT
+        m0 = (rt % NMT) * BG
+        cs = tl.load(CH_START + c)
+        cl = tl.load(CH_LEN + c)
+        w = tl.load(W + c)
+        idx = tl.load(ST_IDX + c)
+        r_st = (idx * H + i_h) * S
+        acc = tl.zeros([BG, BE], dtype=tl.float32)
+        for s0 in range(0, S, BK):
+            b_l = DL.load([cs + m0, i_h * S + s0])
+            b_st = DST.load([r_st + s0, i_e * BE])
+            acc = tl.dot(b_l.to(SDT), b_st.to(SDT), acc, input_precision=PREC)
+        acc = acc * w
+        if TRANS:
+            if CAUSAL:
+                lo = m0
+            else:
+                lo = 0
+            hi = cl
+        else:
+            lo = 0
+            if CAUSAL:
+                hi = tl.minimum(m0 + BG, cl)
+            else:
+                hi = cl
+        ra = (c * H + i_h) * C
+        for k0 in range(0, C, BK):
+            live = (k0 + BK > lo) & (k0 < hi)
+            if TRANS:
+                b_a = tl.trans(DA.load([tl.where(live, ra + k0, -BK), m0]))
+            else:
+                b_a = DA.load([tl.where(live, ra + m0, -BG), k0])
+            b_y = DY.load([tl.where(live, cs + k0, -BK), i_h * E + i_e * BE])
+            acc = tl.dot(b_a, b_y, acc, input_precision=PREC)
+        o_m = m0 + o_b
+        o_e = i_e * BE + o_be
+        rows_m = (cs.to(tl.int64) + o_m) * H + i_h
+        tl.store(OUT + rows_m[:, None] * E + o_e[None, :], acc.to(OUT.dtype.element_ty),
+                 mask=(o_m < cl)[:, None] & (o_e < E)[None, :])
+
+
+@triton.jit
 def _dp_tile(
     QQ, KQ, V, DO, DS, BIAS, DDO, DV, c, cs, cl, m0, n0, i_h,
     scale, S, E, H, C, LB,

@@ -61,6 +61,7 @@ from lintime.ops.mixed_chunk.triton.kernels import (
     mc_dqk_kernel,
     mc_dred_kernel,
     mc_gemm_kernel,
+    mc_gemm_persist_kernel,
     mc_scores_kernel,
     seg_fix_kernel,
 )
@@ -137,7 +138,11 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # the fused reduction's do / v / state tiles through TMA descriptors (session 7 measured TMA in the two
     # reductions when they were separate 64-row kernels: no gain; not measured on the fused [128, 128] kernel)
     ("red_tma", {"tma_red": 1}),
-    ("red_tma_ws", {"tma_red": 1, "ws_red": 1}),  # one chunk per segment: a walk per chunk + the start fix-up over all chunks
+    ("red_tma_ws", {"tma_red": 1, "ws_red": 1}),
+    # persistent output / dV GEMMs (mc_gemm_persist_kernel), 2 / 3 / 4 programs per SM
+    ("gemm_p2", {"gemm_persist": 2}),
+    ("gemm_p3", {"gemm_persist": 3}),
+    ("gemm_p4", {"gemm_persist": 4}),  # one chunk per segment: a walk per chunk + the start fix-up over all chunks
     ("one_seg", {"seg_chunks": 1 << 20}),  # one segment per sequence: no start fix-up
     # Measured on an H200 and removed (code in commit ada80ee, docs/notes/kernels_flash.md session 5): the
     # causal state walk fused with the output / dV GEMM (state in registers across a segment's chunks; 1.14 /
@@ -495,6 +500,28 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, C, reverse, init, causal, sdt, tma,
     return hout, final
 
 
+def _gemm(ts, d, w, idx, out, plan: _Plan, cfg: Blocks, *, S, E, H, C, NMT, BE, trans, causal, PREC, SDT, warps):
+    """The output GEMM (``ts = (a, v, q_lin, H)``) or the dV GEMM (``trans``; ``(a, do, k_lin, G)``): one program per
+    tile, or with ``Blocks.gemm_persist`` on the TMA path (descriptors ``d``) a persistent launch of that many programs
+    per SM (:func:`mc_gemm_persist_kernel`; its key steps are aligned windows, so it needs ``bg % bk == 0``)."""
+    BG = cfg.bg
+    rows = plan.NC * NMT
+    if d is not None and cfg.gemm_persist and BG % cfg.bk == 0:
+        ntiles = cdiv(E, BE) * rows * H
+        nprog = min(ntiles, cfg.gemm_persist * sm_count(out.device))
+        if nprog > 0:
+            mc_gemm_persist_kernel[(nprog,)](
+                *d, w, idx, out, plan.ch_start, plan.ch_len, S, E, H, C, NMT, ntiles, nprog,
+                BG=BG, BE=BE, BK=cfg.bk, TRANS=trans, CAUSAL=causal, PREC=PREC, SDT=SDT, num_warps=warps,
+                num_stages=cfg.stages,
+            )
+        return
+    mc_gemm_kernel[(cdiv(E, BE), rows, H)](
+        *ts, *(d or ts), w, idx, out, plan.ch_start, plan.ch_len, S, E, H, C, NMT, BG=BG, BE=BE, BK=cfg.bk,
+        TRANS=trans, CAUSAL=causal, PREC=PREC, SDT=SDT, TMA=d is not None, num_warps=warps, num_stages=cfg.stages,
+    )
+
+
 # --------------------------------------------------------------------------------- forward op
 
 
@@ -560,11 +587,8 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
         NT = B * T
         d = tma_descriptors((a, a.shape[0] * H * C, (BG, cfg.bk)), (v, NT, (cfg.bk, cfg.be_fwd)),
                             (ql, NT, (BG, cfg.bk)), (st, st.shape[0] * H * S, (cfg.bk, cfg.be_fwd))) if tma else None
-        mc_gemm_kernel[(cdiv(E, cfg.be_fwd), plan.NC * NMT, H)](
-            a, v, ql, st, *(d or (a, v, ql, st)), wq, plan.ch_id if causal else plan.ch_seq, o, plan.ch_start,
-            plan.ch_len, S, E, H, C, NMT, BG=BG, BE=cfg.be_fwd, BK=cfg.bk, TRANS=False, CAUSAL=causal, PREC=PREC,
-            SDT=SDT, TMA=d is not None, num_warps=cfg.warps_fwd, num_stages=cfg.stages,
-        )
+        _gemm((a, v, ql, st), d, wq, plan.ch_id if causal else plan.ch_seq, o, plan, cfg, S=S, E=E, H=H, C=C, NMT=NMT,
+              BE=cfg.be_fwd, trans=False, causal=causal, PREC=PREC, SDT=SDT, warps=cfg.warps_fwd)
     if not causal:
         final = qq.new_empty(0, dtype=torch.float32)
     return o, final, a, st
@@ -652,11 +676,8 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
             d = tma_descriptors(
                 (a, a.shape[0] * H * C, (cfg.bk, BG)), (do, NT, (cfg.bk, cfg.be_dv)), (kl, NT, (BG, cfg.bk)),
                 (gst, gst.shape[0] * H * S, (cfg.bk, cfg.be_dv))) if tma else None
-            mc_gemm_kernel[(cdiv(E, cfg.be_dv), rows, H)](
-                a, do, kl, gst, *(d or (a, do, kl, gst)), wf, idx, dv, plan.ch_start, plan.ch_len,
-                S, E, H, C, NMT, BG=BG, BE=cfg.be_dv, BK=cfg.bk, TRANS=True, CAUSAL=causal, PREC=PREC, SDT=SDT,
-                TMA=d is not None, num_warps=cfg.warps_bwd, num_stages=cfg.stages,
-            )
+            _gemm((a, do, kl, gst), d, wf, idx, dv, plan, cfg, S=S, E=E, H=H, C=C, NMT=NMT, BE=cfg.be_dv, trans=True,
+                  causal=causal, PREC=PREC, SDT=SDT, warps=cfg.warps_bwd)
 
         def reductions():  # dS, dq_lin, dk_lin (one launch), then dq_quad, dk_quad and the bias gradient
             dr = None
