@@ -4,7 +4,7 @@
 set -uo pipefail
 OUT=${OUT:-./s14_out}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1  # pass LINTIME_GIT_COMMIT=<local sha>: the device copy's .git is stale
 V=${VARIANTS:?}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 ok=default

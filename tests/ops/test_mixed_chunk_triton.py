@@ -149,31 +149,17 @@ def test_matches_naive_fp32(mode, norm, T, H, S, E, C):
                       _run("triton", xs, rb, state, **kw))
 
 
-class _Recording:
-    """A kernel stand-in that records each launch's grid and runs the real kernel."""
-
-    def __init__(self, kernel, log):
-        self.kernel, self.log = kernel, log
-
-    def __getitem__(self, grid):
-        self.log.append(grid)
-        return self.kernel[grid]
-
-
 @cpu_only
-@pytest.mark.parametrize("tma,red,persist", [(1, 0, 0), (0, 0, 0), (1, 1, 0), (1, 0, 2)],
-                         ids=["tma", "pointers", "tma_red", "gemm_persist"])
+@pytest.mark.parametrize("tma,red", [(1, 1), (0, 0), (1, 0)], ids=["tma", "pointers", "tma_red_pointers"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_tma_and_pointer_paths(tma, red, persist, causal, monkeypatch):
+def test_tma_and_pointer_paths(tma, red, causal, monkeypatch):
     """Both load paths at a shape where every tile is whole inside its head and chunk (S, E, C
     multiples of the interpreter's 16-wide tiles), so ``Blocks.tma`` decides which one runs: two heads
     (a head's tile is a column offset of the [B T, H D] view), packed sequences with short chunks
     (whole-tile loads read the next chunk's rows), an empty and a one-token sequence, an initial
     state with buffered tokens; forward, final state and every gradient vs naive (fp32 exact).  ``tma_red``: the
-    fused backward reduction loads through descriptors as well (``Blocks.tma_red``); ``gemm_persist``: the output and
-    dV GEMMs as persistent kernels (``Blocks.gemm_persist``: 2 programs per SM, 4 SMs under the interpreter, so each
-    program walks many tiles)."""
-    from lintime.ops.mixed_chunk.triton import kernels
+    fused backward reduction loads through descriptors as well (``Blocks.tma_red``, the default); its pointer loads
+    with the other kernels on TMA: ``tma_red_pointers``."""
     from lintime.ops.mixed_chunk.triton import mixed_chunk as mc
 
     taken = []
@@ -181,11 +167,7 @@ def test_tma_and_pointer_paths(tma, red, persist, causal, monkeypatch):
     monkeypatch.setattr(mc, "tma_descriptors", lambda *specs: taken.append(real(*specs) is not None) or real(*specs))
     C, H, S, E = 32, 2, 32, 48
     lens = [70, 1, 0, 45, 48]  # (the last: a short last chunk of whole walk steps)
-    blocks = Blocks(**{**default_blocks(S, E, torch.float32, C).__dict__, "tma": tma, "tma_red": red,
-                       "gemm_persist": persist})
-    launched = []
-    real_persist = kernels.mc_gemm_persist_kernel
-    monkeypatch.setattr(mc, "mc_gemm_persist_kernel", _Recording(real_persist, launched))
+    blocks = Blocks(**{**default_blocks(S, E, torch.float32, C).__dict__, "tma": tma, "tma_red": red})
     assert mc._tma_shapes(blocks, S, E, C, torch.device("cpu")) == bool(tma)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     xs, rb = _inputs(1, sum(lens), H, S, E, C, torch.float32, seed=12)
@@ -195,17 +177,14 @@ def test_tma_and_pointer_paths(tma, red, persist, causal, monkeypatch):
     # the TMA run loaded through descriptors in both walks and both GEMMs (forward and backward), and with tma_red in
     # the fused reduction
     assert taken == ([True] * len(taken) if tma else []) and (len(taken) == 4 + red or not tma), taken
-    assert len(launched) == (2 if persist else 0), launched  # the output and the dV GEMM
     _assert_exact_all(f"mixed chunk tma={tma} causal={causal}", _run("naive", xs, rb, st, **kw), out)
 
 
 @cpu_only
-@pytest.mark.parametrize("persist", [0, 2], ids=["tiles", "gemm_persist"])
-def test_unwritten_buffers_are_never_read(persist, monkeypatch):
+def test_unwritten_buffers_are_never_read(monkeypatch):
     """Full chunks on the TMA path, where the forward allocates ``A`` without filling it: every buffer the op gets
     from ``new_empty`` is filled with NaN, so a kernel that reads an entry nobody wrote (a causal tile above the
-    diagonal, a step outside a tile's range) turns a result into NaN.  The persistent GEMMs run all ``C / BK`` key
-    steps and must load zeros, not ``A``, outside each tile's causal range."""
+    diagonal, a step outside a tile's range) turns a result into NaN."""
     real = torch.Tensor.new_empty
 
     def poisoned(self, *size, **kw):
@@ -213,14 +192,14 @@ def test_unwritten_buffers_are_never_read(persist, monkeypatch):
         return t.fill_(float("nan")) if t.is_floating_point() else t
 
     C, H, S, E = 32, 2, 32, 48
-    blocks = Blocks(**{**default_blocks(S, E, torch.float32, C).__dict__, "tma": 1, "gemm_persist": persist})
+    blocks = Blocks(**{**default_blocks(S, E, torch.float32, C).__dict__, "tma": 1})
     xs, rb = _inputs(2, 3 * C, H, S, E, C, torch.float32, seed=13)
     kw = {"chunk_size": C, "output_final_state": True}
     ref = _run("naive", xs, rb, None, **kw)
     monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
     out = _run("triton", xs, rb, None, blocks=blocks, **kw)
     monkeypatch.undo()
-    _assert_exact_all(f"mixed chunk poisoned buffers persist={persist}", ref, out)
+    _assert_exact_all("mixed chunk poisoned buffers", ref, out)
 
 
 @cpu_only
@@ -521,11 +500,9 @@ def test_cuda_real_size_half_rule(dtype, mode):
 
 @cuda
 @needs_cuda
-@pytest.mark.parametrize("persist", [0, 3], ids=["tiles", "gemm_persist"])
-def test_cuda_unwritten_buffers_are_never_read(persist, monkeypatch):
+def test_cuda_unwritten_buffers_are_never_read(monkeypatch):
     """The interpreter test of the same name at FLASH's shape in bf16 (full chunks, TMA on Hopper): buffers from
-    ``new_empty`` filled with NaN, so a read of an unwritten entry -- or a key step outside a persistent GEMM tile's
-    range that TMA does not fill with zeros -- shows; vs the fp64 naive by the half rule."""
+    ``new_empty`` filled with NaN, so a read of an unwritten entry shows; vs the fp64 naive by the half rule."""
     real = torch.Tensor.new_empty
 
     def poisoned(self, *size, **kw):
@@ -534,7 +511,7 @@ def test_cuda_unwritten_buffers_are_never_read(persist, monkeypatch):
 
     C, H, S, E, T, B = 256, 1, 128, 2048, 2048, 2
     dtype = torch.bfloat16
-    blocks = variant_blocks({"gemm_persist": persist}, S, E, dtype, C)
+    blocks = default_blocks(S, E, dtype, C)
     xs64, rb64 = _inputs(B, T, H, S, E, C, torch.float64, device="cuda", seed=14)
     kw = {"chunk_size": C, "output_final_state": True}
     ref = _run("naive", xs64, rb64, None, **kw)
@@ -543,7 +520,7 @@ def test_cuda_unwritten_buffers_are_never_read(persist, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
     out = _run("triton", xs, rb, None, blocks=blocks, **kw)
     monkeypatch.undo()
-    _assert_half_all(f"cuda poisoned buffers persist={persist}", ref, out, base)
+    _assert_half_all("cuda poisoned buffers", ref, out, base)
 
 
 @cuda

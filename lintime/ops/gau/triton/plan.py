@@ -61,9 +61,7 @@ class Blocks:
     the GEMM on a second stream, issued after the reductions; 0: one stream), while a CUDA graph is captured (eager
     calls keep one stream; :func:`lintime.ops.mixed_chunk.triton.mixed_chunk._bwd_impl`).  ``tma_red``: mixed chunk's
     fused backward reduction (``mc_dred_kernel``) loads its ``do`` / ``v`` / state tiles through TMA descriptors where
-    the shape allows; ``ws_red`` (with it) lets Triton warp-specialise its loops over ``E``.  ``gemm_persist``: mixed
-    chunk's output / dV GEMMs on their TMA path as persistent kernels of that many programs per SM (0: one program per
-    tile; :func:`lintime.ops.mixed_chunk.triton.kernels.mc_gemm_persist_kernel`).
+    the shape allows.
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -106,8 +104,6 @@ class Blocks:
     walk_flat: int = 0
     bwd_streams: int = 0
     tma_red: int = 0
-    ws_red: int = 0
-    gemm_persist: int = 0
 
     def to_list(self) -> list[int]:
         return [getattr(self, f) for f in _BLOCK_FIELDS]
@@ -149,7 +145,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
                       be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, gau_order=3, tma=1, fuse_scores=1,
                       tma_bias=1, slab=32 if E >= 16 else 0, bm_slab=16, warps_slab=1, slab_masked=1,
-                      walk_flat=1, bwd_streams=2)
+                      walk_flat=1, bwd_streams=2, tma_red=1)
         # GAU: slabs for E >= 16 (the GPU rule, E >= 512, at the interpreter's widths), so tests of narrow and wide
         # values run both paths
     # Promoted variants, each CUDA-tested and faster in device time on an H200 (2026-11-22, S = 128,
@@ -171,8 +167,10 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
     elif dtype == torch.bfloat16:  # mixed chunk's output and dV GEMMs; the fused backward reduction over E on
         # [128, 128] dS tiles with 8 warps, S steps / tiles of up to 128 everywhere (session 8, "red64" 0.684 /
         # 0.788 -> 0.650 / 0.756 ms fwd+bwd at 2k / 32k)
+        # its do / v / state tiles through TMA ("red_tma"; session 14, H200, interleaved graph rounds at 2k / 8k / 32k:
+        # 0.595 / 0.620 / 0.669 -> 0.592 / 0.616 / 0.665 ms, a second call 0.605 / 0.630 / 0.674 -> 0.596 / 0.623 / 0.665)
         tiles = {"be_fwd": 128, "be_dv": 128, "bg_red": min(128, pow2_at_least(C)), "warps_red": 8,
-                 "bs": min(128, pow2_at_least(S))}
+                 "bs": min(128, pow2_at_least(S)), "tma_red": 1}
     else:  # fp16 / fp32: fp32 state tiles (and fp32 inputs) in the reduction -- 128-row tiles would overflow the
         # shared memory (OutOfResources on an H200), so the reduction keeps [64, 64] tiles, 4 warps, S steps of 64
         tiles = {"be_fwd": 128, "be_dv": 128, "bg_red": min(64, pow2_at_least(C)), "warps_red": 4, "bs": 64}
@@ -194,7 +192,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
 # the interpreter ignores them, so variants touching nothing else are checked on CUDA only.
 LAUNCH_ONLY_FIELDS = frozenset({"warps_fwd", "warps_bwd", "warps_gau", "warps_gau_fwd", "warps_gau_dv", "stages",
                                 "stages_gau", "stages_gau_fwd", "stages_walk", "warps_red", "warps_walk",
-                                "warps_slab", "ws_red"})
+                                "warps_slab"})
 
 
 def variant_blocks(overrides: dict, S: int, E: int, dtype: torch.dtype, C: int | None = None) -> Blocks:

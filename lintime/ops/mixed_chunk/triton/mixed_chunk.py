@@ -61,7 +61,6 @@ from lintime.ops.mixed_chunk.triton.kernels import (
     mc_dqk_kernel,
     mc_dred_kernel,
     mc_gemm_kernel,
-    mc_gemm_persist_kernel,
     mc_scores_kernel,
     seg_fix_kernel,
 )
@@ -134,15 +133,15 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     ("be_state128", {"be_state": 128}),
     ("be_state128_w8", {"be_state": 128, "warps_walk": 8}),
     ("bg64_be256_w8", {"bg": 64, "be_fwd": 256, "be_dv": 256, "warps_fwd": 8, "warps_bwd": 8}),
-    ("g1", {"seg_chunks": 1}),
-    # the fused reduction's do / v / state tiles through TMA descriptors (session 7 measured TMA in the two
-    # reductions when they were separate 64-row kernels: no gain; not measured on the fused [128, 128] kernel)
-    ("red_tma", {"tma_red": 1}),
-    ("red_tma_ws", {"tma_red": 1, "ws_red": 1}),
-    # persistent output / dV GEMMs (mc_gemm_persist_kernel), 2 / 3 / 4 programs per SM
-    ("gemm_p2", {"gemm_persist": 2}),
-    ("gemm_p3", {"gemm_persist": 3}),
-    ("gemm_p4", {"gemm_persist": 4}),  # one chunk per segment: a walk per chunk + the start fix-up over all chunks
+    ("g1", {"seg_chunks": 1}),  # one chunk per segment: a walk per chunk + the start fix-up over all chunks
+    # the fused reduction's do / v / state tiles by pointers (the default before session 14; H200, interleaved graph
+    # rounds, fwd+bwd at 2k / 8k / 32k: 0.595 / 0.620 / 0.669 ms against TMA's 0.592 / 0.616 / 0.665, and in a second
+    # call 0.605 / 0.630 / 0.674 against 0.596 / 0.623 / 0.665).  Measured and removed in session 14 (code: 57f7fc7):
+    # Triton's automatic warp specialisation of the TMA reduction's loops (0.591 / 0.616 / 0.664: no gain over TMA
+    # alone); the output / dV GEMMs as persistent kernels of 2 / 3 / 4 programs per SM, every tile running all C / BK
+    # key steps (zero boxes outside its causal range) so the tile loop could be flattened -- 17-32 % slower
+    # (0.746-0.866 ms): one program per tile with three resident per SM overlaps better than Triton's flattened loop.
+    ("red_pointers", {"tma_red": 0}),
     ("one_seg", {"seg_chunks": 1 << 20}),  # one segment per sequence: no start fix-up
     # Measured on an H200 and removed (code in commit ada80ee, docs/notes/kernels_flash.md session 5): the
     # causal state walk fused with the output / dV GEMM (state in registers across a segment's chunks; 1.14 /
@@ -501,23 +500,10 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, C, reverse, init, causal, sdt, tma,
 
 
 def _gemm(ts, d, w, idx, out, plan: _Plan, cfg: Blocks, *, S, E, H, C, NMT, BE, trans, causal, PREC, SDT, warps):
-    """The output GEMM (``ts = (a, v, q_lin, H)``) or the dV GEMM (``trans``; ``(a, do, k_lin, G)``): one program per
-    tile, or with ``Blocks.gemm_persist`` on the TMA path (descriptors ``d``) a persistent launch of that many programs
-    per SM (:func:`mc_gemm_persist_kernel`; its key steps are aligned windows, so it needs ``bg % bk == 0``)."""
-    BG = cfg.bg
-    rows = plan.NC * NMT
-    if d is not None and cfg.gemm_persist and BG % cfg.bk == 0:
-        ntiles = cdiv(E, BE) * rows * H
-        nprog = min(ntiles, cfg.gemm_persist * sm_count(out.device))
-        if nprog > 0:
-            mc_gemm_persist_kernel[(nprog,)](
-                *d, w, idx, out, plan.ch_start, plan.ch_len, S, E, H, C, NMT, ntiles, nprog,
-                BG=BG, BE=BE, BK=cfg.bk, TRANS=trans, CAUSAL=causal, PREC=PREC, SDT=SDT, num_warps=warps,
-                num_stages=cfg.stages,
-            )
-        return
-    mc_gemm_kernel[(cdiv(E, BE), rows, H)](
-        *ts, *(d or ts), w, idx, out, plan.ch_start, plan.ch_len, S, E, H, C, NMT, BG=BG, BE=BE, BK=cfg.bk,
+    """The output GEMM (``ts = (a, v, q_lin, H)``) or the dV GEMM (``trans``; ``(a, do, k_lin, G)``), through the
+    descriptors ``d`` (TMA path) or pointers."""
+    mc_gemm_kernel[(cdiv(E, BE), plan.NC * NMT, H)](
+        *ts, *(d or ts), w, idx, out, plan.ch_start, plan.ch_len, S, E, H, C, NMT, BG=cfg.bg, BE=BE, BK=cfg.bk,
         TRANS=trans, CAUSAL=causal, PREC=PREC, SDT=SDT, TMA=d is not None, num_warps=warps, num_stages=cfg.stages,
     )
 
@@ -689,7 +675,7 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
                 qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
                 *(dr or (do, v, st, gst)),
                 float(scale), S, E, H, C, LB, NMTR, BG=BGR, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
-                HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, TMA=dr is not None, WS=bool(dr and cfg.ws_red),
+                HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, TMA=dr is not None,
                 num_warps=cfg.warps_red or cfg.warps_bwd, num_stages=cfg.stages,
             )
             mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
