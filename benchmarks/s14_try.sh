@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 14's device call: CUDA tests of the candidate variants, then interleaved graph rounds.
-# Usage: VARIANTS=red_tma,red_tma_ws benchmarks/s14_try.sh   (results under $OUT)
+# Usage: VARIANTS=red_pointers,one_stream [EXTRA_TESTS=<pytest -k>] [ROUNDS=5] [TS=2048,8192,32768] \
+#        benchmarks/s14_try.sh   (results under $OUT)
 set -uo pipefail
 OUT=${OUT:-./s14_out}
 mkdir -p "$OUT"

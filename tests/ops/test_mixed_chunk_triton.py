@@ -180,23 +180,28 @@ def test_tma_and_pointer_paths(tma, red, causal, monkeypatch):
     _assert_exact_all(f"mixed chunk tma={tma} causal={causal}", _run("naive", xs, rb, st, **kw), out)
 
 
-@cpu_only
-def test_unwritten_buffers_are_never_read(monkeypatch):
-    """Full chunks on the TMA path, where the forward allocates ``A`` without filling it: every buffer the op gets
-    from ``new_empty`` is filled with NaN, so a kernel that reads an entry nobody wrote (a causal tile above the
-    diagonal, a step outside a tile's range) turns a result into NaN."""
+def _poison_new_empty(monkeypatch):
+    """From here until ``monkeypatch.undo()``, floating tensors from ``Tensor.new_empty`` come filled with NaN."""
     real = torch.Tensor.new_empty
 
     def poisoned(self, *size, **kw):
         t = real(self, *size, **kw)
         return t.fill_(float("nan")) if t.is_floating_point() else t
 
+    monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
+
+
+@cpu_only
+def test_unwritten_buffers_are_never_read(monkeypatch):
+    """Full chunks on the TMA path, where the forward allocates ``A`` without filling it: every buffer the op gets
+    from ``new_empty`` is filled with NaN, so a kernel that reads an entry nobody wrote (a causal tile above the
+    diagonal, a step outside a tile's range) turns a result into NaN."""
     C, H, S, E = 32, 2, 32, 48
     blocks = Blocks(**{**default_blocks(S, E, torch.float32, C).__dict__, "tma": 1})
     xs, rb = _inputs(2, 3 * C, H, S, E, C, torch.float32, seed=13)
     kw = {"chunk_size": C, "output_final_state": True}
     ref = _run("naive", xs, rb, None, **kw)
-    monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
+    _poison_new_empty(monkeypatch)
     out = _run("triton", xs, rb, None, blocks=blocks, **kw)
     monkeypatch.undo()
     _assert_exact_all("mixed chunk poisoned buffers", ref, out)
@@ -503,12 +508,6 @@ def test_cuda_real_size_half_rule(dtype, mode):
 def test_cuda_unwritten_buffers_are_never_read(monkeypatch):
     """The interpreter test of the same name at FLASH's shape in bf16 (full chunks, TMA on Hopper): buffers from
     ``new_empty`` filled with NaN, so a read of an unwritten entry shows; vs the fp64 naive by the half rule."""
-    real = torch.Tensor.new_empty
-
-    def poisoned(self, *size, **kw):
-        t = real(self, *size, **kw)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
     C, H, S, E, T, B = 256, 1, 128, 2048, 2048, 2
     dtype = torch.bfloat16
     blocks = default_blocks(S, E, dtype, C)
@@ -517,7 +516,7 @@ def test_cuda_unwritten_buffers_are_never_read(monkeypatch):
     ref = _run("naive", xs64, rb64, None, **kw)
     xs, rb = [x.to(dtype) for x in xs64], rb64.to(dtype)
     base = _run("naive", xs, rb, None, **kw)
-    monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
+    _poison_new_empty(monkeypatch)
     out = _run("triton", xs, rb, None, blocks=blocks, **kw)
     monkeypatch.undo()
     _assert_half_all("cuda poisoned buffers", ref, out, base)

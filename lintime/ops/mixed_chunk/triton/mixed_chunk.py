@@ -499,11 +499,16 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, C, reverse, init, causal, sdt, tma,
     return hout, final
 
 
-def _gemm(ts, d, w, idx, out, plan: _Plan, cfg: Blocks, *, S, E, H, C, NMT, BE, trans, causal, PREC, SDT, warps):
-    """The output GEMM (``ts = (a, v, q_lin, H)``) or the dV GEMM (``trans``; ``(a, do, k_lin, G)``), through the
-    descriptors ``d`` (TMA path) or pointers."""
+def _gemm(ts, w, idx, out, plan: _Plan, cfg: Blocks, *, tma, S, E, H, C, NMT, BE, trans, causal, PREC, SDT, warps):
+    """The output GEMM (``ts = (a, v, q_lin, H)``) or the dV GEMM (``trans``; ``(a, do, k_lin, G)``, ``A``'s tiles
+    read transposed), through TMA descriptors (``tma``, where aligned) or pointers."""
+    a, y, lin, st = ts
+    BG, BK = cfg.bg, cfg.bk
+    NT = y.shape[0] * y.shape[1]
+    d = tma_descriptors((a, a.shape[0] * H * C, (BK, BG) if trans else (BG, BK)), (y, NT, (BK, BE)),
+                        (lin, NT, (BG, BK)), (st, st.shape[0] * H * S, (BK, BE))) if tma else None
     mc_gemm_kernel[(cdiv(E, BE), plan.NC * NMT, H)](
-        *ts, *(d or ts), w, idx, out, plan.ch_start, plan.ch_len, S, E, H, C, NMT, BG=cfg.bg, BE=BE, BK=cfg.bk,
+        *ts, *(d or ts), w, idx, out, plan.ch_start, plan.ch_len, S, E, H, C, NMT, BG=BG, BE=BE, BK=BK,
         TRANS=trans, CAUSAL=causal, PREC=PREC, SDT=SDT, TMA=d is not None, num_warps=warps, num_stages=cfg.stages,
     )
 
@@ -570,11 +575,8 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
                 float(scale), S, H, C, LB, NMT, BG=BG, BS=cfg.bs, CAUSAL=causal, HAS_BIAS=bias is not None,
                 PREC=PREC, num_warps=cfg.warps_fwd, num_stages=cfg.stages,
             )
-        NT = B * T
-        d = tma_descriptors((a, a.shape[0] * H * C, (BG, cfg.bk)), (v, NT, (cfg.bk, cfg.be_fwd)),
-                            (ql, NT, (BG, cfg.bk)), (st, st.shape[0] * H * S, (cfg.bk, cfg.be_fwd))) if tma else None
-        _gemm((a, v, ql, st), d, wq, plan.ch_id if causal else plan.ch_seq, o, plan, cfg, S=S, E=E, H=H, C=C, NMT=NMT,
-              BE=cfg.be_fwd, trans=False, causal=causal, PREC=PREC, SDT=SDT, warps=cfg.warps_fwd)
+        _gemm((a, v, ql, st), wq, plan.ch_id if causal else plan.ch_seq, o, plan, cfg, tma=tma, S=S, E=E, H=H, C=C,
+              NMT=NMT, BE=cfg.be_fwd, trans=False, causal=causal, PREC=PREC, SDT=SDT, warps=cfg.warps_fwd)
     if not causal:
         final = qq.new_empty(0, dtype=torch.float32)
     return o, final, a, st
@@ -659,11 +661,8 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
         b_ptr = bias if bias is not None else qq
 
         def dv_gemm():  # dV = wf Kl G + A^T dO
-            d = tma_descriptors(
-                (a, a.shape[0] * H * C, (cfg.bk, BG)), (do, NT, (cfg.bk, cfg.be_dv)), (kl, NT, (BG, cfg.bk)),
-                (gst, gst.shape[0] * H * S, (cfg.bk, cfg.be_dv))) if tma else None
-            _gemm((a, do, kl, gst), d, wf, idx, dv, plan, cfg, S=S, E=E, H=H, C=C, NMT=NMT, BE=cfg.be_dv, trans=True,
-                  causal=causal, PREC=PREC, SDT=SDT, warps=cfg.warps_bwd)
+            _gemm((a, do, kl, gst), wf, idx, dv, plan, cfg, tma=tma, S=S, E=E, H=H, C=C, NMT=NMT, BE=cfg.be_dv,
+                  trans=True, causal=causal, PREC=PREC, SDT=SDT, warps=cfg.warps_bwd)
 
         def reductions():  # dS, dq_lin, dk_lin (one launch), then dq_quad, dk_quad and the bias gradient
             dr = None
