@@ -193,7 +193,7 @@ def main():
             nmt = C // bg
             mc_gemm_kernel[(E // be, NC * nmt, 1)](
                 A, Y, L, st, A, Y, L, st, w, ch_id, out, ch_start, ch_len, S, E, 1, C, nmt,
-                BG=bg, BE=be, BK=bk, TRANS=trans, CAUSAL=True, PREC="tf32", SDT=tl.bfloat16, TMA=False, PDL=False,
+                BG=bg, BE=be, BK=bk, TRANS=trans, CAUSAL=True, PREC="tf32", SDT=tl.bfloat16, TMA=False,
                 num_warps=warps, num_stages=stages)
 
         tag = "dv" if trans else "o"

@@ -127,54 +127,6 @@ def tma_device(device: torch.device) -> bool:
     return interpreting()
 
 
-@functools.lru_cache(maxsize=16)
-def pdl_device(device: torch.device) -> bool:
-    """Whether kernels on ``device`` can be launched with programmatic dependent launch (PDL): NVIDIA Hopper
-    and later, a Triton whose launcher takes ``launch_pdl``, not under the interpreter, unless the environment
-    sets ``LINTIME_PDL=0`` (read once per device and process)."""
-    if device.type != "cuda" or interpreting() or torch.version.hip is not None:
-        return False
-    if os.environ.get("LINTIME_PDL", "1") == "0" or not _HAS_GDC:
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def pdl_launch(on: bool, device: torch.device) -> dict:
-    """Launch keywords of a kernel taking ``PDL`` (:func:`pdl_enter`): ``{"launch_pdl": True}`` when ``on`` and
-    the device allows it (:func:`pdl_device`), else none.  Pass ``PDL=bool(kw)`` as the kernel's constexpr."""
-    return {"launch_pdl": True} if on and pdl_device(device) else {}
-
-
-try:  # grid dependency control (Triton >= 3.3): PTX griddepcontrol.wait / .launch_dependents
-    from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch, gdc_wait as _gdc_wait
-
-    _HAS_GDC = True
-except ImportError:  # pragma: no cover - older Triton
-    _HAS_GDC = False
-
-    @triton.jit
-    def _gdc_wait():
-        pass
-
-    @triton.jit
-    def _gdc_launch():
-        pass
-
-
-@triton.jit
-def pdl_enter(PDL: tl.constexpr):
-    """First statement of a kernel launched with programmatic dependent launch (:func:`pdl_launch`).
-
-    With PDL the GPU may start a kernel's programs while the kernel before it on the stream is still running (once
-    every program of that one has called ``launch_dependents``), so its launch and first instructions overlap the
-    other's tail.  ``gdc_wait`` then blocks until the kernel before has completed and its memory is visible -- here
-    before any load or store, and in every program, so a kernel's completion still implies its predecessors' (no
-    program returns before it).  ``launch_dependents`` right after lets the next kernel start early in turn."""
-    if PDL:
-        _gdc_wait()
-        _gdc_launch()
-
-
 def tma_descriptors(*specs):
     """TMA descriptors of ``(tensor, rows, block)`` specs, each contiguous tensor seen as a 2-D
     ``[rows, numel / rows]`` matrix (a ``[B, T, H, D]`` input as ``[B T, H D]``: a head's tile is a

@@ -61,9 +61,7 @@ class Blocks:
     the GEMM on a second stream, issued after the reductions; 0: one stream), while a CUDA graph is captured (eager
     calls keep one stream; :func:`lintime.ops.mixed_chunk.triton.mixed_chunk._bwd_impl`).  ``tma_red``: mixed chunk's
     fused backward reduction (``mc_dred_kernel``) loads its ``do`` / ``v`` / state tiles through TMA descriptors where
-    the shape allows.  ``pdl``: mixed chunk's kernels are launched with programmatic dependent launch (Hopper and
-    later; :func:`lintime.ops.triton_common.pdl_launch`), so each one's launch overlaps the tail of the one before.
-    ``fix_group`` / ``fix_bs``: the start fix-up of segmented state walks (``seg_fix_kernel``) takes that many chunks per
+    the shape allows.  ``fix_group`` / ``fix_bs``: the start fix-up of segmented state walks (``seg_fix_kernel``) takes that many chunks per
     load and ``[fix_bs, be_state]`` tiles (0: ``min(64, bs_state)``).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
@@ -107,7 +105,6 @@ class Blocks:
     walk_flat: int = 0
     bwd_streams: int = 0
     tma_red: int = 0
-    pdl: int = 0
     fix_group: int = 1
     fix_bs: int = 0
 
@@ -190,7 +187,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
         # its backward's dV GEMM beside the reductions, which run on a second stream of higher priority ("bwd_streams";
         # session 13, H200, fwd+bwd at 2k / 4k / 8k / 16k / 32k: 0.611 / 0.602 / 0.635 / 0.675 / 0.685 -> 0.596 / 0.588 /
         # 0.620 / 0.660 / 0.670 ms)
-        fuse_scores=1, tma_bias=1, walk_flat=1, bwd_streams=2, pdl=1, **tiles,
+        fuse_scores=1, tma_bias=1, walk_flat=1, bwd_streams=2, **tiles,
     )
 
 
@@ -198,7 +195,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
 # the interpreter ignores them, so variants touching nothing else are checked on CUDA only.
 LAUNCH_ONLY_FIELDS = frozenset({"warps_fwd", "warps_bwd", "warps_gau", "warps_gau_fwd", "warps_gau_dv", "stages",
                                 "stages_gau", "stages_gau_fwd", "stages_walk", "warps_red", "warps_walk",
-                                "warps_slab", "pdl"})
+                                "warps_slab"})
 
 
 def variant_blocks(overrides: dict, S: int, E: int, dtype: torch.dtype, C: int | None = None) -> Blocks:

@@ -28,8 +28,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lintime.ops.triton_common import pdl_enter
-
 
 @triton.jit
 def _walk_tile(X, Y, cs, t0, cl, o_t, o_s, o_e, m_s, m_e, S, E, H, i_h):
@@ -50,7 +48,7 @@ def chunk_state_kernel(
     BS: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr,
     REVERSE: tl.constexpr, STORE: tl.constexpr, HAS_INIT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
     FLAT: tl.constexpr, SCORES: tl.constexpr, BG: tl.constexpr, BSQ: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     """Walk the chunks of one segment (a run of chunks of one sequence), carrying an ``[BS, BE]``
     fp32 tile of ``sum_c w_c X_c^T Y_c`` in registers; one-dimensional grid, the first ``S tiles * E
@@ -71,9 +69,7 @@ def chunk_state_kernel(
     With ``TMA`` the whole ``BT``-token steps of a chunk load ``X`` and ``Y`` through the tensor
     descriptors ``DX`` / ``DY`` (:func:`lintime.ops.triton_common.tma_descriptors`); a short
     chunk's partial last step uses masked loads (its rows past the chunk are the next chunk's).
-    ``PDL``: launched with programmatic dependent launch (:func:`lintime.ops.triton_common.pdl_enter`).
     """
-    pdl_enter(PDL)
     pid = tl.program_id(0)
     NE = tl.cdiv(E, BE)
     NSE = tl.cdiv(S, BS) * NE
@@ -265,11 +261,10 @@ def mc_scores_kernel(
     QQ, KQ, A, BIAS, CH_START, CH_LEN,
     scale, S, H, C, LB, NMT,
     BG: tl.constexpr, BS: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr,
 ):
     """:func:`_scores_tile` on grid ``(NC * NMT, NMT, H)`` (the path of ``Blocks.fuse_scores = 0``; by default
     the forward's state walk launches these programs, :func:`chunk_state_kernel`)."""
-    pdl_enter(PDL)
     pid = tl.program_id(0)
     _scores_tile(QQ, KQ, A, BIAS, CH_START, CH_LEN, pid % NMT, tl.program_id(1), tl.program_id(2), pid // NMT,
                  scale, S, H, C, LB, BG, BS, CAUSAL, HAS_BIAS, PREC)
@@ -311,7 +306,6 @@ def mc_gemm_kernel(
     S, E, H, C, NMT,
     BG: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
     TRANS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr, TMA: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """``OUT[rows, E tile] = w_c L[rows] ST[idx_c] + A_c[rows, :] Y`` (``TRANS``: ``A_c^T``).
 
@@ -323,7 +317,6 @@ def mc_gemm_kernel(
     reach output rows that are not stored, and ``Y`` rows past it meet ``A`` entries that are zero
     (stored zeros of the written tiles; with ``TRANS`` the launcher zero-fills ``A`` when a chunk is short).
     """
-    pdl_enter(PDL)
     i_e = tl.program_id(0)
     c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
     i_h = tl.program_id(2)
@@ -472,7 +465,7 @@ def mc_dred_kernel(
     scale, S, E, H, C, LB, NMT,
     BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
-    TMA: tl.constexpr, PDL: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """The backward's two reductions over ``E`` in one launch, ``dS`` (:func:`_dp_tile`) and ``dq_lin,
     dk_lin`` (:func:`_dlin_tile`): grid ``(NMT + S tiles, NC * NMT, H)``; program ``j < NMT`` of a row
@@ -485,7 +478,6 @@ def mc_dred_kernel(
     With ``TMA`` the ``do`` / ``v`` / state tiles of the reductions over ``E`` are loaded whole through the
     descriptors ``DDO, DV`` (``[B T, H E]``) and ``DHS, DGS`` (``[NC H S, E]``); rows past a short chunk then come from
     the next chunk and reach only masked entries (H200, session 14: 0.5-1.5 % less fwd+bwd time than pointer loads)."""
-    pdl_enter(PDL)
     j = tl.program_id(0)
     c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
     i_h = tl.program_id(2)
@@ -502,13 +494,11 @@ def mc_dqk_kernel(
     QQ, KQ, DS, DQQ, DKQ, DB, CH_START, CH_LEN,
     scale, S, H, C, NMT, NTD,
     BG: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr, NEED_DB: tl.constexpr, PREC: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """``dq_quad[m] = scale sum_n dS[m, n] k_quad[n]``, ``dk_quad[m] = scale sum_i dS[i, m]^T q_quad[i]``
     for one row tile and ``S`` tile; with ``NEED_DB`` (first ``S`` tile only) the tiles
     ``dS[m, n]`` are summed per tile diagonal into ``DB [H, NTD, BG, BG]`` (fp32 atomics: every
     chunk adds to the same bias).  Grid ``(S tiles, NC * NMT, H)``."""
-    pdl_enter(PDL)
     i_s = tl.program_id(0)
     c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
     i_h = tl.program_id(2)
@@ -560,7 +550,6 @@ def seg_fix_kernel(
     HOUT, TOT, INIT, FINAL, SEG_FIRST, SEG_N, SEG_SEQ, SEQ_PTR,
     S, E, H,
     BS: tl.constexpr, BE: tl.constexpr, NCH: tl.constexpr, REVERSE: tl.constexpr, HAS_INIT: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """Turn segment-local per-chunk states into global ones: ``HOUT[c] += start(segment)``, where
     ``start`` = the initial state + the totals of the sequence's segments walked before this one;
@@ -571,7 +560,6 @@ def seg_fix_kernel(
     The chunks are taken ``NCH`` at a time, as one ``[NCH, BS, BE]`` load and store (``Blocks.fix_group``): a
     program then has ``NCH`` tiles in flight instead of one.  The pass is bound by its memory traffic (read and
     write every state but the first segment's)."""
-    pdl_enter(PDL)
     i_se, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NE = tl.cdiv(E, BE)
     i_s, i_e = i_se // NE, i_se % NE

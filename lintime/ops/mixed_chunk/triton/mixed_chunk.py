@@ -70,7 +70,6 @@ from lintime.ops.triton_common import (
     custom_op,
     dot_config,
     next_pow2,
-    pdl_launch,
     seg_scan_kernel,
     sm_count,
     tma_descriptors,
@@ -143,12 +142,12 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # key steps (zero boxes outside its causal range) so the tile loop could be flattened -- 17-32 % slower
     # (0.746-0.866 ms): one program per tile with three resident per SM overlaps better than Triton's flattened loop.
     ("red_pointers", {"tma_red": 0}),
-    # session 15 candidates (not yet timed): every kernel launched without programmatic dependent launch (each waits
-    # for the one before to end, as before session 15); the start fix-up with several chunks per load / other tiles
-    ("no_pdl", {"pdl": 0}),
+    # session 15 candidates: the start fix-up with several chunks per load / other tiles
     ("fix_g1", {"fix_group": 1}),
     ("fix_g2", {"fix_group": 2}),
     ("fix_g4", {"fix_group": 4}),
+    ("fix_g1_bs32", {"fix_bs": 32}),
+    ("fix_g2_bs32", {"fix_group": 2, "fix_bs": 32}),
     ("fix_g4_bs32", {"fix_group": 4, "fix_bs": 32}),
     ("fix_g8_bs32", {"fix_group": 8, "fix_bs": 32}),
     ("one_seg", {"seg_chunks": 1 << 20}),  # one segment per sequence: no start fix-up
@@ -428,7 +427,7 @@ def _walk(x, y, w, plan: _Plan, cfg, *, H, C, reverse, store, hout, tot, init=No
         PREC=dot_config(x.dtype)[1], TMA=d is not None, FLAT=bool(cfg.walk_flat) and C % cfg.bt == 0,
         SCORES=scores is not None, BG=sc.BG, BSQ=sc.BS,
         CAUSAL=sc.causal, HAS_BIAS=sc.bias is not None, num_warps=cfg.warps_walk or 4,
-        num_stages=cfg.stages_walk or cfg.stages, **_pdl(cfg, x.device),
+        num_stages=cfg.stages_walk or cfg.stages,
     )
 
 
@@ -500,21 +499,13 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, C, reverse, init, causal, sdt, tma,
     # segment's start (init + the totals walked before it) and writes the final states
     _walk(x, y, w, plan, cfg, tma=tma, H=H, C=C, reverse=reverse, store=True, hout=hout, tot=tot, scores=scores)
     if plan.NSEG > 0:
-        BS, BE = min(cfg.fix_bs or 64, cfg.bs_state), cfg.be_state
+        BS, BE, NCH = min(cfg.fix_bs or 64, cfg.bs_state), cfg.be_state, max(1, cfg.fix_group)
         seg_fix_kernel[(cdiv(S, BS) * cdiv(E, BE), plan.NSEG, H)](
             hout, tot, init if init is not None else tot, final, plan.seg_first, plan.seg_n, plan.seg_seq,
-            plan.seq_ptr, S, E, H, BS=BS, BE=BE, NCH=max(1, cfg.fix_group), REVERSE=reverse,
-            HAS_INIT=init is not None, num_warps=4, **_pdl(cfg, x.device),
+            plan.seq_ptr, S, E, H, BS=BS, BE=BE, NCH=NCH, REVERSE=reverse,
+            HAS_INIT=init is not None, num_warps=4 if NCH * BS * BE <= 8192 else 8,  # <= 64 entries a thread
         )
     return hout, final
-
-
-def _pdl(cfg: Blocks, device: torch.device) -> dict:
-    """A kernel's ``PDL`` constexpr and launch keywords (``Blocks.pdl``; :func:`~lintime.ops.triton_common.pdl_launch`):
-    every mixed chunk kernel starts with :func:`~lintime.ops.triton_common.pdl_enter`, so any of them may follow any
-    other (or a PyTorch kernel, which simply completes first)."""
-    kw = pdl_launch(bool(cfg.pdl), device)
-    return {"PDL": bool(kw), **kw}
 
 
 def _gemm(ts, w, idx, out, plan: _Plan, cfg: Blocks, *, tma, S, E, H, C, NMT, BE, trans, causal, PREC, SDT, warps):
@@ -528,7 +519,6 @@ def _gemm(ts, w, idx, out, plan: _Plan, cfg: Blocks, *, tma, S, E, H, C, NMT, BE
     mc_gemm_kernel[(cdiv(E, BE), plan.NC * NMT, H)](
         *ts, *(d or ts), w, idx, out, plan.ch_start, plan.ch_len, S, E, H, C, NMT, BG=BG, BE=BE, BK=BK,
         TRANS=trans, CAUSAL=causal, PREC=PREC, SDT=SDT, TMA=d is not None, num_warps=warps, num_stages=cfg.stages,
-        **_pdl(cfg, y.device),
     )
 
 
@@ -592,7 +582,7 @@ def _fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
             mc_scores_kernel[(plan.NC * NMT, NMT, H)](
                 qq, kq, a, bias if bias is not None else qq, plan.ch_start, plan.ch_len,
                 float(scale), S, H, C, LB, NMT, BG=BG, BS=cfg.bs, CAUSAL=causal, HAS_BIAS=bias is not None,
-                PREC=PREC, num_warps=cfg.warps_fwd, num_stages=cfg.stages, **_pdl(cfg, qq.device),
+                PREC=PREC, num_warps=cfg.warps_fwd, num_stages=cfg.stages,
             )
         _gemm((a, v, ql, st), wq, plan.ch_id if causal else plan.ch_seq, o, plan, cfg, tma=tma, S=S, E=E, H=H, C=C,
               NMT=NMT, BE=cfg.be_fwd, trans=False, causal=causal, PREC=PREC, SDT=SDT, warps=cfg.warps_fwd)
@@ -694,12 +684,12 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
                 *(dr or (do, v, st, gst)),
                 float(scale), S, E, H, C, LB, NMTR, BG=BGR, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
                 HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, TMA=dr is not None,
-                num_warps=cfg.warps_red or cfg.warps_bwd, num_stages=cfg.stages, **_pdl(cfg, dev),
+                num_warps=cfg.warps_red or cfg.warps_bwd, num_stages=cfg.stages,
             )
             mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](
                 qq, kq, ds, dqq, dkq, db_tiles, plan.ch_start, plan.ch_len,
                 float(scale), S, H, C, NMT, ntd, BG=BG, BS=cfg.bs, CAUSAL=causal, NEED_DB=need_db, PREC=PREC,
-                num_warps=cfg.warps_bwd, num_stages=cfg.stages, **_pdl(cfg, dev),
+                num_warps=cfg.warps_bwd, num_stages=cfg.stages,
             )
 
         cur = side.fork() if side is not None else None  # after the states
