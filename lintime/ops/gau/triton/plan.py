@@ -61,8 +61,8 @@ class Blocks:
     the GEMM on a second stream, issued after the reductions; 0: one stream), while a CUDA graph is captured (eager
     calls keep one stream; :func:`lintime.ops.mixed_chunk.triton.mixed_chunk._bwd_impl`).  ``tma_red``: mixed chunk's
     fused backward reduction (``mc_dred_kernel``) loads its ``do`` / ``v`` / state tiles through TMA descriptors where
-    the shape allows.  ``fix_group`` / ``fix_bs``: the start fix-up of segmented state walks (``seg_fix_kernel``) takes that many chunks per
-    load and ``[fix_bs, be_state]`` tiles (0: ``min(64, bs_state)``).
+    the shape allows.  ``fix_bs``: the rows of the start fix-up's ``[fix_bs, be_state]`` tiles (segmented state walks,
+    ``seg_fix_kernel``; 0: ``min(64, bs_state)``).
 
     Fields are appended, never reordered: the custom ops carry the blocks as an int list.
     """
@@ -105,7 +105,6 @@ class Blocks:
     walk_flat: int = 0
     bwd_streams: int = 0
     tma_red: int = 0
-    fix_group: int = 1
     fix_bs: int = 0
 
     def to_list(self) -> list[int]:
@@ -148,7 +147,7 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
                       bg=16, bk=16, bt=16, bs_state=16, be_state=16, seg_chunks=2, bs_gau=16, warps_gau=1,
                       be_red_gau=16, stages_gau=1, warps_gau_fwd=1, warps_gau_dv=1, gau_order=3, tma=1, fuse_scores=1,
                       tma_bias=1, slab=32 if E >= 16 else 0, bm_slab=16, warps_slab=1, slab_masked=1,
-                      walk_flat=1, bwd_streams=2, tma_red=1, fix_group=2)
+                      walk_flat=1, bwd_streams=2, tma_red=1, fix_bs=8)
         # GAU: slabs for E >= 16 (the GPU rule, E >= 512, at the interpreter's widths), so tests of narrow and wide
         # values run both paths
     # Promoted variants, each CUDA-tested and faster in device time on an H200 (2026-11-22, S = 128,
@@ -187,7 +186,9 @@ def _default_blocks(S: int, E: int, dtype: torch.dtype, C: int | None, interp: b
         # its backward's dV GEMM beside the reductions, which run on a second stream of higher priority ("bwd_streams";
         # session 13, H200, fwd+bwd at 2k / 4k / 8k / 16k / 32k: 0.611 / 0.602 / 0.635 / 0.675 / 0.685 -> 0.596 / 0.588 /
         # 0.620 / 0.660 / 0.670 ms)
-        fuse_scores=1, tma_bias=1, walk_flat=1, bwd_streams=2, **tiles,
+        # the start fix-up on [32, 64] tiles ("fix_bs"; session 15, H200, interleaved graph rounds, fwd+bwd at 16k / 32k:
+        # 0.6529 / 0.6620 -> 0.6499 / 0.6584 ms, a second call 0.6523 / 0.6603 -> 0.6499 / 0.6586)
+        fuse_scores=1, tma_bias=1, walk_flat=1, bwd_streams=2, fix_bs=32, **tiles,
     )
 
 

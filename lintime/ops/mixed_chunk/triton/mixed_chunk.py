@@ -142,14 +142,15 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # key steps (zero boxes outside its causal range) so the tile loop could be flattened -- 17-32 % slower
     # (0.746-0.866 ms): one program per tile with three resident per SM overlaps better than Triton's flattened loop.
     ("red_pointers", {"tma_red": 0}),
-    # session 15 candidates: the start fix-up with several chunks per load / other tiles
-    ("fix_g1", {"fix_group": 1}),
-    ("fix_g2", {"fix_group": 2}),
-    ("fix_g4", {"fix_group": 4}),
-    ("fix_g1_bs32", {"fix_bs": 32}),
-    ("fix_g2_bs32", {"fix_group": 2, "fix_bs": 32}),
-    ("fix_g4_bs32", {"fix_group": 4, "fix_bs": 32}),
-    ("fix_g8_bs32", {"fix_group": 8, "fix_bs": 32}),
+    # the start fix-up on [64, 64] tiles (the default before session 15; H200, interleaved graph rounds, fwd+bwd at 16k /
+    # 32k: 0.6529 / 0.6620 and 0.6523 / 0.6603 ms in two calls, against [32, 64]'s 0.6499 / 0.6584 and 0.6499 / 0.6586).
+    # Measured and removed in session 15 (code: 6ffa391): the fix-up taking 2 / 4 / 8 chunks per [n, rows, 64] load
+    # (more bytes in flight per program) -- its kernel time 0.067-0.070 ms (both passes) became 0.070-0.081, fwd+bwd
+    # -0.5 to +1.9 %: the pass already runs at ~3.4 TB/s; programmatic dependent launch of every kernel (each one's
+    # programs start during the tail of the one before and wait for it on the device): no gain at 2k / 8k (0.600 /
+    # 0.622 vs 0.596 / 0.624 ms), 2.3 % slower at 16k / 32k (0.668 / 0.678 vs 0.653 / 0.661) -- likely the early
+    # resident dV GEMM programs taking the SMs the prioritised reductions were to get first.
+    ("fix_bs64", {"fix_bs": 64}),
     ("one_seg", {"seg_chunks": 1 << 20}),  # one segment per sequence: no start fix-up
     # Measured on an H200 and removed (code in commit ada80ee, docs/notes/kernels_flash.md session 5): the
     # causal state walk fused with the output / dV GEMM (state in registers across a segment's chunks; 1.14 /
@@ -499,11 +500,10 @@ def _states(x, y, w, plan: _Plan, cfg, *, H, C, reverse, init, causal, sdt, tma,
     # segment's start (init + the totals walked before it) and writes the final states
     _walk(x, y, w, plan, cfg, tma=tma, H=H, C=C, reverse=reverse, store=True, hout=hout, tot=tot, scores=scores)
     if plan.NSEG > 0:
-        BS, BE, NCH = min(cfg.fix_bs or 64, cfg.bs_state), cfg.be_state, max(1, cfg.fix_group)
+        BS, BE = min(cfg.fix_bs or 64, cfg.bs_state), cfg.be_state
         seg_fix_kernel[(cdiv(S, BS) * cdiv(E, BE), plan.NSEG, H)](
             hout, tot, init if init is not None else tot, final, plan.seg_first, plan.seg_n, plan.seg_seq,
-            plan.seq_ptr, S, E, H, BS=BS, BE=BE, NCH=NCH, REVERSE=reverse,
-            HAS_INIT=init is not None, num_warps=4 if NCH * BS * BE <= 8192 else 8,  # <= 64 entries a thread
+            plan.seq_ptr, S, E, H, BS=BS, BE=BE, REVERSE=reverse, HAS_INIT=init is not None, num_warps=4,
         )
     return hout, final
 
