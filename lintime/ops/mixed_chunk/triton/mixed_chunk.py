@@ -142,14 +142,14 @@ LAUNCH_VARIANTS: tuple[tuple[str, dict], ...] = (
     # key steps (zero boxes outside its causal range) so the tile loop could be flattened -- 17-32 % slower
     # (0.746-0.866 ms): one program per tile with three resident per SM overlaps better than Triton's flattened loop.
     ("red_pointers", {"tma_red": 0}),
-    # the start fix-up on [64, 64] tiles (the default before session 15; H200, interleaved graph rounds, fwd+bwd at 16k /
-    # 32k: 0.6529 / 0.6620 and 0.6523 / 0.6603 ms in two calls, against [32, 64]'s 0.6499 / 0.6584 and 0.6499 / 0.6586).
-    # Measured and removed in session 15 (code: 6ffa391): the fix-up taking 2 / 4 / 8 chunks per [n, rows, 64] load
-    # (more bytes in flight per program) -- its kernel time 0.067-0.070 ms (both passes) became 0.070-0.081, fwd+bwd
-    # -0.5 to +1.9 %: the pass already runs at ~3.4 TB/s; programmatic dependent launch of every kernel (each one's
-    # programs start during the tail of the one before and wait for it on the device): no gain at 2k / 8k (0.600 /
-    # 0.622 vs 0.596 / 0.624 ms), 2.3 % slower at 16k / 32k (0.668 / 0.678 vs 0.653 / 0.661) -- likely the early
-    # resident dV GEMM programs taking the SMs the prioritised reductions were to get first.
+    # the start fix-up on [64, 64] tiles (the default before session 15; H200, interleaved graph rounds, fwd+bwd at
+    # 16k / 32k: 0.6529 / 0.6620 and 0.6523 / 0.6603 ms in two calls, against [32, 64]'s 0.6499 / 0.6584 and 0.6499 /
+    # 0.6586).  Measured and removed in session 15: the fix-up taking 2 / 4 / 8 chunks per [n, rows, 64] load (code:
+    # 6ffa391; more bytes in flight per program) -- its kernel time 0.067-0.070 ms (both passes) became 0.070-0.081,
+    # fwd+bwd -0.5 to +1.9 %: the pass already runs at ~3.4 TB/s; programmatic dependent launch of every kernel (code:
+    # 7b76611; each one's programs start during the tail of the one before and wait for it on the device): no gain at
+    # 2k / 8k (0.600 / 0.622 vs 0.596 / 0.624 ms), 2.3 % slower at 16k / 32k (0.668 / 0.678 vs 0.653 / 0.661) --
+    # likely the early resident dV GEMM programs taking the SMs the prioritised reductions were to get first.
     ("fix_bs64", {"fix_bs": 64}),
     ("one_seg", {"seg_chunks": 1 << 20}),  # one segment per sequence: no start fix-up
     # Measured on an H200 and removed (code in commit ada80ee, docs/notes/kernels_flash.md session 5): the
