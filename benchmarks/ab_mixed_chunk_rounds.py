@@ -2,9 +2,9 @@
 
 One CUDA-graph fwd+bwd median per (round, length, variant), the variants of a length timed one after the other in
 every round, so slow drifts of the GPU (clocks, memory placement) hit them alike; the summary gives each variant's
-median over the rounds, its spread, and its ratio to the default.  Single runs of `lintime bench ops --cases
-flash.variants` moved by up to ~7 % between calls at one length (H200, 2026-11-26); this is how session 12 checked
-its changes.
+median over the rounds, its spread, and its ratio to the first variant named (`default` first, as usual).  Single
+runs of `lintime bench ops --cases flash.variants` moved by up to ~7 % between calls at one length (H200, 2026-11-26);
+this is how session 12 checked its changes.
 
     PYTHONPATH=$PWD python3 benchmarks/ab_mixed_chunk_rounds.py --Ts 2048,4096,8192,16384,32768 --rounds 5 \
         --variants default,s11,flat_bs128 [--out results.json]
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
             times[(T, name)].append(fb)
         print(f"round {r + 1}/{a.rounds} done", flush=True)
     rows = []
-    print(f"{'T':>6s} {'variant':12s} {'median':>8s} {'min':>8s} {'max':>8s} {'vs default':>10s}")
+    print(f"{'T':>6s} {'variant':12s} {'median':>8s} {'min':>8s} {'max':>8s} {'vs ' + names[0]:>10s}")
     for T in Ts:
         ref = statistics.median(times[(T, names[0])])
         for n in names:

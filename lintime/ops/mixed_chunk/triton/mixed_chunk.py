@@ -711,9 +711,6 @@ def _bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, c
     return dqq, dkq, dql, dkl, dv, db, dkv0
 
 
-_SIDE: dict = {}
-
-
 class _Side:
     """A second stream of one device for the backward's independent launches (``Blocks.bwd_streams``), with two
     events reused by every call: ``fork`` makes the second stream wait for the calling one, ``join`` the reverse.
@@ -752,12 +749,13 @@ class _Side:
 
 def _side_stream(dev: torch.device, hi: bool = False) -> _Side:
     """The :class:`_Side` of ``dev`` (``hi``: a stream whose blocks the GPU schedules before those of
-    default-priority streams)."""
-    key = (dev.index if dev.index is not None else torch.cuda.current_device(), hi)
-    side = _SIDE.get(key)
-    if side is None:
-        side = _SIDE[key] = _Side(key[0], hi)
-    return side
+    default-priority streams), made once per device and priority."""
+    return _side_of(dev.index if dev.index is not None else torch.cuda.current_device(), hi)
+
+
+@functools.cache
+def _side_of(index: int, hi: bool) -> _Side:
+    return _Side(index, hi)
 
 
 def _on(side: _Side | None, cur):
