@@ -8,7 +8,7 @@ above it a step is one row of ``T`` tokens), ``L`` decoding context (tokens alre
 
 Training (:func:`bench_train`): for each preset and ``T``, a fresh model and a fused (on CUDA)
 AdamW, then warm-up steps and timed steps, each exactly what ``lintime train`` runs per step:
-:func:`lintime.training.trainer.forward_backward` over the batch in the packed layout (one
+:func:`lintime.training.step.forward_backward` over the batch in the packed layout (one
 document per row, bf16 autocast on CUDA by default), gradient clipping, ``opt.step()``,
 ``zero_grad``.  Reported: the median step time with its 10th / 90th percentiles, tokens/s
 (``rows * T / median``), and the peak memory allocated by PyTorch during the timed steps
@@ -178,7 +178,7 @@ def make_settings(
     case_budget_s: float = CASE_BUDGET_S, parts: str = "train,decode",
 ) -> Settings:
     """Settings from the command line's flags: empty / 0 = the default (``--quick``'s when set)."""
-    from lintime.training.trainer import pick_device
+    from lintime.utils.device import pick_device
 
     dev = pick_device(device)
     names = tuple(p.strip() for p in presets.split(",") if p.strip()) or (QUICK_PRESETS if quick else DEFAULT_PRESETS)
@@ -285,7 +285,7 @@ def random_batch(rows: int, T: int, vocab: int, device: torch.device, seed: int 
 def train_step_fn(model, batch, amp: torch.dtype | None) -> tuple[Callable[[], float], torch.optim.Optimizer]:
     """One ``lintime train`` step over ``batch`` (all rows in one micro-batch): returns
     ``(step, optimizer)``; ``step()`` returns the loss."""
-    from lintime.training.trainer import forward_backward
+    from lintime.training.step import forward_backward
 
     device = next(model.parameters()).device
     opt = torch.optim.AdamW(model.param_groups(0.1), lr=LR, **({"fused": True} if device.type == "cuda" else {}))

@@ -56,7 +56,7 @@ def eval(
     """
     from lintime.evaluation import evaluate, load_split
     from lintime.training.checkpoint import load_model
-    from lintime.training.trainer import autocast_dtype, pick_device
+    from lintime.utils.device import autocast_dtype, pick_device
 
     lens = parse_context_lens(context_lens)
     if precision not in ("auto", "fp32", "bf16"):

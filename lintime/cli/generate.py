@@ -66,7 +66,7 @@ def generate(
     """
     from lintime.generation import GenerationConfig, stream
     from lintime.training.checkpoint import load_model
-    from lintime.training.trainer import pick_device
+    from lintime.utils.device import pick_device
 
     config = GenerationConfig(  # ValueError (one line, exit 2) for a bad value
         max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,

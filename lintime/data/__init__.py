@@ -13,9 +13,11 @@ See ``docs/data.md`` for the corpus, split, cache and packing rules.
 
 from __future__ import annotations
 
-from .cache import FORMAT_VERSION, TokenDataset, atomic_write, open_prepared
+from lintime.utils.io import atomic_write
+
+from .cache import FORMAT_VERSION, TokenDataset, open_prepared
 from .corpus import SPLITS, Corpus, Document, SkipStats, open_corpus, split_of, stdlib_root
-from .errors import DataError, MissingDependencyError
+from .errors import DataError, EmptySplitError, MissingDependencyError
 from .mlm import IGNORE_INDEX, mask_tokens
 from .packing import Batch, BatchIterator, PackedRow, PackedRows, collate
 from .prepare import default_cache_dir, prepare
@@ -31,6 +33,7 @@ __all__ = [
     "ByteTokenizer",
     "Corpus",
     "DataError",
+    "EmptySplitError",
     "Document",
     "MissingDependencyError",
     "PackedRow",

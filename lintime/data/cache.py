@@ -28,14 +28,12 @@ old manifest (so it is rebuilt) -- never a half-written file under a final name.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import struct
-import tempfile
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 import numpy as np
 
@@ -48,36 +46,6 @@ HEADER = struct.Struct("<8sIIQQ32s")
 HEADER_SIZE = 64
 assert HEADER.size == HEADER_SIZE
 _DTYPES = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
-
-
-@contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
-    """Write ``path`` all-or-nothing: a temp file beside it, fsync, rename; removed on any error."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a cache is meant to be readable
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    # Makes the rename itself durable; not possible on every platform (Windows), harmless to skip.
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def identity_digest(identity: dict) -> bytes:

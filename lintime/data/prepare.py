@@ -11,9 +11,11 @@ import sys
 from pathlib import Path
 from typing import Literal, Sequence
 
-from .cache import FORMAT_VERSION, SplitWriter, TokenDataset, atomic_write, consistent, read_manifest, split_paths
+from lintime.utils.io import atomic_write
+
+from .cache import FORMAT_VERSION, SplitWriter, TokenDataset, consistent, read_manifest, split_paths
 from .corpus import SPLITS, Corpus, SkipStats, open_corpus
-from .errors import DataError
+from .errors import DataError, EmptySplitError
 from .progress import Progress
 from .tokenizer import Tokenizer, get_tokenizer
 
@@ -128,10 +130,9 @@ def _build(corp: Corpus, tok: Tokenizer, split: str, identity: dict, bin_path: P
         flush()
         if len(writer.offsets) == 1:
             # Raising inside atomic_write discards the temporary file: no empty split is written.
-            raise DataError(
+            raise EmptySplitError(
                 f"split {split!r} of corpus {corp.name!r} has no documents ({len(corp.sources_for(split))} files "
-                f"considered, skipped: {stats.describe()}{_examples(stats)}); use a larger corpus or other "
-                f"--val-fraction/--test-fraction"
+                f"considered, skipped: {stats.describe()}{_examples(stats)}); use a larger corpus"
                 + (f", or check --text-field (now {corp.text_field!r})" if stats.missing_field else "")
             )
         n_docs, n_tokens = writer.finish()

@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Iterable, Sequence
 
 import numpy as np
 
+from lintime.utils.io import atomic_write_json
+
 from .errors import DataError, require
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -122,7 +124,7 @@ class ByteTokenizer(Tokenizer):
     def save(self, directory: str | os.PathLike) -> Path:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        _write_json(directory / META_FILE, {"kind": self.kind, "format": 1})
+        atomic_write_json(directory / META_FILE, {"kind": self.kind, "format": 1})
         return directory
 
     @classmethod
@@ -261,7 +263,7 @@ class BPETokenizer(Tokenizer):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self._tok.save(str(directory / "tokenizer.json"))
-        _write_json(directory / META_FILE, {"kind": self.kind, "format": 1, "special_tokens": self.special_tokens})
+        atomic_write_json(directory / META_FILE, {"kind": self.kind, "format": 1, "special_tokens": self.special_tokens})
         return directory
 
     def __eq__(self, other: object) -> bool:
@@ -342,14 +344,6 @@ def _train_cached_bpe(corpus: "Corpus", vocab: int, cache_dir, quiet: bool) -> T
 
 # ----------------------------------------------------------------------------------------------
 # small file helpers (atomic: a reader never sees a half-written file or folder)
-
-
-def _write_json(path: Path, obj) -> None:
-    from .cache import atomic_write
-
-    with atomic_write(path, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
 
 
 def _save_dir_atomically(save: Callable[[Path], Path], target: Path) -> None:

@@ -1,6 +1,8 @@
 """Training: the run-folder / checkpoint contract (:mod:`lintime.training.checkpoint`), the
 training config and the seeds' recipes (:mod:`~lintime.training.config`), learning-rate
-schedules, the training loop (:mod:`~lintime.training.trainer`), metrics and plots.
+schedules, one step and validation (:mod:`~lintime.training.step`), the training loop
+(:mod:`~lintime.training.trainer`), distributed training (:mod:`~lintime.training.parallel`),
+metrics and plots.
 No CLI code here (``lintime train`` is :mod:`lintime.cli.train`)."""
 
 from lintime.training.checkpoint import (
@@ -13,7 +15,8 @@ from lintime.training.checkpoint import (
     write_run_config,
 )
 from lintime.training.config import RECIPES, Recipe, TrainConfig
-from lintime.training.trainer import TrainResult, evaluate, forward_backward, train
+from lintime.training.step import evaluate, forward_backward
+from lintime.training.trainer import TrainResult, train
 
 __all__ = [
     "RECIPES",

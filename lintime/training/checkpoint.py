@@ -36,7 +36,6 @@ and :func:`load_trainer_state` (resume).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -49,6 +48,12 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from lintime import __version__
+from lintime.data import DataError, load_tokenizer
+from lintime.models import CausalLM, MaskedLM, ModelConfig
+from lintime.training.parallel import reshard
+from lintime.utils.io import atomic_write_json, atomic_write_text, fsync_dir, fsync_file
 
 CONFIG_FILE = "config.json"
 TOKENIZER_DIR = "tokenizer"
@@ -67,26 +72,14 @@ def step_dir_name(step: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# small atomic-file helpers
-
-
-def _fsync_dir(directory: Path) -> None:
-    # Makes renames durable; not possible everywhere (Windows), harmless to skip.
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
+# step folders: written whole, then published by a rename
 
 
 def _publish(tmp: Path, final: Path, ckpt_root: Path) -> None:
     """Move the finished temporary folder ``tmp`` to ``final``; re-saving a step (e.g. after a
     resume) swaps the folders, so a reader never sees a half-written state."""
     os.chmod(tmp, 0o755)
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     if final.exists():
         old = Path(tempfile.mkdtemp(prefix=f".old-{final.name}-", dir=ckpt_root))
         os.rename(final, old / final.name)
@@ -95,44 +88,18 @@ def _publish(tmp: Path, final: Path, ckpt_root: Path) -> None:
     else:
         os.rename(tmp, final)
 
+
 def _write_weights_and_state(folder: Path, model: torch.nn.Module, step: int, trainer_state: dict) -> None:
     """``model.safetensors`` and ``trainer_state.pt`` into ``folder``, each fsynced."""
     from safetensors.torch import save_model
 
     weights = folder / WEIGHTS_FILE
     save_model(model, str(weights), metadata={"format": "lintime", "step": str(step)})
-    _fsync_file(weights)
+    fsync_file(weights)
     with open(folder / STATE_FILE, "wb") as f:
         torch.save(trainer_state, f)
         f.flush()
         os.fsync(f.fileno())
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``path`` all-or-nothing (temp file beside it, fsync, rename, fsync the folder)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,8 +115,6 @@ def write_run_config(
     train: dict,
 ) -> dict:
     """Write ``config.json`` and ``tokenizer/`` of a run (atomically); return the config dict."""
-    from lintime import __version__
-
     if objective not in ("clm", "mlm"):
         raise ValueError(f"objective must be 'clm' or 'mlm', got {objective!r}")
     run_dir = Path(run_dir)
@@ -204,7 +169,7 @@ def save_checkpoint(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _fsync_dir(ckpt_root)
+    fsync_dir(ckpt_root)
     atomic_write_text(ckpt_root / LATEST_FILE, final.name + "\n")
     if keep:
         for old in list_checkpoints(run_dir)[:-keep]:
@@ -254,7 +219,7 @@ def save_distributed_checkpoint(
         dist.barrier()
         if main:
             _publish(tmp, final, ckpt_root)
-            _fsync_dir(ckpt_root)
+            fsync_dir(ckpt_root)
             atomic_write_text(ckpt_root / LATEST_FILE, final.name + "\n")
             if keep:
                 for old in list_checkpoints(run_dir)[:-keep]:
@@ -278,8 +243,6 @@ def _optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> di
     are not the sharded ones the optimizer holds -- their state would be missed (saved and loaded
     as zeros).  Every parameter must be one of the optimizer's, and every optimizer parameter
     must be named, or this raises ``RuntimeError``."""
-    from lintime.training.parallel import reshard
-
     reshard(model)
     owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
     out = {}
@@ -424,8 +387,6 @@ def read_run_config(run_dir: str | os.PathLike) -> dict:
 
 def build_model(config: dict) -> nn.Module:
     """A fresh ``CausalLM`` / ``MaskedLM`` from a run config dict (``config.json``)."""
-    from lintime.models import CausalLM, MaskedLM, ModelConfig
-
     try:
         model_config = ModelConfig.from_dict(config["model"])
     except (ValueError, TypeError) as err:
@@ -488,8 +449,6 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> L
     file raises ``FileNotFoundError``, an incompatible or unreadable checkpoint ``ValueError``;
     both with a one-line message (the CLI prints it and exits 2).
     """
-    from lintime.data import DataError, load_tokenizer
-
     step_dir = resolve_checkpoint(path)
     run_dir = run_dir_of(step_dir)
     config = read_run_config(run_dir)

@@ -25,7 +25,7 @@ import math
 import os
 from pathlib import Path
 
-from lintime.training.checkpoint import atomic_write_text
+from lintime.utils.io import atomic_write_text
 
 COLUMNS = ("step", "tokens", "time_s", "loss", "aux_loss", "lr", "grad_norm", "tokens_per_s", "val_loss", "val_bpb", "val_ppl")
 JSONL_FILE = "metrics.jsonl"

@@ -9,7 +9,7 @@ replica read the same rows and each holds one contiguous slice of every row's ``
 Gradients.  DDP and FSDP2 reduce over all ``W`` ranks and divide by ``W``; the trainer scales
 each rank's loss by ``W`` and divides by the *global* number of predicted tokens (all ranks,
 all micro-batches of the step), so the reduced gradient is exactly the single-process gradient
-of the same global batch (:func:`lintime.training.trainer.forward_backward`).  Gradient
+of the same global batch (:func:`lintime.training.step.forward_backward`).  Gradient
 accumulation skips the reduction on all but the last micro-batch (:func:`grad_sync`).
 
 Context parallelism (:class:`ContextParallel`).  Every mixer of a causal model is a recurrence
@@ -48,6 +48,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from lintime.layers.attention import KVCache
+from lintime.models.backbone import ModelState
+from lintime.utils.device import pick_device
 
 PARALLEL_MODES = ("none", "ddp", "fsdp")
 TIMEOUT_S = int(os.environ.get("LINTIME_DIST_TIMEOUT_S", "600"))
@@ -97,8 +101,6 @@ def init_distributed(device_name: str, parallel: str, context_parallel: int) -> 
         if context_parallel > 1:
             raise ValueError(f"--context-parallel {context_parallel} needs {context_parallel} processes: run under "
                              f"torchrun --nproc-per-node {context_parallel}")
-        from lintime.training.trainer import pick_device
-
         return DistEnv(device=pick_device(device_name))
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if world % context_parallel:
@@ -418,8 +420,6 @@ class ContextParallel:
         if not getattr(model, "causal", True) or not model.backbone.causal:
             raise ValueError("context parallelism needs a causal model (a masked LM sees its whole sequence)")
         self.multiple = chunk_multiple or _chunk_multiple(cfg)
-        from lintime.layers.attention import KVCache
-
         self.mixers = [blk.mixer for blk in model.backbone.blocks]
         for m in self.mixers:
             st = m.init_state(1, "cpu", torch.float32)
@@ -484,8 +484,6 @@ class ContextParallel:
     def forward(self, model: nn.Module, ids: torch.Tensor, cu: torch.Tensor, offset: torch.Tensor,
                 aux_losses: dict | None) -> torch.Tensor:
         """Logits ``[1, b*T/P, V]`` of this rank's slice (after :meth:`shard`)."""
-        from lintime.models.backbone import ModelState
-
         if self._slice is None:
             raise RuntimeError("ContextParallel.forward needs shard() first")
         state = ModelState([None] * len(self.mixers), offset)

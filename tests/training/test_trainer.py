@@ -18,8 +18,10 @@ from lintime.models import CausalLM, ModelConfig, get_preset
 from lintime.models.config import FFNConfig
 from lintime.models.registry import register_family
 from lintime.training import load_model, train
+from lintime.training import step as step_mod
 from lintime.training import trainer as trainer_mod
 from lintime.training.metrics import read_metrics
+from lintime.training.rng import rng_state, set_rng_state
 
 
 def _run(cfg, tmp_path, name, **kw):
@@ -88,10 +90,10 @@ def test_gradient_accumulation_equals_the_big_batch(token_cache, micro_rows):
     batch = _batch(token_cache)
     torch.manual_seed(0)
     model = CausalLM(get_preset("transformer-pp-tiny", vocab_size=260)).double()
-    loss_big, _ = trainer_mod.forward_backward(model, batch, micro_rows=4)
+    loss_big, _ = step_mod.forward_backward(model, batch, micro_rows=4)
     big = _grads(model)
     model.zero_grad(set_to_none=True)
-    loss_acc, _ = trainer_mod.forward_backward(model, batch, micro_rows=micro_rows)
+    loss_acc, _ = step_mod.forward_backward(model, batch, micro_rows=micro_rows)
     acc = _grads(model)
     assert loss_acc == pytest.approx(loss_big, rel=1e-12)
     assert big.keys() == acc.keys() and len(big) > 0
@@ -138,7 +140,7 @@ def test_aux_losses_are_added_with_their_weight(token_cache):
     torch.manual_seed(0)
     model = CausalLM(cfg).double()
     w = 0.5
-    loss, aux = trainer_mod.forward_backward(model, batch, micro_rows=4, aux_weight=w)
+    loss, aux = step_mod.forward_backward(model, batch, micro_rows=4, aux_weight=w)
     got = _grads(model)
     model.zero_grad(set_to_none=True)
     terms = {}
@@ -151,16 +153,16 @@ def test_aux_losses_are_added_with_their_weight(token_cache):
         torch.testing.assert_close(got[n], g, rtol=1e-10, atol=1e-13, msg=n)
     # with accumulation the micro-batches' aux losses are weighted by their share of the rows
     model.zero_grad(set_to_none=True)
-    _, aux_acc = trainer_mod.forward_backward(model, batch, micro_rows=2, aux_weight=w)
+    _, aux_acc = step_mod.forward_backward(model, batch, micro_rows=2, aux_weight=w)
     assert aux_acc == pytest.approx(aux, rel=0.5)
 
 
 def test_rng_state_round_trips_through_weights_only_load(tmp_path):
     torch.manual_seed(1), np.random.seed(1), random.seed(1)
-    state = trainer_mod.rng_state()
+    state = rng_state()
     torch.save(state, tmp_path / "s.pt")
     expected = (torch.rand(3), np.random.rand(3), random.random())
-    trainer_mod.set_rng_state(torch.load(tmp_path / "s.pt", weights_only=True))
+    set_rng_state(torch.load(tmp_path / "s.pt", weights_only=True))
     got = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(expected[0], got[0]) and np.array_equal(expected[1], got[1]) and expected[2] == got[2]
 
@@ -196,6 +198,6 @@ def test_vq_commitment_loss_and_codebook_updates_are_wired_in(tmp_path, tiny_con
     assert books and any(not torch.equal(b, dict(fresh.named_buffers())[n]) for n, b in books.items())  # EMA moved
     # validation runs in eval mode: it leaves the codebooks alone
     before = {n: b.clone() for n, b in books.items()}
-    trainer_mod.evaluate(trained, open_prepared(cfg.cache_dir, "validation"), context_len=32, rows=2, max_tokens=128,
+    step_mod.evaluate(trained, open_prepared(cfg.cache_dir, "validation"), context_len=32, rows=2, max_tokens=128,
                          tokenizer=load_model(res.run_dir).tokenizer)
     assert all(torch.equal(before[n], b) for n, b in trained.named_buffers() if n in before)

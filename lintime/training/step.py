@@ -1,0 +1,164 @@
+"""One optimiser step's gradients and the validation loss, on a batch in the packed layout.
+
+:func:`packed_rows` (a slice of a batch in the packed layout), :func:`forward_backward` (one
+optimiser step's gradients, with accumulation), :func:`evaluate` (validation loss, bits per byte
+/ perplexity).  The loop that calls them is :mod:`lintime.training.trainer`; ``lintime bench
+model`` times :func:`forward_backward` too.
+
+Notation: ``B`` rows per batch (``tokens_per_batch / context_len``), ``T`` = ``context_len``,
+``b`` rows per micro-batch, ``V`` vocabulary.
+
+Every step the model sees the batch in the packed layout, ``input_ids.reshape(1, b*T)`` with the
+batch's flattened ``cu_seqlens``, so documents never see each other.  The loss of a step is the
+mean cross-entropy over the predicted tokens of the *whole* batch (each micro-batch contributes
+its summed loss divided by the batch's number of targets, so accumulation gives the big batch's
+gradient), plus ``aux_weight`` times the mixers' auxiliary losses (Transformer-VQ's commitment
+loss, seed Eq. 35; each micro-batch's is weighted by its share ``b / B`` of the rows).  Mixers
+that keep state updated in training mode (the VQ codebook's EMA k-means) update it during the
+forward pass; evaluation runs the model in eval mode, which leaves such state alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+
+from lintime.data import IGNORE_INDEX, Batch, BatchIterator, TokenDataset, Tokenizer
+from lintime.training.parallel import grad_sync
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# one step
+
+
+def packed_rows(batch: Batch, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows ``start:stop`` of ``batch`` in the packed layout: ``input_ids [1, n*T]``,
+    ``targets [n*T]`` and their ``cu_seqlens [N'+1]`` (int32; every row start is a boundary)."""
+    B, T = batch.input_ids.shape
+    if not 0 <= start < stop <= B:
+        raise ValueError(f"need 0 <= start < stop <= {B}, got {start}:{stop}")
+    cu = batch.cu_seqlens.long()
+    lo, hi = start * T, stop * T
+    cu = cu[(cu >= lo) & (cu <= hi)] - lo
+    ids = batch.input_ids[start:stop].reshape(1, -1)
+    return ids, batch.targets[start:stop].reshape(-1), cu.to(torch.int32)
+
+
+def forward_backward(
+    model: torch.nn.Module,
+    batch: Batch,
+    *,
+    micro_rows: int,
+    aux_weight: float = 0.0,
+    autocast: torch.dtype | None = None,
+    n_targets: int | None = None,
+    replicas: int = 1,
+    loss_scale: float = 1.0,
+    context=None,
+) -> tuple[float, float]:
+    """Accumulate into ``.grad`` the gradient of the batch's loss (see the module docstring),
+    ``micro_rows`` rows per forward/backward.  Returns ``(loss, aux)``: the mean cross-entropy per
+    predicted token and the weighted auxiliary loss, as Python floats.
+
+    Distributed (:mod:`lintime.training.parallel`): ``n_targets`` is the number of predicted
+    tokens of the *global* batch (all ranks), ``replicas`` the number of ranks that share the
+    auxiliary losses (data x context parallel), ``loss_scale`` undoes the wrapper's averaging
+    (the world size for DDP / FSDP), ``context`` a :class:`~lintime.training.parallel.ContextParallel`
+    that runs this rank's slice of every row.  The returned numbers are then this rank's share:
+    their sum over ranks is the global loss.  Gradients are reduced on the last micro-batch only.
+    """
+    B = batch.input_ids.shape[0]
+    if micro_rows < 1 or B % micro_rows:
+        raise ValueError(f"micro_rows ({micro_rows}) must divide the batch's {B} rows")
+    device = next(model.parameters()).device
+    if n_targets is None:
+        n_targets = int((batch.targets != IGNORE_INDEX).sum())
+    n_targets = max(n_targets, 1)
+    ce_total, aux_total = 0.0, 0.0
+    for start in range(0, B, micro_rows):
+        ids, targets, cu = packed_rows(batch, start, start + micro_rows)
+        ids, targets, cu = ids.to(device), targets.to(device), cu.to(device)
+        aux: dict[str, torch.Tensor] = {}
+        with grad_sync(model, start + micro_rows == B):
+            with _autocast(device, autocast):
+                if context is None:
+                    logits = model(ids, cu_seqlens=cu, aux_losses=aux)  # [1, b*T, V]
+                else:
+                    ids, targets, cu, offset = context.shard(ids, targets, cu, micro_rows)
+                    logits = context.forward(model, ids, cu, offset, aux)  # [1, b*T/P, V]
+            ce = F.cross_entropy(_at_least_fp32(logits[0]), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+            loss = ce / n_targets
+            if aux:
+                aux_loss = aux_weight * (micro_rows / (B * replicas)) * sum(_at_least_fp32(v) for v in aux.values())
+                loss = loss + aux_loss
+                aux_total += float(aux_loss.detach())
+            (loss * loss_scale if loss_scale != 1.0 else loss).backward()
+        ce_total += float(ce.detach())
+    return ce_total / n_targets, aux_total
+
+
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """Losses are taken in fp32 (bf16 logits under autocast), or fp64 when the model is fp64."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module,
+    dataset: TokenDataset,
+    *,
+    context_len: int,
+    rows: int,
+    max_tokens: int,
+    objective: str = "clm",
+    seed: int = 0,
+    mlm_prob: float = 0.15,
+    autocast: torch.dtype | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> dict:
+    """Validation on the first ``max_tokens`` tokens of ``dataset`` in split order (the same
+    tokens every time): ``{"val_loss", "val_bpb" | "val_ppl", "val_targets"}``.  ``val_bpb`` (byte
+    tokenizer: the mean loss in bits per predicted byte) or else ``val_ppl`` = exp(loss)."""
+    tok = tokenizer if tokenizer is not None else dataset.tokenizer
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    it = BatchIterator(dataset, batch_size=rows, context_len=context_len, tokenizer=tok, objective=objective,
+                       seed=seed, shuffle=False, epochs=1, mlm_prob=mlm_prob)
+    total, n, seen = 0.0, 0, 0
+    for batch in it:
+        ids, targets, cu = packed_rows(batch, 0, rows)
+        with _autocast(device, autocast):
+            logits = model(ids.to(device), cu_seqlens=cu.to(device))
+        targets = targets.to(device)
+        total += float(F.cross_entropy(_at_least_fp32(logits[0]), targets, ignore_index=IGNORE_INDEX, reduction="sum"))
+        n += int((targets != IGNORE_INDEX).sum())
+        seen += rows * context_len
+        if seen >= max_tokens:
+            break
+    model.train(was_training)
+    if n == 0:
+        raise ValueError("the validation split has no tokens to predict")
+    loss = total / n
+    out = {"val_loss": loss, "val_targets": n}
+    if tok.bits_per_byte:
+        out["val_bpb"] = loss / math.log(2)
+    else:
+        out["val_ppl"] = math.exp(min(loss, 700.0))
+    return out
+
+
+def describe_val(val: dict) -> str:
+    score = f"{val['val_bpb']:.4f} bits/byte" if "val_bpb" in val else f"perplexity {val['val_ppl']:.2f}"
+    return f"val loss {val['val_loss']:.4f} ({score})"
+
