@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from lintime.cli import command
 
 
@@ -21,7 +23,8 @@ def data(
     """Tokenise a corpus into the memory-mapped token cache that `lintime train` reads.
 
     A split whose cache matches (same files, tokenizer and split rule) is reused; otherwise it is
-    rebuilt atomically.  Reports each split on stderr and prints the cache folder on stdout.
+    rebuilt atomically.  Reports each split on stderr and prints only the cache folder on stdout
+    (`--cache-dir "$(lintime data ...)"` works).
 
     Args:
         corpus: stdlib (the Python standard library), a folder, a file (.txt, .jsonl, .parquet, ...) or a glob.
@@ -35,18 +38,24 @@ def data(
         rebuild: rebuild even when the cache matches.
         quiet: no progress bar or per-split lines on stderr.
     """
-    from lintime.data import prepare
+    from lintime.data import EmptySplitError, prepare
 
     wanted = tuple(s.strip() for s in splits.split(",") if s.strip())
     if not wanted:
         raise ValueError("--splits names no split; use e.g. train,validation,test")
     if source_hash not in ("stat", "content"):
         raise ValueError(f"--source-hash must be 'stat' or 'content', got {source_hash!r}")
-    result = prepare(
-        corpus, tokenizer, cache_dir, splits=wanted, text_field=text_field, val_fraction=val_fraction,
-        test_fraction=test_fraction, source_hash=source_hash, rebuild=rebuild, quiet=quiet,
-    )
-    # prepare reports each split on stderr; stdout gets the folder to hand to `lintime train --cache-dir`
+    try:
+        result = prepare(
+            corpus, tokenizer, cache_dir, splits=wanted, text_field=text_field, val_fraction=val_fraction,
+            test_fraction=test_fraction, source_hash=source_hash, rebuild=rebuild, quiet=quiet,
+        )
+    except EmptySplitError as err:
+        raise EmptySplitError(f"{err}, or other --val-fraction / --test-fraction") from None
+    # stdout gets the folder alone, so `--cache-dir "$(lintime data ...)"` works; the summary goes to stderr
     folder = next(iter(result.values())).path.parent
     tokens = sum(ds.n_tokens for ds in result.values())
-    print(f"{folder}  ({', '.join(result)}: {tokens:,} tokens, tokenizer {next(iter(result.values())).tokenizer.name})")
+    if not quiet:
+        print(f"lintime data: {', '.join(result)}: {tokens:,} tokens, tokenizer {next(iter(result.values())).tokenizer.name}",
+              file=sys.stderr)
+    print(folder)

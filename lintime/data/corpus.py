@@ -10,7 +10,8 @@ A corpus spec (``--corpus`` on the command line) is one of
 * a folder: every regular file below it, recursively, except names starting with ``.``;
 * a glob (``"data/**/*.txt"``, recursive ``**`` allowed); its root is the longest leading part
   without wildcards;
-* a single file (its root is its folder).
+* a single file (its root is its folder).  A single *text* file (nanoGPT's ``input.txt``) is
+  split by position instead of by hash: see :func:`position_cuts`.
 
 Each file is read by its extension: ``.jsonl`` / ``.ndjson`` hold one JSON object per line, the
 document is its ``text_field`` (default ``"text"``); ``.parquet`` holds a table whose
@@ -24,7 +25,10 @@ are).  A file that cannot be read, contains a NUL byte or is not UTF-8 is skippe
 Split rule (see :func:`split_of`): a document's split is a pure function of its *key* -- the
 POSIX path of its file relative to the corpus root, plus ``#<line>`` (1-based JSONL line) or
 ``#<row>`` (0-based parquet row) for records.  The same relative path lands in the same split
-on every machine, whatever the root is, and independently of which other files exist.
+on every machine, whatever the root is, and independently of which other files exist.  A
+corpus that is one text file is one document, which the hash would put whole into one split; it
+is cut by position instead (:func:`position_cuts`): its first ``1 - val_fraction - test_fraction``
+is train, then validation, then test, each piece one document keyed ``<name>@<split>``.
 """
 
 from __future__ import annotations
@@ -63,6 +67,28 @@ def split_of(key: str, val_fraction: float = 0.05, test_fraction: float = 0.05) 
     if u < test_fraction + val_fraction:
         return "validation"
     return "train"
+
+
+def position_cuts(text: str, val_fraction: float = 0.05, test_fraction: float = 0.05) -> dict[str, tuple[int, int]]:
+    """Character ranges ``{split: (start, stop)}`` of a single-file corpus, in file order: train,
+    then validation, then test.
+
+    Rule: with ``n = len(text)``, the nominal cuts are ``a = floor(n * (1 - val_fraction - test_fraction))``
+    and ``b = floor(n * (1 - test_fraction))``; each moves forward to just after the next newline
+    (so no line is cut in two), or stays where it is when no newline follows.  Train is
+    ``[0, a)``, validation ``[a, b)``, test ``[b, n)``.  A pure function of the text and fractions.
+    """
+    n = len(text)
+
+    def snap(x: int) -> int:
+        if x <= 0 or x >= n or text[x - 1] == "\n":
+            return min(max(x, 0), n)
+        nl = text.find("\n", x)
+        return x if nl < 0 else nl + 1
+
+    a = snap(int(n * (1 - val_fraction - test_fraction)))
+    b = max(a, snap(int(n * (1 - test_fraction))))
+    return {"train": (0, a), "validation": (a, b), "test": (b, n)}
 
 
 @dataclass(frozen=True)
@@ -116,6 +142,7 @@ class Corpus:
         text_field: str = "text",
         val_fraction: float = 0.05,
         test_fraction: float = 0.05,
+        by_position: bool = False,
     ):
         if not (0 <= val_fraction and 0 <= test_fraction and val_fraction + test_fraction < 1):
             raise ValueError(f"need 0 <= val_fraction, test_fraction and their sum < 1, got {val_fraction}, {test_fraction}")
@@ -125,12 +152,16 @@ class Corpus:
         self.text_field = text_field
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
+        # one text file: split by position (position_cuts), not by the hash of its key
+        self.by_position = by_position and len(self.sources) == 1 and self.sources[0].kind == "text"
 
     def __repr__(self) -> str:
         return f"Corpus({self.name!r}, root={str(self.root)!r}, files={len(self.sources)})"
 
     def split_rule(self) -> dict:
         """What decides the split of a key (stored in manifests)."""
+        if self.by_position:
+            return {"rule": "position", "val_fraction": self.val_fraction, "test_fraction": self.test_fraction}
         return {"rule": "sha256(key)[:8] / 2**64", "val_fraction": self.val_fraction, "test_fraction": self.test_fraction}
 
     def split_of(self, key: str) -> SplitName:
@@ -139,6 +170,8 @@ class Corpus:
     def sources_for(self, split: str) -> list[Source]:
         """Files that can hold documents of ``split``: text files of that split, and every record file."""
         _check_split(split)
+        if self.by_position:
+            return list(self.sources)
         return [s for s in self.sources if s.kind != "text" or self.split_of(s.key) == split]
 
     def count_hint(self, split: str) -> int | None:
@@ -177,10 +210,14 @@ class Corpus:
                 progress(src.size)
                 if text is None:
                     continue
+                key = src.key
+                if self.by_position:
+                    start, stop = position_cuts(text, self.val_fraction, self.test_fraction)[split]
+                    text, key = text[start:stop], f"{src.key}@{split}"
                 if not text:
-                    stats.note("empty", src.key)
+                    stats.note("empty", key)
                     continue
-                yield Document(src.key, text)
+                yield Document(key, text)
             elif src.kind == "jsonl":
                 yield from self._jsonl(src, split, stats, progress)
             else:
@@ -330,6 +367,7 @@ def open_corpus(
         elif path.is_file():
             root = path.absolute().parent
             paths = [path.absolute()]
+            kw["by_position"] = True
         else:
             raise DataError(f"corpus not found: {spec_str} (expected 'stdlib', a folder, a file or a glob)")
     sources = [s for s in (_source(p, root) for p in paths) if s is not None]

@@ -14,6 +14,11 @@ class DataError(Exception):
     """A data problem the user can fix; ``str(err)`` is a complete one-line message."""
 
 
+class EmptySplitError(DataError):
+    """A requested split ends up with no documents.  The message names no command-line flag (each
+    command accepts other ones); ``lintime data`` adds its ``--val-fraction`` / ``--test-fraction``."""
+
+
 class MissingDependencyError(DataError, ImportError):
     """An optional dependency (``tokenizers``, ``pyarrow``) is needed but not installed.
 

@@ -10,6 +10,7 @@ import math
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from hf_helpers import write_run
 
@@ -29,6 +30,7 @@ def _logprob(model, ids: list[int], start: int) -> float:
 
 
 def test_lm_eval_local_tasks(tmp_path, monkeypatch):
+    pytest.importorskip("lm_eval", reason="lm-eval is the `eval` extra: pip install -e '.[eval]'")
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
