@@ -25,15 +25,14 @@ import dataclasses
 import importlib
 import pkgutil
 import re
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
-if TYPE_CHECKING:
-    import torch.nn as nn
+from torch import nn
 
-    from lintime.models.config import ModelConfig
-
-MixerBuilder = Callable[["ModelConfig", int, bool], "nn.Module"]
-PresetTable = Callable[[], "dict[str, ModelConfig]"]
+# The registry sits below the config: :class:`~lintime.models.config.ModelConfig` looks families
+# up here, so the types below name it ``Any`` rather than import it (no import cycle).
+MixerBuilder = Callable[[Any, int, bool], nn.Module]  # (ModelConfig, layer index, causal) -> mixer
+PresetTable = Callable[[], "dict[str, Any]"]  # () -> {preset name: ModelConfig}
 
 
 @dataclasses.dataclass(frozen=True)
