@@ -1,4 +1,4 @@
-"""Attention operations, ``[B, T, H, D]`` layout (SPEC section 2).
+"""Attention operations, ``[B, T, H, D]`` layout (docs/design/contract.md §2).
 
 Each family lives in its own folder with ``naive.py`` (textbook reference), ``chunk.py``
 (chunked PyTorch, any device) and, where the op carries a state, ``recurrent.py``; the
@@ -22,6 +22,7 @@ _EXPORTS = {
     "vq_attention": "vq",
     "VQState": "vq",
     "gau_heads": "heads",
+    "linear_cross_entropy": "cross_entropy",
 }
 
 __all__ = list(_EXPORTS)

@@ -1,23 +1,20 @@
-"""Structure of lintime.ops: every op family folder has its textbook reference and exports
-exactly its public function(s); poisoning really poisons."""
+"""Structure of lintime.ops: every op family folder is in the export registry, has its textbook
+reference and exports exactly its public function(s); poisoning really poisons."""
 
 import importlib
-import pkgutil
 from pathlib import Path
 
 import torch
 
 import lintime.ops as ops
 
-FAMILIES = {
-    "softmax": ["softmax_attention"],
-    "gau": ["gau_attention"],
-    "mixed_chunk": ["mixed_chunk_attention", "MixedChunkState"],
-    "linear": ["linear_attention"],
-    "gla": ["gated_linear_attention"],
-    "vq": ["vq_attention", "VQState"],
-    "heads": ["gau_heads"],
-}
+
+def _families() -> dict[str, list[str]]:
+    """Family folder -> its exported names, from ``lintime.ops``' export registry."""
+    out: dict[str, list[str]] = {}
+    for name, family in ops._EXPORTS.items():
+        out.setdefault(family, []).append(name)
+    return out
 
 
 def _family_dirs():
@@ -25,18 +22,24 @@ def _family_dirs():
     return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "__init__.py").exists())
 
 
-def test_every_family_has_naive_and_chunk():
-    dirs = _family_dirs()
-    assert sorted(FAMILIES) == [d for d in dirs if d in FAMILIES], dirs
-    for d in dirs:
+def test_every_family_folder_is_exported():
+    """Every sub-package of lintime.ops is an op family in the export registry, and back: a new family
+    folder cannot escape the checks below."""
+    assert sorted(_families()) == _family_dirs()
+
+
+def test_every_family_has_naive_chunk_and_a_dispatch_table():
+    for d in _family_dirs():
         folder = Path(ops.__file__).parent / d
         assert (folder / "naive.py").exists(), f"op family {d!r} has no naive.py"
         assert (folder / "chunk.py").exists(), f"op family {d!r} has no chunk.py"
+        impls = importlib.import_module(f"lintime.ops.{d}")._IMPLS
+        assert {"naive", "chunk"} <= set(impls), f"op family {d!r} registers {sorted(impls)}"
 
 
 def test_no_family_folder_shadows_an_export():
     """A family folder named like one of ``lintime.ops``' exports would shadow it: importing the sub-package binds
-    its name on ``lintime.ops`` over the lazily exported function (the ``gau_heads`` folder did until session 13)."""
+    its name on ``lintime.ops`` over the lazily exported function (a ``gau_heads`` folder did)."""
     assert not set(_family_dirs()) & set(ops.__all__)
 
 
@@ -49,12 +52,12 @@ def test_export_after_importing_its_family_modules_first():
             "[importlib.import_module('lintime.ops.' + f) for f in fams]\n"
             "import lintime.ops as ops\n"
             "bad = [n for n in ops.__all__ if inspect.ismodule(getattr(ops, n))]\n"
-            "assert not bad, bad").format(fams=sorted(FAMILIES))
+            "assert not bad, bad").format(fams=sorted(_families()))
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_families_export_their_public_functions():
-    for fam, names in FAMILIES.items():
+    for fam, names in _families().items():
         mod = importlib.import_module(f"lintime.ops.{fam}")
         for name in names:
             assert getattr(mod, name) is getattr(ops, name)
