@@ -1,6 +1,6 @@
 """Host (CPU) time of eager Triton-op calls with no-op kernels.
 
-Every Triton kernel of ``lintime.ops.*.triton`` and ``lintime.ops.triton_common`` is replaced by
+Every Triton kernel of ``lintime.ops.*.triton`` and ``lintime.ops.state_passing`` is replaced by
 a stub whose launch does nothing, so what is timed is the host side of a call: Python, the torch
 dispatcher, custom-op / autograd machinery, allocations and launch arithmetic -- not Triton's
 own launcher (argument binding), which the stub skips.  Tensors live on the CPU
@@ -37,7 +37,8 @@ import torch
 import triton
 
 MODULES = [
-    "lintime.ops.triton_common",
+    "lintime.ops.segments",
+    "lintime.ops.state_passing",
     "lintime.ops.linear.triton.ops",
     "lintime.ops.gla.triton.ops",
     "lintime.ops.mixed_chunk.triton.mixed_chunk",
@@ -68,7 +69,7 @@ def stub_kernels() -> int:
             if isinstance(val, kinds):
                 setattr(mod, attr, _NoOpKernel())
                 n += 1
-    tc = importlib.import_module("lintime.ops.triton_common")
+    tc = importlib.import_module("lintime.ops.kernel_launch")
     tc._sm_count = lambda index: 132
     tc.sm_count = lambda device: 132
     for name in MODULES:  # modules that imported sm_count by name

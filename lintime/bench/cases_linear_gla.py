@@ -188,7 +188,7 @@ def case_decode(results, quick=False):
 
 def case_segments(results, quick=False, ops=("linear", "gla")):
     """The materialisation choice: chunks per segment ``ns`` (0 = one segment per sequence, i.e.
-    non-materialised; ``auto`` = the rule in ``triton_common.choose_segment_chunks``)."""
+    non-materialised; ``auto`` = the rule in ``lintime.ops.segments.choose_segment_chunks``)."""
     from lintime.ops.gla.triton.ops import segment_chunks_for as gla_auto
     from lintime.ops.gla.triton.ops import triton_gla
     from lintime.ops.linear.triton.ops import segment_chunks_for as lin_auto

@@ -412,7 +412,7 @@ def test_chunk_dA_packed():
     chunks, an empty and a 1-token sequence, several V-blocks (``dA_bv`` = 16 of V = 40: a masked
     last block); the reference starts NaN-filled, so a token it misses fails too."""
     from lintime.ops.gla.triton.ops import chunk_dA
-    from lintime.ops.triton_common import BT, chunks
+    from lintime.ops.segments import BT, chunks
 
     lens, H, V, scale = [70, 1, 0, 130], 2, 40, 0.3
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEV)

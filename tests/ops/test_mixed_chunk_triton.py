@@ -208,25 +208,6 @@ def test_unwritten_buffers_are_never_read(monkeypatch):
 
 
 @cpu_only
-def test_lintime_tma_env_turns_tma_off(monkeypatch):
-    """``LINTIME_TMA=0`` makes every kernel take its pointer path (read once per device)."""
-    from lintime.ops.mixed_chunk.triton import mixed_chunk as mc
-    from lintime.ops.triton_common import tma_device
-
-    cfg, cpu = default_blocks(32, 48, torch.float32, 32), torch.device("cpu")
-    tma_device.cache_clear()
-    try:
-        assert mc._tma_shapes(cfg, 32, 48, 32, cpu)
-        monkeypatch.setenv("LINTIME_TMA", "0")
-        tma_device.cache_clear()
-        assert not mc._tma_shapes(cfg, 32, 48, 32, cpu)
-    finally:
-        monkeypatch.undo()
-        tma_device.cache_clear()
-    assert mc._tma_shapes(cfg, 32, 48, 32, cpu)
-
-
-@cpu_only
 def test_segment_lengths_agree():
     """One chunk per segment (G = 1: exact fp32 per-chunk states, nothing in registers), 3-chunk
     segments, and one segment per sequence all give the naive result (13 chunks, scale given)."""

@@ -38,15 +38,9 @@ from lintime.ops.gau.triton.plan import (
     to_device,
 )
 from lintime.ops.gau.triton.slab import packed_rows, slab_applies, slab_bwd, slab_fwd, slab_runs
-from lintime.ops.triton_common import (
-    cdiv,
-    check_device,
-    custom_op,
-    dot_config,
-    interpreting,
-    tma_descriptors,
-    tma_device,
-)
+from lintime.ops.custom_op import custom_op
+from lintime.ops.kernel_launch import cdiv, check_device, dot_config, interpreting
+from lintime.ops.tma import tma_descriptors, tma_device
 from lintime.ops.utils import packed_cache
 
 # Candidate launches of the three GAU kernels: ``(name, overrides)``, the overrides applied to the GPU

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from lintime.ops.gau.triton.kernels import fold_bias_kernel
-from lintime.ops.triton_common import interpreting
+from lintime.ops.kernel_launch import interpreting
 
 
 def pow2_at_least(x: int, lo: int = 16) -> int:

@@ -45,7 +45,7 @@ import triton.language as tl
 
 from lintime.ops.gau.triton.kernels import _bias_tile
 from lintime.ops.gau.triton.plan import Blocks, bias_tiles, fold_bias_grad, kernel_bias, pow2_at_least
-from lintime.ops.triton_common import cdiv, dot_config
+from lintime.ops.kernel_launch import cdiv, dot_config
 
 MAX_S = 256  # widest q / k the slab kernels keep in one tile (wider: the tiled kernels)
 

@@ -9,7 +9,7 @@ last value; ``h_n`` = state entering chunk ``n``, ``[K, V]`` fp32.  Chunkwise fo
     h_n+1 = exp(G_l) * h_n + kg^T v,                    kg = k * exp(G_l - G)
 
 ``gla_fwd_prep_kernel`` (parallel over chunks) computes, once per chunk, ``A`` (secondary tiling of
-:mod:`lintime.ops.triton_common`; fp32 ``[TT, H, BT]``), the gated inputs ``qg, kg`` (input dtype)
+:mod:`lintime.ops.gla.triton.subchunk`; fp32 ``[TT, H, BT]``), the gated inputs ``qg, kg`` (input dtype)
 and the chunk's total log-decay ``G_l`` (fp32 ``[NCH, H, K]``).  Both gate factors are ``<= 1``
 (``G`` is a sum of log-gates ``<= 0``), so ``|qg| <= |q|`` and ``|kg| <= |k|``: storing them in the
 input dtype rounds them like the inputs themselves (bf16 / fp16 relative 2^-8 / 2^-11; fp16
@@ -35,7 +35,7 @@ same for every K-block of a chunk: the opt-in ``gla_bwd_dA_kernel`` computes it 
 the dq/dk/dg kernel reads it (``LOAD_DA``) instead of accumulating ``do v^T`` per K-block.
 
 **One-level in-chunk products (``ONE_LEVEL``, bf16 inputs by default).**  The in-chunk parts need
-``exp(G_i - G_j)`` per pair.  The secondary tiling (:mod:`lintime.ops.triton_common`) builds them
+``exp(G_i - G_j)`` per pair.  The secondary tiling (:mod:`lintime.ops.gla.triton.subchunk`) builds them
 from sub-chunk-local sums so that no factor overflows whatever the decay.  When the K-block's
 cumulative gates stay inside ``ONE_SPAN`` nats (checked at run time per chunk and K-block; typical
 GLA gates decay a few nats per 64 tokens) one matmul of the whole chunk does it instead::
@@ -53,13 +53,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lintime.ops.triton_common import (
-    ONE_SPAN,
-    segment_bounds,
-    subchunk_A,
-    subchunk_dqdk,
-    subchunk_stats,
-)
+from lintime.ops.gla.triton.subchunk import ONE_SPAN, subchunk_A, subchunk_dqdk, subchunk_stats
+from lintime.ops.segments import segment_bounds
 
 
 @triton.jit
@@ -114,7 +109,7 @@ def gla_seg_summary_kernel(
     """What segment ``i_s`` adds to a ``[K, V]`` state, from gated inputs: ``delta = alpha * walk
     of S <- exp(G_l) S + x^T y`` over its chunks (forward: ``x = kg, y = v``, chunks in order;
     reverse: ``x = qg, y = do``, last chunk first) and ``gsum`` = its total log-decay.  The same
-    outputs as ``triton_common.seg_summary_kernel`` (for ``seg_scan_kernel``) without any gate
+    outputs as ``lintime.ops.state_passing.seg_summary_kernel`` (for ``seg_scan_kernel``) without any gate
     arithmetic.  Grid ``(NK * NV * NSEG, H)``."""
     NK: tl.constexpr = (K + BK - 1) // BK
     NV: tl.constexpr = (V + BV - 1) // BV

@@ -1,7 +1,7 @@
 """Host side of the GLA Triton kernels: launchers, the ``lintime::`` custom ops (forward,
 backward, decoding) and the backend entry :func:`triton_gla`.
 
-Kernel sequence (``ns`` = chunks per segment, see :mod:`lintime.ops.triton_common`):
+Kernel sequence (``ns`` = chunks per segment, see :mod:`lintime.ops.segments`):
 
 * forward: ``gla_fwd_prep_kernel`` (per chunk: ``A``, ``q exp G``, ``k exp(G_l - G)``, ``G_l``)
   -> [segment summaries + scan, when materialised] -> ``gla_fwd_kernel`` (output walk, per-chunk
@@ -28,22 +28,11 @@ from lintime.ops.gla.triton.kernels import (
     gla_recurrent_kernel,
     gla_seg_summary_kernel,
 )
-from lintime.ops.triton_common import (
-    BC,
-    BT,
-    check_device,
-    choose_segment_chunks,
-    chunks,
-    custom_op,
-    dot_config,
-    empty_f32,
-    flat,
-    none_if_empty,
-    seg_alloc_rows,
-    seg_scan_kernel,
-    segments,
-    supported,
-)
+from lintime.ops.custom_op import custom_op, empty_f32, none_if_empty
+from lintime.ops.gla.triton.subchunk import BC
+from lintime.ops.kernel_launch import check_device, dot_config, flat, supported
+from lintime.ops.segments import BT, choose_segment_chunks, chunks, seg_alloc_rows, segments
+from lintime.ops.state_passing import seg_scan_kernel
 
 DECODE_MAX_T = 16  # forward-only calls up to this many tokens use the recurrent kernel
 TILE = 8192  # fp32 elements of the [all K, BV] state tile of the output / dv walks (32 KB; 64 KB at K = 128)
@@ -57,7 +46,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _block(d: int) -> int:
-    """``triton_common.block`` in plain Python (a power of two >= 16)."""
+    """``kernel_launch.block`` in plain Python (a power of two >= 16)."""
     return max(16, 1 << (max(d, 1) - 1).bit_length())
 
 

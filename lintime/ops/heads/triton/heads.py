@@ -23,13 +23,8 @@ from lintime.ops.heads.triton.kernels import (
     gau_heads_bwd_kernel,
     gau_heads_fwd_kernel,
 )
-from lintime.ops.triton_common import (
-    cdiv,
-    check_device,
-    custom_op,
-    interpreting,
-    next_pow2,
-)
+from lintime.ops.custom_op import custom_op
+from lintime.ops.kernel_launch import cdiv, check_device, interpreting, next_pow2
 from lintime.ops.utils import rope_inv_freq
 
 

@@ -1,7 +1,7 @@
 """Host side of the linear-attention Triton kernels: launchers, the ``lintime::`` custom ops
 (forward, backward, decoding) and the backend entry :func:`triton_linear_attention`.
 
-Kernel sequence (``ns`` = chunks per segment, see :mod:`lintime.ops.triton_common`):
+Kernel sequence (``ns`` = chunks per segment, see :mod:`lintime.ops.segments`):
 
 * forward: [segment summaries of ``k^T v`` and ``sum k`` + scan, when materialised or
   non-causal] -> ``linear_fwd_kernel`` (output, normaliser, final state);
@@ -25,22 +25,10 @@ from lintime.ops.linear.triton.kernels import (
     linear_fwd_kernel,
     linear_recurrent_kernel,
 )
-from lintime.ops.triton_common import (
-    BT,
-    block,
-    cdiv,
-    check_device,
-    choose_segment_chunks,
-    custom_op,
-    dot_config,
-    empty_f32,
-    flat,
-    none_if_empty,
-    seg_alloc_rows,
-    segment_states,
-    segments,
-    supported,
-)
+from lintime.ops.custom_op import custom_op, empty_f32, none_if_empty
+from lintime.ops.kernel_launch import block, cdiv, check_device, dot_config, flat, supported
+from lintime.ops.segments import BT, choose_segment_chunks, seg_alloc_rows, segments
+from lintime.ops.state_passing import segment_states
 
 DECODE_MAX_T = 16  # forward-only calls up to this many tokens use the recurrent kernel
 TILE = 4096  # fp32 elements of a state tile held by one program (16 KB)

@@ -67,7 +67,7 @@ def chunk_state_kernel(
     (``TOT``).
 
     With ``TMA`` the whole ``BT``-token steps of a chunk load ``X`` and ``Y`` through the tensor
-    descriptors ``DX`` / ``DY`` (:func:`lintime.ops.triton_common.tma_descriptors`); a short
+    descriptors ``DX`` / ``DY`` (:func:`lintime.ops.tma.tma_descriptors`); a short
     chunk's partial last step uses masked loads (its rows past the chunk are the next chunk's).
     """
     pid = tl.program_id(0)

@@ -3,7 +3,7 @@
 Notation: ``B`` batch, ``T`` time, ``H`` heads, ``S`` key width, ``E`` value width, ``C`` chunk
 size, ``N`` sequences, ``NC`` chunks (laid out per sequence), ``NSEG`` segments (runs of
 consecutive chunks of one sequence walked by one program), ``SDT`` the dtype of the per-chunk
-states (:func:`lintime.ops.triton_common.dot_config`: bf16 for bf16 inputs, fp32 otherwise).
+states (:func:`lintime.ops.kernel_launch.dot_config`: bf16 for bf16 inputs, fp32 otherwise).
 
 Kernel sequence (:mod:`lintime.ops.mixed_chunk.triton.kernels`), causal forward::
 
@@ -64,17 +64,10 @@ from lintime.ops.mixed_chunk.triton.kernels import (
     mc_scores_kernel,
     seg_fix_kernel,
 )
-from lintime.ops.triton_common import (
-    cdiv,
-    check_device,
-    custom_op,
-    dot_config,
-    next_pow2,
-    seg_scan_kernel,
-    sm_count,
-    tma_descriptors,
-    tma_device,
-)
+from lintime.ops.custom_op import custom_op
+from lintime.ops.kernel_launch import cdiv, check_device, dot_config, next_pow2, sm_count
+from lintime.ops.state_passing import seg_scan_kernel
+from lintime.ops.tma import tma_descriptors, tma_device
 from lintime.ops.utils import packed_cache
 
 # Candidate launches of the mixed chunk kernels: ``(name, overrides)``, the overrides applied to the
@@ -451,7 +444,7 @@ class _ScoresJob:
 
 
 def _scan(tot, plan: _Plan, *, H, S, E, reverse):
-    """triton_common's segment scan: each sequence's total over its segments (non-causal calls)."""
+    """lintime.ops.state_passing's segment scan: each sequence's total over its segments (non-causal calls)."""
     final = torch.empty(plan.N, H, S, E, dtype=torch.float32, device=tot.device)
     if plan.N > 0:
         SK, SV = min(32, next_pow2(max(S, 16))), min(32, next_pow2(max(E, 16)))

@@ -1,0 +1,185 @@
+"""The chunk / segment layout of the Triton kernels' walks over (packed) sequences.
+
+Notation: ``B, T, H, K, V`` as everywhere; ``TT = B * T`` tokens of the flat ``[TT, H, D]`` view
+of a contiguous ``[B, T, H, D]`` tensor (packed sequences with ``cu_seqlens`` are already flat);
+``N`` sequences; ``BT`` chunk length (64 tokens).
+
+**Chunks and segments.**  Every sequence is cut into chunks of ``BT`` tokens, starting at the
+sequence start (the last chunk of a sequence may be short; nothing ever crosses a sequence
+boundary).  Consecutive chunks of one sequence are grouped into *segments* of ``ns`` chunks.
+A kernel program owns one segment and walks its chunks in order, carrying the ``[K, V]`` state
+in registers (the "non-materialised" form of the GLA seed §3.3): inputs are read once and no
+per-chunk state touches HBM.  One segment per sequence (``ns = 0``) is the purely sequential
+form; it lacks parallelism when ``B * H`` is small, so long sequences are cut into several
+segments and the state entering each segment is *materialised* (seed §3.3 "materialization"),
+but per segment, not per chunk (:mod:`lintime.ops.state_passing`).  ``ns`` is chosen per shape
+by :func:`choose_segment_chunks`.
+
+**Layout tables.**  Without ``cu_seqlens`` the segment of a program id is arithmetic (no table,
+no host work).  With ``cu_seqlens`` :func:`segments` builds an ``int32 [NSEG, 4]`` table
+``(bos, eos, seq, first chunk)`` and the CSR offsets ``seq_ptr [N + 1]`` of each sequence's
+segments; this reads ``cu_seqlens`` on the host (one device sync), like the PyTorch chunked form.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from lintime.ops.kernel_launch import next_pow2, sm_count
+
+BT = 64  # chunk length (tokens) of every kernel
+
+
+def choose_segment_chunks(n_seq: int, total_tokens: int, max_len: int, programs_per_segment: int,
+                          device: torch.device) -> int:
+    """Chunks per segment ``ns`` (0 = one segment per sequence, nothing materialised).
+
+    The walk kernels run ``segments x programs_per_segment`` programs, each a sequential loop over
+    its segment's chunks.  One segment per sequence as soon as that gives every multiprocessor a
+    program (linear attention, T = 2k, B * H = 256: 0.39 ms fwd+bwd against 0.51 ms with segments,
+    H200, 2026-11-22); otherwise segments of at least 16 chunks aiming at two programs per SM (the
+    summary and scan passes cost about one extra read of k and v; 32 chunks 0.50 ms against 16:
+    0.52 and 8: 0.58 at T = 8k, H200, 2026-11-22), rounded up to a power of two so that
+    power-of-two lengths split evenly (31 chunks at T = 8k: 0.58 ms against 0.50, H200, 2026-11-22).
+    """
+    sms = sm_count(device)
+    if n_seq * programs_per_segment >= sms:
+        return 0
+    chunks = max(1, math.ceil(total_tokens / BT))
+    want_segments = math.ceil(2 * sms / max(1, programs_per_segment))
+    ns = max(16, next_pow2(math.ceil(chunks / want_segments)))
+    if ns >= math.ceil(max_len / BT):
+        return 0
+    return ns
+
+
+@dataclass(frozen=True)
+class Segments:
+    """The segment layout of one call (see the module docstring).
+
+    ``ns``          chunks per segment, 0 = one segment per sequence (nothing materialised);
+    ``NSEG``        segments (programs along the segment axis);
+    ``NSEG_ALLOC``  rows to allocate for per-segment states: a bound that depends only on the
+                    shapes (custom ops must know output shapes without reading ``cu_seqlens``);
+    ``NCH``         chunks in all;
+    regular layout (no ``cu_seqlens``): ``NSPS`` segments per sequence, ``SEG_LEN`` tokens per
+    segment, ``NT`` chunks per sequence, ``NSC`` chunks per segment;
+    varlen layout: ``table`` int32 ``[NSEG, 4]`` = (bos, eos, seq, first chunk), ``seq_ptr``
+    int32 ``[N + 1]``.
+    """
+
+    N: int
+    T: int
+    ns: int
+    NSEG: int
+    NSEG_ALLOC: int
+    NCH: int
+    NSPS: int
+    SEG_LEN: int
+    NT: int
+    NSC: int
+    varlen: bool
+    table: torch.Tensor | None
+    seq_ptr: torch.Tensor | None
+
+    @property
+    def materialized(self) -> bool:
+        return self.ns > 0
+
+    def kernel_args(self) -> dict:
+        """The layout arguments every segment kernel takes (a fresh dict: callers may extend it)."""
+        return dict(seg=self.table, seq_ptr=self.seq_ptr, T=self.T, NSPS=self.NSPS, SEG_LEN=self.SEG_LEN,
+                    NT=self.NT, NSC=self.NSC, VARLEN=self.varlen)
+
+
+def seg_alloc_rows(B: int, T: int, n_seq: int, varlen: bool, ns: int) -> int:
+    """``Segments.NSEG_ALLOC`` from shapes alone (used by the fake implementations too)."""
+    if ns == 0:
+        return n_seq
+    if not varlen:
+        return B * math.ceil(math.ceil(T / BT) / ns)
+    return n_seq + (B * T) // (ns * BT)
+
+
+def segments(B: int, T: int, cu_seqlens: torch.Tensor | None, ns: int, device: torch.device) -> Segments:
+    """Build the segment layout of a ``[B, T]`` batch, or of packed sequences (``B == 1``).
+    Without ``cu_seqlens`` the layout is arithmetic and cached per ``(B, T, ns)``."""
+    if cu_seqlens is None:
+        return _regular_segments(B, T, ns)
+    return _packed_segments(B, T, cu_seqlens, ns, device)
+
+
+@functools.lru_cache(maxsize=256)
+def _regular_segments(B: int, T: int, ns: int) -> Segments:
+    NT = -(-T // BT)
+    if ns == 0:
+        return Segments(B, T, 0, B, B, B * NT, 1, NT * BT, NT, NT, False, None, None)
+    NSPS = -(-NT // ns)
+    return Segments(B, T, ns, B * NSPS, B * NSPS, B * NT, NSPS, ns * BT, NT, ns, False, None, None)
+
+
+def _packed_segments(B: int, T: int, cu_seqlens: torch.Tensor, ns: int, device: torch.device) -> Segments:
+    cu = cu_seqlens.tolist()  # the one device sync of a packed call
+    N = len(cu) - 1
+    rows, seq_ptr, ch = [], [0], 0
+    for n in range(N):
+        bos, eos = cu[n], cu[n + 1]
+        nt = math.ceil((eos - bos) / BT)
+        if ns == 0:
+            rows.append((bos, eos, n, ch))  # empty sequences too: their walk writes the final state
+        else:
+            for j in range(math.ceil(nt / ns)):
+                b = bos + j * ns * BT
+                rows.append((b, min(b + ns * BT, eos), n, ch + j * ns))
+        ch += nt
+        seq_ptr.append(len(rows))
+    flat_rows = [x for r in (rows if rows else [(0, 0, 0, 0)]) for x in r]
+    both = torch.tensor(flat_rows + seq_ptr, dtype=torch.int32).to(device)  # one host-to-device copy
+    table, ptr = both[: len(flat_rows)].view(-1, 4), both[len(flat_rows):]
+    return Segments(N, T, ns, len(rows), seg_alloc_rows(B, T, N, True, ns), ch, 0, 0, 0, 0, True, table, ptr)
+
+
+def chunks(B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.device) -> Segments:
+    """One segment per chunk: the layout of kernels that are parallel over chunks."""
+    return segments(B, T, cu_seqlens, 1, device)
+
+
+# ---------------------------------------------------------------------------------------------
+# layout helpers (device side)
+
+
+@triton.jit
+def segment_bounds(seg, i_s, T, NSPS, SEG_LEN, NT, NSC, VARLEN: tl.constexpr):
+    """Tokens ``[bos, eos)`` of segment ``i_s`` in the flat token axis, its sequence ``i_n`` and
+    the global index ``ch0`` of its first chunk."""
+    if VARLEN:
+        bos = tl.load(seg + i_s * 4).to(tl.int64)
+        eos = tl.load(seg + i_s * 4 + 1).to(tl.int64)
+        i_n = tl.load(seg + i_s * 4 + 2).to(tl.int64)
+        ch0 = tl.load(seg + i_s * 4 + 3).to(tl.int64)
+    else:
+        i_n = (i_s // NSPS).to(tl.int64)
+        j = (i_s % NSPS).to(tl.int64)
+        bos = i_n * T + j * SEG_LEN
+        eos = tl.minimum(bos + SEG_LEN, i_n * T + T)
+        ch0 = i_n * NT + j * NSC
+    return bos, eos, i_n, ch0
+
+
+@triton.jit
+def sequence_segments(seq_ptr, i_n, NSPS, VARLEN: tl.constexpr):
+    """Segments ``[s0, s1)`` of sequence ``i_n``."""
+    if VARLEN:
+        s0 = tl.load(seq_ptr + i_n).to(tl.int64)
+        s1 = tl.load(seq_ptr + i_n + 1).to(tl.int64)
+    else:
+        s0 = i_n.to(tl.int64) * NSPS
+        s1 = s0 + NSPS
+    return s0, s1
+
