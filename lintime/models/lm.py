@@ -4,6 +4,9 @@ causal mixers, decoding state) and :class:`MaskedLM` (bidirectional mixers, no s
 Both: ``logits = hidden @ W_out^T`` with ``W_out`` the token embedding when
 ``config.tie_embeddings`` (the seed's parameter counts imply tied embeddings: see
 ``docs/models.md``), a separate ``[vocab, d]`` matrix otherwise.
+Given ``targets`` the forward returns the summed cross-entropy instead of the logits, by default
+fused with the output projection (:func:`lintime.ops.linear_cross_entropy`: no ``[B*T, vocab]``
+logits, the largest tensor of a training step).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch.nn.functional as F
 from lintime.layers.positional import LearnedPositionEmbedding
 from lintime.models.backbone import Backbone, ModelState
 from lintime.models.config import ModelConfig
+from lintime.ops.cross_entropy import linear_cross_entropy
 
 
 class _LanguageModel(nn.Module):
@@ -71,16 +75,36 @@ class _LanguageModel(nn.Module):
         cu_seqlens: torch.Tensor | None = None,
         *,
         aux_losses: dict[str, torch.Tensor] | None = None,
+        targets: torch.Tensor | None = None,
+        fused_loss: bool = True,
     ):
-        """``input_ids [B, T]`` -> ``logits [B, T, vocab]`` (and the new state if ``return_state``)."""
+        """``input_ids [B, T]`` -> ``logits [B, T, vocab]`` (and the new state if ``return_state``).
+
+        With ``targets [B, T]`` (class indices, ``-100`` = no target) it returns the summed
+        cross-entropy against them instead of the logits (fp32; fp64 for a fp64 model):
+        ``fused_loss`` through :func:`lintime.ops.linear_cross_entropy` on the final hidden states
+        (chunks of rows; under autocast in the autocast dtype, as the logits would be), else the
+        plain loss, ``F.cross_entropy`` on the full logits in fp32 (equal to rounding)."""
         if (state is not None or return_state) and not self.causal:
             raise ValueError(f"{type(self).__name__} is bidirectional: it takes no state and returns none")
         if return_state and state is None:
             n = input_ids.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
             state = self.init_state(n)
         h, new_state = self.backbone(input_ids, state, cu_seqlens=cu_seqlens, aux_losses=aux_losses)
-        logits = self._logits(h)
-        return (logits, new_state) if return_state else logits
+        out = self._logits(h) if targets is None else self._loss(h, targets, fused_loss)
+        return (out, new_state) if return_state else out
+
+    def _loss(self, h: torch.Tensor, targets: torch.Tensor, fused: bool) -> torch.Tensor:
+        if targets.shape != h.shape[:-1]:
+            raise ValueError(f"targets must have the shape of input_ids {tuple(h.shape[:-1])}, got {tuple(targets.shape)}")
+        if not fused:
+            logits = self._logits(h)
+            acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
+            return F.cross_entropy(logits.flatten(0, -2).to(acc), targets.flatten(), ignore_index=-100, reduction="sum")
+        if torch.is_autocast_enabled(h.device.type):  # custom ops are not autocast: cast as F.linear would
+            h = h.to(torch.get_autocast_dtype(h.device.type))
+        weight = self.backbone.embed.weight if self.lm_head is None else self.lm_head.weight
+        return linear_cross_entropy(h, weight, targets, ignore_index=-100, reduction="sum")
 
     # ------------------------------------------------------------------ parameters
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
