@@ -8,8 +8,12 @@ every ``case_*`` function of every such module is discovered (no registry to edi
 ``DEFAULT_CASES`` (names without ``case_``) to choose which of its cases run when none are
 named; otherwise all of them do.
 
-Cases are addressed as ``<group>.<name>`` (e.g. ``linear_gla.linear``) or by ``<group>`` (all
-of that module's default cases) on the command line.
+Cases are addressed on the command line as ``<group>.<name>`` (e.g. ``linear_gla.linear``), by
+``<group>`` (all of that module's default cases), or by ``<name>`` alone where only one group has it
+(``--cases flash,linear,gla``).
+
+Only public APIs are timed here (``lintime.ops`` functions, layers, models) against other libraries;
+kernel tuning tools live outside the package (``lab/``).
 """
 
 from __future__ import annotations
@@ -67,8 +71,8 @@ def discover() -> dict[str, tuple[Callable, bool]]:
 
 
 def select(spec: str) -> list[tuple[str, Callable]]:
-    """Cases named by ``spec`` (comma-separated ``group.name`` or ``group``; empty or ``all`` =
-    the default cases of every group)."""
+    """Cases named by ``spec`` (comma-separated ``group.name``, ``group`` or an unambiguous ``name``;
+    empty or ``all`` = the default cases of every group)."""
     cases = discover()
     if spec in ("", "all"):
         return [(n, fn) for n, (fn, default) in cases.items() if default]
@@ -78,9 +82,11 @@ def select(spec: str) -> list[tuple[str, Callable]]:
             chosen.append((item, cases[item][0]))
             continue
         group = [(n, fn) for n, (fn, default) in cases.items() if n.split(".")[0] == item and default]
-        if not group:
-            raise ValueError(f"unknown bench case {item!r}; known: {', '.join(sorted(cases))}")
-        chosen.extend(group)
+        named = [(n, fn) for n, (fn, _) in cases.items() if n.split(".", 1)[1] == item]
+        if not group and len(named) != 1:
+            why = f"in several groups ({', '.join(n for n, _ in named)})" if named else "unknown"
+            raise ValueError(f"bench case {item!r}: {why}; known: {', '.join(sorted(cases))}")
+        chosen.extend(group or named)
     return chosen
 
 

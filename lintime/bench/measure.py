@@ -14,6 +14,7 @@ from a time estimate -- a single run for a 300 ms step -- gives no spread, and f
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import subprocess
@@ -142,9 +143,8 @@ def quantiles(times_ms: list[float]) -> dict:
 
 def git_commit() -> str | None:
     """The lintime checkout's commit (``+dirty`` when tracked files differ), ``None`` outside git.
-    ``LINTIME_GIT_COMMIT`` overrides it: a copy of the working tree made elsewhere (a lent GPU machine)
-    can carry a stale ``.git`` -- every run of 2026-11-22's session 4 recorded its session's first
-    commit -- so the caller passes the real one."""
+    ``LINTIME_GIT_COMMIT`` overrides it: a copy of the working tree made elsewhere (e.g. on a remote GPU
+    machine) can carry a stale ``.git``, so the caller passes the real one."""
     if os.environ.get("LINTIME_GIT_COMMIT"):
         return os.environ["LINTIME_GIT_COMMIT"]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -211,6 +211,10 @@ def environment(peaks: bool = True, device: torch.device | None = None) -> dict:
         env["fla"] = getattr(fla, "__version__", "installed")
     except ImportError:
         env["fla"] = None
+    try:  # the HF anchors of `bench model`; read from the metadata (importing transformers takes seconds)
+        env["transformers"] = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        env["transformers"] = None
     if peaks:
         env["matmul_bf16_tflops"] = matmul_peak_tflops()
         env["copy_gbps"] = copy_peak_gbps()

@@ -23,6 +23,12 @@ its percentiles, the state's bytes per sequence (every tensor of the state objec
 included: a softmax KV cache grows with ``L``, a linear-time state does not) and the peak memory
 during the timed steps.
 
+Anchors (:mod:`lintime.bench.anchors`): presets named ``hf:llama-<size>`` and ``fla:gla-<size>`` are
+other libraries' models at the size of ``transformer-pp-<size>`` / ``gla-<size>``, timed in the same
+process on the same tokens: the same training step around the library's own loss, and decoding by
+the library's eager ``generate``.  Every row records ``impl`` (``lintime`` or the library and its
+version); decoding rows record ``path`` (``eager``: one Python call per token, no CUDA graph).
+
 Failures never end the run: an out-of-memory error gives the row ``status = "OOM"`` (memory is
 freed and the next case runs; longer contexts of that preset are then skipped with a reason), any
 other exception ``status = "error: <one line>"``; a preset that does not exist, or that the
@@ -42,23 +48,27 @@ import gc
 import json
 import math
 import os
-import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
+from lintime.bench import anchors
+from lintime.bench.anchors import AnchorSpec, SkipPreset, autocast
 from lintime.bench.measure import call_times_ms, environment, quantiles
+from lintime.bench.report import decode_table, fmt_size, train_table, write_outputs
 
-# family -> its ~110M preset (the seed's "base" size; linear GPT-2's 124M is its smallest)
+SCHEMA = 2  # bench_model.json layout: see docs/bench_model.md
+
+# family -> its ~110M preset (the seed's "base" size; linear GPT-2's 124M is its smallest), then the anchors
 DEFAULT_PRESETS = (
     "flash-base", "flash-quad-base", "transformer-pp-base", "transformer-p-base", "mc-tfm-pp-base",
-    "linear-gpt2-124m", "performer-base", "combiner-base", "gla-base", "vq-base",
+    "linear-gpt2-124m", "performer-base", "combiner-base", "gla-base", "vq-base", "hf:llama-base", "fla:gla-base",
 )
-# the same families at CPU size (``--quick``)
+# the same at CPU size (``--quick``)
 QUICK_PRESETS = (
     "flash-tiny", "flash-quad-tiny", "transformer-pp-tiny", "transformer-p-tiny", "mc-tfm-pp-tiny",
-    "linear-tiny", "performer-tiny", "combiner-tiny", "gla-tiny", "vq-tiny",
+    "linear-tiny", "performer-tiny", "combiner-tiny", "gla-tiny", "vq-tiny", "hf:llama-tiny", "fla:gla-tiny",
 )
 CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 QUICK_CONTEXTS = (32, 64, 128)
@@ -90,6 +100,7 @@ class TrainRow:
     peak_mib: float | None = None
     steps: int = 0  # timed steps actually run
     params: int | None = None
+    impl: str = "lintime"  # or the anchor's library and version
     note: str = ""
 
 
@@ -110,8 +121,12 @@ class DecodeRow:
     state_mib: float | None = None
     peak_mib: float | None = None
     steps: int = 0
-    prefill_s: float | None = None  # wall time to extend the state to L from the previous context
+    prefill_s: float | None = None  # wall time to take prefill_tokens into the state
+    prefill_tokens: int | None = None  # ours: L minus the previous context (the state is carried); anchors: L
+    prefill_tokens_per_s: float | None = None
     params: int | None = None
+    impl: str = "lintime"
+    path: str | None = None  # how tokens were decoded: "eager" (a Python call per token) | "graph" (CUDA-graph replay)
     note: str = ""
 
 
@@ -155,10 +170,6 @@ def parse_sizes(spec: str, what: str) -> tuple[int, ...]:
     if not out:
         raise ValueError(f"--{what}: no sizes given")
     return tuple(sorted(set(out)))
-
-
-def _fmt_size(n: int) -> str:
-    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
 def autocast_for(dtype: str, device: torch.device) -> torch.dtype | None:
@@ -236,31 +247,49 @@ def _peak_mib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
 
 
-def preset_config(name: str, max_tokens: int):
-    """The preset's config, and a note of what had to change for contexts up to ``max_tokens``:
-    a learned position table (linear GPT-2) is extended to ``max_tokens`` positions (its
-    parameter count grows with it; ``params`` in every row says by how much).  ``ValueError``
-    for an unknown preset."""
+def preset_config(name: str, max_tokens: int, device: torch.device | None = None):
+    """``(config, note)`` of a preset for contexts up to ``max_tokens``: a lintime ``ModelConfig``, or
+    an :class:`~lintime.bench.anchors.AnchorSpec` for an anchor (``hf:...`` / ``fla:...``).  The note
+    says what had to change: a learned position table (linear GPT-2) is extended to ``max_tokens``
+    positions (its parameter count grows with it; ``params`` in every row says by how much).
+    :class:`~lintime.bench.anchors.SkipPreset` (a ``ValueError``) for a preset that cannot run here,
+    its message the reason (an unknown name, an anchor's library not importable)."""
     from lintime.models import get_preset
 
-    cfg = get_preset(name)
+    if anchors.is_anchor(name):
+        return anchors.anchor_spec(name, max_tokens, device or torch.device("cpu")), ""
+    try:
+        cfg = get_preset(name)
+    except ValueError:
+        raise SkipPreset(f"unknown preset {name!r} (`lintime presets` lists them)") from None
     if cfg.position == "learned" and cfg.max_positions < max_tokens:
         note = f"position table {cfg.max_positions} -> {max_tokens}"
         return dataclasses.replace(cfg, max_positions=max_tokens), note
     return cfg, ""
 
 
-def _unknown(name: str) -> str:
-    return f"unknown preset {name!r} (`lintime presets` lists them)"
+def _impl(cfg) -> str:
+    return cfg.impl if isinstance(cfg, AnchorSpec) else "lintime"
 
 
 def build_model(cfg, device: torch.device):
-    """A :class:`~lintime.models.CausalLM` built directly on ``device`` (no CPU init of 110M weights)."""
+    """The model built directly on ``device`` (no CPU init of 110M weights): a
+    :class:`~lintime.models.CausalLM`, or the anchor's library model."""
     from lintime.models import CausalLM
 
+    if isinstance(cfg, AnchorSpec):
+        return cfg.build(device)
     with torch.device(device):
         model = CausalLM(cfg)
     return model.to(device)
+
+
+def num_parameters(model) -> int:
+    from lintime.models import CausalLM
+
+    if isinstance(model, CausalLM):
+        return model.num_parameters()
+    return sum(p.numel() for p in model.parameters())  # shared (tied) tensors once
 
 
 def random_batch(rows: int, T: int, vocab: int, device: torch.device, seed: int = 0):
@@ -284,15 +313,24 @@ def random_batch(rows: int, T: int, vocab: int, device: torch.device, seed: int 
 
 def train_step_fn(model, batch, amp: torch.dtype | None) -> tuple[Callable[[], float], torch.optim.Optimizer]:
     """One ``lintime train`` step over ``batch`` (all rows in one micro-batch): returns
-    ``(step, optimizer)``; ``step()`` returns the loss."""
+    ``(step, optimizer)``; ``step()`` returns the loss.  An anchor's step is the same around the
+    library's own forward and loss (:func:`lintime.bench.anchors.forward_backward_fn`)."""
+    from lintime.models import CausalLM
     from lintime.training.step import forward_backward
 
     device = next(model.parameters()).device
-    opt = torch.optim.AdamW(model.param_groups(0.1), lr=LR, **({"fused": True} if device.type == "cuda" else {}))
     rows = batch.input_ids.shape[0]
+    if isinstance(model, CausalLM):
+        groups = model.param_groups(0.1)
+
+        def fwd_bwd() -> float:
+            return forward_backward(model, batch, micro_rows=rows, autocast=amp)[0]
+    else:
+        groups, fwd_bwd = anchors.param_groups(model, 0.1), anchors.forward_backward_fn(model, batch, amp)
+    opt = torch.optim.AdamW(groups, lr=LR, **({"fused": True} if device.type == "cuda" else {}))
 
     def step() -> float:
-        loss, _ = forward_backward(model, batch, micro_rows=rows, autocast=amp)
+        loss = fwd_bwd()
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -309,7 +347,7 @@ def _train_case(row: TrainRow, cfg, s: Settings, device: torch.device, amp) -> f
     ``case_budget_s`` (the first holds compilation / autotuning, whatever it costs)."""
     model = build_model(cfg, device)
     model.train()
-    row.params = model.num_parameters()
+    row.params = num_parameters(model)
     batch = random_batch(row.rows, row.T, cfg.vocab_size, device)
     step, opt = train_step_fn(model, batch, amp)
     last, spent = 0.0, 0.0
@@ -357,15 +395,15 @@ def bench_train(s: Settings, on_row: Callable[[TrainRow], None] = lambda r: None
 
     for name in s.presets:
         try:
-            cfg, note = preset_config(name, max(s.contexts))
-        except ValueError:
+            cfg, note = preset_config(name, max(s.contexts), device)
+        except SkipPreset as e:
             for T in s.contexts:
-                emit(TrainRow(name, None, T, 0, 0, status=f"skipped: {_unknown(name)}"))
+                emit(TrainRow(name, None, T, 0, 0, status=f"skipped: {e}"))
             continue
         stop = None  # reason to skip the remaining (longer) contexts
         for T in s.contexts:
             n = max(1, s.tokens_per_batch // T)
-            row = TrainRow(name, cfg.family, T, n, n * T, note=note)
+            row = TrainRow(name, cfg.family, T, n, n * T, impl=_impl(cfg), note=note)
             if stop:
                 row.status = f"skipped: {stop}"
                 emit(row)
@@ -374,12 +412,12 @@ def bench_train(s: Settings, on_row: Callable[[TrainRow], None] = lambda r: None
             try:
                 train_case(row, cfg, s, device, amp)
                 if row.step_ms is not None and row.step_ms / 1e3 > s.case_budget_s:
-                    stop = (f"median step at T={_fmt_size(T)} took {row.step_ms / 1e3:.1f} s "
+                    stop = (f"median step at T={fmt_size(T)} took {row.step_ms / 1e3:.1f} s "
                             f"> budget {s.case_budget_s:g} s")
             except Exception as e:  # one failing case must not end the run
                 if _is_oom(e):
                     row.status = "OOM"
-                    stop = f"OOM at T={_fmt_size(T)}"
+                    stop = f"OOM at T={fmt_size(T)}"
                 else:
                     row.status = f"error: {_one_line(e)}"
                 row.step_ms = row.tokens_per_s = None
@@ -391,7 +429,7 @@ def bench_train(s: Settings, on_row: Callable[[TrainRow], None] = lambda r: None
                 if row.status == "ok":
                     row.status = f"error: {_one_line(e)}"
                     row.step_ms = row.step_p10_ms = row.step_p90_ms = row.tokens_per_s = None
-                stop = f"device error at T={_fmt_size(T)}"
+                stop = f"device error at T={fmt_size(T)}"
                 del e
             emit(row)
     return rows
@@ -401,17 +439,59 @@ def bench_train(s: Settings, on_row: Callable[[TrainRow], None] = lambda r: None
 # decoding
 
 
+class _CarriedState:
+    """Ours: ``measure(row)`` extends the decoding state from the previous context to ``row.L`` by
+    chunked prefill, then times ``decode_one_token`` from it (the timed steps never alter the carried
+    state: states are values)."""
+
+    def __init__(self, model, cfg, s: Settings, device: torch.device, amp):
+        self.model, self.cfg, self.s, self.device, self.amp = model, cfg, s, device, amp
+        self.g = torch.Generator().manual_seed(1)
+        self.state, self.have = None, 0
+
+    def __call__(self, row: DecodeRow) -> list[float]:
+        from lintime.generation import decode_one_token, prefill
+        from lintime.generation.decode import state_nbytes
+
+        model, s, device, amp, Bd = self.model, self.s, self.device, self.amp, self.s.decode_batch
+        t0 = time.perf_counter()
+        ids = torch.randint(0, self.cfg.vocab_size, (Bd, row.L - self.have), generator=self.g).to(device)
+        with torch.no_grad(), autocast(device, amp):
+            _, self.state = prefill(model, ids, self.state, chunk_size=s.prefill_chunk)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        row.prefill_tokens = row.L - self.have
+        self.have = row.L
+        row.prefill_s = time.perf_counter() - t0
+        row.state_mib = state_nbytes(self.state) / Bd / 2**20
+        tokens = torch.randint(0, self.cfg.vocab_size, (s.decode_steps + 1, Bd), generator=self.g).to(device)
+        cur = {"state": self.state, "i": 0}
+
+        def one() -> None:
+            with torch.no_grad(), autocast(device, amp):
+                _, cur["state"] = decode_one_token(model, tokens[cur["i"]], cur["state"])
+            cur["i"] += 1
+
+        with torch.no_grad(), autocast(device, amp):  # untimed: first-call compilation
+            decode_one_token(model, tokens[-1], self.state)
+        _reset_peak(device)
+        return call_times_ms(one, s.decode_steps, device, budget_s=s.case_budget_s)
+
+
 def _decode_contexts(model, s: Settings, device, amp, name, cfg, note, emit,
                      decode_case: Callable | None) -> None:
-    from lintime.generation import decode_one_token, prefill
-    from lintime.generation.decode import state_nbytes
-
     Bd = s.decode_batch
-    g = torch.Generator().manual_seed(1)
-    params = model.num_parameters()
-    state, have, stop = None, 0, None
+    params = num_parameters(model)
+    measure = None
+    if decode_case is not None:
+        pass
+    elif isinstance(cfg, AnchorSpec):
+        measure = anchors.generate_measure(model, cfg, s.decode_steps, Bd, device, amp, lambda: _reset_peak(device))
+    else:
+        measure = _CarriedState(model, cfg, s, device, amp)
+    stop = None
     for L in s.decode_contexts:
-        row = DecodeRow(name, cfg.family, L, Bd, params=params, note=note)
+        row = DecodeRow(name, cfg.family, L, Bd, params=params, impl=_impl(cfg), note=note)
         if stop:
             row.status = f"skipped: {stop}"
             emit(row)
@@ -420,55 +500,31 @@ def _decode_contexts(model, s: Settings, device, amp, name, cfg, note, emit,
             if decode_case is not None:
                 decode_case(row, model, s, device, amp)
             else:
-                t0 = time.perf_counter()
-                ids = torch.randint(0, cfg.vocab_size, (Bd, L - have), generator=g).to(device)
-                with torch.no_grad(), _autocast(device, amp):
-                    _, state = prefill(model, ids, state, chunk_size=s.prefill_chunk)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                have = L
-                row.prefill_s = time.perf_counter() - t0
-                row.state_mib = state_nbytes(state) / Bd / 2**20
-                tokens = torch.randint(0, cfg.vocab_size, (s.decode_steps + 1, Bd), generator=g).to(device)
-                cur = {"state": state, "i": 0}
-
-                def one(cur=cur, tokens=tokens) -> None:
-                    with torch.no_grad(), _autocast(device, amp):
-                        _, cur["state"] = decode_one_token(model, tokens[cur["i"]], cur["state"])
-                    cur["i"] += 1
-
-                with torch.no_grad(), _autocast(device, amp):  # untimed: first-call compilation
-                    decode_one_token(model, tokens[-1], state)
-                _reset_peak(device)
-                times = call_times_ms(one, s.decode_steps, device, budget_s=s.case_budget_s)
-                del cur
+                row.path = "eager"
+                times = measure(row)
                 q = quantiles(times)
                 row.token_ms, row.token_p10_ms, row.token_p90_ms = q["median"], q["p10"], q["p90"]
                 row.tokens_per_s = Bd / (q["median"] / 1e3)
                 row.peak_mib = _peak_mib(device)
                 row.steps = len(times)
+                if row.prefill_s:
+                    row.prefill_tokens_per_s = Bd * row.prefill_tokens / row.prefill_s
                 if row.prefill_s > s.case_budget_s and L != s.decode_contexts[0]:  # the first holds compilation
-                    stop = f"prefill to L={_fmt_size(L)} took {row.prefill_s:.0f} s > budget {s.case_budget_s:g} s"
+                    stop = f"prefill to L={fmt_size(L)} took {row.prefill_s:.0f} s > budget {s.case_budget_s:g} s"
         except Exception as e:
             if _is_oom(e):
                 row.status = "OOM"
-                stop = f"OOM at L={_fmt_size(L)}"
+                stop = f"OOM at L={fmt_size(L)}"
             else:
                 row.status = f"error: {_one_line(e)}"
-                stop = f"error at L={_fmt_size(L)}"  # the state could not be extended
+                stop = f"error at L={fmt_size(L)}"  # the state could not be extended
             row.token_ms = row.tokens_per_s = None
             row.peak_mib = _peak_mib(device)
-            state = None
+            measure = None  # no later context is measured: drop the carried state
             del e
         if row.status != "ok":
             free_memory(device)  # outside the except block: the traceback no longer pins the tensors
         emit(row)
-
-
-def _autocast(device: torch.device, dtype: torch.dtype | None):
-    import contextlib
-
-    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def bench_decode(s: Settings, on_row: Callable[[DecodeRow], None] = lambda r: None,
@@ -485,10 +541,10 @@ def bench_decode(s: Settings, on_row: Callable[[DecodeRow], None] = lambda r: No
 
     for name in s.presets:
         try:
-            cfg, note = preset_config(name, max(s.decode_contexts) + s.decode_steps + 1)
-        except ValueError:
+            cfg, note = preset_config(name, max(s.decode_contexts) + s.decode_steps + 1, device)
+        except SkipPreset as e:
             for L in s.decode_contexts:
-                emit(DecodeRow(name, None, L, s.decode_batch, status=f"skipped: {_unknown(name)}"))
+                emit(DecodeRow(name, None, L, s.decode_batch, status=f"skipped: {e}"))
             continue
         torch.manual_seed(0)
         model = None
@@ -500,7 +556,7 @@ def bench_decode(s: Settings, on_row: Callable[[DecodeRow], None] = lambda r: No
             done = {r.L for r in rows if r.preset == name}
             for L in s.decode_contexts:
                 if L not in done:
-                    emit(DecodeRow(name, cfg.family, L, s.decode_batch, status=status, note=note))
+                    emit(DecodeRow(name, cfg.family, L, s.decode_batch, status=status, impl=_impl(cfg), note=note))
             del e
         del model
         free_memory(device)
@@ -508,140 +564,7 @@ def bench_decode(s: Settings, on_row: Callable[[DecodeRow], None] = lambda r: No
 
 
 # ---------------------------------------------------------------------------------------------
-# output: table, JSON, plots
-
-
-def _f(x, spec: str) -> str:
-    """``x`` formatted by ``spec``; ``None`` (a value not measured) as ``-`` right-aligned to the
-    spec's width, so the columns after it stay in place."""
-    if x is None:
-        width = re.match(r"\d*", spec).group()
-        return "-".rjust(int(width) if width else 1)
-    return format(x, spec)
-
-
-# (header, row key, format spec) of the columns after ``preset`` and before ``status``
-_TRAIN_COLUMNS = (("T", "T", None), ("rows", "rows", "5"), ("step ms", "step_ms", "9.1f"),
-                  ("p10", "step_p10_ms", "9.1f"), ("p90", "step_p90_ms", "9.1f"),
-                  ("tokens/s", "tokens_per_s", "10,.0f"), ("peak MiB", "peak_mib", "9,.0f"))
-_DECODE_COLUMNS = (("L", "L", None), ("B", "batch", "3"), ("ms/token", "token_ms", "9.2f"),
-                   ("p10", "token_p10_ms", "8.2f"), ("p90", "token_p90_ms", "8.2f"),
-                   ("tokens/s", "tokens_per_s", "9,.0f"), ("state MiB", "state_mib", "10.3f"),
-                   ("peak MiB", "peak_mib", "9,.0f"))
-
-
-def _table(rows: Sequence[dict], columns) -> str:
-    """Fixed-width text table: ``preset``, ``columns`` (a context column -- spec ``None`` -- printed
-    as 1k / 64k, 6 wide; the others by their spec, ``-`` when not measured), ``status (note)``."""
-    def width(spec):
-        return 6 if spec is None else int(re.match(r"\d*", spec).group())
-
-    head = f"{'preset':<20} " + " ".join(f"{h:>{width(sp)}}" for h, _, sp in columns) + "  status"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        cells = [f"{_fmt_size(r[k]):>6}" if sp is None else _f(r[k], sp) for _, k, sp in columns]
-        status = r["status"] + (f" ({r['note']})" if r.get("note") else "")
-        lines.append(f"{r['preset']:<20} " + " ".join(cells) + f"  {status}")
-    return "\n".join(lines)
-
-
-def train_table(rows: Sequence[dict]) -> str:
-    return _table(rows, _TRAIN_COLUMNS)
-
-
-def decode_table(rows: Sequence[dict]) -> str:
-    return _table(rows, _DECODE_COLUMNS)
-
-
-def plot(result: dict, out: str) -> list[str]:
-    """Log-log figures, one line per preset (only ``ok`` rows are drawn; OOM and skipped points
-    are in the table and the JSON): ``bench_model_train.png`` (tokens/s and peak memory against
-    T), ``bench_model_decode.png`` (ms per token and state MiB per sequence against L).
-    Returns the paths written ([] without matplotlib or without data)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
-    written = []
-    panels = {
-        "train": ("T", [("tokens_per_s", "training tokens/s"), ("peak_mib", "peak memory (MiB)")],
-                  "T (training context, tokens)"),
-        "decode": ("L", [("token_ms", "decoding ms per token"), ("state_mib", "state MiB per sequence")],
-                   "L (decoding context, tokens)"),
-    }
-    for part, (xkey, ys, xlabel) in panels.items():
-        rows = [r for r in result.get(part, []) if r["status"] == "ok"]
-        if not rows:
-            continue
-        fig, axes = plt.subplots(1, len(ys), figsize=(6 * len(ys), 4.5), squeeze=False)
-        for ax, (ykey, ylabel) in zip(axes[0], ys):
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel(ylabel)
-            drawn = False
-            for preset in dict.fromkeys(r["preset"] for r in rows):
-                pts = sorted((r[xkey], r[ykey]) for r in rows if r["preset"] == preset and r.get(ykey))
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", label=preset)
-                    drawn = True
-            if not drawn:  # e.g. peak memory on CPU
-                ax.text(0.5, 0.5, "not measured on this device", ha="center", va="center", transform=ax.transAxes)
-                continue
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
-        env = result.get("env", {})
-        fig.suptitle(f"lintime bench model ({part}) -- {env.get('device', '?')}, {result['settings'].get('dtype')}",
-                     fontsize=9)
-        fig.tight_layout()
-        path = os.path.join(out, f"bench_model_{part}.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
-    return written
-
-
-def write_outputs(result: dict, out: str, echo: Callable[[str], None] = print, plots: bool = True) -> str:
-    """Tables on ``echo``, ``bench_model.json`` and (``plots``) the plots in ``out``; returns the JSON path."""
-    os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, "bench_model.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
-    if result.get("train"):
-        echo("training step (fwd + bwd + AdamW), median of the timed steps\n" + train_table(result["train"]))
-    if result.get("decode"):
-        echo("decoding, per token\n" + decode_table(result["decode"]))
-    for p in plot(result, out) if plots else ():
-        echo(f"plot: {p}")
-    echo(f"wrote {path}")
-    return path
-
-
-def merge(paths: Sequence[str]) -> dict:
-    """Several ``bench_model.json`` files as one result (rows concatenated in the given order,
-    ``env`` and ``settings`` of the first, the others' kept under ``parts``): e.g. one file per
-    preset from ``benchmarks/gpu_model.sh``.  A folder stands for its ``bench_model.json``."""
-    results = []
-    for p in paths:
-        f = os.path.join(p, "bench_model.json") if os.path.isdir(p) else p
-        if not os.path.isfile(f):
-            raise FileNotFoundError(f"no bench_model.json at {p}")
-        with open(f) as fh:
-            try:
-                results.append(json.load(fh))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{f} is not JSON: {e}") from None
-    if not results:
-        raise ValueError("--from-json: no files given")
-    merged = {"env": results[0].get("env", {}), "settings": results[0].get("settings", {}), "train": [], "decode": [],
-              "parts": [{"file": p, "env": r.get("env"), "settings": r.get("settings")} for p, r in zip(paths, results)]}
-    for r in results:
-        for key in ("train", "decode"):
-            merged[key].extend(r.get(key, []))
-    return merged
+# the run
 
 
 def run_model(s: Settings, out: str, *, echo: Callable[[str], None] = print, plots: bool = True,
@@ -650,7 +573,9 @@ def run_model(s: Settings, out: str, *, echo: Callable[[str], None] = print, plo
     after every row (an interrupted run keeps what it measured); then the tables and plots."""
     device = torch.device(s.device)
     os.makedirs(out, exist_ok=True)
-    result = {"env": environment(peaks=False, device=device), "settings": dataclasses.asdict(s),
+    longest = max(max(s.contexts), max(s.decode_contexts) + s.decode_steps + 1)
+    result = {"schema": SCHEMA, "env": environment(peaks=False, device=device), "settings": dataclasses.asdict(s),
+              "anchors": {n: anchors.describe(n, longest, device) for n in s.presets if anchors.is_anchor(n)},
               "train": [], "decode": []}
     path = os.path.join(out, "bench_model.json")
 

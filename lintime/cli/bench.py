@@ -43,8 +43,9 @@ def bench(
     functions of lintime/bench/cases_<group>.py.
 
     `lintime bench model`: each family's ~110M causal LM -- training-step time, tokens/s and peak
-    memory against T at constant tokens per batch, decoding ms/token and state memory against L;
-    OOM is a row status, not a crash.  Writes bench_model.json, bench_model_train.png,
+    memory against T at constant tokens per batch, decoding ms/token, prefill tokens/s and state
+    memory against L -- with the anchors HF transformers LlamaForCausalLM (hf:llama-base) and fla
+    GLAForCausalLM (fla:gla-base) in the same run when installed; OOM is a row status, not a crash.  Writes bench_model.json, bench_model_train.png,
     bench_model_decode.png.  Runs on CPU too (--quick: every family at tiny size).
     See docs/bench_model.md.
 
@@ -54,7 +55,7 @@ def bench(
         out: output folder.
         quick: ops: fewer context lengths (2k, 8k, 32k); model: a smoke run -- the tiny presets, T and L in 32,64,128, 128 tokens per batch, 2 steps.
         list_cases: print the known cases (ops) or the default presets (model) and exit.
-        presets: model: comma-separated presets (default: one ~110M preset per family).
+        presets: model: comma-separated presets (default: one ~110M preset per family, then hf:llama-base and fla:gla-base; an anchor is hf:llama-<size> or fla:gla-<size>, sized like transformer-pp-<size> / gla-<size>).
         contexts: model: training contexts T, e.g. 1k,4k,16k (default 1k,2k,...,128k).
         decode_contexts: model: decoding contexts L (default: the training contexts).
         tokens_per_batch: model: tokens per training step; rows = max(1, tokens_per_batch // T) (default 32768).
@@ -97,7 +98,9 @@ def bench(
             print(name)
         return
     if from_json:
-        bm.write_outputs(bm.merge([p.strip() for p in from_json.split(",") if p.strip()]), out, plots=plots)
+        from lintime.bench import report
+
+        report.write_outputs(report.merge([p.strip() for p in from_json.split(",") if p.strip()]), out, plots=plots)
         return
     s = bm.make_settings(
         presets=presets, contexts=contexts, decode_contexts=decode_contexts, tokens_per_batch=tokens_per_batch,

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from lintime.bench import model as bm
+from lintime.bench import report
 from lintime.bench.measure import quantiles
 from lintime.cli import main
 
@@ -94,10 +95,10 @@ def test_decoding_state_grows_for_softmax_and_not_for_gla(run):
 def test_tables_and_plots(run):
     result, out, text = run
     assert "training step" in text and "decoding, per token" in text
-    table = bm.train_table(result["train"])
+    table = report.train_table(result["train"])
     assert len(table.splitlines()) == 2 + len(result["train"])
     assert "skipped: unknown preset" in table and f"{SOFTMAX:<20}" in table
-    assert len(bm.decode_table(result["decode"]).splitlines()) == 2 + len(result["decode"])
+    assert len(report.decode_table(result["decode"]).splitlines()) == 2 + len(result["decode"])
     for name in ("bench_model_train.png", "bench_model_decode.png"):
         path = out / name
         assert path.is_file() and path.stat().st_size > 1000
@@ -231,7 +232,8 @@ def test_parse_sizes_and_quantiles():
 def test_default_and_quick_settings():
     s = bm.make_settings(device="cpu")
     assert s.contexts == (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072) and s.decode_contexts == s.contexts
-    assert s.tokens_per_batch == 32768 and s.dtype == "fp32" and len(s.presets) == 10
+    assert s.tokens_per_batch == 32768 and s.dtype == "fp32" and len(s.presets) == 12
+    assert s.presets[-2:] == ("hf:llama-base", "fla:gla-base")
     q = bm.make_settings(device="cpu", quick=True)
     assert all(p.endswith("-tiny") for p in q.presets) and len(q.presets) == len(s.presets)
     assert bm.make_settings(device="cpu", dtype="bf16").dtype == "bf16"
@@ -296,7 +298,7 @@ def test_tables_keep_their_columns_when_values_are_missing():
     oom = dict(ok, T=131072, rows=1, step_ms=None, step_p10_ms=None, step_p90_ms=None, tokens_per_s=None,
                peak_mib=135517.0, status="OOM")
     skipped = dict(oom, peak_mib=None, status="skipped: OOM at T=128k")
-    lines = bm.train_table([ok, oom, skipped]).splitlines()
+    lines = report.train_table([ok, oom, skipped]).splitlines()
     col = lines[0].index("status")
     assert [ln.index(r["status"]) for ln, r in zip(lines[2:], (ok, oom, skipped))] == [col] * 3
     peak_end = lines[0].index("peak MiB") + len("peak MiB")
@@ -307,7 +309,7 @@ def test_tables_keep_their_columns_when_values_are_missing():
             "tokens_per_s": 88.0, "state_mib": 3.375, "peak_mib": 740.0, "status": "ok", "note": ""}
     d_err = dict(d_ok, token_ms=None, token_p10_ms=None, token_p90_ms=None, tokens_per_s=None, state_mib=None,
                  peak_mib=691.0, status="error: RuntimeError: x")
-    lines = bm.decode_table([d_ok, d_err]).splitlines()
+    lines = report.decode_table([d_ok, d_err]).splitlines()
     col = lines[0].index("status")
     assert lines[2].index("ok") == col and lines[3].index("error:") == col
     state_end = lines[0].index("state MiB") + len("state MiB")

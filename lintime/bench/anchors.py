@@ -1,0 +1,238 @@
+"""Other libraries' language models as ``lintime bench model`` presets, measured in the same process
+as ours (anchors):
+
+* ``hf:llama-<size>``: HF transformers' ``LlamaForCausalLM`` at the size of ``transformer-pp-<size>``
+  (width, layers, heads, MLP width, vocabulary, tied embeddings), ``attn_implementation="sdpa"``,
+  the library's defaults otherwise (RMSNorm, SwiGLU, RoPE, no biases);
+* ``fla:gla-<size>``: fla's ``GLAForCausalLM`` at the size of ``gla-<size>`` (width, layers, heads,
+  key / value expansion, MLP width, vocabulary, tied embeddings), fla's defaults otherwise (its fused
+  norms, SwiGLU and cross-entropy; ``attn_mode="chunk"``).  fla's kernels need CUDA.
+
+An anchor whose library is not importable is a ``skipped: <why>`` row, never an error.
+
+Training step (:func:`forward_backward_fn`): the library's own loss, ``model(input_ids=ids,
+labels=ids, use_cache=False).loss`` (the model shifts the labels: ``T - 1`` predictions per row of
+``T`` tokens), under the same autocast as ours; the bench wraps it in the same clip / fused AdamW /
+``zero_grad`` as our rows and feeds the same random tokens.
+
+Decoding (:func:`generate_measure`): the library's ``generate`` (greedy, its default cache:
+transformers' ``DynamicCache``, fla's recurrent cache), eager, from a fresh random prompt of ``L``
+tokens at every context.  A logits processor stamps the time after every step's forward (device
+synchronised), so one call gives the prefill (prompt in, first logits out) and the per-token
+latencies of the following steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import time
+from collections.abc import Callable
+
+import torch
+
+# prefix -> (our preset whose size it copies, library)
+_KINDS = {"hf:llama": ("transformer-pp", "transformers"), "fla:gla": ("gla", "fla")}
+
+
+class SkipPreset(ValueError):
+    """A preset that cannot run here (unknown name, library not importable, wrong device); the
+    message is the row's reason."""
+
+
+@dataclasses.dataclass
+class AnchorSpec:
+    """What the bench needs of an anchor preset (it stands where a lintime ``ModelConfig`` would)."""
+
+    name: str
+    family: str  # the family of the lintime preset it copies: "softmax" / "gla"
+    impl: str  # library and version, e.g. "transformers 5.23.0"
+    model_class: str
+    vocab_size: int
+    config: dict  # the library config's size fields (stored in the JSON)
+    build: Callable[[torch.device], torch.nn.Module]
+
+
+def is_anchor(name: str) -> bool:
+    return ":" in name
+
+
+def dist_version(name: str) -> str | None:
+    """Installed version of a distribution (``None`` when absent), without importing it."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _split(name: str) -> tuple[str, str]:
+    kind, _, size = name.rpartition("-")
+    if kind not in _KINDS or not size:
+        known = ", ".join(f"{k}-<size>" for k in _KINDS)
+        raise SkipPreset(f"unknown anchor preset {name!r} (known: {known}, e.g. hf:llama-base)")
+    return kind, size
+
+
+def _import_error(lib: str, err: BaseException) -> SkipPreset:
+    return SkipPreset(f"{lib} is not importable here ({type(err).__name__}: {str(err).splitlines()[0][:120]})")
+
+
+def anchor_spec(name: str, max_tokens: int, device: torch.device) -> AnchorSpec:
+    """The anchor ``name`` sized like its lintime preset, for contexts up to ``max_tokens``.
+    :class:`SkipPreset` when it cannot run here."""
+    from lintime.models import get_preset
+
+    kind, size = _split(name)
+    ours, lib = _KINDS[kind]
+    try:
+        cfg = get_preset(f"{ours}-{size}")
+    except (KeyError, ValueError):
+        raise SkipPreset(f"{name} takes its size from {ours}-{size}, which is no lintime preset") from None
+    hidden = cfg.ffn.hidden_size(cfg.d_model)
+    if kind == "hf:llama":
+        return _llama(name, cfg, hidden, max_tokens)
+    if device.type != "cuda":
+        raise SkipPreset(f"fla's kernels need CUDA (device {device})")
+    return _fla_gla(name, cfg, hidden, max_tokens)
+
+
+def _llama(name, cfg, hidden, max_tokens) -> AnchorSpec:
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except Exception as e:  # noqa: BLE001 - any import failure is a skip
+        raise _import_error("transformers", e) from None
+    sizes = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=hidden,
+                 num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.mixer.n_heads,
+                 num_key_value_heads=cfg.mixer.n_heads, tie_word_embeddings=cfg.tie_embeddings,
+                 max_position_embeddings=max(max_tokens, 2048))
+    hf_cfg = LlamaConfig(**sizes)
+
+    def build(device: torch.device) -> torch.nn.Module:
+        with torch.device(device):
+            model = LlamaForCausalLM._from_config(hf_cfg, attn_implementation="sdpa")
+        return model.to(device)
+
+    return AnchorSpec(name, cfg.family, f"transformers {dist_version('transformers')}", "LlamaForCausalLM",
+                      cfg.vocab_size, {**sizes, "attn_implementation": "sdpa"}, build)
+
+
+def _fla_gla(name, cfg, hidden, max_tokens) -> AnchorSpec:
+    try:
+        from fla.models import GLAConfig, GLAForCausalLM
+    except Exception as e:  # noqa: BLE001 - any import failure is a skip
+        raise _import_error("fla", e) from None
+    import fla
+
+    sizes = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
+                 num_heads=cfg.mixer.n_heads, expand_k=cfg.mixer.expand_k, expand_v=cfg.mixer.expand_v,
+                 intermediate_size=hidden, tie_word_embeddings=cfg.tie_embeddings,
+                 max_position_embeddings=max(max_tokens, 2048))
+    fla_cfg = GLAConfig(**sizes)
+
+    def build(device: torch.device) -> torch.nn.Module:
+        with torch.device(device):
+            model = GLAForCausalLM(fla_cfg)
+        return model.to(device)
+
+    return AnchorSpec(name, cfg.family, f"fla {getattr(fla, '__version__', dist_version('fla-core'))}",
+                      "GLAForCausalLM", cfg.vocab_size, {**sizes, "attn_mode": fla_cfg.attn_mode}, build)
+
+
+def describe(name: str, max_tokens: int, device: torch.device) -> dict:
+    """The anchor's record for the result JSON: library, class and sizes, or why it was skipped."""
+    try:
+        spec = anchor_spec(name, max_tokens, device)
+    except SkipPreset as e:
+        return {"status": f"skipped: {e}"}
+    return {"status": "ok", "impl": spec.impl, "model": spec.model_class, "config": spec.config}
+
+
+# ------------------------------------------------------------------------------------- training
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Our rule (``CausalLM.param_groups``): decay on matrices, none on 0-D / 1-D tensors."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def forward_backward_fn(model: torch.nn.Module, batch, amp: torch.dtype | None) -> Callable[[], float]:
+    """Forward and backward of the whole batch with the library's own loss; returns the loss as a
+    float (one host sync per step, as ours)."""
+    ids = batch.input_ids  # [rows, T], one document per row
+    device = ids.device
+
+    def run() -> float:
+        with autocast(device, amp):
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        return float(loss.detach())
+
+    return run
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    import contextlib
+
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type=device.type, dtype=dtype)
+
+
+# ------------------------------------------------------------------------------------- decoding
+
+
+def nbytes(obj, _seen: set | None = None) -> int:
+    """Bytes of every tensor reachable from a cache object (lists, tuples, dicts, attributes)."""
+    seen = set() if _seen is None else _seen
+    if id(obj) in seen or isinstance(obj, (torch.nn.Module, str, bytes, int, float, bool, type(None))):
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(nbytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(nbytes(v, seen) for v in obj)
+    return sum(nbytes(v, seen) for v in getattr(obj, "__dict__", {}).values())
+
+
+def generate_measure(model: torch.nn.Module, spec: AnchorSpec, decode_steps: int, batch: int,
+                     device: torch.device, amp: torch.dtype | None, reset_peak: Callable[[], None],
+                     seed: int = 1) -> Callable:
+    """``measure(row)`` fills one decoding row (context ``row.L``) from one ``generate`` call: the
+    prefill of a fresh ``L``-token prompt, then ``decode_steps`` timed tokens.  A short untimed
+    ``generate`` runs first (first-call set-up, fla's kernel compilation)."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    g = torch.Generator().manual_seed(seed)
+    stamps: list[float] = []
+
+    class Clock(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            stamps.append(time.perf_counter())
+            if len(stamps) == 1:
+                reset_peak()  # the peak of the decoding steps, not of the prompt's forward
+            return scores
+
+    def generate(L: int, new: int):
+        ids = torch.randint(0, spec.vocab_size, (batch, L), generator=g).to(device)
+        with torch.no_grad(), autocast(device, amp):
+            return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                                  min_new_tokens=new, do_sample=False, pad_token_id=0,
+                                  logits_processor=LogitsProcessorList([Clock()]), return_dict_in_generate=True)
+
+    generate(8, 2)  # untimed
+
+    def measure(row) -> list[float]:
+        stamps.clear()
+        t0 = time.perf_counter()
+        out = generate(row.L, decode_steps + 1)
+        row.prefill_s = stamps[0] - t0
+        row.prefill_tokens = row.L
+        row.state_mib = nbytes(out.past_key_values) / batch / 2**20
+        del out
+        return [1e3 * (b - a) for a, b in zip(stamps, stamps[1:])]
+
+    return measure
