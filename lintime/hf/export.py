@@ -5,7 +5,7 @@ The folder holds ``config.json`` (:class:`~lintime.hf.configuration.LintimeConfi
 tokenizer (``tokenizer.json`` + ``tokenizer_config.json``: the byte tokenizer or the trained BPE
 as a ``PreTrainedTokenizerFast`` with lintime's ids) and, unless ``remote_code=False``, the
 remote-code files of :mod:`lintime.hf.remote_code`.  It loads with
-``AutoModelForCausalLM.from_pretrained(DIR)`` (lintime installed) or
+``AutoModelForCausalLM.from_pretrained(DIR)`` (after ``import lintime.hf``) or
 ``from_pretrained(DIR, trust_remote_code=True)`` (lintime not installed), and works with
 ``pipeline("text-generation", model=DIR)`` and lm-eval's ``--model hf``.
 """
@@ -16,6 +16,11 @@ import os
 from pathlib import Path
 
 import torch
+
+from lintime.hf.modeling import LintimeForCausalLM
+from lintime.hf.remote_code import write_remote_code
+from lintime.hf.tokenization import hf_tokenizer
+from lintime.training.checkpoint import load_model
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -30,11 +35,6 @@ def export_checkpoint(
 ) -> Path:
     """Write the HF folder of ``checkpoint`` (a run folder or a step folder) into ``out_dir``;
     return it.  ``dtype``: float32 | bfloat16 | float16 (the weights' dtype in the folder)."""
-    from lintime.hf.modeling import LintimeForCausalLM
-    from lintime.hf.remote_code import write_remote_code
-    from lintime.hf.tokenization import hf_tokenizer
-    from lintime.training.checkpoint import load_model
-
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     out = Path(out_dir)

@@ -14,8 +14,6 @@ import torch
 from hf_helpers import FAMILY_PRESETS, HIDE_LINTIME, tiny_hf, tiny_lintime, write_run
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-import lintime  # noqa: F401  (registers the Auto classes)
-from lintime.testing import assert_exact
 from lintime.cli import main as cli_main
 from lintime.data import BPETokenizer, ByteTokenizer
 from lintime.generation import GenerationConfig, generate
@@ -208,18 +206,26 @@ with torch.no_grad():
         assert_exact("remote-code logits", model(**ids).logits, torch.load(tmp_path / "logits.pt"))
 
 
-def test_import_lintime_imports_no_transformers():
-    """Registration is lazy: import lintime loads no transformers; the Auto classes know lintime
-    once they are imported, in either import order; without transformers lintime still works."""
+def test_import_lintime_hf_registers_the_auto_classes():
+    """import lintime loads no transformers and registers nothing; import lintime.hf registers
+    both Auto classes, whether transformers was imported before it or not; without transformers
+    lintime still works and lintime export fails with exit code 2."""
     script = r'''
 import sys
 import lintime
 assert "transformers" not in sys.modules
-from transformers import AutoConfig, AutoModelForCausalLM
+import transformers
+from transformers import AutoConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+assert "lintime" not in transformers.models.auto.configuration_auto.CONFIG_MAPPING
 from lintime.hf import LintimeConfig, LintimeForCausalLM
 assert type(AutoConfig.for_model("lintime")) is LintimeConfig
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 assert MODEL_FOR_CAUSAL_LM_MAPPING[LintimeConfig] is LintimeForCausalLM
+'''
+    hf_first = r'''
+import lintime.hf
+from transformers import AutoConfig, AutoModelForCausalLM
+assert type(AutoConfig.for_model("lintime")) is lintime.hf.LintimeConfig
 '''
     blocked = r'''
 import sys
@@ -233,6 +239,6 @@ from lintime.cli import main
 rc = main(["export", "nowhere", "out"])
 assert rc == 2, rc
 '''
-    for code in (script, blocked):
+    for code in (script, hf_first, blocked):
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-3000:]

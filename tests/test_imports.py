@@ -1,0 +1,174 @@
+"""The package's import structure: no import cycles between lintime's modules, the layering of
+STYLE.md §1 (``ops`` -> ``layers`` -> ``models`` -> ``training`` / ``generation`` / ... ->
+``cli``; nothing lower imports anything higher), and ``import lintime`` without side effects
+(no transformers, no subpackage).
+
+The graphs are read from the source with ``ast`` (every ``import`` statement, at module level or
+inside a function: a function-local import is still a dependency, and a cycle through one is
+still a cycle), so the checks need no import of the modules themselves."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "lintime"
+
+# Subpackage -> the lintime subpackages it may import (its own is always allowed; so is the root
+# ``lintime`` for ``__version__``, which test_root_package_imports_nothing keeps free of imports).
+_BELOW_TRAINING = {"generation", "evaluation", "models", "layers", "ops", "data", "utils"}
+ALLOWED = {
+    "utils": set(),
+    "ops": set(),  # torch and triton only (STYLE §1)
+    "data": {"utils"},
+    "layers": {"ops", "utils"},
+    "models": {"layers", "ops", "utils"},
+    "generation": {"models", "layers", "ops", "data", "utils"},
+    "evaluation": {"generation", "models", "layers", "ops", "data", "utils"},
+    "training": _BELOW_TRAINING,
+    "hf": _BELOW_TRAINING | {"training"},
+    "bench": _BELOW_TRAINING | {"training"},
+    "cli": _BELOW_TRAINING | {"training", "hf", "bench"},
+    "__main__": {"cli"},
+    "testing": set(),
+}
+THIRD_PARTY_OF_OPS = {"torch", "triton"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, int]]:
+    """``(imported module, line)`` for every import statement of the module, relative ones
+    resolved; ``from pkg import sub`` names ``pkg.sub`` when that is a module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                out.append((full if full in MODULES else base, node.lineno))
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> lintime modules whose code runs when it imports them: the module itself and
+    every package above it that the importer is not inside (a package's ``__init__`` runs first)."""
+    graph = {}
+    for name, path in MODULES.items():
+        deps = set()
+        for target, _ in _imports(name, path):
+            parts = target.split(".")
+            for i in range(2, len(parts) + 1):
+                dep = ".".join(parts[:i])
+                if dep in MODULES and dep != name and not name.startswith(dep + "."):
+                    deps.add(dep)
+        graph[name] = deps
+    return graph
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    WHITE, GREY, BLACK = 0, 1, 2
+    colour = dict.fromkeys(graph, WHITE)
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        colour[node] = GREY
+        stack.append(node)
+        for dep in sorted(graph[node]):
+            if colour[dep] == GREY:
+                return stack[stack.index(dep):] + [dep]
+            if colour[dep] == WHITE and (cycle := visit(dep)):
+                return cycle
+        stack.pop()
+        colour[node] = BLACK
+        return None
+
+    for node in sorted(graph):
+        if colour[node] == WHITE and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_no_import_cycles():
+    graph = _graph()
+    assert "lintime.training.trainer" in graph["lintime.training"]  # the graph sees the package
+    cycle = _find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def _subpackage(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def test_layering():
+    """Each subpackage imports only the subpackages below it (``ALLOWED``)."""
+    assert set(ALLOWED) >= {_subpackage(m) for m in MODULES} - {None}, "a new subpackage needs its row in ALLOWED"
+    bad = []
+    for name, path in MODULES.items():
+        sub = _subpackage(name)
+        if sub is None:
+            continue
+        for target, line in _imports(name, path):
+            if target != "lintime" and not target.startswith("lintime."):
+                continue
+            other = _subpackage(target)
+            if other is not None and other != sub and other not in ALLOWED[sub]:
+                bad.append(f"{path.relative_to(ROOT.parent)}:{line} ({sub}) imports {target}")
+    assert not bad, "imports against the layering (STYLE §1):\n" + "\n".join(bad)
+
+
+def test_ops_import_only_torch_and_triton():
+    stdlib = set(sys.stdlib_module_names)
+    bad = []
+    for name, path in MODULES.items():
+        if _subpackage(name) != "ops":
+            continue
+        for target, line in _imports(name, path):
+            top = target.split(".")[0]
+            if top and top not in stdlib and top != "lintime" and top not in THIRD_PARTY_OF_OPS:
+                bad.append(f"{path.relative_to(ROOT.parent)}:{line} imports {target}")
+    assert not bad, "\n".join(bad)
+
+
+def test_root_package_imports_nothing():
+    assert _imports("lintime", MODULES["lintime"]) == []
+
+
+@pytest.mark.parametrize("modules", ["lintime", "lintime.models, lintime.training, lintime.generation, lintime.cli"])
+def test_import_lintime_has_no_side_effects(modules):
+    """A fresh interpreter: ``import lintime`` (and the model, training, generation and CLI
+    packages) load no transformers; HF registration happens on ``import lintime.hf`` only."""
+    code = (f"import sys\nimport {modules}\n"
+            "assert 'transformers' not in sys.modules, 'transformers was imported'\n"
+            "assert not any(type(f).__module__.startswith('lintime') for f in sys.meta_path), 'import hook installed'\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
