@@ -3,26 +3,23 @@
 #   1. install the anchor wheels (.whl/, carried: fla-core + flash-linear-attention 0.6.0),
 #   2. `tests`: the CUDA tests of tests/ops/test_{linear,gla}_triton.py (real sizes, bf16/fp16/fp32,
 #      against the naive / chunked PyTorch references),
-#   3. `tune`: per-kernel profile, launch configurations and segment lengths of the walk kernels (no anchors),
-#   4. `bench`: `lintime bench ops --cases linear_gla` (ours, fla 0.6.0, SDPA), `quick` = T in 2k/8k/32k.
-# Every step has its own time limit so that a slow one leaves the others' results: on a cold
-# machine the linear case (with fla 0.6.0's autotuning of chunk_linear_attn: hundreds of Triton
-# configs compiled one by one) took ~3 min, and the GLA case (our kernels' first compile plus fla's
-# chunk_gla autotuning) did not finish in the 4 min left, so the cheap cases run first.  Logs and JSON go to $OUT (default ./gpu_linear_gla_out).
-# Usage: benchmarks/gpu_linear_gla.sh [tests] [tune] [bench] [quick]   (default: tests tune bench quick;
-# split over two calls on a warm machine when the whole exceeds one call: compiled kernels persist)
-#        benchmarks/gpu_linear_gla.sh gla   -- GLA only, one call of < 6 min on a single H200 (issue #6):
-#   the CUDA GLA tests (they also compile our kernels for the bench shapes), ours vs fla chunk_gla at
-#   T = 2k/8k/32k (eager and CUDA-graph device time, fwd and fwd+bwd), the per-kernel profile at 8k,
-#   the launch variants at 8k, then the segment-length sweep with whatever time is left (a global
-#   deadline of GLA_DEADLINE_S, default 330 s, caps every step).
+#   3. `bench`: `lintime bench ops --cases linear_gla` (ours, fla, SDPA; eager and CUDA-graph device
+#      time; decode steps) -> $OUT/bench_ops.json; `quick` = T in 2k/8k/32k.
+# Every step has its own time limit so that a slow one leaves the others' results: on a cold machine
+# fla's autotuning (hundreds of Triton configs compiled one by one) takes minutes; TRITON_CACHE_AUTOTUNING=1
+# keeps its results in the Triton cache for the next call on the same machine.  Logs go to $OUT
+# (default ./gpu_linear_gla_out).
+# Usage: benchmarks/gpu_linear_gla.sh [tests] [bench] [quick]   (default: tests bench quick)
+#        benchmarks/gpu_linear_gla.sh gla   -- GLA only in one call of < 6 min: the CUDA GLA tests, then ours
+#   vs fla chunk_gla at T = 8k / 2k / 32k, one T at a time, each saved as soon as measured
+#   (-> $OUT/gla_bench/bench_ops.json; a global deadline of GLA_DEADLINE_S, default 330 s, caps every step).
 # Results record the commit from git; a copied working tree may carry a stale .git, so pass the real one:
 #   LINTIME_GIT_COMMIT=<sha of the local HEAD> benchmarks/<this script> ...
 set -uo pipefail
 OUT=${OUT:-./gpu_linear_gla_out}
 mkdir -p "$OUT"
-STEPS=" ${*:-tests tune bench quick} "
-export PYTHONUNBUFFERED=1
+STEPS=" ${*:-tests bench quick} "
+export PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || echo "wheel install failed: anchors will be skipped"
@@ -53,9 +50,10 @@ if [[ "$STEPS" == *" gla "* ]]; then
   mkdir -p "$OUT/gla_bench"
   timeout "$(left ${GLA_BENCH_S:-380})" python3 - "$OUT/gla_bench/bench_ops.json" <<'PY' 2>&1 | tee "$OUT/gla_bench.log" || rc=1
 import json, sys, time, traceback
+from lintime.bench import as_row
 from lintime.bench.cases_linear_gla import case_gla
-from lintime.bench.run import as_row
-rows, path = [], sys.argv[1]
+from lintime.bench.measure import environment
+rows, path, env = [], sys.argv[1], environment()
 for T in (8192, 2048, 32768):
     t0, res = time.time(), []
     try:
@@ -70,39 +68,13 @@ for T in (8192, 2048, 32768):
               f"{x.get('speedup_fwdbwd_graph')} rel_vs_fla {x.get('rel_vs_fla')}", flush=True)
     print(f"T={T}: {time.time() - t0:.0f} s", flush=True)
     with open(path, "w") as f:
-        json.dump({"results": rows}, f, indent=1)
-PY
-  for c in ${GLA_CASES:-gla_profile:40 gla_configs:100 gla_segments:120}; do
-    timeout "$(left "${c#*:}")" python3 -m lintime bench ops --cases "linear_gla.${c%:*}" --out "$OUT/${c%:*}" 2>&1 \
-      | tee "$OUT/${c%:*}.log" || rc=1
-  done
-  python3 - "$OUT" <<'PY' 2>&1 | tee "$OUT/gla_summary.txt"
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-for f in sorted(out.glob("gla_*/bench_ops.json")):
-    try:
-        rows = json.loads(f.read_text())
-        rows = rows.get("results", rows) if isinstance(rows, dict) else rows
-    except Exception as e:  # a step that timed out leaves no JSON
-        print(f.parent.name, "unreadable:", e)
-        continue
-    print("==", f.parent.name)
-    for r in rows:
-        x = r.get("extra") or {}
-        fmt = lambda v: "-" if v is None else f"{v:.3f}"
-        print(f"{r.get('case'):>14} {str(r.get('impl'))[:44]:<44} T={r.get('T'):>6} fwd {fmt(r.get('fwd_ms'))} "
-              f"fb {fmt(r.get('fwdbwd_ms'))} | graph fwd {fmt(x.get('fwd_graph_ms'))} fb {fmt(x.get('fwdbwd_graph_ms'))}"
-              f" | x fb {fmt(x.get('speedup_fwdbwd'))} graph {fmt(x.get('speedup_fwdbwd_graph'))}")
+        json.dump({"env": env, "results": rows}, f, indent=1)
 PY
   echo "gla steps took $(( SECONDS - T0 )) s"
 fi
 if [[ "$STEPS" == *" tests "* ]]; then
   timeout "${TESTS_S:-240}" python3 -m pytest -q -m cuda -n 4 -p no:cacheprovider --durations=15 \
     tests/ops/test_linear_triton.py tests/ops/test_gla_triton.py 2>&1 | tee "$OUT/tests.log" || rc=1
-fi
-if [[ "$STEPS" == *" tune "* ]]; then
-  timeout "${TUNE_S:-120}" python3 -m lintime bench ops --cases "${TUNE_CASES:-linear_gla.profile,linear_gla.kernel_configs,linear_gla.segments}" \
-    --out "$OUT/tune" 2>&1 | tee "$OUT/tune.log" || rc=1
 fi
 if [[ "$STEPS" == *" bench "* ]]; then
   QUICK=""

@@ -10,7 +10,8 @@
 # (warm-up steps, which hold Triton's compilation and autotuning, are never judged), and after an OOM the longer contexts of that preset are skipped (rows say so).
 # Budget: TOTAL_S (default 450 s) for the measuring; each preset gets TRAIN_S + DECODE_S
 # (default 28 + 14 s) or what is left.  Usage: benchmarks/gpu_model.sh [preset ...]
-# (default: the 10 presets of lintime.bench.model.DEFAULT_PRESETS; a missing preset gives
+# (default: lintime.bench.model.DEFAULT_PRESETS -- one ~110M preset per family, then the anchors
+# hf:llama-base and fla:gla-base, each in its own processes like ours; a missing preset gives
 # "skipped: unknown preset" rows).  Environment: OUT (default ./gpu_model_out), CONTEXTS,
 # DECODE_CONTEXTS, TOKENS_PER_BATCH, STEPS, DECODE_STEPS, CASE_BUDGET_S, TRAIN_S, DECODE_S, TOTAL_S,
 # DEVICE and DTYPE (a CPU dry run of this script: DEVICE=cpu DTYPE=fp32 CONTEXTS=32,64 ... tiny presets).
@@ -21,13 +22,24 @@ OUT=${OUT:-./gpu_model_out}
 mkdir -p "$OUT/parts"
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
-# no anchor wheels: nothing here compares against other libraries (and importing fla would cost
-# every one of the 20 processes seconds)
-export PYTHONPATH=$PWD
+# the anchors (hf:llama-base: transformers; fla:gla-base: fla + einops) need their packages: wheels in
+# .whl/ are installed when present; an anchor whose package is missing gives "skipped: ..." rows.
+# fla autotunes its kernels for minutes on a fresh machine: TRITON_CACHE_AUTOTUNING=1 keeps the results
+# in the Triton cache for the next call on the same machine.
+export TRITON_CACHE_AUTOTUNING=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || echo "wheel install failed: anchors without their package will be skipped"
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
   python3 -c "import matplotlib; print('matplotlib', matplotlib.__version__)" 2>&1 | tail -1
+  python3 -c "import transformers; print('transformers', transformers.__version__)" 2>&1 | tail -1
+  python3 -c "import fla.models; import fla; print('fla', fla.__version__)" 2>&1 | tail -1
   git rev-parse HEAD 2>/dev/null || true
   date -u
 } | tee "$OUT/gpu.txt"
