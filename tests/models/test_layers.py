@@ -244,3 +244,30 @@ def test_state_helpers_select_any_batch_first_state():
     assert s.op.fill.tolist() == [4, 4, 3] and s.extra[0].tolist() == [20, 20, 10] and s.chunk == 7
     assert s.batch_size == 3 and st.batch_size == 2
     assert select_state(None, idx) is None and state_to(st, "cpu").op.kv.device.type == "cpu"
+
+
+def test_lintime_layers_exports_every_mixer_and_state():
+    """Every Mixer and BatchState class defined under lintime/layers is exported by lintime.layers,
+    and every registered family builds one of them (a new mixer cannot be left out)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import lintime.layers as layers
+    from lintime.models import CausalLM, available_families, get_preset
+    from lintime.models.presets import all_presets
+
+    defined = set()
+    for info in pkgutil.iter_modules(layers.__path__):
+        mod = importlib.import_module(f"lintime.layers.{info.name}")
+        for name, obj in inspect.getmembers(mod, inspect.isclass):
+            if obj.__module__ == mod.__name__ and issubclass(obj, (Mixer, BatchState)) and not name.startswith("_"):
+                defined.add(obj)
+    exported = {getattr(layers, n) for n in layers.__all__}
+    missing = sorted(c.__qualname__ for c in defined - exported)
+    assert not missing, f"lintime.layers does not export {missing}"
+    presets = all_presets()
+    for family in available_families():
+        tiny = min((n for n, c in presets.items() if c.family == family), key=lambda n: presets[n].d_model)
+        model = CausalLM(get_preset(tiny, vocab_size=16, n_layers=1))
+        assert type(model.backbone.blocks[0].mixer) in exported, family
