@@ -482,13 +482,14 @@ class ContextParallel:
                 torch.tensor(offset, dtype=torch.long, device=dev))
 
     def forward(self, model: nn.Module, ids: torch.Tensor, cu: torch.Tensor, offset: torch.Tensor,
-                aux_losses: dict | None) -> torch.Tensor:
-        """Logits ``[1, b*T/P, V]`` of this rank's slice (after :meth:`shard`)."""
+                aux_losses: dict | None, **kwargs) -> torch.Tensor:
+        """Logits ``[1, b*T/P, V]`` of this rank's slice (after :meth:`shard`), or what the model
+        returns for ``kwargs`` (``targets=``: the slice's summed loss)."""
         if self._slice is None:
             raise RuntimeError("ContextParallel.forward needs shard() first")
         state = ModelState([None] * len(self.mixers), offset)
         try:
-            return model(ids, state=state, cu_seqlens=cu, aux_losses=aux_losses)
+            return model(ids, state=state, cu_seqlens=cu, aux_losses=aux_losses, **kwargs)
         finally:
             self._slice = None
 

@@ -65,6 +65,7 @@ def forward_backward(
     replicas: int = 1,
     loss_scale: float = 1.0,
     context=None,
+    fused_loss: bool = True,
 ) -> tuple[float, float]:
     """Accumulate into ``.grad`` the gradient of the batch's loss (see the module docstring),
     ``micro_rows`` rows per forward/backward.  Returns ``(loss, aux)``: the mean cross-entropy per
@@ -76,6 +77,9 @@ def forward_backward(
     (the world size for DDP / FSDP), ``context`` a :class:`~lintime.training.parallel.ContextParallel`
     that runs this rank's slice of every row.  The returned numbers are then this rank's share:
     their sum over ranks is the global loss.  Gradients are reduced on the last micro-batch only.
+
+    ``fused_loss``: the model's cross-entropy fused with its output projection (no ``[b*T, V]``
+    logits; see :meth:`lintime.models.CausalLM.forward`); ``False`` = the plain loss on the logits.
     """
     B = batch.input_ids.shape[0]
     if micro_rows < 1 or B % micro_rows:
@@ -91,12 +95,12 @@ def forward_backward(
         aux: dict[str, torch.Tensor] = {}
         with grad_sync(model, start + micro_rows == B):
             with _autocast(device, autocast):
+                # the summed cross-entropy of the micro-batch's (or this rank's slice's) targets
                 if context is None:
-                    logits = model(ids, cu_seqlens=cu, aux_losses=aux)  # [1, b*T, V]
+                    ce = model(ids, cu_seqlens=cu, aux_losses=aux, targets=targets.view(1, -1), fused_loss=fused_loss)
                 else:
                     ids, targets, cu, offset = context.shard(ids, targets, cu, micro_rows)
-                    logits = context.forward(model, ids, cu, offset, aux)  # [1, b*T/P, V]
-            ce = F.cross_entropy(_at_least_fp32(logits[0]), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+                    ce = context.forward(model, ids, cu, offset, aux, targets=targets.view(1, -1), fused_loss=fused_loss)
             loss = ce / n_targets
             if aux:
                 aux_loss = aux_weight * (micro_rows / (B * replicas)) * sum(_at_least_fp32(v) for v in aux.values())
