@@ -9,6 +9,7 @@ On the CPU the kernels run in Triton's interpreter (tests/conftest.py) at small 
 real sizes, bf16 included.
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -211,13 +212,13 @@ def test_custom_op_compiles_and_checks():
     """The forward op passes torch.library.opcheck (schema, fake tensors, autograd registration),
     refuses a backward when it kept no per-chunk states, and a torch.compile'd call (fullgraph)
     traces through it, gradients included."""
-    from lintime.ops.gla.triton.ops import _fwd_op
+    from lintime.ops.gla.triton.ops import gla_fwd_op
 
     q, k, v, g, h0 = _inputs(1, 20, 1, 16, 16)
     args = tuple(x.requires_grad_() for x in (q, k, v, g, h0)) + (None, 0.25, 0, True)
-    torch.library.opcheck(_fwd_op, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    torch.library.opcheck(gla_fwd_op.op, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
     # a forward that kept no per-chunk states (keep=False, forward-only calls) refuses a backward
-    o = _fwd_op(*args[:-1], False)[0]
+    o = gla_fwd_op.op(*args[:-1], False)[0]
     with pytest.raises(RuntimeError, match="keep=False"):
         o.sum().backward()
 
@@ -323,65 +324,18 @@ def test_cuda_small_heads_bf16(K, V):
     _compare_half(f"gla cuda small heads K={K} V={V}", ref, base, out, torch.bfloat16)
 
 
-# ----------------------------------------------------------------------------- launch variants
-
-from lintime.ops.gla.triton.ops import LAUNCH_VARIANTS, TILE_KEYS  # noqa: E402  (after importorskip)
-
-# Under the interpreter only tile shapes change what runs (warps, stages and register caps are
-# ignored there), so the CPU runs the variants that change a tile, each distinct tile setting once
-# (e.g. "w8_dqkg16" runs there as "dqkg16"); the GPU runs every one.
-
-
-def _cpu_variants():
-    seen, out = set(), []
-    for name, cfg in LAUNCH_VARIANTS:
-        tiles = tuple(sorted((key, cfg[key]) for key in TILE_KEYS if key in (cfg or {})))
-        if tiles and tiles not in seen:
-            seen.add(tiles)
-            out.append((name, cfg))
-    return out
-
-
-_VARIANTS = [(n, c) for n, c in LAUNCH_VARIANTS if c] if CUDA else _cpu_variants()
-
-
-@cuda  # also in the GPU runs' `-m cuda` selection; runs on the CPU (interpreter) as well
-@pytest.mark.parametrize("name,cfg", _VARIANTS, ids=[n for n, _ in _VARIANTS])
-def test_launch_variants(name, cfg):
-    """Every candidate launch of ``LAUNCH_VARIANTS`` (through the launchers, with ``cfg``) against the
-    naive form: packed sequences crossing chunks and segments, an initial state and a final-state
-    gradient.  CPU: fp32 at the exact rule, small heads; CUDA: bf16 at the issue's head (K = 128,
-    V = 256) by the half-precision rule."""
-    from lintime.ops.gla.triton.ops import gla_bwd, gla_fwd, segment_chunks_for
-
-    if CUDA:
-        lens, H, K, V, dtype = [700, 1, 0, 1300], 2, 128, 256, torch.bfloat16
-    else:
-        lens, H, K, V, dtype = [37, 1, 0, 133], 1, 64, 64, torch.float32
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEV)
-    q, k, v, g, h0 = _inputs(1, sum(lens), H, K, V, torch.float64, N=len(lens), strong=True)
-    ref, do, dfinal = _run("naive", q, k, v, g, h0.double(), cu_seqlens=cu)
-    x = [t.to(dtype) for t in (q, k, v, g)]
-    base, _, _ = _run("naive", *x, h0, do.to(dtype), dfinal.float(), cu_seqlens=cu)
-    scale = K**-0.5
-    for ns in sorted({segment_chunks_for(x[0], x[2], cu), 2}):  # automatic, and materialised segments
-        o, ht, *saved = gla_fwd(*x, h0, cu, scale, ns, True, cfg)
-        grads = gla_bwd(*x, *saved, do.to(dtype), dfinal.float(), cu, scale, ns, True, cfg)
-        out = (o, ht, *grads)
-        if dtype == torch.float32:
-            _compare(f"gla variant {name} ns={ns}", base, out)
-        else:
-            _compare_half(f"gla variant {name} ns={ns}", ref, base, out, dtype)
+# ----------------------------------------------------------------------------- in-chunk paths
 
 
 @cuda  # also in the GPU runs' `-m cuda` selection; runs on the CPU (interpreter) as well
 @pytest.mark.parametrize("one_level", [True, False])
 def test_one_level_span_guard(one_level):
-    """The one-level in-chunk products (``cfg["one_level"]``; bf16's default) and their run-time guard:
+    """The one-level in-chunk products (``GLALaunch.one_level``; bf16's default) and their run-time guard:
     gates that are mild in one K-block and, in some chunks only, strong (-10, a span far beyond 40
     nats) in the other, so one call takes both paths, per chunk and per K-block, in the prep and the
     dq/dk/dg kernels; packed sequences with partial chunks.  fp32 (exact rule) everywhere, and bf16
     by the half-precision rule on CUDA."""
+    from lintime.ops.gla.triton.launch import gla_launch
     from lintime.ops.gla.triton.ops import gla_bwd, gla_fwd
 
     lens, H, K, V = [150, 1, 0, 131], 2, 64, 48
@@ -392,8 +346,10 @@ def test_one_level_span_guard(one_level):
     g = torch.where(strong & (torch.rand(g.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
                               .to(DEV) < 0.2), torch.full_like(g, -10.0), g)
     ref, do, dfinal = _run("naive", q, k, v, g, h0.double(), cu_seqlens=cu)
-    cfg = {"one_level": one_level, "A_bk": 32, "dqkg_tile": (32, 16)}
     for dtype in (torch.float32, torch.bfloat16) if CUDA else (torch.float32,):
+        # the path forced either way; dq/dk/dg tiles of [32 keys, 16 values] (several V-blocks)
+        cfg = dataclasses.replace(gla_launch(K, V, dtype), one_level=one_level, prep_bk=32, dqkg=(32, 16),
+                                  dqkg_maxnreg=128 if one_level else 0)
         x = [t.to(dtype) for t in (q, k, v, g)]
         base, _, _ = _run("naive", *x, h0, do.to(dtype), dfinal.float(), cu_seqlens=cu)
         for ns in (0, 2):
@@ -403,29 +359,3 @@ def test_one_level_span_guard(one_level):
                 _compare(f"gla one_level={one_level} ns={ns}", base, out)
             else:
                 _compare_half(f"gla bf16 one_level={one_level} ns={ns}", ref, base, out, dtype)
-
-
-@cuda  # also in the GPU runs' `-m cuda` selection (fp32: ieee dots on the GPU too)
-def test_chunk_dA_packed():
-    """The opt-in once-per-chunk score gradient (``cfg["dA_once"]``): ``chunk_dA`` against
-    ``scale * tril(do_c v_c^T)`` per chunk in fp64 (exact rule), packed sequences with partial last
-    chunks, an empty and a 1-token sequence, several V-blocks (``dA_bv`` = 16 of V = 40: a masked
-    last block); the reference starts NaN-filled, so a token it misses fails too."""
-    from lintime.ops.gla.triton.ops import chunk_dA
-    from lintime.ops.segments import BT, chunks
-
-    lens, H, V, scale = [70, 1, 0, 130], 2, 40, 0.3
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEV)
-    gen = torch.Generator().manual_seed(5)
-    v, do = (torch.randn(sum(lens), H, V, generator=gen, dtype=torch.float64) for _ in range(2))
-    ch = chunks(1, sum(lens), cu.to(torch.int32), torch.device(DEV))
-    dA = chunk_dA(v.float().to(DEV), do.float().to(DEV), ch, scale, {"dA_once": True, "dA_bv": 16}).cpu()
-    ref = torch.full((sum(lens), H, BT), float("nan"), dtype=torch.float64)
-    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
-        for c0 in range(s, e, BT):
-            c1 = min(c0 + BT, e)
-            blk = scale * torch.einsum("ihv,jhv->hij", do[c0:c1], v[c0:c1]).tril()  # [H, i, j]
-            ref[c0:c1, :, : c1 - c0] = blk.permute(1, 0, 2)
-            ref[c0:c1, :, c1 - c0:] = 0.0  # columns past the sequence end: v rows masked to zero
-    assert dA.dtype == torch.float32 and dA.shape == ref.shape
-    assert_exact("gla chunk_dA packed", ref, dA)

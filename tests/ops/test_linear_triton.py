@@ -253,13 +253,13 @@ def test_prefill_then_decode(normalize):
 def test_custom_op_compiles_and_checks():
     """The forward op passes torch.library.opcheck (schema, fake tensors, autograd registration),
     and a torch.compile'd call (fullgraph) traces through it, gradients included."""
-    from lintime.ops.linear.triton.ops import _fwd_op
+    from lintime.ops.linear.triton.ops import linear_fwd_op
 
     q, k, v = _inputs(1, 20, 1, 16, 16)
     kv, ks = _state(1, 1, 16, 16, True)
     leaves = tuple(x.requires_grad_() for x in (q, k, v, kv))
     args = (*leaves, ks, None, 0.25, True, True, 0)
-    torch.library.opcheck(_fwd_op, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    torch.library.opcheck(linear_fwd_op.op, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
     def f(q, k, v):
         o, (s, z) = linear_attention(q, k, v, output_final_state=True, backend="triton")
@@ -278,7 +278,7 @@ def test_eager_function_with_unused_outputs():
     """Eager calls run an autograd.Function that passes ``None`` (no zero tensors) for the gradients
     of unused outputs: a loss on the output alone, on the final state alone, or on one part of it,
     gives the custom op's gradients (the op's autograd materialises the missing ones as zeros)."""
-    from lintime.ops.linear.triton.ops import _fwd_op, triton_linear_attention
+    from lintime.ops.linear.triton.ops import linear_fwd_op, triton_linear_attention
 
     q0, k0, v0 = _inputs(2, 70, 2, 16, 8)
     for normalize in (True, False):
@@ -294,7 +294,7 @@ def test_eager_function_with_unused_outputs():
                     fin = _parts(fin)
                 else:
                     h0, z0 = s if normalize else (s, None)
-                    o, ht, zt, *_ = _fwd_op(q, k, v, h0, z0, None, 16**-0.5, True, normalize, 1)
+                    o, ht, zt, *_ = linear_fwd_op.op(q, k, v, h0, z0, None, 16**-0.5, True, normalize, 1)
                     fin = (ht, zt) if normalize else (ht,)
                 parts = {"o": (o,), "state": fin, "first part": fin[:1]}[use]
                 loss = sum((x * w).sum() for x, w in zip(parts, weights))
@@ -324,14 +324,18 @@ def test_fallbacks_and_device_check(monkeypatch):
 
 
 def test_segment_choice():
-    """One segment per sequence when the walk already has a program per SM; otherwise segments of
-    >= 16 chunks (a power of two), about two programs per SM; never as long as the sequence."""
+    """The segment rule's invariants: one segment per sequence once the walk has a program per SM;
+    otherwise a power of two, shorter than the longest sequence, never shorter for a longer one."""
     dev = torch.device("cpu")  # 4 SMs under the interpreter
     assert choose_segment_chunks(4, 4 * 64 * 100, 64 * 100, 1, dev) == 0
-    assert choose_segment_chunks(1, 64 * 400, 64 * 400, 1, dev) == 64
-    assert choose_segment_chunks(1, 64 * 100, 64 * 100, 1, dev) == 16
-    assert choose_segment_chunks(1, 64 * 40, 64 * 40, 1, dev) == 16
-    assert choose_segment_chunks(1, 64 * 16, 64 * 16, 1, dev) == 0
+    assert choose_segment_chunks(1, 64 * 100, 64 * 100, 4, dev) == 0
+    last = 0
+    for chunks in (1, 2, 15, 16, 17, 40, 100, 400, 4000):
+        ns = choose_segment_chunks(1, 64 * chunks, 64 * chunks, 1, dev)
+        assert ns == 0 or (ns & (ns - 1) == 0 and ns < chunks), (chunks, ns)
+        assert ns == 0 or ns >= last, (chunks, ns, last)
+        last = ns or last
+    assert choose_segment_chunks(1, 64 * 4000, 64 * 4000, 1, dev) > 0  # long sequences are cut
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Triton kernels of gated linear attention (SPEC 2.5; seed §4.2-4.3).
+"""Triton kernels of gated linear attention (docs/design/contract.md §2.5; seed §4.2-4.3).
 
 Notation: flat token-major ``q, k, g [TT, H, K]``, ``v, o [TT, H, V]``; inside a chunk of ``BT``
 tokens ``G_i`` = in-chunk cumulative log-gate (fp32, computed with ``tl.cumsum``), ``G_l`` = its
@@ -30,9 +30,7 @@ Backward (seed §4.3), ``dh_n`` = gradient of the state after chunk ``n``::
 
 with ``sum_v dh_n * h_n+1 = exp(G_l) sum_v (dh_n * h_n) + sum_j k_j dk_j^inter`` (``h_n+1 =
 exp(G_l) h_n + kg^T v`` and ``kg_j (v_j dh_n^T) = k_j dk_j^inter``), so the gate gradient needs only
-the per-chunk ``h_n`` and ``dh_n``: the dq/dk/dg kernel has no sequential dependency.  ``dA`` is the
-same for every K-block of a chunk: the opt-in ``gla_bwd_dA_kernel`` computes it once per chunk and
-the dq/dk/dg kernel reads it (``LOAD_DA``) instead of accumulating ``do v^T`` per K-block.
+the per-chunk ``h_n`` and ``dh_n``: the dq/dk/dg kernel has no sequential dependency.
 
 **One-level in-chunk products (``ONE_LEVEL``, bf16 inputs by default).**  The in-chunk parts need
 ``exp(G_i - G_j)`` per pair.  The secondary tiling (:mod:`lintime.ops.gla.triton.subchunk`) builds them
@@ -45,7 +43,7 @@ GLA gates decay a few nats per 64 tokens) one matmul of the whole chunk does it 
 Every factor lies in ``[e^-40, e^40]`` (far inside bf16's range, which is fp32's); each operand is
 rounded once to the input dtype, as in any half-precision matmul of the inputs.  K-blocks beyond
 the span take the secondary tiling.  fp16 (range 65504) and fp32 inputs (whose users get the
-sub-chunk-local fp32 exponents) keep the secondary tiling unless a caller asks (tests).
+sub-chunk-local fp32 exponents) keep the secondary tiling (:class:`~lintime.ops.gla.triton.launch.GLALaunch`).
 """
 
 from __future__ import annotations
@@ -243,49 +241,17 @@ def gla_bwd_dv_kernel(
 
 
 @triton.jit
-def gla_bwd_dA_kernel(
-    v, do, dA, scale,
-    seg, seq_ptr, T, NSPS, SEG_LEN, NT, NSC,
-    H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr,
-    DT: tl.constexpr, PREC: tl.constexpr,
-):
-    """``dA = scale * (do v^T)`` of one chunk (layout: one segment per chunk), causally masked
-    (``j <= i``), fp32, stored like ``A`` (``[TT, H, BT]``, row ``t`` = token ``t`` against its
-    chunk; rows past the sequence end not written): the score gradient that every K-block of
-    :func:`gla_bwd_dqkg_kernel` needs, computed once per chunk instead of once per K-block
-    (``LOAD_DA``).  V walked in blocks of ``BV`` with the same dots as that kernel.  Grid
-    ``(NCH, H)``."""
-    i_c, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    bos, eos, _, _ = segment_bounds(seg, i_c, T, NSPS, SEG_LEN, NT, NSC, VARLEN)
-    o_c = tl.arange(0, BT)
-    o_t = bos + o_c
-    m_t = o_t < eos
-    b_dA = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_tv = m_t[:, None] & (o_v < V)[None, :]
-        p_v = (o_t * H + i_h)[:, None] * V + o_v[None, :]
-        b_v = tl.load(v + p_v, mask=m_tv, other=0.)
-        b_do = tl.load(do + p_v, mask=m_tv, other=0.)
-        b_dA = tl.dot(b_do.to(DT), tl.trans(b_v.to(DT)), b_dA, input_precision=PREC)
-    b_dA = tl.where(o_c[:, None] >= o_c[None, :], b_dA * scale, 0.)
-    tl.store(dA + (o_t * H + i_h)[:, None] * BT + o_c[None, :], b_dA, mask=m_t[:, None])
-
-
-@triton.jit
 def gla_bwd_dqkg_kernel(
-    q, k, v, g, do, hc, dhs, dA, dq, dk, dg, scale,
+    q, k, v, g, do, hc, dhs, dq, dk, dg, scale,
     seg, seq_ptr, T, NSPS, SEG_LEN, NT, NSC,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, VARLEN: tl.constexpr, LOAD_DA: tl.constexpr, DT: tl.constexpr, SDT: tl.constexpr,
+    BV: tl.constexpr, VARLEN: tl.constexpr, DT: tl.constexpr, SDT: tl.constexpr,
     PREC: tl.constexpr, ONE_LEVEL: tl.constexpr,
 ):
     """``dq, dk, dg`` of one chunk (layout: one segment per chunk), K-block ``i_k``, from the
     chunk's state ``h_n`` (``hc``) and state gradient ``dh_n`` (``dhs``); V is walked in blocks of
-    ``BV`` (``do h^T``, ``v dh^T``, ``do v^T`` and ``sum_v h * dh`` accumulate in fp32).  With
-    ``LOAD_DA`` the masked, scaled ``do v^T`` is read from ``dA`` (``[TT, H, BT]`` fp32, written
-    by :func:`gla_bwd_dA_kernel`) after the V loop instead (half of the loop's dot flops at
-    ``BK = 32, BT = 64``).  No sequential dependency: grid ``(NK * NCH, H)``, the K-blocks of a
+    ``BV`` (``do h^T``, ``v dh^T``, ``do v^T`` and ``sum_v h * dh`` accumulate in fp32).  No sequential
+    dependency: grid ``(NK * NCH, H)``, the K-blocks of a
     chunk adjacent (they share ``do, v`` through L2)."""
     NK: tl.constexpr = (K + BK - 1) // BK
     i_p, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -314,8 +280,7 @@ def gla_bwd_dqkg_kernel(
         b_dh = tl.load(dhs + p_h, mask=m_kv, other=0.)
         b_dq = tl.dot(b_do.to(SDT), tl.trans(b_h).to(SDT), b_dq, input_precision=PREC)
         b_dk = tl.dot(b_v.to(SDT), tl.trans(b_dh).to(SDT), b_dk, input_precision=PREC)
-        if not LOAD_DA:
-            b_dA = tl.dot(b_do.to(DT), tl.trans(b_v.to(DT)), b_dA, input_precision=PREC)
+        b_dA = tl.dot(b_do.to(DT), tl.trans(b_v.to(DT)), b_dA, input_precision=PREC)
         b_hdh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)
     p_k = (o_t * H + i_h)[:, None] * K + o_k[None, :]
     b_q = tl.load(q + p_k, mask=m_tk, other=0.).to(tl.float32)
@@ -327,10 +292,7 @@ def gla_bwd_dqkg_kernel(
     b_dk = b_dk * tl.exp(tl.cumsum(b_g, 0, reverse=True) - b_g)  # exp(G_last - G_j)
     # sum_v dh_n * h_n+1 (the chunk's outgoing-state term of the gate gradient)
     b_dgs = tl.exp(b_gl) * b_hdh + tl.sum(b_k * b_dk, 0)
-    if LOAD_DA:
-        b_dA = tl.load(dA + (o_t * H + i_h)[:, None] * BT + o_c[None, :], mask=m_t[:, None], other=0.)
-    else:
-        b_dA = tl.where(o_c[:, None] >= o_c[None, :], b_dA * scale, 0.)
+    b_dA = tl.where(o_c[:, None] >= o_c[None, :], b_dA * scale, 0.)
     if ONE_LEVEL and tl.max(tl.max(tl.abs(b_G), 1), 0) < ONE_SPAN:
         b_dAh = b_dA.to(DT)
         b_dq += tl.exp(b_G) * tl.dot(b_dAh, (b_k * tl.exp(-b_G)).to(DT), input_precision=PREC)

@@ -9,9 +9,10 @@ Kernel sequence (``ns`` = chunks per segment, see :mod:`lintime.ops.segments`):
   ``scale q^T do'`` + scan] -> ``linear_bwd_dq_kernel`` (forward walk) and
   ``linear_bwd_dkdv_kernel`` (backward walk; one launch when ``K, V <= 64``, else one for ``dk``
   and one for ``dv``).
+
+Tiles, warps and stages: :mod:`lintime.ops.linear.triton.launch`.
 """
 
-import functools
 import math
 from typing import Optional
 
@@ -25,47 +26,13 @@ from lintime.ops.linear.triton.kernels import (
     linear_fwd_kernel,
     linear_recurrent_kernel,
 )
-from lintime.ops.custom_op import custom_op, empty_f32, none_if_empty
+from lintime.ops.custom_op import empty_f32, launcher_op, none_if_empty
 from lintime.ops.kernel_launch import block, cdiv, check_device, dot_config, flat, supported
+from lintime.ops.linear.triton.launch import LinearLaunch, fwd_tile, linear_launch
 from lintime.ops.segments import BT, choose_segment_chunks, seg_alloc_rows, segments
 from lintime.ops.state_passing import segment_states
 
 DECODE_MAX_T = 16  # forward-only calls up to this many tokens use the recurrent kernel
-TILE = 4096  # fp32 elements of a state tile held by one program (16 KB)
-
-
-@functools.lru_cache(maxsize=64)
-def _tiles(K: int, V: int):
-    """Tile widths: forward ``[all K, BV]``, dq ``[BKq, all V]``, dk/dv (fused when both fit)."""
-    BKf, BVf = block(K), block(V)
-    return dict(
-        fwd=(BKf, min(BVf, max(16, TILE // BKf))),
-        dq=(min(BKf, max(16, TILE // BVf)), BVf),
-        fused=(BKf, BVf),
-        fuse=BKf * BVf <= TILE,
-        dk=(min(BKf, max(16, TILE // BVf)), BVf),
-        dv=(BKf, min(BVf, max(16, TILE // BKf))),
-    )
-
-
-def _launch(cfg, name, num_warps, num_stages):
-    nw, st = (cfg or {}).get(name, (num_warps, num_stages))
-    return dict(num_warps=nw, num_stages=st)
-
-
-@functools.lru_cache(maxsize=64)
-def _stages(K: int, V: int) -> int:
-    """Software-pipelining depth of the walks: 3 for heads up to 64 wide (measured: 0.52 ms
-    fwd+bwd against 0.59 with 2 at T = 8k, H = 16); 1 for wider heads, whose [64, 256] tiles
-    would need over 200 KB of shared memory with 3 stages."""
-    return 3 if max(block(K), block(V)) <= 64 else 1
-
-
-@functools.lru_cache(maxsize=64)
-def _warps(K: int, V: int) -> int:
-    """4 warps for heads up to 64 wide (measured at H = 16, D = 64); 8 for wider heads, whose
-    [64, 256] tiles spill with 4 (ptxas report; not timed)."""
-    return 4 if max(block(K), block(V)) <= 64 else 8
 
 
 def _n_seq(q: Tensor, cu_seqlens: Optional[Tensor]) -> int:
@@ -93,13 +60,13 @@ def _fwd_fake(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns):
     )
 
 
-def linear_fwd(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns, cfg=None):
-    """Forward launcher (``cfg``: ``{kernel: (num_warps, num_stages)}`` overrides, benchmarks
-    only).  Returns ``o, ht, zt, den, hs, zs`` (empty tensors for absent parts):
+def linear_fwd(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns, cfg: LinearLaunch | None = None):
+    """Forward launcher.  Returns ``o, ht, zt, den, hs, zs`` (empty tensors for absent parts):
     final states (non-causal: the sequence totals), the normaliser and the materialised segment
-    start states (kept for the backward)."""
+    start states (kept for the backward).  ``cfg`` defaults to :func:`linear_launch`."""
     B, T, H, K = q.shape
     V = v.shape[-1]
+    cfg = cfg or linear_launch(K, V)
     seg = segments(B, T, cu_seqlens, ns, q.device)
     qf, kf, vf = flat(q), flat(k), flat(v)
     SDT, PREC = dot_config(q.dtype)
@@ -114,12 +81,12 @@ def linear_fwd(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns, cfg=No
     else:
         ht = torch.empty(seg.N, H, K, V, **f32)
         zt = torch.empty(seg.N, H, K, **f32) if normalize else empty_f32(q)
-    BK, BV = _tiles(K, V)["fwd"]
+    BK, BV = cfg.fwd
     if seg.NSEG > 0:
         linear_fwd_kernel[(cdiv(V, BV) * seg.NSEG, H)](
             qf, kf, vf, o, den, h0, z0, hs, zs, ht, zt, scale, **seg.kernel_args(),
             H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, CAUSAL=causal, NORM=normalize, HAS_H0=h0 is not None,
-            MAT=seg.materialized, SDT=SDT, PREC=PREC, **_launch(cfg, "fwd", _warps(K, V), _stages(K, V)),
+            MAT=seg.materialized, SDT=SDT, PREC=PREC, **cfg.launch(),
         )
     if not normalize:
         zt = empty_f32(q)
@@ -146,10 +113,12 @@ def _bwd_fake(q, k, v, o, den, ht, zt, hs, zs, do, dht, dzt, h0, z0, cu_seqlens,
 
 
 def linear_bwd(q, k, v, o, den, ht, zt, hs, zs, do, dht, dzt, h0, z0, cu_seqlens, scale, causal, normalize, ns,
-               need_dh0, cfg=None):
-    """Backward launcher: ``dq, dk, dv, dh0, dz0`` (the last two empty unless ``need_dh0``)."""
+               need_dh0, cfg: LinearLaunch | None = None):
+    """Backward launcher: ``dq, dk, dv, dh0, dz0`` (the last two empty unless ``need_dh0``).  ``cfg``
+    defaults to :func:`linear_launch`."""
     B, T, H, K = q.shape
     V = v.shape[-1]
+    cfg = cfg or linear_launch(K, V)
     seg = segments(B, T, cu_seqlens, ns, q.device)
     qf, kf, vf, dof = flat(q), flat(k), flat(v), flat(do)
     SDT, PREC = dot_config(q.dtype)
@@ -175,22 +144,21 @@ def linear_bwd(q, k, v, o, den, ht, zt, hs, zs, do, dht, dzt, h0, z0, cu_seqlens
     dq, dk, dv = torch.empty_like(qf), torch.empty_like(kf), torch.empty_like(vf)
     la = seg.kernel_args()
     common = dict(H=H, K=K, V=V, BT=BT, CAUSAL=causal, NORM=normalize, MAT=seg.materialized, SDT=SDT, PREC=PREC)
-    tiles = _tiles(K, V)
     if seg.NSEG > 0:
-        BK, BV = tiles["dq"]
+        BK, BV = cfg.dq
         linear_bwd_dq_kernel[(cdiv(K, BK) * seg.NSEG, H)](
             kf, vf, dof, den_f, dd, dq, h0, z0, hs, zs, ht, zt, scale, **la, BK=BK, BV=BV,
-            HAS_H0=h0 is not None, **common, **_launch(cfg, "dq", _warps(K, V), _stages(K, V)),
+            HAS_H0=h0 is not None, **common, **cfg.launch(),
         )
         store_dh0 = causal and not seg.materialized and need_dh0
-        launches = [("fused", True, True)] if tiles["fuse"] else [("dk", True, False), ("dv", False, True)]
+        launches = [("fused", True, True)] if cfg.fuse else [("dk", True, False), ("dv", False, True)]
         for name, do_dk, do_dv in launches:
-            BK, BV = tiles[name]
+            BK, BV = getattr(cfg, name)
             nblk = 1 if name == "fused" else (cdiv(K, BK) if name == "dk" else cdiv(V, BV))
             linear_bwd_dkdv_kernel[(nblk * seg.NSEG, H)](
                 qf, kf, vf, dof, den_f, dd, dk, dv, dht, dzt, dh0, dz0, ds, dzs, scale, **la, BK=BK, BV=BV,
                 HAS_DHT=dht is not None, DO_DK=do_dk, DO_DV=do_dv, STORE_DH0=store_dh0, **common,
-                **_launch(cfg, "dkdv", _warps(K, V), _stages(K, V)),
+                **cfg.launch(),
             )
     if not need_dh0:
         dh0, dz0 = empty_f32(q), empty_f32(q)
@@ -199,11 +167,11 @@ def linear_bwd(q, k, v, o, den, ht, zt, hs, zs, do, dht, dzt, h0, z0, cu_seqlens
     return dq.view_as(q), dk.view_as(k), dv.view_as(v), dh0, dz0
 
 
-@custom_op("linear_attention_bwd", fake=_bwd_fake)
-def _bwd_op(q: Tensor, k: Tensor, v: Tensor, o: Tensor, den: Tensor, ht: Tensor, zt: Tensor, hs: Tensor,
-            zs: Tensor, do: Tensor, dht: Optional[Tensor], dzt: Optional[Tensor], h0: Optional[Tensor],
-            z0: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float, causal: bool, normalize: bool,
-            ns: int, need_dh0: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+@launcher_op("linear_attention_bwd", fake=_bwd_fake)
+def linear_bwd_op(q: Tensor, k: Tensor, v: Tensor, o: Tensor, den: Tensor, ht: Tensor, zt: Tensor, hs: Tensor,
+                  zs: Tensor, do: Tensor, dht: Optional[Tensor], dzt: Optional[Tensor], h0: Optional[Tensor],
+                  z0: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float, causal: bool, normalize: bool,
+                  ns: int, need_dh0: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     return linear_bwd(q, k, v, o, den, ht, zt, hs, zs, do, dht, dzt, h0, z0, cu_seqlens, scale, causal,
                       normalize, ns, need_dh0)
 
@@ -215,9 +183,7 @@ def _setup_context(ctx, inputs, output):
     ctx.opts = (scale, causal, normalize, ns)
 
 
-def _backward(ctx, do, dht, dzt, _dden, _dhs, _dzs, eager=False):
-    """Backward of ``lintime::linear_attention_fwd`` (through ``lintime::linear_attention_bwd``, which
-    ``torch.compile`` and opcheck trace) and of the eager Function (``eager``: the launcher itself)."""
+def _backward(ctx, do, dht, dzt, _dden, _dhs, _dzs):
     q, k, v, h0, z0, cu_seqlens, o, den, ht, zt, hs, zs = ctx.saved_tensors
     scale, causal, normalize, ns = ctx.opts
     if do is None:
@@ -226,37 +192,19 @@ def _backward(ctx, do, dht, dzt, _dden, _dhs, _dzs, eager=False):
         dht = torch.zeros_like(ht) if dht is None else dht
         dzt = torch.zeros_like(zt) if dzt is None else dzt
     need_dh0 = causal and (ctx.needs_input_grad[3] or ctx.needs_input_grad[4])
-    bwd = linear_bwd if eager else _bwd_op
-    dq, dk, dv, dh0, dz0 = bwd(
+    dq, dk, dv, dh0, dz0 = linear_bwd_op.for_ctx(ctx)(
         q, k, v, o, den, ht, zt, hs, zs, do.contiguous(), None if dht is None else dht.contiguous(),
         None if dzt is None else dzt.contiguous(), h0, z0, cu_seqlens, scale, causal, normalize, ns, need_dh0,
     )
     return dq, dk, dv, none_if_empty(dh0), none_if_empty(dz0), None, None, None, None, None
 
 
-@custom_op("linear_attention_fwd", fake=_fwd_fake, backward=_backward, setup_context=_setup_context)
-def _fwd_op(q: Tensor, k: Tensor, v: Tensor, h0: Optional[Tensor], z0: Optional[Tensor],
-            cu_seqlens: Optional[Tensor], scale: float, causal: bool, normalize: bool,
-            ns: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+@launcher_op("linear_attention_fwd", fake=_fwd_fake, backward=_backward, setup_context=_setup_context, outputs=3)
+def linear_fwd_op(q: Tensor, k: Tensor, v: Tensor, h0: Optional[Tensor], z0: Optional[Tensor],
+                  cu_seqlens: Optional[Tensor], scale: float, causal: bool, normalize: bool,
+                  ns: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``o, ht, zt`` (the op returns the saved tensors of :func:`linear_fwd` too)."""
     return linear_fwd(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns)
-
-
-class _EagerLinear(torch.autograd.Function):
-    """The same forward / backward as ``lintime::linear_attention_fwd`` for eager calls, without the
-    custom-op dispatch and without zero gradients for the outputs a caller does not use (the op's
-    autograd materialises them: three fills per backward).  ``torch.compile`` traces the custom op
-    instead (:func:`triton_linear_attention` picks).  Returns ``o, ht, zt``."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns):
-        ctx.set_materialize_grads(False)  # unused outputs: None gradients (the backward skips them)
-        out = linear_fwd(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns)
-        _setup_context(ctx, (q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns), out)
-        return out[0], out[1], out[2]
-
-    @staticmethod
-    def backward(ctx, do, dht, dzt):
-        return _backward(ctx, do, dht, dzt, None, None, None, eager=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -272,9 +220,10 @@ def _recurrent_fake(q, k, v, h0, z0, cu_seqlens, scale, normalize):
             q.new_empty(N, H, K, **f32) if normalize else q.new_empty(0, **f32))
 
 
-def _recurrent(q: Tensor, k: Tensor, v: Tensor, h0: Optional[Tensor], z0: Optional[Tensor],
-               cu_seqlens: Optional[Tensor], scale: float, normalize: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """Decoding launcher (``lintime::linear_attention_recurrent``; eager calls skip the op dispatch)."""
+@launcher_op("linear_attention_recurrent", fake=_recurrent_fake)
+def linear_recurrent_op(q: Tensor, k: Tensor, v: Tensor, h0: Optional[Tensor], z0: Optional[Tensor],
+                        cu_seqlens: Optional[Tensor], scale: float, normalize: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Decoding launcher: ``o, ht, zt``."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = _n_seq(q, cu_seqlens)
@@ -283,16 +232,13 @@ def _recurrent(q: Tensor, k: Tensor, v: Tensor, h0: Optional[Tensor], z0: Option
     ht = torch.empty(N, H, K, V, **f32)
     zt = torch.empty(N, H, K, **f32) if normalize else empty_f32(q)
     BK = block(K)
-    BV = min(block(V), max(16, 8192 // BK))
+    BV = min(block(V), max(16, 8192 // BK))  # 8192 fp32 state elements per program (32 KB)
     if N > 0:
         linear_recurrent_kernel[(cdiv(V, BV), N, H)](
             flat(q), flat(k), flat(v), o, h0, z0, ht, zt, cu_seqlens, scale, T, H=H, K=K, V=V, BK=BK, BV=BV,
             VARLEN=cu_seqlens is not None, NORM=normalize, HAS_H0=h0 is not None, num_warps=4,
         )
     return o, ht, zt
-
-
-_recurrent_op = custom_op("linear_attention_recurrent", fake=_recurrent_fake)(_recurrent)
 
 
 # --------------------------------------------------------------------------------------------
@@ -302,7 +248,7 @@ _recurrent_op = custom_op("linear_attention_recurrent", fake=_recurrent_fake)(_r
 def segment_chunks_for(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor]) -> int:
     """The automatic ``ns`` of a call, from shapes alone (see ``choose_segment_chunks``)."""
     B, T, H, K = q.shape
-    BV = _tiles(K, v.shape[-1])["fwd"][1]
+    BV = fwd_tile(K, v.shape[-1])[1]
     n_seq = _n_seq(q, cu_seqlens)
     return choose_segment_chunks(n_seq, B * T, T, H * math.ceil(v.shape[-1] / BV), q.device)
 
@@ -336,21 +282,13 @@ def triton_linear_attention(
         z0 = None if z0 is None else z0.float().contiguous()
     if cu_seqlens is not None:
         cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32)
-    compiling = torch.compiler.is_compiling()
-    grad = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in (q, k, v, h0, z0)
-    )
+    grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, h0, z0))
     if causal and not grad and T <= DECODE_MAX_T:
-        rec = _recurrent_op if compiling else _recurrent
-        o, ht, zt = rec(q.contiguous(), k.contiguous(), v.contiguous(), h0, z0, cu_seqlens, scale, normalize)
+        o, ht, zt = linear_recurrent_op(q.contiguous(), k.contiguous(), v.contiguous(), h0, z0, cu_seqlens, scale,
+                                        normalize)
     else:
         ns = segment_chunks_for(q, v, cu_seqlens) if segment_chunks is None else int(segment_chunks)
-        if compiling:
-            o, ht, zt, _, _, _ = _fwd_op(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns)
-        elif grad:
-            o, ht, zt = _EagerLinear.apply(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns)
-        else:
-            o, ht, zt, _, _, _ = linear_fwd(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns)
+        o, ht, zt = linear_fwd_op(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns)
     state = None
     if output_final_state:
         state = (ht, zt) if normalize else ht
