@@ -191,7 +191,7 @@ def test_no_bias_is_zero_bias_and_initial_state_is_no_state():
 
 
 def test_matches_softmax_over_all_keys():
-    """SPEC 2.6 directly: softmax of q_i . k_hat_j (+ bias column j - (n-1)L inside the window)."""
+    """docs/design/contract.md §2.6 directly: softmax of q_i . k_hat_j (+ bias column j - (n-1)L inside the window)."""
     B, T, H, K, V, S, L = 1, 40, 1, 5, 3, 4, 6
     inp = _inputs(B, T, H, K, V, S, L, torch.float64, seed=5)
     k_hat = _gather(inp["codebook"], inp["codes"])

@@ -1,4 +1,4 @@
-"""Gated linear attention (SPEC 2.5, seed "gated-linear-attention")."""
+"""Gated linear attention (docs/design/contract.md §2.5; seed "gated-linear-attention")."""
 
 from __future__ import annotations
 

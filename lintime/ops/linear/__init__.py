@@ -1,4 +1,4 @@
-"""Linear attention (SPEC 2.4; seed "linear-self-attention-is-faster")."""
+"""Linear attention (docs/design/contract.md §2.4; seed "linear-self-attention-is-faster")."""
 
 from __future__ import annotations
 
@@ -29,15 +29,9 @@ register_triton(_IMPLS, _load_triton)
 
 _OP = "linear_attention"
 
-# Widest head (K and V) for which the automatic choice takes the Triton kernels.  Wider heads
-# select the 8-warp / 1-stage tiles and the split dk / dv walks of lintime.ops.linear.triton,
-# which pass the interpreter tests but had never run on a GPU before the 2026-11-22 H200 run of
-# ``lintime bench model``, where both configurations that reached them failed with "CUDA error:
-# an illegal memory access": performer-base (K = 256 random features, V = 64) in training at
-# T = 1k and in decoding (prefill 1k -> 2k), and performer-medium (K = 128, V = 64) in training.
-# The cause is not established (the interpreter matches the chunked form at these sizes); until
-# those kernels are verified on a GPU, automatic dispatch keeps wide heads on the PyTorch forms.
-# ``backend="triton"`` still runs them (tests, and checking them on a GPU).
+# Widest head (K and V) the automatic choice sends to the Triton kernels: wider heads' tiles (8 warps,
+# 1 stage, split dk / dv walks) hit "illegal memory access" in `bench model` (performer-base K = 256,
+# performer-medium K = 128; H200, 2026-11-22), cause not established; backend="triton" still runs them.
 AUTO_TRITON_MAX_HEAD = 64
 
 def linear_attention(

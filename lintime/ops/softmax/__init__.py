@@ -1,4 +1,4 @@
-"""Softmax attention (SPEC 2.1)."""
+"""Softmax attention (docs/design/contract.md §2.1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Transformer-VQ attention (SPEC 2.6; seed "transformer-vq": Theorem 3.7, Remark 3.9, Appendix E)."""
+"""Transformer-VQ attention (docs/design/contract.md §2.6; seed "transformer-vq": Theorem 3.7, Remark 3.9, Appendix E)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Triton kernels of linear attention (SPEC 2.4).
+"""Triton kernels of linear attention (docs/design/contract.md §2.4).
 
 Notation: flat token-major tensors ``q, k [TT, H, K]``, ``v, o [TT, H, V]``; ``den [TT, H]`` the
 normaliser; states ``h [K, V]`` (``S`` of the seed) and ``z [K]`` (key sum), fp32.  A program
