@@ -4,7 +4,7 @@ gradients of q, k, v and rel_bias) -- on the CPU through the Triton interpreter 
 half-precision rule, fp32 exact).
 
 Without CUDA, tests/ops/conftest.py sets ``TRITON_INTERPRET=1``.  Under the interpreter the kernels use 16-wide blocks
-(:func:`lintime.ops.gau.triton.plan.default_blocks`), so small shapes cross several query/key
+(:func:`lintime.ops.gau.triton.launch.default_launch`), so small shapes cross several query/key
 tiles, ``S`` tiles and ``E`` tiles, with partial tiles.
 """
 
@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from lintime.ops import gau_attention
+from lintime.ops.gau.triton.launch import GauLaunch, default_launch
 from lintime.testing import assert_exact, assert_half_rule
 
 triton = pytest.importorskip("triton")
@@ -33,30 +34,28 @@ def _inputs(B, T, H, S, E, dtype, seed=0, device="cpu"):
     return [x.to(device, dtype) for x in (q, k, v, b, do)]
 
 
-def _run(backend, q, k, v, b, do, blocks=None, **kw):
-    """Output and the gradients of q, k, v (and rel_bias when given), by name.  With ``blocks``
-    the call goes to the Triton entry with those block sizes (``backend`` is then ignored)."""
+def _run(backend, q, k, v, b, do, launch=None, **kw):
+    """Output and the gradients of q, k, v (and rel_bias when given), by name.  With ``launch``
+    the call goes to the Triton entry with that launch configuration (``backend`` is then ignored)."""
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     bias = None if b is None else b.detach().clone().requires_grad_()
-    if blocks is None:
+    if launch is None:
         o = gau_attention(*leaves, rel_bias=bias, backend=backend, **kw)
     else:
         from lintime.ops.gau.triton import triton_gau_attention
 
-        o = triton_gau_attention(*leaves, rel_bias=bias, blocks=blocks, **kw)
+        o = triton_gau_attention(*leaves, rel_bias=bias, launch=launch, **kw)
     grads = torch.autograd.grad(o, leaves + ([] if bias is None else [bias]), do)
     return dict(zip(NAMES, (o, *grads)))
 
 
-def _path_blocks(path, S, E, dtype=torch.float32):
-    """The default blocks with the slab path on (``slab``: the defaults' slabs -- 32 rows of 16-row tiles under
-    the interpreter -- or 512 rows where the defaults keep it off) or off (``tiled``)."""
-    from lintime.ops.gau.triton.plan import default_blocks
-
-    blocks = default_blocks(S, E, dtype)
+def _path_launch(path, S, E):
+    """The default launch configuration with the slab path on (``slab``: the defaults' slabs -- 32 rows of 16-row
+    tiles under the interpreter -- or 512 rows where the defaults keep it off) or off (``tiled``)."""
+    launch = default_launch(S, E)
     if path == "tiled":
-        return dataclasses.replace(blocks, slab=0)
-    return blocks if blocks.slab else dataclasses.replace(blocks, slab=512)
+        return dataclasses.replace(launch, slab=0)
+    return launch if launch.slab else dataclasses.replace(launch, slab=512)
 
 
 @pytest.fixture
@@ -95,7 +94,7 @@ def test_matches_naive_fp32(path, causal, bias, T, H, S, E, slab_calls):
     q, k, v, b, do = _inputs(2, T, H, S, E, torch.float32)
     kw = {"causal": causal, "scale": S**-0.5}
     ref = _run("naive", q, k, v, b if bias else None, do, **kw)
-    out = _run("triton", q, k, v, b if bias else None, do, blocks=_path_blocks(path, S, E), **kw)
+    out = _run("triton", q, k, v, b if bias else None, do, launch=_path_launch(path, S, E), **kw)
     assert slab_calls == ([1, 1] if path == "slab" else [])  # forward and backward took the path asked for
     assert sorted(ref) == sorted(out)
     for name in ref:
@@ -114,8 +113,8 @@ def test_packing_matches_naive(causal, path, slab_calls):
     q, k, v, b, do = _inputs(1, sum(lens), 1, 8, 6, torch.float32, seed=3)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     kw = {"causal": causal, "scale": 0.3, "cu_seqlens": cu}
-    blocks = dataclasses.replace(_path_blocks("slab", 8, 6), slab_masked=2 if path == "masked" else 0)
-    ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, blocks=blocks, **kw)
+    launch = dataclasses.replace(_path_launch("slab", 8, 6), slab_masked=2 if path == "masked" else 0)
+    ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, launch=launch, **kw)
     assert slab_calls == ([1, 1] if path == "masked" else [])
     for name in ref:
         assert_exact(f"gau packed {path} {name} (causal={causal})", ref[name], out[name])
@@ -138,18 +137,18 @@ def test_masked_rows_match_naive(rows, causal, slab_calls):
     """The slab path over a packed call's rows with pairs across sequences masked (``slab_masked``, 2: whatever the
     work rule says): two heads, the bias, slabs of 32 rows over rows of 64 / 48 tokens (slab and sequence boundaries
     not aligned, a partial last slab); output and every gradient exact against naive."""
-    from lintime.ops.gau.triton.plan import default_blocks, sequence_bounds
     from lintime.ops.gau.triton.slab import packed_rows
+    from lintime.ops.launch_tables import sequence_bounds
 
     lens, L, k0, hi = _ROWS[rows]
     N = sum(lens)
     q, k, v, b, do = _inputs(1, N, 2, 8, 16, torch.float32, seed=21)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-    blocks = dataclasses.replace(default_blocks(8, 16, torch.float32), slab_masked=2)
-    mask = packed_rows(*sequence_bounds(1, N, cu), N, N, blocks, 8, causal, cu, torch.device("cpu"))
+    launch = dataclasses.replace(default_launch(8, 16), slab_masked=2)
+    mask = packed_rows(*sequence_bounds(1, N, cu), N, N, launch, 8, causal, cu, torch.device("cpu"))
     assert mask is not None and (mask.L, mask.R, mask.k0, mask.hi) == (L, 32, k0, hi)
     kw = {"causal": causal, "scale": 0.3, "cu_seqlens": cu}
-    ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, blocks=blocks, **kw)
+    ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, launch=launch, **kw)
     assert slab_calls == [1, 1]
     for name in ref:
         assert_exact(f"gau masked rows {rows} {name} (causal={causal})", ref[name], out[name])
@@ -169,15 +168,15 @@ def test_packed_host_work_cached_per_cu_seqlens(monkeypatch):
     q, k, v, b, do = _inputs(1, sum(lens), 1, 8, 16, torch.float32, seed=25)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     for path in ("masked", "tiled"):
-        blocks = dataclasses.replace(_path_blocks("slab", 8, 16), slab_masked=2 if path == "masked" else 0)
-        kw = {"causal": True, "scale": 0.3, "cu_seqlens": cu, "blocks": blocks}
+        launch = dataclasses.replace(_path_launch("slab", 8, 16), slab_masked=2 if path == "masked" else 0)
+        kw = {"causal": True, "scale": 0.3, "cu_seqlens": cu, "launch": launch}
         reads.clear()
         out = [_run("triton", q, k, v, b, do, **kw) for _ in range(2)]
         assert len(reads) == 1, (path, reads)  # two forwards and backwards, one read of cu_seqlens
         cu[2] = 60  # in place: another layout of the same tensor
         moved = _run("triton", q, k, v, b, do, **kw)
         assert len(reads) == 2
-        ref = _run("naive", q, k, v, b, do, **{**kw, "blocks": None})
+        ref = _run("naive", q, k, v, b, do, **{**kw, "launch": None})
         for name in ref:
             assert_exact(f"gau cached {path} {name}", ref[name], moved[name])
         cu[2] = 64
@@ -192,7 +191,6 @@ def test_packed_rows_rule():
     sequence whose multiples are all boundaries; they are taken when the slabs' work is at most ``SLAB_PAIR_RATIO``
     times the tiled kernels' (whole-document rows: yes; one long row of short sequences: no); never with the slab
     path or ``slab_masked`` off, ``S`` too wide or rows longer than the call's ``T``."""
-    from lintime.ops.gau.triton.plan import Blocks
     from lintime.ops.gau.triton.slab import packed_rows
 
     def rule(lens, cfg, S=16, causal=True, T_max=None):
@@ -202,7 +200,7 @@ def test_packed_rows_rule():
         m = packed_rows(torch.cumsum(lens, 0) - lens, lens, N, T_max or N, cfg, S, causal, cu, torch.device("cpu"))
         return None if m is None else m.L
 
-    on = Blocks(slab=32, bm_slab=16, bm=16, slab_masked=1)
+    on = GauLaunch(slab=32, bm_slab=16, bm=16, slab_masked=1)
     train = [128, 128, 128, 40, 1, 0, 87] * 2  # rows of 128: three in four one document
     assert rule(train, on) == 128
     assert rule(train, on, causal=False) == 128
@@ -221,24 +219,21 @@ def test_packed_rows_rule():
 @pytest.mark.parametrize("causal", [True, False])
 def test_tma_and_pointer_paths(tma, causal, monkeypatch):
     """Both load paths at a shape where ``S`` is one whole step and ``E`` a multiple of the E tiles, so
-    ``Blocks.tma`` decides which one runs: two heads (a head's tile is a column offset of the
+    ``GauLaunch.tma`` decides which one runs: two heads (a head's tile is a column offset of the
     [B T, H D] view), packed sequences whose tiles end past their region (whole-tile loads read the
     next region's rows), an empty and a one-token sequence, the bias; output and every gradient vs
     naive (fp32 exact)."""
-    import dataclasses
-
     from lintime.ops.gau.triton import gau as g
-    from lintime.ops.gau.triton.plan import default_blocks
 
     taken = []
     real = g.tma_descriptors
     monkeypatch.setattr(g, "tma_descriptors", lambda *specs: taken.append(real(*specs) is not None) or real(*specs))
     lens, H, S, E = [37, 1, 0, 20], 2, 16, 48
-    blocks = dataclasses.replace(default_blocks(S, E, torch.float32), tma=tma, slab_masked=0)  # the tiled kernels
+    launch = dataclasses.replace(default_launch(S, E), tma=bool(tma), slab_masked=0)  # the tiled kernels
     q, k, v, b, do = _inputs(1, sum(lens), H, S, E, torch.float32, seed=13)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     kw = {"causal": causal, "scale": S**-0.5, "cu_seqlens": cu}
-    out = _run("triton", q, k, v, b, do, blocks=blocks, **kw)
+    out = _run("triton", q, k, v, b, do, launch=launch, **kw)
     # the TMA run loaded through descriptors in all three kernels
     assert taken == ([True] * 3 if tma else []), taken
     ref = _run("naive", q, k, v, b, do, **kw)
@@ -294,12 +289,11 @@ def test_opcheck():
     """``torch.library.opcheck``: schema, fake tensors, autograd registration and AOT tracing of
     ``lintime::gau_fwd`` (packed, with a bias)."""
     from lintime.ops.gau.triton.gau import gau_fwd
-    from lintime.ops.gau.triton.plan import default_blocks
 
     q, k, v, b, _ = _inputs(1, 20, 1, 8, 12, torch.float32, seed=7)
     q, k, v, b = (x.requires_grad_() for x in (q, k, v, b))
     cu = torch.tensor([0, 9, 20], dtype=torch.int32)
-    torch.library.opcheck(gau_fwd, (q, k, v, b, cu, 0.3, True, default_blocks(8, 12, torch.float32).to_list()))
+    torch.library.opcheck(gau_fwd, (q, k, v, b, cu, 0.3, True, default_launch(8, 12).to_ints()))
 
 
 @cpu_only
@@ -312,7 +306,7 @@ def test_slab_fp16_half_precision_rule(causal, slab_calls):
     ref = _run("naive", q, k, v, b, do, **kw)
     half = [x.half() for x in (q, k, v, b, do)]
     base = _run("naive", *half, **kw)
-    out = _run("triton", *half, blocks=_path_blocks("slab", 16, 24, torch.float16), **kw)
+    out = _run("triton", *half, launch=_path_launch("slab", 16, 24), **kw)
     assert slab_calls == [1, 1]
     for name in ref:
         assert out[name].dtype == torch.float16
@@ -327,8 +321,8 @@ def test_slab_height_not_a_tile_multiple_and_longer_than_T(slab_calls):
     kw = {"causal": True, "scale": 0.3}
     ref = _run("naive", q, k, v, b, do, **kw)
     for slab in (40, 1000):
-        blocks = dataclasses.replace(_path_blocks("slab", 8, 8), slab=slab)
-        out = _run("triton", q, k, v, b, do, blocks=blocks, **kw)
+        launch = dataclasses.replace(_path_launch("slab", 8, 8), slab=slab)
+        out = _run("triton", q, k, v, b, do, launch=launch, **kw)
         for name in ref:
             assert_exact(f"gau slab={slab} {name}", ref[name], out[name])
     assert slab_calls == [1, 1, 1, 1]
@@ -336,62 +330,43 @@ def test_slab_height_not_a_tile_multiple_and_longer_than_T(slab_calls):
 
 @cpu_only
 def test_slab_falls_back_to_tiles_for_short_packed_and_wide_inputs(slab_calls):
-    """Packed sequences that form no run (:func:`~lintime.ops.gau.triton.slab.slab_runs`; masked rows off) and ``S``
+    """Packed sequences of mixed lengths (no :func:`~lintime.ops.gau.triton.slab.one_length_run`; masked rows off)
+    and ``S``
     wider than the slab kernels' tile take the tiled kernels even with ``slab`` set, and are still exact."""
     from lintime.ops.gau.triton.slab import MAX_S, slab_applies
 
-    blocks = dataclasses.replace(_path_blocks("slab", 8, 6), slab_masked=0)
-    assert slab_applies(blocks, MAX_S, None) and not slab_applies(blocks, MAX_S + 1, None)
-    assert not slab_applies(blocks, 8, torch.tensor([0, 3]))
-    assert not slab_applies(dataclasses.replace(blocks, slab=0), 8, None)
+    launch = dataclasses.replace(_path_launch("slab", 8, 6), slab_masked=0)
+    assert slab_applies(launch, MAX_S, None) and not slab_applies(launch, MAX_S + 1, None)
+    assert not slab_applies(launch, 8, torch.tensor([0, 3]))
+    assert not slab_applies(dataclasses.replace(launch, slab=0), 8, None)
     lens = [13, 1, 0, 20]
     q, k, v, b, do = _inputs(1, sum(lens), 1, 8, 6, torch.float32, seed=3)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     kw = {"causal": True, "scale": 0.3, "cu_seqlens": cu}
-    ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, blocks=blocks, **kw)
+    ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, launch=launch, **kw)
     assert slab_calls == []
     for name in ref:
         assert_exact(f"gau packed with slab set {name}", ref[name], out[name])
 
 
-def test_slab_runs_of_a_packed_call():
-    """Runs (with ``slab_packed``): consecutive sequences of one length ``L >= slab`` with ``n L >= 4 slab`` tokens
-    (here slab = 32: ``L >= 32``, 128 tokens); everything else is left to the tiled kernels."""
-    from lintime.ops.gau.triton.plan import Blocks
-    from lintime.ops.gau.triton.slab import slab_runs
+def test_one_length_run_of_a_packed_call():
+    """:func:`~lintime.ops.gau.triton.slab.one_length_run`: a packed call whose non-empty sequences all have one
+    length is one ``[n, L]`` run from its first non-empty sequence's first token, whatever its size; mixed lengths,
+    the slab path off or ``S`` too wide give none."""
+    from lintime.ops.gau.triton.slab import one_length_run
 
-    lens = torch.tensor([40, 40, 40, 40, 7, 33, 0, 1, 64, 64, 40, 40, 200])
-    starts = torch.cumsum(lens, 0) - lens
-    on = Blocks(slab=32, bm_slab=16, slab_packed=1)
-    runs, rest = slab_runs(starts, lens, on, 16)
-    assert runs == [(0, 4, 40), (int(starts[8]), 2, 64), (int(starts[12]), 1, 200)]
-    assert rest.tolist() == [False] * 4 + [True] * 4 + [False, False, True, True, False]
-    assert slab_runs(starts, lens, dataclasses.replace(on, slab_packed=0), 16)[0] == []  # the default: off
-    # ...except a call of one length (empty sequences aside), which is one [n, L] batch: a run whatever its size
-    uni = torch.tensor([0, 20, 20, 0, 20])
-    runs, rest = slab_runs(torch.cumsum(uni, 0) - uni, uni, dataclasses.replace(on, slab_packed=0), 16)
-    assert runs == [(0, 3, 20)] and rest.tolist() == [True, False, False, True, False]
-    assert slab_runs(starts, lens, dataclasses.replace(on, slab=0), 16)[0] == []  # slab path off
-    assert slab_runs(starts, lens, on, 300)[0] == []  # S too wide
+    on = GauLaunch(slab=32, bm_slab=16)
 
+    def run(lens, cfg=on, S=16):
+        lens = torch.tensor(lens)
+        return one_length_run(torch.cumsum(lens, 0) - lens, lens, cfg, S)
 
-@cpu_only
-@pytest.mark.parametrize("causal", [True, False])
-def test_slab_packed_runs_and_tiles_in_one_call(causal, slab_calls):
-    """``slab_packed``: a packed call with two slab runs (4 x 40 and 2 x 64 tokens) and sequences left to the tiled kernels
-    (7, 33, an empty one, 1, 20 tokens) between and after them: output and every gradient (the bias's summed over
-    both paths) exact against naive."""
-    lens = [40, 40, 40, 40, 7, 33, 0, 1, 64, 64, 20]
-    q, k, v, b, do = _inputs(1, sum(lens), 2, 8, 16, torch.float32, seed=15)
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-    kw = {"causal": causal, "scale": 0.3, "cu_seqlens": cu}
-    blocks = dataclasses.replace(_path_blocks("slab", 8, 16), slab_packed=1, slab_masked=0)
-    ref, out = _run("naive", q, k, v, b, do, **kw), _run("triton", q, k, v, b, do, blocks=blocks, **kw)
-    assert slab_calls == [1, 1, 1, 1]  # two runs, forward and backward
-    _run("triton", q, k, v, b, do, blocks=dataclasses.replace(blocks, slab_packed=0), **kw)
-    assert slab_calls == [1, 1, 1, 1]  # without slab_packed (and masked rows) packed calls go to the tiled kernels
-    for name in ref:
-        assert_exact(f"gau packed runs {name} (causal={causal})", ref[name], out[name])
+    assert run([0, 20, 20, 0, 20]) == (0, 3, 20)
+    assert run([0, 0, 7]) == (0, 1, 7)
+    assert run([40, 40, 7]) is None
+    assert run([0, 0]) is None
+    assert run([20, 20], dataclasses.replace(on, slab=0)) is None
+    assert run([20, 20], S=300) is None
 
 
 @cpu_only
@@ -410,9 +385,9 @@ def test_slab_packed_one_length_by_default(causal, slab_calls):
 
 
 @cpu_only
-def test_slab_packed_all_runs_fp16(slab_calls):
-    """``slab_packed``: a packed call that is all one run (3 x 64 tokens: no sequence left to the tiled kernels),
-    fp16 by the half rule."""
+def test_slab_packed_one_length_fp16(slab_calls):
+    """A packed call of one length with no empty sequence (3 x 64 tokens: one ``[3, 64]`` batch), fp16 by the
+    half rule."""
     lens = [64, 64, 64]
     q, k, v, b, do = _inputs(1, sum(lens), 1, 16, 24, torch.float64, seed=16)
     cu = torch.tensor([0, 64, 128, 192], dtype=torch.int32)
@@ -420,11 +395,10 @@ def test_slab_packed_all_runs_fp16(slab_calls):
     ref = _run("naive", q, k, v, b, do, **kw)
     half = [x.half() for x in (q, k, v, b, do)]
     base = _run("naive", *half, **kw)
-    out = _run("triton", *half, blocks=dataclasses.replace(_path_blocks("slab", 16, 24, torch.float16), slab_packed=1),
-               **kw)
+    out = _run("triton", *half, launch=_path_launch("slab", 16, 24), **kw)
     assert slab_calls == [1, 1]
     for name in ref:
-        assert_half_rule(f"gau packed one run fp16 {name}", ref[name], out[name], base[name])
+        assert_half_rule(f"gau packed one length fp16 {name}", ref[name], out[name], base[name])
 
 
 @cpu_only
@@ -434,13 +408,13 @@ def test_slab_opcheck_and_compile():
     from lintime.ops.gau.triton import triton_gau_attention
     from lintime.ops.gau.triton.gau import gau_fwd
 
-    blocks = _path_blocks("slab", 8, 12)
+    launch = _path_launch("slab", 8, 12)
     q, k, v, b, do = _inputs(2, 35, 1, 8, 12, torch.float32, seed=11)
     leaves = [x.clone().requires_grad_() for x in (q, k, v, b)]
-    torch.library.opcheck(gau_fwd, (*leaves[:4], None, 0.3, True, blocks.to_list()))
+    torch.library.opcheck(gau_fwd, (*leaves[:4], None, 0.3, True, launch.to_ints()))
 
     def f(q, k, v, b):
-        return triton_gau_attention(q, k, v, rel_bias=b, scale=0.3, blocks=blocks)
+        return triton_gau_attention(q, k, v, rel_bias=b, scale=0.3, launch=launch)
 
     torch._dynamo.reset()
     g1 = torch.autograd.grad(torch.compile(f, backend="aot_eager")(*leaves), leaves, do)
@@ -475,7 +449,7 @@ def test_cuda_real_size_half_rule(path, dtype, causal, slab_calls):
         out = _run("triton", *half, **kw)
         assert slab_calls == [1, 1]  # the default takes the slab path at this shape
     else:
-        out = _run("triton", *half, blocks=_path_blocks("tiled", S, E, dtype), **kw)
+        out = _run("triton", *half, launch=_path_launch("tiled", S, E), **kw)
         assert slab_calls == []
     for name in ref:
         assert_half_rule(f"cuda gau {dtype} {name} (causal={causal})", ref[name], out[name], base[name])
@@ -489,11 +463,9 @@ def test_cuda_fp32_exact_packed(S, E):
     E = 300, and S = 128, E = 512 -- a shape whose 16-bit inputs take the TMA path, which fp32 inputs
     do not (their 512-wide tiles' TMA buffers exceed the shared memory: the pointer path runs)."""
     from lintime.ops.gau.triton.gau import _tma
-    from lintime.ops.gau.triton.plan import default_blocks
-
     dev = torch.device("cuda")
-    assert not _tma(default_blocks(S, E, torch.float32), S, E, dev, torch.float32)
-    assert _tma(default_blocks(S, E, torch.bfloat16), S, E, dev, torch.bfloat16) == (
+    assert not _tma(default_launch(S, E), S, E, dev, torch.float32)
+    assert _tma(default_launch(S, E), S, E, dev, torch.bfloat16) == (
         S == 128 and torch.cuda.get_device_capability(dev)[0] >= 9)
     lens = [600, 1, 0, 333]
     q, k, v, b, do = _inputs(1, sum(lens), 2, S, E, torch.float32, device="cuda", seed=4)
@@ -513,7 +485,7 @@ def test_cuda_slab_fp32_exact_two_heads(causal, slab_calls):
     q, k, v, b, do = _inputs(2, 1500, 2, 96, 320, torch.float32, device="cuda", seed=12)
     kw = {"causal": causal, "scale": 96**-0.5}
     ref = _run("naive", q, k, v, b, do, **kw)
-    out = _run("triton", q, k, v, b, do, blocks=_path_blocks("slab", 96, 320), **kw)
+    out = _run("triton", q, k, v, b, do, launch=_path_launch("slab", 96, 320), **kw)
     assert slab_calls == [1, 1]
     for name in ref:
         assert_exact(f"cuda gau slab fp32 {name} (causal={causal})", ref[name], out[name])
@@ -531,20 +503,14 @@ def _cuda_packed_bf16(lens, causal, seed):
 
 @cuda
 @needs_cuda
-@pytest.mark.parametrize("lens, runs", [([1100, 1100], 0), ([1100, 1100, 333, 1, 0, 700], 1)],
-                         ids=["one_length", "slab_packed_runs"])
-def test_cuda_packed_slab_half_rule(lens, runs, slab_calls):
-    """Packed bf16 calls at GAU's shape that reach the slab path: two 1100-token sequences (one length: one
-    ``[2, 1100]`` batch by default), and with ``slab_packed`` the same two as a run before sequences of 333, 1, 0 and
-    700 tokens that stay on the tiled kernels (masked rows off: they are tested below).  Output and every gradient by
-    the half rule."""
-    S, E = 128, 2048
-    kw, ref, half = _cuda_packed_bf16(lens, True, seed=17)
-    blocks = dataclasses.replace(_path_blocks("slab", S, E, torch.bfloat16), slab_packed=runs, slab_masked=0)
-    base, out = _run("naive", *half, **kw), _run("triton", *half, blocks=blocks, **kw)
+def test_cuda_packed_one_length_half_rule(slab_calls):
+    """A packed bf16 call of two 1100-token sequences at GAU's shape (one length: one ``[2, 1100]`` batch by the
+    slab path, by default).  Output and every gradient by the half rule."""
+    kw, ref, half = _cuda_packed_bf16([1100, 1100], True, seed=17)
+    base, out = _run("naive", *half, **kw), _run("triton", *half, **kw)
     assert slab_calls == [1, 1]
     for name in ref:
-        assert_half_rule(f"cuda gau packed {lens} slab_packed={runs} {name}", ref[name], out[name], base[name])
+        assert_half_rule(f"cuda gau packed one length {name}", ref[name], out[name], base[name])
 
 
 @cuda
@@ -571,71 +537,18 @@ def test_cuda_dispatch_picks_triton(impl_calls):
     assert calls == [1]
 
 
-# ----------------------------------------------------------------------------- launch variants
-
-from lintime.ops.gau.triton.gau import LAUNCH_VARIANTS
-from lintime.ops.gau.triton.plan import changes_tiles, variant_blocks
-
-# Under the interpreter only tile shapes and steps change what runs (warps and stages are ignored
-# there), so the CPU runs the variants that change one of those -- their named fields on the
-# interpreter's 16-wide blocks; the GPU runs every variant with the blocks that `lintime bench ops
-# --cases flash.variants` times (the GPU defaults at S = 128, E = 2048 + the overrides).
-_VARIANTS = [(n, o) for n, o in LAUNCH_VARIANTS if o and (CUDA or changes_tiles(o))]
-SLAB_FIELDS = {"slab", "slab_max", "bm_slab", "warps_slab", "slab_packed"}  # a variant of the slab path
-
-
-@cuda  # also in the GPU runs' `-m cuda` selection; runs on the CPU (interpreter) as well
-@pytest.mark.parametrize("name,overrides", _VARIANTS, ids=[n for n, _ in _VARIANTS])
-def test_launch_variants(name, overrides, slab_calls):
-    """Every candidate launch of ``LAUNCH_VARIANTS`` against the naive form, on the path it varies: packed
-    sequences for the tiled kernels' variants (one longer than a 128-row tile, one of one token, one empty; packed
-    calls take the tiled kernels), two unpacked sequences of the first length for the slab path's, a run of four
-    equal sequences before the short ones for ``slab_packed``; causal, with the Toeplitz bias; the
-    output and the gradients of q, k, v and the bias.  CPU: fp32 at the exact rule at small widths
-    (S = 12, E = 12); CUDA: bf16 at GAU's widths (S = 128, E = 2048) by the half-precision rule."""
-    if CUDA:
-        lens, S, E, dtype = [1100, 1, 0, 333], 128, 2048, torch.bfloat16
-    else:
-        lens, S, E, dtype = [133, 1, 0, 20], 12, 12, torch.float32
-    blocks = variant_blocks(overrides, S, E, dtype)
-    slab_variant = bool(set(overrides) & SLAB_FIELDS)
-    if not slab_variant or blocks.slab_packed:  # packed inputs below: the tiled kernels (or slab_packed's runs), not
-        blocks = dataclasses.replace(blocks, slab_masked=0)  # the masked rows (tested on their own)
-    if blocks.slab_packed:  # packed runs by slabs: a run of four sequences, then short ones for the tiled kernels
-        blocks = dataclasses.replace(blocks, slab=blocks.slab or 32)
-        lens = [blocks.slab + 8] * 4 + lens[1:]
-    if slab_variant and blocks.slab and not blocks.slab_packed:  # the slab path's unpacked calls: two sequences
-        q, k, v, b, do = _inputs(2, lens[0], 1, S, E, torch.float64, device=DEV, seed=9)
-        kw = {"causal": True, "scale": S**-0.5}
-    else:  # packed: the tiled kernels (the variants of those kernels, and "tiled") or slab_packed's runs
-        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
-        q, k, v, b, do = _inputs(1, sum(lens), 1, S, E, torch.float64, device=DEV, seed=9)
-        kw = {"causal": True, "scale": S**-0.5, "cu_seqlens": cu}
-    q, k = q * 0.5, k * 0.5
-    xs = [x.to(dtype) for x in (q, k, v, b, do)]
-    base, out = _run("naive", *xs, **kw), _run("triton", *xs, blocks=blocks, **kw)
-    assert slab_calls == ([1, 1] if slab_variant and blocks.slab else [])  # the variant's path ran
-    ref = _run("naive", q, k, v, b, do, **kw) if dtype != torch.float32 else None
-    for name_ in base:
-        if ref is None:
-            assert_exact(f"gau variant {name} {name_}", base[name_], out[name_])
-        else:
-            assert_half_rule(f"gau variant {name} {name_}", ref[name_], out[name_], base[name_])
-
-
 def test_slab_rows_rule():
-    """The slab height: ``Blocks.slab`` rows, doubled for each factor of 4 of ``T`` beyond 4096 up to
+    """The slab height: ``GauLaunch.slab`` rows, doubled for each factor of 4 of ``T`` beyond 4096 up to
     ``slab_max`` (none with ``slab_max = 0``), a multiple of the score tile and no taller than ``T`` rounded up to
     one tile."""
-    from lintime.ops.gau.triton.plan import Blocks
     from lintime.ops.gau.triton.slab import slab_rows
 
-    grow = Blocks(slab=512, slab_max=2048, bm_slab=64)
+    grow = GauLaunch(slab=512, slab_max=2048, bm_slab=64)
     assert [slab_rows(T, grow) for T in (4096, 4097, 16384, 16385, 1 << 20)] == [512, 1024, 1024, 2048, 2048]
     assert [slab_rows(T, grow) for T in (1, 64, 65, 300)] == [64, 64, 128, 320]
-    fixed = Blocks(slab=512, slab_max=0, bm_slab=64)
+    fixed = GauLaunch(slab=512, slab_max=0, bm_slab=64)
     assert slab_rows(1 << 20, fixed) == 512
-    assert slab_rows(1 << 20, Blocks(slab=600, slab_max=0, bm_slab=64)) == 576
+    assert slab_rows(1 << 20, GauLaunch(slab=600, slab_max=0, bm_slab=64)) == 576
 
 
 @cpu_only
@@ -659,9 +572,9 @@ def test_slab_never_holds_a_TxT_tensor(causal, slab_calls):
 
     B, T, H, S, E, R = 1, 512, 1, 8, 8, 64
     q, k, v, b, do = _inputs(B, T, H, S, E, torch.float32, seed=14)
-    blocks = dataclasses.replace(_path_blocks("slab", S, E), slab=R)
+    launch = dataclasses.replace(_path_launch("slab", S, E), slab=R)
     with Largest():
-        _run("triton", q, k, v, b, do, blocks=blocks, causal=causal, scale=0.3)
+        _run("triton", q, k, v, b, do, launch=launch, causal=causal, scale=0.3)
     slab_peak, Largest.largest = Largest.largest, 0
     with Largest():
         _run("naive", q, k, v, b, do, causal=causal, scale=0.3)

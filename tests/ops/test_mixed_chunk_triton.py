@@ -4,7 +4,7 @@ Triton interpreter at small sizes (fp32 exact, fp16 by the half-precision rule),
 sizes (bf16 / fp16 by the half-precision rule, fp32 exact).
 
 Without CUDA, tests/ops/conftest.py sets ``TRITON_INTERPRET=1``.  Under the interpreter the kernels use 16-wide blocks and 2-chunk segments
-(:func:`lintime.ops.gau.triton.plan.default_blocks`), so these small shapes still cross several
+(:func:`lintime.ops.mixed_chunk.triton.launch.default_launch`), so these small shapes still cross several
 query/key tiles per chunk, several ``S`` and ``E`` tiles, several segments per sequence, and
 partial tiles everywhere.
 """
@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from lintime.ops import MixedChunkState, mixed_chunk_attention
-from lintime.ops.gau.triton.plan import Blocks, default_blocks
+from lintime.ops.mixed_chunk.triton import launchers, plan
+from lintime.ops.mixed_chunk.triton.launch import default_launch
 from lintime.testing import assert_close, assert_exact, assert_half_rule
 
 triton = pytest.importorskip("triton")
@@ -61,22 +62,22 @@ def _cast_state(state, dtype):
                            k_lin=state.k_lin.to(dtype), v=state.v.to(dtype), fill=state.fill)
 
 
-def _run(backend, xs, rb, state, seed=3, blocks=None, **kw):
+def _run(backend, xs, rb, state, seed=3, launch=None, **kw):
     """Forward, final state and every gradient of one call, as a dict of named tensors; the
-    loss weights every output element and every float field of the final state.  With ``blocks``
-    the call goes to the Triton entry with those block sizes (``backend`` is then ignored)."""
+    loss weights every output element and every float field of the final state.  With ``launch``
+    the call goes to the Triton entry with that launch configuration (``backend`` is then ignored)."""
     xs = [x.detach().clone().requires_grad_() for x in xs]
     rb = None if rb is None else rb.detach().clone().requires_grad_()
     if state is not None:
         state = MixedChunkState(**{
             f: getattr(state, f).detach().clone().requires_grad_(f in FLOAT_FIELDS) for f in FLOAT_FIELDS + INT_FIELDS
         })
-    if blocks is None:
+    if launch is None:
         o, final = mixed_chunk_attention(*xs, rel_bias=rb, initial_state=state, backend=backend, **kw)
     else:
         from lintime.ops.mixed_chunk.triton import triton_mixed_chunk_attention
 
-        o, final = triton_mixed_chunk_attention(*xs, rel_bias=rb, initial_state=state, blocks=blocks, **kw)
+        o, final = triton_mixed_chunk_attention(*xs, rel_bias=rb, initial_state=state, launch=launch, **kw)
     out = {"o": o}
     g = torch.Generator().manual_seed(seed)
 
@@ -154,26 +155,25 @@ def test_matches_naive_fp32(mode, norm, T, H, S, E, C):
 @pytest.mark.parametrize("causal", [True, False])
 def test_tma_and_pointer_paths(tma, red, causal, monkeypatch):
     """Both load paths at a shape where every tile is whole inside its head and chunk (S, E, C
-    multiples of the interpreter's 16-wide tiles), so ``Blocks.tma`` decides which one runs: two heads
+    multiples of the interpreter's 16-wide tiles), so ``MixedChunkLaunch.tma`` decides which one runs: two heads
     (a head's tile is a column offset of the [B T, H D] view), packed sequences with short chunks
     (whole-tile loads read the next chunk's rows), an empty and a one-token sequence, an initial
     state with buffered tokens; forward, final state and every gradient vs naive (fp32 exact).  ``tma_red``: the
-    fused backward reduction loads through descriptors as well (``Blocks.tma_red``, the default); its pointer loads
+    fused backward reduction loads through descriptors as well (``MixedChunkLaunch.tma_red``, the default); its pointer loads
     with the other kernels on TMA: ``tma_red_pointers``."""
-    from lintime.ops.mixed_chunk.triton import mixed_chunk as mc
-
     taken = []
-    real = mc.tma_descriptors
-    monkeypatch.setattr(mc, "tma_descriptors", lambda *specs: taken.append(real(*specs) is not None) or real(*specs))
+    real = launchers.tma_descriptors
+    monkeypatch.setattr(launchers, "tma_descriptors",
+                        lambda *specs: taken.append(real(*specs) is not None) or real(*specs))
     C, H, S, E = 32, 2, 32, 48
     lens = [70, 1, 0, 45, 48]  # (the last: a short last chunk of whole walk steps)
-    blocks = Blocks(**{**default_blocks(S, E, torch.float32, C).__dict__, "tma": tma, "tma_red": red})
-    assert mc._tma_shapes(blocks, S, E, C, torch.device("cpu")) == bool(tma)
+    launch = dataclasses.replace(default_launch(S, E, torch.float32, C), tma=bool(tma), tma_red=bool(red))
+    assert plan.tma_shapes(launch, S, E, C, torch.device("cpu")) == bool(tma)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     xs, rb = _inputs(1, sum(lens), H, S, E, C, torch.float32, seed=12)
     st = _state([13, 0, 7, 0, 0], [2 * C, 0, C, 3 * C, C], C, H, S, E, torch.float32) if causal else None
     kw = {"chunk_size": C, "causal": causal, "output_final_state": causal, "cu_seqlens": cu}
-    out = _run("triton", xs, rb, st, blocks=blocks, **kw)
+    out = _run("triton", xs, rb, st, launch=launch, **kw)
     # the TMA run loaded through descriptors in both walks and both GEMMs (forward and backward), and with tma_red in
     # the fused reduction
     assert taken == ([True] * len(taken) if tma else []) and (len(taken) == 4 + red or not tma), taken
@@ -197,12 +197,13 @@ def test_unwritten_buffers_are_never_read(monkeypatch):
     from ``new_empty`` is filled with NaN, so a kernel that reads an entry nobody wrote (a causal tile above the
     diagonal, a step outside a tile's range) turns a result into NaN."""
     C, H, S, E = 32, 2, 32, 48
-    blocks = Blocks(**{**default_blocks(S, E, torch.float32, C).__dict__, "tma": 1})
+    launch = default_launch(S, E, torch.float32, C)
+    assert plan.tma_shapes(launch, S, E, C, torch.device("cpu"))
     xs, rb = _inputs(2, 3 * C, H, S, E, C, torch.float32, seed=13)
     kw = {"chunk_size": C, "output_final_state": True}
     ref = _run("naive", xs, rb, None, **kw)
     _poison_new_empty(monkeypatch)
-    out = _run("triton", xs, rb, None, blocks=blocks, **kw)
+    out = _run("triton", xs, rb, None, launch=launch, **kw)
     monkeypatch.undo()
     _assert_exact_all("mixed chunk poisoned buffers", ref, out)
 
@@ -218,62 +219,54 @@ def test_segment_lengths_agree():
     state = _state([3], [16], C, H, S, E, torch.float32)
     kw = {"chunk_size": C, "rel_bias": rb, "scale": 0.3, "initial_state": state, "output_final_state": True}
     o_ref, s_ref = mixed_chunk_attention(*xs, backend="naive", **kw)
-    base = default_blocks(S, E, torch.float32)
+    base = default_launch(S, E, torch.float32, C)
     for G in (1, 3, 100):
-        blocks = Blocks(**{**base.__dict__, "seg_chunks": G})
-        o, s = triton_mixed_chunk_attention(*xs, blocks=blocks, **kw)
+        o, s = triton_mixed_chunk_attention(*xs, launch=dataclasses.replace(base, seg_chunks=G), **kw)
         assert_exact(f"G={G} o", o_ref, o)
         assert_exact(f"G={G} kv", s_ref.kv, s.kv)
 
 
 def test_segment_rule_follows_the_measurements(monkeypatch):
-    """The automatic chunks per segment of the state walk (``_seg_chunks``) at the benchmark's shape on a
-    132-SM GPU, as measured on an H200 (session 9): one walk per sequence while sequences x state tiles give every
-    SM a program (2k: 16 x 32, 4k: 8 x 32), otherwise 16-chunk segments (~two programs per SM) at 8k-32k; explicit
-    ``seg_chunks`` wins; packed calls use the same rule on their chunk bound."""
-    import lintime.ops.mixed_chunk.triton.mixed_chunk as mc
-
-    monkeypatch.setattr(mc, "sm_count", lambda device: 132)
+    """The automatic chunks per segment of the state walk (``plan.seg_chunks``) on a 132-SM GPU at S = 128,
+    E = 2048, C = 256, 32k tokens: one walk per sequence while sequences x state tiles give every SM a program (2k:
+    16 x 32, 4k: 8 x 32), otherwise segments for about two walk programs per SM (16 chunks at 8k-32k), at least two
+    chunks each; explicit ``seg_chunks`` wins; packed calls use the same rule on their chunk bound."""
+    monkeypatch.setattr(plan, "sm_count", lambda device: 132)
     S, E, C = 128, 2048, 256
-    cfg = Blocks(**{**default_blocks(S, E, torch.bfloat16, C).__dict__, "bs_state": 128, "be_state": 64,
-                    "seg_chunks": 0})
+    cfg = dataclasses.replace(default_launch(S, E, torch.bfloat16, C), bs_state=128, be_state=64, seg_chunks=0)
     dev = torch.device("cpu")
-    got = {T: mc._seg_chunks(32768 // T, T, 1, S, E, C, None, cfg, dev) for T in (2048, 4096, 8192, 16384, 32768)}
+    got = {T: plan.seg_chunks(32768 // T, T, 1, S, E, C, None, cfg, dev) for T in (2048, 4096, 8192, 16384, 32768)}
     assert got == {2048: 128, 4096: 128, 8192: 16, 16384: 16, 32768: 16}
-    assert mc._seg_chunks(1, 32768, 1, S, E, C, None, Blocks(**{**cfg.__dict__, "seg_chunks": 4}), dev) == 4
+    assert plan.seg_chunks(1, 32768, 1, S, E, C, None, dataclasses.replace(cfg, seg_chunks=4), dev) == 4
     cu = torch.tensor([0, 16384, 32768])
-    assert mc._seg_chunks(1, 32768, 1, S, E, C, cu, cfg, dev) == math.ceil((2 + 128) / 8)
+    assert plan.seg_chunks(1, 32768, 1, S, E, C, cu, cfg, dev) == math.ceil((2 + 128) / 8)
 
 
 def test_walk_tile_rule_follows_the_measurements(monkeypatch):
-    """The state walk's ``S`` tile is halved (``_walk_cfg``) exactly where that alone gives a 132-SM GPU one walk
-    program per SM with one segment per sequence, as measured on an H200 (session 12): at 8k (4 sequences x 32
-    [128, 64] tiles = 128 programs; [64, 64] tiles 0.64 vs 0.67 ms), not at 2k / 4k (enough programs already) nor at
-    16k / 32k (still too few: segments); never with explicit segments or tiles already 64 high; packed calls count
-    their sequences."""
-    import lintime.ops.mixed_chunk.triton.mixed_chunk as mc
-
-    monkeypatch.setattr(mc, "sm_count", lambda device: 132)
-    mc._thin_walk.cache_clear()
+    """The state walk's ``S`` tile is halved (``plan.walk_launch``) exactly where that alone gives a 132-SM GPU one
+    walk program per SM with one segment per sequence: at 8k (4 sequences x 32 [128, 64] tiles = 128 programs), not
+    at 2k / 4k (enough programs already) nor at 16k / 32k (still too few: segments); never with explicit segments or
+    tiles already 64 high; packed calls count their sequences."""
+    monkeypatch.setattr(plan, "sm_count", lambda device: 132)
+    plan._thin_walk.cache_clear()
     try:
         S, E, C = 128, 2048, 256
-        cfg = Blocks(**{**default_blocks(S, E, torch.bfloat16, C).__dict__, "bs_state": 128, "be_state": 64,
-                        "seg_chunks": 0})
+        cfg = dataclasses.replace(default_launch(S, E, torch.bfloat16, C), bs_state=128, be_state=64, seg_chunks=0)
         dev = torch.device("cpu")
-        got = {T: mc._walk_cfg(32768 // T, T, 1, S, E, C, None, cfg, dev).bs_state
+        got = {T: plan.walk_launch(32768 // T, T, 1, S, E, C, None, cfg, dev).bs_state
                for T in (2048, 4096, 8192, 16384, 32768)}
         assert got == {2048: 128, 4096: 128, 8192: 64, 16384: 128, 32768: 128}
-        thin = mc._walk_cfg(4, 8192, 1, S, E, C, None, cfg, dev)
+        thin = plan.walk_launch(4, 8192, 1, S, E, C, None, cfg, dev)
         assert dataclasses.replace(thin, bs_state=128) == cfg  # nothing else changes
-        assert mc._seg_chunks(4, 8192, 1, S, E, C, None, thin, dev) >= 8192 // C  # one segment per sequence
+        assert plan.seg_chunks(4, 8192, 1, S, E, C, None, thin, dev) >= 8192 // C  # one segment per sequence
         for other in ({"seg_chunks": 16}, {"bs_state": 64}):
             c2 = dataclasses.replace(cfg, **other)
-            assert mc._walk_cfg(4, 8192, 1, S, E, C, None, c2, dev) is c2
+            assert plan.walk_launch(4, 8192, 1, S, E, C, None, c2, dev) is c2
         cu = torch.tensor([0, 8192, 16384, 24576, 32768])
-        assert mc._walk_cfg(1, 32768, 1, S, E, C, cu, cfg, dev).bs_state == 64
-        assert mc._walk_cfg(1, 32768, 1, S, E, C, cu[[0, 2, 4]], cfg, dev).bs_state == 128
+        assert plan.walk_launch(1, 32768, 1, S, E, C, cu, cfg, dev).bs_state == 64
+        assert plan.walk_launch(1, 32768, 1, S, E, C, cu[[0, 2, 4]], cfg, dev).bs_state == 128
     finally:
-        mc._thin_walk.cache_clear()
+        plan._thin_walk.cache_clear()
 
 
 @cpu_only
@@ -283,11 +276,10 @@ def test_packed_plan_and_check_cached_per_cu_seqlens(monkeypatch):
     layers) skip them; an in-place write or another tensor redoes them, and a bad ``cu_seqlens`` is still refused."""
     from lintime.ops import mixed_chunk_attention
     from lintime.ops import utils as ou
-    from lintime.ops.mixed_chunk.triton import mixed_chunk as mc
 
     builds, checks = [], []
-    real_build, real_check = mc._build_plan, ou.check_cu_seqlens_values
-    monkeypatch.setattr(mc, "_build_plan", lambda *a: builds.append(1) or real_build(*a))
+    real_build, real_check = plan.build_plan, ou.check_cu_seqlens_values
+    monkeypatch.setattr(plan, "build_plan", lambda *a: builds.append(1) or real_build(*a))
     monkeypatch.setattr(ou, "check_cu_seqlens_values", lambda *a: checks.append(1) or real_check(*a))
     lens = [40, 1, 0, 23]
     xs, _ = _inputs(1, sum(lens), 1, 8, 8, 16, torch.float32, seed=31)
@@ -437,13 +429,13 @@ def test_opcheck(causal):
     xs, rb = _inputs(1, 20, 1, S, E, C, torch.float32, seed=6)
     xs = [x.requires_grad_() for x in xs]
     rb.requires_grad_()
-    blocks = default_blocks(S, E, torch.float32, C).to_list()
+    launch = default_launch(S, E, torch.float32, C).to_ints()
     if causal:
         kv0 = torch.randn(1, 1, S, E, requires_grad=True)
-        args = (*xs, rb, kv0, torch.tensor([8]), None, C, True, 1 / C, "tokens", blocks)
+        args = (*xs, rb, kv0, torch.tensor([8]), None, C, True, 1 / C, "tokens", launch)
     else:
         cu = torch.tensor([0, 7, 20], dtype=torch.int32)
-        args = (*xs, rb, None, None, cu, C, False, 1 / C, "chunk", blocks)
+        args = (*xs, rb, None, None, cu, C, False, 1 / C, "chunk", launch)
     torch.library.opcheck(mixed_chunk_fwd, args)
 
 
@@ -491,14 +483,14 @@ def test_cuda_unwritten_buffers_are_never_read(monkeypatch):
     ``new_empty`` filled with NaN, so a read of an unwritten entry shows; vs the fp64 naive by the half rule."""
     C, H, S, E, T, B = 256, 1, 128, 2048, 2048, 2
     dtype = torch.bfloat16
-    blocks = default_blocks(S, E, dtype, C)
+    launch = default_launch(S, E, dtype, C)
     xs64, rb64 = _inputs(B, T, H, S, E, C, torch.float64, device="cuda", seed=14)
     kw = {"chunk_size": C, "output_final_state": True}
     ref = _run("naive", xs64, rb64, None, **kw)
     xs, rb = [x.to(dtype) for x in xs64], rb64.to(dtype)
     base = _run("naive", xs, rb, None, **kw)
     _poison_new_empty(monkeypatch)
-    out = _run("triton", xs, rb, None, blocks=blocks, **kw)
+    out = _run("triton", xs, rb, None, launch=launch, **kw)
     monkeypatch.undo()
     _assert_half_all("cuda poisoned buffers", ref, out, base)
 
@@ -510,11 +502,9 @@ def test_cuda_fp32_exact_packed(S, E, tma):
     """fp32 kernels (exact fp32 products) vs naive fp32, packed sequences (short chunks) with states,
     C = 128, two heads: S = 160 (two S tiles), E = 300 (partial E tiles) on the pointer path; S = 128,
     E = 256 on the TMA path (on Hopper)."""
-    from lintime.ops.mixed_chunk.triton.mixed_chunk import _tma_shapes
-
     C, H = 128, 2
     dev = torch.device("cuda")
-    assert _tma_shapes(default_blocks(S, E, torch.float32, C), S, E, C, dev) == (
+    assert plan.tma_shapes(default_launch(S, E, torch.float32, C), S, E, C, dev) == (
         tma and torch.cuda.get_device_capability(dev)[0] >= 9)
     lens = [700, 1, 0, 300, 129]
     xs, rb = _inputs(1, sum(lens), H, S, E, C, torch.float32, device="cuda", seed=8)
@@ -528,15 +518,13 @@ def test_cuda_fp32_exact_packed(S, E, tma):
 @needs_cuda
 @pytest.mark.parametrize("T", [1100, 16384])
 def test_cuda_graph_capture_two_streams(T, monkeypatch):
-    """``Blocks.bwd_streams``: while a CUDA graph is captured the backward forks its reductions onto a second
-    stream and joins it; eager calls keep one stream.  The replayed forward + backward equal the eager ones exactly
+    """While a CUDA graph is captured the backward forks its reductions onto a second stream and joins it; eager
+    calls keep one stream.  The replayed forward + backward equal the eager ones exactly
     (the kernels are deterministic without a bias gradient), for one sequence per state-walk segment (T = 1100, a
     short last chunk) and for segments with the start fix-up (T = 16384)."""
-    from lintime.ops.mixed_chunk.triton import mixed_chunk as mc
-
     forks = []
-    fork = mc._Side.fork
-    monkeypatch.setattr(mc._Side, "fork", lambda self: (forks.append(1), fork(self))[1])
+    fork = launchers._Side.fork
+    monkeypatch.setattr(launchers._Side, "fork", lambda self: (forks.append(1), fork(self))[1])
     C, H, S, E, B = 256, 1, 128, 2048, 2
     xs = [x.bfloat16().requires_grad_() for x in _inputs(B, T, H, S, E, C, torch.float64, device="cuda", seed=5)[0]]
     do = torch.randn(B, T, H, E, device="cuda").bfloat16()
@@ -575,46 +563,3 @@ def test_cuda_long_sequence_segments():
         out, s = mixed_chunk_attention(*xs, backend="triton", **kw)
     assert_half_rule("cuda T=32768 o", ref, out, base)
     assert_half_rule("cuda T=32768 kv", s_ref.kv.float(), s.kv.bfloat16(), s_ref.kv.bfloat16())
-
-
-# ----------------------------------------------------------------------------- launch variants
-
-from lintime.ops.gau.triton.plan import changes_tiles, variant_blocks
-from lintime.ops.mixed_chunk.triton.mixed_chunk import LAUNCH_VARIANTS
-
-# Under the interpreter only tile shapes, steps and the segmenting change what runs (warps and
-# stages are ignored there), so the CPU runs the variants that change one of those -- their named
-# fields on the interpreter's 16-wide blocks, which checks those values and their relations to the
-# other tiles and to the chunk cheaply; the GPU runs every variant with the blocks that `lintime bench
-# ops --cases flash.variants` times (the GPU defaults at S = 128, E = 2048, C = 256 + the overrides).
-_VARIANTS = [(n, o) for n, o in LAUNCH_VARIANTS if o and (CUDA or changes_tiles(o))]
-
-
-@cuda  # also in the GPU runs' `-m cuda` selection; runs on the CPU (interpreter) as well
-@pytest.mark.parametrize("name,overrides", _VARIANTS, ids=[n for n, _ in _VARIANTS])
-def test_launch_variants(name, overrides):
-    """Every candidate launch of ``LAUNCH_VARIANTS`` against the naive form: packed sequences of
-    several chunks (one of one token, one empty, short last chunks of several kinds), an initial state
-    with partial chunks (the composition path), the Toeplitz bias; forward, final state and every
-    gradient.  CPU: fp32 at the exact rule at small widths (S = 12, E = 14, C = 32: partial tiles, up
-    to 3 chunks per sequence); CUDA: bf16 at FLASH's widths (S = 128, E = 2048, C = 256) by the
-    half-precision rule."""
-    # the last sequence's short last chunk is a whole number of walk steps (16 / 64 tokens)
-    if CUDA:
-        lens, S, E, C, dtype = [1100, 1, 0, 700, 320], 128, 2048, 256, torch.bfloat16
-    else:
-        lens, S, E, C, dtype = [70, 1, 0, 20, 48], 12, 14, 32, torch.float32
-    blocks = variant_blocks(overrides, S, E, dtype, C)
-    H = 1
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
-    xs64, rb64 = _inputs(1, sum(lens), H, S, E, C, torch.float64, seed=11, device=DEV)
-    rb64[:, C - 1] = rb64[:, C - 1].abs()  # this seed's bias at offset 0 is -1: no live score on any diagonal
-    st64 = _state([13, 0, 7, 0, 0], [2 * C, 0, C, 3 * C, C], C, H, S, E, torch.float64, device=DEV)
-    kw = {"chunk_size": C, "output_final_state": True, "cu_seqlens": cu}
-    xs, rb, st = [x.to(dtype) for x in xs64], rb64.to(dtype), _cast_state(st64, dtype)
-    base = _run("naive", xs, rb, st, **kw)
-    out = _run("triton", xs, rb, st, blocks=blocks, **kw)
-    if dtype == torch.float32:
-        _assert_exact_all(f"mixed chunk variant {name}", base, out)
-    else:
-        _assert_half_all(f"mixed chunk variant {name}", _run("naive", xs64, rb64, st64, **kw), out, base)

@@ -51,10 +51,9 @@ def _tile_scores(p_a, p_b, m_a, m_b, S, o_s, b_a, ONE_S: tl.constexpr, BS: tl.co
 def _bias_tile(BIAS, DB_, i_h, m0, n0, NTD, BM: tl.constexpr, TMA: tl.constexpr):
     """The ``[BM, BM]`` bias tile of query tile ``m0`` and key tile ``n0``: ``b[i - j]`` depends only on the
     tile diagonal ``(m0 - n0) / BM``, so the launcher lays the bias out as one tile per tile diagonal
-    (``BIAS [H, NTD, BM, BM]``, :func:`lintime.ops.gau.triton.plan.bias_tiles`) and this is a contiguous load
+    (``BIAS [H, NTD, BM, BM]``, :func:`lintime.ops.gau.triton.launch.bias_tiles`) and this is a contiguous load
     from L2, with ``TMA`` (the kernels' ``TMA_BIAS``) through the descriptor ``DB_`` (the tiles as ``[H NTD BM,
-    BM]``).  H200, 2026-11-22, GAU fwd+bwd at 4k (B 8, S 128, E 2048, bf16): the ``[BM, BM]`` gather
-    ``BIAS[h, OFF + i - j]`` this replaces 4.01 ms, tiles by pointers 3.80, through TMA 3.58; no bias 3.06."""
+    BM]``): 3.58 ms fwd+bwd at 4k against 4.01 for a ``[BM, BM]`` gather per tile (H200, 2026-11-22)."""
     td = (m0 - n0) // BM + (NTD - 1) // 2
     if TMA:
         return DB_.load([((i_h * NTD + td) * BM).to(tl.int32), 0])
@@ -248,7 +247,7 @@ def relu2_bwd_dqk_kernel(
     """Per row tile: ``DQ`` (fp32, this program's rows only), ``DK`` (fp32 atomics) and the bias
     gradient per tile diagonal into ``DB [H, NTD, BM, BM]``; grid ``(tiles, H)``.  Key tiles go in
     pairs: ``dp = do . v^T`` is reduced over ``E`` for both at once, so each ``do`` tile is read
-    from L2 once per pair (H200: 6.84 -> 6.38 ms GAU fwd+bwd at 4k).  With ``TMA`` the ``q`` and ``k``
+    from L2 once per pair (6.84 -> 6.38 ms GAU fwd+bwd at 4k, H200, 2026-11-22).  With ``TMA`` the ``q`` and ``k``
     tiles and the ``do`` / ``v`` tiles of that reduction load through ``DQ_, DK_, DDO_, DV_`` (rows past the region or
     past the last key tile only reach masked or unused entries)."""
     i_t, i_h = tl.program_id(0), tl.program_id(1)
@@ -310,26 +309,3 @@ def relu2_bwd_dqk_kernel(
                              BM, BS, CAUSAL, HAS_BIAS, NEED_DB, ONE_S, PREC, TMA, TMA_BIAS)
     if ONE_S:
         tl.store(DQ + rows_m[:, None] * S + o_s[None, :], b_dq, mask=m_m[:, None] & (o_s < S)[None, :])
-
-
-@triton.jit
-def fold_bias_kernel(DB, OUT, NTD, LB, OFF, BM: tl.constexpr, BJ: tl.constexpr):
-    """``OUT[h, j] = sum of DB[h, td, a, b]`` over the entries with ``OFF + (td - mid) BM + a - b = j``
-    (``mid = (NTD - 1) // 2``): the per-tile-diagonal bias-gradient sums of both ops folded into the
-    ``[H, LB]`` bias gradient, in ``OUT``'s dtype.  For ``r = j - OFF`` only the tile diagonals
-    ``td - mid`` in ``{floor(r / BM), floor(r / BM) + 1}`` hold such entries.  Grid ``(H, LB / BJ)``."""
-    i_h = tl.program_id(0)
-    o_j = tl.program_id(1) * BJ + tl.arange(0, BJ)
-    m_j = o_j < LB
-    r = o_j - OFF
-    q = tl.where(r >= 0, r // BM, -((BM - 1 - r) // BM))  # floor(r / BM) for either sign
-    mid = (NTD - 1) // 2
-    o_a = tl.arange(0, BM)
-    acc = tl.zeros([BJ], dtype=tl.float32)
-    for k in range(2):
-        td = q + k + mid
-        b = o_a[None, :] - (r - (q + k) * BM)[:, None]  # column of row a on this tile diagonal
-        m = (m_j & (td >= 0) & (td < NTD))[:, None] & (b >= 0) & (b < BM)
-        x = tl.load(DB + ((i_h * NTD + td[:, None]).to(tl.int64) * BM + o_a[None, :]) * BM + b, mask=m, other=0.0)
-        acc += tl.sum(x, axis=1)
-    tl.store(OUT + i_h * LB + o_j, acc.to(OUT.dtype.element_ty), mask=m_j)

@@ -1,9 +1,8 @@
 """GAU attention by slabs: relu^2 scores materialised for a slab of rows, the ``E``-wide products as GEMMs.
 
 Notation: ``B`` batch, ``T`` time, ``H`` heads, ``S`` query/key width, ``E`` value width, ``R`` slab height
-(:func:`slab_rows`: ``Blocks.slab`` rows, taller on long sequences), ``BM`` the square score tile of the two kernels
-below (``Blocks.bm_slab``),
-``NTD = 2 ceil(T / BM) - 1`` bias tile diagonals.
+(:func:`slab_rows`: ``GauLaunch.slab`` rows, taller on long sequences), ``BM`` the square score tile of the two
+kernels below (``GauLaunch.bm_slab``), ``NTD = 2 ceil(T / BM) - 1`` bias tile diagonals.
 
 Why.  With ``E = 2048`` a FlashAttention-shaped kernel cannot hold a query tile's whole output row on chip:
 the tiled kernels (:mod:`lintime.ops.gau.triton.kernels`) keep a ``[64, 512]`` accumulator, recompute the
@@ -21,17 +20,15 @@ Backward, per key slab ``[c0, c1)`` (query rows ``[q0, T)``, ``q0 = c0`` causal,
 ``dP = do[q0:] v[c0:c1]^T``; :func:`slab_bwd_scores_kernel` (one program per ``BM`` query rows) recomputes the
 scores, writes ``P`` and ``dS = 2 relu(s) dP scale`` (over ``dP``, in place), adds ``dS k`` to the fp32 ``dq``
 rows it owns and the bias gradient per tile diagonal (fp32 atomics, folded by
-:func:`~lintime.ops.gau.triton.plan.fold_bias_grad`); then the GEMMs ``dv[c0:c1] = P^T do[q0:]`` and
+:func:`~lintime.ops.launch_tables.fold_bias_grad`); then the GEMMs ``dv[c0:c1] = P^T do[q0:]`` and
 ``dk[c0:c1] = dS^T q[q0:]`` write their rows once (no accumulation across slabs).
 
 The causal waste is the upper half of each diagonal ``[R, R]`` block in the GEMMs: a fraction ``R / T`` of
 the useful work.  Packed calls (``cu_seqlens``) whose sequences all have one length take the slab path as one
 ``[n, L]`` view; packed calls of mixed lengths whose sequences tile rows of one length (training batches) take it as
 ``[N / L, L]`` rows with the pairs across sequences masked, where that is not much more work than the tiled kernels'
-(:func:`packed_rows`, :class:`RowMask`); other packed calls take the tiled kernels -- or, with ``Blocks.slab_packed``
-(a measured launch variant, slower in eager calls), runs of consecutive sequences of one length (:func:`slab_runs`)
-go through the slab path as ``[n, L]`` views and the other sequences through the tiled kernels, in the same call.
-``S > 256`` takes the tiled kernels.
+(:func:`packed_rows`, :class:`RowMask`); other packed calls take the tiled kernels.  ``S > 256`` takes the tiled
+kernels.
 """
 
 from __future__ import annotations
@@ -44,7 +41,8 @@ import triton
 import triton.language as tl
 
 from lintime.ops.gau.triton.kernels import _bias_tile
-from lintime.ops.gau.triton.plan import Blocks, bias_tiles, fold_bias_grad, kernel_bias, pow2_at_least
+from lintime.ops.gau.triton.launch import GauLaunch, bias_tiles
+from lintime.ops.launch_tables import fold_bias_grad, kernel_bias, pow2_at_least
 from lintime.ops.kernel_launch import cdiv, dot_config
 
 MAX_S = 256  # widest q / k the slab kernels keep in one tile (wider: the tiled kernels)
@@ -173,23 +171,22 @@ def slab_bwd_scores_kernel(
     tl.store(p_dq, tl.load(p_dq, mask=m_dq, other=0.0) + b_dq, mask=m_dq)
 
 
-def slab_on(cfg: Blocks, S: int) -> bool:
-    """Whether the slab path is on for ``S``-wide keys: ``Blocks.slab > 0`` and ``S <= MAX_S``."""
+def slab_on(cfg: GauLaunch, S: int) -> bool:
+    """Whether the slab path is on for ``S``-wide keys: ``GauLaunch.slab > 0`` and ``S <= MAX_S``."""
     return cfg.slab > 0 and S <= MAX_S
 
 
-def slab_applies(cfg: Blocks, S: int, cu_seqlens) -> bool:
-    """Whether an unpacked call takes the slab path (packed calls: :func:`slab_runs`)."""
+def slab_applies(cfg: GauLaunch, S: int, cu_seqlens) -> bool:
+    """Whether an unpacked call takes the slab path (packed calls: :func:`one_length_run`, :func:`packed_rows`)."""
     return cu_seqlens is None and slab_on(cfg, S)
 
 
-def slab_rows(T: int, cfg: Blocks) -> int:
-    """Rows per slab for sequences of ``T`` tokens: ``Blocks.slab``, doubled for every factor of 4 by which ``T``
-    exceeds 4096 up to ``Blocks.slab_max`` (0: no growth); a multiple of the score tile, at most ``T`` rounded
+def slab_rows(T: int, cfg: GauLaunch) -> int:
+    """Rows per slab for sequences of ``T`` tokens: ``GauLaunch.slab``, doubled for every factor of 4 by which ``T``
+    exceeds 4096 up to ``GauLaunch.slab_max`` (0: no growth); a multiple of the score tile, at most ``T`` rounded
     up to one.  Taller slabs mean fewer, longer GEMMs and launches but a larger causal waste (``R / T``) and
-    ``R x T`` buffers; measured on an H200 (2026-11-26, fwd+bwd at 32k tokens, bf16; ratio to SDPA H16 D64) for
-    512 / 1024 / 2048 rows: 2k 0.80 / 0.87 / 1.01, 4k 0.82 / 0.83 / 0.91, 8k 0.84 / 0.81 / 0.84, 16k 0.90 / 0.80 /
-    0.81, 32k 0.89 / 0.81 / 0.77 -- so 512 up to 4k, 1024 up to 16k, 2048 beyond."""
+    ``R x T`` buffers; fwd+bwd of 512 / 1024 / 2048-row slabs (H200, 2026-11-26) chose 512 up to 4k, 1024 up to 16k,
+    2048 beyond."""
     bm = cfg.bm_slab
     R, t = cfg.slab, 4096
     while T > t and R * 2 <= cfg.slab_max:
@@ -197,39 +194,18 @@ def slab_rows(T: int, cfg: Blocks) -> int:
     return max(bm, min(R // bm * bm, cdiv(T, bm) * bm))
 
 
-def slab_runs(starts: torch.Tensor, lengths: torch.Tensor, cfg: Blocks, S: int):
-    """How a packed call splits: ``(runs, rest)`` -- ``runs``, a list of ``(first token, n, L)``: ``n``
-    consecutive sequences of one length ``L``, which the slab path takes as an ``[n, L]`` batch (a view:
-    consecutive sequences are consecutive tokens), and ``rest``, a bool mask of the sequences left to the tiled
-    kernels.  By default one run or none: a call whose (non-empty) sequences all have one length is a single
-    ``[n, L]`` batch -- the same work as an unpacked call (``lintime bench model``'s batches, equal-length
-    sequences packed by a user).  With ``Blocks.slab_packed``, also runs of ``L >= Blocks.slab`` holding at least
-    ``4 Blocks.slab`` tokens inside mixed calls.  Packed training batches hold such runs -- a document longer than
-    a row fills whole rows, one sequence each -- but measured on an H200 (2026-11-26, eager fwd+bwd of 32k tokens,
-    three rows in four whole documents, ``exp_gau_slab.py --packed``) runs by slabs took 14.6 / 10.0 / 9.2 / 9.6 ms
-    at rows of 1k / 2k / 4k / 8k against 2.8 / 3.7 / 5.8 / 8.2 for the tiled kernels alone: each short run is a
-    separate batch of slabs, ~6 launches per slab.  Hence runs are a launch variant; mixed calls whose sequences tile
-    rows take the slab path whole instead, masked (:func:`packed_rows`).
+def one_length_run(starts: torch.Tensor, lengths: torch.Tensor, cfg: GauLaunch, S: int):
+    """``(first token, n, L)`` when the slab path is on and a packed call's ``n`` non-empty sequences all have one
+    length ``L`` -- consecutive tokens, which the slab path takes as one ``[n, L]`` batch, the same work as an
+    unpacked call (``lintime bench model``'s batches, equal-length sequences packed by a user) --, else None.
     (``starts``, ``lengths``: CPU int tensors, in token order.)"""
-    rest = torch.ones(lengths.numel(), dtype=torch.bool)
-    if not slab_on(cfg, S) or not bool((lengths > 0).any()):
-        return [], rest
     used = lengths > 0
+    if not slab_on(cfg, S) or not bool(used.any()):
+        return None
     L = int(lengths[used][0])
-    if bool((lengths[used] == L).all()):  # one length: the whole call is an [n, L] batch, as fast as unpacked
-        return [(int(starts[used][0]), int(used.sum()), L)], ~used
-    if not cfg.slab_packed:
-        return [], rest
-    new_run = torch.ones_like(rest)
-    new_run[1:] = lengths[1:] != lengths[:-1]
-    first = torch.nonzero(new_run).flatten().tolist() + [lengths.numel()]
-    runs = []
-    for a, b in zip(first[:-1], first[1:]):
-        L = int(lengths[a])
-        if L >= cfg.slab and (b - a) * L >= 4 * cfg.slab:
-            runs.append((int(starts[a]), b - a, L))
-            rest[a:b] = False
-    return runs, rest
+    if not bool((lengths[used] == L).all()):
+        return None
+    return int(starts[used][0]), int(used.sum()), L
 
 
 # How much cheaper a pair of the slab path is than one of the tiled kernels, with a margin: device fwd+bwd at 1k-64k
@@ -269,7 +245,7 @@ def _tile_pairs(lengths: torch.Tensor, bm: int, causal: bool) -> int:
     return int((nt * (nt + 1) // 2).sum() if causal else (nt * nt).sum()) * bm * bm
 
 
-def packed_rows(starts: torch.Tensor, lengths: torch.Tensor, N: int, T_max: int, cfg: Blocks, S: int, causal: bool,
+def packed_rows(starts: torch.Tensor, lengths: torch.Tensor, N: int, T_max: int, cfg: GauLaunch, S: int, causal: bool,
                 cu_seqlens: torch.Tensor, device: torch.device) -> RowMask | None:
     """Whether a packed call of ``N`` tokens (sequences ``starts`` / ``lengths``, CPU, in token order; ``cu_seqlens``
     as the call has it) runs by slabs over ``[N / L, L]`` rows with the pairs across sequences masked, and how: the
@@ -277,7 +253,8 @@ def packed_rows(starts: torch.Tensor, lengths: torch.Tensor, N: int, T_max: int,
     a training batch's rows (the data packer starts a sequence at every row) -- if the slabs' work (every
     slab's ``[R, kend - k0]`` block in every row) is at most :data:`SLAB_PAIR_RATIO` times the tiled kernels' (the
     in-sequence tile pairs).  Else None: the tiled kernels.  ``L`` is at most ``T_max`` (the call's ``T``: its bias
-    covers offsets below it).  ``Blocks.slab_masked`` 0 turns it off, 2 skips the work comparison (tests).  Host work:
+    covers offsets below it).  ``GauLaunch.slab_masked`` 0 turns it off, 2 skips the work comparison (tests).
+    Host work:
     a few small ``[rows, slabs]`` tables; the per-token ones are built on the device, and only for rows taken."""
     if not cfg.slab_masked or not slab_on(cfg, S) or N == 0:
         return None
@@ -313,7 +290,7 @@ def packed_rows(starts: torch.Tensor, lengths: torch.Tensor, N: int, T_max: int,
     return RowMask(L, R, cu[seq] - first, cu[seq + 1] - first, k0, hi)
 
 
-def _geometry(T: int, cfg: Blocks) -> tuple[int, int, int]:
+def _geometry(T: int, cfg: GauLaunch) -> tuple[int, int, int]:
     """``(R, BM, NTD)``: the slab height (:func:`slab_rows`), the score tile and the number of bias tile
     diagonals."""
     return slab_rows(T, cfg), cfg.bm_slab, 2 * cdiv(T, cfg.bm_slab) - 1
@@ -323,15 +300,13 @@ def _pad(n: int, m: int = 64) -> int:  # buffer row length: 16-byte aligned rows
     return cdiv(n, m) * m
 
 
-def slab_fwd(q, k, v, rel_bias, scale: float, causal: bool, cfg: Blocks, o: torch.Tensor | None = None,
-             mask: RowMask | None = None):
+def slab_fwd(q, k, v, rel_bias, scale: float, causal: bool, cfg: GauLaunch, mask: RowMask | None = None):
     """``o [B, T, H, E]`` of GAU attention by query slabs (q, k ``[B, T, H, S]``, v ``[B, T, H, E]``, each
-    contiguous within a sequence -- views of a packed call's runs qualify -- rel_bias ``[H, 2T - 1]`` or None);
-    written into ``o`` when given (such a view).  ``mask``: the rows hold several sequences each (a packed call's
+    contiguous within a sequence -- views of a packed call qualify -- rel_bias ``[H, 2T - 1]`` or None).  ``mask``: the rows hold several sequences each (a packed call's
     ``[n, L]`` view, :func:`packed_rows`), pairs across them are zero and each slab reads only the keys its rows'
     sequences reach."""
     B, T, H, S = q.shape
-    o = torch.empty_like(v) if o is None else o
+    o = torch.empty_like(v)
     if B * T == 0:
         return o
     R, bm, ntd = _geometry(T, cfg)
@@ -352,19 +327,15 @@ def slab_fwd(q, k, v, rel_bias, scale: float, causal: bool, cfg: Blocks, o: torc
     return o
 
 
-def slab_bwd(do, q, k, v, rel_bias, scale: float, causal: bool, need_db: bool, cfg: Blocks, *,
-             dq32: torch.Tensor | None = None, dv: torch.Tensor | None = None, db_dtype: torch.dtype | None = None,
-             mask: RowMask | None = None):
+def slab_bwd(do, q, k, v, rel_bias, scale: float, causal: bool, need_db: bool, cfg: GauLaunch, *,
+             db_dtype: torch.dtype | None = None, mask: RowMask | None = None):
     """``(dq, dk, dv, db)`` of :func:`slab_fwd`, by key slabs (``db``: ``[H, 2T - 1]`` in ``db_dtype``, default
-    ``rel_bias``'s, or an empty tensor when not asked for).  A packed call passes views of its buffers: ``dq32``
-    (fp32, zeros; ``dq`` is accumulated there and returned as is) and ``dv`` (written in place); ``mask`` as in
-    :func:`slab_fwd`."""
+    ``rel_bias``'s, or an empty tensor when not asked for); ``mask`` as in :func:`slab_fwd`."""
     B, T, H, S = q.shape
     do = do.contiguous()
-    own_dq = dq32 is None
-    dq32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if own_dq else dq32
+    dq32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dk = torch.empty_like(k)
-    dv = torch.empty_like(v) if dv is None else dv
+    dv = torch.empty_like(v)
     bias, LB = kernel_bias(rel_bias)
     need_db = need_db and bias is not None
     db_dtype = db_dtype or (rel_bias.dtype if rel_bias is not None else None)
@@ -372,7 +343,7 @@ def slab_bwd(do, q, k, v, rel_bias, scale: float, causal: bool, need_db: bool, c
         dk.zero_()
         dv.zero_()
         db = torch.zeros(rel_bias.shape, dtype=db_dtype, device=q.device) if need_db else q.new_empty(0)
-        return (dq32.to(q.dtype) if own_dq else dq32), dk, dv, db
+        return dq32.to(q.dtype), dk, dv, db
     R, bm, ntd = _geometry(T, cfg)
     tiles = bias_tiles(bias, ntd, T - 1, bm)
     db_tiles = (torch.zeros((H, ntd, bm, bm), dtype=torch.float32, device=q.device) if need_db
@@ -398,4 +369,4 @@ def slab_bwd(do, q, k, v, rel_bias, scale: float, causal: bool, need_db: bool, c
             torch.bmm(p.transpose(1, 2), do[:, q0:q1, h], out=dv[:, c0:c1, h])
             torch.bmm(dp.transpose(1, 2), q[:, q0:q1, h], out=dk[:, c0:c1, h])
     db = fold_bias_grad(db_tiles, LB, T - 1, bm, db_dtype) if need_db else q.new_empty(0)
-    return (dq32.to(q.dtype) if own_dq else dq32), dk, dv, db
+    return dq32.to(q.dtype), dk, dv, db

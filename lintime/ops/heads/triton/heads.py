@@ -29,29 +29,25 @@ from lintime.ops.utils import rope_inv_freq
 
 
 @dataclass(frozen=True)
-class Blocks:
-    """``bt x be`` tiles of ``u`` / ``v``, ``bth`` rows per heads program, warps per program."""
+class HeadsLaunch:
+    """Launch configuration of the heads kernels.  Defaults: the GPU's, measured on an H200 (B * T = 32k, e = 2048,
+    s = 128, nh = 4, bf16, 2026-11-22): forward 0.150 ms (3.85 TB/s; a clone of ``h`` 4.14), backward 0.319 ms."""
 
-    bt: int
-    be: int
-    bth: int
-    warps: int
+    bt: int = 8  # rows of a u / v tile: long contiguous row segments; 4 x 1024, 16 x 512, 32 x 128 no faster
+    be: int = 512  # columns of a u / v tile
+    bth: int = 8  # rows per heads program, which bound the backward: 16 / 32 rows gave 0.37 / 0.40 ms
+    warps: int = 4  # per program; 2 or 8 warps no faster
 
 
-def default_blocks(device: torch.device) -> Blocks:
-    """GPU: 8 x 512 tiles (long contiguous row segments), 8 rows per heads program.  Measured on an
-    H200 (B * T = 32k, e = 2048, s = 128, nh = 4, bf16; 2026-11-22): forward 0.150 ms (3.85 TB/s,
-    a clone of ``h`` runs at 4.14), backward 0.319 ms (2.69 TB/s).  The heads programs bound the
-    backward: 16 / 32 rows each gave 0.37 / 0.40 ms; 8 warps, 2 warps, 4 x 1024, 16 x 512,
-    32 x 128 tiles and column-major tile order were no faster.  Interpreter: 16 x 16 tiles and
-    16-row heads programs, so that small test shapes cross several row blocks and ``u`` / ``v``
-    tiles, with partial ones."""
+def default_launch(device: torch.device) -> HeadsLaunch:
+    """The GPU's :class:`HeadsLaunch`; under the interpreter 16 x 16 tiles and 16-row heads programs, so that small
+    test shapes cross several row blocks and ``u`` / ``v`` tiles, with partial ones."""
     if device.type == "cpu" and interpreting():
-        return Blocks(16, 16, 16, 1)
-    return Blocks(8, 512, 8, 4)
+        return HeadsLaunch(16, 16, 16, 1)
+    return HeadsLaunch()
 
 
-def _grid(TT, e, gating, cfg: Blocks):
+def _grid(TT, e, gating, cfg: HeadsLaunch):
     """Heads programs then tile programs (:mod:`.kernels`), and the number of heads programs."""
     ne = cdiv(e, cfg.be)
     nhb = cdiv(TT, cfg.bth)
@@ -70,9 +66,9 @@ def _layout(h, gamma, s, rope_heads):
     return B, T, W, B * T, gamma.shape[0], hd
 
 
-def _fwd_impl(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, cfg: Blocks | None = None):
+def _fwd_impl(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, cfg: HeadsLaunch | None = None):
     """The forward launcher: ``(u, v, heads)``, ``u`` an empty tensor without gating."""
-    cfg = cfg or default_blocks(h.device)
+    cfg = cfg or default_launch(h.device)
     B, T, W, TT, nh, hd = _layout(h, gamma, s, rope_heads)
     h, gamma, beta, positions = (x.contiguous() for x in (h, gamma, beta, positions))
     u = h.new_empty(B, T, e) if gating else h.new_empty(0)
@@ -91,10 +87,10 @@ def _fwd_impl(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, cf
 
 
 def _bwd_impl(du, dv, dheads, h, gamma, positions, e, s, gating, rope_base, rope_heads, need_dparams,
-              cfg: Blocks | None = None):
+              cfg: HeadsLaunch | None = None):
     """The backward launcher: ``dh`` (``h``'s dtype) and, when ``need_dparams``, ``dgamma`` and
     ``dbeta`` as fp32 ``[nh, s]`` (else empty tensors).  ``None`` gradients count as zero."""
-    cfg = cfg or default_blocks(h.device)
+    cfg = cfg or default_launch(h.device)
     _, _, W, TT, nh, hd = _layout(h, gamma, s, rope_heads)
     du = du if (gating and du is not None and du.numel()) else None
     h, gamma, positions = (x.contiguous() for x in (h, gamma, positions))

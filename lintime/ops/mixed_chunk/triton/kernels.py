@@ -8,7 +8,7 @@ flat ``[B * T, H, D]`` inputs.  ``BG`` is the tile of the chunk matrices: row ti
 
 Per chunk the op is two GEMMs and their transposes::
 
-    A_c  = relu(scale Qq Kq^T + b)^2, causal-masked   [C, C]   (Eq. 6)   mc_scores_kernel
+    A_c  = relu(scale Qq Kq^T + b)^2, causal-masked   [C, C]   (Eq. 6)   chunk_state_kernel's extra programs
     O_c  = wq_c Ql H_c + A_c V                        [C, E]   (Eqs. 6, 8) mc_gemm_kernel
     H_c  = kv0 + sum over earlier chunks of wf Kl^T V [S, E]   (Eq. 8)   chunk_state_kernel
 
@@ -56,7 +56,7 @@ def chunk_state_kernel(
 
     With ``SCORES`` (the forward) the programs after those compute the tiles of ``A``
     (:func:`_scores_tile` on ``QQ, KQ, A, BIAS, ...``, ``NC * NMT * NMT * H`` programs): independent of the
-    walk, they fill the SMs the walk's last programs leave idle -- no ``mc_scores_kernel`` launch.
+    walk, they fill the SMs the walk's last programs leave idle -- no launch of their own.
 
     Forward: ``X = k_lin, Y = v``, ``w_c = 1`` (0 for a short last chunk of a causal call: no later
     token sees it), chunks in order.  Reverse: ``X = q_lin, Y = do``, ``w_c`` = the chunk's
@@ -257,20 +257,6 @@ def _scores(QQ, KQ, BIAS, rows_m, rows_n, o_m, o_n, m_m, m_n, i_h, scale, S, C, 
 
 
 @triton.jit
-def mc_scores_kernel(
-    QQ, KQ, A, BIAS, CH_START, CH_LEN,
-    scale, S, H, C, LB, NMT,
-    BG: tl.constexpr, BS: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr,
-):
-    """:func:`_scores_tile` on grid ``(NC * NMT, NMT, H)`` (the path of ``Blocks.fuse_scores = 0``; by default
-    the forward's state walk launches these programs, :func:`chunk_state_kernel`)."""
-    pid = tl.program_id(0)
-    _scores_tile(QQ, KQ, A, BIAS, CH_START, CH_LEN, pid % NMT, tl.program_id(1), tl.program_id(2), pid // NMT,
-                 scale, S, H, C, LB, BG, BS, CAUSAL, HAS_BIAS, PREC)
-
-
-@triton.jit
 def _scores_tile(
     QQ, KQ, A, BIAS, CH_START, CH_LEN, i_m, i_n, i_h, c,
     scale, S, H, C, LB,
@@ -388,7 +374,7 @@ def _dp_tile(
 ):
     """``dS[c, h, m tile, n tile] = 2 relu(s) (do_m . v_n)``, masked (reduction over all of ``E``; the
     scores ``s`` recomputed) for rows ``m0`` and keys ``n0`` of chunk ``c``, head ``i_h`` (tiles as
-    :func:`mc_scores_kernel`)."""
+    :func:`_scores_tile`)."""
     if _live(m0, n0, cl, CAUSAL):
         o_m = m0 + tl.arange(0, BG)
         o_n = n0 + tl.arange(0, BG)
@@ -477,7 +463,7 @@ def mc_dred_kernel(
 
     With ``TMA`` the ``do`` / ``v`` / state tiles of the reductions over ``E`` are loaded whole through the
     descriptors ``DDO, DV`` (``[B T, H E]``) and ``DHS, DGS`` (``[NC H S, E]``); rows past a short chunk then come from
-    the next chunk and reach only masked entries (H200, session 14: 0.5-1.5 % less fwd+bwd time than pointer loads)."""
+    the next chunk and reach only masked entries (0.5-1.5 % less fwd+bwd time than pointer loads, H200, 2026-11-26)."""
     j = tl.program_id(0)
     c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
     i_h = tl.program_id(2)
