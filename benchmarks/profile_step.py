@@ -1,0 +1,246 @@
+"""Where the time of one training step goes: a per-category breakdown (torch.profiler) of the step that
+``lintime bench model`` times, for given presets at given context lengths.
+
+    python3 benchmarks/profile_step.py --presets flash-base,gla-base,transformer-pp-base --contexts 2k,8k,32k \
+        [--tokens-per-batch 32768] [--steps 3] [--warmup 2] [--device cuda] [--dtype auto] [--out profile_step_out]
+
+The step is :func:`lintime.bench.model.train_step_fn` -- forward + backward of ``rows = tokens_per_batch // T``
+random rows (one document each), gradient clipping, fused AdamW, ``zero_grad`` -- under bf16 autocast on CUDA;
+anchor presets (``hf:llama-base``, ``fla:gla-base``) work too.  For each preset and ``T``: ``--warmup`` untimed
+steps, ``--steps`` steps timed without the profiler (wall time, device synchronised: ``step ms``), then the same
+number of steps under torch.profiler.  Every device kernel is put in one category by the names of the PyTorch ops
+that launched it and of the kernel itself (:func:`categorize`, first rule that matches):
+
+* optimizer -- ``Optimizer.step`` / ``zero_grad`` and the ``_foreach_*`` ops of gradient clipping;
+* loss -- cross-entropy (``log_softmax``, ``nll_loss``; lintime's fused linear + cross-entropy, which includes
+  its output-projection GEMMs);
+* attention op -- the mixer's core op: lintime's attention custom ops (mixed chunk, GAU, linear, GLA), PyTorch's
+  scaled-dot-product attention kernels, fla's chunk / recurrent kernels;
+* norms -- LayerNorm / RMSNorm / GroupNorm, forward and backward;
+* GEMMs -- matrix products (``mm``, ``addmm``, ``bmm``, ``matmul``, ``linear``; cuBLAS / CUTLASS kernels);
+* elementwise -- everything else on the device: activations, gates, RoPE, casts, copies, fills, reductions;
+* host gaps / idle -- ``step ms`` minus the time the device was busy (the union of the kernels' intervals): the
+  GPU waiting for the host (Python, dispatch, launches) and for syncs.
+
+On CPU (``--device cpu``: a check of the tool, not a measurement worth reading) the "device" is the CPU: each
+PyTorch op's own CPU time is categorised the same way, and host gaps are the profiled steps' time outside any op
+(Python).  Prints one table and writes ``<out>/profile_step.json``: ``{"env", "settings", "rows": [{"preset", "T",
+"rows", "tokens", "status", "step_ms", "profiled_step_ms", "basis_ms", "busy_ms", "categories": {name: ms per
+step}, "top": [[kernel, ms per step, category], ...]}]}`` (``basis_ms``: the wall time the gaps are taken from).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import torch
+
+CATEGORIES = ("GEMMs", "attention op", "elementwise", "norms", "loss", "optimizer", "host gaps / idle")
+
+# (category, substrings of a normalised frame: lower case, no underscores); first matching rule wins
+_RULES = (
+    ("optimizer", ("optimizer.", "foreach", "fusedadam")),
+    ("loss", ("crossentropy", "nllloss", "logsoftmax", "cerowskernel")),
+    ("attention op", ("lintime::mixedchunk", "lintime::gaufwd", "lintime::gaubwd", "lintime::linearattention",
+                      "lintime::gla", "scaleddotproduct", "flashattention", "efficientattention", "cudnnattention",
+                      "flashattn", "chunkgla", "chunklinearattn", "chunkfwdkernel", "chunkbwdkernel",
+                      "chunklocalcumsum", "fusedrecurrent",
+                      # lintime's attention kernels by name (for kernels the profiler leaves unlinked)
+                      "mcgemmkernel", "mcdqkkernel", "mcdredkernel", "chunkstatekernel", "foldbiaskernel",
+                      "segfixkernel", "segscankernel", "segsummarykernel", "slabfwd", "slabbwd", "relu2fwd",
+                      "relu2bwd", "glafwd", "glabwd", "glarecurrent", "glasegsummary", "linearfwdkernel",
+                      "linearbwd", "linearrecurrent")),
+    ("norms", ("layernorm", "rmsnorm", "groupnorm")),
+    ("GEMMs", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+               "aten::scaledmm", "mmbackward", "gemm", "cutlass", "xmma", "nvjet", "cublas", "wgmma")),
+)
+
+
+def _norm(frame: str) -> str:
+    return frame.lower().replace("_", "")
+
+
+def categorize(frames) -> str:
+    """The category of one piece of device time, from its frames: the names of the PyTorch ops (and
+    autograd nodes / profiler annotations) that enclose it, outermost first, then the kernel's (or the
+    op's) own name.  ``elementwise`` when no rule matches."""
+    normed = [_norm(f) for f in frames]
+    for category, needles in _RULES:
+        if any(n in f for f in normed for n in needles):
+            return category
+    return "elementwise"
+
+
+@dataclasses.dataclass
+class Piece:
+    """Device time of one kernel launch (CUDA) or one op's own time (CPU), with its frames."""
+
+    frames: tuple[str, ...]
+    us: float
+
+
+def _stack(evt) -> tuple[str, ...]:
+    names = []
+    while evt is not None:
+        names.append(evt.name)
+        evt = evt.cpu_parent
+    return tuple(reversed(names))
+
+
+def _union_us(intervals) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def pieces_of(prof, device: torch.device) -> tuple[list[Piece], float]:
+    """``(pieces, busy_us)`` of a finished profile: on CUDA every kernel with the stack of the op that
+    launched it (kernels the profiler did not link to an op are taken by their own name) and the union
+    of the kernels' intervals; on CPU every op's own time with its stack, and their sum."""
+    from torch.autograd import DeviceType
+
+    events = prof.events()
+    if device.type != "cuda":
+        pieces = [Piece(_stack(e), e.self_cpu_time_total) for e in events
+                  if e.device_type == DeviceType.CPU and e.self_cpu_time_total > 0]
+        return pieces, sum(p.us for p in pieces)
+    linked = [Piece(_stack(e) + (k.name,), k.duration) for e in events if e.device_type == DeviceType.CPU
+              for k in e.kernels]
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    device_us = sum(e.time_range.elapsed_us() for e in kernels)
+    pieces = linked
+    if device_us and sum(p.us for p in linked) < 0.9 * device_us:
+        print(f"note: {sum(p.us for p in linked) / device_us:.0%} of the kernel time is linked to ops; "
+              "categorising by kernel names only", flush=True)
+        pieces = [Piece((e.name,), e.time_range.elapsed_us()) for e in kernels]
+    busy = _union_us((e.time_range.start, e.time_range.end) for e in kernels) if kernels else sum(p.us for p in pieces)
+    return pieces, busy
+
+
+def breakdown(pieces: list[Piece], busy_us: float, step_ms: float, steps: int) -> dict:
+    """Milliseconds per step of every category (:data:`CATEGORIES`); ``host gaps / idle`` is
+    ``step_ms`` minus the busy time per step (never negative)."""
+    out = dict.fromkeys(CATEGORIES, 0.0)
+    for p in pieces:
+        out[categorize(p.frames)] += p.us / 1e3 / steps
+    out["host gaps / idle"] = max(0.0, step_ms - busy_us / 1e3 / steps)
+    return out
+
+
+def top_kernels(pieces: list[Piece], steps: int, n: int = 20) -> list[list]:
+    """The ``n`` largest kernels (CUDA) or ops (CPU) by time per step: ``[name, ms, category]`` (one
+    entry per name and category: an ``mm`` inside the fused loss is not the projections' ``mm``)."""
+    acc: dict[tuple[str, str], list] = {}
+    for p in pieces:
+        cat = categorize(p.frames)
+        row = acc.setdefault((p.frames[-1], cat), [p.frames[-1], 0.0, cat])
+        row[1] += p.us / 1e3 / steps
+    return sorted(acc.values(), key=lambda r: -r[1])[:n]
+
+
+def profile_case(name: str, T: int, args, device: torch.device, amp) -> dict:
+    """One preset at one ``T``: wall time of the step, then its profile (see the module docstring)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from lintime.bench import model as bm
+    from lintime.bench.measure import call_times_ms, quantiles
+
+    rows = max(1, args.tokens_per_batch // T)
+    row = {"preset": name, "T": T, "rows": rows, "tokens": rows * T, "status": "ok"}
+    cfg, _ = bm.preset_config(name, T, device)
+    torch.manual_seed(0)
+    model = bm.build_model(cfg, device).train()
+    batch = bm.random_batch(rows, T, cfg.vocab_size, device)
+    step, _ = bm.train_step_fn(model, batch, amp)
+    for _ in range(args.warmup):
+        step()
+    row["step_ms"] = quantiles(call_times_ms(step, args.steps, device))["median"]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        row["profiled_step_ms"] = (time.perf_counter() - t0) * 1e3 / args.steps
+    pieces, busy = pieces_of(prof, device)
+    row["busy_ms"] = busy / 1e3 / args.steps
+    # the GPU's kernel times are what they are under the profiler, so the gaps are taken against the
+    # step's own wall time; on CPU the profiler inflates every op's time, so against the profiled steps'
+    row["basis_ms"] = row["step_ms"] if device.type == "cuda" else row["profiled_step_ms"]
+    row["categories"] = breakdown(pieces, busy, row["basis_ms"], args.steps)
+    row["top"] = top_kernels(pieces, args.steps)
+    return row
+
+
+_SHORT = {"GEMMs": "GEMMs", "attention op": "attention", "elementwise": "elementwise", "norms": "norms",
+          "loss": "loss", "optimizer": "optimizer", "host gaps / idle": "host gaps"}
+
+
+def table(rows: list[dict]) -> str:
+    head = f"{'preset':<20} {'T':>6} {'step ms':>9} " + " ".join(f"{_SHORT[c]:>13}" for c in CATEGORIES)
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"{r['preset']:<20} {r['T']:>6} {'-':>9}  {r['status']}")
+            continue
+        cells = " ".join(f"{r['categories'][c]:8.1f} {100 * r['categories'][c] / r['basis_ms']:3.0f}%"
+                         for c in CATEGORIES)
+        lines.append(f"{r['preset']:<20} {r['T']:>6} {r['step_ms']:9.1f} {cells}")
+    return "\n".join(lines) + "\n(ms per step, and % of the step's wall time -- on CPU of the profiled steps' wall time)"
+
+
+def main(argv=None) -> list[dict]:
+    from lintime.bench import model as bm
+    from lintime.bench.anchors import SkipPreset
+    from lintime.bench.measure import environment
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--presets", default="flash-base,gla-base,transformer-pp-base")
+    ap.add_argument("--contexts", default="2k,8k,32k", help="training contexts T, e.g. 2k,8k,32k")
+    ap.add_argument("--tokens-per-batch", type=int, default=32768)
+    ap.add_argument("--steps", type=int, default=3, help="timed steps, and profiled steps")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto", help="autocast: auto (bf16 on CUDA, none on CPU), bf16, fp16, fp32")
+    ap.add_argument("--out", default="profile_step_out")
+    args = ap.parse_args(argv)
+    s = bm.make_settings(presets=args.presets, contexts=args.contexts, tokens_per_batch=args.tokens_per_batch,
+                         steps=args.steps, warmup=args.warmup, dtype=args.dtype, device=args.device, parts="train")
+    device = torch.device(s.device)
+    amp = bm.autocast_for(s.dtype, device)
+    os.makedirs(args.out, exist_ok=True)
+    result = {"env": environment(peaks=False, device=device), "settings": vars(args), "rows": []}
+    path = os.path.join(args.out, "profile_step.json")
+    for name in s.presets:
+        for T in s.contexts:
+            t0 = time.time()
+            try:
+                row = profile_case(name, T, args, device, amp)
+            except Exception as e:  # noqa: BLE001 - one failing case must not end the run
+                status = "OOM" if bm._is_oom(e) else (f"skipped: {e}" if isinstance(e, SkipPreset) else
+                                                      f"error: {bm._one_line(e)}")
+                row = {"preset": name, "T": T, "status": status}
+            bm.free_memory(device)
+            result["rows"].append(row)
+            print(table([row]).splitlines()[2], f"({time.time() - t0:.0f} s)", flush=True)
+            with open(path, "w") as f:
+                json.dump(result, f, indent=1)
+    print(table(result["rows"]))
+    print(f"wrote {path}")
+    return result["rows"]
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
