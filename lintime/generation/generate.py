@@ -8,14 +8,24 @@
 The loop (gpt-fast style): pack the prompts (each preceded by ``bos``, as training wraps every
 document) and :func:`~lintime.generation.decode.prefill` them in chunks; replicate each
 prompt's state ``num_samples`` times with ``state.select``; then draw a token for every row,
-feed it with :func:`~lintime.generation.decode.decode_one_token`, and repeat.  A row stops at
-``eos``, at a stop string, or after ``max_new_tokens`` tokens; finished rows leave the batch
-(``state.select`` of the rows still running), so the work per step shrinks with them.
+feed it, and repeat.  A row stops at ``eos``, at a stop string, or after ``max_new_tokens``
+tokens.  Two ways to run the steps (``GenerationConfig.decode``):
 
-Reproducibility: row ``r`` (sample ``j`` of prompt ``p``, ``r = p * num_samples + j``) draws
-from its own ``torch.Generator`` seeded with ``seed + r``; its tokens depend on nothing else
-(not on the other rows, nor on when they stop), up to the last-bit differences a different
-batch size can make in the logits.
+* ``graph`` (the default on CUDA): the state is copied into fixed buffers
+  (:class:`~lintime.generation.static.StaticDecoder`, KV caches at a capacity of the longest
+  prompt + ``max_new_tokens``) and one step -- sampling included -- is captured in a CUDA graph and
+  replayed per token (:mod:`lintime.generation.graphs`); the host reads the drawn tokens in
+  batches (after 1, 2, 4, ... up to ``sync_every`` steps) for stop checks and streaming.  The batch
+  keeps its size; a finished row's extra tokens are dropped.  ``static`` is the same loop without
+  the graph.
+* ``eager`` (the default elsewhere): :func:`~lintime.generation.decode.decode_one_token` per
+  token; finished rows leave the batch (``state.select``), so the work per step shrinks.
+
+Reproducibility: row ``r`` (sample ``j`` of prompt ``p``, ``r = p * num_samples + j``) draws its
+uniform numbers from a hash of ``(seed + r, step)``
+(:func:`~lintime.generation.sampling.sample_seeded`); its tokens depend on nothing else (not on
+the other rows, when they stop, nor the decoding path), up to the last-bit differences a
+different batch size or path can make in the logits.
 """
 
 from __future__ import annotations
@@ -32,8 +42,13 @@ from lintime.generation.decode import (
     prefill,
     state_nbytes,
 )
-from lintime.generation.sampling import sample
+from lintime.generation.graphs import DecodeLoop, build_loop
+from lintime.generation.sampling import sample_seeded
+from lintime.generation.static import StaticDecoder
 from lintime.generation.text import Detokenizer, StopMatcher
+
+
+DECODE_PATHS = ("auto", "graph", "static", "eager")
 
 
 @dataclass(frozen=True)
@@ -50,7 +65,10 @@ class GenerationConfig:
     ``prefill_chunk``   prompt tokens per model call during prefill (0 = the whole prompt);
     ``add_bos``         precede each prompt with ``bos`` (training wraps documents in bos/eos);
     ``stop_at_eos``     end a sample when it draws ``eos``;
-    ``compile``         ``torch.compile`` the decoding step.
+    ``compile``         ``torch.compile`` the decoding step (the eager path);
+    ``decode``          ``auto`` (``graph`` on CUDA, ``eager`` elsewhere or with ``compile``),
+                        ``graph``, ``static`` or ``eager`` (see the module docstring);
+    ``sync_every``      static / graph paths: most tokens drawn between two host reads.
     """
 
     max_new_tokens: int = 256
@@ -64,6 +82,8 @@ class GenerationConfig:
     add_bos: bool = True
     stop_at_eos: bool = True
     compile: bool = False
+    decode: str = "auto"
+    sync_every: int = 16
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -81,6 +101,10 @@ class GenerationConfig:
             raise ValueError(f"num_samples must be >= 1, got {self.num_samples}")
         if self.prefill_chunk < 0:
             raise ValueError(f"prefill_chunk must be >= 0 (0 = the whole prompt at once), got {self.prefill_chunk}")
+        if self.decode not in DECODE_PATHS:
+            raise ValueError(f"decode must be one of {DECODE_PATHS}, got {self.decode!r}")
+        if self.sync_every < 1:
+            raise ValueError(f"sync_every must be >= 1, got {self.sync_every}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop strings must be non-empty strings, got {list(self.stop)!r}")
 
@@ -111,11 +135,36 @@ class TextPiece:
 
 
 class _Row:
-    def __init__(self, sample: Sample, tokenizer, stop, seed: int, device: torch.device):
-        self.sample = sample
+    """Host side of one row: its sample, incremental detokeniser and stop matcher."""
+
+    def __init__(self, sample: Sample, tokenizer, cfg: GenerationConfig):
+        self.sample, self.cfg, self.eos = sample, cfg, tokenizer.eos_id
         self.detok = Detokenizer(tokenizer)
-        self.stop = StopMatcher(stop)
-        self.gen = torch.Generator(device=device).manual_seed(seed)
+        self.stop = StopMatcher(cfg.stop)
+
+    def push(self, tok: int, last: bool) -> tuple[str, str | None]:
+        """Take the drawn token ``tok`` (``last``: the row's ``max_new_tokens``-th); return the
+        text that became final and the finish reason (``None``: the row goes on)."""
+        r = self.sample
+        r.token_ids.append(tok)
+        if self.cfg.stop_at_eos and tok == self.eos:
+            reason, new = "eos", self.detok.flush()
+        else:
+            reason, new = None, self.detok.push(tok)
+            if last:
+                reason, new = "length", new + self.detok.flush()
+        shown, stopped = self.stop.push(new)
+        if stopped:
+            reason = "stop"
+        elif reason is not None:
+            shown += self.stop.flush()
+        r.text += shown
+        if reason is not None:
+            r.finish_reason = reason
+        return shown, reason
+
+    def piece(self, i: int, shown: str, reason: str | None) -> TextPiece:
+        return TextPiece(i, self.sample.prompt_index, self.sample.sample_index, shown, reason)
 
 
 def _encode_prompts(tokenizer, prompts: list[str], add_bos: bool) -> list[list[int]]:
@@ -164,7 +213,9 @@ def generate(
     ``stats``, when given, is filled with ``prompt_tokens`` (all prompts, bos included),
     ``new_tokens`` (drawn, all samples), ``prefill_s`` / ``decode_s`` (wall clock) and
     ``state_bytes_prefill`` / ``state_bytes_final``: the decoding state of one sequence after
-    the prompt and after the last token fed (constant for the linear-time families).
+    the prompt and after the last token fed (constant for the linear-time families; on the
+    static / graph paths the KV caches at their full capacity); ``decode_path``: ``graph`` or
+    ``static`` when the steps ran through the static buffers (absent on the eager path).
     """
     samples: list[Sample] = []
     for piece in _run(model, tokenizer, prompts, config or GenerationConfig(), samples_out=samples, stats=stats):
@@ -187,16 +238,13 @@ def _run(model, tokenizer, prompts, cfg: GenerationConfig, samples_out: list | N
         encoded = _encode_prompts(tokenizer, list(prompts), cfg.add_bos)
         _check_length(model, max(len(e) for e in encoded) + cfg.max_new_tokens)
         S = cfg.num_samples
-        rows = [
-            _Row(Sample(p, j), tokenizer, cfg.stop, cfg.seed + p * S + j, device)
-            for p in range(len(encoded)) for j in range(S)
-        ]
+        rows = [_Row(Sample(p, j), tokenizer, cfg) for p in range(len(encoded)) for j in range(S)]
         if samples_out is not None:
             samples_out.extend(r.sample for r in rows)
         if cfg.max_new_tokens == 0:
             for i, r in enumerate(rows):
                 r.sample.finish_reason = "length"
-                yield TextPiece(i, r.sample.prompt_index, r.sample.sample_index, "", "length")
+                yield r.piece(i, "", "length")
             return
 
         # ---- prefill every prompt once (packed), then one state row per sample
@@ -212,44 +260,82 @@ def _run(model, tokenizer, prompts, cfg: GenerationConfig, samples_out: list | N
         t0 = time.perf_counter()
         replicate = torch.arange(len(encoded), device=device).repeat_interleave(S)  # [P * S]
         logits, state = logits.index_select(0, replicate), state.select(replicate)
-        step_fn = compiled_decode_one_token() if cfg.compile else decode_one_token
-
-        active = list(range(len(rows)))  # batch position -> row index
-        for step in range(cfg.max_new_tokens):
-            tokens = sample(logits, [rows[i].gen for i in active], temperature=cfg.temperature,
-                            top_k=cfg.top_k, top_p=cfg.top_p)  # [len(active)]
-            info["new_tokens"] += len(active)
-            keep = []
-            for pos, (i, tok) in enumerate(zip(active, tokens.tolist())):
-                r = rows[i]
-                r.sample.token_ids.append(tok)
-                if cfg.stop_at_eos and tok == tokenizer.eos_id:
-                    reason, new = "eos", r.detok.flush()
-                else:
-                    reason, new = None, r.detok.push(tok)
-                    if step == cfg.max_new_tokens - 1:
-                        reason, new = "length", new + r.detok.flush()
-                shown, stopped = r.stop.push(new)
-                if stopped:
-                    reason = "stop"
-                elif reason is not None:
-                    shown += r.stop.flush()
-                r.sample.text += shown
-                if reason is not None:
-                    r.sample.finish_reason = reason
-                if shown or reason is not None:
-                    yield TextPiece(i, r.sample.prompt_index, r.sample.sample_index, shown, reason)
-                if reason is None:
-                    keep.append(pos)
-            if not keep:
-                break
-            if len(keep) < len(active):  # finished rows leave the batch
-                idx = torch.tensor(keep, device=device)
-                state, tokens = state.select(idx), tokens.index_select(0, idx)
-                active = [active[k] for k in keep]
-            logits, state = step_fn(model, tokens, state)
-            info["state_bytes_final"] = state_nbytes(state) // state.batch_size
+        seeds = cfg.seed + torch.arange(len(rows), device=device)  # row r draws from seed + r
+        path = decode_path(cfg, device)
+        if path == "eager":
+            yield from _decode_eager(model, cfg, rows, logits, state, seeds, info)
+        else:
+            capacity = max(lens) + cfg.max_new_tokens
+            dec = StaticDecoder(model, state, capacity)
+            del state
+            loop = build_loop(dec, logits, seeds, cfg.max_new_tokens, graph=path == "graph",
+                              temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+            info["decode_path"] = "graph" if loop.graph is not None else "static"
+            yield from _decode_loop(loop, cfg, rows, info)
+            info["state_bytes_final"] = state_nbytes(dec.state) // dec.batch_size
         info["decode_s"] = time.perf_counter() - t0
     finally:
         model.train(was_training)
 
+
+def decode_path(cfg: GenerationConfig, device: torch.device) -> str:
+    """The decoding path ``cfg.decode`` resolves to on ``device``: ``auto`` is ``graph`` on CUDA
+    (``eager`` with ``compile``, which wraps the eager step), ``eager`` elsewhere; CUDA graphs
+    need a CUDA device (``graph`` elsewhere is ``static``)."""
+    if cfg.decode == "auto":
+        return "graph" if device.type == "cuda" and not cfg.compile else "eager"
+    if cfg.decode == "graph" and device.type != "cuda":
+        return "static"
+    return cfg.decode
+
+
+def _decode_eager(model, cfg, rows, logits, state, seeds, info) -> Iterator[TextPiece]:
+    """One model call per token; the host reads every token; finished rows leave the batch."""
+    step_fn = compiled_decode_one_token() if cfg.compile else decode_one_token
+    step_t = torch.zeros((), dtype=torch.long, device=seeds.device)
+    active = list(range(len(rows)))  # batch position -> row index
+    for step in range(cfg.max_new_tokens):
+        tokens = sample_seeded(logits, seeds, step_t, temperature=cfg.temperature, top_k=cfg.top_k,
+                               top_p=cfg.top_p)  # [len(active)]
+        info["new_tokens"] += len(active)
+        keep = []
+        for pos, (i, tok) in enumerate(zip(active, tokens.tolist())):
+            shown, reason = rows[i].push(tok, step == cfg.max_new_tokens - 1)
+            if shown or reason is not None:
+                yield rows[i].piece(i, shown, reason)
+            if reason is None:
+                keep.append(pos)
+        if not keep:
+            break
+        if len(keep) < len(active):  # finished rows leave the batch
+            idx = torch.tensor(keep, device=seeds.device)
+            state, tokens, seeds = state.select(idx), tokens.index_select(0, idx), seeds.index_select(0, idx)
+            active = [active[k] for k in keep]
+        logits, state = step_fn(model, tokens, state)
+        step_t += 1
+        info["state_bytes_final"] = state_nbytes(state) // state.batch_size
+
+
+def _decode_loop(loop: DecodeLoop, cfg, rows, info) -> Iterator[TextPiece]:
+    """Replays of ``loop`` (batch row ``i`` is row ``i`` throughout); the host reads the drawn
+    tokens after 1, 2, 4, ... up to ``cfg.sync_every`` steps."""
+    M = cfg.max_new_tokens
+    live = list(range(len(rows)))
+    done, n = 0, 1
+    while done < M and live:
+        n = min(n, M - done)
+        for _ in range(n):
+            loop.advance()
+        block = loop.tokens[:, done : done + n].tolist()  # the one device->host read of these n steps
+        for j in range(n):
+            still = []
+            for i in live:
+                info["new_tokens"] += 1
+                shown, reason = rows[i].push(block[i][j], done + j == M - 1)
+                if shown or reason is not None:
+                    yield rows[i].piece(i, shown, reason)
+                if reason is None:
+                    still.append(i)
+            live = still
+        done += n
+        n = min(2 * n, cfg.sync_every)

@@ -6,8 +6,11 @@ Order (the usual one, e.g. HF ``generate``): divide by the temperature, keep the
 logits, then keep the nucleus of the resulting distribution, renormalise, draw.  ``temperature
 == 0`` is greedy (argmax; the filters cannot change the argmax, so they are skipped).
 
-Every row draws from its own ``torch.Generator``: a sample's tokens depend only on its own seed
-and its own logits, never on how many other rows share the batch or when they stop.
+Every row draws from its own random stream: a sample's tokens depend only on its own seed and its
+own logits, never on how many other rows share the batch or when they stop.  :func:`sample` takes
+one ``torch.Generator`` per row; :func:`sample_seeded` (what generation uses) derives the uniform
+number of row ``b`` at step ``t`` from ``(seeds[b], t)`` with an integer hash on the device -- no
+generator objects, no host work, the same bits on every device, so a CUDA graph can replay it.
 """
 
 from __future__ import annotations
@@ -88,9 +91,61 @@ def sample(
         u = torch.rand(B, 1, device=probs.device)
     else:
         u = torch.stack([torch.rand(1, generator=g, device=g.device) for g in generators]).to(probs.device)
+    return _inverse_cdf(probs, u)
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Token ``[B]`` of each row of ``probs [B, V]`` for its uniform number ``u [B, 1]``."""
     cdf = torch.cumsum(probs.double(), dim=-1)  # fp64: the last entry is 1 up to ~1e-16
     cdf = cdf / cdf[:, -1:]
     tokens = torch.searchsorted(cdf, u.double(), right=True).squeeze(-1)  # first index with cdf > u
     # a zero-probability token can never be picked: searchsorted lands on the next entry whose
     # cdf grew, i.e. a token with positive mass; clamp only guards u == 1 rounding.
     return tokens.clamp_(max=probs.shape[-1] - 1)
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``(x * c) mod 2**32`` for ``x`` in ``[0, 2**32)`` held in int64, without int64 overflow."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finaliser (the "lowbias32" constants of Chris Wellons' hash prospector)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def seeded_uniform(seeds: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """``[B]`` float64 uniform numbers in ``[0, 1)`` (53 bits), a hash of ``(seeds[b], step)``:
+    ``seeds [B]`` int64 (their low 32 bits are used), ``step`` an int64 scalar tensor."""
+    h = _mix32(_mix32(seeds & _M32) ^ (step & _M32))
+    hi = _mix32(h ^ 0x68E31DA4)
+    lo = _mix32(h ^ 0xB5297A4D) >> 11
+    return ((hi << 21) + lo).double() * 2.0**-53
+
+
+def sample_seeded(
+    logits: torch.Tensor,
+    seeds: torch.Tensor,
+    step: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> torch.Tensor:
+    """Next tokens ``[B]`` (int64) from ``logits [B, V]``, as :func:`sample` but row ``b`` draws
+    :func:`seeded_uniform` of ``(seeds[b], step)``: all on the device, no host read."""
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = filtered_probs(logits, temperature, top_k, top_p)  # [B, V] fp32
+    return _inverse_cdf(probs, seeded_uniform(seeds, step)[:, None])

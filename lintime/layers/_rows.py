@@ -1,7 +1,9 @@
 """Pieces shared by the GAU, FLASH and MC-TFM++ mixers (private to ``lintime.layers``).
 
 * :func:`append_kv` -- write the new tokens of a ``[B, T]`` (or packed) call into a
-  :class:`~lintime.layers.attention.KVCache`, out of place, and say where each token went;
+  :class:`~lintime.layers.attention.KVCache` (out of place, or in place into a static cache) and
+  say where each token went;
+* :func:`step_backend` -- the op backend of a one-token decoding step;
 * :func:`to_rows` / :func:`from_rows` -- move tokens between the call's ``[B, T]`` layout and a
   ``[N, L]`` row-per-sequence layout;
 * :func:`dense_attention` -- the textbook masked attention (relu^2 or softmax kernel, optional
@@ -19,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lintime.layers.attention import KVCache
+from lintime.layers.attention import KVCache, write_kv
 from lintime.layers.positional import ToeplitzRelativeBias
 
 
@@ -64,7 +66,7 @@ def empty_cache(N: int, H: int, K: int, V: int, device, dtype) -> KVCache:
 
 def append_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor | None, who: str):
     """Append the call's keys ``k [B, T, H, K]`` and values ``v [B, T, H, V]`` after each
-    sequence's cached tokens (out of place: states are values).
+    sequence's cached tokens (out of place: states are values; in place into a static cache).
 
     Returns ``(new_cache, row, t, Lq)``: the token at flat index ``m`` of the call went to row
     ``row[m]``, slot ``cache.lengths[row[m]] + t[m]``; ``Lq`` is the most new tokens of a row.
@@ -76,20 +78,23 @@ def append_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torc
         what = "packed sequences" if cu_seqlens is not None else "batch rows"
         raise ValueError(f"{who}: the state holds {N} sequences but the input has {len(counts)} {what}")
     Lq = max(counts, default=0)
-    need = cache.max_length + Lq
-    kc, vc = cache.k, cache.v
-    S = kc.shape[1]
-    if need > S:  # grow by doubling, like MultiHeadAttention's cache
-        grow = max(need, 2 * S) - S
-        kc = torch.cat([kc, kc.new_zeros(N, grow, H, kc.shape[-1])], dim=1)
-        vc = torch.cat([vc, vc.new_zeros(N, grow, H, vc.shape[-1])], dim=1)
     slot = cache.lengths.index_select(0, row) + t
-    kc = kc.index_put((row, slot), k.reshape(B * T, H, K).to(kc.dtype))
-    vc = vc.index_put((row, slot), v.reshape(B * T, H, -1).to(vc.dtype))
+    kc, vc, need = write_kv(cache, row, slot, k.reshape(B * T, H, K), v.reshape(B * T, H, -1),
+                            cache.max_length + Lq)
     # a constant without packing: no host->device copy of the counts
     added = T if cu_seqlens is None else torch.tensor(counts, dtype=torch.long, device=k.device)
     lengths = cache.lengths + added
-    return KVCache(kc, vc, lengths, need), row, t, Lq
+    return KVCache(kc, vc, lengths, need, cache.static), row, t, Lq
+
+
+def step_backend(backend: str | None, T: int, cu_seqlens: torch.Tensor | None, state) -> str | None:
+    """The mixed chunk op's backend for a call: a one-token decoding step (state, ``T == 1``, no
+    packing) with no explicit backend runs the op's ``recurrent`` form on every device -- fixed
+    shapes and no host read, so a CUDA graph can capture it (the fused kernels' path reads the
+    chunk fill back to the host and prepends the partial chunk: shapes that change per token)."""
+    if backend is None and state is not None and T == 1 and cu_seqlens is None:
+        return "recurrent"
+    return backend
 
 
 def bias_diagonals(bias: ToeplitzRelativeBias, T: int) -> torch.Tensor:

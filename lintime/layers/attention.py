@@ -32,12 +32,49 @@ class KVCache(BatchState):
     ``lengths``    ``[N]`` int64 tokens held per sequence;
     ``max_length`` python int, an upper bound of ``lengths`` (kept on the host so a decoding
                    step needs no device sync); the capacity ``S >= max_length`` grows by doubling.
+    ``static``     ``False``: calls return a new cache (states are values).  ``True`` (made by
+                   :meth:`with_capacity`): ``S`` is fixed, ``max_length == S``, and calls write the
+                   new tokens into ``k`` / ``v`` *in place*, so a decoding step has fixed shapes
+                   (attention runs over all ``S`` slots, masked) and a CUDA graph can replay it.
     """
 
     k: torch.Tensor
     v: torch.Tensor
     lengths: torch.Tensor
     max_length: int = 0
+    static: bool = False
+
+    def with_capacity(self, capacity: int) -> "KVCache":
+        """The static form (see ``static``): fresh ``[N, capacity, H, *]`` buffers holding this
+        cache's tokens.  ``capacity`` must cover every token the cache will ever hold."""
+        if capacity < self.max_length:
+            raise ValueError(f"KVCache: capacity {capacity} is below the {self.max_length} tokens already held")
+        keep = min(self.k.shape[1], capacity)
+
+        def buf(x):
+            out = x.new_zeros(x.shape[0], capacity, *x.shape[2:])
+            out[:, :keep] = x[:, :keep]
+            return out
+
+        return KVCache(buf(self.k), buf(self.v), self.lengths.clone(), capacity, static=True)
+
+
+def write_kv(cache: KVCache, row, slot, k, v, need: int):
+    """The cache's key / value buffers with ``k [M, H, K]``, ``v [M, H, V]`` written at
+    ``(row [M], slot [M])`` and the new host bound of the lengths.  A static cache is written in
+    place (its bound stays its capacity); otherwise out of place, into a copy grown by doubling
+    when ``need`` (the new bound) exceeds the capacity."""
+    kc, vc = cache.k, cache.v
+    if cache.static:
+        kc.index_put_((row, slot), k.to(kc.dtype))
+        vc.index_put_((row, slot), v.to(vc.dtype))
+        return kc, vc, kc.shape[1]
+    N, S = kc.shape[:2]
+    if need > S:
+        grow = max(need, 2 * S) - S
+        kc = torch.cat([kc, kc.new_zeros(N, grow, *kc.shape[2:])], dim=1)
+        vc = torch.cat([vc, vc.new_zeros(N, grow, *vc.shape[2:])], dim=1)
+    return kc.index_put((row, slot), k.to(kc.dtype)), vc.index_put((row, slot), v.to(vc.dtype)), need
 
 
 def _rows_of_tokens(B: int, T: int, cu_seqlens: torch.Tensor | None, device) -> tuple:
@@ -64,20 +101,13 @@ def _attend_cache(q, k, v, cache: KVCache, cu_seqlens, scale):
         what = "packed sequences" if cu_seqlens is not None else "batch rows"
         raise ValueError(f"MultiHeadAttention: the state holds {N} sequences but the input has {len(counts)} {what}")
     Lq = max(counts) if counts else 0
-    # write the new keys / values after each row's cached tokens (out of place: states are values)
-    need = cache.max_length + Lq
-    kc, vc = cache.k, cache.v
-    S = kc.shape[1]
-    if need > S:
-        grow = max(need, 2 * S) - S
-        kc = torch.cat([kc, kc.new_zeros(N, grow, H, kc.shape[-1])], dim=1)
-        vc = torch.cat([vc, vc.new_zeros(N, grow, H, vc.shape[-1])], dim=1)
+    # write the new keys / values after each row's cached tokens (out of place unless static)
     slot = cache.lengths.index_select(0, row) + t  # [B*T] cache slot of every new token
-    kc = kc.index_put((row, slot), k.reshape(B * T, H, K).to(kc.dtype))
-    vc = vc.index_put((row, slot), v.reshape(B * T, H, -1).to(vc.dtype))
+    kc, vc, need = write_kv(cache, row, slot, k.reshape(B * T, H, K), v.reshape(B * T, H, -1),
+                            cache.max_length + Lq)
     # lengths grow by the new tokens of each row: a constant without packing (no host->device copy)
     added = T if cu_seqlens is None else torch.tensor(counts, device=q.device)
-    new = KVCache(kc, vc, cache.lengths + added, need)
+    new = KVCache(kc, vc, cache.lengths + added, need, cache.static)
 
     # queries in a [N, Lq] row layout (the identity without packing)
     q_rows = q if cu_seqlens is None else q.new_zeros(N, Lq, H, K).index_put((row, t), q[0])
@@ -159,4 +189,4 @@ class MultiHeadAttention(Mixer):
         return f"heads={self.n_heads}, head_dim={self.head_dim}, causal={self.causal}, rope={self.rope}"
 
 
-__all__ = ["KVCache", "MultiHeadAttention"]
+__all__ = ["KVCache", "MultiHeadAttention", "write_kv"]

@@ -52,6 +52,16 @@ also accept a bare batch-first tensor (the ``[N, H, K, V]`` state of linear atte
 or a batch-first dataclass without methods (``MixedChunkState``; ``VQState`` brings its own
 ``select`` / ``to``), so a layer may return an op's state as it is or wrap it in a
 ``BatchState`` with extra fields.
+
+Static states (in-place decoding, CUDA graphs)
+----------------------------------------------
+:func:`static_state` turns a state into fixed-size buffers that a decoding step of one token
+updates without changing any shape, and :func:`copy_state_` writes a step's result back into
+them, so the step is a fixed-shape function of ``(token, buffers)`` that a CUDA graph can capture
+(``lintime.generation.static``).  Constant-size states (linear attention, GLA, FLASH's mixed chunk
+state, VQ) only need fresh buffers.  A state that grows (a KV cache, Combiner's row summaries)
+has a ``with_capacity(capacity)`` method returning its *static* form: a fixed capacity of
+``capacity`` tokens, a ``static = True`` flag, and the layer writes the growing part in place.
 """
 
 from __future__ import annotations
@@ -90,6 +100,48 @@ def state_to(state: Any, device: torch.device | str) -> Any:
     if state is not None and not isinstance(state, torch.Tensor) and hasattr(state, "to"):
         return state.to(device)
     return map_state(state, lambda t: t.to(device))
+
+
+def static_state(state: Any, capacity: int) -> Any:
+    """A copy of ``state`` in fixed-size buffers for up to ``capacity`` tokens per sequence (see
+    the module docstring): every tensor is a fresh buffer; a state with ``with_capacity`` (the
+    growing caches) gives its static form; dataclasses, lists and tuples are recursed into."""
+    if isinstance(state, torch.Tensor):
+        return state.clone(memory_format=torch.contiguous_format)
+    if state is not None and hasattr(state, "with_capacity"):
+        return state.with_capacity(capacity)
+    if isinstance(state, (list, tuple)):
+        return type(state)(static_state(v, capacity) for v in state)
+    if dataclasses.is_dataclass(state) and not isinstance(state, type):
+        changes = {f.name: static_state(getattr(state, f.name), capacity) for f in dataclasses.fields(state) if f.init}
+        return dataclasses.replace(state, **changes)
+    return state
+
+
+def copy_state_(dst: Any, src: Any, where: str = "state") -> None:
+    """Copy every tensor of ``src`` into the tensor at the same place of ``dst`` (same structure,
+    same shapes; a tensor that is already ``dst``'s own buffer is skipped).  Non-tensor fields of
+    ``dst`` are left as they are.  Raises ``ValueError`` naming the field whose shape differs (a
+    decoding step that is not fixed-shape)."""
+    if isinstance(dst, torch.Tensor):
+        if not isinstance(src, torch.Tensor):
+            raise TypeError(f"{where}: expected a tensor, got {type(src).__name__}")
+        if src is dst:
+            return
+        if src.shape != dst.shape:
+            raise ValueError(f"{where}: shape {tuple(src.shape)} does not fit the static buffer "
+                             f"{tuple(dst.shape)} (this state is not fixed-shape)")
+        dst.copy_(src)
+    elif isinstance(dst, (list, tuple)):
+        if len(dst) != len(src):
+            raise ValueError(f"{where}: {len(src)} entries for {len(dst)}")
+        for i, (d, s) in enumerate(zip(dst, src)):
+            copy_state_(d, s, f"{where}[{i}]")
+    elif dataclasses.is_dataclass(dst) and not isinstance(dst, type):
+        if type(src) is not type(dst):
+            raise TypeError(f"{where}: a {type(src).__name__} for a {type(dst).__name__}")
+        for f in dataclasses.fields(dst):
+            copy_state_(getattr(dst, f.name), getattr(src, f.name), f"{where}.{f.name}")
 
 
 @dataclasses.dataclass

@@ -64,6 +64,8 @@ class CombinerState(BatchState):
                  current incomplete row, slot ``c`` for ``c < buf_len[n]``, zeros beyond;
     ``buf_x``    ``[N, C, d]`` the layer input of those tokens (the ``'proj'`` summary's residual);
     ``buf_len``  ``[N]`` int64 tokens in the current row (``< C``).
+    ``static``   ``True`` for the form made by :meth:`with_capacity`: ``S`` rows fixed, one-token
+                 calls run a fixed-shape step that writes a completed row's summaries in place.
     """
 
     sum_k: torch.Tensor
@@ -74,6 +76,25 @@ class CombinerState(BatchState):
     buf_v: torch.Tensor
     buf_x: torch.Tensor
     buf_len: torch.Tensor
+    static: bool = False
+
+    def with_capacity(self, capacity: int) -> "CombinerState":
+        """The static form for sequences of up to ``capacity`` tokens: room for every row they
+        can complete (``capacity // C``, at least one), fresh buffers."""
+        N, S, C = self.sum_k.shape[:3]
+        rows = max(capacity // C, 1)
+        keep = min(S, rows)
+
+        def summaries(x):
+            out = x.new_zeros(N, rows, *x.shape[2:])
+            out[:, :keep] = x[:, :keep]
+            return out
+
+        return dataclasses.replace(
+            self, sum_k=summaries(self.sum_k), sum_v=summaries(self.sum_v), rows=self.rows.clone(),
+            buf_q=self.buf_q.clone(), buf_k=self.buf_k.clone(), buf_v=self.buf_v.clone(), buf_x=self.buf_x.clone(),
+            buf_len=self.buf_len.clone(), static=True,
+        )
 
 
 def _token_coords(B: int, T: int, cu_seqlens, device):
@@ -161,6 +182,10 @@ class CombinerAttention(Mixer):
         if self.rope:
             q = apply_rope(q, positions, self.rope_base)
             k = apply_rope(k, positions, self.rope_base)
+        if state is not None and state.static:
+            if T != 1 or cu_seqlens is not None:
+                raise ValueError("CombinerAttention: a static state takes one token per sequence and call")
+            return self._static_step(x, q, k, v, state)
         seq, t, counts = _token_coords(B, T, cu_seqlens, dev)
         N = len(counts)
         if state is not None:
@@ -238,6 +263,53 @@ class CombinerAttention(Mixer):
         if state is None:
             return y, None
         return y, self._next_state(state, ks_new, vs_new, m, m_list, r0, r0_list, L, Q, K, Vv, X)
+
+    def _static_step(self, x, q, k, v, state: CombinerState):
+        """One token per sequence against a static state, with fixed shapes and no host read: the
+        same softmax as :meth:`forward` (the row so far + the summaries at the token's column of the
+        rows before it); a row the token completes is summarised and written into ``sum_k`` /
+        ``sum_v`` in place.  ``x [N, 1, d]``, ``q, k, v [N, 1, H, D]`` (after RoPE)."""
+        N, _, H, D = q.shape
+        C, dev = self.chunk_size, x.device
+        b, r0 = state.buf_len, state.rows  # [N] column of the token, its row
+        q, k, v, x = q[:, 0], k[:, 0], v[:, 0], x[:, 0]
+        slots = torch.arange(C, device=dev)
+        put = (slots == b[:, None])[:, :, None, None]  # [N, C, 1, 1]
+        bq, bk, bv = (torch.where(put, z[:, None].to(buf.dtype), buf)
+                      for z, buf in ((q, state.buf_q), (k, state.buf_k), (v, state.buf_v)))
+        bx = torch.where(put[..., 0], x[:, None].to(state.buf_x.dtype), state.buf_x)
+        acc = _acc(q.dtype)
+        scale = D**-0.5
+        U = state.sum_k.shape[1]
+        ar = torch.arange(N, device=dev)
+        g_k = state.sum_k[ar[:, None], torch.arange(U, device=dev), b[:, None]]  # [N, U, H, D] at column b
+        g_v = state.sum_v[ar[:, None], torch.arange(U, device=dev), b[:, None]]
+        local = torch.einsum("nhd,njhd->nhj", q.to(acc), bk.to(acc)) * scale  # [N, H, C]
+        glob = torch.einsum("nhd,nuhd->nhu", q.to(acc), g_k.to(acc)) * scale  # [N, H, U]
+        keep_local = (slots[None] <= b[:, None])[:, None]  # [N, 1, C]
+        keep_glob = (torch.arange(U, device=dev)[None] < r0[:, None])[:, None]  # [N, 1, U]: rows u < r
+        logits = torch.cat([local.masked_fill(~keep_local, float("-inf")),
+                            glob.masked_fill(~keep_glob, float("-inf"))], -1)
+        p = logits.softmax(-1).to(q.dtype)
+        o = torch.einsum("nhj,njhd->nhd", p[..., :C], bv.to(q.dtype)) \
+            + torch.einsum("nhu,nuhd->nhd", p[..., C:], g_v.to(q.dtype))
+        y = self.out(o.reshape(N, 1, H * D))
+
+        # a completed row: its summaries go to slot rows[n] (in place), the buffers start over
+        full = b + 1 == C  # [N]
+        ks, vs = self._row_summaries(bq[:, None].to(q.dtype), bk[:, None].to(q.dtype), bv[:, None].to(q.dtype),
+                                     bx[:, None].to(x.dtype), torch.ones(N, 1, C, dtype=torch.bool, device=dev), r0)
+        dst = r0.clamp(max=U - 1)
+        done = full[:, None, None, None]
+        for buf, new in ((state.sum_k, ks[:, 0]), (state.sum_v, vs[:, 0])):
+            buf.index_put_((ar, dst), torch.where(done, new.to(buf.dtype), buf[ar, dst]))
+        clear = (~full)[:, None, None, None]
+        zero = torch.zeros((), dtype=bq.dtype, device=dev)
+        return y, dataclasses.replace(
+            state, rows=r0 + full.long(), buf_len=torch.where(full, torch.zeros_like(b), b + 1),
+            buf_q=torch.where(clear, bq, zero), buf_k=torch.where(clear, bk, zero), buf_v=torch.where(clear, bv, zero),
+            buf_x=torch.where(clear[..., 0], bx, zero.to(bx.dtype)),
+        )
 
     def _next_state(self, state, ks_new, vs_new, m, m_list, r0, r0_list, L, Q, K, Vv, X) -> CombinerState:
         """Complete rows move into the summary cache; the trailing incomplete row is the new buffer."""

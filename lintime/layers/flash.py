@@ -41,7 +41,7 @@ import dataclasses
 import torch
 import torch.nn as nn
 
-from lintime.layers._rows import append_kv, dense_attention, empty_cache, from_rows, to_rows
+from lintime.layers._rows import append_kv, dense_attention, empty_cache, from_rows, step_backend, to_rows
 from lintime.layers.attention import KVCache
 from lintime.layers.base import BatchState, Mixer
 from lintime.layers.gau import ScaleOffset, heads_backend, longest_sequence
@@ -73,7 +73,7 @@ class _SplitHeads(torch.autograd.Function):
     inputs: the same copies slicing would make there); the backward writes the ``n`` gradients into
     one ``[B, T, n, s]`` tensor with one ``cat``, where autograd's slices would zero-fill, copy and
     add ``n`` full-size gradients (fills, copies and adds were ~0.2 ms of device time in a profile of
-    the layer's fwd+bwd at 32k tokens, H200: ``benchmarks/profile_flash_layer.py``)."""
+    the layer's fwd+bwd at 32k tokens, H200: ``lab/profile_flash_layer.py``)."""
 
     @staticmethod
     def forward(ctx, heads):
@@ -200,7 +200,8 @@ class FLASH(Mixer):
         v = v[:, :, None]  # [B, T, 1, e]
         scale, diag = self._quad_scale_and_bias()
         kwargs = dict(chunk_size=self.chunk_size, causal=self.causal, rel_bias=diag, scale=scale,
-                      linear_norm=self.linear_norm, cu_seqlens=cu_seqlens, backend=self.backend)
+                      linear_norm=self.linear_norm, cu_seqlens=cu_seqlens,
+                      backend=step_backend(self.backend, T, cu_seqlens, state))
         if state is None:
             a, _ = mixed_chunk_attention(qq, kq, ql, kl, v, **kwargs)
             new_state = None

@@ -34,6 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from lintime.layers._rows import step_backend
 from lintime.layers.base import Mixer
 from lintime.layers.positional import apply_rope
 from lintime.ops import MixedChunkState, mixed_chunk_attention, softmax_attention
@@ -176,7 +177,7 @@ class MixedChunkMHA(Mixer):
         # keys in its state buffers (k_quad) for the local part of later calls
         zero = torch.zeros_like(q)
         kwargs = dict(chunk_size=C, causal=self.causal, rel_bias=None, linear_norm=self.linear_norm,
-                      cu_seqlens=cu_seqlens, backend=self.backend)
+                      cu_seqlens=cu_seqlens, backend=step_backend(self.backend, T, cu_seqlens, state))
         if state is None:
             local = chunk_local_softmax(q, k, v, chunk_size=C, causal=self.causal, scale=scale, cu_seqlens=cu_seqlens)
             linear, new_state = mixed_chunk_attention(zero, k, ql, kl, v, **kwargs)
