@@ -66,14 +66,3 @@ def assert_half_rule(name: str, ref64: torch.Tensor, out: torch.Tensor, base: to
             f"{e_base:.3e} + {HALF_FLOOR[out.dtype]:.1e} = {bound:.3e}"
         )
 
-
-# One tiny preset per mixer family, for tests that walk every family; and chunk / block sizes of 8
-# so that a test of ~25 tokens crosses several chunk boundaries.
-FAMILY_TINY_PRESETS = [
-    "transformer-pp-tiny", "flash-quad-tiny", "flash-tiny", "mc-tfm-pp-tiny", "gla-tiny", "linear-tiny",
-    "performer-tiny", "combiner-tiny", "vq-tiny",
-]
-SMALL_CHUNKS = {
-    "flash-tiny": {"chunk_size": 8}, "mc-tfm-pp-tiny": {"chunk_size": 8}, "vq-tiny": {"block_len": 8},
-    "gla-tiny": {"chunk_size": 8}, "linear-tiny": {"chunk_size": 8}, "performer-tiny": {"chunk_size": 8},
-}

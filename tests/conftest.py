@@ -1,4 +1,4 @@
-"""Shared test fixtures.
+"""Shared test fixtures and the ``cuda`` marker (skipped without CUDA).
 
 ``poison_empty`` (autouse in tests/ops) makes every fresh allocation through ``torch.empty``,
 ``torch.empty_like`` and ``Tensor.new_empty`` come back filled with NaN (floating dtypes), so
@@ -36,6 +36,16 @@ except ImportError:  # hypothesis is in the `test` extra
 # thread costs more in hand-off than it gains (measured: several-fold slower on the 2-core CI
 # machine whenever anything else runs); parallelism comes from pytest-xdist workers instead.
 torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.cuda`` means "needs a CUDA device": such tests are skipped without one."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from tiny_presets import FAMILY_TINY_PRESETS as FAMILY_PRESETS, SMALL_CHUNKS  # noqa: F401  (re-exported)
 from torch import nn
 
 from lintime.data import ByteTokenizer
 from lintime.models import CausalLM, ModelState, get_preset
-from lintime.testing import FAMILY_TINY_PRESETS as FAMILY_PRESETS, SMALL_CHUNKS  # noqa: F401  (re-exported)
 
 
 def tiny_model(preset: str, seed: int = 0, **mixer_changes) -> CausalLM:

@@ -1,5 +1,6 @@
-"""Host work of one decoded token (``docs/notes/decoding.md``): the number of device->host
-syncs and host->device tensor constructions per :func:`decode_one_token`, pinned per family so
+"""Host work of one decoded token (``docs/design/kernels.md``, "Decoding: host work per token"):
+the number of device->host syncs and host->device tensor constructions per
+:func:`decode_one_token`, pinned per family so
 a regression (a ``.tolist()`` / ``.item()`` / ``bool(tensor)`` / ``torch.tensor(list)`` back on
 the decoding path) fails here.  Counted with :func:`lintime.generation.profiling.count_host_syncs`
 on CPU tensors, where a "sync" is the call that would make the host wait on CUDA.

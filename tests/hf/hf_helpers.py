@@ -6,17 +6,15 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from tiny_presets import FAMILY_TINY_PRESETS as FAMILY_PRESETS  # noqa: F401  (re-exported)
+from tiny_presets import small_chunks
 
 from lintime.data import ByteTokenizer
 from lintime.models import CausalLM, get_preset
-from lintime.testing import FAMILY_TINY_PRESETS as FAMILY_PRESETS, SMALL_CHUNKS  # noqa: F401  (re-exported)
 
 
 def tiny_config(preset: str):
-    cfg = get_preset(preset, vocab_size=ByteTokenizer.vocab_size)
-    if preset in SMALL_CHUNKS:
-        cfg = dataclasses.replace(cfg, mixer=dataclasses.replace(cfg.mixer, **SMALL_CHUNKS[preset]))
-    return cfg
+    return small_chunks(get_preset(preset, vocab_size=ByteTokenizer.vocab_size))
 
 
 def tiny_lintime(preset: str, dtype=torch.float64, seed: int = 0) -> CausalLM:

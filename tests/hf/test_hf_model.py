@@ -50,7 +50,7 @@ def test_bpe_tokenizer_ids_equal_lintime(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- save / load
-@pytest.mark.parametrize("preset", ["gla-tiny", "flash-tiny", "vq-tiny", "transformer-pp-tiny"])
+@pytest.mark.parametrize("preset", FAMILY_PRESETS)
 def test_save_load_identical_logits(tmp_path, preset):
     model = tiny_hf(preset, torch.float32)
     model.save_pretrained(tmp_path)
