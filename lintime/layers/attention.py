@@ -5,7 +5,7 @@ the state: ``B``, or the number of packed sequences), ``S`` cache capacity.
 
 Full-sequence calls (``state=None``: training, scoring, packed batches) go through
 :func:`lintime.ops.softmax_attention`.  Calls with a state attend the new queries to the cached
-keys plus the new ones; SPEC 2.1's op takes equal-length ``q`` and ``k`` and has no cache form,
+keys plus the new ones; docs/design/contract.md §2.1's op takes equal-length ``q`` and ``k`` and has no cache form,
 so that path is :func:`_attend_cache` below (PyTorch SDPA with an explicit bottom-right causal
 mask).  Moving it into ``lintime.ops`` is a follow-up.
 """

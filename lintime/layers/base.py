@@ -20,13 +20,13 @@ A mixer is a subclass of :class:`Mixer` (an ``nn.Module``) with::
   (:func:`lintime.layers.positional.token_positions`) and every mixer and absolute embedding
   reads the same tensor, so RoPE, relative biases and chunk boundaries agree.
 * ``cu_seqlens``: ``[N + 1]`` int offsets of packed sequences (``B == 1``), FlashAttention
-  convention (SPEC 1).  No token may see another sequence.
+  convention (docs/design/contract.md §1).  No token may see another sequence.
 * ``state``: ``None`` (training / full-sequence: the mixer allocates no cache and returns
   ``new_state = None``) or the object returned by ``init_state`` / a previous call.  With a
   state the mixer continues each sequence where the state stopped and returns the state
   after the new tokens.  Row ``n`` of the state belongs to sequence ``n``: batch row ``n``
   without packing, packed sequence ``n`` with ``cu_seqlens`` (so the state has ``N`` rows).
-  Continuing from a state must give what one long call gives, at any split point (SPEC 1).
+  Continuing from a state must give what one long call gives, at any split point (docs/design/contract.md §1).
   States are values: a call never modifies the state it was given (old states stay valid,
   e.g. for beam search), it returns a new one.
 * ``aux_losses``: ``None`` or a caller-owned ``dict[str, Tensor]``.  A mixer with a

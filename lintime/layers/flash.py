@@ -8,7 +8,7 @@ The layer (the block owns the pre-norm and the residual)::
     u, v, z = split(silu(dense(x)), [e, e, s])                      # as GAU (Code 8)
     qq, kq, ql, kl = z * gamma[h] + beta[h], h = 0..3              # four scale+offset heads
     qq, kq, ql, kl = rope(.) with the token's in-sequence position  # Code 8: rope(base, axis=[1, 2])
-    a = mixed_chunk_attention(qq, kq, ql, kl, v)                    # seed Eqs. 6-8, SPEC 2.3
+    a = mixed_chunk_attention(qq, kq, ql, kl, v)                    # seed Eqs. 6-8, docs/design/contract.md §2.3
     y = dense(u * a)                                                # seed Section 3.2, O_g
 
 The first three lines are one call of :func:`lintime.ops.gau_heads` (a fused kernel on CUDA).

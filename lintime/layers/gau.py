@@ -19,7 +19,7 @@ Attention (``rel_bias`` ``b`` = Toeplitz bias, seed Code 4; ``N_i`` the normalis
     kernel='relu2', scaling='ns' (commentary):    a_i = sum_j relu(q_i.k_j / sqrt(s) + b[i-j])^2 v_j / N_i
     kernel='softmax' (Table 1 ablation):          a_i = sum_j softmax_j(q_i.k_j / sqrt(s) + b[i-j]) v_j
 
-``N_i = max_len`` (the fixed ``n`` of the config: the call length must not enter, SPEC 2.2, so a
+``N_i = max_len`` (the fixed ``n`` of the config: the call length must not enter, docs/design/contract.md §2.2, so a
 prefix or a decoding step computes exactly what training computed), or with ``causal_norm`` the
 commentary's "divide by t": ``N_i = i + 1`` (the keys query ``i`` sees; non-causal: the
 sequence length).  ``scaling='ns'`` is the commentary's ``relu^2(QK^T)/(n s)`` with the seed's bias

@@ -10,7 +10,7 @@ Per token (seed §4.4, multi-head GLA)::
     v    = x W_V                                 [H, V]   (d_v = d)
     alpha = sigmoid(x W_a1 W_a2 + b_a) ** (1/tau)        low-rank gate, W_a1 [d, R=16], tau = 16
     g    = log(alpha) = logsigmoid(x W_a1 W_a2 + b_a) / tau   (log space: what the op takes)
-    S_t  = diag(alpha_t) S_{t-1} + k_t^T v_t,  o_t = q_t S_t / sqrt(K)   (SPEC 2.5)
+    S_t  = diag(alpha_t) S_{t-1} + k_t^T v_t,  o_t = q_t S_t / sqrt(K)   (docs/design/contract.md §2.5)
     r    = silu(x W_r)                           output gate
     y    = (r * concat_h norm(o_h)) W_O          per-head norm (LayerNorm in the seed)
 

@@ -6,7 +6,7 @@ feature map), ``V`` head width of v, ``N`` sequences (rows of the state: ``B``, 
 packed sequences with ``cu_seqlens``).
 
 The positive feature map ``phi`` keeps every ``phi(q_i) . phi(k_j) > 0`` so that the seed's
-normaliser (``o_i = q_i S_i / q_i . z_i``, SPEC 2.4) never divides by zero or flips sign:
+normaliser (``o_i = q_i S_i / q_i . z_i``, docs/design/contract.md §2.4) never divides by zero or flips sign:
 
 * ``elu``      ``elu(x) + 1`` (> 0 everywhere; the default, Katharopoulos et al.);
 * ``relu``     ``relu(x) + eps`` (``eps`` > 0: a row of all-negative inputs would otherwise
@@ -64,7 +64,7 @@ def check_feature_map(where: str, kind: str, normalize: bool, eps: float) -> Non
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The ops keep their sums in fp32 (fp64 for fp64 inputs), SPEC 1."""
+    """The ops keep their sums in fp32 (fp64 for fp64 inputs), docs/design/contract.md §1."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 

@@ -7,7 +7,7 @@ features of the kernel, ``N`` sequences (rows of the state).
 
 ``phi(x) = relu(x W^T / sqrt(M)) + eps`` (Performer's generalised-attention ReLU kernel with its
 ``numerical_stabilizer`` ``eps``), then causal linear attention with the normaliser
-(:func:`lintime.ops.linear_attention`, SPEC 2.4).  The projection ``W [M, D]`` (shared by the
+(:func:`lintime.ops.linear_attention`, docs/design/contract.md §2.4).  The projection ``W [M, D]`` (shared by the
 heads of a layer) is one of
 
 * ``random``  a fixed Gaussian orthogonal random matrix (Performer's default construction:

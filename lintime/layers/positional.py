@@ -141,13 +141,13 @@ class RoPE(nn.Module):
 
 class ToeplitzRelativeBias(nn.Module):
     """Relative position bias ``b[i - j]`` (seed Code 4), returned as Toeplitz diagonals in the
-    layout of SPEC 2.2 / 2.3: ``diagonals(T)[h, (i - j) + T - 1]`` is the bias of query ``i``
+    layout of docs/design/contract.md §2.2 / §2.3: ``diagonals(T)[h, (i - j) + T - 1]`` is the bias of query ``i``
     and key ``j``.
 
     * ``max_len < threshold`` (512): a direct parameter ``[H, 2 * max_len - 1]``; calls with
       ``T <= max_len`` read its middle ``2T - 1`` entries, so the bias of an offset never
       depends on the call length (decoding matches training).  The seed indexes its vector by
-      ``j - i``; ours is the same parameter read backwards (the SPEC's ``i - j`` layout).
+      ``j - i``; ours is the same parameter read backwards (the contract's ``i - j`` layout).
     * otherwise: built from two vectors ``a, b [H, rope_dim]`` as
       ``b[i - j] = rope(a, i) . rope(b, j) = rope(a, i - j) . b`` (any ``T``).
 

@@ -138,7 +138,7 @@ def test_toeplitz_direct_is_code4():
     n = 6
     b = ToeplitzRelativeBias(n).double()
     assert b.mode == "direct" and b.weight.shape == (1, 2 * n - 1)
-    # the seed indexes its vector by j - i, the SPEC layout by i - j: same parameter, reversed
+    # the seed indexes its vector by j - i, the op contract's layout by i - j: same parameter, reversed
     ref = _code4_direct(b.weight[0].flip(0), n)
     assert_exact("toeplitz direct", ref, b.matrix(n)[0])
     # a shorter call reads the same offsets (decoding == training)
