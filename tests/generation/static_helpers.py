@@ -27,14 +27,17 @@ def family_presets() -> list[str]:
     return sorted(tiny) + ["flash-tiny+fta"]
 
 
-def small_model(preset: str, dtype=torch.float32, seed: int = 0) -> CausalLM:
-    """``preset`` (``+fta``: with ``first_to_all``) with the byte vocabulary, sizes of ``SMALL``."""
+def small_model(preset: str, dtype=torch.float32, seed: int = 0, size: int | None = SMALL, device=None) -> CausalLM:
+    """``preset`` (``+fta``: with ``first_to_all``) with the byte vocabulary, chunk / block / row
+    sizes of ``size`` (``None``: the preset's own)."""
     name, _, extra = preset.partition("+")
     cfg = get_preset(name, vocab_size=ByteTokenizer.vocab_size)
-    changes = {f.name: SMALL for f in dataclasses.fields(cfg.mixer) if f.name in _SIZE_FIELDS}
+    changes = {}
+    if size is not None:
+        changes = {f.name: size for f in dataclasses.fields(cfg.mixer) if f.name in _SIZE_FIELDS}
     if extra == "fta":
         changes["first_to_all"] = True
     if changes:
         cfg = dataclasses.replace(cfg, mixer=dataclasses.replace(cfg.mixer, **changes))
     torch.manual_seed(seed)
-    return CausalLM(cfg).to(dtype).eval()
+    return CausalLM(cfg).to(device=device, dtype=dtype).eval()
