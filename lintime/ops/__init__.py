@@ -23,6 +23,7 @@ _EXPORTS = {
     "VQState": "vq",
     "gau_heads": "heads",
     "linear_cross_entropy": "cross_entropy",
+    "normalize": "norm",
 }
 
 __all__ = list(_EXPORTS)

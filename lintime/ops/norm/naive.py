@@ -1,0 +1,24 @@
+"""The textbook normalisations over the last dimension, in fp32 (fp64 for fp64 inputs)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def naive_normalize(x, weight, bias, *, kind, eps, out_dtype):
+    """Same arguments and result as :func:`lintime.ops.norm.normalize` on ``x [N, D]``: the
+    definitions written out (``mean``, ``var`` as sums over ``D``), autograd differentiates them."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf = x.to(acc)
+    D = x.shape[-1]
+    if kind == "layernorm":
+        mean = xf.sum(-1, keepdim=True) / D
+        var = ((xf - mean) ** 2).sum(-1, keepdim=True) / D
+        y = (xf - mean) / torch.sqrt(var + eps)
+    else:  # rmsnorm, scalenorm: divide by the root mean square
+        y = xf / torch.sqrt((xf * xf).sum(-1, keepdim=True) / D + eps)
+    if weight is not None:
+        y = y * weight.to(acc)
+    if bias is not None:
+        y = y + bias.to(acc)
+    return y.to(out_dtype)

@@ -1,0 +1,99 @@
+"""Triton kernels of :func:`lintime.ops.norm.normalize`.
+
+Notation: ``N`` rows of ``D`` features, ``BD`` the feature block (``D`` rounded up to a power of
+two: a whole row lives in registers), ``G`` programs, each walking rows ``pid, pid + G, ...``
+(persistent: the backward accumulates its ``dweight`` / ``dbias`` partial sums in registers and
+writes one ``[D]`` row per program).  ``KIND``: 0 layernorm, 1 rmsnorm / scalenorm (same row math;
+scalenorm's scalar gain is ``W_SCALAR``).  Statistics in fp32.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def norm_fwd_kernel(
+    X, W, B, Y, MEAN, RSTD,
+    stride_x, stride_y, N, D, eps,
+    KIND: tl.constexpr, HAS_W: tl.constexpr, W_SCALAR: tl.constexpr, HAS_B: tl.constexpr, BD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    o_d = tl.arange(0, BD)
+    m_d = o_d < D
+    if HAS_W:
+        if W_SCALAR:
+            b_w = tl.load(W).to(tl.float32)
+        else:
+            b_w = tl.load(W + o_d, mask=m_d, other=0.0).to(tl.float32)
+    if HAS_B:
+        b_b = tl.load(B + o_d, mask=m_d, other=0.0).to(tl.float32)
+    for row in range(pid, N, G):
+        b_x = tl.load(X + row * stride_x + o_d, mask=m_d, other=0.0).to(tl.float32)  # [BD]
+        if KIND == 0:
+            mean = tl.sum(b_x, 0) / D
+            b_xc = tl.where(m_d, b_x - mean, 0.0)
+            tl.store(MEAN + row, mean)
+        else:
+            b_xc = b_x
+        var = tl.sum(b_xc * b_xc, 0) / D
+        rstd = 1.0 / tl.sqrt(var + eps)
+        tl.store(RSTD + row, rstd)
+        b_y = b_xc * rstd
+        if HAS_W:
+            b_y = b_y * b_w
+        if HAS_B:
+            b_y = b_y + b_b
+        tl.store(Y + row * stride_y + o_d, b_y.to(Y.dtype.element_ty), mask=m_d)
+
+
+@triton.jit
+def norm_bwd_kernel(
+    X, W, DY, DX, MEAN, RSTD, DW, DB,
+    stride_x, stride_dy, stride_dx, N, D,
+    KIND: tl.constexpr, HAS_W: tl.constexpr, W_SCALAR: tl.constexpr, HAS_B: tl.constexpr, BD: tl.constexpr,
+):
+    """``dx = rstd (g - mean(g) - xhat mean(g xhat))`` for layernorm, ``rstd (g - xhat mean(g xhat))``
+    otherwise, with ``g = dy * weight``; ``DW [G, BD]`` / ``DB [G, BD]`` get each program's sums of
+    ``dy * xhat`` / ``dy`` over its rows."""
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    o_d = tl.arange(0, BD)
+    m_d = o_d < D
+    if HAS_W:
+        if W_SCALAR:
+            b_w = tl.load(W).to(tl.float32)
+        else:
+            b_w = tl.load(W + o_d, mask=m_d, other=0.0).to(tl.float32)
+    b_dw = tl.zeros([BD], dtype=tl.float32)
+    b_db = tl.zeros([BD], dtype=tl.float32)
+    for row in range(pid, N, G):
+        b_x = tl.load(X + row * stride_x + o_d, mask=m_d, other=0.0).to(tl.float32)
+        b_dy = tl.load(DY + row * stride_dy + o_d, mask=m_d, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + row)
+        if KIND == 0:
+            mean = tl.load(MEAN + row)
+            b_xhat = tl.where(m_d, (b_x - mean) * rstd, 0.0)
+        else:
+            b_xhat = b_x * rstd
+        if HAS_W:
+            b_g = b_dy * b_w
+        else:
+            b_g = b_dy
+        c1 = tl.sum(b_g * b_xhat, 0) / D
+        if KIND == 0:
+            c2 = tl.sum(b_g, 0) / D
+            b_dx = (b_g - c2 - b_xhat * c1) * rstd
+        else:
+            b_dx = (b_g - b_xhat * c1) * rstd
+        tl.store(DX + row * stride_dx + o_d, b_dx.to(DX.dtype.element_ty), mask=m_d)
+        if HAS_W:
+            b_dw += b_dy * b_xhat
+        if HAS_B:
+            b_db += b_dy
+    if HAS_W:
+        tl.store(DW + pid * BD + o_d, b_dw)
+    if HAS_B:
+        tl.store(DB + pid * BD + o_d, b_db)
