@@ -196,6 +196,30 @@ def test_compiles_without_graph_breaks():
         assert_exact(f"{backend} compiled dx", ref[1], xr.grad)
 
 
+@pytest.mark.parametrize("backend", FUSED)
+def test_none_backward_with_a_broadcast_gradient(backend):
+    """``loss.sum().backward()`` hands the per-row backward a stride-0 (expanded) gradient."""
+    x, w, b, y = _inputs(11, 8, 90)
+    ref = _run("naive", x, w, b, y, reduction="mean")  # mean's gradient x n_valid = sum's
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    linear_cross_entropy(leaves[0], leaves[1], y, bias=leaves[2], reduction="none", backend=backend,
+                         chunk_size=4).sum().backward()
+    n_valid = (y != -100).sum()
+    for name, r, t in zip(NAMES[1:], ref[1:], leaves):
+        assert_exact(name, r * n_valid, t.grad)
+
+
+@pytest.mark.parametrize("backend", FUSED)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_custom_ops_pass_opcheck(backend, reduction):
+    """Schema, fake tensors, autograd registration and AOT dispatch of ``lintime::linear_cross_entropy_*``."""
+    x, w, b, y = (t.requires_grad_() if t.is_floating_point() else t for t in _inputs(9, 8, 20))
+    fwd = getattr(torch.ops.lintime, f"linear_cross_entropy_{backend}_fwd")
+    torch.library.opcheck(fwd, (x, w, b, y, -100, reduction, 0.1, 4, reduction != "none"))
+    bwd = getattr(torch.ops.lintime, f"linear_cross_entropy_{backend}_bwd")
+    torch.library.opcheck(bwd, (x.detach(), w.detach(), None, y, torch.randn(9), -100, 0.0, 4))
+
+
 def test_dispatch(impl_calls):
     x, w, b, y = _inputs(5, 4, 10, device="cpu")
     calls = impl_calls(ce_mod, "chunk")
