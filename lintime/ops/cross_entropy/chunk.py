@@ -36,7 +36,7 @@ CHUNK_BYTES = 2**28
 
 def default_chunk_size(V: int, dtype: torch.dtype) -> int:
     """Rows per chunk: the largest power of two whose ``[C, V]`` logits fit :data:`CHUNK_BYTES`."""
-    rows = CHUNK_BYTES // max(1, V * torch.empty((), dtype=dtype).element_size())
+    rows = CHUNK_BYTES // max(1, V * dtype.itemsize)
     return 1 << max(0, rows.bit_length() - 1)
 
 
