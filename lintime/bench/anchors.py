@@ -25,11 +25,12 @@ latencies of the following steps.
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import time
 from collections.abc import Callable
 
 import torch
+
+from lintime.bench.measure import dist_version
 
 # prefix -> (our preset whose size it copies, library)
 _KINDS = {"hf:llama": ("transformer-pp", "transformers"), "fla:gla": ("gla", "fla")}
@@ -55,14 +56,6 @@ class AnchorSpec:
 
 def is_anchor(name: str) -> bool:
     return ":" in name
-
-
-def dist_version(name: str) -> str | None:
-    """Installed version of a distribution (``None`` when absent), without importing it."""
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _split(name: str) -> tuple[str, str]:

@@ -171,6 +171,14 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def dist_version(name: str) -> str | None:
+    """Installed version of a distribution (``None`` when absent), without importing it."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def matmul_peak_tflops() -> float:
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -205,16 +213,9 @@ def environment(peaks: bool = True, device: torch.device | None = None) -> dict:
         env.update(device=f"cpu ({_cpu_model()}, {os.cpu_count()} cores, "
                           f"{torch.get_num_threads()} threads)")
         peaks = False
-    try:
-        import fla
-
-        env["fla"] = getattr(fla, "__version__", "installed")
-    except ImportError:
-        env["fla"] = None
-    try:  # the HF anchors of `bench model`; read from the metadata (importing transformers takes seconds)
-        env["transformers"] = importlib.metadata.version("transformers")
-    except importlib.metadata.PackageNotFoundError:
-        env["transformers"] = None
+    # the anchors' libraries, from their metadata (importing them takes seconds)
+    env["fla"] = dist_version("fla-core") or dist_version("flash-linear-attention")
+    env["transformers"] = dist_version("transformers")
     if peaks:
         env["matmul_bf16_tflops"] = matmul_peak_tflops()
         env["copy_gbps"] = copy_peak_gbps()

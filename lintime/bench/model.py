@@ -29,16 +29,13 @@ process on the same tokens: the same training step around the library's own loss
 the library's eager ``generate``.  Every row records ``impl`` (``lintime`` or the library and its
 version); decoding rows record ``path`` (``eager``: one Python call per token, no CUDA graph).
 
-Failures never end the run: an out-of-memory error gives the row ``status = "OOM"`` (memory is
-freed and the next case runs; longer contexts of that preset are then skipped with a reason), any
-other exception ``status = "error: <one line>"``; a preset that does not exist, or that the
-model cannot run at some ``T``, gives ``skipped: <reason>`` rows.  A per-case time budget keeps
-one slow case from eating the run: the timed steps stop once they took ``case_budget_s``, and a
-preset whose *median timed* training step, or whose prefill (from the second decoding context on),
-already exceeds it skips its longer contexts.  Compilation and autotuning (Triton compiles and
-tunes a kernel at its first call, which on a GPU can take longer than the budget) happen in the
-warm-up steps and the first decoding context's prefill, and are never judged: the warm-up's own
-time limit counts from the end of the first warm-up step.
+Failures never end the run: an out-of-memory error gives the row ``status = "OOM"`` and skips the
+preset's longer contexts, any other exception ``status = "error: <one line>"``, a preset that cannot
+run here ``skipped: <reason>`` rows.  The timed steps of a case stop once they took
+``case_budget_s``; a preset whose median timed training step, or whose prefill after the first
+decoding context, exceeds it skips its longer contexts.  Warm-up steps and the first context's
+prefill, which hold Triton's compilation and autotuning, are never judged.  docs/bench_model.md
+describes every field.
 """
 
 from __future__ import annotations
@@ -482,9 +479,8 @@ def _decode_contexts(model, s: Settings, device, amp, name, cfg, note, emit,
                      decode_case: Callable | None) -> None:
     Bd = s.decode_batch
     params = num_parameters(model)
-    measure = None
     if decode_case is not None:
-        pass
+        measure = None
     elif isinstance(cfg, AnchorSpec):
         measure = anchors.generate_measure(model, cfg, s.decode_steps, Bd, device, amp, lambda: _reset_peak(device))
     else:
