@@ -2,8 +2,9 @@
 prompt through the decoding state, :func:`decode_one_token` feeds one token per sequence.
 
 Both are small pure functions over ``(model, tokens, state)`` that return ``(logits, new_state)``
-and never modify the state they were given (model states are values), so they can be wrapped
-in ``torch.compile`` from outside (:func:`compiled_decode_one_token`).
+and never modify the state they were given (model states are values; a *static* state,
+:mod:`lintime.generation.static`, is the exception: its caches are written in place), so they can
+be wrapped in ``torch.compile`` from outside (:func:`compiled_decode_one_token`).
 
 Notation: ``B`` sequences decoded together, ``T`` prompt tokens, ``C`` prefill chunk, ``V``
 vocabulary.  Memory: the model state is all that is carried from one call to the next; for the
@@ -70,6 +71,8 @@ def _prefill_packed(model, ids, state, C, cu_seqlens):
     N = len(lens)
     if min(lens) == 0:
         raise ValueError("prefill needs at least one token per prompt (cu_seqlens has an empty sequence)")
+    if len(set(lens)) == 1:  # equal lengths (one prompt, or samples of one): rows, no packing to lay out
+        return _prefill_rows(model, ids.view(N, lens[0]), state, C)
     if state is None:
         state = model.init_state(N, device=ids.device)
     C = C or max(lens)

@@ -317,21 +317,25 @@ def _decode_eager(model, cfg, rows, logits, state, seeds, info) -> Iterator[Text
 
 
 def _decode_loop(loop: DecodeLoop, cfg, rows, info) -> Iterator[TextPiece]:
-    """Replays of ``loop`` (batch row ``i`` is row ``i`` throughout); the host reads the drawn
-    tokens after 1, 2, 4, ... up to ``cfg.sync_every`` steps."""
+    """Replays of ``loop``; the host reads the drawn tokens after 1, 2, 4, ... up to
+    ``cfg.sync_every`` steps.  When at most half of the batch is still running (and more than
+    ``sync_every`` steps are left), the running rows move to a smaller loop (captured anew)."""
     M = cfg.max_new_tokens
-    live = list(range(len(rows)))
+    batch = list(range(len(rows)))  # batch position -> row index
+    live = batch[:]
     done, n = 0, 1
     while done < M and live:
         n = min(n, M - done)
         for _ in range(n):
             loop.advance()
-        block = loop.tokens[:, done : done + n].tolist()  # the one device->host read of these n steps
+        first = done - loop.first_step  # the loop's history starts at its first step
+        block = loop.tokens[:, first : first + n].tolist()  # the one device->host read of these n steps
+        where = {i: b for b, i in enumerate(batch)}
         for j in range(n):
             still = []
             for i in live:
                 info["new_tokens"] += 1
-                shown, reason = rows[i].push(block[i][j], done + j == M - 1)
+                shown, reason = rows[i].push(block[where[i]][j], done + j == M - 1)
                 if shown or reason is not None:
                     yield rows[i].piece(i, shown, reason)
                 if reason is None:
@@ -339,3 +343,6 @@ def _decode_loop(loop: DecodeLoop, cfg, rows, info) -> Iterator[TextPiece]:
             live = still
         done += n
         n = min(2 * n, cfg.sync_every)
+        if live and len(live) <= len(batch) // 2 and M - done > cfg.sync_every:
+            loop = loop.select(torch.tensor([where[i] for i in live]))
+            batch = live[:]

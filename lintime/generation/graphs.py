@@ -5,6 +5,7 @@
     for _ in range(n):
         loop.advance()                     # one graph replay: no host work, no sync
     new = loop.tokens[:, :n].tolist()      # the host reads the drawn tokens in batches
+    loop = loop.select(still_running)      # a smaller batch: its own buffers and graph
 
 The step (:meth:`DecodeLoop.body`) draws a token from the current logits on the device
 (:func:`~lintime.generation.sampling.sample_seeded`: a hash of the row's seed and the step
@@ -40,11 +41,13 @@ class DecodeLoop:
     ``logits [B, V]``: the distribution of the first token to draw (e.g. the prefill's last
     logits); ``seeds [B]`` int64 per-row seeds; ``max_steps``: tokens to draw at most (the size of
     the ``tokens [B, max_steps]`` history); ``temperature`` / ``top_k`` / ``top_p`` as in
-    :func:`~lintime.generation.sampling.sample`.
+    :func:`~lintime.generation.sampling.sample`; ``first_step``: the sampling step counter's start
+    (a loop continuing another one's rows, :meth:`select`).
     """
 
     def __init__(self, decoder: StaticDecoder, logits: torch.Tensor, seeds: torch.Tensor, max_steps: int, *,
-                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, graph: bool = False):
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, graph: bool = False,
+                 first_step: int = 0):
         B = decoder.batch_size
         if logits.shape[0] != B or seeds.shape != (B,):
             raise ValueError(f"DecodeLoop: {B} state rows, logits {tuple(logits.shape)}, seeds {tuple(seeds.shape)}")
@@ -54,7 +57,8 @@ class DecodeLoop:
         self.logits = logits.clone()
         self.seeds = seeds.to(device=dev, dtype=torch.long).clone()
         self.tokens = torch.zeros(B, self.max_steps, dtype=torch.long, device=dev)
-        self.step = torch.zeros((), dtype=torch.long, device=dev)  # tokens drawn so far
+        self.first_step = int(first_step)
+        self.step = torch.full((), self.first_step, dtype=torch.long, device=dev)  # the sampling step
         self.graph: torch.cuda.CUDAGraph | None = None
         self.steps_taken = 0
         if graph:
@@ -63,7 +67,7 @@ class DecodeLoop:
     def body(self) -> None:
         """Draw one token per row, record it, feed it; all on the device."""
         tok = sample_seeded(self.logits, self.seeds, self.step, **self.sampling)  # [B]
-        self.tokens.index_copy_(1, self.step.view(1), tok[:, None])
+        self.tokens.index_copy_(1, (self.step - self.first_step).view(1), tok[:, None])
         self.logits.copy_(self.decoder.step(tok))
         self.step.add_(1)
 
@@ -76,6 +80,15 @@ class DecodeLoop:
         else:
             self.body()
         self.steps_taken += 1
+
+    def select(self, index: torch.Tensor) -> DecodeLoop:
+        """A new loop (own decoder, buffers and graph) over rows ``index``, continuing where this
+        one stands: e.g. the rows still running, so that the step shrinks with the batch."""
+        index = index.to(self.logits.device)
+        return build_loop(self.decoder.select(index), self.logits.index_select(0, index),
+                          self.seeds.index_select(0, index), self.max_steps - self.steps_taken,
+                          graph=self.graph is not None, first_step=self.first_step + self.steps_taken,
+                          **self.sampling)
 
     def buffers(self) -> list[torch.Tensor]:
         """Every tensor a step reads or writes (the loop's and its decoder's)."""
@@ -101,18 +114,18 @@ class DecodeLoop:
         self.graph = graph
 
 
-def build_loop(decoder: StaticDecoder, logits, seeds, max_steps: int, *, graph: bool, **sampling) -> DecodeLoop:
+def build_loop(decoder: StaticDecoder, logits, seeds, max_steps: int, *, graph: bool, **kwargs) -> DecodeLoop:
     """A :class:`DecodeLoop`, captured in a CUDA graph when ``graph``; where capture fails, a
     one-line warning and the eager loop over the same buffers."""
     if not graph:
-        return DecodeLoop(decoder, logits, seeds, max_steps, graph=False, **sampling)
+        return DecodeLoop(decoder, logits, seeds, max_steps, graph=False, **kwargs)
     try:
-        return DecodeLoop(decoder, logits, seeds, max_steps, graph=True, **sampling)
+        return DecodeLoop(decoder, logits, seeds, max_steps, graph=True, **kwargs)
     except Exception as e:  # noqa: BLE001 -- any capture failure falls back to the eager step
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         warnings.warn(f"lintime.generation: CUDA graph capture failed ({type(e).__name__}: {first}); "
                       f"decoding eagerly", RuntimeWarning, stacklevel=2)
-        return DecodeLoop(decoder, logits, seeds, max_steps, graph=False, **sampling)
+        return DecodeLoop(decoder, logits, seeds, max_steps, graph=False, **kwargs)
 
 
 __all__ = ["DecodeLoop", "WARMUP_STEPS", "build_loop"]

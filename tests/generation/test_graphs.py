@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from gen_helpers import scripted
 from static_helpers import family_presets, small_model
 
 from lintime.data import ByteTokenizer
@@ -127,3 +128,19 @@ def test_two_live_graph_generations_do_not_share_buffers():
             else:
                 got[p] += piece.text
     assert got == ref
+
+
+def test_finished_rows_move_to_a_smaller_loop():
+    """On the static path, rows that end (eos) leave the batch at the next host read once at most
+    half of it still runs: the next steps run a smaller loop, the samples are unchanged."""
+    tok = ByteTokenizer()
+    cfg = dict(temperature=0, num_samples=2, max_new_tokens=40)
+    eager = generate(scripted("xyz12345678"), tok, ["xyz", "x"], GenerationConfig(decode="eager", **cfg))
+    model = scripted("xyz12345678")
+    static = generate(model, tok, ["xyz", "x"], GenerationConfig(decode="static", sync_every=2, **cfg))
+    assert [(s.text, s.finish_reason) for s in static] == [(s.text, s.finish_reason) for s in eager]
+    assert [s.text for s in static] == ["12345678", "12345678", "yz12345678", "yz12345678"]
+    rows = [b for b, t in model.calls[1:]]  # calls[0] is the packed prefill
+    # reads after 1, 2, 2, ... steps: the first prompt's samples end with their 9th token (eos),
+    # seen at the read after step 9; from there two rows run, until eos after 11 tokens
+    assert rows == [4] * 9 + [2] * 2, rows
