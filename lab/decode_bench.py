@@ -1,8 +1,9 @@
 """Decoding speed per preset and context: ms per generated token, eager vs CUDA graph, and prefill
 tokens/s (one GPU, batch 1 by default, bf16, random weights and prompts).
 
-For every preset and prompt length ``L``: prefill ``L`` random tokens in pieces of
-``--prefill-chunk`` (timed: tokens/s), then from that state
+For every preset and prompt length ``L``: prefill ``L`` random tokens in pieces of each size of
+``--prefill-chunks`` (timed: tokens/s; ``GenerationConfig.prefill_chunk`` is 512), then from the
+last state
 
 * ``eager``   ``decode_one_token`` per token (a new state object per step, greedy);
 * ``static``  the in-place state buffers (``StaticDecoder``) stepped eagerly;
@@ -45,23 +46,24 @@ def bench(preset: str, L: int, args) -> dict:
     m = CausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
     B, n = args.batch, args.tokens
     ids = torch.randint(0, args.vocab, (B, L), device="cuda")
-    row = {"preset": preset, "L": L, "batch": B, "prefill_chunk": args.prefill_chunk, "device": torch.cuda.get_device_name()}
+    row = {"preset": preset, "L": L, "batch": B, "device": torch.cuda.get_device_name()}
     with torch.no_grad():
-        prefill(m, ids[:, : min(L, args.prefill_chunk)], chunk_size=args.prefill_chunk)  # compile / warm the kernels
         out = {}
-        t = _timed(lambda: out.update(zip(("logits", "state"), prefill(m, ids, chunk_size=args.prefill_chunk))))
-        row["prefill_s"], row["prefill_tok_s"] = t, B * L / t
+        for C in (int(c) for c in args.prefill_chunks.split(",")):
+            prefill(m, ids[:, : min(L, C)], chunk_size=C)  # compile / warm the kernels
+            t = _timed(lambda: out.update(zip(("logits", "state"), prefill(m, ids, chunk_size=C))))
+            row[f"prefill_tok_s@{C}"] = B * L / t
         logits, state = out["logits"], out["state"]
         first = logits.argmax(-1)
         steps = args.warmup + n
 
         # eager: a new state per step
         def eager_run(k, st=state, tok=first):
-            toks = []
+            toks = []  # the tokens fed, as DecodeLoop.tokens records them
             for _ in range(k):
+                toks.append(tok)
                 lg, st = decode_one_token(m, tok, st)
                 tok = lg.argmax(-1)
-                toks.append(tok)
             return toks
 
         eager_tokens = torch.stack(eager_run(min(steps, 16)), 1).tolist()
@@ -98,7 +100,7 @@ def main() -> None:
     ap.add_argument("--lengths", default="1024,8192,32768")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--prefill-chunk", type=int, default=8192)
+    ap.add_argument("--prefill-chunks", default="512,8192", help="prefill piece sizes to time (the last one's state decodes)")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
