@@ -14,7 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "lintime"
 
@@ -163,12 +162,18 @@ def test_root_package_imports_nothing():
     assert _imports("lintime", MODULES["lintime"]) == []
 
 
-@pytest.mark.parametrize("modules", ["lintime", "lintime.models, lintime.training, lintime.generation, lintime.cli"])
-def test_import_lintime_has_no_side_effects(modules):
-    """A fresh interpreter: ``import lintime`` (and the model, training, generation and CLI
-    packages) load no transformers; HF registration happens on ``import lintime.hf`` only."""
-    code = (f"import sys\nimport {modules}\n"
-            "assert 'transformers' not in sys.modules, 'transformers was imported'\n"
-            "assert not any(type(f).__module__.startswith('lintime') for f in sys.meta_path), 'import hook installed'\n")
+def test_import_lintime_has_no_side_effects():
+    """A fresh interpreter: ``import lintime`` imports no subpackage and no transformers, and
+    installs no import hook; the model, training, generation and CLI packages load no
+    transformers either (HF registration happens on ``import lintime.hf`` only)."""
+    code = """
+import sys
+import lintime
+assert not any(m.startswith("lintime.") for m in sys.modules), "import lintime imported a subpackage"
+assert "transformers" not in sys.modules, "import lintime imported transformers"
+assert not any(type(f).__module__.startswith("lintime") for f in sys.meta_path), "import hook installed"
+import lintime.models, lintime.training, lintime.generation, lintime.cli
+assert "transformers" not in sys.modules, "a lintime package imported transformers"
+"""
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]

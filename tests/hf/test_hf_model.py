@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from hf_helpers import FAMILY_PRESETS, HIDE_LINTIME, tiny_hf, tiny_lintime, write_run
+from hf_helpers import FAMILY_PRESETS, HIDE_LINTIME, tiny_hf, write_run
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from lintime.cli import main as cli_main
@@ -207,13 +207,24 @@ with torch.no_grad():
 
 
 def test_import_lintime_hf_registers_the_auto_classes():
-    """import lintime loads no transformers and registers nothing; import lintime.hf registers
-    both Auto classes, whether transformers was imported before it or not; without transformers
-    lintime still works and lintime export fails with exit code 2."""
+    """One fresh interpreter: without transformers, lintime works and lintime export fails with
+    exit code 2; then with transformers, import lintime registers nothing and import lintime.hf
+    registers both Auto classes (transformers imported before it)."""
     script = r'''
 import sys
+class Block:
+    def find_spec(self, name, path, target=None):
+        if name == "transformers" or name.startswith("transformers."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+blocker = Block()
+sys.meta_path.insert(0, blocker)
 import lintime
-assert "transformers" not in sys.modules
+from lintime.cli import main
+rc = main(["export", "nowhere", "out"])
+assert rc == 2, rc
+assert "transformers" not in sys.modules and "lintime.hf" not in sys.modules
+sys.meta_path.remove(blocker)
+
 import transformers
 from transformers import AutoConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
@@ -222,23 +233,5 @@ from lintime.hf import LintimeConfig, LintimeForCausalLM
 assert type(AutoConfig.for_model("lintime")) is LintimeConfig
 assert MODEL_FOR_CAUSAL_LM_MAPPING[LintimeConfig] is LintimeForCausalLM
 '''
-    hf_first = r'''
-import lintime.hf
-from transformers import AutoConfig, AutoModelForCausalLM
-assert type(AutoConfig.for_model("lintime")) is lintime.hf.LintimeConfig
-'''
-    blocked = r'''
-import sys
-class Block:
-    def find_spec(self, name, path, target=None):
-        if name == "transformers" or name.startswith("transformers."):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-sys.meta_path.insert(0, Block())
-import lintime
-from lintime.cli import main
-rc = main(["export", "nowhere", "out"])
-assert rc == 2, rc
-'''
-    for code in (script, hf_first, blocked):
-        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-        assert res.returncode == 0, res.stderr[-3000:]
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
