@@ -226,7 +226,7 @@ def test_segment_lengths_agree():
         assert_exact(f"G={G} kv", s_ref.kv, s.kv)
 
 
-def test_segment_rule_follows_the_measurements(monkeypatch):
+def test_segment_rule(monkeypatch):
     """The automatic chunks per segment of the state walk (``plan.seg_chunks``) on a 132-SM GPU at S = 128,
     E = 2048, C = 256, 32k tokens: one walk per sequence while sequences x state tiles give every SM a program (2k:
     16 x 32, 4k: 8 x 32), otherwise segments for about two walk programs per SM (16 chunks at 8k-32k), at least two
@@ -242,7 +242,7 @@ def test_segment_rule_follows_the_measurements(monkeypatch):
     assert plan.seg_chunks(1, 32768, 1, S, E, C, cu, cfg, dev) == math.ceil((2 + 128) / 8)
 
 
-def test_walk_tile_rule_follows_the_measurements(monkeypatch):
+def test_walk_tile_rule(monkeypatch):
     """The state walk's ``S`` tile is halved (``plan.walk_launch``) exactly where that alone gives a 132-SM GPU one
     walk program per SM with one segment per sequence: at 8k (4 sequences x 32 [128, 64] tiles = 128 programs), not
     at 2k / 4k (enough programs already) nor at 16k / 32k (still too few: segments); never with explicit segments or
