@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json as _json
 import sys
+import time
 from pathlib import Path
 
-from lintime.cli import CLIError, command
+from lintime.cli import CLIError, check_writable, command, set_threads
+
+PROGRESS_EVERY_S = 30.0  # without a terminal, a progress line this often
 
 
 def parse_context_lens(text: str) -> list[int]:
@@ -34,6 +37,7 @@ def eval(
     precision: str = "auto",
     json: str | None = None,
     progress: bool = True,
+    threads: int = 0,
 ) -> None:
     """Score a causal LM on held-out text: bits per byte (and perplexity for BPE) at several
     context lengths, including lengths longer than it was trained on (length extrapolation).
@@ -43,7 +47,7 @@ def eval(
     independent (no state carried across them).  See docs/cli_eval.md.
 
     Args:
-        checkpoint: run folder (its latest checkpoint) or a step folder (runs/NAME/checkpoints/step_N).
+        checkpoint: run folder (its latest checkpoint), a step folder (runs/NAME/checkpoints/step_N) or a folder written by lintime export (needs --data).
         split: validation or test.
         context_lens: context lengths, comma-separated (a k suffix means x1024).
         max_tokens: score only the first documents of the split, up to about this many tokens (whole documents).
@@ -51,12 +55,14 @@ def eval(
         data: a corpus spec or a prepared cache folder (default: the run's training data, held-out split).
         device: auto (cuda when available), cpu, cuda or cuda:N.
         precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16.
-        json: also write the results to this JSON file.
-        progress: show progress on stderr.
+        json: also write the results to this JSON file (checked for writability before the evaluation).
+        progress: show progress on stderr (on a terminal a live line, elsewhere a line every 30 seconds).
+        threads: CPU threads (0 = auto: 1 for models under 20M parameters, else PyTorch's default).
     """
+    from lintime.cli.loading import load_checkpoint
     from lintime.evaluation import evaluate, load_split
-    from lintime.training.checkpoint import load_model
     from lintime.utils.device import autocast_dtype, pick_device
+    from lintime.utils.io import atomic_write_text
 
     lens = parse_context_lens(context_lens)
     if precision not in ("auto", "fp32", "bf16"):
@@ -65,26 +71,34 @@ def eval(
         raise CLIError(f"--max-tokens must be >= 1, got {max_tokens}")
     if batch_tokens < 1:
         raise CLIError(f"--batch-tokens must be >= 1, got {batch_tokens}")
+    if json is not None:
+        check_writable(Path(json).parent, "--json")
     dev = pick_device(device)
-    loaded = load_model(checkpoint, device=dev)
+    loaded = load_checkpoint(checkpoint, device=dev)
+    set_threads(threads, device=str(dev), n_params=loaded.model.num_parameters())
     if loaded.config["objective"] != "clm":
         raise CLIError(f"{checkpoint} is a masked LM ({loaded.config['objective']}): eval scores causal LMs")
     dataset = load_split(loaded.config, loaded.tokenizer, split, data, quiet=not progress)
     trained = (loaded.config.get("train") or {}).get("context_len")
 
-    show = progress and sys.stderr.isatty()
+    live = progress and sys.stderr.isatty()
+    last = [time.monotonic()]
 
     def tick(L: int, done: int, total: int) -> None:
-        if show:
+        if live:
             print(f"\r  context {L}: {done:,}/{total:,} tokens", end="", file=sys.stderr, flush=True)
+        elif progress and (time.monotonic() - last[0] >= PROGRESS_EVERY_S or done == total):
+            last[0] = time.monotonic()
+            print(f"lintime eval: context {L}: {done:,}/{total:,} tokens", file=sys.stderr, flush=True)
 
     report = evaluate(loaded.model, dataset, lens, tokenizer=loaded.tokenizer, max_tokens=max_tokens,
                       batch_tokens=batch_tokens, autocast=autocast_dtype(dev, precision), progress=tick)
-    if show:
+    if live:
         print("\r\033[K", end="", file=sys.stderr, flush=True)
 
     model_cfg = loaded.config["model"]
-    print(f"{checkpoint}: step {loaded.step}, {model_cfg.get('family', '?')} family, "
+    step = f"step {loaded.step}" if loaded.step >= 0 else "exported model"
+    print(f"{checkpoint}: {step}, {model_cfg.get('family', '?')} family, "
           f"{loaded.config['tokenizer']} tokenizer" + (f", trained at context {trained}" if trained else ""))
     print(f"{report.split} split: {report.n_docs:,} documents, {report.n_bytes:,} bytes, {report.n_targets:,} tokens to predict")
     print(format_table(report, trained, bpe=not loaded.tokenizer.bits_per_byte))
@@ -100,8 +114,7 @@ def eval(
             **report.to_dict(),
         }
         path = Path(json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(_json.dumps(out, indent=2) + "\n")
+        atomic_write_text(path, _json.dumps(out, indent=2) + "\n")
         print(f"wrote {path}")
 
 

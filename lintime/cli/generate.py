@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from lintime.cli import CLIError, command
+import time
+
+from lintime.cli import CLIError, command, set_threads
+
+PROGRESS_EVERY_S = 30.0  # with --num-samples N and no terminal, a progress line this often
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
 
@@ -40,6 +44,7 @@ def generate(
     echo: bool = True,
     compile: bool = False,
     stats: bool = True,
+    threads: int = 0,
 ) -> None:
     r"""Sample text from a causal LM, streamed to stdout as it is decoded.
 
@@ -49,7 +54,7 @@ def generate(
     decoded together as one batch and each is printed when it is finished.
 
     Args:
-        checkpoint: run folder (its latest checkpoint) or a step folder (runs/NAME/checkpoints/step_N).
+        checkpoint: run folder (its latest checkpoint), a step folder (runs/NAME/checkpoints/step_N) or a folder written by lintime export.
         prompt: text to continue (empty: start from bos alone).
         max_new_tokens: tokens to draw per sample at most.
         temperature: divide the logits by this; 0 = greedy.
@@ -62,10 +67,11 @@ def generate(
         device: auto (cuda when available), cpu, cuda or cuda:N.
         echo: print the prompt before the generated text.
         compile: torch.compile the decoding step.
-        stats: print tokens/s and the decoding-state size on stderr at the end.
+        stats: print tokens/s and the decoding-state size on stderr at the end (and, with several samples, a progress line on stderr every 30 seconds).
+        threads: CPU threads (0 = auto: 1 for models under 20M parameters, else PyTorch's default).
     """
+    from lintime.cli.loading import load_checkpoint
     from lintime.generation import GenerationConfig, stream
-    from lintime.training.checkpoint import load_model
     from lintime.utils.device import pick_device
 
     config = GenerationConfig(  # ValueError (one line, exit 2) for a bad value
@@ -74,7 +80,8 @@ def generate(
         compile=compile,
     )
     dev = pick_device(device)
-    loaded = load_model(checkpoint, device=dev)
+    loaded = load_checkpoint(checkpoint, device=dev)
+    set_threads(threads, device=str(dev), n_params=loaded.model.num_parameters())
     if loaded.config["objective"] != "clm":
         raise CLIError(f"{checkpoint} is a masked LM ({loaded.config['objective']}): only causal LMs generate text")
 
@@ -84,12 +91,17 @@ def generate(
     if num_samples == 1 and echo:
         out.write(prompt)
         out.flush()
+    last, drawn = time.monotonic(), 0
     try:
         for piece in stream(loaded.model, loaded.tokenizer, prompt, config, stats=info):
             if num_samples == 1:  # live
                 out.write(piece.text + ("\n" if piece.finish_reason else ""))
                 out.flush()
                 continue
+            drawn += 1
+            if stats and time.monotonic() - last >= PROGRESS_EVERY_S:
+                last = time.monotonic()
+                print(f"lintime generate: {drawn:,} tokens drawn over {num_samples} samples", file=sys.stderr, flush=True)
             pending.setdefault(piece.row, []).append(piece.text)
             if piece.finish_reason is not None:  # several samples interleave: print each one whole
                 text = "".join(pending.pop(piece.row))

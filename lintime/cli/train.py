@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 
-from lintime.cli import CLIError, command
+from lintime.cli import CLIError, Stopped, check_writable, command, set_threads
 from lintime.training.config import TrainConfig
 
 _D = TrainConfig()  # the defaults live in one place: the config dataclass
 # flag name -> TrainConfig field, where they differ
 _FIELD = {"time": "time_minutes", "prompt": "sample_prompt"}
-_NOT_CONFIG = ("out", "name", "resume", "progress")
+_NOT_CONFIG = ("out", "name", "resume", "progress", "threads", "_given")
 
 
 @command
@@ -28,7 +29,7 @@ def train(
     steps: int | None = None,
     tokens: int | None = None,
     time: float | None = None,
-    recipe: str = _D.recipe,
+    recipe: str | None = _D.recipe,
     lr: float | None = None,
     warmup: float | None = None,
     decay: str | None = None,
@@ -58,17 +59,22 @@ def train(
     sample_tokens: int = _D.sample_tokens,
     temperature: float = _D.temperature,
     top_k: int = _D.top_k,
+    init_from: str | None = _D.init_from,
     out: str = "runs",
     name: str | None = None,
     resume: str | None = None,
     progress: bool = True,
+    threads: int = 0,
+    _given: frozenset[str] | None = None,
 ) -> None:
     """Train a language model with a seed's recipe; with no arguments, a tiny FLASH on the Python
     standard library (byte tokenizer), a few minutes on a laptop CPU.
 
     Leaves runs/<name>/ with config.json, tokenizer/, checkpoints/, metrics.jsonl/.csv, loss plots
-    and sample.txt.  Continue an interrupted run with --resume runs/<name> (same settings; budgets,
-    logging and saving flags may change).
+    and sample.txt.  Ctrl-C (or SIGTERM) saves a checkpoint and stops; continue with --resume
+    runs/<name> (same settings: a given flag that differs from the run's is refused, except budgets,
+    logging, saving, sampling and device flags).  --init-from RUN starts from a trained model's
+    weights with new data, schedule and budget (fine-tuning).
 
     Args:
         preset: model preset (lintime.models.preset_names()); its vocabulary becomes the tokenizer's.
@@ -83,7 +89,7 @@ def train(
         steps: stop after this many optimiser steps (default 200 when no budget is given).
         tokens: stop after this many training tokens.
         time: stop after this many minutes of training (wall clock).
-        recipe: optimisation recipe: flash (FLASH seed Tables 6-7), vq (Transformer-VQ App. C), gla (GLA seed).
+        recipe: optimisation recipe: flash (FLASH seed Tables 6-7), vq (Transformer-VQ App. C), gla (GLA seed); default: the preset family's (gla -> gla, vq -> vq, the rest -> flash).
         lr: peak learning rate (default: the recipe's).
         warmup: warm-up as a fraction of the schedule (default: the recipe's).
         decay: linear, cosine or constant after warm-up (default: the recipe's).
@@ -113,40 +119,117 @@ def train(
         sample_tokens: tokens to sample at the end (0 = no sample).
         temperature: sampling temperature (0 = greedy).
         top_k: sample from the k most likely tokens only (0 = all).
+        init_from: start from this run's (or step folder's) weights: same architecture and vocabulary, new data, schedule and budget.
         out: folder that holds the runs.
         name: run name (default: <preset>-<date>-<time>).
         resume: continue the run in this run folder (or from this step folder).
-        progress: show the progress bar.
+        progress: show the progress bar (on a terminal; elsewhere a line every 30 seconds).
+        threads: CPU threads for PyTorch's intra-op work (0 = auto: 1 for models under 20M parameters, else PyTorch's default).
     """
     fields = {_FIELD.get(k, k): v for k, v in locals().items() if k not in _NOT_CONFIG}
     from lintime.training.trainer import train as run_training
 
+    given = _given_fields(fields, _given)
     if resume is not None:
-        config = _resume_config(resume, fields)
+        config = _resume_config(resume, fields, given)
     else:
+        if init_from is not None:
+            fields = _init_from_defaults(init_from, fields, given)
         config = TrainConfig(**fields)
+        run = f"{out}/{name}" if name is not None else out
+        check_writable(run, "--out" if name is None else "--out / --name")
+    if config.cache_dir is not None:
+        check_writable(config.cache_dir, "--cache-dir", ok_if=lambda p: (p / "train.json").is_file())
+    set_threads(threads, device=config.device, n_params=_n_params(config, resume))
     try:
-        run_training(config, out=out, name=name, resume=resume, progress=progress)
-    except KeyboardInterrupt:
-        raise
+        result = run_training(config, out=out, name=name, resume=resume, progress=progress, echo=_Echo())
     except RuntimeError as err:
         if "out of memory" in str(err).lower():
             raise CLIError(f"out of memory: lower --micro-batch-tokens or --context-len ({str(err).splitlines()[0]})") from None
         raise
+    if result.stopped_by is not None:
+        import signal
+
+        where = f"checkpoint {result.checkpoint}" if result.checkpoint is not None else "no checkpoint (no step taken)"
+        raise Stopped(f"stopped by {result.stopped_by} at step {result.step}: {where}; "
+                      f"continue with: lintime train --resume {result.run_dir}",
+                      exit_code=128 + getattr(signal, result.stopped_by))
 
 
-def _resume_config(resume: str, fields: dict) -> TrainConfig:
-    """The resumed run's saved config, with the flags that differ from their defaults applied
-    (the trainer then refuses those a resumed run cannot change)."""
+def _given_fields(fields: dict, given: frozenset[str] | None) -> set[str]:
+    """The config fields whose flags were given.  From the command line ``_given`` says so; a
+    Python caller's arguments count as given where they differ from the defaults."""
+    if given is not None:
+        return {_FIELD.get(k, k) for k in given if k not in _NOT_CONFIG}
+    defaults = {_FIELD.get(k, k): p.default for k, p in inspect.signature(train).parameters.items() if k not in _NOT_CONFIG}
+    return {k for k, v in fields.items() if v != defaults[k]}
+
+
+def _resume_config(resume: str, fields: dict, given: set[str]) -> TrainConfig:
+    """The resumed run's saved config with the given flags applied; the trainer then refuses any
+    of them that a resumed run cannot change and that differs from the run's (even a value equal
+    to the flag's default)."""
     from lintime.training import checkpoint as ckpt
+    from lintime.training.trainer import without_checkpoint
 
-    run_dir = ckpt.run_dir_of(ckpt.resolve_checkpoint(resume))
+    run_dir = resume if without_checkpoint(resume) else ckpt.run_dir_of(ckpt.resolve_checkpoint(resume))
     saved = ckpt.read_run_config(run_dir)
     try:
         base = TrainConfig.from_dict(saved.get("train", {}))
     except (TypeError, ValueError) as err:
         raise ValueError(f"cannot resume: {run_dir}/config.json has an unusable train config ({err})") from None
-    defaults = {_FIELD.get(k, k): p.default for k, p in inspect.signature(train).parameters.items() if k not in _NOT_CONFIG}
-    changes = {k: v for k, v in fields.items() if v != defaults[k]}
-    return dataclasses.replace(base, **changes)
+    return dataclasses.replace(base, **{k: fields[k] for k in given})
+
+
+def _init_from_defaults(init_from: str, fields: dict, given: set[str]) -> dict:
+    """--init-from without --preset / --tokenizer: the checkpoint's (its architecture and vocabulary)."""
+    from lintime.training import checkpoint as ckpt
+
+    saved = ckpt.read_run_config(ckpt.run_dir_of(ckpt.resolve_checkpoint(init_from)))
+    src = saved.get("train") or {}
+    fields = dict(fields)
+    for key in ("preset", "tokenizer"):
+        if key not in given and key in src:
+            fields[key] = src[key]
+    if "objective" not in given:
+        fields["objective"] = saved["objective"]
+    return fields
+
+
+def _n_params(config: TrainConfig, resume: str | None) -> int | None:
+    """Parameters of the model to train (counted on the meta device), for the thread default."""
+    import torch
+
+    from lintime.models import CausalLM, get_preset
+
+    try:
+        with torch.device("meta"):
+            return CausalLM(get_preset(config.preset)).num_parameters()
+    except (ValueError, TypeError):
+        return None  # an unknown preset: the trainer says so in one line
+
+
+class _Echo:
+    """The trainer's summary lines on stdout; when the reader has gone (`lintime train | head`)
+    the run goes on and finishes with nothing more printed."""
+
+    def __init__(self) -> None:
+        self.gone = False
+
+    def __call__(self, line: str) -> None:
+        if self.gone:
+            return
+        try:
+            try:
+                from tqdm import tqdm
+
+                tqdm.write(line, file=sys.stdout)
+            except ImportError:
+                print(line)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            from lintime.cli import silence_stdout
+
+            silence_stdout()
+            self.gone = True
 

@@ -10,6 +10,9 @@ Layout of a run folder::
     runs/<name>/checkpoints/step_00000100/trainer_state.pt    optimizer, scheduler, data iterator,
                                       RNG states, step, tokens seen, elapsed time; plain containers and
                                       tensors only: ``torch.load(path, weights_only=True)`` reads it
+    runs/<name>/checkpoints/step_00000100/checksums.json      sha256 of the two files above, checked at
+                                      load (with a finite-values check of the weights): a corrupted
+                                      checkpoint is refused, naming the run's newest intact one
     runs/<name>/checkpoints/latest   text file: the name of the newest step folder ("step_00000100")
 
 Distributed runs (``torchrun``, :mod:`lintime.training.parallel`) write the same folder, plus
@@ -36,6 +39,8 @@ and :func:`load_trainer_state` (resume).
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import re
@@ -61,6 +66,7 @@ CHECKPOINTS_DIR = "checkpoints"
 LATEST_FILE = "latest"
 WEIGHTS_FILE = "model.safetensors"
 STATE_FILE = "trainer_state.pt"
+CHECKSUM_FILE = "checksums.json"  # {"sha256": {file name: hex digest}} of the step folder's files
 OPTIM_DIR = "optimizer"
 DCP_MARK = "dcp"  # trainer_state["optimizer"] of a distributed checkpoint
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
@@ -90,16 +96,77 @@ def _publish(tmp: Path, final: Path, ckpt_root: Path) -> None:
 
 
 def _write_weights_and_state(folder: Path, model: torch.nn.Module, step: int, trainer_state: dict) -> None:
-    """``model.safetensors`` and ``trainer_state.pt`` into ``folder``, each fsynced."""
+    """``model.safetensors``, ``trainer_state.pt`` and their ``checksums.json`` into ``folder``,
+    each fsynced.  A failed write (a full disk) raises ``OSError`` naming the folder."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_model
 
-    weights = folder / WEIGHTS_FILE
-    save_model(model, str(weights), metadata={"format": "lintime", "step": str(step)})
-    fsync_file(weights)
-    with open(folder / STATE_FILE, "wb") as f:
-        torch.save(trainer_state, f)
-        f.flush()
-        os.fsync(f.fileno())
+    weights, state = folder / WEIGHTS_FILE, folder / STATE_FILE
+    try:
+        save_model(model, str(weights), metadata={"format": "lintime", "step": str(step)})
+        fsync_file(weights)
+        with open(state, "wb") as f:
+            torch.save(trainer_state, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except (RuntimeError, SafetensorError) as err:  # how torch.save / safetensors report a failed write
+        raise _write_error(folder, err) from None
+    atomic_write_json(folder / CHECKSUM_FILE, {"sha256": {WEIGHTS_FILE: file_sha256(weights), STATE_FILE: file_sha256(state)}})
+
+
+def _write_error(folder: Path, err: BaseException) -> OSError:
+    """``err`` of a library's failed write as the ``OSError`` it hides: the errno it names
+    (``os error 28``), else ENOSPC when the disk is full, else EIO."""
+    found = re.search(r"os error (\d+)", str(err))
+    if found:
+        code = int(found.group(1))
+    else:
+        try:
+            code = errno.ENOSPC if shutil.disk_usage(folder).free < (1 << 20) else errno.EIO
+        except OSError:
+            code = errno.EIO
+    return OSError(code, f"{os.strerror(code)} (writing a checkpoint: {_one_line(err)})", str(folder))
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_checkpoint(step_dir: str | os.PathLike, files: tuple[str, ...] = (WEIGHTS_FILE, STATE_FILE)) -> str | None:
+    """``None`` when ``files`` of ``step_dir`` match the checksums recorded at save, else what is
+    wrong (one phrase).  A checkpoint saved before checksums existed has none to check: ``None``."""
+    step_dir = Path(step_dir)
+    try:
+        recorded = json.loads((step_dir / CHECKSUM_FILE).read_text())["sha256"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"its {CHECKSUM_FILE} is unreadable"
+    for name in files:
+        if name in recorded and (not (step_dir / name).is_file() or file_sha256(step_dir / name) != recorded[name]):
+            return f"{name} does not match the checksum recorded when it was saved"
+    return None
+
+
+def newest_intact_checkpoint(run_dir: str | os.PathLike, *, besides: Path | None = None) -> Path | None:
+    """The newest step folder of ``run_dir`` (other than ``besides``) whose files match their checksums."""
+    for cand in reversed(list_checkpoints(run_dir)):
+        if besides is not None and cand.resolve() == Path(besides).resolve():
+            continue
+        if verify_checkpoint(cand) is None:
+            return cand
+    return None
+
+
+def _corrupted(step_dir: Path, what: str) -> ValueError:
+    step_dir = Path(step_dir)
+    good = newest_intact_checkpoint(run_dir_of(step_dir), besides=step_dir) if _STEP_DIR.match(step_dir.name) else None
+    hint = f"; the newest intact checkpoint is {good}" if good is not None else "; the run has no other intact checkpoint"
+    return ValueError(f"checkpoint {step_dir} is corrupted: {what}{hint}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,13 +463,18 @@ def build_model(config: dict) -> nn.Module:
 
 def load_weights(model: nn.Module, step_dir: str | os.PathLike, device: str | torch.device = "cpu") -> None:
     """Load ``model.safetensors`` of ``step_dir`` into ``model`` (strict: every name and shape must
-    match); a mismatch raises ``ValueError`` with one line naming the first differences."""
+    match); a mismatch raises ``ValueError`` with one line naming the first differences.  The file
+    must match the checksum recorded at save and every loaded value must be finite, else
+    ``ValueError`` says the checkpoint is corrupted and names the run's newest intact one."""
     from safetensors import SafetensorError
     from safetensors.torch import load_model as st_load_model
 
     path = Path(step_dir) / WEIGHTS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"weights not found: {path}")
+    problem = verify_checkpoint(step_dir, (WEIGHTS_FILE,))
+    if problem is not None:
+        raise _corrupted(Path(step_dir), problem)
     try:
         missing, unexpected = st_load_model(model, str(path), strict=False, device=str(device))
     except RuntimeError as err:  # size mismatch
@@ -418,6 +490,9 @@ def load_weights(model: nn.Module, step_dir: str | os.PathLike, device: str | to
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(sorted(unexpected)[:3])})")
         raise ValueError(f"checkpoint {path} does not fit this model: {'; '.join(parts)} tensors")
+    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise _corrupted(Path(step_dir), f"{len(bad)} tensor(s) of {WEIGHTS_FILE} hold NaN or infinity (e.g. {bad[0]})")
 
 
 def load_trainer_state(step_dir: str | os.PathLike) -> dict:
@@ -425,6 +500,9 @@ def load_trainer_state(step_dir: str | os.PathLike) -> dict:
     path = Path(step_dir) / STATE_FILE
     if not path.is_file():
         raise FileNotFoundError(f"trainer state not found: {path}")
+    problem = verify_checkpoint(step_dir, (STATE_FILE,))
+    if problem is not None:
+        raise _corrupted(Path(step_dir), problem)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # a truncated or foreign file raises several kinds of errors

@@ -85,6 +85,17 @@ RECIPES: dict[str, Recipe] = {
 }
 
 
+# The recipe a preset trains with when ``recipe`` is not given: its family's seed (the rest: FLASH).
+FAMILY_RECIPES = {"gla": "gla", "vq": "vq"}
+
+
+def family_recipe(preset: str) -> str:
+    """The seed recipe of ``preset``'s family (:data:`FAMILY_RECIPES`, else ``flash``)."""
+    from lintime.models import get_preset
+
+    return FAMILY_RECIPES.get(get_preset(preset).family, "flash")
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -112,7 +123,8 @@ class TrainConfig:
     when there is one, else the time budget (then the schedule follows the clock and a run is
     not reproducible step for step).  None of them: ``DEFAULT_STEPS`` steps.
 
-    Optimisation: ``recipe`` (a name in :data:`RECIPES`) and overrides ``lr``, ``warmup``,
+    Optimisation: ``recipe`` (a name in :data:`RECIPES`; ``None`` = the preset family's,
+    :func:`family_recipe`) and overrides ``lr``, ``warmup``,
     ``decay``, ``final_lr_ratio``, ``weight_decay``, ``beta1``, ``beta2``, ``eps``, ``clip``,
     ``aux_weight`` (``None`` = the recipe's value).
 
@@ -131,6 +143,10 @@ class TrainConfig:
 
     Final sample (causal LM only): ``sample_prompt``, ``sample_tokens`` (0 = none),
     ``temperature`` (0 = greedy), ``top_k`` (0 = off).
+
+    Fine-tuning: ``init_from`` (a run or step folder) starts from that checkpoint's weights with
+    this config's data, schedule and budget (fresh optimizer, step 0); the architecture and the
+    vocabulary are the checkpoint's (``preset`` and ``tokenizer`` must name them).
     """
 
     preset: str = "flash-tiny"
@@ -146,7 +162,7 @@ class TrainConfig:
     steps: int | None = None
     tokens: int | None = None
     time_minutes: float | None = None
-    recipe: str = "flash"
+    recipe: str | None = None
     lr: float | None = None
     warmup: float | None = None
     decay: str | None = None
@@ -175,6 +191,7 @@ class TrainConfig:
     sample_tokens: int = 200
     temperature: float = 0.8
     top_k: int = 0
+    init_from: str | None = None
 
     def __post_init__(self):
         def fail(msg: str) -> None:
@@ -193,7 +210,7 @@ class TrainConfig:
                 fail(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
         if self.objective not in OBJECTIVES:
             fail(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        if self.recipe not in RECIPES:
+        if self.recipe is not None and self.recipe not in RECIPES:
             fail(f"unknown recipe {self.recipe!r}; recipes: {', '.join(RECIPES)}")
         if self.device not in DEVICES and not str(self.device).startswith("cuda:"):
             fail(f"device must be one of {DEVICES} or 'cuda:N', got {self.device!r}")
@@ -243,6 +260,8 @@ class TrainConfig:
         positive_int("eval_tokens")
         if not _is_num(self.temperature) or self.temperature < 0:
             fail(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from):
+            fail(f"init_from must be a run or step folder, got {self.init_from!r}")
         for name in ("compile", "deterministic", "tensorboard", "plots"):
             if not isinstance(getattr(self, name), bool):
                 fail(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -273,15 +292,18 @@ class TrainConfig:
 
     # ------------------------------------------------------------------ recipe
     def resolved(self) -> TrainConfig:
-        """This config with every ``None`` optimiser field taken from the recipe, and the default
-        step budget when no budget is given."""
-        r = RECIPES[self.recipe]
+        """This config with its recipe named (the preset family's when ``None``), every ``None``
+        optimiser field taken from the recipe, and the default step budget when no budget is given."""
+        recipe = self.recipe if self.recipe is not None else family_recipe(self.preset)
+        r = RECIPES[recipe]
         fill = {
             "lr": r.lr, "warmup": r.warmup, "decay": r.decay, "final_lr_ratio": r.final_lr_ratio,
             "weight_decay": r.weight_decay, "beta1": r.betas[0], "beta2": r.betas[1], "eps": r.eps,
             "clip": r.clip, "aux_weight": r.aux_weight,
         }
         changes = {k: v for k, v in fill.items() if getattr(self, k) is None}
+        if self.recipe is None:
+            changes["recipe"] = recipe
         if self.steps is None and self.tokens is None and self.time_minutes is None:
             changes["steps"] = DEFAULT_STEPS
         return dataclasses.replace(self, **changes) if changes else self

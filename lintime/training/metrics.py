@@ -129,9 +129,11 @@ def _truncate_after(jsonl_path: Path, csv_path: Path, step: int) -> None:
         atomic_write_text(csv_path, buf.getvalue())
 
 
-def plot_metrics(run_dir: str | os.PathLike, *, title: str = "") -> list[Path]:
-    """Write ``loss_vs_steps.png`` and ``loss_vs_time.png`` (training and validation loss) into
-    ``run_dir`` from its ``metrics.jsonl``; returns the files written (none without metrics)."""
+def plot_metrics(run_dir: str | os.PathLike, *, title: str = "", bits_per_byte: bool | None = None) -> list[Path]:
+    """Write ``loss_vs_steps.png`` and ``loss_vs_time.png`` into ``run_dir`` from its
+    ``metrics.jsonl``: training and validation loss -- in bits per byte for a byte-level run
+    (``bits_per_byte``; ``None``: when the rows hold ``val_bpb``), else nats per token -- with the
+    learning rate on a second axis.  Returns the files written (none without metrics)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -143,21 +145,35 @@ def plot_metrics(run_dir: str | os.PathLike, *, title: str = "") -> list[Path]:
     val = [r for r in rows if "val_loss" in r]
     if not train and not val:
         return []
+    if bits_per_byte is None:
+        bits_per_byte = any("val_bpb" in r for r in val)
+    unit = 1 / math.log(2) if bits_per_byte else 1.0  # nats per byte-token -> bits per byte
+    y_label = "bits per byte" if bits_per_byte else "loss (nats / token)"
     out = []
     for x_key, x_label, fname in (("step", "step", PLOT_STEPS), ("time_s", "wall-clock time (min)", PLOT_TIME)):
         scale = 1 / 60 if x_key == "time_s" else 1
         fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+        lines = []
         if train:
-            ax.plot([r[x_key] * scale for r in train], [r["loss"] for r in train], lw=1, alpha=0.8, label="train loss")
+            lines += ax.plot([r[x_key] * scale for r in train], [r["loss"] * unit for r in train], lw=1, alpha=0.8,
+                             label="train")
         if val:
-            ax.plot([r[x_key] * scale for r in val], [r["val_loss"] for r in val], "o-", ms=4, label="validation loss")
+            lines += ax.plot([r[x_key] * scale for r in val], [r["val_loss"] * unit for r in val], "o-", ms=4,
+                             label="validation")
         ax.set_xlabel(x_label)
-        ax.set_ylabel("loss (nats / token)")
+        ax.set_ylabel(y_label)
         finite = [r["loss"] for r in train if math.isfinite(r["loss"])] + [r["val_loss"] for r in val if math.isfinite(r["val_loss"])]
         if finite and max(finite) > 4 * min(finite) > 0:
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
-        ax.legend()
+        with_lr = [r for r in train if "lr" in r]
+        if with_lr:
+            ax_lr = ax.twinx()
+            lines += ax_lr.plot([r[x_key] * scale for r in with_lr], [r["lr"] for r in with_lr], color="gray", lw=1,
+                                ls="--", label="learning rate")
+            ax_lr.set_ylabel("learning rate")
+            ax_lr.set_ylim(bottom=0)
+        ax.legend(lines, [ln.get_label() for ln in lines])
         if title:
             ax.set_title(title)
         fig.tight_layout()

@@ -9,6 +9,12 @@ the validation loss come from :mod:`lintime.training.step` (:func:`forward_backw
 Resume: the checkpoint holds the optimiser, the data iterator's position, every RNG state, the
 step, tokens and elapsed time; the schedule is a pure function of the step.  So on a fixed device
 (CPU fp32 tested) a resumed run produces exactly the per-step losses of an uninterrupted one.
+
+A run folder never becomes a dead end (:mod:`lintime.training.runguard`): one process writes it
+at a time (a lock file); SIGINT / SIGTERM save a checkpoint at the current step and stop; a
+folder without a checkpoint (killed early, or diverged before its first save) is started over
+under its name or by ``resume``; a diverged run writes no checkpoint of the diverged model.
+``config.init_from`` starts a new run from another run's weights (fine-tuning).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from lintime.training import parallel as par
 from lintime.training.config import RESUMABLE_CHANGES, TrainConfig
 from lintime.training.metrics import MetricsWriter, plot_metrics
 from lintime.training.rng import rng_state, seed_everything, set_rng_state
+from lintime.training.runguard import RunLock, StopSignals
 from lintime.training.schedule import lr_at_progress, lr_at_step
 from lintime.training.step import describe_val, evaluate, forward_backward
 from lintime.utils.device import autocast_dtype
@@ -61,6 +68,7 @@ class TrainResult:
     val: dict | None  # the final validation metrics: val_loss and val_bpb or val_ppl
     sample: str | None
     checkpoint: Path | None
+    stopped_by: str | None = None  # "SIGINT" / "SIGTERM" when a signal stopped the run (checkpoint saved)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,16 +101,20 @@ def _echo_default(line: str) -> None:
         print(line, flush=True)
 
 
+PROGRESS_EVERY_S = 30.0  # without a terminal (a log file, a pipe), a progress line this often
+
+
 class _Bar:
-    """tqdm progress bar (plain lines every 10 % when tqdm is missing, nothing when disabled)."""
+    """tqdm progress bar on a terminal; elsewhere (or without tqdm) a plain line on stderr every
+    ``PROGRESS_EVERY_S`` seconds; nothing when disabled."""
 
     def __init__(self, total: int | None, initial: int, enabled: bool, unit: str):
         self._bar = None
         self._plain_total = total
         self._n = initial
-        self._last_print = initial
+        self._last_print = time.monotonic()
         self.enabled = enabled
-        if not enabled:
+        if not enabled or not sys.stderr.isatty():
             return
         try:
             from tqdm import tqdm
@@ -118,9 +130,10 @@ class _Bar:
         if self._bar is not None:
             self._bar.set_postfix_str(postfix, refresh=False)
             self._bar.update(n)
-        elif self._plain_total and self._n - self._last_print >= max(1, self._plain_total // 10):
-            self._last_print = self._n
-            print(f"train {self._n}/{self._plain_total} {postfix}", file=sys.stderr, flush=True)
+        elif time.monotonic() - self._last_print >= PROGRESS_EVERY_S:
+            self._last_print = time.monotonic()
+            of = f"/{self._plain_total}" if self._plain_total else ""
+            print(f"train: step {self._n}{of}  {postfix}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:
@@ -161,8 +174,9 @@ def train(
     env = par.init_distributed(cfg.device, cfg.parallel, cfg.context_parallel)
     failed = True
     try:
-        result = _train(cfg, env, out=out, name=name, resume=resume, progress=progress and env.is_main,
-                        echo=echo if env.is_main else None, stop_after=stop_after)
+        with contextlib.ExitStack() as guards:
+            result = _train(cfg, env, out=out, name=name, resume=resume, progress=progress and env.is_main,
+                            echo=echo if env.is_main else None, stop_after=stop_after, guards=guards)
         failed = False
         return result
     finally:
@@ -170,15 +184,30 @@ def train(
             par.shutdown(failed)
 
 
-def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_after) -> TrainResult:
-    """:func:`train` in one process of ``env`` (:class:`lintime.training.parallel.DistEnv`)."""
+def without_checkpoint(path: str | Path) -> bool:
+    """True for a run folder that has a ``config.json`` but no checkpoint (stopped before its first
+    save): ``resume`` starts it over, and a new run may take its name."""
+    path = Path(path)
+    return (path / ckpt.CONFIG_FILE).is_file() and not ckpt.list_checkpoints(path)
+
+
+def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_after, guards) -> TrainResult:
+    """:func:`train` in one process of ``env`` (:class:`lintime.training.parallel.DistEnv`);
+    ``guards`` (an ``ExitStack``) holds the run folder's lock until the caller leaves it."""
     say = echo or (lambda line: None)
 
     # ---- resume: the run's own folder, tokenizer and model config
     state = None
+    if resume is not None and without_checkpoint(resume):
+        say(f"lintime train: {resume} has no checkpoint yet: starting the run over")
+        name, out, resume, restarting = Path(resume).name, Path(resume).parent, None, True
+    else:
+        restarting = False
     if resume is not None:
         step_dir = ckpt.resolve_checkpoint(resume)
         run_dir = ckpt.run_dir_of(step_dir)
+        if env.is_main:
+            guards.enter_context(RunLock(run_dir))
         saved = ckpt.read_run_config(run_dir)
         saved_cfg = TrainConfig.from_dict(saved.get("train", {}))
         check_resume_compatible(saved_cfg, cfg)
@@ -196,6 +225,9 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
         get_preset(cfg.preset)  # an unknown preset fails here, before the data is prepared
         tokenizer = cfg.tokenizer
         run_dir = None
+    init = _init_source(cfg) if state is None and cfg.init_from is not None else None
+    if init is not None:
+        tokenizer = init["tokenizer"]
 
     device = env.device
     amp = autocast_dtype(device, cfg.precision)
@@ -222,15 +254,19 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
     train_ds, val_ds = splits["train"], splits["validation"]
 
     # ---- model
-    if state is None:
-        model_cfg = get_preset(cfg.preset, vocab_size=tokenizer.vocab_size)  # the vocabulary is the tokenizer's
-    else:
+    if state is not None:
         model_cfg = ModelConfig.from_dict(model_cfg_dict)
+    elif init is not None:
+        model_cfg = init["model"]
+    else:
+        model_cfg = get_preset(cfg.preset, vocab_size=tokenizer.vocab_size)  # the vocabulary is the tokenizer's
     seed_everything(cfg.seed, cfg.deterministic)  # the same initial weights on every rank
     model = (CausalLM if cfg.objective == "clm" else MaskedLM)(model_cfg)
     model.to(device)
     if state is not None:
         ckpt.load_weights(model, step_dir, device)
+    elif init is not None:
+        ckpt.load_weights(model, init["step_dir"], device)
     model.train()
     context = par.ContextParallel(model, env) if env.cp_size > 1 else None
     if context is not None:
@@ -269,10 +305,16 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
         torch.manual_seed(cfg.seed + 1_000_003 * (env.rank + 1) + step)
 
     # ---- the run folder (nothing was written before this point)
+    restarted = False
     if run_dir is None:
         run_dir = Path(out) / _broadcast_str(name or default_run_name(cfg.preset), env)
-        if (run_dir / ckpt.CONFIG_FILE).exists():
-            raise ValueError(f"run folder {run_dir} already holds a run: pick another --name, or --resume {run_dir}")
+        if env.is_main:
+            if (run_dir / ckpt.CONFIG_FILE).exists() and not without_checkpoint(run_dir):
+                raise ValueError(f"run folder {run_dir} already holds a run: pick another --name, or --resume {run_dir}")
+            guards.enter_context(RunLock(run_dir))
+            restarted = (run_dir / ckpt.CONFIG_FILE).exists()
+            if restarted and not restarting:
+                say(f"lintime train: {run_dir} holds a run without a checkpoint: starting it over")
     _barrier(env)
     if env.is_main:
         ckpt.write_run_config(run_dir, model_config=model_cfg, objective=cfg.objective, tokenizer=tokenizer,
@@ -301,6 +343,9 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
     say(f"  run folder: {run_dir}")
 
     def save(val: dict | None) -> Path:
+        # never save a diverged model (sharded parameters are checked through the loss only)
+        if not env.distributed and not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+            raise ValueError(_diverged(run_dir, step, float("nan"), float("nan"), "the weights hold NaN or infinity"))
         trainer_state = {
             "format": STATE_FORMAT,
             "step": step,
@@ -323,6 +368,8 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
                        mlm_prob=cfg.mlm_prob, autocast=amp, tokenizer=tokenizer)
         if env.distributed and cfg.parallel == "fsdp":
             par.reshard(model)  # a forward without backward leaves the root unsharded (a full copy)
+        if not math.isfinite(out["val_loss"]):
+            raise ValueError(_diverged(run_dir, step, out["val_loss"], 0.0, f"the validation loss is {out['val_loss']}"))
         return out
 
     def done() -> bool:
@@ -332,7 +379,10 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
             return True
         return stop_after is not None and taken >= stop_after
 
-    metrics = (MetricsWriter(run_dir, resume_step=step if state is not None else None, tensorboard=cfg.tensorboard)
+    if init is not None:
+        say(f"  initialised from {init['step_dir']} (weights only; new data, schedule and budget)")
+    resume_step = step if state is not None else (0 if restarted else None)  # drop rows after it
+    metrics = (MetricsWriter(run_dir, resume_step=resume_step, tensorboard=cfg.tensorboard)
                if env.is_main else _NoMetrics())
     bar = _Bar(horizon, step, progress, unit="step")
     taken = 0
@@ -342,8 +392,12 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
     val_step = -1
     last_ckpt = None
     window_loss, window_n, window_tokens, window_time = 0.0, 0, 0, 0.0
+    # a signal stops one process alone; under torchrun the launcher stops every rank
+    stop = StopSignals()
+    if not env.distributed:
+        stop.__enter__()
     try:
-        while not done():
+        while not (done() or stop.received):
             batch = next(train_it)
             t0 = time.perf_counter()
             if horizon is not None:
@@ -365,9 +419,9 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
             else:
                 loss, aux = forward_backward(fwd_model, batch, micro_rows=cfg.rows_per_micro_batch,
                                              aux_weight=cfg.aux_weight, autocast=amp)
-            if not math.isfinite(loss):
-                raise ValueError(f"the loss is {loss} at step {step + 1}: training diverged; try a lower --lr")
-            grad_norm = par.clip_grad_norm(model, cfg.clip if cfg.clip > 0 else math.inf)
+            grad_norm = par.clip_grad_norm(model, cfg.clip if cfg.clip > 0 else math.inf) if math.isfinite(loss) else loss
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                raise ValueError(_diverged(run_dir, step + 1, loss, grad_norm))
             opt.step()
             opt.zero_grad(set_to_none=True)
             if device.type == "cuda":
@@ -405,9 +459,20 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
             if cfg.save_every and step % cfg.save_every == 0 and not end:
                 last_ckpt = save(val if val_step == step else None)
                 if cfg.plots and env.is_main:
-                    plot_metrics(run_dir, title=f"{cfg.preset} ({run_dir.name})")
+                    plot_metrics(run_dir, title=f"{cfg.preset} ({run_dir.name})", bits_per_byte=tokenizer.bits_per_byte)
     finally:
         bar.close()
+        stop.__exit__(None, None, None)
+    if stop.received:
+        if step > 0 and (last_ckpt is None or last_ckpt.name != ckpt.step_dir_name(step)):
+            last_ckpt = save(val if val_step == step else None)
+        metrics.close()
+        if cfg.plots and env.is_main and step > 0:
+            plot_metrics(run_dir, title=f"{cfg.preset} ({run_dir.name})", bits_per_byte=tokenizer.bits_per_byte)
+        where = f"checkpoint {last_ckpt}" if last_ckpt is not None else "no step taken, no checkpoint"
+        say(f"stopped by {stop.received} at step {step}: {where}; continue with: lintime train --resume {run_dir}")
+        return TrainResult(run_dir=run_dir, step=step, tokens=tokens_seen, elapsed_s=elapsed, first_loss=first_loss,
+                           last_loss=last_loss, val=val, sample=None, checkpoint=last_ckpt, stopped_by=stop.received)
 
     # ---- the end: final validation, checkpoint, plots, sample
     if val_step != step and step > 0:
@@ -417,7 +482,7 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
     if step > 0:
         last_ckpt = save(val)
     if cfg.plots and env.is_main:
-        plot_metrics(run_dir, title=f"{cfg.preset} ({run_dir.name})")
+        plot_metrics(run_dir, title=f"{cfg.preset} ({run_dir.name})", bits_per_byte=tokenizer.bits_per_byte)
     text = None
     if cfg.objective == "clm" and cfg.sample_tokens > 0 and step > 0 and env.is_main:
         from lintime.generation import GenerationConfig, generate
@@ -444,6 +509,42 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
     say(f"saved: {last_ckpt}, metrics.jsonl/.csv, plots{', sample.txt' if text is not None else ''} in {run_dir}")
     return TrainResult(run_dir=run_dir, step=step, tokens=tokens_seen, elapsed_s=elapsed, first_loss=first_loss,
                        last_loss=last_loss, val=val, sample=text, checkpoint=last_ckpt)
+
+
+def _diverged(run_dir: Path, step: int, loss: float, grad_norm: float, what: str | None = None) -> str:
+    """The one line of a diverged run: what happened, the last good checkpoint and how to go on."""
+    if what is None:
+        what = f"the loss is {loss}" if not math.isfinite(loss) else f"the gradient norm is {grad_norm}"
+    good = ckpt.list_checkpoints(run_dir)
+    if good:
+        return (f"training diverged at step {step} ({what}); the last good checkpoint is {good[-1]} "
+                f"(--init-from {good[-1]} with a lower --lr goes on from it)")
+    return (f"training diverged at step {step} ({what}) before any checkpoint; "
+            f"try a lower --lr (the same --name {run_dir.name} starts the run over)")
+
+
+def _init_source(cfg: TrainConfig) -> dict:
+    """What ``cfg.init_from`` (a run or step folder) gives a new run: its step folder, model config
+    and tokenizer.  The architecture and vocabulary are the checkpoint's: ``cfg.preset`` must be
+    the preset it was trained as, and ``cfg.tokenizer`` its tokenizer (spec or name)."""
+    step_dir = ckpt.resolve_checkpoint(cfg.init_from)
+    run_dir = ckpt.run_dir_of(step_dir)
+    saved = ckpt.read_run_config(run_dir)
+    src = saved.get("train") or {}
+    if saved["objective"] != cfg.objective:
+        raise ValueError(f"--init-from {cfg.init_from}: a {saved['objective']} model cannot start a {cfg.objective} run")
+    if src.get("preset", cfg.preset) != cfg.preset:
+        raise ValueError(f"--init-from {cfg.init_from}: the checkpoint is a {src['preset']} model, not {cfg.preset} "
+                         f"(the architecture cannot change: pass --preset {src['preset']} or leave --preset out)")
+    try:
+        tokenizer = load_tokenizer(run_dir / ckpt.TOKENIZER_DIR)
+    except DataError as err:
+        raise FileNotFoundError(f"--init-from {cfg.init_from}: {err}") from None
+    if cfg.tokenizer not in (src.get("tokenizer"), tokenizer.name):
+        raise ValueError(f"--init-from {cfg.init_from}: the checkpoint's vocabulary is tokenizer {tokenizer.name} "
+                         f"({tokenizer.vocab_size} ids), and --tokenizer {cfg.tokenizer} would give another one: "
+                         f"leave --tokenizer out to keep it")
+    return {"step_dir": step_dir, "model": ModelConfig.from_dict(saved["model"]), "tokenizer": tokenizer}
 
 
 class _NoMetrics:

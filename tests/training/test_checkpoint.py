@@ -44,7 +44,7 @@ def test_layout_and_round_trip(tmp_path):
     run, model = _run(tmp_path)
     step_dir = save_checkpoint(run, 100, model, _state(100))
     assert step_dir == run / "checkpoints" / "step_00000100"
-    assert sorted(p.name for p in step_dir.iterdir()) == ["model.safetensors", "trainer_state.pt"]
+    assert sorted(p.name for p in step_dir.iterdir()) == ["checksums.json", "model.safetensors", "trainer_state.pt"]
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000100"
     config = json.loads((run / "config.json").read_text())
     assert set(config) == {"model", "objective", "tokenizer", "train", "lintime_version"}
@@ -159,5 +159,8 @@ def test_load_errors_are_one_line(tmp_path):
         load_model(run)
     assert "\n" not in str(err.value)
     (run / "checkpoints" / "step_00000001" / "trainer_state.pt").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="corrupted: trainer_state.pt does not match the checksum"):
+        load_trainer_state(run / "checkpoints" / "step_00000001")
+    (run / "checkpoints" / "step_00000001" / "checksums.json").unlink()  # a checkpoint saved without checksums
     with pytest.raises(ValueError, match="unreadable"):
         load_trainer_state(run / "checkpoints" / "step_00000001")
