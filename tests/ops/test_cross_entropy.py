@@ -54,7 +54,7 @@ def _run(backend, x, w, b, y, *, reduction="mean", grad_out=None, **kw):
     ``grad_out`` so every row's incoming gradient differs."""
     leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in (x, w, b)]
     loss = linear_cross_entropy(leaves[0], leaves[1], y, bias=leaves[2], reduction=reduction, backend=backend, **kw)
-    (loss * grad_out).sum().backward() if reduction == "none" else loss.backward()
+    (loss * grad_out.to(loss.device)).sum().backward() if reduction == "none" else loss.backward()
     return [loss.detach()] + [t.grad for t in leaves if t is not None]
 
 
@@ -217,7 +217,7 @@ def test_custom_ops_pass_opcheck(backend, reduction):
     fwd = getattr(torch.ops.lintime, f"linear_cross_entropy_{backend}_fwd")
     torch.library.opcheck(fwd, (x, w, b, y, -100, reduction, 0.1, 4, reduction != "none"))
     bwd = getattr(torch.ops.lintime, f"linear_cross_entropy_{backend}_bwd")
-    torch.library.opcheck(bwd, (x.detach(), w.detach(), None, y, torch.randn(9), -100, 0.0, 4))
+    torch.library.opcheck(bwd, (x.detach(), w.detach(), None, y, torch.randn(9, device=x.device), -100, 0.0, 4))
 
 
 def test_dispatch(impl_calls):
