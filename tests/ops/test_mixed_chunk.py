@@ -128,7 +128,7 @@ def test_chain_naive_chunk_recurrent(dtype, mode, norm, T):
 
 
 def _loops_reference(xs, rb, C, causal, norm, scale):
-    """SPEC 2.3 read literally, one (query, key) pair at a time: the anchor the naive form is
+    """docs/design/contract.md §2.3 read literally, one (query, key) pair at a time: the anchor the naive form is
     checked against (everything else is checked against the naive form)."""
     qq, kq, ql, kl, v = (x[0].double() for x in xs)  # B = 1
     T, H, E = v.shape

@@ -1,4 +1,4 @@
-"""GAU attention (SPEC 2.2): quadratic relu^2 attention with a Toeplitz relative bias."""
+"""GAU attention (docs/design/contract.md §2.2): quadratic relu^2 attention with a Toeplitz relative bias."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Mixed chunk attention (SPEC 2.3): FLASH's local quadratic + global linear attention."""
+"""Mixed chunk attention (docs/design/contract.md §2.3): FLASH's local quadratic + global linear attention."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Textbook mixed chunk attention: for each sequence, the dense ``[T, T]`` weight matrices of the
-quadratic and the linear part, written straight from the definitions (SPEC 2.3, seed Eqs. 6-8).
+quadratic and the linear part, written straight from the definitions (docs/design/contract.md §2.3, seed Eqs. 6-8).
 
 A sequence continued from a state is written out explicitly: its ``f`` buffered tokens come first
 (keys and values only), so query ``i`` of this call sits at position ``p_i = f + i`` of the

@@ -14,7 +14,7 @@ LINEAR_NORMS = ("tokens", "chunk", "none")
 
 @dataclass
 class MixedChunkState:
-    """What a causal mixed chunk attention needs to continue a sequence (SPEC 2.3).
+    """What a causal mixed chunk attention needs to continue a sequence (docs/design/contract.md §2.3).
 
     A sequence that has seen ``P`` tokens (counted from its first token, across calls) has
     ``P // C`` completed chunks, summarised by ``kv`` and ``count``, and ``fill = P % C`` tokens of
