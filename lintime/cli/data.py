@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from lintime.cli import command
+from lintime.cli import check_writable, command
 
 
 @command
@@ -45,6 +45,9 @@ def data(
         raise ValueError("--splits names no split; use e.g. train,validation,test")
     if source_hash not in ("stat", "content"):
         raise ValueError(f"--source-hash must be 'stat' or 'content', got {source_hash!r}")
+    if cache_dir is not None:  # a complete cache is only read; anything else is written
+        check_writable(cache_dir, "--cache-dir",
+                       ok_if=lambda p: not rebuild and all((p / f"{s}.json").is_file() for s in wanted))
     try:
         result = prepare(
             corpus, tokenizer, cache_dir, splits=wanted, text_field=text_field, val_fraction=val_fraction,

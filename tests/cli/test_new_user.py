@@ -121,6 +121,8 @@ def test_unwritable_out_and_cache_dir(tmp_path, corpus, capsys):
     rc = main(_tiny(corpus, "/sys/kernel/lintime-cache", tmp_path / "runs", "--steps", "1"))
     assert "cannot write --cache-dir" in _one_line_error(capsys, rc)
     assert not (tmp_path / "runs").exists()
+    rc = main(["data", "--corpus", str(corpus), "--cache-dir", "/sys/kernel/lintime-cache"])
+    assert "cannot write --cache-dir /sys/kernel/lintime-cache: Permission denied" in _one_line_error(capsys, rc)
 
 
 def test_full_disk_while_saving_a_checkpoint(tmp_path, corpus, capsys, monkeypatch):
