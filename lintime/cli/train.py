@@ -140,7 +140,7 @@ def train(
         check_writable(run, "--out" if name is None else "--out / --name")
     if config.cache_dir is not None:
         check_writable(config.cache_dir, "--cache-dir", ok_if=lambda p: (p / "train.json").is_file())
-    set_threads(threads, device=config.device, n_params=_n_params(config, resume))
+    set_threads(threads, device=config.device, n_params=_n_params(config))
     try:
         result = run_training(config, out=out, name=name, resume=resume, progress=progress, echo=_Echo())
     except RuntimeError as err:
@@ -196,7 +196,7 @@ def _init_from_defaults(init_from: str, fields: dict, given: set[str]) -> dict:
     return fields
 
 
-def _n_params(config: TrainConfig, resume: str | None) -> int | None:
+def _n_params(config: TrainConfig) -> int | None:
     """Parameters of the model to train (counted on the meta device), for the thread default."""
     import torch
 

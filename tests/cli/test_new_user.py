@@ -342,7 +342,8 @@ def test_eval_and_generate_take_an_exported_folder(gla_run, corpus, tmp_path, ca
 
 def test_presets_train_with_their_familys_recipe(gla_run):
     assert json.loads((gla_run / "config.json").read_text())["train"]["recipe"] == "gla"
-    assert TrainConfig(preset="gla-tiny").resolved().lr == 3e-4
+    assert TrainConfig(preset="gla-small").resolved().lr == 3e-4  # the GLA seed's rate
+    assert TrainConfig(preset="gla-tiny").resolved().lr == 3e-3  # a tiny model's
     assert TrainConfig(preset="vq-tiny").resolved().recipe == "vq"
     assert TrainConfig(preset="transformer-pp-tiny").resolved().recipe == "flash"
     assert TrainConfig(preset="gla-tiny", recipe="flash").resolved().recipe == "flash"

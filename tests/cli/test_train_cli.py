@@ -88,7 +88,7 @@ def test_a_run_leaves_every_file(finished_run, capsys):
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000004"
     config = json.loads((run / "config.json").read_text())
     assert config["objective"] == "clm" and config["tokenizer"] == "byte"
-    assert config["train"]["micro_batch_tokens"] == 64 and config["train"]["lr"] == 7e-4  # resolved recipe
+    assert config["train"]["micro_batch_tokens"] == 64 and config["train"]["lr"] == 3e-3  # resolved: a tiny model's rate
     assert config["model"]["vocab_size"] == 260  # the tokenizer's vocabulary
     state = torch.load(run / "checkpoints" / "step_00000004" / "trainer_state.pt", weights_only=True)
     assert state["step"] == 4 and state["tokens"] == 512 and set(state) >= {"optimizer", "data", "rng", "elapsed_s", "scheduler"}

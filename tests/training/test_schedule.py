@@ -7,7 +7,7 @@ import math
 import pytest
 
 from lintime.training import RECIPES, TrainConfig
-from lintime.training.config import DEFAULT_STEPS
+from lintime.training.config import DEFAULT_STEPS, SMALL_MODEL_LR
 from lintime.training.schedule import lr_at_progress, lr_at_step
 
 N, W = 125_000, 10_000  # FLASH Tables 6-7 and Transformer-VQ App. C: 125K steps, 10K warm-up
@@ -71,9 +71,10 @@ def test_constant_and_time_schedule():
 
 
 def test_train_config_resolves_recipe_and_overrides():
-    cfg = TrainConfig(recipe="vq").resolved()
+    cfg = TrainConfig(preset="flash-small", recipe="vq").resolved()
     assert (cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.decay, cfg.final_lr_ratio, cfg.clip) == (4e-4, 0.9, 0.98, 1e-9, "cosine", 0.1, 0.1)
-    assert cfg.steps == DEFAULT_STEPS == 200  # no budget given: the default step budget
+    assert cfg.steps == DEFAULT_STEPS == 300  # no budget given: the default step budget
+    assert TrainConfig(recipe="vq").resolved().lr == SMALL_MODEL_LR  # flash-tiny: under SMALL_MODEL_PARAMS
     cfg = TrainConfig(recipe="flash", lr=1e-3, clip=0.0, time_minutes=2.0).resolved()
     assert (cfg.lr, cfg.clip, cfg.steps, cfg.eps) == (1e-3, 0.0, None, 1e-6)
     cfg = TrainConfig(context_len=128, tokens_per_batch=1024, micro_batch_tokens=256, tokens=5000)
