@@ -99,3 +99,28 @@ def test_packed_path_on_cpu_is_per_sequence():
     q, k, v = _inputs(1, 8, 1, 8, 8, torch.float32)
     assert not sdpa._varlen_ok(q, k, v)
     assert not sdpa._varlen_ok(q.bfloat16(), k.bfloat16(), v.bfloat16())
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_rows_of_one_length_are_one_batched_call(causal, monkeypatch):
+    """Packed sequences of one common length go to SDPA as an [N, L] batch (one call, the kernel HF's
+    models get) and equal the per-sequence result, forward and gradients; unequal lengths do not."""
+    from lintime.ops.softmax import chunk as sdpa
+
+    calls = []
+    real = sdpa._sdpa
+    monkeypatch.setattr(sdpa, "_sdpa", lambda q, *a: calls.append(tuple(q.shape)) or real(q, *a))
+    q, k, v = (x.requires_grad_() for x in _inputs(1, 3 * 37, 2, 16, 8, torch.float64))
+    cu = torch.tensor([0, 37, 74, 111])
+    o = softmax_attention(q, k, v, causal=causal, cu_seqlens=cu, backend="chunk")
+    assert calls == [(3, 37, 2, 16)]
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    ref = torch.cat([softmax_attention(q[:, s:s + 37], k[:, s:s + 37], v[:, s:s + 37], causal=causal,
+                                       backend="naive") for s in (0, 37, 74)], dim=1)
+    assert_exact("equal rows o", ref, o)
+    for name, a, b in zip(("dq", "dk", "dv"), torch.autograd.grad(ref, (q, k, v), do), grads):
+        assert_exact(f"equal rows {name}", a, b)
+    calls.clear()
+    softmax_attention(q, k, v, causal=causal, cu_seqlens=torch.tensor([0, 36, 74, 111]), backend="chunk")
+    assert calls == [(1, 36, 2, 16), (1, 38, 2, 16), (1, 37, 2, 16)]

@@ -5,7 +5,10 @@ Packed sequences (``cu_seqlens``): on CUDA in half precision one variable-length
 call (``torch.nn.attention.varlen.varlen_attn``) covers all of them -- a training batch packs
 hundreds of documents, and one SDPA call per document made a 1024-token Transformer++ step
 5-10x slower than the linear-time families' (H100 smoke run, 2026-11-22).  Elsewhere (CPU,
-fp32/fp64, head sizes FlashAttention does not take) the sequences are attended one by one."""
+fp32/fp64, head sizes FlashAttention does not take) the sequences are attended one by one.
+Packed sequences that are rows of one length (one document per row, as in long-context training and
+the model benchmark) are attended as a plain ``[N, L]`` batch through SDPA's own kernel choice (the
+one HF's SDPA models get), reading ``cu_seqlens`` once per tensor."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-from lintime.ops.utils import seq_bounds
+from lintime.ops.utils import packed_cache, seq_bounds
 
 
 @functools.lru_cache(maxsize=None)
@@ -49,10 +52,31 @@ def _varlen_ok(q, k, v) -> bool:
     )
 
 
+def _row_length(cu_seqlens: torch.Tensor, T: int) -> tuple[int, int]:
+    """``(L, longest)``: ``L`` the common length when the packed sequences are ``T / L`` rows of one
+    length (``cu_seqlens = 0, L, 2L, ..., T``), else 0; ``longest`` the longest sequence.  Read on
+    the host once per ``cu_seqlens`` tensor (every layer of a model passes the same one)."""
+    entry = packed_cache(cu_seqlens, ("row length", T))
+    if not entry:
+        cu = cu_seqlens.tolist()
+        lengths = [b - a for a, b in zip(cu, cu[1:])]
+        L = lengths[0] if lengths else 0
+        entry["L"] = L if L > 0 and all(n == L for n in lengths) and cu[0] == 0 and cu[-1] == T else 0
+        entry["longest"] = max(lengths, default=0)
+    return entry["L"], entry["longest"]
+
+
+def _sdpa(q, k, v, causal, scale):
+    """SDPA on ``[B, T, H, D]`` tensors."""
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       is_causal=causal, scale=scale)
+    return o.transpose(1, 2)
+
+
 def _varlen_attention(q, k, v, cu_seqlens, causal, scale):
     fn, style = _varlen_fn()
     cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
-    max_len = int(cu.diff().max())  # one host sync per call
+    max_len = _row_length(cu_seqlens, q.shape[1])[1]
     if max_len == 0:
         return q.new_zeros(*q.shape[:-1], v.shape[-1])
     kw = {"window_size": (-1, 0) if causal else (-1, -1)} if style == "window" else {"is_causal": causal}
@@ -64,21 +88,18 @@ def sdpa_softmax_attention(q, k, v, *, causal=True, scale=None, cu_seqlens=None)
     B, T, H, K = q.shape
     scale = K**-0.5 if scale is None else scale
     if cu_seqlens is None:
-        o = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=scale
-        )
-        return o.transpose(1, 2)
+        return _sdpa(q, k, v, causal, scale)
+    L = _row_length(cu_seqlens, T)[0] if B == 1 else 0
+    if L:  # rows of one length: one batched SDPA call
+        rows = lambda x: x.view(T // L, L, *x.shape[2:])  # noqa: E731
+        return _sdpa(rows(q), rows(k), rows(v), causal, scale).reshape(1, T, H, v.shape[-1])
     if _varlen_ok(q, k, v):
         return _varlen_attention(q, k, v, cu_seqlens, causal, scale)
     outs = []
     for _, s, e in seq_bounds(B, T, cu_seqlens):
         if e == s:
             continue
-        o = F.scaled_dot_product_attention(
-            q[:, s:e].transpose(1, 2), k[:, s:e].transpose(1, 2), v[:, s:e].transpose(1, 2),
-            is_causal=causal, scale=scale,
-        )
-        outs.append(o.transpose(1, 2))
+        outs.append(_sdpa(q[:, s:e], k[:, s:e], v[:, s:e], causal, scale))
     if not outs:
         return q.new_zeros(B, T, H, v.shape[-1])
     return torch.cat(outs, dim=1)
