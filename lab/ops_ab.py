@@ -1,5 +1,5 @@
 """fwd+bwd device ms of the public attention ops at the presets' shapes, 32k tokens (8 rows of 4k, packed),
-bf16 -- run once per source tree to compare trees on one machine ."""
+bf16 -- run once per source tree to compare trees on one machine."""
 import sys, json, torch
 sys.path.insert(0, sys.argv[1])
 from lintime.ops import mixed_chunk_attention, gau_attention, gated_linear_attention, linear_attention

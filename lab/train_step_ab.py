@@ -1,4 +1,4 @@
-"""Training-step tokens/s (median of 5 after 3 warm-up) and peak memory, one line per preset x T ."""
+"""Training-step tokens/s (median of 5 after 3 warm-up) and peak memory, one line per preset x T."""
 import sys, time, json, torch
 sys.path.insert(0, sys.argv[1])
 from lintime.bench.model import preset_config, build_model, random_batch, train_step_fn
