@@ -151,8 +151,8 @@ def test_matches_naive_fp32(mode, norm, T, H, S, E, C):
 
 
 @cpu_only
-@pytest.mark.parametrize("tma,red", [(1, 1), (0, 0), (1, 0)], ids=["tma", "pointers", "tma_red_pointers"])
-@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("tma,red,causal", [(1, 1, True), (1, 1, False), (0, 0, True), (1, 0, True)],
+                         ids=["tma-causal", "tma-noncausal", "pointers-causal", "tma_red_pointers-causal"])
 def test_tma_and_pointer_paths(tma, red, causal, monkeypatch):
     """Both load paths at a shape where every tile is whole inside its head and chunk (S, E, C
     multiples of the interpreter's 16-wide tiles), so ``MixedChunkLaunch.tma`` decides which one runs: two heads
