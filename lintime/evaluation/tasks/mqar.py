@@ -1,0 +1,245 @@
+"""Multi-query associative recall (MQAR), the synthetic recall task of the Zoology study
+(Arora, Eyuboglu et al., "Zoology: Measuring and Improving Recall in Efficient Language Models",
+2023; layout of ``zoology/data/multiquery_ar.py``).
+
+One example, ``T`` = ``seq_len`` tokens, ``n`` = ``kv_pairs``, ``q`` = ``n_queries``::
+
+    k1 v1 k2 v2 ... kn vn | . . k3 . . . k1 . ... .      inputs   [T]
+     -  -  -  -  ...  -  -| - -  v3 - - -  v1 - ...  -    targets  [T]  (- = IGNORE_INDEX)
+
+* keys are drawn without repetition from ``[1, vocab_size // 2)``, values without repetition from
+  ``[vocab_size // 2, vocab_size)``: the first ``2n`` tokens are the pairs;
+* the query section (``T - 2n`` tokens) holds ``q`` of the keys at even offsets ``2 g``; the
+  gaps ``g`` are distinct, drawn with probability ``~ g^(a - 1)`` (``a`` = ``power_a``, 0.01:
+  queries tend to follow the pairs closely, as a repeated bigram follows its first mention in
+  text); the other query-section tokens are 0 (``random_fill``: uniform random tokens instead);
+* the target at a query key's position is its value, nothing else is scored: the loss and the
+  accuracy are on the ``q`` queried values only (a causal LM predicts the value from the key).
+
+Zoology's Figure 2 setting: ``vocab_size`` 8192, ``power_a`` 0.01, no random fill, every key
+queried, ``(seq_len, kv_pairs)`` in ``(64, 4), (128, 8), (256, 16), (512, 64)``.
+
+Determinism: example block ``j`` of a split is drawn from ``numpy.random.default_rng([seed,
+split, j])`` (:data:`BLOCK` examples per block), so any example is reproducible from its seed
+alone and the train and test streams never share a generator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+import torch
+
+IGNORE_INDEX = -100  # lintime.data.IGNORE_INDEX (the loss and the accuracy skip it)
+BLOCK = 256  # examples per generator block (a block is drawn whole)
+SPLITS = {"train": 0, "test": 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class MQARConfig:
+    """One MQAR setting.
+
+    ``vocab_size``   tokens (keys take the lower half, values the upper half; token 0 is the filler);
+    ``seq_len``      tokens per example (even);
+    ``kv_pairs``     key-value pairs per example;
+    ``n_queries``    keys queried per example (``None`` = all ``kv_pairs``, Zoology's choice);
+    ``power_a``      the power law of the query gaps (1.0 = uniform);
+    ``random_fill``  non-query tokens of the query section uniform random instead of 0
+                     (Zoology's ``random_non_queries``; its Figure 2 runs use 0).
+    """
+
+    vocab_size: int = 8192
+    seq_len: int = 64
+    kv_pairs: int = 4
+    n_queries: int | None = None
+    power_a: float = 0.01
+    random_fill: bool = False
+
+    def __post_init__(self):
+        def fail(msg: str) -> None:
+            raise ValueError(f"mqar: {msg}")
+
+        for name in ("vocab_size", "seq_len", "kv_pairs"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                fail(f"{name} must be a positive integer, got {v!r}")
+        if self.seq_len % 2:
+            fail(f"seq_len must be even (queries sit at even offsets), got {self.seq_len}")
+        if self.kv_pairs >= self.vocab_size // 2:
+            fail(f"{self.kv_pairs} distinct keys need vocab_size > {2 * (self.kv_pairs + 1)}, got {self.vocab_size}")
+        if 4 * self.kv_pairs > self.seq_len:
+            fail(f"{self.kv_pairs} pairs and their queries need seq_len >= {4 * self.kv_pairs}, got {self.seq_len}")
+        if self.n_queries is not None and not (isinstance(self.n_queries, int) and 1 <= self.n_queries <= self.kv_pairs):
+            fail(f"n_queries must be in [1, kv_pairs={self.kv_pairs}] or None, got {self.n_queries!r}")
+        if not isinstance(self.power_a, (int, float)) or not 0 < self.power_a <= 1:
+            fail(f"power_a must be in (0, 1], got {self.power_a!r}")
+        if not isinstance(self.random_fill, bool):
+            fail(f"random_fill must be a bool, got {self.random_fill!r}")
+
+    @property
+    def queries(self) -> int:
+        return self.kv_pairs if self.n_queries is None else self.n_queries
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> MQARConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def _distinct(rng: np.random.Generator, rows: int, k: int, low: int, high: int) -> np.ndarray:
+    """``[rows, k]`` integers in ``[low, high)``, distinct within each row, uniform over such rows
+    (rows with a repeat are drawn again)."""
+    out = rng.integers(low, high, size=(rows, k))
+    while True:
+        s = np.sort(out, axis=1)
+        bad = np.nonzero((s[:, 1:] == s[:, :-1]).any(axis=1))[0]
+        if bad.size == 0:
+            return out
+        out[bad] = rng.integers(low, high, size=(bad.size, k))
+
+
+def _block(cfg: MQARConfig, rng: np.random.Generator, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    n, q, T = cfg.kv_pairs, cfg.queries, cfg.seq_len
+    half = cfg.vocab_size // 2
+    keys = _distinct(rng, rows, n, 1, half)  # [rows, n]
+    values = _distinct(rng, rows, n, half, cfg.vocab_size)  # [rows, n]
+    space = (T - 2 * n) // 2  # query slots
+    # q distinct gaps with P(g) ~ (g + 1)^(a - 1), sampled without replacement (Gumbel top-k)
+    logp = (cfg.power_a - 1.0) * np.log(np.arange(1, space + 1))
+    scores = logp[None, :] + rng.gumbel(size=(rows, space))
+    gaps = np.argpartition(-scores, q - 1, axis=1)[:, :q]  # [rows, q]
+    which = np.argsort(rng.random((rows, n)), axis=1)[:, :q]  # the queried pairs, [rows, q]
+    qkeys = np.take_along_axis(keys, which, 1)
+    qvalues = np.take_along_axis(values, which, 1)
+
+    inputs = np.zeros((rows, T), dtype=np.int64)
+    inputs[:, 0 : 2 * n : 2] = keys
+    inputs[:, 1 : 2 * n : 2] = values
+    if cfg.random_fill:
+        inputs[:, 2 * n :] = rng.integers(0, cfg.vocab_size, size=(rows, T - 2 * n))
+    pos = 2 * n + 2 * gaps  # [rows, q] positions of the query keys
+    np.put_along_axis(inputs, pos, qkeys, 1)
+    targets = np.full((rows, T), IGNORE_INDEX, dtype=np.int64)
+    np.put_along_axis(targets, pos, qvalues, 1)
+    return inputs, targets
+
+
+def mqar_examples(cfg: MQARConfig, n: int, *, seed: int = 0, split: str = "train", start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Examples ``start .. start + n - 1`` of the ``split`` stream (``train`` / ``test``) of seed
+    ``seed``: ``(inputs, targets)``, both ``[n, seq_len]`` int64 (module docstring)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {tuple(SPLITS)}, got {split!r}")
+    if n < 1 or start < 0:
+        raise ValueError(f"need n >= 1 and start >= 0, got n={n}, start={start}")
+    first, last = start // BLOCK, (start + n - 1) // BLOCK
+    parts = [_block(cfg, np.random.default_rng([seed, SPLITS[split], j]), BLOCK) for j in range(first, last + 1)]
+    inputs = np.concatenate([p[0] for p in parts])[start - first * BLOCK :][:n]
+    targets = np.concatenate([p[1] for p in parts])[start - first * BLOCK :][:n]
+    return torch.from_numpy(inputs), torch.from_numpy(targets)
+
+
+@dataclasses.dataclass
+class MQARResult:
+    """Accuracy on the queried values of ``n_examples`` test examples."""
+
+    config: dict
+    n_examples: int
+    n_queries: int
+    accuracy: float
+    loss: float  # mean cross-entropy per queried value (nats)
+    seconds: float
+    skipped: str | None = None
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+
+
+@torch.no_grad()
+def query_scores(model, inputs: torch.Tensor, targets: torch.Tensor, *, autocast: torch.dtype | None = None) -> tuple[int, float, int]:
+    """``(correct, summed cross-entropy, queries)`` of one batch: the argmax of the logits at
+    every position with a target, against it."""
+    import torch.nn.functional as F
+
+    device = next(model.parameters()).device
+    inputs, targets = inputs.to(device), targets.to(device)
+    ctx = torch.autocast(device.type, dtype=autocast) if autocast is not None else torch.autocast(device.type, enabled=False)
+    with ctx:
+        logits = model(inputs)  # [B, T, V]
+    mask = targets != IGNORE_INDEX
+    picked = logits[mask].float()  # [Q, V]
+    wanted = targets[mask]
+    correct = int((picked.argmax(-1) == wanted).sum())
+    return correct, float(F.cross_entropy(picked, wanted, reduction="sum")), int(wanted.numel())
+
+
+def evaluate_mqar(
+    model,
+    cfg: MQARConfig,
+    *,
+    n_examples: int = 3000,
+    seed: int = 0,
+    batch_size: int | None = None,
+    autocast: torch.dtype | None = None,
+) -> MQARResult:
+    """Accuracy of ``model`` on the first ``n_examples`` of the test stream of ``seed``.
+
+    ``batch_size``: examples per forward (default: as many as keep the logits near 2^25 values).
+    A learned position table shorter than ``seq_len`` or a vocabulary smaller than the task's
+    is reported as skipped."""
+    vocab = model.config.vocab_size
+    if vocab < cfg.vocab_size:
+        return MQARResult(cfg.to_dict(), 0, 0, math.nan, math.nan, 0.0,
+                          skipped=f"the model has {vocab} token ids, the task needs {cfg.vocab_size}")
+    if getattr(model.config, "position", None) == "learned" and model.config.max_positions < cfg.seq_len:
+        return MQARResult(cfg.to_dict(), 0, 0, math.nan, math.nan, 0.0,
+                          skipped=f"longer than the model's learned position table ({model.config.max_positions})")
+    if batch_size is None:
+        batch_size = max(1, 2**25 // (cfg.seq_len * vocab))
+    was_training = model.training
+    model.eval()
+    t0 = time.perf_counter()
+    correct = queries = 0
+    nll = 0.0
+    try:
+        for start in range(0, n_examples, batch_size):
+            x, y = mqar_examples(cfg, min(batch_size, n_examples - start), seed=seed, split="test", start=start)
+            c, s, q = query_scores(model, x, y, autocast=autocast)
+            correct, nll, queries = correct + c, nll + s, queries + q
+    finally:
+        model.train(was_training)
+    return MQARResult(cfg.to_dict(), n_examples, queries, correct / queries, nll / queries, time.perf_counter() - t0)
+
+
+def format_mqar(results: list[MQARResult]) -> str:
+    """The results as a text table, one row per setting."""
+    from lintime.evaluation.tasks.report import table
+
+    rows = []
+    for r in results:
+        c = r.config
+        head = [str(c["seq_len"]), str(c["kv_pairs"]), str(c["n_queries"] or c["kv_pairs"]), str(c["vocab_size"])]
+        if r.skipped:
+            rows.append(head + [f"skipped: {r.skipped}"])
+        else:
+            rows.append(head + [f"{r.accuracy:.4f}", f"{r.loss:.4f}", f"{r.n_queries:,}"])
+    return table(["seq_len", "kv_pairs", "queries", "vocab", "accuracy", "loss", "scored"], rows)
+
+
+def plot_mqar(results: list[MQARResult], path, *, title: str = "") -> None:
+    """Accuracy against the number of key-value pairs, one line per sequence length."""
+    from lintime.evaluation.tasks.report import figure
+
+    done = [r for r in results if not r.skipped]
+    with figure(path, title or "MQAR accuracy", "key-value pairs", "accuracy on queried values") as ax:
+        for T in sorted({r.config["seq_len"] for r in done}):
+            pts = sorted((r.config["kv_pairs"], r.accuracy) for r in done if r.config["seq_len"] == T)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"seq_len {T}")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(-0.02, 1.02)
