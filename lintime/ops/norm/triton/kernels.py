@@ -14,6 +14,18 @@ import triton.language as tl
 
 
 @triton.jit
+def _gain(W, o_d, m_d, HAS_W: tl.constexpr, W_SCALAR: tl.constexpr):
+    """The gain as an fp32 ``[BD]`` block: the weight, scalenorm's scalar broadcast, or ones."""
+    if W_SCALAR:
+        b_w = tl.load(W + o_d * 0, mask=m_d, other=0.0).to(tl.float32)
+    elif HAS_W:
+        b_w = tl.load(W + o_d, mask=m_d, other=0.0).to(tl.float32)
+    else:
+        b_w = tl.full(o_d.shape, 1.0, tl.float32)
+    return b_w
+
+
+@triton.jit
 def norm_fwd_kernel(
     X, W, B, Y, MEAN, RSTD,
     stride_x, stride_y, N, D, eps,
@@ -23,11 +35,7 @@ def norm_fwd_kernel(
     G = tl.num_programs(0)
     o_d = tl.arange(0, BD)
     m_d = o_d < D
-    if HAS_W:
-        if W_SCALAR:
-            b_w = tl.load(W).to(tl.float32)
-        else:
-            b_w = tl.load(W + o_d, mask=m_d, other=0.0).to(tl.float32)
+    b_w = _gain(W, o_d, m_d, HAS_W, W_SCALAR)
     if HAS_B:
         b_b = tl.load(B + o_d, mask=m_d, other=0.0).to(tl.float32)
     for row in range(pid, N, G):
@@ -41,9 +49,7 @@ def norm_fwd_kernel(
         var = tl.sum(b_xc * b_xc, 0) / D
         rstd = 1.0 / tl.sqrt(var + eps)
         tl.store(RSTD + row, rstd)
-        b_y = b_xc * rstd
-        if HAS_W:
-            b_y = b_y * b_w
+        b_y = b_xc * rstd * b_w
         if HAS_B:
             b_y = b_y + b_b
         tl.store(Y + row * stride_y + o_d, b_y.to(Y.dtype.element_ty), mask=m_d)
@@ -62,11 +68,7 @@ def norm_bwd_kernel(
     G = tl.num_programs(0)
     o_d = tl.arange(0, BD)
     m_d = o_d < D
-    if HAS_W:
-        if W_SCALAR:
-            b_w = tl.load(W).to(tl.float32)
-        else:
-            b_w = tl.load(W + o_d, mask=m_d, other=0.0).to(tl.float32)
+    b_w = _gain(W, o_d, m_d, HAS_W, W_SCALAR)
     b_dw = tl.zeros([BD], dtype=tl.float32)
     b_db = tl.zeros([BD], dtype=tl.float32)
     for row in range(pid, N, G):
@@ -78,10 +80,7 @@ def norm_bwd_kernel(
             b_xhat = tl.where(m_d, (b_x - mean) * rstd, 0.0)
         else:
             b_xhat = b_x * rstd
-        if HAS_W:
-            b_g = b_dy * b_w
-        else:
-            b_g = b_dy
+        b_g = b_dy * b_w
         c1 = tl.sum(b_g * b_xhat, 0) / D
         if KIND == 0:
             c2 = tl.sum(b_g, 0) / D
