@@ -21,7 +21,7 @@ def _gain(W, o_d, m_d, HAS_W: tl.constexpr, W_SCALAR: tl.constexpr):
     elif HAS_W:
         b_w = tl.load(W + o_d, mask=m_d, other=0.0).to(tl.float32)
     else:
-        b_w = tl.full(o_d.shape, 1.0, tl.float32)
+        b_w = o_d.to(tl.float32) * 0.0 + 1.0
     return b_w
 
 
