@@ -5,6 +5,8 @@ Decoding state.  ``generate()`` carries a :class:`LintimeCache` (the model's own
 :class:`~lintime.models.ModelState`) in ``past_key_values``: constant size per sequence for the
 linear-time families (FLASH, linear attention, GLA, VQ, ...), a KV cache for softmax attention.
 No HF ``DynamicCache`` is ever created.  Beam search reorders it with ``ModelState.select``.
+Greedy search and sampling skip HF's loop where they can: :meth:`LintimeForCausalLM.generate`
+decodes through lintime's static state, a CUDA graph per token on CUDA (:mod:`lintime.hf.generation`).
 
 Padding.  ``attention_mask`` is honoured in every call: the tokens of a call whose mask is not all
 ones are packed (``cu_seqlens``, one sequence per row) before they reach the model, so a masked
@@ -181,6 +183,22 @@ class LintimeForCausalLM(LintimePreTrainedModel, GenerationMixin):
             seen = (past_key_values.seen_tokens if past_key_values is not None else 0) + T
             cache = LintimeCache(new_state, seen)
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+
+    def generate(self, inputs: torch.Tensor | None = None, generation_config=None, *, lintime_decode: str = "auto",
+                 lintime_stats: dict | None = None, **kwargs):
+        """HF's ``generate``; greedy search and sampling run lintime's static-state loop (a CUDA graph
+        replayed per token on CUDA) -- ``lintime_decode``: ``auto`` (``graph`` on CUDA, ``hf``
+        elsewhere), ``graph``, ``static`` or ``hf`` (HF's loop through :class:`LintimeCache`); other
+        arguments (beams, logits processors, ...) run HF's loop after a one-line warning.
+        ``lintime_stats``: a dict filled with ``decode_path`` and timings.  See
+        :mod:`lintime.hf.generation`."""
+        from lintime.hf.generation import lintime_generate
+
+        with torch.no_grad():
+            out = lintime_generate(self, inputs, generation_config, lintime_decode, lintime_stats, kwargs)
+        if out is not None:
+            return out
+        return super().generate(inputs, generation_config, **kwargs)
 
     def prepare_inputs_for_generation(
         self,
