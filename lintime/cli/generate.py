@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-
 import time
 
 from lintime.cli import CLIError, command, set_threads
@@ -43,6 +42,7 @@ def generate(
     device: str = "auto",
     echo: bool = True,
     compile: bool = False,
+    decode: str = "auto",
     stats: bool = True,
     threads: int = 0,
 ) -> None:
@@ -66,8 +66,9 @@ def generate(
         prefill_chunk: prompt tokens per model call during prefill (0 = the whole prompt at once).
         device: auto (cuda when available), cpu, cuda or cuda:N.
         echo: print the prompt before the generated text.
-        compile: torch.compile the decoding step.
-        stats: print tokens/s and the decoding-state size on stderr at the end (and, with several samples, a progress line on stderr every 30 seconds).
+        compile: torch.compile the decoding step (the eager path).
+        decode: auto (graph on CUDA: one decoding step captured in a CUDA graph and replayed per token; eager elsewhere), graph, static (the graph's in-place state buffers, stepped eagerly) or eager.
+        stats: print tokens generated, ms per token, the decoding path, tokens/s and the decoding-state size on stderr at the end (and, with several samples, a progress line on stderr every 30 seconds).
         threads: CPU threads (0 = auto: 1 for models under 20M parameters, else PyTorch's default).
     """
     from lintime.cli.loading import load_checkpoint
@@ -77,7 +78,7 @@ def generate(
     config = GenerationConfig(  # ValueError (one line, exit 2) for a bad value
         max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
         num_samples=num_samples, stop=(unescape(stop),) if stop else (), seed=seed, prefill_chunk=prefill_chunk,
-        compile=compile,
+        compile=compile, decode=decode,
     )
     dev = pick_device(device)
     loaded = load_checkpoint(checkpoint, device=dev)
@@ -113,13 +114,21 @@ def generate(
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return
     if stats and info:
-        rate = info["new_tokens"] / info["decode_s"] if info["decode_s"] > 0 else float("inf")
-        print(
-            f"[prefill {info['prompt_tokens']} tokens in {info['prefill_s']:.2f} s; {info['new_tokens']} new tokens in "
-            f"{info['decode_s']:.2f} s ({rate:.1f} tokens/s); decoding state per sample "
-            f"{_kib(info['state_bytes_prefill'])} after the prompt, {_kib(info['state_bytes_final'])} at the end]",
-            file=sys.stderr,
-        )
+        print(stats_line(info, num_samples), file=sys.stderr)
+
+
+def stats_line(info: dict, num_samples: int) -> str:
+    """The end-of-run line from :func:`lintime.generation.generate`'s ``stats``: prefill, tokens
+    generated, ms per token (per decoding step: one token for each of ``num_samples`` samples),
+    the decoding path, tokens/s and the state's size."""
+    rate = info["new_tokens"] / info["decode_s"] if info["decode_s"] > 0 else float("inf")
+    steps = info.get("steps") or 0
+    per = f"{1e3 * info['decode_s'] / steps:.2f} ms per {'token' if num_samples == 1 else 'step'}" if steps else "-"
+    batch = f" of {num_samples} samples" if num_samples > 1 else ""
+    return (f"[prefill {info['prompt_tokens']} tokens in {info['prefill_s']:.2f} s; {info['new_tokens']} new tokens in "
+            f"{info['decode_s']:.2f} s ({per}{batch}, {info.get('decode_path', 'eager')} path, {rate:.1f} tokens/s); "
+            f"decoding state per sample {_kib(info['state_bytes_prefill'])} after the prompt, "
+            f"{_kib(info['state_bytes_final'])} at the end]")
 
 
 def _kib(n: int) -> str:

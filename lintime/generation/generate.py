@@ -214,8 +214,9 @@ def generate(
     ``new_tokens`` (drawn, all samples), ``prefill_s`` / ``decode_s`` (wall clock) and
     ``state_bytes_prefill`` / ``state_bytes_final``: the decoding state of one sequence after
     the prompt and after the last token fed (constant for the linear-time families; on the
-    static / graph paths the KV caches at their full capacity); ``decode_path``: ``graph`` or
-    ``static`` when the steps ran through the static buffers (absent on the eager path).
+    static / graph paths the KV caches at their full capacity); ``decode_path``: ``graph``,
+    ``static`` (the static buffers stepped eagerly) or ``eager``; ``steps``: decoding steps run
+    (each draws one token for every running sample; ``decode_s / steps`` is the time per token).
     """
     samples: list[Sample] = []
     for piece in _run(model, tokenizer, prompts, config or GenerationConfig(), samples_out=samples, stats=stats):
@@ -262,7 +263,9 @@ def _run(model, tokenizer, prompts, cfg: GenerationConfig, samples_out: list | N
         logits, state = logits.index_select(0, replicate), state.select(replicate)
         seeds = cfg.seed + torch.arange(len(rows), device=device)  # row r draws from seed + r
         path = decode_path(cfg, device)
+        info["steps"] = 0
         if path == "eager":
+            info["decode_path"] = "eager"
             yield from _decode_eager(model, cfg, rows, logits, state, seeds, info)
         else:
             capacity = max(lens) + cfg.max_new_tokens
@@ -298,6 +301,7 @@ def _decode_eager(model, cfg, rows, logits, state, seeds, info) -> Iterator[Text
         tokens = sample_seeded(logits, seeds, step_t, temperature=cfg.temperature, top_k=cfg.top_k,
                                top_p=cfg.top_p)  # [len(active)]
         info["new_tokens"] += len(active)
+        info["steps"] = step + 1
         keep = []
         for pos, (i, tok) in enumerate(zip(active, tokens.tolist())):
             shown, reason = rows[i].push(tok, step == cfg.max_new_tokens - 1)
@@ -342,6 +346,7 @@ def _decode_loop(loop: DecodeLoop, cfg, rows, info) -> Iterator[TextPiece]:
                     still.append(i)
             live = still
         done += n
+        info["steps"] = done  # replays run (a row that ended inside a block still ran to its end)
         n = min(2 * n, cfg.sync_every)
         if live and len(live) <= len(batch) // 2 and M - done > cfg.sync_every:
             loop = loop.select(torch.tensor([where[i] for i in live]))
