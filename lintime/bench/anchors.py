@@ -191,10 +191,12 @@ def nbytes(obj, _seen: set | None = None) -> int:
 
 def generate_measure(model: torch.nn.Module, spec: AnchorSpec, decode_steps: int, batch: int,
                      device: torch.device, amp: torch.dtype | None, reset_peak: Callable[[], None],
-                     seed: int = 1) -> Callable:
+                     seed: int = 1, warmup_tokens: int = 2, generate_kwargs: dict | None = None) -> Callable:
     """``measure(row)`` fills one decoding row (context ``row.L``) from one ``generate`` call: the
     prefill of a fresh ``L``-token prompt, then ``decode_steps`` timed tokens.  A short untimed
-    ``generate`` runs first (first-call set-up, fla's kernel compilation)."""
+    ``generate`` of ``warmup_tokens`` runs first (first-call set-up, fla's kernel compilation,
+    ``torch.compile``).  ``generate_kwargs``: more arguments of every ``generate`` call (e.g. HF's
+    ``cache_implementation="static"``)."""
     from transformers import LogitsProcessor, LogitsProcessorList
 
     g = torch.Generator().manual_seed(seed)
@@ -214,9 +216,10 @@ def generate_measure(model: torch.nn.Module, spec: AnchorSpec, decode_steps: int
         with torch.no_grad(), autocast(device, amp):
             return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
                                   min_new_tokens=new, do_sample=False, pad_token_id=0,
-                                  logits_processor=LogitsProcessorList([Clock()]), return_dict_in_generate=True)
+                                  logits_processor=LogitsProcessorList([Clock()]), return_dict_in_generate=True,
+                                  **(generate_kwargs or {}))
 
-    generate(8, 2)  # untimed
+    generate(8, warmup_tokens)  # untimed
 
     def measure(row) -> list[float]:
         stamps.clear()

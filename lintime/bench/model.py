@@ -14,20 +14,21 @@ document per row, bf16 autocast on CUDA by default), gradient clipping, ``opt.st
 (``rows * T / median``), and the peak memory allocated by PyTorch during the timed steps
 (weights, gradients, optimiser state and activations).
 
-Decoding (:func:`bench_decode`): one model per preset; the state is built by chunked
-:func:`lintime.generation.prefill` and carried from one context to the next (the state at
-``L = 1k`` is continued to ``2k``, ...: states are values, so the timed steps never alter it).  At
-each ``L``, :func:`lintime.generation.decode_one_token` is timed for ``decode_steps`` tokens fed
-one after the other (context ``L``, ``L + 1``, ...).  Reported: the median latency per token with
-its percentiles, the state's bytes per sequence (every tensor of the state object, capacity
-included: a softmax KV cache grows with ``L``, a linear-time state does not) and the peak memory
-during the timed steps.
+Decoding (:mod:`lintime.bench.decode`): one model per preset; the state is built by chunked
+:func:`lintime.generation.prefill` and carried from one context to the next.  At each ``L``, one
+row per decoding path (``decode_paths``): ``eager`` (:func:`lintime.generation.decode_one_token`
+per token) and ``graph`` (the static state buffers, one CUDA-graph replay per token), each timed for
+``decode_steps`` tokens.  Reported: the median latency per token with its percentiles, the state's
+bytes per sequence (every tensor of the state object, capacity included: a softmax KV cache grows
+with ``L``, a linear-time state does not), prefill tokens/s and the peak memory during the timed
+steps.
 
 Anchors (:mod:`lintime.bench.anchors`): presets named ``hf:llama-<size>`` and ``fla:gla-<size>`` are
 other libraries' models at the size of ``transformer-pp-<size>`` / ``gla-<size>``, timed in the same
 process on the same tokens: the same training step around the library's own loss, and decoding by
-the library's eager ``generate``.  Every row records ``impl`` (``lintime`` or the library and its
-version); decoding rows record ``path`` (``eager``: one Python call per token, no CUDA graph).
+the library's ``generate`` (``eager``; for HF, also ``static-compiled``: its static cache and
+compiled forward).  Every row records ``impl`` (``lintime`` or the library and its version) and,
+decoding, ``path``.
 
 Failures never end the run: an out-of-memory error gives the row ``status = "OOM"`` and skips the
 preset's longer contexts, any other exception ``status = "error: <one line>"``, a preset that cannot
@@ -51,7 +52,7 @@ from collections.abc import Callable
 import torch
 
 from lintime.bench import anchors
-from lintime.bench.anchors import AnchorSpec, SkipPreset, autocast
+from lintime.bench.anchors import AnchorSpec, SkipPreset
 from lintime.bench.measure import call_times_ms, environment, quantiles
 from lintime.bench.report import decode_table, fmt_size, train_table, write_outputs
 
@@ -123,7 +124,7 @@ class DecodeRow:
     prefill_tokens_per_s: float | None = None
     params: int | None = None
     impl: str = "lintime"
-    path: str | None = None  # how tokens were decoded: "eager" (a Python call per token) | "graph" (CUDA-graph replay)
+    path: str | None = None  # "eager" (a Python call per token) | "graph" (CUDA-graph replay) | "static-compiled" (HF)
     note: str = ""
 
 
@@ -145,6 +146,7 @@ class Settings:
     case_budget_s: float
     train: bool = True
     decode: bool = True
+    decode_paths: tuple[str, ...] = ("eager",)  # lintime.bench.decode.PATHS chosen by --decode-path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,7 +185,7 @@ def make_settings(
     *, presets: str = "", contexts: str = "", decode_contexts: str = "", tokens_per_batch: int = 0,
     steps: int = 0, warmup: int = 0, decode_steps: int = 0, decode_batch: int = 1,
     prefill_chunk: int = PREFILL_CHUNK, dtype: str = "auto", device: str = "auto", quick: bool = False,
-    case_budget_s: float = CASE_BUDGET_S, parts: str = "train,decode",
+    case_budget_s: float = CASE_BUDGET_S, parts: str = "train,decode", decode_path: str = "auto",
 ) -> Settings:
     """Settings from the command line's flags: empty / 0 = the default (``--quick``'s when set)."""
     from lintime.utils.device import pick_device
@@ -203,6 +205,9 @@ def make_settings(
     if not case_budget_s > 0:
         raise ValueError(f"--case-budget-s must be > 0, got {case_budget_s}")
     amp = autocast_for(dtype, dev)
+    from lintime.bench.decode import decode_paths
+
+    paths = decode_paths(decode_path, dev)
     return Settings(
         presets=names, contexts=ctx, decode_contexts=dctx,
         tokens_per_batch=tokens_per_batch or (QUICK_TOKENS_PER_BATCH if quick else TOKENS_PER_BATCH),
@@ -210,6 +215,7 @@ def make_settings(
         decode_steps=decode_steps or (QUICK_DECODE_STEPS if quick else DECODE_STEPS), decode_batch=decode_batch,
         prefill_chunk=prefill_chunk, dtype={None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp],
         device=str(dev), case_budget_s=float(case_budget_s), train="train" in chosen, decode="decode" in chosen,
+        decode_paths=paths,
     )
 
 
@@ -436,127 +442,13 @@ def bench_train(s: Settings, on_row: Callable[[TrainRow], None] = lambda r: None
 # decoding
 
 
-class _CarriedState:
-    """Ours: ``measure(row)`` extends the decoding state from the previous context to ``row.L`` by
-    chunked prefill, then times ``decode_one_token`` from it (the timed steps never alter the carried
-    state: states are values)."""
-
-    def __init__(self, model, cfg, s: Settings, device: torch.device, amp):
-        self.model, self.cfg, self.s, self.device, self.amp = model, cfg, s, device, amp
-        self.g = torch.Generator().manual_seed(1)
-        self.state, self.have = None, 0
-
-    def __call__(self, row: DecodeRow) -> list[float]:
-        from lintime.generation import decode_one_token, prefill
-        from lintime.generation.decode import state_nbytes
-
-        model, s, device, amp, Bd = self.model, self.s, self.device, self.amp, self.s.decode_batch
-        t0 = time.perf_counter()
-        ids = torch.randint(0, self.cfg.vocab_size, (Bd, row.L - self.have), generator=self.g).to(device)
-        with torch.no_grad(), autocast(device, amp):
-            _, self.state = prefill(model, ids, self.state, chunk_size=s.prefill_chunk)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        row.prefill_tokens = row.L - self.have
-        self.have = row.L
-        row.prefill_s = time.perf_counter() - t0
-        row.state_mib = state_nbytes(self.state) / Bd / 2**20
-        tokens = torch.randint(0, self.cfg.vocab_size, (s.decode_steps + 1, Bd), generator=self.g).to(device)
-        cur = {"state": self.state, "i": 0}
-
-        def one() -> None:
-            with torch.no_grad(), autocast(device, amp):
-                _, cur["state"] = decode_one_token(model, tokens[cur["i"]], cur["state"])
-            cur["i"] += 1
-
-        with torch.no_grad(), autocast(device, amp):  # untimed: first-call compilation
-            decode_one_token(model, tokens[-1], self.state)
-        _reset_peak(device)
-        return call_times_ms(one, s.decode_steps, device, budget_s=s.case_budget_s)
-
-
-def _decode_contexts(model, s: Settings, device, amp, name, cfg, note, emit,
-                     decode_case: Callable | None) -> None:
-    Bd = s.decode_batch
-    params = num_parameters(model)
-    if decode_case is not None:
-        measure = None
-    elif isinstance(cfg, AnchorSpec):
-        measure = anchors.generate_measure(model, cfg, s.decode_steps, Bd, device, amp, lambda: _reset_peak(device))
-    else:
-        measure = _CarriedState(model, cfg, s, device, amp)
-    stop = None
-    for L in s.decode_contexts:
-        row = DecodeRow(name, cfg.family, L, Bd, params=params, impl=_impl(cfg), note=note)
-        if stop:
-            row.status = f"skipped: {stop}"
-            emit(row)
-            continue
-        try:
-            if decode_case is not None:
-                decode_case(row, model, s, device, amp)
-            else:
-                row.path = "eager"
-                times = measure(row)
-                q = quantiles(times)
-                row.token_ms, row.token_p10_ms, row.token_p90_ms = q["median"], q["p10"], q["p90"]
-                row.tokens_per_s = Bd / (q["median"] / 1e3)
-                row.peak_mib = _peak_mib(device)
-                row.steps = len(times)
-                if row.prefill_s:
-                    row.prefill_tokens_per_s = Bd * row.prefill_tokens / row.prefill_s
-                if row.prefill_s > s.case_budget_s and L != s.decode_contexts[0]:  # the first holds compilation
-                    stop = f"prefill to L={fmt_size(L)} took {row.prefill_s:.0f} s > budget {s.case_budget_s:g} s"
-        except Exception as e:
-            if _is_oom(e):
-                row.status = "OOM"
-                stop = f"OOM at L={fmt_size(L)}"
-            else:
-                row.status = f"error: {_one_line(e)}"
-                stop = f"error at L={fmt_size(L)}"  # the state could not be extended
-            row.token_ms = row.tokens_per_s = None
-            row.peak_mib = _peak_mib(device)
-            measure = None  # no later context is measured: drop the carried state
-            del e
-        if row.status != "ok":
-            free_memory(device)  # outside the except block: the traceback no longer pins the tensors
-        emit(row)
-
-
 def bench_decode(s: Settings, on_row: Callable[[DecodeRow], None] = lambda r: None,
                  decode_case: Callable | None = None) -> list[DecodeRow]:
-    """Decoding rows for every preset x decoding context of ``s`` (see the module docstring).
-    ``decode_case(row, model, settings, device, amp)`` replaces one context's measurement (tests)."""
-    device = torch.device(s.device)
-    amp = autocast_for(s.dtype, device)
-    rows: list[DecodeRow] = []
+    """Decoding rows for every preset x decoding context x path of ``s``: see
+    :func:`lintime.bench.decode.bench_decode`."""
+    from lintime.bench.decode import bench_decode as run
 
-    def emit(r: DecodeRow) -> None:
-        rows.append(r)
-        on_row(r)
-
-    for name in s.presets:
-        try:
-            cfg, note = preset_config(name, max(s.decode_contexts) + s.decode_steps + 1, device)
-        except SkipPreset as e:
-            for L in s.decode_contexts:
-                emit(DecodeRow(name, None, L, s.decode_batch, status=f"skipped: {e}"))
-            continue
-        torch.manual_seed(0)
-        model = None
-        try:
-            model = build_model(cfg, device).eval()
-            _decode_contexts(model, s, device, amp, name, cfg, note, emit, decode_case)
-        except Exception as e:  # building the model failed (OOM or otherwise): one row per context
-            status = "OOM" if _is_oom(e) else f"error: {_one_line(e)}"
-            done = {r.L for r in rows if r.preset == name}
-            for L in s.decode_contexts:
-                if L not in done:
-                    emit(DecodeRow(name, cfg.family, L, s.decode_batch, status=status, impl=_impl(cfg), note=note))
-            del e
-        del model
-        free_memory(device)
-    return rows
+    return run(s, on_row, decode_case)
 
 
 # ---------------------------------------------------------------------------------------------

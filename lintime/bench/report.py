@@ -28,7 +28,7 @@ def _f(x, spec: str) -> str:
 _TRAIN_COLUMNS = (("T", "T", None), ("rows", "rows", "5"), ("step ms", "step_ms", "9.1f"),
                   ("p10", "step_p10_ms", "9.1f"), ("p90", "step_p90_ms", "9.1f"),
                   ("tokens/s", "tokens_per_s", "10,.0f"), ("peak MiB", "peak_mib", "9,.0f"))
-_DECODE_COLUMNS = (("L", "L", None), ("B", "batch", "3"), ("path", "path", "str6"), ("ms/token", "token_ms", "9.2f"),
+_DECODE_COLUMNS = (("L", "L", None), ("B", "batch", "3"), ("path", "path", "str15"), ("ms/token", "token_ms", "9.2f"),
                    ("p10", "token_p10_ms", "8.2f"), ("p90", "token_p90_ms", "8.2f"),
                    ("tokens/s", "tokens_per_s", "9,.0f"), ("prefill tok/s", "prefill_tokens_per_s", "13,.0f"),
                    ("state MiB", "state_mib", "10.3f"), ("peak MiB", "peak_mib", "9,.0f"))
@@ -95,10 +95,12 @@ def plot(result: dict, out: str) -> list[str]:
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
             drawn = False
-            for preset in dict.fromkeys(r["preset"] for r in rows):
-                pts = sorted((r[xkey], r[ykey]) for r in rows if r["preset"] == preset and r.get(ykey))
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", label=preset)
+            paths = {r.get("path") for r in rows}
+            for preset, path in dict.fromkeys((r["preset"], r.get("path")) for r in rows):
+                pts = sorted((r[xkey], r[ykey]) for r in rows
+                             if r["preset"] == preset and r.get("path") == path and r.get(ykey))
+                if pts:  # one line per preset, per decoding path where a run has several
+                    ax.plot(*zip(*pts), marker="o", label=preset if len(paths) == 1 else f"{preset} ({path})")
                     drawn = True
             if not drawn:  # e.g. peak memory on CPU
                 ax.text(0.5, 0.5, "not measured on this device", ha="center", va="center", transform=ax.transAxes)

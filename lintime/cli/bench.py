@@ -9,7 +9,7 @@ from lintime.cli import command
 _MODEL_FLAGS = {
     "presets": "", "contexts": "", "decode_contexts": "", "tokens_per_batch": 0, "steps": 0, "warmup": 0,
     "decode_steps": 0, "decode_batch": 1, "prefill_chunk": 2048, "dtype": "auto", "device": "auto",
-    "case_budget_s": 60.0, "parts": "train,decode", "from_json": "", "plots": True,
+    "case_budget_s": 60.0, "parts": "train,decode", "decode_path": "auto", "from_json": "", "plots": True,
 }
 
 
@@ -33,6 +33,7 @@ def bench(
     device: str = "auto",
     case_budget_s: float = 60.0,
     parts: str = "train,decode",
+    decode_path: str = "auto",
     from_json: str = "",
     plots: bool = True,
 ) -> None:
@@ -68,6 +69,7 @@ def bench(
         device: model: auto, cpu, cuda or cuda:N.
         case_budget_s: model: seconds a case may spend in timed steps; a preset whose median timed step (or prefill after the first context) exceeds it skips its longer contexts (warm-up time, i.e. compilation and autotuning, is never judged).
         parts: model: train, decode or both (comma-separated).
+        decode_path: model: decoding rows per path: eager (a Python call per token), graph (one CUDA-graph replay per token over static state buffers; for hf:llama anchors, HF's static cache + compiled forward), both, or auto (both on CUDA, eager elsewhere).
         from_json: model: measure nothing; merge these bench_model.json files or folders (comma-separated) into --out with tables and plots.
         plots: model: write the PNG plots (needs matplotlib; --no-plots for partial runs merged later).
     """
@@ -105,6 +107,6 @@ def bench(
     s = bm.make_settings(
         presets=presets, contexts=contexts, decode_contexts=decode_contexts, tokens_per_batch=tokens_per_batch,
         steps=steps, warmup=warmup, decode_steps=decode_steps, decode_batch=decode_batch, prefill_chunk=prefill_chunk,
-        dtype=dtype, device=device, quick=quick, case_budget_s=case_budget_s, parts=parts,
+        dtype=dtype, device=device, quick=quick, case_budget_s=case_budget_s, parts=parts, decode_path=decode_path,
     )
     bm.run_model(s, out, plots=plots)

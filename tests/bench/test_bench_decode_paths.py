@@ -1,0 +1,90 @@
+"""``lintime bench model`` decoding rows per path (``lintime.bench.decode``): ``--decode-path``
+resolution, one row per (L, path) with the shared prefill, the graph and HF static-compiled rows
+skipped on the CPU with their reason, a failing path skipping only its own longer contexts, batch > 1;
+on CUDA (marked) the graph and static-compiled rows are measured."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lintime.bench import model as bm
+from lintime.bench import report
+from lintime.bench.decode import decode_paths
+from lintime.cli import main
+
+LINEAR, HF = "gla-tiny", "hf:llama-tiny"
+
+
+def _settings(**kw) -> bm.Settings:
+    base = {"presets": LINEAR, "contexts": "16", "decode_contexts": "8,24", "decode_steps": 2, "prefill_chunk": 8,
+            "dtype": "fp32", "device": "cpu", "parts": "decode"}
+    base.update(kw)
+    return bm.make_settings(**base)
+
+
+def test_decode_path_flag():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert decode_paths("auto", cpu) == ("eager",) and decode_paths("auto", cuda) == ("eager", "graph")
+    assert decode_paths("both", cpu) == ("eager", "graph") and decode_paths("graph", cpu) == ("graph",)
+    assert _settings().decode_paths == ("eager",)
+    with pytest.raises(ValueError, match="--decode-path must be one of"):
+        _settings(decode_path="fast")
+
+
+def test_rows_per_path_share_the_prefill_and_graph_is_skipped_on_cpu():
+    rows = bm.bench_decode(_settings(decode_path="both", decode_batch=3))
+    assert [(r.L, r.path) for r in rows] == [(8, "eager"), (8, "graph"), (24, "eager"), (24, "graph")]
+    by = {(r.L, r.path): r for r in rows}
+    for L in (8, 24):
+        eager = by[L, "eager"]
+        assert eager.status == "ok" and eager.batch == 3 and eager.steps == 2 and eager.token_ms > 0
+        assert eager.prefill_tokens == (8 if L == 8 else 16) and eager.prefill_tokens_per_s > 0
+        assert by[L, "graph"].status == "skipped: CUDA graphs need a CUDA device (device cpu)"
+    lines = report.decode_table([vars(r) for r in rows]).splitlines()
+    assert lines[3].split()[3:5] == ["graph", "-"] and "skipped: CUDA graphs" in lines[3]
+
+
+def test_hf_static_compiled_row_is_skipped_on_cpu():
+    pytest.importorskip("transformers")
+    rows = bm.bench_decode(_settings(presets=HF, decode_path="graph"))
+    assert [(r.L, r.path, r.status) for r in rows] == [
+        (L, "static-compiled", "skipped: HF compiles the static-cache forward on CUDA only (device cpu)")
+        for L in (8, 24)]
+
+
+def test_a_failing_path_skips_only_its_longer_contexts():
+    def case(row, model, s, device, amp):
+        if row.path == "graph" and row.L == 8:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        row.token_ms = 1.0
+
+    rows = bm.bench_decode(_settings(decode_contexts="8,24,40", decode_path="both"), decode_case=case)
+    status = {(r.L, r.path): r.status for r in rows}
+    assert [status[L, "eager"] for L in (8, 24, 40)] == ["ok"] * 3
+    assert [status[L, "graph"] for L in (8, 24, 40)] == ["OOM", "skipped: OOM at L=8", "skipped: OOM at L=8"]
+
+
+def test_cli_decode_path(tmp_path, capsys):
+    common = ["--presets", LINEAR, "--parts", "decode", "--decode-contexts", "8", "--decode-steps", "1",
+              "--device", "cpu", "--no-plots", "--out", str(tmp_path)]
+    assert main(["bench", "model", "--decode-path", "graph", *common]) == 0
+    assert "skipped: CUDA graphs need a CUDA device" in capsys.readouterr().out
+    assert main(["bench", "model", "--decode-path", "nope", *common]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_and_static_compiled_rows_are_measured():
+    pytest.importorskip("transformers")
+    rows = bm.bench_decode(_settings(presets=f"transformer-pp-tiny,{LINEAR},{HF}", device="cuda", dtype="bf16",
+                                     decode_steps=4))
+    by = {(r.preset, r.L, r.path): r for r in rows}
+    for p in ("transformer-pp-tiny", LINEAR):
+        for L in (8, 24):
+            g, e = by[p, L, "graph"], by[p, L, "eager"]
+            assert g.status == "ok" and e.status == "ok", (g.status, e.status)
+            assert g.token_ms > 0 and g.prefill_tokens_per_s == e.prefill_tokens_per_s
+    for L in (8, 24):
+        assert by[HF, L, "static-compiled"].status == "ok" and by[HF, L, "static-compiled"].token_ms > 0
