@@ -229,8 +229,8 @@ def main(argv=None) -> list[dict]:
             try:
                 row = profile_case(name, T, args, device, amp)
             except Exception as e:  # noqa: BLE001 - one failing case must not end the run
-                status = "OOM" if bm._is_oom(e) else (f"skipped: {e}" if isinstance(e, SkipPreset) else
-                                                      f"error: {bm._one_line(e)}")
+                status = "OOM" if bm.is_oom(e) else (f"skipped: {e}" if isinstance(e, SkipPreset) else
+                                                      f"error: {bm.one_line(e)}")
                 row = {"preset": name, "T": T, "status": status}
             bm.free_memory(device)
             result["rows"].append(row)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 
 from lintime.bench import anchors
-from lintime.bench import model as bm
+from lintime.bench import common
 from lintime.bench.anchors import AnchorSpec, SkipPreset, autocast
 from lintime.bench.measure import call_times_ms, quantiles
 from lintime.bench.report import fmt_size
@@ -88,7 +88,7 @@ class CarriedState:
 
         with torch.no_grad(), autocast(device, amp):  # untimed: first-call compilation
             decode_one_token(model, tokens[-1], self.state)
-        bm._reset_peak(device)
+        common.reset_peak(device)
         return call_times_ms(one, s.decode_steps, device, budget_s=s.case_budget_s)
 
     def graph(self, row) -> list[float]:
@@ -107,7 +107,7 @@ class CarriedState:
             for _ in range(GRAPH_WARMUP):
                 loop.advance()
         row.state_mib = state_nbytes(dec.state) / Bd / 2**20  # the static buffers (a KV cache at capacity)
-        bm._reset_peak(device)
+        common.reset_peak(device)
         times = call_times_ms(loop.advance, s.decode_steps, device, budget_s=s.case_budget_s)
         del loop, dec
         return times
@@ -121,7 +121,7 @@ def _static_compiled(model, cfg: AnchorSpec, s, device, amp) -> Callable:
         raise SkipPreset(f"HF compiles the static-cache forward on CUDA only (device {device})")
     longest = max(s.decode_contexts) + s.decode_steps + 2  # one cache length for every L: no recompilation
     return anchors.generate_measure(model, cfg, s.decode_steps, s.decode_batch, device, amp,
-                                    lambda: bm._reset_peak(device), warmup_tokens=4,
+                                    lambda: common.reset_peak(device), warmup_tokens=4,
                                     generate_kwargs={"cache_implementation": "static", "max_cache_len": longest})
 
 
@@ -131,14 +131,14 @@ def _measures(model, cfg, s, device, amp) -> tuple[CarriedState | None, dict[str
     if isinstance(cfg, AnchorSpec):
         if "eager" in s.decode_paths:
             out["eager"] = anchors.generate_measure(model, cfg, s.decode_steps, s.decode_batch, device, amp,
-                                                    lambda: bm._reset_peak(device))
+                                                    lambda: common.reset_peak(device))
         if "graph" in s.decode_paths:
             try:  # its untimed warm-up compiles: a failure is this path's status, not the preset's
                 out["static-compiled"] = _static_compiled(model, cfg, s, device, amp)
             except SkipPreset as e:
                 out["static-compiled"] = f"skipped: {e}"
             except Exception as e:  # noqa: BLE001
-                out["static-compiled"] = f"error: {bm._one_line(e)}"
+                out["static-compiled"] = f"error: {common.one_line(e)}"
         return None, out
     carried = CarriedState(model, cfg, s, device, amp)
     for path in s.decode_paths:
@@ -152,20 +152,20 @@ def _fill(row, times: list[float], device) -> None:
     q = quantiles(times)
     row.token_ms, row.token_p10_ms, row.token_p90_ms = q["median"], q["p10"], q["p90"]
     row.tokens_per_s = row.batch / (q["median"] / 1e3)
-    row.peak_mib = bm._peak_mib(device)
+    row.peak_mib = common.peak_mib(device)
     row.steps = len(times)
     if row.prefill_s:
         row.prefill_tokens_per_s = row.batch * row.prefill_tokens / row.prefill_s
 
 
 def _contexts(model, s, device, amp, name, cfg, note, emit, decode_case: Callable | None) -> None:
-    params = bm.num_parameters(model)
+    params = common.num_parameters(model)
     carried, measures = (None, {p: None for p in s.decode_paths}) if decode_case else _measures(model, cfg, s, device, amp)
     stop: dict[str, str | None] = dict.fromkeys(measures)
     for L in s.decode_contexts:
         prefill: dict = {}
         for path, measure in measures.items():
-            row = bm.DecodeRow(name, cfg.family, L, s.decode_batch, params=params, impl=bm._impl(cfg), note=note,
+            row = common.DecodeRow(name, cfg.family, L, s.decode_batch, params=params, impl=common.impl_name(cfg), note=note,
                                path=path)
             if isinstance(measure, str) or stop[path]:
                 row.status = measure if isinstance(measure, str) else f"skipped: {stop[path]}"
@@ -189,21 +189,21 @@ def _contexts(model, s, device, amp, name, cfg, note, emit, decode_case: Callabl
                 stop[path] = str(e)
             except Exception as e:
                 extended = carried is None or bool(prefill)  # else the carried state is lost: stop every path
-                if bm._is_oom(e):
+                if common.is_oom(e):
                     row.status = "OOM"
                     why = f"OOM at L={fmt_size(L)}"
                 else:
-                    row.status = f"error: {bm._one_line(e)}"
+                    row.status = f"error: {common.one_line(e)}"
                     why = f"error at L={fmt_size(L)}"
                 if extended:
                     stop[path] = why
                 else:
                     stop = dict.fromkeys(stop, why)
                 row.token_ms = row.tokens_per_s = None
-                row.peak_mib = bm._peak_mib(device)
+                row.peak_mib = common.peak_mib(device)
                 del e
             if row.status != "ok" and not row.status.startswith("skipped"):
-                bm.free_memory(device)  # outside the except block: the traceback no longer pins the tensors
+                common.free_memory(device)  # outside the except block: the traceback no longer pins the tensors
             emit(row)
 
 
@@ -211,7 +211,7 @@ def bench_decode(s, on_row: Callable = lambda r: None, decode_case: Callable | N
     """Decoding rows for every preset x decoding context x path of ``s`` (see the module docstring).
     ``decode_case(row, model, settings, device, amp)`` replaces one row's measurement (tests)."""
     device = torch.device(s.device)
-    amp = bm.autocast_for(s.dtype, device)
+    amp = common.autocast_for(s.dtype, device)
     rows: list = []
 
     def emit(r) -> None:
@@ -220,26 +220,26 @@ def bench_decode(s, on_row: Callable = lambda r: None, decode_case: Callable | N
 
     for name in s.presets:
         try:
-            cfg, note = bm.preset_config(name, max(s.decode_contexts) + s.decode_steps + 1, device)
+            cfg, note = common.preset_config(name, max(s.decode_contexts) + s.decode_steps + 1, device)
         except SkipPreset as e:
             for L in s.decode_contexts:
-                emit(bm.DecodeRow(name, None, L, s.decode_batch, status=f"skipped: {e}"))
+                emit(common.DecodeRow(name, None, L, s.decode_batch, status=f"skipped: {e}"))
             continue
         torch.manual_seed(0)
         model = None
         try:
-            model = bm.build_model(cfg, device).eval()
+            model = common.build_model(cfg, device).eval()
             _contexts(model, s, device, amp, name, cfg, note, emit, decode_case)
         except Exception as e:  # building the model failed (OOM or otherwise): one row per context
-            status = "OOM" if bm._is_oom(e) else f"error: {bm._one_line(e)}"
+            status = "OOM" if common.is_oom(e) else f"error: {common.one_line(e)}"
             done = {r.L for r in rows if r.preset == name}
             for L in s.decode_contexts:
                 if L not in done:
-                    emit(bm.DecodeRow(name, cfg.family, L, s.decode_batch, status=status, impl=bm._impl(cfg),
+                    emit(common.DecodeRow(name, cfg.family, L, s.decode_batch, status=status, impl=common.impl_name(cfg),
                                       note=note))
             del e
         del model
-        bm.free_memory(device)
+        common.free_memory(device)
     return rows
 
 

@@ -42,7 +42,6 @@ describes every field.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import math
 import os
@@ -52,7 +51,21 @@ from collections.abc import Callable
 import torch
 
 from lintime.bench import anchors
-from lintime.bench.anchors import AnchorSpec, SkipPreset
+from lintime.bench.anchors import SkipPreset
+from lintime.bench.common import (  # noqa: F401 -- re-exported: the bench's names for scripts and tests
+    DecodeRow,
+    autocast_for,
+    build_model,
+    free_memory,
+    impl_name,
+    is_oom,
+    num_parameters,
+    one_line,
+    peak_mib,
+    preset_config,
+    reset_peak,
+)
+from lintime.bench.decode import bench_decode, decode_paths
 from lintime.bench.measure import call_times_ms, environment, quantiles
 from lintime.bench.report import decode_table, fmt_size, train_table, write_outputs
 
@@ -102,32 +115,6 @@ class TrainRow:
     note: str = ""
 
 
-@dataclasses.dataclass
-class DecodeRow:
-    """One decoding context.  ``state_mib`` is per sequence; times are per decoding step (one
-    token for each of the ``batch`` sequences)."""
-
-    preset: str
-    family: str | None
-    L: int
-    batch: int
-    status: str = "ok"
-    token_ms: float | None = None  # median latency of one decoding step
-    token_p10_ms: float | None = None
-    token_p90_ms: float | None = None
-    tokens_per_s: float | None = None  # batch / token_ms
-    state_mib: float | None = None
-    peak_mib: float | None = None
-    steps: int = 0
-    prefill_s: float | None = None  # wall time to take prefill_tokens into the state
-    prefill_tokens: int | None = None  # ours: L minus the previous context (the state is carried); anchors: L
-    prefill_tokens_per_s: float | None = None
-    params: int | None = None
-    impl: str = "lintime"
-    path: str | None = None  # "eager" (a Python call per token) | "graph" (CUDA-graph replay) | "static-compiled" (HF)
-    note: str = ""
-
-
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """What one ``lintime bench model`` run measures (stored in the JSON)."""
@@ -171,16 +158,6 @@ def parse_sizes(spec: str, what: str) -> tuple[int, ...]:
     return tuple(sorted(set(out)))
 
 
-def autocast_for(dtype: str, device: torch.device) -> torch.dtype | None:
-    """``auto``: bf16 on CUDA, none (fp32) on CPU -- the rule of ``lintime train``."""
-    table = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else None
-    if dtype not in table:
-        raise ValueError(f"--dtype must be one of auto, bf16, fp16, fp32; got {dtype!r}")
-    return table[dtype]
-
-
 def make_settings(
     *, presets: str = "", contexts: str = "", decode_contexts: str = "", tokens_per_batch: int = 0,
     steps: int = 0, warmup: int = 0, decode_steps: int = 0, decode_batch: int = 1,
@@ -205,8 +182,6 @@ def make_settings(
     if not case_budget_s > 0:
         raise ValueError(f"--case-budget-s must be > 0, got {case_budget_s}")
     amp = autocast_for(dtype, dev)
-    from lintime.bench.decode import decode_paths
-
     paths = decode_paths(decode_path, dev)
     return Settings(
         presets=names, contexts=ctx, decode_contexts=dctx,
@@ -220,79 +195,7 @@ def make_settings(
 
 
 # ---------------------------------------------------------------------------------------------
-# models and memory
-
-
-def _is_oom(err: BaseException) -> bool:
-    return isinstance(err, torch.cuda.OutOfMemoryError) or (
-        isinstance(err, RuntimeError) and "out of memory" in str(err).lower())
-
-
-def _one_line(err: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(err).split())
-    return f"{type(err).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
-
-
-def free_memory(device: torch.device) -> None:
-    """Give back what a finished (or failed) case held: Python garbage, then CUDA's cached blocks."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-
-
-def _reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def _peak_mib(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-
-
-def preset_config(name: str, max_tokens: int, device: torch.device | None = None):
-    """``(config, note)`` of a preset for contexts up to ``max_tokens``: a lintime ``ModelConfig``, or
-    an :class:`~lintime.bench.anchors.AnchorSpec` for an anchor (``hf:...`` / ``fla:...``).  The note
-    says what had to change: a learned position table (linear GPT-2) is extended to ``max_tokens``
-    positions (its parameter count grows with it; ``params`` in every row says by how much).
-    :class:`~lintime.bench.anchors.SkipPreset` (a ``ValueError``) for a preset that cannot run here,
-    its message the reason (an unknown name, an anchor's library not importable)."""
-    from lintime.models import get_preset
-
-    if anchors.is_anchor(name):
-        return anchors.anchor_spec(name, max_tokens, device or torch.device("cpu")), ""
-    try:
-        cfg = get_preset(name)
-    except ValueError:
-        raise SkipPreset(f"unknown preset {name!r} (`lintime presets` lists them)") from None
-    if cfg.position == "learned" and cfg.max_positions < max_tokens:
-        note = f"position table {cfg.max_positions} -> {max_tokens}"
-        return dataclasses.replace(cfg, max_positions=max_tokens), note
-    return cfg, ""
-
-
-def _impl(cfg) -> str:
-    return cfg.impl if isinstance(cfg, AnchorSpec) else "lintime"
-
-
-def build_model(cfg, device: torch.device):
-    """The model built directly on ``device`` (no CPU init of 110M weights): a
-    :class:`~lintime.models.CausalLM`, or the anchor's library model."""
-    from lintime.models import CausalLM
-
-    if isinstance(cfg, AnchorSpec):
-        return cfg.build(device)
-    with torch.device(device):
-        model = CausalLM(cfg)
-    return model.to(device)
-
-
-def num_parameters(model) -> int:
-    from lintime.models import CausalLM
-
-    if isinstance(model, CausalLM):
-        return model.num_parameters()
-    return sum(p.numel() for p in model.parameters())  # shared (tied) tensors once
+# batches
 
 
 def random_batch(rows: int, T: int, vocab: int, device: torch.device, seed: int = 0):
@@ -365,12 +268,12 @@ def _train_case(row: TrainRow, cfg, s: Settings, device: torch.device, amp) -> f
         spent += last if i > 0 else 0.0  # the first step's compilation is not held against the case
         if spent > s.case_budget_s:
             break
-    _reset_peak(device)
+    reset_peak(device)
     times = call_times_ms(step, s.steps, device, budget_s=s.case_budget_s)
     q = quantiles(times)
     row.step_ms, row.step_p10_ms, row.step_p90_ms = q["median"], q["p10"], q["p90"]
     row.tokens_per_s = row.tokens / (q["median"] / 1e3)
-    row.peak_mib = _peak_mib(device)
+    row.peak_mib = peak_mib(device)
     row.steps = len(times)
     if len(times) < s.steps:
         row.note = (row.note + "; " if row.note else "") + f"{len(times)}/{s.steps} steps (budget {s.case_budget_s:g} s)"
@@ -406,7 +309,7 @@ def bench_train(s: Settings, on_row: Callable[[TrainRow], None] = lambda r: None
         stop = None  # reason to skip the remaining (longer) contexts
         for T in s.contexts:
             n = max(1, s.tokens_per_batch // T)
-            row = TrainRow(name, cfg.family, T, n, n * T, impl=_impl(cfg), note=note)
+            row = TrainRow(name, cfg.family, T, n, n * T, impl=impl_name(cfg), note=note)
             if stop:
                 row.status = f"skipped: {stop}"
                 emit(row)
@@ -418,37 +321,24 @@ def bench_train(s: Settings, on_row: Callable[[TrainRow], None] = lambda r: None
                     stop = (f"median step at T={fmt_size(T)} took {row.step_ms / 1e3:.1f} s "
                             f"> budget {s.case_budget_s:g} s")
             except Exception as e:  # one failing case must not end the run
-                if _is_oom(e):
+                if is_oom(e):
                     row.status = "OOM"
                     stop = f"OOM at T={fmt_size(T)}"
                 else:
-                    row.status = f"error: {_one_line(e)}"
+                    row.status = f"error: {one_line(e)}"
                 row.step_ms = row.tokens_per_s = None
-                row.peak_mib = _peak_mib(device)
+                row.peak_mib = peak_mib(device)
                 del e
             try:
                 free_memory(device)
             except Exception as e:  # a sticky CUDA error (e.g. an illegal memory access) surfaces here
                 if row.status == "ok":
-                    row.status = f"error: {_one_line(e)}"
+                    row.status = f"error: {one_line(e)}"
                     row.step_ms = row.step_p10_ms = row.step_p90_ms = row.tokens_per_s = None
                 stop = f"device error at T={fmt_size(T)}"
                 del e
             emit(row)
     return rows
-
-
-# ---------------------------------------------------------------------------------------------
-# decoding
-
-
-def bench_decode(s: Settings, on_row: Callable[[DecodeRow], None] = lambda r: None,
-                 decode_case: Callable | None = None) -> list[DecodeRow]:
-    """Decoding rows for every preset x decoding context x path of ``s``: see
-    :func:`lintime.bench.decode.bench_decode`."""
-    from lintime.bench.decode import bench_decode as run
-
-    return run(s, on_row, decode_case)
 
 
 # ---------------------------------------------------------------------------------------------
