@@ -10,7 +10,8 @@
   wrapping :class:`~lintime.models.CausalLM` (``model_type = "lintime"``).
 * :class:`LintimeCache` -- the decoding state carried through ``model.generate()``: constant
   size for the linear-time families, a KV cache for softmax attention; beam search reorders it
-  with ``select``; left padding never enters it.
+  with ``select``; left padding never enters it.  Greedy search and sampling decode through
+  lintime's static state instead (a CUDA graph per token on CUDA): :mod:`lintime.hf.generation`.
 * :func:`hf_tokenizer` -- a lintime tokenizer as a ``PreTrainedTokenizerFast`` with the same ids.
 * :func:`export_checkpoint` -- a training checkpoint -> an HF folder (``lintime export``), with
   :func:`write_remote_code` for machines without lintime (``trust_remote_code=True``).
