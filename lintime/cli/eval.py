@@ -38,13 +38,27 @@ def eval(
     json: str | None = None,
     progress: bool = True,
     threads: int = 0,
+    task: str = "lm",
+    kv_pairs: str | None = None,
+    examples: int = 3000,
+    depths: str = "0,0.25,0.5,0.75,1",
+    trials: int = 10,
+    digits: int = 5,
+    factor: int = 8,
+    bucket: int | None = None,
+    max_windows: int = 64,
+    seed: int | None = None,
+    plot: str | None = None,
+    compare: str | None = None,
+    _given: frozenset[str] | None = None,
 ) -> None:
     """Score a causal LM on held-out text: bits per byte (and perplexity for BPE) at several
     context lengths, including lengths longer than it was trained on (length extrapolation).
 
     One exact pass over the split: every document's tokens (and its eos) are predicted once,
     from windows of each context length aligned to the document's start; windows are
-    independent (no state carried across them).  See docs/cli_eval.md.
+    independent (no state carried across them).  --task mqar | passkey | extrapolation runs one of
+    the offline tasks instead (table, --json, and a plot).  See docs/cli_eval.md.
 
     Args:
         checkpoint: run folder (its latest checkpoint), a step folder (runs/NAME/checkpoints/step_N) or a folder written by lintime export (needs --data).
@@ -58,6 +72,18 @@ def eval(
         json: also write the results to this JSON file (checked for writability before the evaluation).
         progress: show progress on stderr (on a terminal a live line, elsewhere a line every 30 seconds).
         threads: CPU threads (0 = auto: 1 for models under 20M parameters, else PyTorch's default).
+        task: lm (bits per byte at each context length), mqar (associative recall accuracy), passkey (retrieval accuracy against depth and context) or extrapolation (bits per byte by position bucket).
+        kv_pairs: mqar: key-value pairs per example, comma-separated (default: the run's task setting, else 4).
+        examples: mqar: test examples per setting.
+        depths: passkey: depths of the key in the context, fractions separated by commas.
+        trials: passkey: prompts per (context length, depth).
+        digits: passkey: digits of the key.
+        factor: extrapolation: the window is this many times the training context.
+        bucket: extrapolation: positions per bucket (default: the training context).
+        max_windows: extrapolation: score at most this many windows (0 = all).
+        seed: mqar / passkey: the seed of the examples (mqar default: the run's seed, i.e. its held-out test stream).
+        plot: where the task's plot goes (default: beside --json, else eval_<task>.png in the checkpoint folder).
+        compare: extrapolation: JSON files of earlier --task extrapolation runs to draw as further curves, comma-separated.
     """
     from lintime.cli.loading import load_checkpoint
     from lintime.evaluation import evaluate, load_split
@@ -78,6 +104,13 @@ def eval(
     set_threads(threads, device=str(dev), n_params=loaded.model.num_parameters())
     if loaded.config["objective"] != "clm":
         raise CLIError(f"{checkpoint} is a masked LM ({loaded.config['objective']}): eval scores causal LMs")
+    if task != "lm":
+        # from Python, a context_lens other than the default counts as given (the CLI says which were)
+        given = set(_given) if _given is not None else ({"context_lens"} if context_lens != "512,1024,2048" else set())
+        opts = dict(context_lens=context_lens, kv_pairs=kv_pairs, examples=examples, depths=depths, trials=trials,
+                    digits=digits, factor=factor, bucket=bucket, max_windows=max_windows or None, seed=seed,
+                    split=split, data=data)
+        return _eval_task(task, loaded, checkpoint, dev, precision, json, plot, compare, progress, given=given, opts=opts)
     dataset = load_split(loaded.config, loaded.tokenizer, split, data, quiet=not progress)
     trained = (loaded.config.get("train") or {}).get("context_len")
 
@@ -116,6 +149,33 @@ def eval(
         path = Path(json)
         atomic_write_text(path, _json.dumps(out, indent=2) + "\n")
         print(f"wrote {path}")
+
+
+def _eval_task(task, loaded, checkpoint, dev, precision, json, plot, compare, progress, *, given, opts) -> None:
+    """``--task mqar | passkey | extrapolation`` (:mod:`lintime.cli.eval_tasks`)."""
+    from lintime.cli.eval_tasks import plot_path, plot_result, run_task
+    from lintime.utils.device import autocast_dtype
+    from lintime.utils.io import atomic_write_text
+
+    if plot is not None:
+        check_writable(Path(plot).parent, "--plot")
+    model_cfg = loaded.config["model"]
+    step = f"step {loaded.step}" if loaded.step >= 0 else "exported model"
+    print(f"{checkpoint}: {step}, {model_cfg.get('family', '?')} family, d_model {model_cfg.get('d_model')}, "
+          f"{loaded.config['tokenizer']} tokenizer")
+    result = run_task(task, loaded, checkpoint=checkpoint, opts=opts, given=given,
+                      autocast=autocast_dtype(dev, precision), progress=progress)
+    out = {"checkpoint": str(checkpoint), "step": loaded.step, "model": model_cfg, "device": str(dev),
+           "precision": precision, **result}
+    if json is not None:
+        atomic_write_text(Path(json), _json.dumps(out, indent=2) + "\n")
+        print(f"wrote {json}")
+    run = Path(checkpoint)
+    where = plot_path(json, plot, str(run if run.is_dir() else run.parent), task)
+    drawn = plot_result(out, where, label=Path(checkpoint).name,
+                        compare=[c for c in (compare or "").split(",") if c.strip()])
+    if drawn is not None:
+        print(f"wrote {drawn}")
 
 
 def format_table(report, trained: int | None, *, bpe: bool) -> str:

@@ -12,7 +12,8 @@ from lintime.training.config import TrainConfig
 _D = TrainConfig()  # the defaults live in one place: the config dataclass
 # flag name -> TrainConfig field, where they differ
 _FIELD = {"time": "time_minutes", "prompt": "sample_prompt"}
-_NOT_CONFIG = ("out", "name", "resume", "progress", "threads", "_given")
+_TASK_FLAGS = ("task", "kv_pairs", "task_vocab", "d_model", "n_layers", "n_heads", "position", "examples", "epochs")
+_NOT_CONFIG = ("out", "name", "resume", "progress", "threads", "_given") + _TASK_FLAGS
 
 
 @command
@@ -42,6 +43,7 @@ def train(
     aux_weight: float | None = None,
     mlm_prob: float = _D.mlm_prob,
     seed: int = _D.seed,
+    init_seed: int | None = _D.init_seed,
     device: str = _D.device,
     precision: str = _D.precision,
     compile: bool = _D.compile,
@@ -65,6 +67,15 @@ def train(
     resume: str | None = None,
     progress: bool = True,
     threads: int = 0,
+    task: str = "lm",
+    kv_pairs: int = 4,
+    task_vocab: int = 8192,
+    d_model: int | None = None,
+    n_layers: int | None = None,
+    n_heads: int | None = None,
+    position: str | None = None,
+    examples: int = 100_000,
+    epochs: int = 64,
     _given: frozenset[str] | None = None,
 ) -> None:
     """Train a language model with a seed's recipe; with no arguments, a tiny FLASH on the Python
@@ -101,7 +112,8 @@ def train(
         clip: gradient clipping by global norm, 0 = off (default: the recipe's).
         aux_weight: weight of the mixers' auxiliary losses, e.g. VQ commitment (default: the recipe's).
         mlm_prob: masking probability for --objective mlm.
-        seed: seeds the initialisation, the data order and the MLM masks.
+        seed: seeds the data order and the MLM masks, and the initialisation unless --init-seed is given.
+        init_seed: seeds the initial weights alone (default: --seed), so runs that differ only in data or context can start from other draws.
         device: auto (cuda when available), cpu, cuda or cuda:N.
         precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16.
         compile: torch.compile the model.
@@ -125,7 +137,22 @@ def train(
         resume: continue the run in this run folder (or from this step folder).
         progress: show the progress bar (on a terminal; elsewhere a line every 30 seconds).
         threads: CPU threads for PyTorch's intra-op work (0 = auto: 1 for models under 20M parameters, else PyTorch's default).
+        task: lm (language modelling on --corpus) or mqar (Zoology's associative recall, Zoology's recipe: see docs/results_recall.md); with mqar, --context-len is the sequence length (default 64), --tokens-per-batch / --context-len the batch rows (default Zoology's), --lr the peak rate (default 1e-3), --steps a cap.
+        kv_pairs: mqar: key-value pairs per example.
+        task_vocab: mqar: vocabulary of the task (and of the model).
+        d_model: mqar: model width (default: the preset's).
+        n_layers: mqar: blocks (default 2, Zoology's; 0 = the preset's).
+        n_heads: mqar: heads of the mixer (default: the preset's; Zoology's attention has 1).
+        position: mqar: absolute positions none, scaled_sin or learned (default: the preset's).
+        examples: mqar: training examples (a fixed set, seen once per epoch).
+        epochs: mqar: epochs (the cosine schedule's length; training stops early at 99 % test accuracy).
     """
+    if task != "lm":
+        given_flags = set(_given) if _given is not None else {k for k, v in locals().items() if k in _TASK_ARGS and v != _TASK_ARGS[k]}
+        return _train_task(task, {k: v for k, v in locals().items() if k in _TASK_ARGS}, given_flags)
+    if _given is not None and set(_given) & set(_TASK_FLAGS):
+        raise CLIError(f"{', '.join('--' + k.replace('_', '-') for k in sorted(set(_given) & set(_TASK_FLAGS)))} "
+                       "apply to --task mqar only")
     fields = {_FIELD.get(k, k): v for k, v in locals().items() if k not in _NOT_CONFIG}
     from lintime.training.trainer import train as run_training
 
@@ -154,6 +181,56 @@ def train(
         raise Stopped(f"stopped by {result.stopped_by} at step {result.step}: {where}; "
                       f"continue with: lintime train --resume {result.run_dir}",
                       exit_code=128 + getattr(signal, result.stopped_by))
+
+
+# flags that --task mqar reads, with their defaults; any other given flag is refused
+_TASK_ARGS = {"preset": _D.preset, "context_len": _D.context_len, "tokens_per_batch": _D.tokens_per_batch, "steps": None,
+              "lr": None, "weight_decay": None, "seed": _D.seed, "init_seed": None, "device": _D.device,
+              "precision": _D.precision, "out": "runs", "name": None, "progress": True, "threads": 0, "task": "lm",
+              "kv_pairs": 4, "task_vocab": 8192, "d_model": None, "n_layers": None, "n_heads": None, "position": None, "examples": 100_000,
+              "epochs": 64}
+
+
+def _train_task(task: str, args: dict, given: set[str]) -> None:
+    """``lintime train --task mqar``: :func:`lintime.training.tasks.train_task` with the flags that
+    apply to it (Zoology's sequence length 64, rate 1e-3, batch rows and 2 layers by default)."""
+    from lintime.training.tasks import TASKS, TaskTrainConfig, train_task
+
+    if task not in TASKS:
+        raise CLIError(f"--task must be lm or one of {', '.join(TASKS)}, got {task!r}")
+    other = sorted(k for k in given if k not in _TASK_ARGS and not k.startswith("_"))
+    if other:
+        raise CLIError(f"--task {task} does not use {', '.join('--' + k.replace('_', '-') for k in other)}")
+    seq_len = args["context_len"] if "context_len" in given else 64
+    rows = args["tokens_per_batch"] // seq_len if "tokens_per_batch" in given else None
+    if rows == 0:
+        raise CLIError(f"--tokens-per-batch {args['tokens_per_batch']} is less than one row of {seq_len} tokens")
+    try:
+        cfg = TaskTrainConfig(
+            task=task, preset=args["preset"], d_model=args["d_model"],
+            n_layers=2 if args["n_layers"] is None else (args["n_layers"] or None), n_heads=args["n_heads"],
+            position=args["position"],
+            vocab_size=args["task_vocab"], seq_len=seq_len, kv_pairs=args["kv_pairs"], train_examples=args["examples"],
+            batch_size=rows, epochs=args["epochs"], lr=args["lr"] if args["lr"] is not None else 1e-3,
+            weight_decay=args["weight_decay"] if args["weight_decay"] is not None else 0.1, max_steps=args["steps"],
+            seed=args["seed"], init_seed=args["init_seed"], device=args["device"], precision=args["precision"],
+        )
+        n_params = _task_params(cfg)
+    except (TypeError, ValueError) as err:
+        raise CLIError(str(err)) from None
+    out, name = args["out"], args["name"]
+    check_writable(f"{out}/{name}" if name is not None else out, "--out" if name is None else "--out / --name")
+    set_threads(args["threads"], device=cfg.device, n_params=n_params)
+    train_task(cfg, out=out, name=name, echo=_Echo())
+
+
+def _task_params(cfg) -> int:
+    import torch
+
+    from lintime.models import CausalLM
+
+    with torch.device("meta"):
+        return CausalLM(cfg.model_config()).num_parameters()
 
 
 def _given_fields(fields: dict, given: frozenset[str] | None) -> set[str]:

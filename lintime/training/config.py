@@ -143,7 +143,9 @@ class TrainConfig:
     ``decay``, ``final_lr_ratio``, ``weight_decay``, ``beta1``, ``beta2``, ``eps``, ``clip``,
     ``aux_weight`` (``None`` = the recipe's value).
 
-    Running: ``seed``, ``device`` (``auto`` = cuda when available), ``precision`` (``auto`` = bf16
+    Running: ``seed`` (the data order, the MLM masks, and the initial weights unless ``init_seed``
+    is given: then ``init_seed`` alone draws them, so runs that differ in data or context can start
+    from independent draws), ``device`` (``auto`` = cuda when available), ``precision`` (``auto`` = bf16
     autocast on CUDA, fp32 on CPU), ``compile`` (``torch.compile`` the model),
     ``deterministic`` (``torch.use_deterministic_algorithms``).
 
@@ -189,6 +191,7 @@ class TrainConfig:
     clip: float | None = None
     aux_weight: float | None = None
     seed: int = 0
+    init_seed: int | None = None
     device: str = "auto"
     precision: str = "auto"
     compile: bool = False
@@ -270,6 +273,8 @@ class TrainConfig:
                 fail(f"{name} must be >= 0, got {v!r}")
         if not _is_int(self.seed) or self.seed < 0:
             fail(f"seed must be an integer >= 0, got {self.seed!r}")
+        if self.init_seed is not None and (not _is_int(self.init_seed) or self.init_seed < 0):
+            fail(f"init_seed must be an integer >= 0 or None, got {self.init_seed!r}")
         for name in ("log_every", "eval_every", "save_every", "keep", "sample_tokens", "top_k"):
             positive_int(name, allow_zero=True)
         positive_int("eval_tokens")

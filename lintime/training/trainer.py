@@ -260,7 +260,8 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
         model_cfg = init["model"]
     else:
         model_cfg = get_preset(cfg.preset, vocab_size=tokenizer.vocab_size)  # the vocabulary is the tokenizer's
-    seed_everything(cfg.seed, cfg.deterministic)  # the same initial weights on every rank
+    # the same initial weights on every rank; init_seed draws them apart from the data's seed
+    seed_everything(cfg.seed if cfg.init_seed is None else cfg.init_seed, cfg.deterministic)
     model = (CausalLM if cfg.objective == "clm" else MaskedLM)(model_cfg)
     model.to(device)
     if state is not None:
