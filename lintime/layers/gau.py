@@ -198,10 +198,11 @@ class GAU(Mixer):
     def _full(self, q, k, v, positions, cu_seqlens):
         """Attention of a whole call (no cache): the op for relu2, the dense form for softmax."""
         B, T = q.shape[:2]
-        longest = longest_sequence(T, cu_seqlens)
-        self._check_length(longest)
         norm_i = self._norm_full(B, T, positions, cu_seqlens, q.device)
         if self.kernel == "relu2":
+            # packed lengths are values of cu_seqlens: checked in eager calls only (a compiled graph cannot read them)
+            if cu_seqlens is None or not torch.compiler.is_compiling():
+                self._check_length(longest_sequence(T, cu_seqlens))
             diag = bias_diagonals(self.rel_bias, T) if self.rel_bias is not None else None
 
             def attend(qq, scale):
@@ -210,6 +211,8 @@ class GAU(Mixer):
 
             return self._attention(attend, q, norm_i)
         # softmax ablation: no op takes a relative bias, so one row per sequence, dense T x T
+        longest = longest_sequence(T, cu_seqlens)
+        self._check_length(longest)
         L = max(longest, 1)
         layout = chunk_layout(B, T, L, cu_seqlens, q.device)
         qr, kr, vr = (layout.to_chunks(x).flatten(0, 1) for x in (q, k, v))  # [rows, L, H, *]

@@ -111,6 +111,13 @@ def _eager_function(name: str, fn: Callable, backward: Callable, setup_context: 
     })
 
 
+def grad_as(grad: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """An output's incoming gradient in that output's ``dtype``, the one the backward kernels are built for.  Eager
+    autograd delivers it so already (a no-op there); a backward graph that ``torch.compile`` traced under autocast
+    may not (pytorch/pytorch#179804), and a kernel's ``tl.dot`` of two dtypes does not compile."""
+    return grad if grad is None or grad.dtype == dtype else grad.to(dtype)
+
+
 def none_if_empty(x: torch.Tensor | None) -> torch.Tensor | None:
     """Custom ops cannot return ``None``: absent outputs travel as empty tensors."""
     return None if x is None or x.numel() == 0 else x

@@ -8,7 +8,11 @@ hundreds of documents, and one SDPA call per document made a 1024-token Transfor
 fp32/fp64, head sizes FlashAttention does not take) the sequences are attended one by one.
 Packed sequences that are rows of one length (one document per row, as in long-context training and
 the model benchmark) are attended as a plain ``[N, L]`` batch through SDPA's own kernel choice (the
-one HF's SDPA models get), reading ``cu_seqlens`` once per tensor."""
+one HF's SDPA models get), reading ``cu_seqlens`` once per tensor.
+
+While ``torch.compile`` traces, nothing may read ``cu_seqlens`` on the host: packed calls go to the varlen kernel
+with the packed length ``T`` as the bound of the sequence lengths (its grid grows by empty blocks), or elsewhere to
+one SDPA call with a block-diagonal ``[T, T]`` mask (O(T^2) memory: CPU / fp32 compiled calls)."""
 
 from __future__ import annotations
 
@@ -76,7 +80,8 @@ def _sdpa(q, k, v, causal, scale):
 def _varlen_attention(q, k, v, cu_seqlens, causal, scale):
     fn, style = _varlen_fn()
     cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
-    max_len = _row_length(cu_seqlens, q.shape[1])[1]
+    # a bound is all the kernel needs: T where a host read would break a compiled graph
+    max_len = q.shape[1] if torch.compiler.is_compiling() else _row_length(cu_seqlens, q.shape[1])[1]
     if max_len == 0:
         return q.new_zeros(*q.shape[:-1], v.shape[-1])
     kw = {"window_size": (-1, 0) if causal else (-1, -1)} if style == "window" else {"is_causal": causal}
@@ -84,11 +89,28 @@ def _varlen_attention(q, k, v, cu_seqlens, causal, scale):
     return o[None]
 
 
+def _masked_sdpa(q, k, v, cu_seqlens, causal, scale):
+    """Packed ``[1, T]`` sequences as one SDPA call with a block-diagonal (and causal) mask, no host read."""
+    T = q.shape[1]
+    pos = torch.arange(T, device=q.device)
+    seq = torch.searchsorted(cu_seqlens.to(device=q.device, dtype=torch.long), pos, right=True)  # [T]
+    mask = seq[:, None] == seq[None, :]
+    if causal:
+        mask = mask & (pos[None, :] <= pos[:, None])
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                       scale=scale)
+    return o.transpose(1, 2)
+
+
 def sdpa_softmax_attention(q, k, v, *, causal=True, scale=None, cu_seqlens=None):
     B, T, H, K = q.shape
     scale = K**-0.5 if scale is None else scale
     if cu_seqlens is None:
         return _sdpa(q, k, v, causal, scale)
+    if torch.compiler.is_compiling():
+        if _varlen_ok(q, k, v):
+            return _varlen_attention(q, k, v, cu_seqlens, causal, scale)
+        return _masked_sdpa(q, k, v, cu_seqlens, causal, scale)
     L = _row_length(cu_seqlens, T)[0] if B == 1 else 0
     if L:  # rows of one length: one batched SDPA call
         rows = lambda x: x.view(T // L, L, *x.shape[2:])  # noqa: E731

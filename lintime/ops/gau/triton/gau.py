@@ -28,7 +28,7 @@ from lintime.ops.gau.triton.kernels import (
 )
 from lintime.ops.gau.triton.launch import GauLaunch, bias_tiles, default_launch, tiles_of
 from lintime.ops.gau.triton.slab import one_length_run, packed_rows, slab_applies, slab_bwd, slab_fwd
-from lintime.ops.custom_op import custom_op
+from lintime.ops.custom_op import custom_op, grad_as
 from lintime.ops.kernel_launch import cdiv, check_device, dot_config, interpreting
 from lintime.ops.tma import tma_descriptors, tma_device
 from lintime.ops.launch_tables import fold_bias_grad, kernel_bias, sequence_bounds, to_device
@@ -269,6 +269,7 @@ def _backward(ctx, do, eager=False):
     """Backward of ``lintime::gau_fwd`` (through ``lintime::gau_bwd``, which ``torch.compile`` and
     opcheck trace) and of the eager Function (``eager``: the launcher itself)."""
     q, k, v, rel_bias, cu_seqlens = ctx.saved_tensors
+    do = grad_as(do, q.dtype)
     need_db = rel_bias is not None and ctx.needs_input_grad[3]
     if not eager:
         dq, dk, dv, db = gau_bwd(do, q, k, v, rel_bias, cu_seqlens, ctx.scale, ctx.causal, need_db, ctx.launch)

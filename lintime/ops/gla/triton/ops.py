@@ -20,7 +20,7 @@ import torch
 import triton.language as tl
 from torch import Tensor
 
-from lintime.ops.custom_op import empty_f32, launcher_op, none_if_empty
+from lintime.ops.custom_op import empty_f32, grad_as, launcher_op, none_if_empty
 from lintime.ops.gla.triton.kernels import (
     gla_bwd_dqkg_kernel,
     gla_bwd_dv_kernel,
@@ -215,7 +215,8 @@ def _backward(ctx, do, dht, *_unused):
     scale, ns = ctx.opts
     if hc.numel() == 0 and q.numel() > 0:
         raise RuntimeError("lintime::gla_fwd ran with keep=False (no per-chunk states kept): no backward")
-    do = torch.zeros_like(v) if do is None else do.contiguous()
+    do = torch.zeros_like(v) if do is None else grad_as(do, q.dtype).contiguous()
+    dht = grad_as(dht, torch.float32)
     dq, dk, dv, dg, dh0 = gla_bwd_op.for_ctx(ctx)(
         q, k, v, g, A, qg, kg, gl, hc, do, None if dht is None else dht.contiguous(), cu_seqlens, scale, ns,
         ctx.needs_input_grad[4],

@@ -23,7 +23,7 @@ from lintime.ops.heads.triton.kernels import (
     gau_heads_bwd_kernel,
     gau_heads_fwd_kernel,
 )
-from lintime.ops.custom_op import custom_op
+from lintime.ops.custom_op import custom_op, grad_as
 from lintime.ops.kernel_launch import cdiv, check_device, interpreting, next_pow2
 from lintime.ops.utils import rope_inv_freq
 
@@ -164,6 +164,7 @@ def _backward(ctx, du, dv, dheads, eager=False):
     """Backward of ``lintime::gau_heads_fwd`` (through ``lintime::gau_heads_bwd``, which
     ``torch.compile`` and opcheck trace) and of the eager Function (``eager``: the launcher)."""
     h, gamma, positions = ctx.saved_tensors
+    du, dv, dheads = (grad_as(d, h.dtype) for d in (du, dv, dheads))
     need_dparams = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
     bwd = _bwd_impl if eager else gau_heads_bwd
     dh, dgamma, dbeta = bwd(du, dv, dheads, h, gamma, positions, *ctx.args, need_dparams)

@@ -26,7 +26,7 @@ from lintime.ops.linear.triton.kernels import (
     linear_fwd_kernel,
     linear_recurrent_kernel,
 )
-from lintime.ops.custom_op import empty_f32, launcher_op, none_if_empty
+from lintime.ops.custom_op import empty_f32, grad_as, launcher_op, none_if_empty
 from lintime.ops.kernel_launch import block, cdiv, check_device, dot_config, flat, supported
 from lintime.ops.linear.triton.launch import LinearLaunch, fwd_tile, linear_launch
 from lintime.ops.segments import BT, choose_segment_chunks, seg_alloc_rows, segments
@@ -186,6 +186,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, do, dht, dzt, _dden, _dhs, _dzs):
     q, k, v, h0, z0, cu_seqlens, o, den, ht, zt, hs, zs = ctx.saved_tensors
     scale, causal, normalize, ns = ctx.opts
+    do, dht, dzt = grad_as(do, o.dtype), grad_as(dht, ht.dtype), grad_as(dzt, zt.dtype)
     if do is None:
         do = torch.zeros_like(o)
     if normalize and (dht is None) != (dzt is None):  # one part of the final state is unused

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from lintime.ops.custom_op import custom_op
+from lintime.ops.custom_op import custom_op, grad_as
 from lintime.ops.kernel_launch import check_device
 from lintime.ops.launch_tables import sequence_bounds
 from lintime.ops.mixed_chunk.state import MixedChunkState, clean_buffers
@@ -108,6 +108,7 @@ def _backward(ctx, do, dkv, _da, _dst, eager=False):
     has_kv0 = ctx.has_kv0 and ctx.needs_input_grad[6]
     if dkv is not None and dkv.numel() == 0:
         dkv = None
+    do, dkv = grad_as(do, v.dtype), grad_as(dkv, torch.float32)
     if not eager:
         dqq, dkq, dql, dkl, dv, db, dkv0 = mixed_chunk_bwd(
             do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, *ctx.args, need_db, has_kv0,

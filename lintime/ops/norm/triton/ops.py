@@ -9,7 +9,7 @@ import dataclasses
 import torch
 from torch import Tensor
 
-from lintime.ops.custom_op import empty_f32, launcher_op, none_if_empty
+from lintime.ops.custom_op import empty_f32, grad_as, launcher_op, none_if_empty
 from lintime.ops.kernel_launch import check_device, interpreting, next_pow2, sm_count
 from lintime.ops.norm.triton.kernels import norm_bwd_kernel, norm_fwd_kernel
 
@@ -93,17 +93,17 @@ def _fwd_fake(x, weight, bias, kind, eps, out_dtype):
 
 
 def _setup(ctx, inputs, output):
-    x, weight, bias, kind, _, _ = inputs
+    x, weight, bias, kind, _, out_dtype = inputs
     _, mean, rstd = output
     ctx.save_for_backward(x, weight, bias, mean, rstd)
-    ctx.kind = kind
+    ctx.kind, ctx.out_dtype = kind, out_dtype
 
 
 def _backward(ctx, dy, *_):
     x, weight, bias, mean, rstd = ctx.saved_tensors
     if dy is None:
         return None, None, None, None, None, None
-    dx, dw, db = normalize_bwd.for_ctx(ctx)(dy, x, weight, bias, mean, rstd, ctx.kind)
+    dx, dw, db = normalize_bwd.for_ctx(ctx)(grad_as(dy, ctx.out_dtype), x, weight, bias, mean, rstd, ctx.kind)
     return (dx, none_if_empty(dw) if ctx.needs_input_grad[1] else None,
             none_if_empty(db) if ctx.needs_input_grad[2] else None, None, None, None)
 
