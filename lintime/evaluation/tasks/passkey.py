@@ -26,8 +26,10 @@ through the model's decoding state (:func:`lintime.generation.prefill` in pieces
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -228,3 +230,69 @@ def plot_passkey(report: PasskeyReport, path, *, title: str = "") -> None:
             pts = sorted((c.depth, c.accuracy) for c in done if c.context_len == L)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"context {L}")
         ax.set_ylim(-0.02, 1.02)
+
+
+LM_EVAL_YAML = """\
+# Passkey retrieval written by lintime.evaluation.tasks.passkey.write_lm_eval_task (offline: a local .jsonl).
+task: {task}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{prompt}}}}"
+doc_to_target: "{{{{target}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: {max_tokens}
+  do_sample: false
+filter_list:
+  - name: key
+    filter:
+      - function: regex
+        regex_pattern: '^(\\d{{{digits}}})'
+      - function: take_first
+metric_list:
+  - metric: exact_match
+metadata:
+  version: 1.0
+"""
+
+
+def write_lm_eval_task(
+    folder,
+    tokenizer,
+    context_lens=(1024, 2048),
+    depths=(0.0, 0.5, 1.0),
+    *,
+    trials: int = 10,
+    digits: int = 5,
+    seed: int = 0,
+    corpus: str = "stdlib",
+    task: str = "lintime_passkey",
+) -> Path:
+    """The prompts of :func:`evaluate_passkey` as an lm-evaluation-harness task: ``<task>.jsonl``
+    (one ``{"prompt", "target", "context_len", "depth"}`` per trial; the prompt is the text after
+    ``bos``) and ``<task>.yaml`` (``generate_until``, greedy, ``exact_match`` of the first
+    ``digits`` generated characters against the key), in ``folder``.  Returns the YAML's path;
+    run it with ``--include_path folder`` and ``add_bos_token=True`` (lintime's prompts start
+    with ``bos``).  lm-eval re-tokenises the text, so a prompt whose filler was cut inside a
+    character may differ by a token from lintime's own."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    lens = [int(L) for L in context_lens]
+    stream = FillerStream(filler_text(corpus, min_chars=max(lens) * 8), tokenizer)
+    rows = []
+    for L in lens:
+        for depth in depths:
+            for t in range(trials):
+                key, rng = trial_key(seed, L, depth, t, digits)
+                ids = make_prompt(stream, tokenizer, L, depth, key, rng)
+                rows.append({"prompt": tokenizer.decode(ids[1:]), "target": key, "context_len": L, "depth": depth})
+    data = folder / f"{task}.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    yaml = folder / f"{task}.yaml"
+    yaml.write_text(LM_EVAL_YAML.format(task=task, data=json.dumps(str(data.resolve())), max_tokens=digits + 4,
+                                        digits=digits), encoding="utf-8")
+    return yaml
