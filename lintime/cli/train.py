@@ -145,7 +145,7 @@ def train(
         n_heads: mqar: heads of the mixer (default: the preset's; Zoology's attention has 1).
         position: mqar: absolute positions none, scaled_sin or learned (default: the preset's).
         examples: mqar: training examples (a fixed set, seen once per epoch).
-        epochs: mqar: epochs (the cosine schedule's length; training stops early at 99 % test accuracy).
+        epochs: mqar: epochs (the cosine schedule's length; training stops early once the test accuracy passes 0.99).
     """
     if task != "lm":
         given_flags = set(_given) if _given is not None else {k for k, v in locals().items() if k in _TASK_ARGS and v != _TASK_ARGS[k]}

@@ -126,3 +126,11 @@ def test_train_mqar_then_eval_attention_recalls(tmp_path, capsys):
     assert data["results"][1]["accuracy"] >= 0.9 and data["results"][1]["n_queries"] == 500 * 8
     assert (tmp_path / "mq.png").is_file()
     assert time.perf_counter() - started < 60
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_help_renders(command, capsys):
+    """argparse formats every help string (a bare '%' in a docstring breaks it)."""
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0 and "--task" in capsys.readouterr().out
