@@ -8,8 +8,21 @@
 
 ``lintime eval RUN --task NAME`` runs them (see docs/cli_eval.md)."""
 
+from lintime.evaluation.tasks.extrapolation import ExtrapolationReport, evaluate_extrapolation
 from lintime.evaluation.tasks.mqar import MQARConfig, MQARResult, evaluate_mqar, mqar_examples
+from lintime.evaluation.tasks.passkey import PasskeyReport, evaluate_passkey, write_lm_eval_task
 
 TASKS = ("lm", "mqar", "passkey", "extrapolation")
 
-__all__ = ["TASKS", "MQARConfig", "MQARResult", "evaluate_mqar", "mqar_examples"]
+__all__ = [
+    "TASKS",
+    "ExtrapolationReport",
+    "MQARConfig",
+    "MQARResult",
+    "PasskeyReport",
+    "evaluate_extrapolation",
+    "evaluate_mqar",
+    "evaluate_passkey",
+    "mqar_examples",
+    "write_lm_eval_task",
+]

@@ -190,7 +190,8 @@ def evaluate_mqar(
 ) -> MQARResult:
     """Accuracy of ``model`` on the first ``n_examples`` of the test stream of ``seed``.
 
-    ``batch_size``: examples per forward (default: as many as keep the logits near 2^25 values).
+    ``batch_size``: examples per forward (default: as many as keep the logits near 2^25 values on
+    a CPU, 2^28 on a GPU).
     A learned position table shorter than ``seq_len`` or a vocabulary smaller than the task's
     is reported as skipped."""
     vocab = model.config.vocab_size
@@ -201,7 +202,8 @@ def evaluate_mqar(
         return MQARResult(cfg.to_dict(), 0, 0, math.nan, math.nan, 0.0,
                           skipped=f"longer than the model's learned position table ({model.config.max_positions})")
     if batch_size is None:
-        batch_size = max(1, 2**25 // (cfg.seq_len * vocab))
+        cuda = next(model.parameters()).device.type == "cuda"
+        batch_size = max(1, (2**28 if cuda else 2**25) // (cfg.seq_len * vocab))
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
