@@ -43,6 +43,7 @@ from lintime.data import (
 from lintime.models import CausalLM, MaskedLM, ModelConfig, get_preset
 from lintime.training import checkpoint as ckpt
 from lintime.training import parallel as par
+from lintime.training.compile import CompiledModel
 from lintime.training.config import RESUMABLE_CHANGES, TrainConfig
 from lintime.training.metrics import MetricsWriter, plot_metrics
 from lintime.training.rng import rng_state, seed_everything, set_rng_state
@@ -321,8 +322,8 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
         ckpt.write_run_config(run_dir, model_config=model_cfg, objective=cfg.objective, tokenizer=tokenizer,
                               train=cfg.to_dict())
     _barrier(env)
-    fwd_model = torch.compile(wrapped) if cfg.compile else wrapped
-    eval_model = torch.compile(model) if cfg.compile else model
+    fwd_model = CompiledModel(wrapped, say, "the training step") if cfg.compile else wrapped
+    eval_model = CompiledModel(model, say, "the validation forward") if cfg.compile else model
 
     horizon = cfg.step_budget
     time_budget = cfg.time_minutes * 60 if cfg.time_minutes is not None else None
