@@ -81,7 +81,7 @@ def packed_cache(cu_seqlens: torch.Tensor, key: tuple) -> dict:
 def check_cu_seqlens(op: str, cu_seqlens: torch.Tensor | None, B: int, T: int) -> None:
     """Shape, dtype and values of ``cu_seqlens`` (the values cost one device-to-host read, once per tensor: a model's
     layers pass the same one, :func:`packed_cache`).  While ``torch.compile`` traces, only shape and dtype: a value
-    read would break the graph, and the model checks the values once at its entry (``lintime.models.Backbone``)."""
+    read would break the graph, and the model checks the values once at its entry (the backbone's ``_check_cu_seqlens``)."""
     if cu_seqlens is None:
         return
     check_cu_seqlens_shape(op, cu_seqlens, B)
