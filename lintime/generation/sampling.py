@@ -18,6 +18,15 @@ from __future__ import annotations
 import torch
 
 
+def _checked_greedy(logits: torch.Tensor, temperature: float) -> torch.Tensor | None:
+    """Validate ``logits [B, V]`` and ``temperature``; the argmax tokens when ``temperature == 0``, else ``None``."""
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    return logits.argmax(dim=-1) if temperature == 0 else None
+
+
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     """``logits [..., V]`` with everything below the ``k``-th largest value set to ``-inf``.
 
@@ -77,12 +86,9 @@ def sample(
     inverse-CDF lookup of one uniform number per row, so a row consumes exactly one number of
     its generator per token.
     """
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if temperature == 0:
-        return logits.argmax(dim=-1)
+    greedy = _checked_greedy(logits, temperature)
+    if greedy is not None:
+        return greedy
     B = logits.shape[0]
     if generators is not None and len(generators) != B:
         raise ValueError(f"{len(generators)} generators for {B} rows")
@@ -141,11 +147,8 @@ def sample_seeded(
 ) -> torch.Tensor:
     """Next tokens ``[B]`` (int64) from ``logits [B, V]``, as :func:`sample` but row ``b`` draws
     :func:`seeded_uniform` of ``(seeds[b], step)``: all on the device, no host read."""
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if temperature == 0:
-        return logits.argmax(dim=-1)
+    greedy = _checked_greedy(logits, temperature)
+    if greedy is not None:
+        return greedy
     probs = filtered_probs(logits, temperature, top_k, top_p)  # [B, V] fp32
     return _inverse_cdf(probs, seeded_uniform(seeds, step)[:, None])
