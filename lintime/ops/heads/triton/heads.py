@@ -1,8 +1,8 @@
 """GAU / FLASH heads on one fused Triton kernel each way (see :mod:`.kernels`).
 
 ``lintime::gau_heads_fwd`` / ``lintime::gau_heads_bwd`` are ``torch.library`` custom ops (fake
-tensors for ``torch.compile``) tied together by ``register_autograd``; eager calls take
-:class:`_EagerGAUHeads`, the same launchers without the op dispatch.  The public entry is
+tensors for ``torch.compile``) tied together by ``register_autograd``, made by
+:func:`lintime.ops.custom_op.launcher_op`: eager calls take the same launchers without the op dispatch.  The public entry is
 :func:`triton_gau_heads`, the ``"triton"`` backend of :func:`lintime.ops.gau_heads`.
 
 Memory traffic is the minimum: the forward reads ``h`` once and writes ``u, v, heads``; the
@@ -23,7 +23,7 @@ from lintime.ops.heads.triton.kernels import (
     gau_heads_bwd_kernel,
     gau_heads_fwd_kernel,
 )
-from lintime.ops.custom_op import custom_op, grad_as
+from lintime.ops.custom_op import grad_as, launcher_op
 from lintime.ops.kernel_launch import cdiv, check_device, interpreting, next_pow2
 from lintime.ops.utils import rope_inv_freq
 
@@ -129,28 +129,19 @@ def _fwd_fake(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads):
     return u, h.new_empty(B, T, e), h.new_empty(B, T, gamma.shape[0], s)
 
 
-def _gau_heads_fwd(
-    h: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, positions: torch.Tensor,
-    e: int, s: int, gating: bool, rope_base: float, rope_heads: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _fwd_impl(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads)
-
-
 def _bwd_fake(du, dv, dheads, h, gamma, positions, e, s, gating, rope_base, rope_heads, need_dparams):
     shape = tuple(gamma.shape) if need_dparams else (0,)
     return (torch.empty_like(h), h.new_empty(shape, dtype=torch.float32), h.new_empty(shape, dtype=torch.float32))
 
 
-def _gau_heads_bwd(
+@launcher_op("gau_heads_bwd", fake=_bwd_fake)
+def gau_heads_bwd(
     du: torch.Tensor | None, dv: torch.Tensor | None, dheads: torch.Tensor | None,
     h: torch.Tensor, gamma: torch.Tensor, positions: torch.Tensor,
     e: int, s: int, gating: bool, rope_base: float, rope_heads: int, need_dparams: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``dh``, and ``dgamma, dbeta`` in fp32 (empty tensors unless ``need_dparams``)."""
     return _bwd_impl(du, dv, dheads, h, gamma, positions, e, s, gating, rope_base, rope_heads, need_dparams)
-
-
-gau_heads_bwd = custom_op("gau_heads_bwd", _bwd_fake)(_gau_heads_bwd)
 
 
 def _setup(ctx, inputs, output):
@@ -160,14 +151,13 @@ def _setup(ctx, inputs, output):
     ctx.param_dtypes = (gamma.dtype, beta.dtype)
 
 
-def _backward(ctx, du, dv, dheads, eager=False):
-    """Backward of ``lintime::gau_heads_fwd`` (through ``lintime::gau_heads_bwd``, which
-    ``torch.compile`` and opcheck trace) and of the eager Function (``eager``: the launcher)."""
+def _backward(ctx, du, dv, dheads):
+    """Backward of ``lintime::gau_heads_fwd`` (through ``lintime::gau_heads_bwd`` when traced, the launcher in
+    eager calls: :meth:`lintime.ops.custom_op.LauncherOp.for_ctx`)."""
     h, gamma, positions = ctx.saved_tensors
     du, dv, dheads = (grad_as(d, h.dtype) for d in (du, dv, dheads))
     need_dparams = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-    bwd = _bwd_impl if eager else gau_heads_bwd
-    dh, dgamma, dbeta = bwd(du, dv, dheads, h, gamma, positions, *ctx.args, need_dparams)
+    dh, dgamma, dbeta = gau_heads_bwd.for_ctx(ctx)(du, dv, dheads, h, gamma, positions, *ctx.args, need_dparams)
     if not ctx.needs_input_grad[0]:
         dh = None
     dgamma = dgamma.to(ctx.param_dtypes[0]) if ctx.needs_input_grad[1] else None
@@ -175,23 +165,12 @@ def _backward(ctx, du, dv, dheads, eager=False):
     return dh, dgamma, dbeta, None, None, None, None, None, None
 
 
-gau_heads_fwd = custom_op("gau_heads_fwd", _fwd_fake, backward=_backward, setup_context=_setup)(_gau_heads_fwd)
-
-
-class _EagerGAUHeads(torch.autograd.Function):
-    """The same forward / backward as ``lintime::gau_heads_fwd`` for eager calls, without the
-    custom-op dispatch; absent output gradients arrive as ``None`` (no zero tensors are made)."""
-
-    @staticmethod
-    def forward(ctx, h, gamma, beta, positions, e, s, gating, rope_base, rope_heads):
-        out = _fwd_impl(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads)
-        _setup(ctx, (h, gamma, beta, positions, e, s, gating, rope_base, rope_heads), out)
-        ctx.set_materialize_grads(False)
-        return out
-
-    @staticmethod
-    def backward(ctx, du, dv, dheads):
-        return _backward(ctx, du, dv, dheads, eager=True)
+@launcher_op("gau_heads_fwd", fake=_fwd_fake, backward=_backward, setup_context=_setup)
+def gau_heads_fwd(
+    h: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, positions: torch.Tensor,
+    e: int, s: int, gating: bool, rope_base: float, rope_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _fwd_impl(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads)
 
 
 def triton_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=10000.0, rope_heads=1):
@@ -205,10 +184,5 @@ def triton_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=
                                rope_heads=rope_heads)
     check_device("gau_heads", h)
     args = (h, gamma, beta, positions, int(e), int(s), bool(gating), float(rope_base), int(rope_heads))
-    if torch.compiler.is_compiling():
-        u, v, heads = gau_heads_fwd(*args)
-    elif torch.is_grad_enabled() and any(x.requires_grad for x in (h, gamma, beta)):
-        u, v, heads = _EagerGAUHeads.apply(*args)
-    else:
-        u, v, heads = _fwd_impl(*args)
+    u, v, heads = gau_heads_fwd(*args)  # the op when traced, an autograd Function or the launcher in eager calls
     return (u if gating else None), v, heads
