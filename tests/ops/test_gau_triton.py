@@ -293,7 +293,7 @@ def test_opcheck():
     q, k, v, b, _ = _inputs(1, 20, 1, 8, 12, torch.float32, seed=7)
     q, k, v, b = (x.requires_grad_() for x in (q, k, v, b))
     cu = torch.tensor([0, 9, 20], dtype=torch.int32)
-    torch.library.opcheck(gau_fwd, (q, k, v, b, cu, 0.3, True, default_launch(8, 12).to_ints()))
+    torch.library.opcheck(gau_fwd.op, (q, k, v, b, cu, 0.3, True, default_launch(8, 12).to_ints()))
 
 
 @cpu_only
@@ -411,7 +411,7 @@ def test_slab_opcheck_and_compile():
     launch = _path_launch("slab", 8, 12)
     q, k, v, b, do = _inputs(2, 35, 1, 8, 12, torch.float32, seed=11)
     leaves = [x.clone().requires_grad_() for x in (q, k, v, b)]
-    torch.library.opcheck(gau_fwd, (*leaves[:4], None, 0.3, True, launch.to_ints()))
+    torch.library.opcheck(gau_fwd.op, (*leaves[:4], None, 0.3, True, launch.to_ints()))
 
     def f(q, k, v, b):
         return triton_gau_attention(q, k, v, rel_bias=b, scale=0.3, launch=launch)

@@ -10,7 +10,8 @@ tile in the forward and dV kernels, and the backward reduces ``dp = do . v`` ove
 inside one program per query tile.
 
 ``lintime::gau_fwd`` / ``lintime::gau_bwd`` are ``torch.library`` custom ops (fake tensors for
-``torch.compile``), tied together by ``register_autograd``; the public entry is
+``torch.compile``), tied together by ``register_autograd`` and made by :func:`lintime.ops.custom_op.launcher_op`
+(eager calls skip the op dispatch); the public entry is
 :func:`triton_gau_attention`, registered as the ``"triton"`` backend of
 :func:`lintime.ops.gau_attention`.
 """
@@ -28,7 +29,7 @@ from lintime.ops.gau.triton.kernels import (
 )
 from lintime.ops.gau.triton.launch import GauLaunch, bias_tiles, default_launch, tiles_of
 from lintime.ops.gau.triton.slab import one_length_run, packed_rows, slab_applies, slab_bwd, slab_fwd
-from lintime.ops.custom_op import custom_op, grad_as
+from lintime.ops.custom_op import grad_as, launcher_op
 from lintime.ops.kernel_launch import cdiv, check_device, dot_config, interpreting
 from lintime.ops.tma import tma_descriptors, tma_device
 from lintime.ops.launch_tables import fold_bias_grad, kernel_bias, sequence_bounds, to_device
@@ -197,7 +198,7 @@ def _gau_bwd(
     return _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, GauLaunch.of(launch))
 
 
-gau_bwd = custom_op("gau_bwd", _bwd_fake)(_gau_bwd)
+gau_bwd = launcher_op("gau_bwd", fake=_bwd_fake)(_gau_bwd)
 
 
 def _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, scale, causal, need_db, cfg: GauLaunch):
@@ -265,36 +266,18 @@ def _setup(ctx, inputs, output):
     ctx.scale, ctx.causal, ctx.launch = scale, causal, launch
 
 
-def _backward(ctx, do, eager=False):
-    """Backward of ``lintime::gau_fwd`` (through ``lintime::gau_bwd``, which ``torch.compile`` and
-    opcheck trace) and of the eager Function (``eager``: the launcher itself)."""
+def _backward(ctx, do):
+    """Backward of ``lintime::gau_fwd``: through ``lintime::gau_bwd`` when traced (``torch.compile``, opcheck), the
+    launcher itself in eager calls (:meth:`lintime.ops.custom_op.LauncherOp.for_ctx`)."""
     q, k, v, rel_bias, cu_seqlens = ctx.saved_tensors
     do = grad_as(do, q.dtype)
     need_db = rel_bias is not None and ctx.needs_input_grad[3]
-    if not eager:
-        dq, dk, dv, db = gau_bwd(do, q, k, v, rel_bias, cu_seqlens, ctx.scale, ctx.causal, need_db, ctx.launch)
-    else:  # skip the op dispatch
-        dq, dk, dv, db = _bwd_impl(do, q, k, v, rel_bias, cu_seqlens, ctx.scale, ctx.causal, need_db,
-                                   GauLaunch.of(ctx.launch))
+    dq, dk, dv, db = gau_bwd.for_ctx(ctx)(do, q, k, v, rel_bias, cu_seqlens, ctx.scale, ctx.causal, need_db,
+                                          ctx.launch)
     return dq, dk, dv, (db if need_db else None), None, None, None, None
 
 
-gau_fwd = custom_op("gau_fwd", _fwd_fake, backward=_backward, setup_context=_setup)(_gau_fwd)
-
-
-class _EagerGAU(torch.autograd.Function):
-    """The same forward / backward as ``lintime::gau_fwd`` for eager calls, without the custom-op
-    dispatch; ``torch.compile`` traces the custom op instead (:func:`triton_gau_attention` picks)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, rel_bias, cu_seqlens, scale, causal, launch):
-        o = _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, launch)
-        _setup(ctx, (q, k, v, rel_bias, cu_seqlens, scale, causal, launch), o)
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        return _backward(ctx, do, eager=True)
+gau_fwd = launcher_op("gau_fwd", fake=_fwd_fake, backward=_backward, setup_context=_setup)(_gau_fwd)
 
 
 def triton_gau_attention(q, k, v, *, causal=True, rel_bias=None, scale, cu_seqlens=None,
@@ -314,8 +297,4 @@ def triton_gau_attention(q, k, v, *, causal=True, rel_bias=None, scale, cu_seqle
     launch = launch or default_launch(S, E)
     q, k, v = (x.contiguous() for x in (q, k, v))
     args = (q, k, v, rel_bias, cu_seqlens, float(scale), bool(causal))
-    if torch.compiler.is_compiling():
-        return gau_fwd(*args, launch.to_ints())
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, rel_bias)):
-        return _EagerGAU.apply(*args, launch)
-    return _fwd_impl(*args, launch)
+    return gau_fwd(*args, launch.to_ints())  # the op when traced, an autograd Function or the launcher eagerly
