@@ -42,7 +42,7 @@ from lintime.generation.decode import (
     prefill,
     state_nbytes,
 )
-from lintime.generation.graphs import DecodeLoop, build_loop
+from lintime.generation.graphs import DecodeLoop, build_loop, token_blocks
 from lintime.generation.sampling import sample_seeded
 from lintime.generation.static import StaticDecoder
 from lintime.generation.text import Detokenizer, StopMatcher
@@ -321,33 +321,20 @@ def _decode_eager(model, cfg, rows, logits, state, seeds, info) -> Iterator[Text
 
 
 def _decode_loop(loop: DecodeLoop, cfg, rows, info) -> Iterator[TextPiece]:
-    """Replays of ``loop``; the host reads the drawn tokens after 1, 2, 4, ... up to
-    ``cfg.sync_every`` steps.  When at most half of the batch is still running (and more than
-    ``sync_every`` steps are left), the running rows move to a smaller loop (captured anew)."""
+    """Replays of ``loop`` read in blocks (:func:`lintime.generation.graphs.token_blocks`); each block's tokens are
+    pushed step by step, row by row, so the pieces stream in the order eager decoding gives."""
     M = cfg.max_new_tokens
-    batch = list(range(len(rows)))  # batch position -> row index
-    live = batch[:]
-    done, n = 0, 1
-    while done < M and live:
-        n = min(n, M - done)
-        for _ in range(n):
-            loop.advance()
-        first = done - loop.first_step  # the loop's history starts at its first step
-        block = loop.tokens[:, first : first + n].tolist()  # the one device->host read of these n steps
-        where = {i: b for b, i in enumerate(batch)}
+    live = list(range(len(rows)))
+    for done, block in token_blocks(loop, M, cfg.sync_every, live):
+        n = len(block[live[0]])  # steps in this block
         for j in range(n):
             still = []
             for i in live:
                 info["new_tokens"] += 1
-                shown, reason = rows[i].push(block[where[i]][j], done + j == M - 1)
+                shown, reason = rows[i].push(block[i][j], done + j == M - 1)
                 if shown or reason is not None:
                     yield rows[i].piece(i, shown, reason)
                 if reason is None:
                     still.append(i)
-            live = still
-        done += n
-        info["steps"] = done  # replays run (a row that ended inside a block still ran to its end)
-        n = min(2 * n, cfg.sync_every)
-        if live and len(live) <= len(batch) // 2 and M - done > cfg.sync_every:
-            loop = loop.select(torch.tensor([where[i] for i in live]))
-            batch = live[:]
+            live[:] = still
+        info["steps"] = done + n  # replays run (a row that ended inside a block still ran to its end)

@@ -129,3 +129,27 @@ def build_loop(decoder: StaticDecoder, logits, seeds, max_steps: int, *, graph: 
 
 
 __all__ = ["DecodeLoop", "WARMUP_STEPS", "build_loop"]
+
+
+def token_blocks(loop: DecodeLoop, steps: int, sync_every: int, live: list[int]):
+    """Replay ``loop`` for up to ``steps`` steps, reading the drawn tokens to the host after 1, 2, 4, ... up to
+    ``sync_every`` steps (one device -> host read per block).  ``live`` (the caller's list of row ids, batch
+    order) names the rows still running: each block is yielded as ``(done, {row: [tokens]})`` for those rows,
+    ``done`` the steps before it, and the caller removes the rows that ended (in place) before asking for the next
+    block.  When at most half of the batch is still running (and more than ``sync_every`` steps are left), the
+    running rows move to a smaller loop (captured anew)."""
+    batch = live[:]  # batch position -> row
+    done, n = 0, 1
+    while done < steps and live:
+        n = min(n, steps - done)
+        for _ in range(n):
+            loop.advance()
+        first = done - loop.first_step  # the loop's history starts at its first step
+        block = loop.tokens[:, first : first + n].tolist()
+        where = {r: b for b, r in enumerate(batch)}
+        yield done, {r: block[where[r]] for r in live}
+        done += n
+        n = min(2 * n, sync_every)
+        if live and len(live) <= len(batch) // 2 and steps - done > sync_every:
+            loop = loop.select(torch.tensor([where[r] for r in live]))
+            batch = live[:]

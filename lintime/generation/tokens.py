@@ -24,7 +24,7 @@ import time
 import torch
 
 from lintime.generation.decode import prefill
-from lintime.generation.graphs import build_loop
+from lintime.generation.graphs import build_loop, token_blocks
 from lintime.generation.static import StaticDecoder
 
 
@@ -88,29 +88,17 @@ def generate_tokens(
                           temperature=temperature, top_k=top_k, top_p=top_p)
         info["decode_path"] = "graph" if loop.graph is not None else "static"
         eos = set(eos_ids)
-        batch = list(range(R))  # batch position -> row
-        live, done, n = batch[:], 0, 1
-        while done < M and live:
-            n = min(n, M - done)
-            for _ in range(n):
-                loop.advance()
-            first = done - loop.first_step  # the loop's history starts at its first step
-            block = loop.tokens[:, first : first + n].tolist()  # the one device -> host read of these n steps
-            where = {r: b for b, r in enumerate(batch)}
+        live = list(range(R))
+        for _, block in token_blocks(loop, M, sync_every, live):
             still = []
             for r in live:
-                for tok in block[where[r]]:
+                for tok in block[r]:
                     out[r].append(tok)
                     if tok in eos:
                         break
                 else:
                     still.append(r)
-            live = still
-            done += n
-            n = min(2 * n, sync_every)
-            if live and len(live) <= len(batch) // 2 and M - done > sync_every:
-                loop = loop.select(torch.tensor([where[r] for r in live]))
-                batch = live[:]
+            live[:] = still
         info["new_tokens"] = sum(len(o) for o in out)
         info["decode_s"] = time.perf_counter() - t0
         return out
