@@ -500,7 +500,6 @@ def test_bad_inputs_fail_clearly():
         (ValueError, "batch size must be 1", {"cu_seqlens": torch.tensor([0, 8])}),
         (ValueError, r"2L", {"bias": b[..., :L]}),
         (TypeError, "bias has dtype", {"bias": b.double()}),
-        (ValueError, "not implemented", {"backend": "triton"}),
         (ValueError, "unknown backend", {"backend": "fast"}),
         (TypeError, "VQState", {"initial_state": (ok.cache_mean, ok.cache_count)}),
         (ValueError, "initial_state.k_hat", {"initial_state": VQState.initial(2, H, S, K, V, L + 1)}),

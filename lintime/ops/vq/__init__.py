@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lintime.ops.dispatch import select
+from lintime.ops.dispatch import register_triton, select
 from lintime.ops.utils import (
     check_cu_seqlens_shape,
     check_cu_seqlens_values,
@@ -20,6 +20,16 @@ from lintime.ops.vq.recurrent import recurrent_vq_attention
 from lintime.ops.vq.state import VQState
 
 _IMPLS = {"naive": naive_vq_attention, "chunk": chunk_vq_attention, "recurrent": recurrent_vq_attention}
+
+
+def _load_triton():  # the fused kernels, when Triton is installed (picked automatically for CUDA tensors, T > 1)
+    from lintime.ops.vq.triton import triton_vq_attention
+
+    return triton_vq_attention
+
+
+register_triton(_IMPLS, _load_triton)
+_HOST_VALUES = ("chunk", "triton")  # the forms that take the call's host values (block count)
 
 
 def vq_attention(
@@ -60,7 +70,10 @@ def vq_attention(
         output_final_state: also return the state after the last token.
         cu_seqlens: ``[N + 1]`` int offsets of packed sequences (``B == 1``); no token attends
             across a boundary, in the window or the cache.
-        backend: ``None`` (automatic), ``"naive"``, ``"chunk"`` or ``"recurrent"``.
+        backend: ``None`` (automatic: ``"recurrent"`` for ``T == 1``, else ``"triton"`` for CUDA
+            tensors when Triton is installed, else ``"chunk"``), ``"naive"``, ``"chunk"``,
+            ``"recurrent"`` or ``"triton"`` (fused kernels; CPU tensors only under
+            ``TRITON_INTERPRET=1``; fp64 or keys wider than 256 run the chunked form).
 
     Returns:
         o: ``[B, T, H, V]`` in ``q``'s dtype.
@@ -114,17 +127,18 @@ def vq_attention(
         check_cu_seqlens_shape(op, cu_seqlens, B)
     if initial_state is not None:
         _check_state(op, initial_state, num_seqs(B, cu_seqlens), H, S, K, V, L, q.device)
-    impl = select(op, backend, _IMPLS, q)
+    impl = _IMPLS["recurrent"] if backend is None and T == 1 else select(op, backend, _IMPLS, q)
+    needs_host = any(impl is _IMPLS.get(name) for name in _HOST_VALUES)
     # the value checks read codes / cu_seqlens / state positions back to the host (one sync):
     # skipped when every value was checked before (a state this op returned, codes the caller
     # marked with ``lintime.ops.utils.mark_checked``) and the form needs no host values
     st_pos = None if initial_state is None else initial_state.pos
-    if impl is chunk_vq_attention or cu_seqlens is not None or not is_checked(codes, st_pos):
+    if needs_host or cu_seqlens is not None or not is_checked(codes, st_pos):
         host = _read_values(op, codes, S, cu_seqlens, B, T, initial_state)
         mark_checked(st_pos)
     else:
         host = None
-    extra = {"host_values": host} if impl is chunk_vq_attention else {}
+    extra = {"host_values": host} if needs_host else {}
     o, final = impl(
         q, k_hat, codes, v, codebook, block_len=L, bias=bias, reduction=reduction,
         initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens, **extra,

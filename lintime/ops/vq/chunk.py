@@ -273,13 +273,7 @@ def chunk_vq_attention(
     s_win = s_win.masked_fill(~visible, float("-inf"))
 
     # cache: per-block summaries, initial cache in each pseudo-block, reduction, blocks <= e - 2
-    cnt, sumv = block_sums(zc, vc, lay.kvalid, S)  # [R, NE, H, S], [R, NE, H, S, V]
-    if st is not None:
-        c0 = st.cache_count.to(dt)
-        cnt = cnt.view(R * NE, H, S).index_copy(0, lay.pseudo, c0).view(R, NE, H, S)
-        sumv = sumv.view(R * NE, H, S, V).index_copy(0, lay.pseudo, c0[..., None] * st.cache_mean.to(dt))
-        sumv = sumv.view(R, NE, H, S, V)
-    cum_c, cum_m = REDUCTIONS[reduction](lay.first, cnt, sumv)  # inclusive, per sequence
+    cum_c, cum_m = cache_summaries(lay, zc, vc, st, S, reduction)  # [R, NE, H, S], [R, NE, H, S, V]
     cache_c = blocks(cum_c, back2)  # [NQ, H, S] (seed Code 2: pad 2, drop last 2)
     cache_m = blocks(cum_m, back2)  # [NQ, H, S, V]
     s_cache = torch.einsum("nihk,hsk->nhis", qc, codebook.to(dt))  # [NQ, H, L, S]
@@ -298,17 +292,45 @@ def chunk_vq_attention(
 
     final = None
     if output_final_state:
-        def window(x):  # [R, NE, L, *rest] -> final [N, 2L, *rest]
-            xb = x.reshape(R * NE, *x.shape[2:])
-            xb = torch.cat([xb, torch.zeros_like(xb[:1])])  # block R * NE is empty
-            return xb.index_select(0, lay.fin_win.view(-1)).view(N, 2 * L, *x.shape[3:])
-
-        final = VQState(
-            cache_mean=cum_m.reshape(R * NE, H, S, V).index_select(0, lay.fin_cache),
-            cache_count=cum_c.reshape(R * NE, H, S).index_select(0, lay.fin_cache),
-            k_hat=window(kc).to(k_hat.dtype),
-            v=window(vc).to(v.dtype),
-            codes=window(zc),
-            pos=lay.pos1,
-        )
+        final = final_state(lay, N, kc, vc, zc, cum_c, cum_m, k_hat.dtype, v.dtype)
     return o, final
+
+
+def cache_summaries(lay: _BlockLayout, zc, vc, st: VQState | None, S: int, reduction: str):
+    """Inclusive per-block cache summaries of every sequence, ``(count [R, NE, H, S], mean
+    [R, NE, H, S, V])`` in ``vc``'s dtype: the per-code count and value sum of each block (seed
+    Code 2 ``delta1_by_block`` / ``deltav_by_block``), the initial cache in each pseudo-block, then
+    the segmented ``reduction``.  ``zc`` ``[R, NE, L, H]`` codes and ``vc`` ``[R, NE, L, H, V]``
+    values as placed by :meth:`_BlockLayout.place`; ``st`` the canonical initial state or ``None``."""
+    R, NE = lay.R, lay.NE
+    dt = vc.dtype
+    cnt, sumv = block_sums(zc, vc, lay.kvalid, S)  # [R, NE, H, S], [R, NE, H, S, V]
+    H, V = sumv.shape[2], sumv.shape[-1]
+    if st is not None:
+        c0 = st.cache_count.to(dt)
+        cnt = cnt.view(R * NE, H, S).index_copy(0, lay.pseudo, c0).view(R, NE, H, S)
+        sumv = sumv.view(R * NE, H, S, V).index_copy(0, lay.pseudo, c0[..., None] * st.cache_mean.to(dt))
+        sumv = sumv.view(R, NE, H, S, V)
+    return REDUCTIONS[reduction](lay.first, cnt, sumv)  # inclusive, per sequence
+
+
+def final_state(lay: _BlockLayout, N: int, kc, vc, zc, cum_c, cum_m, k_dtype, v_dtype) -> VQState:
+    """The canonical state after the call: the final block's inclusive cache and the last two
+    blocks as the window (``kc``, ``vc``, ``zc`` placed ``[R, NE, L, ...]``; ``cum_*`` from
+    :func:`cache_summaries`)."""
+    R, NE, L = lay.R, lay.NE, lay.L
+    H, S, V = cum_m.shape[2:]
+
+    def window(x):  # [R, NE, L, *rest] -> final [N, 2L, *rest]
+        xb = x.reshape(R * NE, *x.shape[2:])
+        xb = torch.cat([xb, torch.zeros_like(xb[:1])])  # block R * NE is empty
+        return xb.index_select(0, lay.fin_win.view(-1)).view(N, 2 * L, *x.shape[3:])
+
+    return VQState(
+        cache_mean=cum_m.reshape(R * NE, H, S, V).index_select(0, lay.fin_cache),
+        cache_count=cum_c.reshape(R * NE, H, S).index_select(0, lay.fin_cache),
+        k_hat=window(kc).to(k_dtype),
+        v=window(vc).to(v_dtype),
+        codes=window(zc),
+        pos=lay.pos1,
+    )

@@ -1,0 +1,201 @@
+"""Transformer-VQ attention on Triton kernels: the custom ops ``lintime::vq_fwd`` / ``lintime::vq_bwd`` and the
+entry :func:`triton_vq_attention` (the ``"triton"`` backend of :func:`lintime.ops.vq_attention`).
+
+What runs where:
+
+* PyTorch (the chunked form's code, :mod:`lintime.ops.vq.chunk`): the block layout, the per-block cache
+  summaries ``(count, mean)`` of blocks ``<= n - 2`` through the chosen ``reduction`` (O(blocks * S * V), with
+  autograd from the means to ``v`` and the initial state), the final state;
+* ``vq_fwd_kernel``: per query tile, head and value tile, one online softmax over the window columns (causal,
+  bias) and the cache codes (``q . codebook + log count``, per-code means as values); saves the row
+  log-sum-exp;
+* backward: ``vq_bwd_query_kernel`` recomputes ``P`` from the log-sum-exp (FlashAttention-2) and writes ``P``
+  and ``dS`` (``[T, 2L + S]`` per head, the size of the chunked form's scores, never ``T x T``), the bias
+  gradient (``dS`` of the window) and ``dq``; ``vq_bwd_key_kernel`` folds the window's ``P^T do`` and ``dS^T q``
+  into ``dv`` / ``dk`` of each key block (its own block's queries and the next block's, fp32 accumulation);
+  the cache's ``d mean = P^T do`` per block, ``d codebook = dS^T q`` over all blocks and ``d log count`` are
+  matmuls / sums in PyTorch.
+
+No per-token ``[S, V]`` tensor and no ``T x T`` tensor is made.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton.language as tl
+from torch import Tensor
+
+from lintime.ops.custom_op import grad_as, launcher_op
+from lintime.ops.kernel_launch import block, cdiv, check_device, dot_config
+from lintime.ops.utils import acc_dtype, num_seqs
+from lintime.ops.vq.chunk import _layout, cache_summaries, final_state, num_blocks, read_host
+from lintime.ops.vq.state import log_count
+from lintime.ops.vq.triton.kernels import vq_bwd_key_kernel, vq_bwd_query_kernel, vq_fwd_kernel
+from lintime.ops.vq.triton.launch import VQLaunch, default_launch
+
+_TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+def _fwd_fake(q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, L, launch):
+    NQ, _, H, _ = q.shape
+    return q.new_empty(NQ, L, H, v.shape[-1]), q.new_empty(NQ, L, H, dtype=torch.float32)
+
+
+def vq_fwd(q, k, v, kvalid, qblk, bias, cb, logc, cm, L: int, cfg: VQLaunch):
+    """Forward launcher: ``o [NQ, L, H, V]`` and ``lse [NQ, L, H]`` (fp32); arguments as in :mod:`.kernels`."""
+    NQ, _, H, K = q.shape
+    V = v.shape[-1]
+    S = cb.shape[1]
+    o = q.new_empty(NQ, L, H, V)
+    lse = q.new_empty(NQ, L, H, dtype=torch.float32)
+    BV = min(cfg.bv, block(V))
+    NQT = cdiv(L, cfg.bm)
+    if NQ > 0:
+        vq_fwd_kernel[(NQ * NQT, cdiv(V, BV), H)](
+            q, k, v, kvalid, qblk, bias, cb, logc, cm, o, lse, L, S, NQT, H=H, K=K, V=V, BM=cfg.bm, BN=cfg.bn,
+            BK=block(K), BV=BV, HAS_BIAS=bias is not None, DT=_TL[q.dtype], PREC=dot_config(q.dtype)[1],
+            num_warps=cfg.warps_fwd, num_stages=cfg.stages,
+        )
+    return o, lse
+
+
+def _bwd_fake(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, lse, L, launch):
+    db = torch.empty_like(bias) if bias is not None else q.new_empty(0)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), db, torch.empty_like(cb),
+            torch.empty_like(logc), torch.empty_like(cm))
+
+
+def vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, lse, L: int, cfg: VQLaunch):
+    """Backward launcher: ``dq, dk, dv, dbias (empty without a bias), dcb, dlogc, dcm``."""
+    NQ, _, H, K = q.shape
+    NB = k.shape[0]
+    V = v.shape[-1]
+    S = cb.shape[1]
+    DT, PREC = _TL[q.dtype], dot_config(q.dtype)[1]
+    delta = (do.float() * o.float()).sum(-1)  # [NQ, L, H] rowsum(do . o) (FlashAttention-2)
+    dq = torch.empty_like(q)
+    pw = q.new_empty(NQ, L, H, 2 * L)
+    dsw = q.new_empty(NQ, L, H, 2 * L)
+    pc = q.new_empty(NQ, L, H, S)
+    dsc = q.new_empty(NQ, L, H, S)
+    if NQ > 0:
+        NQT = cdiv(L, cfg.bm_q)
+        vq_bwd_query_kernel[(NQ * NQT, H)](
+            q, k, v, kvalid, qblk, bias, cb, logc, cm, do, lse, delta, dq, pw, dsw, pc, dsc, L, S, NQT, H=H, K=K,
+            V=V, BM=cfg.bm_q, BN=cfg.bn_q, BK=block(K), BV=min(cfg.bv_q, block(V)), HAS_BIAS=bias is not None,
+            DT=DT, PREC=PREC, num_warps=cfg.warps_q, num_stages=cfg.stages,
+        )
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    NJT = cdiv(L, cfg.bn_k)
+    for a, x, out in ((dsw, q, dk), (pw, do, dv)):
+        D = x.shape[-1]
+        BD = min(cfg.bd_k, block(D))
+        vq_bwd_key_kernel[(NB * NJT, cdiv(D, BD), H)](
+            a, x, qa, qb, out, L, NJT, H=H, D=D, BN=cfg.bn_k, BI=cfg.bi_k, BD=BD, PREC=PREC, num_warps=cfg.warps_k,
+            num_stages=cfg.stages,
+        )
+    with torch.autocast(q.device.type, enabled=False):  # the cache's gradients in the inputs' dtype
+        dcm = torch.einsum("nihs,nihv->nhsv", pc, do)  # [NQ, H, S, V]
+        dcb = torch.einsum("nihs,nihk->hsk", dsc, q)  # [H, S, K], every block's cache together
+    dlogc = dsc.sum(1, dtype=torch.float32)  # [NQ, H, S]
+    db = dsw if bias is not None else q.new_empty(0)
+    return dq, dk, dv, db, dcb.to(cb.dtype), dlogc, dcm.to(cm.dtype)
+
+
+@launcher_op("vq_bwd", fake=_bwd_fake)
+def vq_bwd_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, kvalid: Tensor, qblk: Tensor, qa: Tensor, qb: Tensor,
+              bias: Optional[Tensor], cb: Tensor, logc: Tensor, cm: Tensor, o: Tensor, lse: Tensor, L: int,
+              launch: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, lse, L, VQLaunch.of(launch))
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, L, launch = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, lse)
+    ctx.L, ctx.launch = L, launch
+
+
+def _backward(ctx, do, *_unused):
+    q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, lse = ctx.saved_tensors
+    do = grad_as(do, q.dtype).contiguous()
+    dq, dk, dv, db, dcb, dlogc, dcm = vq_bwd_op.for_ctx(ctx)(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm,
+                                                             o, lse, ctx.L, ctx.launch)
+    return dq, dk, dv, None, None, None, None, (db if bias is not None else None), dcb, dlogc, dcm, None, None
+
+
+@launcher_op("vq_fwd", fake=_fwd_fake, backward=_backward, setup_context=_setup, outputs=1)
+def vq_fwd_op(q: Tensor, k: Tensor, v: Tensor, kvalid: Tensor, qblk: Tensor, qa: Tensor, qb: Tensor,
+              bias: Optional[Tensor], cb: Tensor, logc: Tensor, cm: Tensor, L: int,
+              launch: list[int]) -> tuple[Tensor, Tensor]:
+    """``o`` (the op returns the log-sum-exp too, saved for the backward)."""
+    return vq_fwd(q, k, v, kvalid, qblk, bias, cb, logc, cm, L, VQLaunch.of(launch))
+
+
+def _key_owners(qblk: Tensor, NB: int) -> tuple[Tensor, Tensor]:
+    """``qa [NB]``: the query block at each flat block (-1: none); ``qb [NB]``: the query block right after it
+    (the next block, whose window's first half it is; -1: none -- a pseudo-block, a row end)."""
+    idx = torch.arange(qblk.numel(), dtype=torch.int32, device=qblk.device)  # qblk: int64 [NQ]
+    qa = torch.full((NB + 1,), -1, dtype=torch.int32, device=qblk.device).index_copy(0, qblk, idx)
+    return qa[:NB], qa[1:]
+
+
+def triton_vq_attention(
+    q, k_hat, codes, v, codebook, *, block_len, bias=None, reduction="serial", initial_state=None,
+    output_final_state=False, cu_seqlens=None, host_values=None, launch: VQLaunch | None = None,
+):
+    """Same arguments and results as :func:`lintime.ops.vq.chunk.chunk_vq_attention` (``host_values`` as
+    there), computed by the kernels of :mod:`.kernels`; fp16 / bf16 / fp32 inputs, fp32 scores and sums.
+    fp64 inputs and keys wider than 256 go to the chunked PyTorch form.  ``launch`` overrides
+    :func:`default_launch` (tests)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if q.dtype not in _TL or K > 256:
+        from lintime.ops.vq.chunk import chunk_vq_attention
+
+        return chunk_vq_attention(q, k_hat, codes, v, codebook, block_len=block_len, bias=bias,
+                                  reduction=reduction, initial_state=initial_state,
+                                  output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                  host_values=host_values)
+    check_device("vq_attention", q)
+    S = codebook.shape[1]
+    L = block_len
+    dt = acc_dtype(q)  # fp32: the cache summaries
+    dev = q.device
+    st = None if initial_state is None else initial_state.canonical()
+    N = num_seqs(B, cu_seqlens)
+    if host_values is None:
+        host_values = read_host(cu_seqlens, None if st is None else st.pos)
+    NE = num_blocks(B, T, L, *host_values)
+    lay = _layout(B, T, L, cu_seqlens, None if st is None else st.pos.to(dev), dev, NE)
+    R = lay.R
+    flat = lambda x: x.reshape(B * T, *x.shape[2:])
+    bufs = lambda x: None if st is None else x.reshape(N * 2 * L, *x.shape[2:])
+
+    kc = lay.place(flat(k_hat), bufs(st.k_hat.to(k_hat.dtype)) if st is not None else None)  # [R, NE, L, H, K]
+    vc = lay.place(flat(v), bufs(st.v.to(v.dtype)) if st is not None else None)  # [R, NE, L, H, V]
+    zc = lay.place(flat(codes).long(), bufs(st.codes.long()) if st is not None else None)  # [R, NE, L, H]
+    vc32 = vc.to(dt)
+    cum_c, cum_m = cache_summaries(lay, zc, vc32, st, S, reduction)  # [R, NE, H, S], [R, NE, H, S, V]
+    back2 = lay.qblk - 2  # the cache of query block n: blocks <= n - 2 (seed Code 2: pad 2, drop last 2)
+    cache_c = cum_c.reshape(R * NE, H, S).index_select(0, back2)  # [NQ, H, S]
+    cache_m = cum_m.reshape(R * NE, H, S, V).index_select(0, back2)  # [NQ, H, S, V]
+
+    NB = R * NE
+    qblk = lay.qblk.to(torch.int32)
+    qa, qb = _key_owners(lay.qblk, NB)
+    kvalid = lay.kvalid.reshape(NB * L).to(torch.int8)
+    bc = None if bias is None else lay.qplace(flat(bias))  # [NQ, L, H, 2L]
+    launch = launch or default_launch(K, V)
+    o = vq_fwd_op(
+        lay.qplace(flat(q)), kc.view(NB, L, H, K), vc.view(NB, L, H, V), kvalid, qblk, qa, qb, bc,
+        codebook.to(q.dtype).contiguous(), log_count(cache_c).float(), cache_m.to(q.dtype), L, launch.to_ints(),
+    )[0]  # [NQ, L, H, V]
+    o = o.reshape(lay.NQ * L, H, V).index_select(0, lay.dest_q).view(B, T, H, V)
+
+    final = None
+    if output_final_state:
+        final = final_state(lay, N, kc, vc32, zc, cum_c, cum_m, k_hat.dtype, v.dtype)
+    return o, final

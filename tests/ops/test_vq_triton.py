@@ -1,0 +1,259 @@
+"""vq_attention, backend 'triton': the fused kernels against the naive and chunked forms -- forward, final state
+and every gradient (q, v, bias, codebook through k_hat = codebook[codes], the initial state's float fields),
+odd lengths, packing, continuation at any split, with and without a bias.
+
+On the CPU through the Triton interpreter (tests/conftest.py sets ``TRITON_INTERPRET=1``) with 16-wide tiles
+(:func:`lintime.ops.vq.triton.launch.default_launch`), so small shapes cross several query tiles per block, window
+tiles that straddle the block boundary, partial code and value tiles: fp32 by the exact rule, fp16 by the
+half-precision rule (``tl.dot`` on bf16 is wrong in the interpreter).  The ``cuda`` tests repeat the checks at the
+vq-base shape (``K = 128, V = 1536, S = L = 512``) in bf16 and fp32.  Tolerances: :mod:`lintime.testing`, as in
+tests/ops/test_vq.py, whose input helpers these tests share.
+"""
+
+import itertools
+
+import pytest
+import torch
+from test_vq import FIELDS, FLOAT_FIELDS, _assert_same, _gather, _inputs, _make_state, _state
+
+import lintime.ops.vq as vq_mod
+from lintime.ops import vq_attention
+from lintime.testing import assert_exact, assert_half_rule
+
+pytest.importorskip("triton")
+
+CUDA = torch.cuda.is_available()
+cuda = pytest.mark.cuda
+cpu_only = pytest.mark.skipif(CUDA, reason="interpreter tests: the CUDA tests below cover the compiled kernels")
+
+
+def _run(backend, inp, L, *, reduction="serial", sd=None, cu=None, bias=True, device="cpu"):
+    """Output, final state and the gradient of every float leaf (inputs, initial state) of one call, for a loss
+    over the output and the final state's float fields (fixed random weights).  ``inp`` / ``sd`` as made by
+    test_vq's ``_inputs`` / ``_state``, moved to ``device``."""
+    mv = lambda x: x.to(device)
+    leaves = {k: mv(x).requires_grad_() for k, x in inp.items() if x.is_floating_point() and (bias or k != "bias")}
+    state = None
+    if sd is not None:
+        st_leaves = {k: mv(sd[k]).requires_grad_() for k in ("cache_mean", "cache_count", "v")}
+        leaves.update({f"st_{k}": x for k, x in st_leaves.items()})
+        state = _make_state({**{k: mv(x) for k, x in sd.items()}, **st_leaves}, leaves["codebook"])
+    codes = mv(inp["codes"])
+    o, fin = vq_attention(
+        leaves["q"], _gather(leaves["codebook"], codes), codes, leaves["v"], leaves["codebook"], block_len=L,
+        bias=leaves.get("bias"), reduction=reduction, initial_state=state, output_final_state=True,
+        cu_seqlens=None if cu is None else mv(cu), backend=backend,
+    )
+    g = torch.Generator().manual_seed(7)
+    w = lambda x: torch.randn(x.shape, generator=g, dtype=torch.float64).to(device)
+    loss = (o.double() * w(o)).sum()
+    for f in FLOAT_FIELDS:
+        x = getattr(fin, f)
+        loss = loss + (x.double() * w(x)).sum()
+    grads = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
+    if sd is not None:  # d/d count is one-sided at a count of 0 (log 0 = -inf): compared on counts > 0
+        grads["st_cache_count"] = grads["st_cache_count"] * (mv(sd["cache_count"]) > 0)
+    return o, fin, grads
+
+
+def _half_rule(name, ref, out, base):
+    """Output, final float state and every gradient of ``out`` (a half-precision run) within the half rule of
+    the fp64 run ``ref``, ``base`` the naive form in the same half dtype; integer fields equal."""
+    assert_half_rule(f"{name} o", ref[0], out[0], base[0])
+    for f in FIELDS:
+        x, y, z = getattr(ref[1], f), getattr(out[1], f), getattr(base[1], f)
+        if f in FLOAT_FIELDS:
+            if f.startswith("cache"):  # fp32 in every form, from the same half inputs: the exact fp32 rule
+                assert y.dtype == z.dtype == torch.float32
+                assert_exact(f"{name} state.{f}", z, y)
+            else:
+                assert y.dtype == out[0].dtype
+                assert_half_rule(f"{name} state.{f}", x, y, z)
+        else:
+            assert torch.equal(x, y), (name, f)
+    for k in ref[2]:
+        g = out[2][k]
+        half = out[0].dtype
+        assert_half_rule(f"{name} d{k}", ref[2][k], g if g.dtype == half else g.to(half), base[2][k].to(half))
+
+
+def _to(inp, dtype):
+    return {k: x.to(dtype) if x.is_floating_point() else x for k, x in inp.items()}
+
+
+# ------------------------------------------------------------------------ interpreter (CPU)
+
+
+@cpu_only
+@pytest.mark.parametrize(
+    "B, T, H, K, V, S, L, pos, reduction",
+    [
+        # two query tiles per block, window tiles across the block boundary, a mid-block state
+        (2, 45, 1, 20, 24, 10, 20, [37, 5], "serial"),
+        # blocks shorter than a tile, three value tiles, two heads, no state
+        (1, 23, 2, 16, 40, 16, 8, None, "assoc"),
+    ],
+)
+def test_matches_naive_and_chunk_fp32(B, T, H, K, V, S, L, pos, reduction):
+    """fp32: output, final state and every gradient equal the naive and the chunked forms' (exact rule)."""
+    inp = _inputs(B, T, H, K, V, S, L, torch.float32, seed=T)
+    sd = None if pos is None else _state(pos, H, K, V, S, L, torch.float32)
+    out = _run("triton", inp, L, reduction=reduction, sd=sd)
+    assert torch.isfinite(out[0]).all()
+    _assert_same("triton vs naive", _run("naive", inp, L, sd=sd), out)
+    _assert_same("triton vs chunk", _run("chunk", inp, L, reduction=reduction, sd=sd), out)
+
+
+@cpu_only
+def test_without_bias_and_length_one():
+    """No bias (a separate kernel variant) equals the chunked form; so does a one-token call continuing a state
+    at a block end (backend named: the automatic choice for T = 1 is the recurrent form)."""
+    H, K, V, S, L = 1, 16, 12, 8, 8
+    inp = _inputs(1, 30, H, K, V, S, L, torch.float32, seed=4)
+    _assert_same("no bias", _run("chunk", inp, L, bias=False), _run("triton", inp, L, bias=False))
+    one = _inputs(2, 1, H, K, V, S, L, torch.float32, seed=5)
+    sd = _state([2 * L, 3], H, K, V, S, L, torch.float32)
+    _assert_same("T = 1", _run("naive", one, L, sd=sd), _run("triton", one, L, sd=sd))
+
+
+@cpu_only
+def test_packing_with_states_matches_naive():
+    """Packed sequences (one of length 1, one empty) each continuing its own state (mid-block, at 0, at a block
+    end): no token attends across a boundary, in the window or the cache."""
+    H, K, V, S, L = 1, 16, 6, 5, 4
+    lens = [5, 1, 0, 22, 13]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    inp = _inputs(1, sum(lens), H, K, V, S, L, torch.float32, seed=8)
+    sd = _state([6, 0, 8, 13, 4], H, K, V, S, L, torch.float32)
+    _assert_same("packed", _run("naive", inp, L, sd=sd, cu=cu), _run("triton", inp, L, reduction="matmul", sd=sd,
+                                                                        cu=cu))
+
+
+def _continue(inp, splits, L, sd):
+    """``inp`` as consecutive Triton calls cut at ``splits`` from the state ``sd``: output, final state and the
+    gradients of the inputs, of a leaf ``k_hat`` and of the state's float fields."""
+    leaves = {k: x.clone().requires_grad_() for k, x in inp.items() if x.is_floating_point()}
+    k_leaf = _gather(inp["codebook"], inp["codes"]).requires_grad_()
+    st_leaves = {k: sd[k].clone().requires_grad_() for k in ("cache_mean", "cache_count", "v")}
+    state = _make_state({**sd, **st_leaves}, leaves["codebook"])
+    os = []
+    for a, b in itertools.pairwise([0, *splits, inp["q"].shape[1]]):
+        sl = lambda x, a=a, b=b: x[:, a:b]
+        o, state = vq_attention(sl(leaves["q"]), sl(k_leaf), sl(inp["codes"]), sl(leaves["v"]), leaves["codebook"],
+                                block_len=L, bias=sl(leaves["bias"]), initial_state=state, output_final_state=True,
+                                backend="triton")
+        os.append(o)
+    o = torch.cat(os, 1)
+    g = torch.Generator().manual_seed(5)
+    loss = (o * torch.randn(o.shape, generator=g)).sum()
+    for f in FLOAT_FIELDS:
+        x = getattr(state, f)
+        loss = loss + (x * torch.randn(x.shape, generator=g, dtype=x.dtype)).sum()
+    ls = {**leaves, "k_hat": k_leaf, **{f"state.{k}": x for k, x in st_leaves.items()}}
+    grads = dict(zip(ls, torch.autograd.grad(loss, list(ls.values()))))
+    grads["state.cache_count"] = grads["state.cache_count"] * (sd["cache_count"] > 0)
+    return o, state, grads
+
+
+@cpu_only
+def test_continuation_at_any_split():
+    """One call == calls cut mid-block, at a block end, into an empty call: output, final state and every
+    gradient (leaf k_hat: windowed keys' gradients go to k_hat, cached ones' to the codebook, in both runs)."""
+    H, K, V, S, L, T = 1, 16, 5, 6, 8, 40
+    inp = _inputs(2, T, H, K, V, S, L, torch.float32, seed=12)
+    sd = _state([19, 3], H, K, V, S, L, torch.float32)
+    one, many = _continue(inp, [], L, sd), _continue(inp, [13, 21, 21], L, sd)
+    assert_exact("split o", one[0], many[0])
+    for f in FIELDS:
+        x, y = getattr(one[1], f), getattr(many[1], f)
+        if f in FLOAT_FIELDS:
+            assert_exact(f"split state.{f}", x, y)
+        else:
+            assert torch.equal(x, y), f
+    for k in one[2]:
+        assert_exact(f"split d{k}", one[2][k], many[2][k])
+
+
+@cpu_only
+def test_fp16_half_rule():
+    """fp16 through the interpreter: output, final state and every gradient within the half-precision rule of
+    the fp64 naive form (base: the naive form in fp16)."""
+    H, K, V, S, L, T = 1, 32, 32, 16, 16, 40
+    inp = _inputs(1, T, H, K, V, S, L, torch.float64, seed=2)
+    sd = _state([21], H, K, V, S, L, torch.float64)
+    sd16 = {k: x.to(torch.float16) if x.is_floating_point() and k != "cache_count" else x for k, x in sd.items()}
+    sd16["cache_mean"], sd16["cache_count"] = sd["cache_mean"].float(), sd["cache_count"].float()
+    ref = _run("naive", inp, L, sd=sd)
+    base = _run("naive", _to(inp, torch.float16), L, sd=sd16)
+    out = _run("triton", _to(inp, torch.float16), L, sd=sd16)
+    assert out[0].dtype == torch.float16
+    _half_rule("triton fp16", ref, out, base)
+
+
+def test_automatic_choice(impl_calls):
+    """Automatic: the recurrent form for one token; for T > 1 the Triton kernels on CUDA, else the chunked form."""
+    inp = _inputs(1, 9, 1, 4, 3, 5, 4, torch.float32)
+    args = (inp["q"], _gather(inp["codebook"], inp["codes"]), inp["codes"], inp["v"], inp["codebook"])
+    calls = {be: impl_calls(vq_mod, be) for be in ("triton", "chunk", "recurrent")}
+    vq_attention(*args, block_len=4)
+    vq_attention(*(x[:, :1] for x in args[:4]), args[4], block_len=4)
+    assert calls == {"triton": [], "chunk": [1], "recurrent": [1]}
+
+
+# ------------------------------------------------------------------------ CUDA
+
+
+def _cuda_case(dtype, T, *, pos=None, lens=None, bias=True, K=128, V=1536, S=512, L=512, seed=0):
+    """The Triton run in ``dtype`` on CUDA with its references: fp32 -- the chunked form in fp32 (the exact rule
+    compares forms in one dtype); half -- the fp64 naive run and the naive run in ``dtype``."""
+    B = 1 if lens is not None or pos is None else len(pos)
+    cu = None if lens is None else torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    inp = _inputs(B, T, 1, K, V, S, L, torch.float64, seed=seed)
+    sd = None if pos is None else _state(pos, 1, K, V, S, L, torch.float64)
+    if dtype == torch.float32:
+        inp, sd = _to(inp, dtype), None if sd is None else _to(sd, dtype)
+        ref = _run("chunk", inp, L, sd=sd, cu=cu, bias=bias, device="cuda")
+        return ref, _run("triton", inp, L, sd=sd, cu=cu, bias=bias, device="cuda"), None
+    ref = _run("naive", inp, L, sd=sd, cu=cu, bias=bias, device="cuda")
+    sdh = None
+    if sd is not None:
+        sdh = _to(sd, dtype)
+        sdh["cache_mean"], sdh["cache_count"] = sd["cache_mean"].float(), sd["cache_count"].float()
+    base = _run("naive", _to(inp, dtype), L, sd=sdh, cu=cu, bias=bias, device="cuda")
+    out = _run("triton", _to(inp, dtype), L, sd=sdh, cu=cu, bias=bias, device="cuda")
+    return ref, out, base
+
+
+@cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_cuda_vq_base_bf16():
+    """bf16 at the vq-base shape, T not a multiple of L, continuing a mid-block state: half-precision rule for the
+    output, the final state and every gradient."""
+    ref, out, base = _cuda_case(torch.bfloat16, 2348, pos=[700])
+    _half_rule("cuda vq-base bf16", ref, out, base)
+
+
+@cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_cuda_packed_bf16_without_bias():
+    ref, out, base = _cuda_case(torch.bfloat16, 2100, lens=[1300, 1, 0, 799], bias=False, seed=1)
+    _half_rule("cuda packed bf16", ref, out, base)
+
+
+@cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_cuda_fp32_exact():
+    """fp32 (IEEE products) at a mid-sized shape, two sequences from states: the exact rule against the chunked
+    form on the output, the final state and every gradient."""
+    ref, out, _ = _cuda_case(torch.float32, 1000, pos=[70, 300], K=64, V=192, S=64, L=128, seed=2)
+    _assert_same("cuda fp32", ref, out)
+
+
+@cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_cuda_dispatch_picks_triton(impl_calls):
+    calls = impl_calls(vq_mod, "triton")
+    inp = _inputs(1, 64, 1, 16, 16, 8, 16, torch.bfloat16)
+    args = [inp[k].cuda() for k in ("q", "codes", "v", "codebook")]
+    vq_attention(args[0], _gather(args[3], args[1]), args[1], args[2], args[3], block_len=16)
+    assert calls == [1]
