@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from lintime.ops.kernel_launch import next_pow2, sm_count
+from lintime.ops.utils import packed_cache
 
 BT = 64  # chunk length (tokens) of every kernel
 
@@ -109,10 +110,15 @@ def seg_alloc_rows(B: int, T: int, n_seq: int, varlen: bool, ns: int) -> int:
 
 def segments(B: int, T: int, cu_seqlens: torch.Tensor | None, ns: int, device: torch.device) -> Segments:
     """Build the segment layout of a ``[B, T]`` batch, or of packed sequences (``B == 1``).
-    Without ``cu_seqlens`` the layout is arithmetic and cached per ``(B, T, ns)``."""
+    Without ``cu_seqlens`` the layout is arithmetic and cached per ``(B, T, ns)``; a packed layout
+    costs one device-to-host read of ``cu_seqlens`` and is kept per tensor
+    (:func:`lintime.ops.utils.packed_cache`), so a model's layers, forward and backward, share it."""
     if cu_seqlens is None:
         return _regular_segments(B, T, ns)
-    return _packed_segments(B, T, cu_seqlens, ns, device)
+    entry = packed_cache(cu_seqlens, ("segments", B, T, ns, str(device)))
+    if "seg" not in entry:
+        entry["seg"] = _packed_segments(B, T, cu_seqlens, ns, device)
+    return entry["seg"]
 
 
 @functools.lru_cache(maxsize=256)

@@ -163,6 +163,31 @@ def test_packing_equals_separate_calls(ns):
         _compare(f"gla triton packed seq {n} ns={ns}", ref, got)
 
 
+def test_packed_layout_read_once_per_cu_seqlens(monkeypatch):
+    """The packed segment layout (one host read of ``cu_seqlens``) is built once per tensor and shared by
+    the forward and backward of every call with it (a model's layers); an in-place write or another
+    tensor rebuilds it, with the same results."""
+    from lintime.ops import segments as seg_mod
+
+    builds = []
+    real = seg_mod._packed_segments
+    monkeypatch.setattr(seg_mod, "_packed_segments", lambda *a: builds.append(a[3]) or real(*a))
+    lens = [5, 1, 0, 70, 17]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEV, dtype=torch.int32)  # as models pass it
+    q, k, v, g, h0 = _inputs(1, sum(lens), 1, 16, 16, N=len(lens))
+    first, do, dfinal = _run("triton", q, k, v, g, h0, cu_seqlens=cu, segment_chunks=1)
+    n_first = len(builds)
+    assert n_first >= 1
+    second, _, _ = _run("triton", q, k, v, g, h0, do, dfinal, cu_seqlens=cu, segment_chunks=1)
+    assert len(builds) == n_first  # the second call, forward and backward: no new layout
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    cu[2:4] = 8  # in place (lengths 5, 3, 0, 68, 17): rebuilt
+    moved, _, _ = _run("triton", q, k, v, g, h0, do, dfinal, cu_seqlens=cu, segment_chunks=1)
+    assert len(builds) > n_first
+    ref, _, _ = _run("triton", q, k, v, g, h0, do, dfinal, cu_seqlens=cu.clone(), segment_chunks=1)
+    assert all(torch.equal(a, b) for a, b in zip(moved, ref))
+
+
 def test_continuation_equals_one_call():
     """Splitting at 37 (mid-chunk), 64 (chunk boundary), 65 and carrying the final state gives one
     call's outputs, final state and gradients (through the chain of states)."""
