@@ -17,6 +17,7 @@ _EXPORTS = {
     "gau_attention": "gau",
     "mixed_chunk_attention": "mixed_chunk",
     "MixedChunkState": "mixed_chunk",
+    "mixed_chunk_decode_step_": "mixed_chunk",
     "linear_attention": "linear",
     "gated_linear_attention": "gla",
     "vq_attention": "vq",

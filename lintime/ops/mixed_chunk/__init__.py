@@ -8,10 +8,20 @@ import torch
 
 from lintime.ops.dispatch import register_triton, select
 from lintime.ops.mixed_chunk.chunk import chunk_mixed_chunk_attention
+from lintime.ops.mixed_chunk.decode import recurrent_decode_step_
 from lintime.ops.mixed_chunk.naive import naive_mixed_chunk_attention
 from lintime.ops.mixed_chunk.recurrent import recurrent_mixed_chunk_attention
 from lintime.ops.mixed_chunk.state import LINEAR_NORMS, MixedChunkState, check_state
-from lintime.ops.utils import check_cu_seqlens, check_same_btH, check_tensor, is_checked, mark_checked, num_seqs
+from lintime.ops.kernel_launch import check_device
+from lintime.ops.utils import (
+    FLOAT_DTYPES,
+    check_cu_seqlens,
+    check_same_btH,
+    check_tensor,
+    is_checked,
+    mark_checked,
+    num_seqs,
+)
 
 _IMPLS = {
     "naive": naive_mixed_chunk_attention,
@@ -138,4 +148,111 @@ def mixed_chunk_attention(
     return o, final
 
 
-__all__ = ["MixedChunkState", "mixed_chunk_attention"]
+def _load_triton_step():  # the fused decoding step (imported on first use, like the kernels above)
+    from lintime.ops.mixed_chunk.triton.decode import triton_decode_step_
+
+    return triton_decode_step_
+
+
+_STEP_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the fused step's inputs
+
+
+def mixed_chunk_decode_step_(
+    h: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    positions: torch.Tensor,
+    state: MixedChunkState,
+    *,
+    rel_bias: torch.Tensor | None = None,
+    scale: float | None = None,
+    linear_norm: str = "tokens",
+    rope_base: float = 10000.0,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """One FLASH decoding step (one token per sequence) from the layer's projection to its gated output, the
+    state updated **in place** (seed Code 8, one token)::
+
+        u, v, z = split(silu(h), [E, E, S])
+        qq, kq, ql, kl = rope(z * gamma[i] + beta[i], positions), i = 0..3
+        a, state = mixed_chunk_attention(qq, kq, ql, kl, v, initial_state=state)   # one token, H = 1
+        return u * a
+
+    The same numbers as :func:`lintime.ops.gau_heads` then :func:`mixed_chunk_attention` (recurrent form),
+    but ``state``'s own tensors hold the next state: no new state, fixed shapes, no host read (once ``state``'s
+    ``fill`` / ``count`` are checked: a decoding loop pays one read, on its first step), so a CUDA graph can
+    capture it.  On CUDA two fused kernels (:mod:`lintime.ops.mixed_chunk.triton.decode`).
+
+    Args:
+        h: ``[N, 2E + S]`` the projection (before silu) of each sequence's token.
+        gamma, beta: ``[nh, S]``, ``nh >= 4``: the scale + offset of ``q_quad, k_quad, q_lin, k_lin`` (rows
+            0-3; rounded to ``h``'s dtype).
+        positions: ``[N]`` int, the token's position in its sequence (RoPE; one group of ``S`` features).
+        state: :class:`MixedChunkState` with ``H = 1``, buffers in ``h``'s dtype, written in place (the fused
+            form needs contiguous tensors).
+        rel_bias, scale, linear_norm: as :func:`mixed_chunk_attention` (``rel_bias [1, 2C - 1]``).
+        rope_base: RoPE base.
+        backend: ``None`` (``'triton'`` for CUDA tensors, else ``'recurrent'``), ``'triton'`` (also on the CPU
+            under ``TRITON_INTERPRET=1``) or ``'recurrent'`` (PyTorch composites, any device).
+
+    Returns:
+        ``u * a`` ``[N, E]`` in ``h``'s dtype.
+    """
+    op = "mixed_chunk_decode_step_"
+    if not isinstance(state, MixedChunkState):
+        raise TypeError(f"{op}: state must be a MixedChunkState, got {type(state).__name__}")
+    N, C, H, S = state.k_quad.shape
+    E = state.v.shape[-1]
+    for name, x in (("h", h), ("gamma", gamma), ("beta", beta), ("positions", positions)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.device != state.kv.device:
+            raise ValueError(f"{op}: {name} is on {x.device}, the state on {state.kv.device}")
+    if H != 1:
+        raise ValueError(f"{op}: the step takes one head (FLASH's), the state has H={H}")
+    if S % 2:
+        raise ValueError(f"{op}: RoPE needs an even key width, got S={S}")
+    if h.shape != (N, 2 * E + S):
+        raise ValueError(f"{op}: h must be [N, 2E + S] = {[N, 2 * E + S]}, got {tuple(h.shape)}")
+    if h.dtype not in FLOAT_DTYPES or any(getattr(state, f).dtype != h.dtype for f in ("k_quad", "k_lin", "v")):
+        raise TypeError(f"{op}: h ({h.dtype}) and the state's buffers must share a floating dtype")
+    if gamma.dim() != 2 or gamma.shape[0] < 4 or gamma.shape[1] != S or beta.shape != gamma.shape:
+        raise ValueError(f"{op}: gamma and beta must both be [nh >= 4, S={S}], got {tuple(gamma.shape)} and "
+                         f"{tuple(beta.shape)}")
+    if positions.shape != (N,) or positions.is_floating_point() or positions.dtype == torch.bool:
+        raise ValueError(f"{op}: positions must be an int tensor [N] = [{N}], got {positions.dtype} "
+                         f"{tuple(positions.shape)}")
+    if rel_bias is not None and tuple(rel_bias.shape) != (1, 2 * C - 1):
+        raise ValueError(f"{op}: rel_bias must be [1, 2C - 1] = [1, {2 * C - 1}], got {tuple(rel_bias.shape)}")
+    if linear_norm not in LINEAR_NORMS:
+        raise ValueError(f"{op}: linear_norm must be one of {LINEAR_NORMS}, got {linear_norm!r}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+        raise TypeError(f"{op}: scale must be a number or None, got {type(scale).__name__}")
+    values = not is_checked(state.fill, state.count)
+    check_state(op, state, N, C, 1, S, E, h.device, values=values)
+    if backend is None:
+        backend = "triton" if "triton" in _IMPLS and h.is_cuda and h.dtype in _STEP_DTYPES else "recurrent"
+    if backend == "recurrent":
+        out = recurrent_decode_step_(h, gamma, beta, positions, state, rel_bias=rel_bias, scale=scale,
+                                     linear_norm=linear_norm, rope_base=rope_base)
+    elif backend == "triton":
+        check_device(op, h)
+        if h.dtype not in _STEP_DTYPES or state.kv.dtype != torch.float32:
+            raise TypeError(f"{op}: the fused step takes fp16 / bf16 / fp32 inputs and an fp32 kv, got {h.dtype} "
+                            f"and {state.kv.dtype}")
+        fields = ("kv", "count", "k_quad", "k_lin", "v", "fill")
+        if not all(getattr(state, f).is_contiguous() for f in fields):
+            raise ValueError(f"{op}: the fused step writes the state in place and needs contiguous tensors")
+        bias = None if rel_bias is None else rel_bias.reshape(-1).contiguous()
+        out = _load_triton_step()(
+            h.contiguous(), gamma.contiguous(), beta.contiguous(), positions, state.kv.view(N, S, E), state.count,
+            state.k_quad.view(N, C, S), state.k_lin.view(N, C, S), state.v.view(N, C, E), state.fill, bias,
+            1.0 / C if scale is None else float(scale), linear_norm, float(rope_base),
+        )
+    else:
+        raise ValueError(f"{op}: unknown backend {backend!r}; choose from ('recurrent', 'triton')")
+    mark_checked(state.fill, state.count)
+    return out
+
+
+__all__ = ["MixedChunkState", "mixed_chunk_attention", "mixed_chunk_decode_step_"]

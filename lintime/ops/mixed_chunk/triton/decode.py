@@ -1,0 +1,209 @@
+"""One FLASH decoding step in two Triton kernels, updating a :class:`~lintime.ops.MixedChunkState` in place.
+
+Notation: ``N`` sequences (one token each), ``S`` key width, ``HD = S / 2`` (RoPE's two halves), ``E`` value
+width, ``C`` chunk size, ``W = 2E + S`` the projection's width; ``BC`` chunk slots and ``BE`` value columns per
+block, ``BS`` (a power of two >= ``S``) key columns.
+
+* :func:`decode_step_kernel`, grid ``(N, cdiv(E, BE))``: program ``(n, i_e)`` reads row ``n`` of the projection
+  ``h``, forms the four heads (silu, scale + offset, RoPE at the token's position -- as ``gau_heads``, rounded to
+  the buffers' dtype), attends the partial chunk ``0..fill`` with the new token at slot ``fill`` (relu^2 scores with
+  the Toeplitz bias, seed Eq. 6), adds the linear part ``q_lin . kv / N`` (seed Eq. 8) for its ``BE`` columns and
+  stores ``u * a`` (seed Code 8's gate).  It writes the new ``v`` columns at slot ``fill`` (program ``i_e = 0``
+  also the two keys); when the token completes its chunk it adds ``k_lin^T v`` over the chunk to its ``kv``
+  columns and zeroes its ``v`` columns instead.  Every program reads the keys of all slots, so the new token's
+  keys come from registers, never from the buffer another program is writing.
+* :func:`decode_advance_kernel`, grid ``(N,)``, after it: ``fill + 1``, or at a chunk's completion ``fill = 0``,
+  ``count += C`` and the key buffers zeroed (which no program of the first kernel may do: all of them read
+  every key).
+
+Two launches, fixed shapes, no host read: a CUDA graph captures them.  The arithmetic is the recurrent form's
+(:func:`lintime.ops.mixed_chunk.recurrent.decode_one_token`): fp32 everywhere, the heads, ``a`` and ``u * a``
+rounded to the input dtype where the layer's eager path rounds them.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from lintime.ops.kernel_launch import cdiv, interpreting, next_pow2
+from lintime.ops.utils import rope_inv_freq
+
+NORMS = {"tokens": 0, "chunk": 1, "none": 2}
+
+
+@dataclass(frozen=True)
+class DecodeLaunch:
+    """Launch configuration of the decoding step.  Not measured yet: ``be = 32`` gives 48 programs per sequence
+    at FLASH-base's ``E = 1536`` (a third of an H100's SMs at batch 1), each reading every key once."""
+
+    bc: int = 64  # chunk slots per block (>= 16: tl.dot's minimum)
+    be: int = 32  # value columns per program (>= 16)
+    warps: int = 4
+
+
+def default_launch() -> DecodeLaunch:
+    """The GPU's :class:`DecodeLaunch`; under the interpreter 16-slot blocks, so small test chunks span several."""
+    if interpreting():
+        return DecodeLaunch(bc=8, be=16, warps=1)
+    return DecodeLaunch()
+
+
+@triton.jit
+def decode_step_kernel(
+    h, gamma, beta, pos, freq, bias, kv, count, k_quad, k_lin, v, fill, out,
+    scale, E, W, pos_stride,
+    S: tl.constexpr, HD: tl.constexpr, C: tl.constexpr, NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PREC: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr, BE: tl.constexpr,
+):
+    """``out[n, cols] = u * (quad + lin / N)`` for this program's ``BE`` columns; the buffers updated as the
+    module docstring says.  ``h [N, W]``, ``kv [N, S, E]`` fp32, ``k_quad / k_lin [N, C, S]``, ``v [N, C, E]``,
+    ``count / fill [N]`` int64, ``pos`` int (stride ``pos_stride``), ``freq [HD]`` fp32, ``bias [2C - 1]``."""
+    i_n, i_e = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    DT = k_quad.dtype.element_ty
+    p_h = h + i_n * W
+
+    # the four heads q_quad, k_quad, q_lin, k_lin as rows of [4, BS] tiles (gau_heads for one token): feature j
+    # pairs with j -+ HD in RoPE's two halves (seed Code 3), x1 cos - x2 sin in the first, x2 cos + x1 sin in the
+    # second; gamma and beta rounded to DT first (ScaleOffset's rule), each head rounded to DT once
+    o_s = tl.arange(0, BS)
+    m_s = o_s < S
+    first = o_s < HD
+    o_p = tl.where(first, o_s + HD, o_s - HD)  # the partner feature
+    o_hd = tl.arange(0, 4)[:, None] * S
+    z = tl.load(p_h + (W - S) + o_s, mask=m_s, other=0.).to(tl.float32)
+    zp = tl.load(p_h + (W - S) + o_p, mask=m_s, other=0.).to(tl.float32)
+    z, zp = z / (1.0 + tl.exp(-z)), zp / (1.0 + tl.exp(-zp))  # silu (seed Code 6)
+    m_hs = m_s[None, :] & (o_hd >= 0)
+    q = (z[None, :] * tl.load(gamma + o_hd + o_s[None, :], mask=m_hs, other=0.).to(DT).to(tl.float32)
+         + tl.load(beta + o_hd + o_s[None, :], mask=m_hs, other=0.).to(DT).to(tl.float32))  # seed Code 6
+    qp = (zp[None, :] * tl.load(gamma + o_hd + o_p[None, :], mask=m_hs, other=0.).to(DT).to(tl.float32)
+          + tl.load(beta + o_hd + o_p[None, :], mask=m_hs, other=0.).to(DT).to(tl.float32))
+    b_a = tl.load(pos + i_n * pos_stride).to(tl.float32) * tl.load(freq + o_s % HD, mask=m_s, other=0.)
+    sign = tl.where(first, -1.0, 1.0)
+    r = (q * tl.cos(b_a)[None, :] + (sign[None, :] * qp) * tl.sin(b_a)[None, :]).to(DT).to(tl.float32)
+    b_qq = tl.sum(tl.where(o_hd == 0, r, 0.), 0)  # [BS] each
+    b_kq = tl.sum(tl.where(o_hd == S, r, 0.), 0)
+    b_ql = tl.sum(tl.where(o_hd == 2 * S, r, 0.), 0)
+    b_kl = tl.sum(tl.where(o_hd == 3 * S, r, 0.), 0)
+
+    o_e = i_e * BE + tl.arange(0, BE)
+    m_e = o_e < E
+    b_u = tl.load(p_h + o_e, mask=m_e, other=0.).to(tl.float32)
+    b_u = (b_u / (1.0 + tl.exp(-b_u))).to(DT).to(tl.float32)
+    b_vn = tl.load(p_h + E + o_e, mask=m_e, other=0.).to(tl.float32)
+    b_vn = (b_vn / (1.0 + tl.exp(-b_vn))).to(DT).to(tl.float32)
+
+    f = tl.load(fill + i_n).to(tl.int32)
+    full = f == C - 1  # this token completes its chunk
+    p_kq = k_quad + i_n * C * S
+    p_kl = k_lin + i_n * C * S
+    p_v = v + i_n * C * E
+    if f != C - 1:  # the new token into slot `fill` (a completed chunk's buffers are cleared instead)
+        tl.store(p_v + f * E + o_e, b_vn.to(DT), mask=m_e)
+        if i_e == 0:
+            tl.store(p_kq + f * S + o_s, b_kq.to(DT), mask=m_s)
+            tl.store(p_kl + f * S + o_s, b_kl.to(DT), mask=m_s)
+
+    # quadratic part over slots 0..fill (seed Eq. 6, causal); at completion also k_lin^T v of the chunk
+    b_o = tl.zeros([BE], dtype=tl.float32)
+    b_d = tl.zeros([BS, BE], dtype=tl.float32)
+    for c0 in range(0, f + 1, BC):
+        o_c = c0 + tl.arange(0, BC)
+        m_c = o_c <= f
+        new = (o_c == f)[:, None]
+        m_cs = m_c[:, None] & m_s[None, :]
+        p_k = o_c[:, None] * S + o_s[None, :]
+        b_k = tl.where(new, b_kq[None, :], tl.load(p_kq + p_k, mask=m_cs, other=0.).to(tl.float32))
+        b_s = tl.sum(b_k * b_qq[None, :], 1) * scale  # [BC]
+        if HAS_BIAS:
+            b_s += tl.load(bias + (f - o_c + C - 1), mask=m_c, other=0.).to(tl.float32)  # b[i - j]
+        b_s = tl.maximum(b_s, 0.)
+        b_w = tl.where(m_c, b_s * b_s, 0.)  # relu^2
+        b_v = tl.load(p_v + o_c[:, None] * E + o_e[None, :], mask=m_c[:, None] & m_e[None, :], other=0.)
+        b_v = tl.where(new, b_vn[None, :].to(DT), b_v)
+        b_o += tl.sum(b_w[:, None] * b_v.to(tl.float32), 0)
+        if full:
+            b_l = tl.where(new, b_kl[None, :].to(DT), tl.load(p_kl + p_k, mask=m_cs, other=0.))
+            b_d = tl.dot(tl.trans(b_l), b_v, b_d, input_precision=PREC)  # [BS, BE]
+
+    # linear part: the completed chunks (seed Eq. 8), normalised
+    m_se = m_s[:, None] & m_e[None, :]
+    p_kv = kv + i_n * S * E + o_s[:, None] * E + o_e[None, :]
+    b_kv = tl.load(p_kv, mask=m_se, other=0.)
+    b_lin = tl.sum(b_ql[:, None] * b_kv, 0)
+    if NORM == 0:  # 'tokens': an empty sum gives 0
+        b_n = tl.load(count + i_n).to(tl.float32)
+        b_lin = tl.where(b_n > 0, b_lin / tl.maximum(b_n, 1.), 0.)
+    elif NORM == 1:  # 'chunk'
+        b_lin = b_lin / C
+    b_a = (b_o + b_lin).to(DT).to(tl.float32)
+    tl.store(out + i_n * E + o_e, (b_u * b_a).to(out.dtype.element_ty), mask=m_e)
+
+    if full:  # the chunk moves into the linear sum; this program's value columns start over
+        tl.store(p_kv, b_kv + b_d, mask=m_se)
+        tl.debug_barrier()  # every thread's loads of v above come before the zeros
+        for c0 in range(0, C, BC):
+            o_c = c0 + tl.arange(0, BC)
+            tl.store(p_v + o_c[:, None] * E + o_e[None, :], tl.zeros([BC, BE], dtype=DT),
+                     mask=(o_c < C)[:, None] & m_e[None, :])
+
+
+@triton.jit
+def decode_advance_kernel(count, k_quad, k_lin, fill, S, C: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr):
+    """The counters of sequence ``n`` after its token; at a chunk's completion its key buffers zeroed."""
+    i_n = tl.program_id(0).to(tl.int64)
+    f = tl.load(fill + i_n)
+    if f == C - 1:
+        o_s = tl.arange(0, BS)
+        for c0 in range(0, C, BC):
+            o_c = c0 + tl.arange(0, BC)
+            o = i_n * C * S + o_c[:, None] * S + o_s[None, :]
+            m = (o_c < C)[:, None] & (o_s < S)[None, :]
+            tl.store(k_quad + o, tl.zeros([BC, BS], dtype=k_quad.dtype.element_ty), mask=m)
+            tl.store(k_lin + o, tl.zeros([BC, BS], dtype=k_lin.dtype.element_ty), mask=m)
+        tl.store(count + i_n, tl.load(count + i_n) + C)
+        tl.store(fill + i_n, tl.zeros_like(f))
+    else:
+        tl.store(fill + i_n, f + 1)
+
+
+@functools.lru_cache(maxsize=32)
+def _inv_freq(half: int, base: float, device: str) -> torch.Tensor:
+    """RoPE's fp32 frequencies, the same tensor values as :func:`lintime.ops.utils.rope` (cached per shape: a
+    captured step must not build it)."""
+    return rope_inv_freq(half, base, torch.float32, device)
+
+
+def triton_decode_step_(h, gamma, beta, positions, kv, count, k_quad, k_lin, v, fill, rel_bias, scale: float,
+                        linear_norm: str, rope_base: float, launch: DecodeLaunch | None = None) -> torch.Tensor:
+    """Launch the two kernels (arguments checked by :func:`lintime.ops.mixed_chunk_decode_step_`): ``h [N, W]``,
+    the state's tensors as ``[N, S, E]`` / ``[N, C, S]`` / ``[N, C, E]`` / ``[N]`` (contiguous), ``rel_bias
+    [2C - 1]`` or ``None``, ``positions [N]``.  Returns ``u * a`` ``[N, E]`` in ``h``'s dtype."""
+    cfg = launch or default_launch()
+    N, W = h.shape
+    C, S = k_quad.shape[1], k_quad.shape[2]
+    E = v.shape[2]
+    out = h.new_empty(N, E)
+    if N == 0:
+        return out
+    hd = S // 2
+    freq = _inv_freq(hd, float(rope_base), str(h.device))
+    prec = "ieee" if h.dtype == torch.float32 else "tf32"
+    bias = rel_bias if rel_bias is not None else kv  # a dummy pointer when there is no bias
+    decode_step_kernel[(N, cdiv(E, cfg.be))](
+        h, gamma, beta, positions, freq, bias, kv, count, k_quad, k_lin, v, fill, out,
+        float(scale), E, W, positions.stride(0),
+        S=S, HD=hd, C=C, NORM=NORMS[linear_norm], HAS_BIAS=rel_bias is not None, PREC=prec,
+        BS=max(16, next_pow2(S)), BC=cfg.bc, BE=cfg.be, num_warps=cfg.warps,
+    )
+    decode_advance_kernel[(N,)](count, k_quad, k_lin, fill, S, C=C, BC=cfg.bc, BS=max(16, next_pow2(S)),
+                                num_warps=cfg.warps)
+    return out
+
+
+__all__ = ["DecodeLaunch", "default_launch", "triton_decode_step_"]
