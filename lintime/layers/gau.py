@@ -155,6 +155,7 @@ class GAU(Mixer):
         self.dim, self.e, self.s, self.n_heads, self.max_len = dim, e, s, H, max_len
         self.causal, self.kernel, self.scaling, self.causal_norm = causal, kernel, scaling, causal_norm
         self.gating, self.rope_base, self.backend = gating, rope_base, backend
+        self.fused = True  # the heads op's fused kernel where it has one; False: its chunked PyTorch form
         self.proj = nn.Linear(dim, (2 * e if gating else e) + s, bias=bias)  # seed Code 6 `uv`
         self.qk = ScaleOffset(2, s)
         self.rel_bias = ToeplitzRelativeBias(max_len, H) if rel_bias else None
@@ -261,7 +262,8 @@ class GAU(Mixer):
         H, e, s = self.n_heads, self.e, self.s
         # silu, split, the scale + offset heads and RoPE per attention head: one fused op
         u, v, qk = gau_heads(self.proj(x), self.qk.gamma, self.qk.beta, positions, e=e, s=s, gating=self.gating,
-                             rope_base=self.rope_base, rope_heads=H, backend=heads_backend(self.backend))
+                             rope_base=self.rope_base, rope_heads=H,
+                             backend=heads_backend(self.backend) if self.fused else "chunk")
         q, k = (qk[:, :, i].reshape(B, T, H, s // H) for i in range(2))  # [B, T, H, s/H] views
         v = v.reshape(B, T, H, e // H)
         if state is None:

@@ -1,7 +1,8 @@
 """Normalisation layers over the last dimension (FLASH seed Code 5; RMSNorm for GLA / VQ).
 
 All three compute in at least fp32 through :func:`lintime.ops.normalize` (one fused pass per
-direction on CUDA).  They return the input dtype, or under autocast the autocast dtype: every
+direction on CUDA; ``fused = False`` on a layer takes the op's chunked PyTorch reference form on every
+device, :meth:`lintime.models.CausalLM.set_fused`).  They return the input dtype, or under autocast the autocast dtype: every
 block feeds the result to an autocast GEMM, which would round it to that dtype anyway, so writing
 it rounded saves a cast pass and half the bytes.
 """
@@ -22,6 +23,11 @@ def _out_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
+def _backend(fused: bool) -> str | None:
+    """The op's backend: automatic (the fused kernels on CUDA), or its chunked PyTorch reference form."""
+    return None if fused else "chunk"
+
+
 class LayerNorm(nn.Module):
     """``gamma * (x - mean) / sqrt(var + eps) + beta`` (seed Code 5, ``layer_norm``)."""
 
@@ -30,9 +36,11 @@ class LayerNorm(nn.Module):
         self.dim, self.eps = dim, eps
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
+        self.fused = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return normalize(x, self.weight, self.bias, kind="layernorm", eps=self.eps, out_dtype=_out_dtype(x))
+        return normalize(x, self.weight, self.bias, kind="layernorm", eps=self.eps, out_dtype=_out_dtype(x),
+                         backend=_backend(self.fused))
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"
@@ -47,9 +55,11 @@ class ScaleNorm(nn.Module):
         super().__init__()
         self.dim, self.eps = dim, eps
         self.scale = nn.Parameter(torch.ones(()))
+        self.fused = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return normalize(x, self.scale, kind="scalenorm", eps=self.eps, out_dtype=_out_dtype(x))
+        return normalize(x, self.scale, kind="scalenorm", eps=self.eps, out_dtype=_out_dtype(x),
+                         backend=_backend(self.fused))
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"
@@ -62,9 +72,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.dim, self.eps = dim, eps
         self.weight = nn.Parameter(torch.ones(dim))
+        self.fused = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return normalize(x, self.weight, kind="rmsnorm", eps=self.eps, out_dtype=_out_dtype(x))
+        return normalize(x, self.weight, kind="rmsnorm", eps=self.eps, out_dtype=_out_dtype(x),
+                         backend=_backend(self.fused))
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"

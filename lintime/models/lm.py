@@ -106,6 +106,15 @@ class _LanguageModel(nn.Module):
         weight = self.backbone.embed.weight if self.lm_head is None else self.lm_head.weight
         return linear_cross_entropy(h, weight, targets, ignore_index=-100, reduction="sum")
 
+    def set_fused(self, fused: bool) -> None:
+        """Turn the layers' fused elementwise kernels on or off: every submodule with a ``fused`` attribute (the
+        norms, the FLASH / GAU heads) runs its op's fused kernel where the device has one (``True``, the default)
+        or the op's chunked PyTorch reference form on every device (``False``: what the fused path is checked
+        against).  The attention ops keep their dispatch; the loss's fusion is :meth:`forward`'s ``fused_loss``."""
+        for m in self.modules():
+            if m is not self and isinstance(getattr(m, "fused", None), bool):
+                m.fused = bool(fused)
+
     # ------------------------------------------------------------------ parameters
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         """Trainable parameters (shared ones once).  ``exclude_embeddings`` leaves out the token
