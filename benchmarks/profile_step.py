@@ -55,7 +55,8 @@ _RULES = (
                       "segfixkernel", "segscankernel", "segsummarykernel", "slabfwd", "slabbwd", "relu2fwd",
                       "relu2bwd", "glafwd", "glabwd", "glarecurrent", "glasegsummary", "linearfwdkernel",
                       "linearbwd", "linearrecurrent")),
-    ("norms", ("layernorm", "rmsnorm", "groupnorm")),
+    ("norms", ("layernorm", "rmsnorm", "groupnorm", "lintime::normalize", "lintime::addnorm", "normfwdkernel",
+               "normbwdkernel", "addnormfwd", "addnormbwd")),
     ("GEMMs", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
                "aten::scaledmm", "mmbackward", "gemm", "cutlass", "xmma", "nvjet", "cublas", "wgmma")),
 )

@@ -37,6 +37,8 @@ def ps():
     (("ce_rows_kernel",), "loss"),
     (("aten::layer_norm", "aten::native_layer_norm", "vectorized_layer_norm_kernel"), "norms"),
     (("NativeLayerNormBackward0", "aten::native_layer_norm_backward", "layer_norm_grad_input_kernel"), "norms"),
+    (("lintime::normalize_bwd", "norm_bwd_kernel"), "norms"),  # lintime's fused norm
+    (("norm_fwd_kernel",), "norms"),  # unlinked, by the kernel's name
     (("aten::cross_entropy_loss", "aten::log_softmax", "cunn_SoftMaxForward"), "loss"),
     (("NllLossBackward0", "aten::nll_loss_backward", "nll_loss_backward_reduce_cuda_kernel_2d"), "loss"),
     (("lintime::linear_cross_entropy_triton", "aten::mm", "ampere_bf16_s16816gemm"), "loss"),
