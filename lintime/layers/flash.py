@@ -32,6 +32,12 @@ sum ``[N, 1, s, e]`` and the current partial chunk: O(C) per sequence, constant 
 reads the model's positions.  With ``first_to_all`` a chunk's first token needs every earlier key,
 so the state also keeps a :class:`~lintime.layers.attention.KVCache` of ``kf`` and ``v`` for all
 tokens: that variant's decoding memory is O(T).
+
+A one-token step on a *static* state (:meth:`FLASHState.with_capacity`, what
+:func:`lintime.layers.base.static_state` makes) on CUDA is ``proj``, one in-place op
+(:func:`lintime.ops.mixed_chunk_decode_step_`: two fused kernels for the heads, both attention
+parts, the gate and the state update) and ``out``, and returns the state it was given; other steps
+(eager states, the CPU, ``first_to_all``, autograd) take the path above.
 """
 
 from __future__ import annotations
@@ -43,10 +49,10 @@ import torch.nn as nn
 
 from lintime.layers._rows import append_kv, dense_attention, empty_cache, from_rows, step_backend, to_rows
 from lintime.layers.attention import KVCache
-from lintime.layers.base import BatchState, Mixer
+from lintime.layers.base import BatchState, Mixer, static_state
 from lintime.layers.gau import ScaleOffset, heads_backend, longest_sequence
 from lintime.layers.positional import ToeplitzRelativeBias
-from lintime.ops import MixedChunkState, gau_heads, mixed_chunk_attention
+from lintime.ops import MixedChunkState, gau_heads, mixed_chunk_attention, mixed_chunk_decode_step_
 from lintime.ops.utils import chunk_layout
 
 LINEAR_NORMS = ("tokens", "chunk", "none")
@@ -62,10 +68,18 @@ class FLASHState(BatchState):
              ``v [N, C, 1, e]``, ``fill [N]``.  Constant size in ``T``.
     ``fta``  ``None``, or with ``first_to_all`` a :class:`~lintime.layers.attention.KVCache` of the
              first-to-all keys ``[N, S, 1, s]`` and values ``[N, S, 1, e]`` of every token (O(T)).
+    ``static`` ``True`` for the form made by :meth:`with_capacity`: one-token steps may update its
+             tensors in place and return it.
     """
 
     mc: MixedChunkState
     fta: KVCache | None = None
+    static: bool = False
+
+    def with_capacity(self, capacity: int) -> FLASHState:
+        """The static form: fresh contiguous buffers (the first-to-all cache at a fixed capacity of
+        ``capacity`` tokens), which a one-token step updates in place."""
+        return FLASHState(static_state(self.mc, capacity), static_state(self.fta, capacity), static=True)
 
 
 class _SplitHeads(torch.autograd.Function):
@@ -135,7 +149,6 @@ class FLASH(Mixer):
         self.dim, self.e, self.s, self.chunk_size = dim, e, s, C
         self.causal, self.linear_norm, self.scaling, self.first_to_all = causal, linear_norm, scaling, first_to_all
         self.rope_base, self.backend = rope_base, backend
-        self.fused = True  # the heads op's fused kernel where it has one; False: its chunked PyTorch form
         self.proj = nn.Linear(dim, 2 * e + s, bias=bias)  # seed Code 8 `uv`
         self.heads = ScaleOffset(6 if first_to_all else 4, s)  # quad_q, quad_k, lin_q, lin_k[, fta_q, fta_k]
         self.rel_bias = ToeplitzRelativeBias(C, 1) if rel_bias else None
@@ -193,10 +206,11 @@ class FLASH(Mixer):
     ) -> tuple[torch.Tensor, FLASHState | None]:
         B, T, _ = x.shape
         e, s = self.e, self.s
+        if self._fused_step(x, state, cu_seqlens):
+            return self._decode_step_(x, state, positions), state
         # silu, split, the scale + offset heads and RoPE: one fused op ([B, T, e] x 2, [B, T, 4 or 6, s])
         u, v, heads = gau_heads(self.proj(x), self.heads.gamma, self.heads.beta, positions, e=e, s=s,
-                                rope_base=self.rope_base,
-                                backend=heads_backend(self.backend) if self.fused else "chunk")
+                                rope_base=self.rope_base, backend=heads_backend(self.backend))
         parts = _SplitHeads.apply(heads)  # [B, T, 1, s] each, contiguous
         qq, kq, ql, kl = parts[:4]
         v = v[:, :, None]  # [B, T, 1, e]
@@ -224,6 +238,25 @@ class FLASH(Mixer):
                 a = a + o_f
         # squeeze, not a[:, :, 0]: select's backward is a zero fill + a copy of the whole gradient
         return self.out(u * a.squeeze(2)), new_state
+
+    def _fused_step(self, x, state, cu_seqlens) -> bool:
+        """Whether this call is a one-token step that :meth:`_decode_step_` takes: a static state, no
+        first-to-all, no gradient or autocast, and the fused op's device (CUDA; the CPU only with
+        ``backend='triton'``, through Triton's interpreter)."""
+        return (isinstance(state, FLASHState) and state.static and x.shape[1] == 1 and cu_seqlens is None
+                and self.causal and not self.first_to_all and self.backend in (None, "triton")
+                and (x.is_cuda or self.backend == "triton") and x.dtype == state.mc.v.dtype == self.proj.weight.dtype
+                and not torch.is_autocast_enabled(x.device.type)
+                and not (torch.is_grad_enabled() and (x.requires_grad or self.proj.weight.requires_grad)))
+
+    def _decode_step_(self, x, state: FLASHState, positions) -> torch.Tensor:
+        """One token per sequence, ``state`` updated in place: ``[B, 1, d] -> [B, 1, d]``."""
+        B = x.shape[0]
+        scale, diag = self._quad_scale_and_bias()
+        y = mixed_chunk_decode_step_(self.proj(x).view(B, -1), self.heads.gamma, self.heads.beta,
+                                     positions.reshape(B), state.mc, rel_bias=diag, scale=scale,
+                                     linear_norm=self.linear_norm, rope_base=self.rope_base, backend="triton")
+        return self.out(y.view(B, 1, self.e))
 
     def init_state(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> FLASHState:
         mc = MixedChunkState.zeros(batch_size, self.chunk_size, 1, self.s, self.e, dtype=dtype, device=device)
