@@ -10,7 +10,9 @@ last state
 * ``graph``   the same step captured once in a CUDA graph and replayed (``DecodeLoop``);
 
 each timed over ``--tokens`` steps after ``--warmup`` steps (median of ``--repeats``), with the
-first greedy tokens of ``eager`` and ``graph`` compared (``same_tokens``).  One JSON line per
+first greedy tokens of ``eager`` and ``graph`` compared (``graph_same_tokens``).  ``--flash-recurrent-step`` adds
+``graph_recurrent_step``: the graph path with FLASH's step in the op's recurrent form instead of the fused decode
+kernels (``lintime.ops.mixed_chunk_decode_step_``).  One JSON line per
 (preset, L) on stdout; ``--json`` also writes them to a file.
 
     python3 lab/decode_bench.py [--presets flash-base,gla-base,transformer-pp-base] [--lengths 1024,8192,32768]
@@ -28,6 +30,7 @@ import torch
 from lintime.generation import decode_one_token, prefill
 from lintime.generation.graphs import build_loop
 from lintime.generation.static import StaticDecoder
+from lintime.layers.flash import FLASH
 from lintime.models import CausalLM, get_preset
 
 
@@ -71,16 +74,22 @@ def bench(preset: str, L: int, args) -> dict:
         row["eager_ms"] = 1e3 * statistics.median(_timed(lambda: eager_run(n)) / n for _ in range(args.repeats))
 
         capacity = L + args.repeats * steps + steps
-        for name, graph in (("static", False), ("graph", True)):
+        flash = [blk.mixer for blk in m.backbone.blocks if isinstance(blk.mixer, FLASH)]
+        paths = [("static", False, None), ("graph", True, None)]
+        if args.flash_recurrent_step and flash:  # FLASH's step before the fused kernels, for the comparison
+            paths.append(("graph_recurrent_step", True, "recurrent"))
+        for name, graph, backend in paths:
+            for mixer in flash:
+                mixer.backend = backend
             dec = StaticDecoder(m, state, capacity)
             loop = build_loop(dec, logits, torch.zeros(B, dtype=torch.long, device="cuda"),
                               args.repeats * steps + steps, graph=graph, temperature=0.0)
             if graph:
-                row["graph_captured"] = loop.graph is not None
+                row[f"{name}_captured"] = loop.graph is not None
             for _ in range(min(steps, 16)):
                 loop.advance()
             if graph:
-                row["same_tokens"] = loop.tokens[:, : min(steps, 16)].tolist() == eager_tokens
+                row[f"{name}_same_tokens"] = loop.tokens[:, : min(steps, 16)].tolist() == eager_tokens
             times = []
             for _ in range(args.repeats):
                 for _ in range(args.warmup):
@@ -88,6 +97,8 @@ def bench(preset: str, L: int, args) -> dict:
                 times.append(_timed(lambda: [loop.advance() for _ in range(n)]) / n)
             row[f"{name}_ms"] = 1e3 * statistics.median(times)
             del loop, dec
+        for mixer in flash:
+            mixer.backend = None
         row["state_mib"] = sum(t.numel() * t.element_size() for t in StaticDecoder(m, state, L + 1).buffers()) / 2**20
     del m, state, out
     torch.cuda.empty_cache()
@@ -104,6 +115,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--flash-recurrent-step", action="store_true",
+                    help="also time the graph path with FLASH's one-token step in its recurrent form (the path "
+                         "before the fused decode kernels): the graph_recurrent_step_* columns")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = []
