@@ -190,6 +190,31 @@ def test_fp16_half_rule():
     _half_rule("triton fp16", ref, out, base)
 
 
+@cpu_only
+def test_custom_ops_pass_opcheck():
+    """Schema, fake tensors and autograd registration of ``lintime::vq_fwd`` / ``lintime::vq_bwd`` on one query
+    block (flat block 2, after a pseudo-block and a previous block).  Not ``test_aot_dispatch_dynamic``: about
+    5 s of tracing on the CPU for what the compiled-model tests cover on CUDA."""
+    from lintime.ops.vq.triton.launch import default_launch
+
+    g = torch.Generator().manual_seed(0)
+    r = lambda *shape: torch.randn(*shape, generator=g)
+    L, H, K, V, S = 4, 1, 16, 16, 5
+    q, k, v = r(1, L, H, K), r(3, L, H, K), r(3, L, H, V)
+    kvalid = torch.tensor([0] * L + [1] * (2 * L), dtype=torch.int8)
+    qblk, qa, qb = (torch.tensor(x, dtype=torch.int32) for x in ([2], [-1, -1, 0], [-1, 0, -1]))
+    cb, cm = r(H, S, K), r(1, H, S, V)
+    logc = torch.tensor([[[0.0, float("-inf"), 1.0, 0.5, float("-inf")]]])
+    launch = default_launch(K, V).to_ints()
+    args = [q, k, v, kvalid, qblk, qa, qb, r(1, L, H, 2 * L), cb, logc, cm]
+    utils = ("test_schema", "test_faketensor", "test_autograd_registration")
+    torch.library.opcheck(torch.ops.lintime.vq_fwd, (*[x.requires_grad_() if x.is_floating_point() else x
+                                                       for x in args], L, launch), test_utils=utils)
+    o, lse = torch.ops.lintime.vq_fwd(*[x.detach() for x in args], L, launch)
+    torch.library.opcheck(torch.ops.lintime.vq_bwd, (r(1, L, H, V), *[x.detach() for x in args], o, lse, L, launch),
+                          test_utils=utils)
+
+
 def test_automatic_choice(impl_calls):
     """Automatic: the recurrent form for one token; for T > 1 the Triton kernels on CUDA, else the chunked form."""
     inp = _inputs(1, 9, 1, 4, 3, 5, 4, torch.float32)
