@@ -67,11 +67,19 @@ def _add_function(sub: argparse._SubParsersAction, name: str, fn: Callable) -> N
             continue
         typ = hints.get(pname, str)
         origin = typing.get_origin(typ)
+        switch = False  # `bool | str`: a switch that may take a value (--flag, --flag VALUE, --no-flag)
         if origin in (typing.Union, getattr(__import__("types"), "UnionType", ())):
             args = [a for a in typing.get_args(typ) if a is not type(None)]
+            switch = set(args) == {bool, str}
             typ = args[0] if args else str
         h = helps.get(pname, "")
-        if param.default is inspect.Parameter.empty:
+        if switch:
+            flag = pname.replace("_", "-")
+            p.add_argument(f"--{flag}", dest=pname, nargs="?", const=True, default=argparse.SUPPRESS,
+                           help=f"{h} (default: {param.default})")
+            p.add_argument(f"--no-{flag}", dest=pname, action="store_const", const=False, default=argparse.SUPPRESS,
+                           help=f"the same as --{flag} off")
+        elif param.default is inspect.Parameter.empty:
             p.add_argument(pname, type=typ, help=h)
         elif typ is bool:
             p.add_argument(f"--{pname.replace('_', '-')}", dest=pname, action=argparse.BooleanOptionalAction,

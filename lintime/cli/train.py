@@ -27,6 +27,7 @@ def train(
     context_len: int = _D.context_len,
     tokens_per_batch: int = _D.tokens_per_batch,
     micro_batch_tokens: int | None = None,
+    packing: str = _D.packing,
     steps: int | None = None,
     tokens: int | None = None,
     time: float | None = None,
@@ -46,7 +47,8 @@ def train(
     init_seed: int | None = _D.init_seed,
     device: str = _D.device,
     precision: str = _D.precision,
-    compile: bool = _D.compile,
+    compile: bool | str = _D.compile,
+    fused: bool = _D.fused,
     deterministic: bool = _D.deterministic,
     parallel: str = _D.parallel,
     context_parallel: int = _D.context_parallel,
@@ -97,6 +99,7 @@ def train(
         context_len: tokens per row (sequence length).
         tokens_per_batch: tokens per optimiser step (rows = tokens_per_batch / context_len).
         micro_batch_tokens: tokens per forward/backward; smaller than tokens_per_batch means gradient accumulation.
+        packing: documents (every document its own sequence: documents never see each other) or rows (every row one sequence, documents in a row see the ones before them; the same layout every step, which --compile graph needs).
         steps: stop after this many optimiser steps (default 200 when no budget is given).
         tokens: stop after this many training tokens.
         time: stop after this many minutes of training (wall clock).
@@ -116,7 +119,8 @@ def train(
         init_seed: seeds the initial weights alone (default: --seed), so runs that differ only in data or context can start from other draws.
         device: auto (cuda when available), cpu, cuda or cuda:N.
         precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16.
-        compile: torch.compile the model.
+        compile: off, model (torch.compile the model), graph (capture the whole training step in one CUDA graph: rows x context-len with --packing rows) or auto (the fastest of these that is exact here, one line says which); --compile alone = auto (see docs/models.md, Compiling).
+        fused: the layers' fused elementwise kernels and the fused linear + cross-entropy loss; --no-fused runs their PyTorch reference forms (to check the fused path).
         deterministic: torch.use_deterministic_algorithms (slower on CUDA).
         parallel: under torchrun: none, ddp (DistributedDataParallel) or fsdp (FSDP2 fully_shard); --tokens-per-batch stays the global batch (see docs/distributed.md).
         context_parallel: under torchrun: split every row over this many processes (linear-time families; context_len / N a multiple of the chunk size).

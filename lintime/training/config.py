@@ -32,6 +32,8 @@ OBJECTIVES = ("clm", "mlm")
 DEVICES = ("auto", "cpu", "cuda")
 PARALLEL = ("none", "ddp", "fsdp")
 PRECISIONS = ("auto", "fp32", "bf16")
+COMPILE_MODES = ("off", "model", "graph", "auto")  # lintime.training.compile.choose_compile
+PACKINGS = ("documents", "rows")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +132,9 @@ class TrainConfig:
 
     Batch: ``context_len`` (tokens per row), ``tokens_per_batch`` (per optimiser step, a multiple
     of ``context_len``), ``micro_batch_tokens`` (tokens per forward/backward, dividing
-    ``tokens_per_batch``; ``None`` = the whole batch at once).
+    ``tokens_per_batch``; ``None`` = the whole batch at once), ``packing`` (``documents``: every document is its
+    own sequence, ``cu_seqlens`` per batch; ``rows``: every row is one sequence, documents in a row see the ones
+    before them, as GPT-2 / nanoGPT train -- the same layout every step, which ``compile="graph"`` needs).
 
     Budget (training stops at the first one reached; at least one is used): ``steps``, ``tokens``
     (converted to ``ceil(tokens / tokens_per_batch)`` steps), ``time_minutes`` (wall clock, not
@@ -146,8 +150,12 @@ class TrainConfig:
     Running: ``seed`` (the data order, the MLM masks, and the initial weights unless ``init_seed``
     is given: then ``init_seed`` alone draws them, so runs that differ in data or context can start
     from independent draws), ``device`` (``auto`` = cuda when available), ``precision`` (``auto`` = bf16
-    autocast on CUDA, fp32 on CPU), ``compile`` (``torch.compile`` the model),
-    ``deterministic`` (``torch.use_deterministic_algorithms``).
+    autocast on CUDA, fp32 on CPU), ``compile`` (``off``; ``model``: ``torch.compile`` the model; ``graph``: the
+    whole step captured in one CUDA graph; ``auto``: the fastest of these that is exact here, see
+    :func:`lintime.training.compile.choose_compile`; ``True`` / ``False`` mean ``auto`` / ``off``),
+    ``fused`` (the layers' fused elementwise kernels and the fused linear + cross-entropy loss; ``False``: their
+    PyTorch reference forms, to check the fused path against), ``deterministic``
+    (``torch.use_deterministic_algorithms``).
 
     Distributed (under ``torchrun``, :mod:`lintime.training.parallel`): ``parallel`` (``none`` |
     ``ddp`` | ``fsdp``: data parallelism over the processes; ``tokens_per_batch`` stays the
@@ -176,6 +184,7 @@ class TrainConfig:
     context_len: int = 256
     tokens_per_batch: int = 4096
     micro_batch_tokens: int | None = None
+    packing: str = "documents"
     steps: int | None = None
     tokens: int | None = None
     time_minutes: float | None = None
@@ -194,7 +203,8 @@ class TrainConfig:
     init_seed: int | None = None
     device: str = "auto"
     precision: str = "auto"
-    compile: bool = False
+    compile: str = "off"
+    fused: bool = True
     deterministic: bool = False
     parallel: str = "none"
     context_parallel: int = 1
@@ -226,6 +236,8 @@ class TrainConfig:
         for name in ("preset", "corpus", "tokenizer", "text_field"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 fail(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
+        if self.packing not in PACKINGS:
+            fail(f"packing must be one of {PACKINGS}, got {self.packing!r}")
         if self.objective not in OBJECTIVES:
             fail(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if self.recipe is not None and self.recipe not in RECIPES:
@@ -282,7 +294,11 @@ class TrainConfig:
             fail(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
         if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from):
             fail(f"init_from must be a run or step folder, got {self.init_from!r}")
-        for name in ("compile", "deterministic", "tensorboard", "plots"):
+        if isinstance(self.compile, bool):  # the flag's older form: --compile / --no-compile
+            object.__setattr__(self, "compile", "auto" if self.compile else "off")
+        if self.compile not in COMPILE_MODES:
+            fail(f"compile must be one of {COMPILE_MODES} (or a bool: True = auto), got {self.compile!r}")
+        for name in ("fused", "deterministic", "tensorboard", "plots"):
             if not isinstance(getattr(self, name), bool):
                 fail(f"{name} must be a bool, got {getattr(self, name)!r}")
 
@@ -353,5 +369,5 @@ class TrainConfig:
 RESUMABLE_CHANGES = (
     "steps", "tokens", "time_minutes", "log_every", "eval_every", "eval_tokens", "save_every", "keep",
     "tensorboard", "plots", "sample_prompt", "sample_tokens", "temperature", "top_k", "device", "compile",
-    "cache_dir", "parallel", "context_parallel",
+    "fused", "cache_dir", "parallel", "context_parallel",
 )

@@ -43,8 +43,9 @@ from lintime.data import (
 from lintime.models import CausalLM, MaskedLM, ModelConfig, get_preset
 from lintime.training import checkpoint as ckpt
 from lintime.training import parallel as par
-from lintime.training.compile import CompiledModel
+from lintime.training.compile import CompiledModel, choose_compile
 from lintime.training.config import RESUMABLE_CHANGES, TrainConfig
+from lintime.training.graphed import GraphedStep, one_sequence_per_row
 from lintime.training.metrics import MetricsWriter, plot_metrics
 from lintime.training.rng import rng_state, seed_everything, set_rng_state
 from lintime.training.runguard import RunLock, StopSignals
@@ -236,8 +237,10 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
         raise ValueError(f"{cfg.rows_per_micro_batch} rows per micro-batch cannot be split over {env.dp_size} "
                          "data-parallel replicas: make --micro-batch-tokens / --context-len rows a multiple of them")
     rows_local, micro_local = cfg.rows_per_batch // env.dp_size, cfg.rows_per_micro_batch // env.dp_size
-    if cfg.compile and not hasattr(torch, "compile"):
-        raise ValueError("--compile needs torch.compile (PyTorch >= 2.0)")
+    compile_mode, compile_line = choose_compile(cfg.compile, device=device, distributed=env.distributed,
+                                                packing=cfg.packing)
+    if compile_mode == "model" and not hasattr(torch, "compile"):
+        raise ValueError("--compile model needs torch.compile (PyTorch >= 2.0)")
     if cfg.tensorboard:
         import importlib.util
 
@@ -270,6 +273,7 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
     elif init is not None:
         ckpt.load_weights(model, init["step_dir"], device)
     model.train()
+    model.set_fused(cfg.fused)
     context = par.ContextParallel(model, env) if env.cp_size > 1 else None
     if context is not None:
         context.check_length(cfg.context_len)
@@ -322,8 +326,11 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
         ckpt.write_run_config(run_dir, model_config=model_cfg, objective=cfg.objective, tokenizer=tokenizer,
                               train=cfg.to_dict())
     _barrier(env)
-    fwd_model = CompiledModel(wrapped, say, "the training step") if cfg.compile else wrapped
-    eval_model = CompiledModel(model, say, "the validation forward") if cfg.compile else model
+    fwd_model = CompiledModel(wrapped, say, "the training step") if compile_mode == "model" else wrapped
+    eval_model = CompiledModel(model, say, "the validation forward") if compile_mode == "model" else model
+    graphed = GraphedStep(model, opt, rows=cfg.rows_per_batch, context_len=cfg.context_len,
+                          micro_rows=cfg.rows_per_micro_batch, clip=cfg.clip, aux_weight=cfg.aux_weight,
+                          autocast=amp, fused_loss=cfg.fused, notice=say) if compile_mode == "graph" else None
 
     horizon = cfg.step_budget
     time_budget = cfg.time_minutes * 60 if cfg.time_minutes is not None else None
@@ -343,6 +350,8 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
         f"recipe {cfg.recipe}: lr {cfg.lr:g}, warm-up {cfg.warmup:.0%}, {cfg.decay} decay, clip {cfg.clip:g}"
         f"{f'; resuming at step {step}' if state is not None else ''}")
     say(f"  run folder: {run_dir}")
+    if compile_line is not None:
+        say(compile_line)
 
     def save(val: dict | None) -> Path:
         # never save a diverged model (sharded parameters are checked through the loss only)
@@ -401,31 +410,38 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
     try:
         while not (done() or stop.received):
             batch = next(train_it)
+            batch = one_sequence_per_row(batch) if cfg.packing == "rows" else batch
             t0 = time.perf_counter()
             if horizon is not None:
                 lr = lr_at_step(step, horizon, peak=cfg.lr, warmup=cfg.warmup, decay=cfg.decay, final_lr_ratio=cfg.final_lr_ratio)
             else:
                 lr = lr_at_progress(elapsed / time_budget, peak=cfg.lr, warmup=cfg.warmup, decay=cfg.decay,
                                     final_lr_ratio=cfg.final_lr_ratio)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            if env.distributed:
-                # predicted tokens of the global batch (context ranks hold the same rows)
-                n_global = int(par.all_reduce_sum([float((batch.targets != IGNORE_INDEX).sum())], env)[0]) // env.cp_size
-                loss, aux = forward_backward(fwd_model, batch, micro_rows=micro_local, aux_weight=cfg.aux_weight,
-                                             autocast=amp, n_targets=n_global, replicas=env.world,
-                                             loss_scale=float(env.world) if cfg.parallel != "none" else 1.0,
-                                             context=context)
-                par.finish_grads(model, env, cfg.parallel)
-                loss, aux = par.all_reduce_sum([loss, aux], env)
+            out = graphed.step(batch.input_ids, batch.targets, lr) if graphed is not None else None
+            if out is not None:  # the graph took the optimizer step; its loss is read here, once per step
+                loss, aux, grad_norm = float(out.loss), float(out.aux), float(out.grad_norm)
+                if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                    raise ValueError(_diverged(run_dir, step + 1, loss, grad_norm))
             else:
-                loss, aux = forward_backward(fwd_model, batch, micro_rows=cfg.rows_per_micro_batch,
-                                             aux_weight=cfg.aux_weight, autocast=amp)
-            grad_norm = par.clip_grad_norm(model, cfg.clip if cfg.clip > 0 else math.inf) if math.isfinite(loss) else loss
-            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                raise ValueError(_diverged(run_dir, step + 1, loss, grad_norm))
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+                for group in opt.param_groups:
+                    group["lr"] = lr
+                if env.distributed:
+                    # predicted tokens of the global batch (context ranks hold the same rows)
+                    n_global = int(par.all_reduce_sum([float((batch.targets != IGNORE_INDEX).sum())], env)[0]) // env.cp_size
+                    loss, aux = forward_backward(fwd_model, batch, micro_rows=micro_local, aux_weight=cfg.aux_weight,
+                                                 autocast=amp, n_targets=n_global, replicas=env.world,
+                                                 loss_scale=float(env.world) if cfg.parallel != "none" else 1.0,
+                                                 context=context, fused_loss=cfg.fused)
+                    par.finish_grads(model, env, cfg.parallel)
+                    loss, aux = par.all_reduce_sum([loss, aux], env)
+                else:
+                    loss, aux = forward_backward(fwd_model, batch, micro_rows=cfg.rows_per_micro_batch,
+                                                 aux_weight=cfg.aux_weight, autocast=amp, fused_loss=cfg.fused)
+                grad_norm = par.clip_grad_norm(model, cfg.clip if cfg.clip > 0 else math.inf) if math.isfinite(loss) else loss
+                if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                    raise ValueError(_diverged(run_dir, step + 1, loss, grad_norm))
+                opt.step()
+                opt.zero_grad(set_to_none=True)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0

@@ -1,0 +1,221 @@
+"""``lintime train --compile graph``: the whole training step captured in one CUDA graph.
+
+One replay runs what the trainer's eager step runs (:func:`lintime.training.step.forward_backward`, clipping, AdamW),
+in the same order: for each micro-batch the forward with its loss (fused with the output projection unless
+``fused_loss=False``) under autocast, ``loss / n_targets`` (+ the weighted auxiliary losses) and its backward into
+``.grad`` (the first micro-batch writes the gradients, the others add to them: accumulation is captured); the global
+gradient norm, clipped (``clip_grad_norm_``'s foreach form: no host read); the fused AdamW step with
+``capturable=True`` and the learning rate as a device tensor written before each replay, so the schedule goes on
+inside the graph.  The loss, auxiliary loss and gradient norm stay on the device; the caller reads them when it needs
+them.  Per step the host copies the batch into the static input buffers, writes ``n_targets`` and the rate, and
+launches one replay: no per-kernel launch cost.
+
+Layout: ``rows x T``, every row one sequence (``cu_seqlens=None``), the same every step.  A batch packed by documents
+is not capturable: the Triton ops plan a packed call on the host from the *values* of its ``cu_seqlens``
+(``lintime/ops/mixed_chunk/triton/plan.py``: chunk tables, grid sizes, kernel variants), and a graph would replay the
+plan of the batch it was captured with; padding ``cu_seqlens`` to a fixed count of sequences fixes the tensor's
+shape, not the plan.  So the trainer takes this step with ``packing="rows"`` only
+(:func:`one_sequence_per_row`: documents in a row see the ones before them, as GPT-2 / nanoGPT train).
+
+Capture: a few warm-up steps on a side stream (Triton compiles, cuBLAS workspaces, the optimizer's state), then the
+parameters, buffers, optimizer state and RNG states are put back as they were, the gradients set to ``None`` (the
+graph's private pool then holds them), and one step captured; so the first replay is the run's first step.
+Single process only (DDP / FSDP hooks and collectives are not captured here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from lintime.data import IGNORE_INDEX, Batch
+
+WARMUP_STEPS = 3  # eager steps on the side stream before the capture (PyTorch's recipe uses 3; 1 may leave lazy init)
+
+
+@dataclasses.dataclass
+class StepOutput:
+    """One step's results, 0-D fp32 tensors on the device (read them with ``float``)."""
+
+    loss: torch.Tensor  # mean cross-entropy per predicted token of the batch
+    aux: torch.Tensor  # weighted auxiliary losses (0 when the mixers add none)
+    grad_norm: torch.Tensor  # global gradient norm before clipping
+
+
+def one_sequence_per_row(batch: Batch) -> Batch:
+    """``batch`` with every row one sequence: ``cu_seqlens`` = the row starts (the ``rows`` packing).  Targets stay
+    those of the documents (a document's last token predicts nothing), positions restart at each row."""
+    B, T = batch.input_ids.shape
+    cu = torch.arange(0, B * T + 1, T, dtype=torch.int32)
+    pos = torch.arange(T, dtype=torch.long).expand(B, T).clone()
+    return dataclasses.replace(batch, cu_seqlens=cu, position_ids=pos)
+
+
+def make_capturable(optimizer: torch.optim.Optimizer) -> None:
+    """Let a fused Adam / AdamW step inside a graph: ``capturable=True`` on every group.  The fused step keeps its
+    step counts on the device either way, so the flag only lifts the capture check; a loaded state dict (which
+    brings the saved groups' flags) may have turned it off."""
+    for group in optimizer.param_groups:
+        if not group.get("fused", False):
+            raise ValueError("the graph step needs a fused optimizer: torch.optim.AdamW(..., fused=True)")
+        group["capturable"] = True
+
+
+class GraphedStep:
+    """The training step of ``model`` and ``optimizer`` on ``rows x context_len`` batches, captured in one CUDA graph
+    on the first call of :meth:`step` (see the module docstring).
+
+    ``micro_rows`` rows per forward / backward (dividing ``rows``), ``clip`` the max global gradient norm (0 = no
+    clipping), ``aux_weight`` the weight of the mixers' auxiliary losses, ``autocast`` the autocast dtype (``None``:
+    none), ``fused_loss`` as in :func:`lintime.training.step.forward_backward`.  The optimizer's learning rate becomes
+    one device tensor shared by its groups (``optimizer.param_groups[i]["lr"]``); :meth:`step` writes it.
+    ``capture=False`` runs the same step eagerly every call (the reference the captured one is checked against).
+    A step that does not capture (a host read inside it, say) leaves the model and optimizer as they were, gives
+    ``notice`` one line and makes :meth:`step` return ``None`` from then on: the caller takes its eager step.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, rows: int, context_len: int,
+                 micro_rows: int | None = None, clip: float = 0.0, aux_weight: float = 0.0,
+                 autocast: torch.dtype | None = None, fused_loss: bool = True, capture: bool = True,
+                 warmup: int = WARMUP_STEPS, notice: Callable[[str], None] | None = None):
+        device = next(model.parameters()).device
+        micro_rows = rows if micro_rows is None else micro_rows
+        if micro_rows < 1 or rows % micro_rows:
+            raise ValueError(f"micro_rows ({micro_rows}) must divide the batch's {rows} rows")
+        if capture:
+            if device.type != "cuda":
+                raise ValueError(f"a CUDA graph needs a CUDA model, this one is on {device}")
+            make_capturable(optimizer)
+        self.model, self.optimizer, self.device = model, optimizer, device
+        self.rows, self.T, self.micro_rows = rows, context_len, micro_rows
+        self.clip, self.aux_weight, self.autocast, self.fused_loss = clip, aux_weight, autocast, fused_loss
+        self.capture, self.warmup, self.notice = capture, warmup, notice
+        self.failed: str | None = None  # why the capture failed
+        # static inputs: the graph reads these addresses on every replay
+        self.input_ids = torch.zeros(rows, context_len, dtype=torch.long, device=device)
+        self.targets = torch.full((rows, context_len), IGNORE_INDEX, dtype=torch.long, device=device)
+        self.n_targets = torch.ones((), dtype=torch.float32, device=device)
+        first_lr = optimizer.param_groups[0]["lr"]
+        self.lr = torch.tensor(float(first_lr), dtype=torch.float32, device=device)
+        for group in optimizer.param_groups:
+            group["lr"] = self.lr
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self._out: StepOutput | None = None
+
+    # ------------------------------------------------------------------ the step
+    def step(self, input_ids: torch.Tensor, targets: torch.Tensor, lr: float) -> StepOutput | None:
+        """One optimiser step on ``input_ids`` / ``targets`` (``[rows, T]``, any device) at learning rate ``lr``;
+        ``None`` (no step taken) once the capture has failed.  The returned tensors are overwritten by the next call
+        (the graph's outputs): read or clone them first."""
+        if self.failed is not None:
+            return None
+        if tuple(input_ids.shape) != (self.rows, self.T) or tuple(targets.shape) != (self.rows, self.T):
+            raise ValueError(f"the graph step takes [{self.rows}, {self.T}] batches, got {tuple(input_ids.shape)} "
+                             f"and {tuple(targets.shape)}")
+        # the number of targets from a host copy where the batch is on the host (no device read)
+        n = int((targets != IGNORE_INDEX).sum()) if targets.device.type == "cpu" else (targets != IGNORE_INDEX).sum()
+        self.input_ids.copy_(input_ids, non_blocking=True)
+        self.targets.copy_(targets, non_blocking=True)
+        if isinstance(n, int):
+            self.n_targets.fill_(max(n, 1))
+        else:
+            self.n_targets.copy_(n.clamp(min=1))
+        self.lr.fill_(float(lr))
+        if not self.capture:
+            self.optimizer.zero_grad(set_to_none=True)
+            return self._body()
+        if self.graph is None:
+            try:
+                self._capture_graph()
+            except RuntimeError as err:  # e.g. "operation not permitted when stream is capturing"
+                self.failed = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.notice is not None:
+                    self.notice(f"lintime train: --compile: the step does not capture in a CUDA graph ({self.failed}); "
+                                "eager steps")
+                return None
+        self.graph.replay()
+        return self._out
+
+    def _body(self) -> StepOutput:
+        """forward + backward of every micro-batch, clip, optimizer step: what the graph holds."""
+        B, b = self.rows, self.micro_rows
+        zero = torch.zeros((), dtype=torch.float32, device=self.device)
+        ce_total, aux_total = zero, zero
+        for start in range(0, B, b):
+            ids, targets = self.input_ids[start:start + b], self.targets[start:start + b]
+            aux: dict[str, torch.Tensor] = {}
+            with _autocast(self.device, self.autocast):
+                ce = self.model(ids, aux_losses=aux, targets=targets, fused_loss=self.fused_loss)
+            loss = ce / self.n_targets
+            if aux:
+                aux_loss = self.aux_weight * (b / B) * sum(_at_least_fp32(v) for v in aux.values())
+                loss = loss + aux_loss
+                aux_total = aux_total + aux_loss.detach().float()
+            loss.backward()
+            ce_total = ce_total + ce.detach().float()
+        max_norm = self.clip if self.clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=True)
+        self.optimizer.step()
+        return StepOutput(ce_total / self.n_targets, aux_total, grad_norm.float())
+
+    # ------------------------------------------------------------------ capture
+    def _capture_graph(self) -> None:
+        saved = _snapshot(self.model, self.optimizer, self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        try:
+            with torch.cuda.stream(side), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*capturable=True.*")  # "... without graph capture"
+                for _ in range(self.warmup):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self._body()
+        finally:
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            _restore(self.model, self.optimizer, saved)  # the warm-up steps leave no trace, even a failed one
+        self.optimizer.zero_grad(set_to_none=True)  # the graph's backward allocates the gradients in its pool
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self._body()
+        self.graph, self._out = graph, out
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def _snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> dict:
+    """Copies of what a training step changes: parameters, buffers, optimizer state, RNG states."""
+    tensors = {id(t): (t, t.detach().clone()) for t in list(model.parameters()) + list(model.buffers())}
+    opt_state = {id(p): {k: v.clone() for k, v in st.items() if isinstance(v, torch.Tensor)}
+                 for p, st in optimizer.state.items()}
+    return {"tensors": tensors, "opt": opt_state, "cpu_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(device), "device": device}
+
+
+@torch.no_grad()
+def _restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """Put back in place (the graph captures these addresses) what :func:`_snapshot` copied; optimizer state that the
+    warm-up created is zeroed, which is AdamW's fresh state (step 0, zero moments)."""
+    for t, copy in saved["tensors"].values():
+        t.copy_(copy)
+    for p, st in optimizer.state.items():
+        old = saved["opt"].get(id(p))
+        for k, v in st.items():
+            if not isinstance(v, torch.Tensor):
+                continue
+            if old is not None and k in old:
+                v.copy_(old[k])
+            else:
+                v.zero_()
+    torch.set_rng_state(saved["cpu_rng"])
+    torch.cuda.set_rng_state(saved["cuda_rng"], saved["device"])

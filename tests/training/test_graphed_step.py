@@ -1,0 +1,162 @@
+"""``lintime train --compile``'s modes and the CUDA-graph training step (lintime/training/graphed.py).
+
+CPU: which form each mode takes and the line it prints; the graph step's body run eagerly equals the trainer's eager
+step (fp32 exact rule) with accumulation, clipping and a changing rate; a CPU run with ``--compile`` (auto) trains
+eagerly after one notice.  CUDA: the captured step replays bit for bit what the same step computes eagerly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from lintime.data.packing import Batch
+from lintime.models import CausalLM, get_preset
+from lintime.testing import assert_exact
+from lintime.training import TrainConfig, train
+from lintime.training import parallel as par
+from lintime.training.compile import choose_compile
+from lintime.training.graphed import GraphedStep, one_sequence_per_row
+from lintime.training.metrics import read_metrics
+from lintime.training.step import forward_backward
+
+CUDA = torch.device("cuda")  # a device object needs no GPU: choose_compile only reads its type
+
+
+def test_compile_modes_and_their_one_line():
+    cpu = torch.device("cpu")
+    assert choose_compile("off", device=CUDA, distributed=False, packing="rows") == ("off", None)
+    assert choose_compile("model", device=cpu, distributed=False, packing="documents") == ("model", None)
+    mode, line = choose_compile("auto", device=CUDA, distributed=False, packing="rows")
+    assert mode == "graph" and "captured in one CUDA graph" in line
+    mode, line = choose_compile("graph", device=CUDA, distributed=False, packing="rows")
+    assert mode == "graph"
+    # where the step cannot be captured: a CPU, several processes, a layout that changes every batch
+    for kw, why in ((dict(device=cpu, distributed=False, packing="rows"), "CUDA device"),
+                    (dict(device=CUDA, distributed=True, packing="rows"), "single-process"),
+                    (dict(device=CUDA, distributed=False, packing="documents"), "--packing rows")):
+        for asked in ("auto", "graph"):
+            mode, line = choose_compile(asked, **kw)
+            assert mode == "off" and why in line and "\n" not in line, (asked, kw, line)
+    with pytest.raises(ValueError, match="compile mode"):
+        choose_compile("fast", device=cpu, distributed=False, packing="rows")
+
+
+def test_the_older_bool_flag_still_means_on_and_off():
+    assert TrainConfig(compile=True).compile == "auto"
+    assert TrainConfig(compile=False).compile == "off"
+    assert TrainConfig.from_dict({"compile": False}).compile == "off"  # a config.json written before the modes
+    with pytest.raises(ValueError, match="compile must be one of"):
+        TrainConfig(compile="fast")
+    with pytest.raises(ValueError, match="packing must be one of"):
+        TrainConfig(packing="bytes")
+
+
+def _batch(cfg, B: int, T: int, seed: int) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, cfg.vocab_size, (B, T), generator=g)
+    targets = torch.randint(0, cfg.vocab_size, (B, T), generator=g)
+    targets[0, : T // 3] = -100  # some tokens predict nothing
+    cu = torch.tensor([0, T // 2, B * T], dtype=torch.int32)  # documents, replaced by the row layout below
+    zeros = torch.zeros(B, T, dtype=torch.long)
+    return one_sequence_per_row(Batch(ids, targets, cu, zeros, zeros, torch.arange(B), torch.zeros(B, dtype=torch.long)))
+
+
+def _model(cfg, device="cpu"):
+    torch.manual_seed(0)
+    model = CausalLM(cfg).to(device)
+    fused = {"fused": True} if torch.device(device).type == "cuda" else {}
+    return model, torch.optim.AdamW(model.param_groups(0.01), lr=1e-3, betas=(0.9, 0.99), **fused)
+
+
+def test_graph_step_body_equals_the_trainer_step_on_cpu():
+    """Accumulation over 2 micro-batches, clipping that bites (0.1), a rate that changes every step: the step a graph
+    would hold, run eagerly, against forward_backward + clip_grad_norm + AdamW (fp32 exact rule)."""
+    cfg = get_preset("flash-tiny", n_layers=2)
+    B, T = 4, 32
+    ref, ref_opt = _model(cfg)
+    model, opt = _model(cfg)
+    step = GraphedStep(model, opt, rows=B, context_len=T, micro_rows=2, clip=0.1, capture=False)
+    for i in range(3):
+        batch, lr = _batch(cfg, B, T, i), 1e-3 * (i + 1)
+        for group in ref_opt.param_groups:
+            group["lr"] = lr
+        loss, _ = forward_backward(ref, batch, micro_rows=2)
+        norm = par.clip_grad_norm(ref, 0.1)
+        ref_opt.step()
+        ref_opt.zero_grad(set_to_none=True)
+        out = step.step(batch.input_ids, batch.targets, lr)
+        assert_exact(f"step {i} loss", torch.tensor(loss), out.loss)  # fp32: the rule's fp32 tolerance
+        assert_exact(f"step {i} grad norm", torch.tensor(norm), out.grad_norm)
+        assert norm > 0.1  # the clip was active
+    for (name, p), q in zip(ref.named_parameters(), model.parameters()):
+        assert_exact(name, p.detach(), q.detach())
+
+
+def test_graph_step_refuses_what_it_cannot_capture():
+    cfg = get_preset("flash-tiny", n_layers=1)
+    model, opt = _model(cfg)
+    with pytest.raises(ValueError, match="CUDA"):
+        GraphedStep(model, opt, rows=2, context_len=16)
+    with pytest.raises(ValueError, match="must divide"):
+        GraphedStep(model, opt, rows=3, context_len=16, micro_rows=2, capture=False)
+
+
+def test_cpu_run_with_compile_auto_trains_eagerly_after_one_line(tiny_config, tmp_path):
+    lines: list[str] = []
+    auto = train(tiny_config(steps=2, compile=True, packing="rows", sample_tokens=0), out=tmp_path, name="auto",
+                 progress=False, echo=lines.append)
+    off = train(tiny_config(steps=2, packing="rows", sample_tokens=0), out=tmp_path, name="off", progress=False,
+                echo=None)
+    notes = [line for line in lines if "--compile" in line]
+    assert len(notes) == 1 and "no CUDA graph" in notes[0] and "eager steps" in notes[0], notes
+    losses = [[r["loss"] for r in read_metrics(run.run_dir) if "loss" in r] for run in (auto, off)]
+    assert losses[0] == losses[1] and len(losses[0]) == 2
+
+
+def test_set_fused_reaches_every_fused_layer():
+    model = CausalLM(get_preset("flash-tiny"))
+    fused = [m for m in model.modules() if isinstance(getattr(m, "fused", None), bool)]
+    assert len(fused) == 2 * model.config.n_layers + 1  # a FLASH layer and its norm per block, the final norm
+    model.set_fused(False)
+    assert not any(m.fused for m in fused)
+    model.set_fused(True)
+    assert all(m.fused for m in fused)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA: the captured step against the same step run eagerly
+
+
+def _cuda_run(cfg, capture: bool, steps: int, B: int, T: int):
+    model, opt = _model(cfg, "cuda")
+    step = GraphedStep(model, opt, rows=B, context_len=T, micro_rows=B // 2, clip=0.1, autocast=torch.bfloat16,
+                       capture=capture)
+    losses = []
+    for i in range(steps):
+        batch = _batch(cfg, B, T, i)
+        out = step.step(batch.input_ids, batch.targets, 1e-3 * (1 + i % 3))
+        losses.append((out.loss.clone(), out.grad_norm.clone()))
+    torch.cuda.synchronize()
+    assert step.failed is None, step.failed
+    return model, losses
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("preset", ["flash-small", "gla-small"])
+def test_captured_step_replays_the_eager_step_bit_for_bit(preset):
+    """Rule: bitwise.  A replay launches the kernels the eager step launches, with the same inputs, in the same order;
+    these models' kernels are deterministic (no atomics: FLASH without its relative-bias gradient, GLA), so nothing
+    may differ -- losses, gradient norms and every parameter after 5 steps of bf16 autocast, accumulation over two
+    micro-batches, clipping and a changing rate."""
+    cfg = get_preset(preset)
+    if cfg.family == "flash":
+        cfg = dataclasses.replace(cfg, mixer=dataclasses.replace(cfg.mixer, rel_bias=False))
+    eager, eager_losses = _cuda_run(cfg, capture=False, steps=5, B=4, T=512)
+    graphed, graph_losses = _cuda_run(cfg, capture=True, steps=5, B=4, T=512)
+    for i, ((l0, n0), (l1, n1)) in enumerate(zip(eager_losses, graph_losses)):
+        assert torch.equal(l0, l1) and torch.equal(n0, n1), (i, float(l0), float(l1), float(n0), float(n1))
+    for (name, p), q in zip(eager.named_parameters(), graphed.parameters()):
+        assert torch.equal(p, q), name
