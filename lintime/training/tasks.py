@@ -17,7 +17,17 @@ The recipe (Zoology, ``zoology/train.py`` and ``zoology/config.py``; its Figure 
 * after each epoch the test accuracy; training stops once it exceeds ``early_stop`` (0.99).
 
 What differs from Zoology: the blocks are lintime's (pre-norm, the preset's norm and position
-scheme) and there is no dropout (Zoology: 0.1 on the embedding and inside attention).
+scheme), there is no dropout (Zoology: 0.1 on the embedding and inside attention), and the loss
+is computed at the queried positions only (the hidden states there through the output
+projection: the same loss and gradients as on all logits, as no other position has a target).
+Transformer-VQ's commitment loss is added with ``aux_weight`` (1e-4, the LM recipes' weight).
+
+A time-boxed run (the recall sweep on one GPU) shortens the schedule instead of cutting it:
+``max_steps`` (when below ``epochs`` x the batches of an epoch) is the run's length, the test
+accuracy is taken every ``eval_every`` steps instead of once per epoch, and the cosine is
+stepped at each of those evaluations over the run's length, so it still ends at 0;
+``max_seconds`` stops a run at a wall-clock budget (scored there).  Without those three the
+run is Zoology's: one evaluation and one cosine step per epoch.
 
 The run folder has the layout of :mod:`lintime.training.checkpoint` (``config.json`` with a
 ``task`` entry in ``train``, the byte tokenizer -- the contract needs one; the task's token ids
@@ -37,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from lintime.evaluation.tasks.mqar import MQARConfig, evaluate_mqar, mqar_examples
+from lintime.evaluation.tasks.mqar import IGNORE_INDEX, MQARConfig, evaluate_mqar, mqar_examples
 from lintime.models import CausalLM, get_preset
 from lintime.training import checkpoint as ckpt
 from lintime.training.rng import seed_everything
@@ -63,9 +73,11 @@ class TaskTrainConfig:
     ``seq_len``; ``None`` = the preset's), the MQAR setting (``vocab_size``, ``seq_len``, ``kv_pairs``, ``n_queries``,
     ``power_a``, ``random_fill``: :class:`lintime.evaluation.tasks.mqar.MQARConfig`), the data
     (``train_examples``, ``test_examples``, ``batch_size``: ``None`` = Zoology's for the length),
-    the recipe (``epochs``, ``lr``, ``weight_decay``, ``early_stop``: stop once the test accuracy
-    exceeds it, 0 = never; ``max_steps``: an optional cap), ``seed`` (the data) and ``init_seed``
-    (the initial weights; ``None`` = ``seed``), ``device``, ``precision``.
+    the recipe (``epochs``, ``lr``, ``weight_decay``, ``aux_weight``, ``early_stop``: stop once
+    the test accuracy exceeds it, 0 = never; ``max_steps``: an optional cap, the schedule's length
+    when it binds; ``eval_every``: steps between test evaluations and cosine steps, ``None`` = once
+    per epoch; ``max_seconds``: a wall-clock cap), ``seed`` (the data) and ``init_seed`` (the
+    initial weights; ``None`` = ``seed``), ``device``, ``precision``.
     """
 
     task: str = "mqar"
@@ -87,8 +99,11 @@ class TaskTrainConfig:
     epochs: int = 64
     lr: float = 1e-3
     weight_decay: float = 0.1
+    aux_weight: float = 1e-4
     early_stop: float = 0.99
     max_steps: int | None = None
+    eval_every: int | None = None
+    max_seconds: float | None = None
     seed: int = 0
     init_seed: int | None = None
     device: str = "auto"
@@ -106,15 +121,19 @@ class TaskTrainConfig:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if not isinstance(self.mlp, bool):
             raise ValueError(f"mlp must be a bool, got {self.mlp!r}")
-        for name in ("d_model", "n_layers", "n_heads", "batch_size", "max_steps", "init_seed"):
+        for name in ("d_model", "n_layers", "n_heads", "batch_size", "max_steps", "eval_every", "init_seed"):
             v = getattr(self, name)
             low = 0 if name == "init_seed" else 1
             if v is not None and (not isinstance(v, int) or v < low):
                 raise ValueError(f"{name} must be an integer >= {low} or None, got {v!r}")
         if not (isinstance(self.lr, (int, float)) and self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
-        if not (isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0):
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        for name in ("weight_decay", "aux_weight"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v >= 0):
+                raise ValueError(f"{name} must be >= 0, got {v!r}")
+        if self.max_seconds is not None and not (isinstance(self.max_seconds, (int, float)) and self.max_seconds > 0):
+            raise ValueError(f"max_seconds must be > 0 or None, got {self.max_seconds!r}")
         if not 0 <= self.early_stop <= 1:
             raise ValueError(f"early_stop is an accuracy in [0, 1] (0 = never), got {self.early_stop!r}")
 
@@ -162,15 +181,35 @@ class TaskTrainResult:
     run_dir: Path
     steps: int
     epochs: int
-    accuracy: float  # test accuracy after the last epoch
+    accuracy: float  # test accuracy at the last evaluation
     best_accuracy: float
     seconds: float  # training wall time (without the test evaluations)
     checkpoint: Path
+    stopped: str = "epochs"  # why it ended: "early stop", "epochs", "max_steps" or "max_seconds"
 
 
 def cosine_lr(peak: float, epoch: int, epochs: int) -> float:
     """``CosineAnnealingLR(T_max=epochs, eta_min=0)`` at ``epoch`` (stepped once per epoch)."""
     return peak * 0.5 * (1 + math.cos(math.pi * epoch / epochs))
+
+
+def schedule(cfg: TaskTrainConfig) -> tuple[int, int, int]:
+    """``(steps, stage, stages)`` of a run: its length in steps (``epochs`` x the batches of an
+    epoch, or ``max_steps`` when smaller), the steps between two evaluations (``eval_every``, or an
+    epoch) and the number of evaluations -- the cosine's length, one step per evaluation."""
+    per_epoch = cfg.train_examples // cfg.rows
+    steps = cfg.epochs * per_epoch if cfg.max_steps is None else min(cfg.epochs * per_epoch, cfg.max_steps)
+    stage = min(cfg.eval_every or per_epoch, steps)
+    return steps, stage, -(-steps // stage)
+
+
+def query_loss(model, x: torch.Tensor, y: torch.Tensor, aux_losses: dict | None = None) -> torch.Tensor:
+    """The summed cross-entropy of the queried values (``y != IGNORE_INDEX``), from the hidden
+    states at those positions only (:func:`lintime.evaluation.tasks.mqar.query_logits`'s rows,
+    through the model's fused loss): equal to ``model(x, targets=y)``."""
+    backbone_h, _ = model.backbone(x, aux_losses=aux_losses)  # [B, T, d]
+    mask = y != IGNORE_INDEX
+    return model._loss(backbone_h[mask], y[mask], True)
 
 
 def train_task(
@@ -179,9 +218,12 @@ def train_task(
     out: str | Path = "runs",
     name: str | None = None,
     echo: Callable[[str], None] | None = print,
+    plot: bool = True,
 ) -> TaskTrainResult:
-    """Train ``config`` into ``out/name`` with the recipe of the module docstring."""
+    """Train ``config`` into ``out/name`` with the recipe of the module docstring (``plot``: draw
+    ``accuracy_vs_epoch.png`` at the end)."""
     say = echo or (lambda line: None)
+    started = time.perf_counter()
     cfg = config
     task = cfg.mqar
     device = pick_device(cfg.device)
@@ -205,58 +247,85 @@ def train_task(
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     rows = cfg.rows
     n_batches = cfg.train_examples // rows  # whole batches of the fixed training set
+    total, stage, stages = schedule(cfg)
     say(f"lintime train --task {cfg.task}: {cfg.preset} d_model {model_cfg.d_model} x {model_cfg.n_layers} layers "
         f"({model.num_parameters() / 1e6:.2f}M parameters), {device.type}{' bf16' if amp is not None else ' fp32'}")
     say(f"  mqar: vocab {task.vocab_size}, seq_len {task.seq_len}, {task.kv_pairs} pairs, {task.queries} queries; "
         f"{n_batches * rows:,} train / {cfg.test_examples:,} test examples, batch {rows}")
-    say(f"  recipe zoology: AdamW lr {cfg.lr:g} (cosine over {cfg.epochs} epochs), weight decay {cfg.weight_decay:g}, "
-        f"stop at accuracy > {cfg.early_stop:g}; run folder {run_dir}")
+    say(f"  recipe zoology: AdamW lr {cfg.lr:g} (cosine over {stages} {'epochs' if stage == n_batches else 'evaluations'}"
+        f" of {stage} steps, {total} steps), weight decay {cfg.weight_decay:g}, stop at accuracy > {cfg.early_stop:g}"
+        f"{'' if cfg.max_seconds is None else f' or after {cfg.max_seconds:g} s'}; run folder {run_dir}")
 
+    test = tuple(t.to(device) for t in mqar_examples(task, cfg.test_examples, seed=cfg.seed, split="test"))
+    batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # the training set on the device, drawn once
     gen = torch.Generator().manual_seed(cfg.seed)
-    step, elapsed, acc, best = 0, 0.0, 0.0, 0.0
-    epoch = 0
-    for epoch in range(1, cfg.epochs + 1):
-        lr = cosine_lr(cfg.lr, epoch - 1, cfg.epochs)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        t0 = time.perf_counter()
-        loss_sum = 0.0
-        order = torch.randperm(n_batches, generator=gen).tolist()
-        taken = 0
-        for b in order:
+    order: list[int] = []
+    ctx = torch.autocast(device.type, dtype=amp) if amp is not None else torch.autocast(device.type, enabled=False)
+    step, elapsed, acc, best, stopped = 0, 0.0, 0.0, 0.0, "epochs"
+    loss_sum = torch.zeros((), device=device)  # summed on the device: no host read per step
+    taken = 0
+    t0 = time.perf_counter()
+    while True:
+        if step % stage == 0:
+            lr = cosine_lr(cfg.lr, step // stage, stages)
+            for group in opt.param_groups:
+                group["lr"] = lr
+        if not order:  # a new epoch: the fixed batches in a new order
+            order = torch.randperm(n_batches, generator=gen).tolist()
+        b = order.pop(0)
+        if b not in batches:
             x, y = mqar_examples(task, rows, seed=cfg.seed, split="train", start=b * rows)
-            x, y = x.to(device), y.to(device)
-            ctx = torch.autocast(device.type, dtype=amp) if amp is not None else torch.autocast(device.type, enabled=False)
-            with ctx:
-                ce = model(x, targets=y)
-            loss = ce / max(int((y != -100).sum()), 1)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            loss_sum += float(loss.detach())
-            step += 1
-            taken += 1
-            if not math.isfinite(loss_sum):
-                raise ValueError(f"training diverged at step {step} (loss {loss_sum}); try a lower --lr")
-            if cfg.max_steps is not None and step >= cfg.max_steps:
-                break
+            batches[b] = (x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+        x, y = batches[b]
+        aux: dict[str, torch.Tensor] = {}
+        with ctx:
+            ce = query_loss(model, x, y, aux)
+        loss = ce / (rows * task.queries)  # every example scores `queries` values
+        if aux:
+            loss = loss + cfg.aux_weight * sum(v.float() for v in aux.values())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss_sum += loss.detach()
+        step += 1
+        taken += 1
+        over_time = cfg.max_seconds is not None and time.perf_counter() - started >= cfg.max_seconds
+        if step % stage and step < total and not over_time:
+            continue
         elapsed += time.perf_counter() - t0
-        res = evaluate_mqar(model, task, n_examples=cfg.test_examples, seed=cfg.seed, autocast=amp)
+        mean_loss = float(loss_sum) / taken
+        if not math.isfinite(mean_loss):
+            raise ValueError(f"training diverged by step {step} (mean loss {mean_loss}); try a lower --lr")
+        res = evaluate_mqar(model, task, n_examples=cfg.test_examples, seed=cfg.seed, autocast=amp, examples=test)
         acc, best = res.accuracy, max(best, res.accuracy)
-        row = {"epoch": epoch, "step": step, "time_s": round(elapsed, 3), "lr": lr, "loss": loss_sum / max(taken, 1),
-               "val_loss": res.loss, "val_accuracy": acc}
+        epoch = step / n_batches
+        row = {"epoch": round(epoch) if step % n_batches == 0 else round(epoch, 4), "step": step,
+               "time_s": round(elapsed, 3), "lr": lr, "loss": mean_loss, "val_loss": res.loss, "val_accuracy": acc}
         with open(metrics_path, "a") as f:
             f.write(json.dumps(row) + "\n")
-        say(f"epoch {epoch:>3}  step {step:>6}  train loss {row['loss']:.4f}  test loss {res.loss:.4f}  accuracy {acc:.4f}")
-        if (cfg.early_stop and acc > cfg.early_stop) or (cfg.max_steps is not None and step >= cfg.max_steps):
-            break
+        say(f"epoch {row['epoch']:>6}  step {step:>6}  train loss {mean_loss:.4f}  test loss {res.loss:.4f}  accuracy {acc:.4f}")
+        if cfg.early_stop and acc > cfg.early_stop:
+            stopped = "early stop"
+        elif over_time:
+            stopped = "max_seconds"
+        elif step >= total:
+            stopped = "epochs" if cfg.max_steps is None or total < cfg.max_steps else "max_steps"
+        else:
+            loss_sum.zero_()
+            taken = 0
+            t0 = time.perf_counter()
+            continue
+        break
+    epochs_done = math.ceil(step / n_batches)
     model.eval()
-    state = {"format": 1, "step": step, "epoch": epoch, "elapsed_s": elapsed, "accuracy": acc}
+    state = {"format": 1, "step": step, "epoch": epochs_done, "elapsed_s": elapsed, "accuracy": acc}
     last = ckpt.save_checkpoint(run_dir, step, model, state, keep=1)
-    plot_task_metrics(run_dir, title=f"{cfg.preset} d{model_cfg.d_model}, MQAR T={cfg.seq_len} kv={cfg.kv_pairs}")
-    say(f"done: {epoch} epochs, {step} steps in {elapsed / 60:.1f} min; test accuracy {acc:.4f} (best {best:.4f}); saved {last}")
-    return TaskTrainResult(run_dir=run_dir, steps=step, epochs=epoch, accuracy=acc, best_accuracy=best, seconds=elapsed,
-                           checkpoint=last)
+    if plot:
+        plot_task_metrics(run_dir, title=f"{cfg.preset} d{model_cfg.d_model}, MQAR T={cfg.seq_len} kv={cfg.kv_pairs}")
+    say(f"done ({stopped}): {step} steps ({step / n_batches:.2f} epochs) in {elapsed / 60:.1f} min; "
+        f"test accuracy {acc:.4f} (best {best:.4f}); saved {last}")
+    return TaskTrainResult(run_dir=run_dir, steps=step, epochs=epochs_done, accuracy=acc, best_accuracy=best,
+                           seconds=elapsed, checkpoint=last, stopped=stopped)
 
 
 def plot_task_metrics(run_dir: str | Path, *, title: str = "") -> Path | None:

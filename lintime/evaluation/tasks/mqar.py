@@ -161,6 +161,18 @@ class MQARResult:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
 
 
+def query_logits(model, inputs: torch.Tensor, mask: torch.Tensor, *, aux_losses: dict | None = None) -> torch.Tensor:
+    """``[Q, V]`` logits at the ``Q`` positions where ``mask [B, T]`` is set: the backbone's hidden
+    states at those positions through the output projection alone (an MQAR example scores
+    ``kv_pairs`` of its ``seq_len`` positions; the other logits would be computed and thrown
+    away).  A model without a ``backbone`` (a test double) is run whole and its logits picked."""
+    backbone = getattr(model, "backbone", None)
+    if backbone is None:
+        return model(inputs)[mask]
+    h, _ = backbone(inputs, aux_losses=aux_losses)  # [B, T, d]
+    return model._logits(h[mask])  # [Q, V]
+
+
 @torch.no_grad()
 def query_scores(model, inputs: torch.Tensor, targets: torch.Tensor, *, autocast: torch.dtype | None = None) -> tuple[int, float, int]:
     """``(correct, summed cross-entropy, queries)`` of one batch: the argmax of the logits at
@@ -170,10 +182,9 @@ def query_scores(model, inputs: torch.Tensor, targets: torch.Tensor, *, autocast
     device = next(model.parameters()).device
     inputs, targets = inputs.to(device), targets.to(device)
     ctx = torch.autocast(device.type, dtype=autocast) if autocast is not None else torch.autocast(device.type, enabled=False)
-    with ctx:
-        logits = model(inputs)  # [B, T, V]
     mask = targets != IGNORE_INDEX
-    picked = logits[mask].float()  # [Q, V]
+    with ctx:
+        picked = query_logits(model, inputs, mask).float()  # [Q, V]
     wanted = targets[mask]
     correct = int((picked.argmax(-1) == wanted).sum())
     return correct, float(F.cross_entropy(picked, wanted, reduction="sum")), int(wanted.numel())
@@ -187,11 +198,14 @@ def evaluate_mqar(
     seed: int = 0,
     batch_size: int | None = None,
     autocast: torch.dtype | None = None,
+    examples: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> MQARResult:
     """Accuracy of ``model`` on the first ``n_examples`` of the test stream of ``seed``.
 
-    ``batch_size``: examples per forward (default: as many as keep the logits near 2^25 values on
-    a CPU, 2^28 on a GPU).
+    ``batch_size``: examples per forward (default: as many as keep the largest activation near
+    2^25 values on a CPU, 2^28 on a GPU).  ``examples``: those test examples already drawn
+    (``mqar_examples(cfg, n_examples, seed=seed, split="test")``, on any device: a trainer that
+    scores often keeps them on its device).
     A learned position table shorter than ``seq_len`` or a vocabulary smaller than the task's
     is reported as skipped."""
     vocab = model.config.vocab_size
@@ -201,9 +215,17 @@ def evaluate_mqar(
     if getattr(model.config, "position", None) == "learned" and model.config.max_positions < cfg.seq_len:
         return MQARResult(cfg.to_dict(), 0, 0, math.nan, math.nan, 0.0,
                           skipped=f"longer than the model's learned position table ({model.config.max_positions})")
+    if examples is not None:
+        if examples[0].shape != (n_examples, cfg.seq_len) or examples[1].shape != examples[0].shape:
+            raise ValueError(f"examples must be two [{n_examples}, {cfg.seq_len}] tensors, "
+                             f"got {tuple(examples[0].shape)} and {tuple(examples[1].shape)}")
     if batch_size is None:
         cuda = next(model.parameters()).device.type == "cuda"
-        batch_size = max(1, (2**28 if cuda else 2**25) // (cfg.seq_len * vocab))
+        # per example: the blocks' widest activations (~8 d per position), a head's attention
+        # scores (T^2) or the queried logits, whichever is largest
+        width = 8 * getattr(model.config, "d_model", vocab)
+        per_example = max(cfg.seq_len * width, cfg.seq_len**2, cfg.queries * vocab)
+        batch_size = max(1, (2**28 if cuda else 2**25) // per_example)
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
@@ -211,7 +233,11 @@ def evaluate_mqar(
     nll = 0.0
     try:
         for start in range(0, n_examples, batch_size):
-            x, y = mqar_examples(cfg, min(batch_size, n_examples - start), seed=seed, split="test", start=start)
+            n = min(batch_size, n_examples - start)
+            if examples is None:
+                x, y = mqar_examples(cfg, n, seed=seed, split="test", start=start)
+            else:
+                x, y = examples[0][start : start + n], examples[1][start : start + n]
             c, s, q = query_scores(model, x, y, autocast=autocast)
             correct, nll, queries = correct + c, nll + s, queries + q
     finally:

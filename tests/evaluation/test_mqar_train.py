@@ -1,0 +1,101 @@
+"""lintime.training.tasks at CPU sizes: the query-only loss equals the model's loss on every
+position, pre-drawn test examples score as drawn ones, the time-boxed schedule (steps, evaluations,
+a cosine that still ends at 0) and the three ways a run stops."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from lintime.evaluation.tasks.mqar import MQARConfig, evaluate_mqar, mqar_examples
+from lintime.models import CausalLM
+from lintime.training.tasks import TaskTrainConfig, cosine_lr, query_loss, schedule, train_task
+
+
+@pytest.mark.parametrize("preset", ["transformer-pp-tiny", "vq-tiny"])
+def test_query_loss_equals_the_full_loss(preset):
+    """Same summed loss and same gradients as ``model(x, targets=y)`` (which computes every
+    position's logits); Transformer-VQ's commitment loss still reaches ``aux_losses``."""
+    cfg = TaskTrainConfig(preset=preset, d_model=32, vocab_size=64, seq_len=32, kv_pairs=4)
+    torch.manual_seed(0)
+    model = CausalLM(cfg.model_config()).eval()  # eval: Transformer-VQ's codebook moves in training forwards
+    x, y = mqar_examples(cfg.mqar, 6, seed=2)
+    aux: dict = {}
+    ours = query_loss(model, x, y, aux)
+    ours.backward()
+    g_ours = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad()
+    ref = model(x, targets=y)
+    ref.backward()
+    g_ref = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    assert len(g_ours) == len(g_ref)
+    for a, b in zip(g_ours, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert (preset == "vq-tiny") == ("vq_commit" in aux)
+
+
+def test_pre_drawn_examples_score_as_drawn_ones():
+    cfg = MQARConfig(vocab_size=64, seq_len=32, kv_pairs=4)
+    torch.manual_seed(0)
+    model = CausalLM(TaskTrainConfig(d_model=32, vocab_size=64, seq_len=32, kv_pairs=4).model_config())
+    drawn = evaluate_mqar(model, cfg, n_examples=70, seed=5, batch_size=16)
+    given = evaluate_mqar(model, cfg, n_examples=70, seed=5, batch_size=32,
+                          examples=mqar_examples(cfg, 70, seed=5, split="test"))
+    assert (given.accuracy, given.n_queries) == (drawn.accuracy, drawn.n_queries) == (given.accuracy, 280)
+    assert given.loss == pytest.approx(drawn.loss, rel=1e-5)
+    with pytest.raises(ValueError, match="examples must be"):
+        evaluate_mqar(model, cfg, n_examples=70, examples=mqar_examples(cfg, 60, split="test"))
+
+
+def test_schedule_of_zoology_and_of_a_time_boxed_run():
+    # Zoology: 64 epochs of 100 000 // 512 = 195 batches, one evaluation per epoch
+    assert schedule(TaskTrainConfig()) == (64 * 195, 195, 64)
+    # the sweep: 800 steps, an evaluation every 50: a cosine of 16 steps that ends at 0
+    steps, stage, stages = schedule(TaskTrainConfig(max_steps=800, eval_every=50))
+    assert (steps, stage, stages) == (800, 50, 16)
+    assert cosine_lr(1.0, stages - 1, stages) < 0.01
+    # a cap that does not divide: the last evaluation comes at the cap
+    assert schedule(TaskTrainConfig(max_steps=120, eval_every=50)) == (120, 50, 3)
+    # a cap above the epochs' steps does not bind
+    assert schedule(TaskTrainConfig(train_examples=1024, epochs=2, max_steps=10_000)) == (4, 2, 2)
+
+
+def _tiny(**kw) -> TaskTrainConfig:
+    base = dict(preset="transformer-pp-tiny", d_model=32, vocab_size=32, seq_len=16, kv_pairs=2, train_examples=256,
+                test_examples=32, batch_size=32, device="cpu", n_heads=1, position="none")
+    return TaskTrainConfig(**{**base, **kw})
+
+
+def test_a_capped_run_evaluates_every_eval_every_steps(tmp_path):
+    res = train_task(_tiny(epochs=64, max_steps=20, eval_every=8, early_stop=0.0, lr=3e-3), out=tmp_path, name="a",
+                     echo=None, plot=False)
+    rows = [json.loads(line) for line in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [8, 16, 20] and res.steps == 20 and res.stopped == "max_steps"
+    lrs = [r["lr"] for r in rows]  # the cosine over the 3 evaluations, not over 64 epochs
+    assert lrs == pytest.approx([3e-3, 3e-3 * 0.5 * (1 + math.cos(math.pi / 3)), 3e-3 * 0.5 * (1 + math.cos(2 * math.pi / 3))])
+    assert rows[1]["epoch"] == 2 and rows[2]["epoch"] == 2.5  # 8 batches per epoch
+    assert res.accuracy == rows[-1]["val_accuracy"] and not (res.run_dir / "accuracy_vs_epoch.png").exists()
+
+
+def test_a_run_stops_at_its_wall_clock_cap(tmp_path):
+    res = train_task(_tiny(max_steps=100_000, eval_every=1000, early_stop=0.0, max_seconds=0.5), out=tmp_path,
+                     name="b", echo=None, plot=False)
+    rows = (res.run_dir / "metrics.jsonl").read_text().splitlines()
+    assert res.stopped == "max_seconds" and 1 <= res.steps < 100_000 and len(rows) == 1
+    assert 0.0 <= res.accuracy <= 1.0
+
+
+def test_a_run_stops_early_above_the_target(tmp_path):
+    """Any accuracy is above early_stop = 1e-9 once a query is right; a run that never gets one
+    right runs to its end: either way the reason is stated."""
+    res = train_task(_tiny(max_steps=24, eval_every=4, early_stop=1e-9, lr=1e-2), out=tmp_path, name="c", echo=None,
+                     plot=False)
+    rows = [json.loads(line) for line in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
+    if res.stopped == "early stop":
+        assert rows[-1]["val_accuracy"] > 0 and all(r["val_accuracy"] == 0 for r in rows[:-1])
+    else:
+        assert res.stopped == "max_steps" and all(r["val_accuracy"] == 0 for r in rows)
