@@ -25,6 +25,7 @@ _EXPORTS = {
     "gau_heads": "heads",
     "linear_cross_entropy": "cross_entropy",
     "normalize": "norm",
+    "add_normalize": "norm",
 }
 
 __all__ = list(_EXPORTS)

@@ -1,10 +1,13 @@
-"""Normalisation over the last dimension (LayerNorm, RMSNorm, ScaleNorm) in one pass per direction.
+"""Normalisation over the last dimension (LayerNorm, RMSNorm, ScaleNorm) in one pass per direction, alone
+(:func:`normalize`) or with the pre-norm block's residual add before it (:func:`add_normalize`).
 
 On CUDA the Triton kernels read each row once and write the normalised row directly in the dtype the
 next GEMM runs in (``out_dtype``: bf16 under autocast), so a pre-norm block spends one read of the
 fp32 residual stream and one bf16 write per norm instead of the composite's eight passes and a cast;
 the backward is one pass too (``dx`` and the per-feature partial sums of ``dweight`` / ``dbias``).
-Statistics are always fp32 (fp64 for fp64 inputs).
+Statistics are always fp32 (fp64 for fp64 inputs).  :func:`add_normalize` also reads the branch output,
+writes the new residual stream, and adds the stream's gradient in its backward pass: the separate add
+passes of ``x = x + y`` (forward, and the gradient sum and cast backward) disappear.
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ from __future__ import annotations
 import torch
 
 from lintime.ops.dispatch import register_triton, select
-from lintime.ops.norm.chunk import torch_normalize
-from lintime.ops.norm.naive import naive_normalize
+from lintime.ops.norm.chunk import torch_add_normalize, torch_normalize
+from lintime.ops.norm.naive import naive_add_normalize, naive_normalize
 
 _IMPLS = {"naive": naive_normalize, "chunk": torch_normalize}
+_ADD_IMPLS = {"naive": naive_add_normalize, "chunk": torch_add_normalize}
 
 
 def _load_triton():  # the fused kernels, picked automatically for CUDA tensors when Triton is installed
@@ -24,10 +28,42 @@ def _load_triton():  # the fused kernels, picked automatically for CUDA tensors 
     return triton_normalize
 
 
+def _load_triton_add():
+    from lintime.ops.norm.triton import triton_add_normalize
+
+    return triton_add_normalize
+
+
 register_triton(_IMPLS, _load_triton)
+register_triton(_ADD_IMPLS, _load_triton_add)
 
 _OP = "normalize"
 KINDS = ("layernorm", "rmsnorm", "scalenorm")
+
+
+def _check(op: str, x, weight, bias, kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"{op}: kind must be one of {KINDS}, got {kind!r}")
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 1:
+        raise TypeError(f"{op}: x must be a floating tensor [..., D]")
+    D = x.shape[-1]
+    want_w = () if kind == "scalenorm" else (D,)
+    if weight is not None and tuple(weight.shape) != want_w:
+        raise ValueError(f"{op}: {kind} weight must have shape {want_w}, got {tuple(weight.shape)}")
+    if bias is not None:
+        if kind != "layernorm":
+            raise ValueError(f"{op}: only layernorm takes a bias")
+        if tuple(bias.shape) != (D,):
+            raise ValueError(f"{op}: bias must have shape ({D},), got {tuple(bias.shape)}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{op}: {name} is on {t.device}, x on {x.device}")
+
+
+def _impls(impls: dict, backend: str | None, *dtypes: torch.dtype) -> dict:
+    if backend is None and torch.float64 in dtypes:
+        return {name: fn for name, fn in impls.items() if name != "triton"}  # the kernels have no fp64
+    return impls
 
 
 def normalize(
@@ -58,30 +94,53 @@ def normalize(
     Returns:
         ``[..., D]`` in ``out_dtype``; gradients flow to ``x``, ``weight`` and ``bias``.
     """
-    if kind not in KINDS:
-        raise ValueError(f"{_OP}: kind must be one of {KINDS}, got {kind!r}")
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 1:
-        raise TypeError(f"{_OP}: x must be a floating tensor [..., D]")
+    _check(_OP, x, weight, bias, kind)
     D = x.shape[-1]
-    want_w = () if kind == "scalenorm" else (D,)
-    if weight is not None and tuple(weight.shape) != want_w:
-        raise ValueError(f"{_OP}: {kind} weight must have shape {want_w}, got {tuple(weight.shape)}")
-    if bias is not None:
-        if kind != "layernorm":
-            raise ValueError(f"{_OP}: only layernorm takes a bias")
-        if tuple(bias.shape) != (D,):
-            raise ValueError(f"{_OP}: bias must have shape ({D},), got {tuple(bias.shape)}")
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.device != x.device:
-            raise ValueError(f"{_OP}: {name} is on {t.device}, x on {x.device}")
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    impls = _IMPLS
-    if backend is None and (x.dtype == torch.float64 or out_dtype == torch.float64):
-        impls = {name: fn for name, fn in _IMPLS.items() if name != "triton"}  # the kernels have no fp64
+    impls = _impls(_IMPLS, backend, x.dtype, out_dtype)
     x2 = x.reshape(-1, D)
     impl = select(_OP, backend, impls, x2[None])
     y = impl(x2, weight, bias, kind=kind, eps=float(eps), out_dtype=out_dtype)
     return y.view(x.shape)
 
 
-__all__ = ["normalize"]
+def add_normalize(
+    x: torch.Tensor,
+    branch: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    *,
+    kind: str = "layernorm",
+    eps: float = 1e-5,
+    out_dtype: torch.dtype | None = None,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-norm block's residual add and the norm after it: ``s = x + branch``, ``(s, normalize(s))``.
+
+    Args:
+        x: ``[..., D]`` the residual stream (fp32 under autocast).
+        branch: ``[..., D]`` the sub-layer output added to it (the autocast dtype under autocast).
+        weight, bias, kind, eps, backend: as for :func:`normalize`.
+        out_dtype: the normalised result's dtype (default: the sum's).
+    Returns:
+        ``s [..., D]`` in ``torch.promote_types(x.dtype, branch.dtype)`` (what ``x + branch`` gives) and
+        ``normalize(s) [..., D]`` in ``out_dtype``.  Gradients flow to ``x`` and ``branch`` (each in its
+        own dtype: the sum of ``s``'s gradient and the norm's), ``weight`` and ``bias``.
+    """
+    _check("add_normalize", x, weight, bias, kind)
+    if not isinstance(branch, torch.Tensor) or not branch.is_floating_point() or branch.shape != x.shape:
+        raise ValueError(f"add_normalize: branch must be a floating tensor of x's shape {tuple(x.shape)}, got "
+                         f"{tuple(branch.shape) if isinstance(branch, torch.Tensor) else type(branch).__name__}")
+    if branch.device != x.device:
+        raise ValueError(f"add_normalize: branch is on {branch.device}, x on {x.device}")
+    D = x.shape[-1]
+    s_dtype = torch.promote_types(x.dtype, branch.dtype)
+    out_dtype = s_dtype if out_dtype is None else out_dtype
+    impls = _impls(_ADD_IMPLS, backend, x.dtype, branch.dtype, out_dtype)
+    x2 = x.reshape(-1, D)
+    impl = select("add_normalize", backend, impls, x2[None])
+    s, y = impl(x2, branch.reshape(-1, D), weight, bias, kind=kind, eps=float(eps), out_dtype=out_dtype)
+    return s.view(x.shape), y.view(x.shape)
+
+
+__all__ = ["add_normalize", "normalize"]

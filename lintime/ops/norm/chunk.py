@@ -20,3 +20,10 @@ def torch_normalize(x, weight, bias, *, kind, eps, out_dtype):
     if bias is not None:
         y = y + bias
     return y.to(out_dtype)
+
+
+def torch_add_normalize(x, r, weight, bias, *, kind, eps, out_dtype):
+    """Same arguments and results as :func:`lintime.ops.norm.add_normalize` on ``x, r [N, D]``: the residual
+    add of a pre-norm block (type promotion as ``x + r``) and then :func:`torch_normalize`."""
+    s = x + r
+    return s, torch_normalize(s, weight, bias, kind=kind, eps=eps, out_dtype=out_dtype)

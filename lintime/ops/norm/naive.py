@@ -22,3 +22,10 @@ def naive_normalize(x, weight, bias, *, kind, eps, out_dtype):
     if bias is not None:
         y = y + bias.to(acc)
     return y.to(out_dtype)
+
+
+def naive_add_normalize(x, r, weight, bias, *, kind, eps, out_dtype):
+    """Same arguments and results as :func:`lintime.ops.norm.add_normalize` on ``x, r [N, D]``: the sum in
+    the promoted dtype of ``x`` and ``r``, then :func:`naive_normalize` of it."""
+    s = x.to(torch.promote_types(x.dtype, r.dtype)) + r
+    return s, naive_normalize(s, weight, bias, kind=kind, eps=eps, out_dtype=out_dtype)

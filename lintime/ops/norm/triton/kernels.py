@@ -1,10 +1,15 @@
-"""Triton kernels of :func:`lintime.ops.norm.normalize`.
+"""Triton kernels of :func:`lintime.ops.norm.normalize` and :func:`lintime.ops.norm.add_normalize`.
 
 Notation: ``N`` rows of ``D`` features, ``BD`` the feature block (``D`` rounded up to a power of
 two: a whole row lives in registers), ``G`` programs, each walking rows ``pid, pid + G, ...``
 (persistent: the backward accumulates its ``dweight`` / ``dbias`` partial sums in registers and
 writes one ``[D]`` row per program).  ``KIND``: 0 layernorm, 1 rmsnorm / scalenorm (same row math;
 scalenorm's scalar gain is ``W_SCALAR``).  Statistics in fp32.
+
+``HAS_R`` (add_normalize): the row normalised is ``s = x + r`` (``R`` the branch output added to the
+residual stream ``X``), rounded to ``S``'s dtype and written there; the backward then adds the
+stream's own gradient ``DS`` (``HAS_DS``) to the norm's and writes the sum to ``DX`` in the stream's
+dtype and, when the branch's dtype differs (``HAS_DR``), to ``DR`` in the branch's.
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ def _gain(W, o_d, m_d, HAS_W: tl.constexpr, W_SCALAR: tl.constexpr):
 
 @triton.jit
 def norm_fwd_kernel(
-    X, W, B, Y, MEAN, RSTD,
-    stride_x, stride_y, N, D, eps,
-    KIND: tl.constexpr, HAS_W: tl.constexpr, W_SCALAR: tl.constexpr, HAS_B: tl.constexpr, BD: tl.constexpr,
+    X, R, W, B, S, Y, MEAN, RSTD,
+    stride_x, stride_r, stride_s, stride_y, N, D, eps,
+    KIND: tl.constexpr, HAS_W: tl.constexpr, W_SCALAR: tl.constexpr, HAS_B: tl.constexpr, HAS_R: tl.constexpr,
+    BD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
@@ -40,6 +46,12 @@ def norm_fwd_kernel(
         b_b = tl.load(B + o_d, mask=m_d, other=0.0).to(tl.float32)
     for row in range(pid, N, G):
         b_x = tl.load(X + row * stride_x + o_d, mask=m_d, other=0.0).to(tl.float32)  # [BD]
+        if HAS_R:
+            b_r = tl.load(R + row * stride_r + o_d, mask=m_d, other=0.0).to(tl.float32)
+            # the stream as stored (rounded to its dtype) is what the norm reads, as in `s = x + r; norm(s)`
+            b_s = (b_x + b_r).to(S.dtype.element_ty)
+            tl.store(S + row * stride_s + o_d, b_s, mask=m_d)
+            b_x = b_s.to(tl.float32)
         if KIND == 0:
             mean = tl.sum(b_x, 0) / D
             b_xc = tl.where(m_d, b_x - mean, 0.0)
@@ -57,13 +69,14 @@ def norm_fwd_kernel(
 
 @triton.jit
 def norm_bwd_kernel(
-    X, W, DY, DX, MEAN, RSTD, DW, DB,
-    stride_x, stride_dy, stride_dx, N, D,
-    KIND: tl.constexpr, HAS_W: tl.constexpr, W_SCALAR: tl.constexpr, HAS_B: tl.constexpr, BD: tl.constexpr,
+    X, W, DY, DS, DX, DR, MEAN, RSTD, DW, DB,
+    stride_x, stride_dy, stride_ds, stride_dx, stride_dr, N, D,
+    KIND: tl.constexpr, HAS_W: tl.constexpr, W_SCALAR: tl.constexpr, HAS_B: tl.constexpr, HAS_DS: tl.constexpr,
+    HAS_DR: tl.constexpr, BD: tl.constexpr,
 ):
     """``dx = rstd (g - mean(g) - xhat mean(g xhat))`` for layernorm, ``rstd (g - xhat mean(g xhat))``
-    otherwise, with ``g = dy * weight``; ``DW [G, BD]`` / ``DB [G, BD]`` get each program's sums of
-    ``dy * xhat`` / ``dy`` over its rows."""
+    otherwise, with ``g = dy * weight`` (plus ``ds`` with ``HAS_DS``); ``DW [G, BD]`` / ``DB [G, BD]``
+    get each program's sums of ``dy * xhat`` / ``dy`` over its rows."""
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     o_d = tl.arange(0, BD)
@@ -87,7 +100,11 @@ def norm_bwd_kernel(
             b_dx = (b_g - c2 - b_xhat * c1) * rstd
         else:
             b_dx = (b_g - b_xhat * c1) * rstd
+        if HAS_DS:
+            b_dx += tl.load(DS + row * stride_ds + o_d, mask=m_d, other=0.0).to(tl.float32)
         tl.store(DX + row * stride_dx + o_d, b_dx.to(DX.dtype.element_ty), mask=m_d)
+        if HAS_DR:
+            tl.store(DR + row * stride_dr + o_d, b_dx.to(DR.dtype.element_ty), mask=m_d)
         if HAS_W:
             b_dw += b_dy * b_xhat
         if HAS_B:

@@ -1,6 +1,7 @@
-"""Host side of the fused normalisation: launchers, the ``lintime::normalize_*`` custom ops (traced
-by ``torch.compile``; eager calls skip the dispatcher, :mod:`lintime.ops.custom_op`) and the backend
-entry :func:`triton_normalize`."""
+"""Host side of the fused normalisation: launchers, the ``lintime::normalize_*`` and
+``lintime::add_normalize_*`` custom ops (traced by ``torch.compile``; eager calls skip the dispatcher,
+:mod:`lintime.ops.custom_op`) and the backend entries :func:`triton_normalize` /
+:func:`triton_add_normalize`."""
 
 from __future__ import annotations
 
@@ -39,20 +40,72 @@ def _warps(BD: int) -> int:
     return min(16, max(1, BD // 256))
 
 
-def _fwd(x: Tensor, weight: Tensor, bias: Tensor, kind: str, eps: float,
-         out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+def _flags(kind: str, weight: Tensor, bias: Tensor) -> dict:
+    has_w = weight.numel() > 0
+    return dict(KIND=_KIND[kind], HAS_W=has_w, W_SCALAR=kind == "scalenorm" and has_w, HAS_B=bias.numel() > 0)
+
+
+def _fwd(x: Tensor, r: Tensor | None, weight: Tensor, bias: Tensor, kind: str, eps: float,
+         out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(s, y, mean, rstd)``: ``s = x + r`` (an empty tensor without ``r``) and ``y = norm(s)``."""
     N, D = x.shape
     BD = next_pow2(D)
+    s = x.new_empty((N, D), dtype=torch.promote_types(x.dtype, r.dtype)) if r is not None else empty_f32(x)
     y = torch.empty((N, D), device=x.device, dtype=out_dtype)
     mean = torch.empty((N,) if kind == "layernorm" else (0,), device=x.device, dtype=torch.float32)
     rstd = torch.empty((N,), device=x.device, dtype=torch.float32)
     if N:
+        rr, ss = (x, x) if r is None else (r, s)  # unread without HAS_R
         norm_fwd_kernel[(_programs(x, N),)](
-            x, weight, bias, y, mean, rstd, x.stride(0), y.stride(0), N, D, eps,
-            KIND=_KIND[kind], HAS_W=weight.numel() > 0, W_SCALAR=kind == "scalenorm" and weight.numel() > 0,
-            HAS_B=bias.numel() > 0, BD=BD, num_warps=_warps(BD),
+            x, rr, weight, bias, ss, y, mean, rstd, x.stride(0), rr.stride(0), ss.stride(0), y.stride(0), N, D, eps,
+            **_flags(kind, weight, bias), HAS_R=r is not None, BD=BD, num_warps=_warps(BD),
         )
-    return y, mean, rstd
+    return s, y, mean, rstd
+
+
+def _bwd(dy: Tensor, ds: Tensor | None, x: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor,
+         kind: str, dx_dtype: torch.dtype, dr_dtype: torch.dtype | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dx, dr, dw, db)``: ``dx = ds + norm'(dy)`` in ``dx_dtype``, the same values in ``dr_dtype`` as
+    ``dr`` (an empty tensor when ``dr_dtype`` is ``None``), the gain / bias gradients (empty when absent)."""
+    N, D = x.shape
+    BD = next_pow2(D)
+    dy = dy if dy.stride(-1) == 1 else dy.contiguous()
+    if ds is not None:
+        ds = ds if ds.stride(-1) == 1 else ds.contiguous()
+    dx = torch.empty((N, D), device=x.device, dtype=dx_dtype)
+    dr = empty_f32(x) if dr_dtype is None else torch.empty((N, D), device=x.device, dtype=dr_dtype)
+    G = _programs(x, N)
+    flags = _flags(kind, weight, bias)
+    has_w, has_b = flags["HAS_W"], flags["HAS_B"]
+    dw_part = torch.empty((G, BD) if has_w else (0,), device=x.device, dtype=torch.float32)
+    db_part = torch.empty((G, BD) if has_b else (0,), device=x.device, dtype=torch.float32)
+    if N:
+        dss, drr = (dx if ds is None else ds), (dx if dr_dtype is None else dr)  # unread / unwritten without the flag
+        norm_bwd_kernel[(G,)](
+            x, weight, dy, dss, dx, drr, mean, rstd, dw_part, db_part,
+            x.stride(0), dy.stride(0), dss.stride(0), dx.stride(0), drr.stride(0), N, D,
+            **flags, HAS_DS=ds is not None, HAS_DR=dr_dtype is not None, BD=BD, num_warps=_warps(BD),
+        )
+    if has_w:
+        dw = dw_part.sum(0)[:D] if N else torch.zeros(D, device=x.device)
+        dw = (dw.sum() if kind == "scalenorm" else dw).to(weight.dtype)
+    else:
+        dw = torch.empty_like(weight)
+    db = (db_part.sum(0)[:D] if N else torch.zeros(D, device=x.device)).to(bias.dtype) if has_b \
+        else torch.empty_like(bias)
+    return dx, dr, dw, db
+
+
+def _check(x: Tensor, out_dtype: torch.dtype, op: str) -> Tensor:
+    check_device(op, x)
+    if x.dtype not in DTYPES or out_dtype not in DTYPES:
+        raise TypeError(f"{op}: backend 'triton' takes fp16, bf16 or fp32, got {x.dtype} -> {out_dtype}")
+    if x.shape[-1] > LAUNCH.max_bd:
+        raise ValueError(f"{op}: backend 'triton' supports D <= {LAUNCH.max_bd}, got {x.shape[-1]}")
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+# ---------------------------------------------------------------------------------------------- normalize
 
 
 def _bwd_fake(dy, x, weight, bias, mean, rstd, kind):
@@ -62,27 +115,7 @@ def _bwd_fake(dy, x, weight, bias, mean, rstd, kind):
 @launcher_op("normalize_bwd", fake=_bwd_fake)
 def normalize_bwd(dy: Tensor, x: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor,
                   kind: str) -> tuple[Tensor, Tensor, Tensor]:
-    N, D = x.shape
-    BD = next_pow2(D)
-    dy = dy if dy.stride(-1) == 1 else dy.contiguous()
-    dx = torch.empty_like(x)
-    G = _programs(x, N)
-    has_w, has_b = weight.numel() > 0, bias.numel() > 0
-    dw_part = torch.empty((G, BD) if has_w else (0,), device=x.device, dtype=torch.float32)
-    db_part = torch.empty((G, BD) if has_b else (0,), device=x.device, dtype=torch.float32)
-    if N:
-        norm_bwd_kernel[(G,)](
-            x, weight, dy, dx, mean, rstd, dw_part, db_part, x.stride(0), dy.stride(0), dx.stride(0), N, D,
-            KIND=_KIND[kind], HAS_W=has_w, W_SCALAR=kind == "scalenorm" and has_w, HAS_B=has_b, BD=BD,
-            num_warps=_warps(BD),
-        )
-    if has_w:
-        dw = dw_part.sum(0)[:D] if N else torch.zeros(D, device=x.device)
-        dw = (dw.sum() if kind == "scalenorm" else dw).to(weight.dtype)
-    else:
-        dw = torch.empty_like(weight)
-    db = (db_part.sum(0)[:D] if N else torch.zeros(D, device=x.device)).to(bias.dtype) if has_b \
-        else torch.empty_like(bias)
+    dx, _, dw, db = _bwd(dy, None, x, weight, bias, mean, rstd, kind, x.dtype, None)
     return dx, dw, db
 
 
@@ -111,18 +144,71 @@ def _backward(ctx, dy, *_):
 @launcher_op("normalize_fwd", fake=_fwd_fake, backward=_backward, setup_context=_setup, outputs=1)
 def normalize_fwd(x: Tensor, weight: Tensor, bias: Tensor, kind: str, eps: float,
                   out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
-    return _fwd(x, weight, bias, kind, eps, out_dtype)
+    return _fwd(x, None, weight, bias, kind, eps, out_dtype)[1:]
 
 
 def triton_normalize(x, weight, bias, *, kind, eps, out_dtype):
     """Same arguments and result as :func:`lintime.ops.norm.normalize` on ``x [N, D]`` (fp16, bf16 or
     fp32 in and out, ``D`` up to :attr:`NormLaunch.max_bd`)."""
-    check_device(_OP, x)
-    if x.dtype not in DTYPES or out_dtype not in DTYPES:
-        raise TypeError(f"{_OP}: backend 'triton' takes fp16, bf16 or fp32, got {x.dtype} -> {out_dtype}")
-    if x.shape[-1] > LAUNCH.max_bd:
-        raise ValueError(f"{_OP}: backend 'triton' supports D <= {LAUNCH.max_bd}, got {x.shape[-1]}")
-    x = x if x.stride(-1) == 1 else x.contiguous()
+    x = _check(x, out_dtype, _OP)
     w = empty_f32(x) if weight is None else weight
     b = empty_f32(x) if bias is None else bias
     return normalize_fwd(x, w, b, kind, eps, out_dtype)[0]
+
+
+# ------------------------------------------------------------------------------------------ add_normalize
+
+
+def _add_bwd_fake(dy, ds, s, weight, bias, mean, rstd, kind, x_dtype, r_dtype):
+    dr = s.new_empty(s.shape, dtype=r_dtype) if r_dtype != x_dtype else s.new_empty(0, dtype=torch.float32)
+    return s.new_empty(s.shape, dtype=x_dtype), dr, torch.empty_like(weight), torch.empty_like(bias)
+
+
+@launcher_op("add_normalize_bwd", fake=_add_bwd_fake)
+def add_normalize_bwd(dy: Tensor, ds: Tensor, s: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor,
+                      kind: str, x_dtype: torch.dtype, r_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``ds`` empty: no gradient reached the sum itself.  ``dr`` is empty when ``r_dtype == x_dtype`` (the
+    caller uses ``dx`` for both: an op's outputs may not alias)."""
+    return _bwd(dy, none_if_empty(ds), s, weight, bias, mean, rstd, kind, x_dtype, None if r_dtype == x_dtype else r_dtype)
+
+
+def _add_fwd_fake(x, r, weight, bias, kind, eps, out_dtype):
+    N = x.shape[0]
+    return (x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, r.dtype)), x.new_empty(x.shape, dtype=out_dtype),
+            x.new_empty((N,) if kind == "layernorm" else (0,), dtype=torch.float32), x.new_empty((N,), dtype=torch.float32))
+
+
+def _add_setup(ctx, inputs, output):
+    x, r, weight, bias, kind, _, out_dtype = inputs
+    s, _, mean, rstd = output
+    ctx.save_for_backward(s, weight, bias, mean, rstd)
+    ctx.kind, ctx.out_dtype, ctx.x_dtype, ctx.r_dtype = kind, out_dtype, x.dtype, r.dtype
+
+
+def _add_backward(ctx, ds, dy, *_):
+    s, weight, bias, mean, rstd = ctx.saved_tensors
+    if dy is None:  # only the sum was used: the gradient passes straight to x and r
+        return (None if ds is None else ds.to(ctx.x_dtype), None if ds is None else ds.to(ctx.r_dtype),
+                None, None, None, None, None)
+    ds = empty_f32(s) if ds is None else grad_as(ds, s.dtype)
+    dx, dr, dw, db = add_normalize_bwd.for_ctx(ctx)(grad_as(dy, ctx.out_dtype), ds, s, weight, bias, mean, rstd,
+                                                    ctx.kind, ctx.x_dtype, ctx.r_dtype)
+    return (dx, dx if ctx.r_dtype == ctx.x_dtype else dr, none_if_empty(dw) if ctx.needs_input_grad[2] else None,
+            none_if_empty(db) if ctx.needs_input_grad[3] else None, None, None, None)
+
+
+@launcher_op("add_normalize_fwd", fake=_add_fwd_fake, backward=_add_backward, setup_context=_add_setup, outputs=2)
+def add_normalize_fwd(x: Tensor, r: Tensor, weight: Tensor, bias: Tensor, kind: str, eps: float,
+                      out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _fwd(x, r, weight, bias, kind, eps, out_dtype)
+
+
+def triton_add_normalize(x, r, weight, bias, *, kind, eps, out_dtype):
+    """Same arguments and results as :func:`lintime.ops.norm.add_normalize` on ``x, r [N, D]`` (fp16, bf16 or
+    fp32 in and out, ``D`` up to :attr:`NormLaunch.max_bd`)."""
+    op = "add_normalize"
+    x = _check(x, out_dtype, op)
+    r = _check(r, out_dtype, op)
+    w = empty_f32(x) if weight is None else weight
+    b = empty_f32(x) if bias is None else bias
+    return add_normalize_fwd(x, r, w, b, kind, eps, out_dtype)

@@ -1,0 +1,194 @@
+"""add_normalize (the residual add + the norm after it): naive (fp64 definition) <-> chunk (PyTorch composite)
+<-> Triton (interpreter on CPU, compiled on CUDA), both outputs and the gradients of x, the branch, weight and bias,
+every kind, with / without bias, odd row counts, the autocast dtype mix (fp32 stream, half branch and result)."""
+
+import pytest
+import torch
+
+from lintime.ops import add_normalize, normalize
+from lintime.testing import assert_exact, assert_half_rule
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+KINDS = ("layernorm", "rmsnorm", "scalenorm")
+NAMES = ("s", "h", "dx", "dr", "dw", "db")
+
+
+def _params(kind, D, *, bias=True, device=DEV, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "scalenorm":
+        return (1.0 + 0.3 * torch.randn((), generator=g)).to(device), None
+    w = (1.0 + 0.3 * torch.randn(D, generator=g)).to(device)
+    b = (0.2 * torch.randn(D, generator=g)).to(device) if kind == "layernorm" and bias else None
+    return w, b
+
+
+def _inputs(shape, seed=1, device=DEV):
+    """The stream ``x``, the branch ``r`` (small against ``x``, as in a block) and the two output gradients."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * 3 + 0.5
+    r = torch.randn(shape, generator=g)
+    ds, dh = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    return (t.to(device) for t in (x, r, ds, dh))
+
+
+def _run(x, r, w, b, ds, dh, kind, backend, out_dtype=None):
+    """Both outputs and every gradient; ``ds`` / ``dh`` ``None``: that output is not used."""
+    x, r, w = (t.detach().clone().requires_grad_() for t in (x, r, w))
+    b = None if b is None else b.detach().clone().requires_grad_()
+    s, h = add_normalize(x, r, w, b, kind=kind, eps=1e-5, out_dtype=out_dtype, backend=backend)
+    outs, grads = zip(*[(o, g.to(o.dtype)) for o, g in ((s, ds), (h, dh)) if g is not None])
+    torch.autograd.backward(outs, grads)
+    return s, h, x.grad, r.grad, w.grad, None if b is None else b.grad
+
+
+def _f64(*ts):
+    return [None if t is None else t.double() for t in ts]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", [(1, 64), (37, 60), (3, 5, 200)])
+def test_fp32_forms_agree_with_fp64_definition(kind, shape):
+    """fp32 chunk and Triton equal the fp64 definition to fp32 exactness: both outputs and every gradient."""
+    x, r, ds, dh = _inputs(shape)
+    w, b = _params(kind, shape[-1])
+    ref = _run(*_f64(x, r, w, b, ds, dh), kind, "naive")
+    for backend in ("chunk", "triton"):
+        out = _run(x, r, w, b, ds, dh, kind, backend)
+        for name, want, got in zip(NAMES, ref, out):
+            if want is not None:
+                assert got.dtype == torch.float32, name
+                assert_exact(f"{kind} {backend} {name}", want.float(), got)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("used", ["h", "s"])
+def test_one_output_used(kind, used):
+    """Only the normalised output used (the final norm: no gradient reaches the sum), or only the sum."""
+    x, r, ds, dh = _inputs((9, 48), seed=2)
+    ds, dh = (None, dh) if used == "h" else (ds, None)
+    w, b = _params(kind, 48, bias=False)
+    ref = _run(*_f64(x, r, w, b), None if ds is None else ds.double(), None if dh is None else dh.double(),
+               kind, "naive")
+    out = _run(x, r, w, b, ds, dh, kind, "triton")
+    for name, want, got in zip(NAMES, ref, out):
+        if want is not None:
+            assert_exact(f"{kind} only {used} {name}", want.float(), got)
+        else:
+            assert got is None, name
+    if used == "s":  # the sum's gradient passes to both inputs unchanged
+        assert torch.equal(out[2], ds) and torch.equal(out[3], ds)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_autocast_mix_fp32_stream_half_branch(kind):
+    """The block's mix: fp32 stream, fp16 branch, fp16 result.  The sum is bitwise ``x + r``; the result is the
+    fp32 norm of it rounded once; ``dx`` (fp32) is the composite's, the branch gradient is ``dx`` rounded."""
+    half = torch.float16
+    x, r, ds, dh = _inputs((29, 96), seed=3)
+    r, dh = r.to(half), dh.to(half)
+    w, b = _params(kind, 96)
+    ref = _run(x, r, w, b, ds, dh, kind, "chunk", out_dtype=half)  # the plain block: x + r, then the norm
+    s32 = _run(x, r, w, b, ds, dh.float(), kind, "chunk")[1]  # the same norm in fp32
+    s, h, dx, dr, dw, db = _run(x, r, w, b, ds, dh, kind, "triton", out_dtype=half)
+    assert (s.dtype, h.dtype, dx.dtype, dr.dtype) == (torch.float32, half, torch.float32, half)
+    assert torch.equal(s, x + r)
+    torch.testing.assert_close(h.float(), s32.to(half).float(), rtol=0, atol=2 * 2**-10 * s32.abs().max().item())
+    assert_exact(f"{kind} dx", ref[2], dx)
+    assert torch.equal(dr, dx.to(half))
+    for name, want, got in (("dw", ref[4], dw), ("db", ref[5], db)):
+        if want is not None:
+            assert_exact(f"{kind} {name}", want, got)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.cuda)])
+def test_half_inputs_by_the_half_rule(kind, dtype):
+    """A half stream and branch (a model cast to half, no autocast): Triton's error against the fp64 definition
+    is bounded by the half rule of the naive form run in that dtype."""
+    x, r, ds, dh = _inputs((31, 96), seed=4)
+    w, b = _params(kind, 96)
+    ref = _run(*_f64(x, r, w, b, ds, dh), kind, "naive")
+    half = [t.to(dtype) for t in (x, r, ds, dh)]
+    base = _run(*half[:2], w, b, *half[2:], kind, "naive")
+    out = _run(*half[:2], w, b, *half[2:], kind, "triton")
+    for name, want, bb, got in zip(NAMES, ref, base, out):
+        if want is None:
+            continue
+        if name in ("dw", "db"):  # parameter gradients: fp32, summed in fp32 from half inputs
+            got, bb = got.to(dtype), bb.to(dtype)
+        assert got.dtype == dtype, name
+        assert_half_rule(f"{kind} {dtype} {name}", want, got, bb)
+
+
+def test_equals_add_then_normalize_and_no_rows():
+    """The op is the two-step composite of the public ops; zero rows give empty results."""
+    x, r, _, _ = _inputs((5, 7, 40), seed=5)
+    w, b = _params("layernorm", 40)
+    s, h = add_normalize(x, r, w, b, kind="layernorm", backend="triton")
+    assert torch.equal(s, x + r)
+    assert_exact("composite", normalize(x + r, w, b, kind="layernorm", backend="chunk"), h)
+    s, h = add_normalize(x[:0], r[:0], kind="rmsnorm", backend="triton")
+    assert s.shape == h.shape == (0, 7, 40)
+
+
+def test_bad_arguments_raise():
+    x = torch.randn(3, 8)
+    with pytest.raises(ValueError, match="branch"):
+        add_normalize(x, torch.randn(3, 7))
+    with pytest.raises(ValueError, match="kind"):
+        add_normalize(x, x, kind="batchnorm")
+    with pytest.raises(ValueError, match="bias"):
+        add_normalize(x, x, torch.ones(8), torch.zeros(8), kind="rmsnorm")
+
+
+def test_custom_ops_pass_opcheck():
+    """Schema, fake tensors, autograd registration and AOT dispatch of ``lintime::add_normalize_*``."""
+    from lintime.ops.norm.triton import ops as norm_ops  # noqa: F401  (registers the ops)
+
+    x, r, ds, dh = _inputs((6, 32), seed=6)
+    r = r.half()
+    w, b = (t.requires_grad_() for t in _params("layernorm", 32))
+    args = (x.requires_grad_(), r.requires_grad_(), w, b, "layernorm", 1e-5, torch.float16)
+    torch.library.opcheck(torch.ops.lintime.add_normalize_fwd, args)
+    s, h, mean, rstd = torch.ops.lintime.add_normalize_fwd(*(a.detach() if isinstance(a, torch.Tensor) else a
+                                                             for a in args))
+    torch.library.opcheck(torch.ops.lintime.add_normalize_bwd,
+                          (dh.half(), ds, s, w.detach(), b.detach(), mean, rstd, "layernorm", torch.float32,
+                           torch.float16))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", KINDS)
+def test_cuda_model_sizes_bf16_mix(kind):
+    """A flash-base-sized call (odd row count) under the autocast mix, against the plain composite."""
+    x, r, ds, dh = _inputs((4097, 768), seed=7)
+    r, dh = r.bfloat16(), dh.bfloat16()
+    w, b = _params(kind, 768)
+    ref = _run(x, r, w, b, ds, dh, kind, "chunk", out_dtype=torch.bfloat16)
+    out = _run(x, r, w, b, ds, dh, kind, None, out_dtype=torch.bfloat16)
+    assert torch.equal(out[0], ref[0])
+    torch.testing.assert_close(out[1].float(), ref[1].float(), rtol=0, atol=2**-7 * ref[1].abs().max().item())
+    assert_exact(f"{kind} dx", ref[2], out[2])
+    assert torch.equal(out[3], out[2].bfloat16())
+    for name, want, got in (("dw", ref[4], out[4]), ("db", ref[5], out[5])):
+        if want is not None:
+            assert_exact(f"{kind} {name}", want, got)
+
+
+@pytest.mark.cuda
+def test_cuda_compiles_without_graph_breaks():
+    x, r, ds, dh = _inputs((257, 256), seed=8)
+    w, b = _params("rmsnorm", 256)
+    w.requires_grad_()
+    x.requires_grad_()
+    r = r.bfloat16().requires_grad_()
+
+    def f(x, r, w):
+        s, h = add_normalize(x, r, w, kind="rmsnorm", out_dtype=torch.bfloat16)
+        return (s * ds).sum() + (h.float() * dh).sum()
+
+    ref = torch.autograd.grad(f(x, r, w), (x, r, w))
+    got = torch.autograd.grad(torch.compile(f, fullgraph=True)(x, r, w), (x, r, w))
+    for name, a, c in zip(("dx", "dr", "dw"), ref, got):
+        torch.testing.assert_close(c.float(), a.float(), rtol=1e-3, atol=1e-3, msg=name)
