@@ -215,6 +215,21 @@ def test_custom_ops_pass_opcheck():
                           test_utils=utils)
 
 
+def test_scatter_sums_equal_block_sums():
+    """The Triton path's per-block sums (scatter-adds) equal the chunked form's one-hot products, with empty
+    slots and empty codes."""
+    from lintime.ops.vq.state import block_sums
+    from lintime.ops.vq.triton.vq import scatter_sums
+
+    g = torch.Generator().manual_seed(1)
+    codes = torch.randint(0, 7, (3, 5, 6, 2), generator=g)
+    v = torch.randn(3, 5, 6, 2, 4, generator=g, dtype=torch.float64)
+    valid = torch.rand(3, 5, 6, generator=g) > 0.3
+    (c0, s0), (c1, s1) = block_sums(codes, v, valid, 9), scatter_sums(codes, v, valid, 9)
+    assert torch.equal(c0, c1) and (c1[..., 7:] == 0).all()
+    assert_exact("scatter sums", s0, s1)
+
+
 def test_automatic_choice(impl_calls):
     """Automatic: the recurrent form for one token; for T > 1 the Triton kernels on CUDA, else the chunked form."""
     inp = _inputs(1, 9, 1, 4, 3, 5, 4, torch.float32)
