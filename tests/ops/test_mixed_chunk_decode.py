@@ -22,6 +22,7 @@ from lintime.layers.base import copy_state_
 from lintime.layers.flash import FLASH, FLASHState
 from lintime.models import CausalLM, get_preset
 from lintime.ops import MixedChunkState, gau_heads, mixed_chunk_attention, mixed_chunk_decode_step_
+from lintime.ops.utils import mark_checked
 from lintime.testing import assert_close, assert_exact, assert_half_rule
 
 pytest.importorskip("triton")
@@ -51,12 +52,12 @@ def _problem(N, T, S, E, C, fills, chunks, seed=0):
     return h, gamma, beta, positions, rnd(1, 2 * C - 1, std=0.5), state
 
 
-def _cast(state, dtype, device="cpu"):
+def _cast(state, dtype, device=None):
+    """``state`` with its buffers in ``dtype`` and ``kv`` in the accumulation dtype, on ``device`` (default: its own)."""
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    return MixedChunkState(**{
-        f: getattr(state, f).to(device, acc if f == "kv" else dtype if f in ("k_quad", "k_lin", "v") else None)
-        for f in FIELDS
-    })
+    device = state.kv.device if device is None else device
+    want = {"kv": acc, "k_quad": dtype, "k_lin": dtype, "v": dtype, "count": torch.long, "fill": torch.long}
+    return MixedChunkState(**{f: getattr(state, f).to(device, want[f]) for f in FIELDS})
 
 
 def _reference(h, gamma, beta, positions, state, dtype, **kw):
@@ -255,6 +256,7 @@ def test_decode_step_cuda_graph_replay_equals_eager_steps():
     graphed = _cast(state, dt, "cuda")
     x, p = args[0][:, 0].clone(), args[3][:, 0].clone()
     mixed_chunk_decode_step_(x, args[1], args[2], p, _cast(state, dt, "cuda"), **kw)  # compile outside capture
+    mark_checked(graphed.fill, graphed.count)  # the value check is a host read: not inside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = mixed_chunk_decode_step_(x, args[1], args[2], p, graphed, **kw)
