@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.kernel_launch import cdiv, interpreting, next_pow2
+from lintime.ops.kernel_launch import cdiv, interpreting, next_pow2, sm_count
 from lintime.ops.utils import rope_inv_freq
 
 NORMS = {"tokens": 0, "chunk": 1, "none": 2}
@@ -38,18 +38,24 @@ NORMS = {"tokens": 0, "chunk": 1, "none": 2}
 
 @dataclass(frozen=True)
 class DecodeLaunch:
-    """Launch configuration of the decoding step.  Not measured yet: ``be = 32`` gives 48 programs per sequence
-    at FLASH-base's ``E = 1536`` (a third of an H100's SMs at batch 1), each reading every key once."""
+    """Launch configuration of the decoding step (not measured yet; register counts from ptxas for sm_90 at
+    ``S = 128, C = 256``, bf16)."""
 
     bc: int = 64  # chunk slots per block (>= 16: tl.dot's minimum)
-    be: int = 32  # value columns per program (>= 16)
-    warps: int = 4
+    # value columns per program: 32 gives FLASH-base (E = 1536) 48 programs per sequence at batch 1
+    be: int = 32
+    warps: int = 4  # 242 registers, no spills (64 columns on 4 warps spill)
 
 
-def default_launch() -> DecodeLaunch:
-    """The GPU's :class:`DecodeLaunch`; under the interpreter 16-slot blocks, so small test chunks span several."""
+def default_launch(N: int, E: int, device: torch.device) -> DecodeLaunch:
+    """The :class:`DecodeLaunch` for ``N`` sequences of ``E`` value columns.  Many sequences get 64-column programs
+    on 8 warps (no spills either): each program reads every key of its sequence once, so wider programs read the
+    keys fewer times once the GPU is full anyway.  Under the interpreter 8-slot blocks and 16-column programs, so
+    small test chunks and widths span several."""
     if interpreting():
         return DecodeLaunch(bc=8, be=16, warps=1)
+    if N * cdiv(E, 32) > 4 * sm_count(device):
+        return DecodeLaunch(be=64, warps=8)
     return DecodeLaunch()
 
 
@@ -184,10 +190,10 @@ def triton_decode_step_(h, gamma, beta, positions, kv, count, k_quad, k_lin, v, 
     """Launch the two kernels (arguments checked by :func:`lintime.ops.mixed_chunk_decode_step_`): ``h [N, W]``,
     the state's tensors as ``[N, S, E]`` / ``[N, C, S]`` / ``[N, C, E]`` / ``[N]`` (contiguous), ``rel_bias
     [2C - 1]`` or ``None``, ``positions [N]``.  Returns ``u * a`` ``[N, E]`` in ``h``'s dtype."""
-    cfg = launch or default_launch()
     N, W = h.shape
     C, S = k_quad.shape[1], k_quad.shape[2]
     E = v.shape[2]
+    cfg = launch or default_launch(N, E, h.device)
     out = h.new_empty(N, E)
     if N == 0:
         return out
