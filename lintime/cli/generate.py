@@ -38,7 +38,7 @@ def generate(
     num_samples: int = 1,
     stop: str | None = None,
     seed: int = 0,
-    prefill_chunk: int = 512,
+    prefill_chunk: int = 0,
     device: str = "auto",
     echo: bool = True,
     compile: bool = False,
@@ -63,7 +63,7 @@ def generate(
         num_samples: samples of the prompt, decoded as one batch.
         stop: stop string: a sample ends before its first occurrence (\n, \t, \r and \\ are interpreted).
         seed: sample i draws from a generator seeded with seed + i (same seed, same text).
-        prefill_chunk: prompt tokens per model call during prefill (0 = the whole prompt at once).
+        prefill_chunk: prompt tokens per model call during prefill (0 = automatic: the whole prompt, up to 32768 tokens per call).
         device: auto (cuda when available), cpu, cuda or cuda:N.
         echo: print the prompt before the generated text.
         compile: torch.compile the decoding step (the eager path).

@@ -20,6 +20,21 @@ from itertools import pairwise
 import torch
 
 
+# whole prompts in one model call up to this many tokens (all rows): a call is mostly fixed host work (flash-base,
+# H200, decode_graph.json: 50 ms per eager 1-token call, 48 per 8192-token prefill call); bounds one call's memory
+PREFILL_TOKENS = 32768
+
+
+def prefill_piece(rows: int, tokens: int) -> int:
+    """Tokens per prompt per model call of the automatic prefill: all ``tokens`` when ``rows *
+    tokens <= PREFILL_TOKENS``, else the largest power of two ``<= PREFILL_TOKENS // rows`` (so a
+    piece ends on a multiple of every mixer's chunk size up to it: the next piece starts without a
+    partial chunk, which the fused mixed chunk kernels would otherwise prepend to it)."""
+    if rows * tokens <= PREFILL_TOKENS:
+        return max(tokens, 1)
+    return 1 << max(PREFILL_TOKENS // max(rows, 1), 1).bit_length() - 1
+
+
 def prefill(
     model,
     ids: torch.Tensor,
@@ -33,18 +48,46 @@ def prefill(
     ``ids``: ``[B, T]`` (``N = B`` prompts of equal length) or, with ``cu_seqlens`` (``[N + 1]``,
     FlashAttention convention), ``[1, T]`` holding ``N`` prompts of any lengths back to back.
     ``state``: the state to continue (``None``: an empty one).  ``chunk_size``: feed at most
-    ``C`` tokens *per prompt* per model call (``None`` / ``0``: the whole prompt at once); the
-    result is the same for every ``C`` (the models' "any split point" contract), only memory and
-    speed change.  Returned logits are those of each prompt's last token (what the first new
-    token is drawn from); every prompt must have at least one token.
+    ``C`` tokens *per prompt* per model call; ``None`` / ``0``: automatic (:func:`prefill_piece`:
+    the whole prompt in one call up to ``PREFILL_TOKENS`` tokens per call).  The result is the
+    same for every ``C`` (the models' "any split point" contract), only memory and speed change.
+    Each call is the model's full-sequence (training) path with a state; only the last token of
+    each prompt goes through the output projection.  Returned logits are those of each prompt's
+    last token (what the first new token is drawn from); every prompt must have at least one token.
     """
     if ids.dim() != 2:
         raise ValueError(f"ids must be [B, T], got shape {tuple(ids.shape)}")
     if chunk_size is not None and chunk_size < 0:
-        raise ValueError(f"chunk_size must be >= 0 (0 or None: the whole prompt in one call), got {chunk_size}")
+        raise ValueError(f"chunk_size must be >= 0 (0 or None: automatic, prefill_piece), got {chunk_size}")
     if cu_seqlens is None:
         return _prefill_rows(model, ids, state, chunk_size or 0)
     return _prefill_packed(model, ids, state, chunk_size or 0, cu_seqlens)
+
+
+def _empty_state(model, N: int, device):
+    """A fresh state, its tensors marked as checked: the ops then skip their value checks (host reads) on it."""
+    from lintime.layers.base import map_state
+    from lintime.ops.utils import mark_checked
+
+    state = model.init_state(N, device=device)
+    map_state(state, lambda t: mark_checked(t) or t)
+    return state
+
+
+def _step(model, ids, state, cu_seqlens=None):
+    """One model call with a state: ``(features [B, T, *], new state)`` and the map from the
+    features of the prompts' last tokens to their logits.  A lintime ``CausalLM`` returns its
+    hidden states (after the final norm) and leaves the output projection to the last tokens: a
+    ``[T, V]`` logits matrix per call is the largest tensor of a long prefill.  Any other causal LM
+    (same call signature) returns its logits."""
+    from lintime.models import CausalLM
+
+    if isinstance(model, CausalLM):
+        h, state = model.backbone(ids, state, cu_seqlens=cu_seqlens)
+        return h, state, model._logits
+    packed = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
+    out, state = model(ids, state, return_state=True, **packed)
+    return out, state, lambda x: x
 
 
 def _prefill_rows(model, ids, state, C):
@@ -52,13 +95,11 @@ def _prefill_rows(model, ids, state, C):
     if T == 0:
         raise ValueError("prefill needs at least one token per prompt")
     if state is None:
-        state = model.init_state(B, device=ids.device)
-    C = C or T
-    logits = None
+        state = _empty_state(model, B, ids.device)
+    C = C or prefill_piece(B, T)
     for start in range(0, T, C):
-        out, state = model(ids[:, start : start + C], state, return_state=True)  # [B, c, V]
-        logits = out[:, -1]
-    return logits, state
+        h, state, head = _step(model, ids[:, start : start + C], state)  # [B, c, *]
+    return head(h[:, -1]), state  # [B, V]
 
 
 def _prefill_packed(model, ids, state, C, cu_seqlens):
@@ -74,10 +115,10 @@ def _prefill_packed(model, ids, state, C, cu_seqlens):
     if len(set(lens)) == 1:  # equal lengths (one prompt, or samples of one): rows, no packing to lay out
         return _prefill_rows(model, ids.view(N, lens[0]), state, C)
     if state is None:
-        state = model.init_state(N, device=ids.device)
-    C = C or max(lens)
+        state = _empty_state(model, N, ids.device)
+    C = C or prefill_piece(N, max(lens))
     flat = ids[0]
-    last: list[torch.Tensor | None] = [None] * N
+    last: list[torch.Tensor | None] = [None] * N  # each prompt's last features
     for start in range(0, max(lens), C):
         # chunk: tokens [start, start + C) of every prompt, packed; a prompt already consumed
         # contributes an empty sequence (its state row passes through unchanged)
@@ -89,11 +130,11 @@ def _prefill_packed(model, ids, state, C, cu_seqlens):
             bounds.append(bounds[-1] + (b - a))
             ends.append(b == cu[n + 1] and b > a)
         chunk_cu = torch.tensor(bounds, dtype=torch.int32, device=ids.device)
-        out, state = model(torch.cat(pieces)[None], state, return_state=True, cu_seqlens=chunk_cu)  # [1, t, V]
+        h, state, head = _step(model, torch.cat(pieces)[None], state, chunk_cu)  # [1, t, *]
         for n in range(N):
             if ends[n]:
-                last[n] = out[0, bounds[n + 1] - 1]
-    return torch.stack(last), state
+                last[n] = h[0, bounds[n + 1] - 1].clone()  # not a view: h goes with the piece
+    return head(torch.stack(last)), state  # [N, V]
 
 
 def decode_one_token(model, token: torch.Tensor, state):

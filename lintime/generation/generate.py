@@ -62,7 +62,8 @@ class GenerationConfig:
     ``num_samples``     samples per prompt (decoded together as one batch);
     ``stop``            stop strings: a sample ends at the first one, which is not included;
     ``seed``            row ``r`` of the batch draws from a generator seeded with ``seed + r``;
-    ``prefill_chunk``   prompt tokens per model call during prefill (0 = the whole prompt);
+    ``prefill_chunk``   prompt tokens per model call during prefill (0 = automatic: the whole prompt up to
+                        ``lintime.generation.decode.PREFILL_TOKENS`` tokens per call);
     ``add_bos``         precede each prompt with ``bos`` (training wraps documents in bos/eos);
     ``stop_at_eos``     end a sample when it draws ``eos``;
     ``compile``         ``torch.compile`` the decoding step (the eager path);
@@ -78,7 +79,7 @@ class GenerationConfig:
     num_samples: int = 1
     stop: tuple[str, ...] = ()
     seed: int = 0
-    prefill_chunk: int = 512
+    prefill_chunk: int = 0
     add_bos: bool = True
     stop_at_eos: bool = True
     compile: bool = False
@@ -100,7 +101,7 @@ class GenerationConfig:
         if self.num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {self.num_samples}")
         if self.prefill_chunk < 0:
-            raise ValueError(f"prefill_chunk must be >= 0 (0 = the whole prompt at once), got {self.prefill_chunk}")
+            raise ValueError(f"prefill_chunk must be >= 0 (0 = automatic), got {self.prefill_chunk}")
         if self.decode not in DECODE_PATHS:
             raise ValueError(f"decode must be one of {DECODE_PATHS}, got {self.decode!r}")
         if self.sync_every < 1:

@@ -41,7 +41,7 @@ def generate_tokens(
     top_p: float = 1.0,
     seed: int = 0,
     graph: bool = True,
-    prefill_chunk: int = 512,
+    prefill_chunk: int = 0,
     sync_every: int = 16,
     stats: dict | None = None,
 ) -> list[list[int]]:

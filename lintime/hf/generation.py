@@ -40,7 +40,7 @@ _EXPLICIT = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn"
 _READ = {"max_length", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "num_return_sequences",
          "eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id", "use_cache", "prefill_chunk_size",
          "output_attentions", "output_hidden_states", "_from_model_config", "transformers_version"}
-PREFILL_CHUNK = 512  # as lintime.generation.GenerationConfig.prefill_chunk
+PREFILL_CHUNK = 0  # automatic, as lintime.generation.GenerationConfig.prefill_chunk
 
 
 def resolve_decode(decode: str, device: torch.device) -> str:

@@ -8,7 +8,8 @@ from gen_helpers import FAMILY_PRESETS, SMALL_CHUNKS, tiny_model
 
 from lintime.data import ByteTokenizer
 from lintime.generation import GenerationConfig, decode_one_token, generate, prefill
-from lintime.generation.decode import state_nbytes
+from lintime.generation import decode as decode_mod
+from lintime.generation.decode import prefill_piece, state_nbytes
 
 
 def _model(name):
@@ -71,6 +72,53 @@ def test_prefill_rows_chunked_and_continuing_a_state():
         _, half = prefill(model, ids[:, :6])
         second, _ = prefill(model, ids[:, 6:], half, 2)  # tokens 6..11
         torch.testing.assert_close(second, full[:, -1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", FAMILY_PRESETS)
+def test_prefill_in_one_piece_in_pieces_and_token_by_token_agree(name):
+    """The same prompt prefilled in one call, in pieces of 4 and one token per call: the last logits equal the
+    full-sequence forward's, and the three states continue identically (two decoding steps)."""
+    model = _model(name)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 256, (2, 19), generator=g)
+    nxt = torch.randint(0, 256, (2, 2), generator=g)
+    with torch.no_grad():
+        full = model(torch.cat([ids, nxt], 1))  # [2, 21, V]: no state
+        for C in (None, 4, 1):
+            logits, state = prefill(model, ids, None, C)
+            torch.testing.assert_close(logits, full[:, 18], rtol=1e-4, atol=1e-4, msg=f"C={C}")
+            assert state.offset.tolist() == [19, 19]
+            for t in range(2):
+                logits, state = decode_one_token(model, nxt[:, t], state)
+                torch.testing.assert_close(logits, full[:, 19 + t], rtol=1e-4, atol=1e-4, msg=f"C={C} step {t}")
+
+
+def test_prefill_piece_rule():
+    budget = decode_mod.PREFILL_TOKENS
+    assert prefill_piece(1, budget) == budget and prefill_piece(3, 5) == 5  # whole prompts that fit: one call
+    for rows, tokens in ((1, budget + 1), (3, budget), (64, 4 * budget), (budget * 2, 10)):
+        c = prefill_piece(rows, tokens)
+        assert c >= 1 and c & (c - 1) == 0, (rows, tokens, c)  # a power of two: pieces end on chunk boundaries
+        assert rows * c <= budget or c == 1, (rows, tokens, c)
+        assert rows * 2 * c > budget, (rows, tokens, c)  # the largest such
+
+
+def test_automatic_prefill_splits_above_the_budget_and_projects_only_last_tokens(monkeypatch):
+    model = _model("flash-tiny")
+    ids = torch.randint(0, 256, (2, 19))
+    calls, heads = [], []
+    backbone, logits_of = model.backbone.forward, model._logits
+    monkeypatch.setattr(model.backbone, "forward", lambda x, *a, **k: calls.append(x.shape[1]) or backbone(x, *a, **k))
+    monkeypatch.setattr(model, "_logits", lambda h: heads.append(tuple(h.shape)) or logits_of(h))
+    with torch.no_grad():
+        whole, _ = prefill(model, ids)
+        assert calls == [19] and heads == [(2, model.config.d_model)]
+        monkeypatch.setattr(decode_mod, "PREFILL_TOKENS", 8)  # 2 rows x 4 tokens per call
+        calls.clear()
+        split, state = prefill(model, ids, None, 0)
+        assert calls == [4, 4, 4, 4, 3]
+        torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-5)
+        assert state.offset.tolist() == [19, 19]
 
 
 def test_prefill_rejects_bad_input():
