@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from lintime.layers.base import Mixer, num_seqs, select_state, state_to
 from lintime.layers.ffn import GLU, MLP
-from lintime.layers.norms import build_norm
+from lintime.layers.norms import Norm, build_norm
 from lintime.layers.positional import LearnedPositionEmbedding, ScaledSinEmbedding, token_positions
 from lintime.models.config import FFNConfig, ModelConfig
 from lintime.models.registry import get_family
@@ -59,7 +59,14 @@ def build_ffn(cfg: FFNConfig, d_model: int) -> nn.Module:
 
 
 class Block(nn.Module):
-    """``x = x + drop(mixer(norm(x)))``; then, with an FFN, ``x = x + drop(ffn(norm(x)))``."""
+    """``x = x + drop(mixer(norm(x)))``; then, with an FFN, ``x = x + drop(ffn(norm(x)))``.
+
+    Fused (``fuse``: the backbone's choice, :attr:`Backbone.fused`), every residual add happens in the pass of
+    the norm that reads its result (:meth:`lintime.layers.norms.Norm.add_forward`): the mixer's output is added
+    by the FFN norm, and the block's last output is handed on unadded (``branch``) for the next block's mixer norm
+    or the final norm to add.  The function is the same; the fp32 add passes over the stream (forward, and the
+    gradient sums and casts backward) disappear.
+    """
 
     def __init__(self, config: ModelConfig, layer_idx: int, *, causal: bool):
         super().__init__()
@@ -77,13 +84,23 @@ class Block(nn.Module):
             self.ffn_norm = self.ffn = None
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x, state=None, *, positions, cu_seqlens=None, aux_losses=None):
-        y, state = self.mixer(self.mixer_norm(x), state, positions=positions, cu_seqlens=cu_seqlens,
-                              aux_losses=aux_losses)
-        x = x + self.drop(y)
+    def forward(self, x, state=None, *, positions, cu_seqlens=None, aux_losses=None, branch=None, fuse=False):
+        """``x [B, T, d]`` -> ``(x, branch, state)``: the residual stream is ``x + branch`` (``branch [B, T, d]``
+        with ``fuse``, else ``None`` and ``x`` is the stream).  ``branch``: the previous block's unadded output."""
+        if branch is None:
+            h = self.mixer_norm(x)
+        else:
+            x, h = self.mixer_norm.add_forward(x, branch)
+        y, state = self.mixer(h, state, positions=positions, cu_seqlens=cu_seqlens, aux_losses=aux_losses)
+        y = self.drop(y)
         if self.ffn is not None:
-            x = x + self.drop(self.ffn(self.ffn_norm(x)))
-        return x, state
+            if fuse:
+                x, h = self.ffn_norm.add_forward(x, y)
+            else:
+                x = x + y
+                h = self.ffn_norm(x)
+            y = self.drop(self.ffn(h))
+        return (x, y, state) if fuse else (x + y, None, state)
 
 
 class Backbone(nn.Module):
@@ -102,6 +119,13 @@ class Backbone(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i, causal=causal) for i in range(config.n_layers))
         self.norm = build_norm(config.norm, config.d_model, config.norm_eps) if config.final_norm else nn.Identity()
+        # each residual add inside the norm after it (Block); False: the plain adds.  Dropout between a branch and
+        # its add keeps the plain path while training.
+        self.fused = True
+
+    def fuses_residual(self) -> bool:
+        """Whether this call takes the blocks' fused form: :attr:`fused`, and no dropout active."""
+        return self.fused and (self.config.dropout == 0 or not self.training)
 
     def forward(
         self,
@@ -137,10 +161,17 @@ class Backbone(nn.Module):
         x = self.drop(x)
         layer_states = [None] * len(self.blocks) if state is None else state.layers
         new_states = []
+        fuse, branch = self.fuses_residual(), None
         for block, s in zip(self.blocks, layer_states):
-            x, s = block(x, s, positions=positions, cu_seqlens=cu_seqlens, aux_losses=aux_losses)
+            x, branch, s = block(x, s, positions=positions, cu_seqlens=cu_seqlens, aux_losses=aux_losses,
+                                 branch=branch, fuse=fuse)
             new_states.append(s)
-        x = self.norm(x)
+        if branch is None:
+            x = self.norm(x)
+        elif isinstance(self.norm, Norm):
+            x = self.norm.add_forward(x, branch)[1]
+        else:
+            x = x + branch
 
         if state is None:
             return x, None

@@ -192,3 +192,73 @@ def test_cuda_compiles_without_graph_breaks():
     got = torch.autograd.grad(torch.compile(f, fullgraph=True)(x, r, w), (x, r, w))
     for name, a, c in zip(("dx", "dr", "dw"), ref, got):
         torch.testing.assert_close(c.float(), a.float(), rtol=1e-3, atol=1e-3, msg=name)
+
+
+# ------------------------------------------------------------------------------------------ in the backbone
+
+MODEL_CASES = [  # (preset, overrides): layernorm + FFN, rmsnorm + FFN without a final norm, scalenorm mixer-only
+    ("transformer-pp-tiny", {}),
+    ("transformer-pp-tiny", {"norm": "rmsnorm", "final_norm": False}),
+    ("flash-tiny", {"norm": "scalenorm"}),
+]
+
+
+def _tiny(name, **overrides):
+    import dataclasses
+
+    from lintime.models import CausalLM, get_preset
+
+    torch.manual_seed(0)
+    cfg = get_preset(name, n_layers=2, d_model=32, **overrides)
+    changes = {k: v for k, v in (("s", 16), ("chunk_size", 8)) if k in {f.name for f in dataclasses.fields(cfg.mixer)}}
+    return CausalLM(dataclasses.replace(cfg, mixer=dataclasses.replace(cfg.mixer, **changes)))
+
+
+def _loss_and_grads(model, ids, targets):
+    model.zero_grad(set_to_none=True)
+    loss = model(ids, targets=targets)
+    loss.backward()
+    return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("name,overrides", MODEL_CASES, ids=["layernorm-ffn", "rmsnorm-ffn-no-final", "scalenorm"])
+def test_backbone_fused_residual_is_the_same_function(name, overrides, monkeypatch):
+    """A model whose residual adds run inside the norms (the norm ops sent to their Triton kernels, the interpreter
+    on the CPU, as on CUDA) gives the plain adds' loss and every parameter's gradient."""
+    import lintime.ops.norm as norm_mod
+
+    monkeypatch.setattr(norm_mod, "select", lambda op, backend, impls, x: impls[backend or "triton"])
+    model = _tiny(name, **overrides)
+    gen = torch.Generator().manual_seed(1)
+    ids, targets = (torch.randint(0, model.config.vocab_size, (1, 7), generator=gen) for _ in range(2))
+    assert model.backbone.fuses_residual()
+    fused = _loss_and_grads(model, ids, targets)
+    model.backbone.fused = False
+    plain = _loss_and_grads(model, ids, targets)
+    for pname, a, b in zip(["loss"] + [n for n, _ in model.named_parameters()], plain, fused):
+        assert_exact(f"{name} {pname}", a, b)
+
+
+def test_backbone_keeps_plain_adds_under_active_dropout():
+    model = _tiny("transformer-pp-tiny", dropout=0.1)
+    assert not model.backbone.fuses_residual()
+    model.eval()  # dropout is the identity: the fused form is the same function again
+    assert model.backbone.fuses_residual()
+    model.set_fused(False)
+    assert not model.backbone.fuses_residual()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["flash-tiny", "gla-tiny"])
+def test_cuda_backbone_fused_residual_under_autocast(name):
+    """On CUDA under bf16 autocast (fp32 stream, bf16 branches) the fused adds give the plain adds' loss and
+    gradients: the sum, the statistics and the gradient sum are the same fp32 operations."""
+    model = _tiny(name).cuda()
+    gen = torch.Generator().manual_seed(1)
+    ids, targets = (torch.randint(0, model.config.vocab_size, (2, 64), generator=gen).cuda() for _ in range(2))
+    with torch.autocast("cuda", torch.bfloat16):
+        fused = _loss_and_grads(model, ids, targets)
+        model.backbone.fused = False
+        plain = _loss_and_grads(model, ids, targets)
+    for pname, a, b in zip(["loss"] + [n for n, _ in model.named_parameters()], plain, fused):
+        assert_exact(f"{name} {pname}", a, b)
