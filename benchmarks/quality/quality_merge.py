@@ -3,8 +3,9 @@
 results folder, so that one ``quality_report.py --results <folder>`` makes the page from all of them.
 
 A session is one call of ``quality_run.py all`` (``gpu_quality.sh``): its ``study.json`` holds the
-machine's ``environment`` and the ``plan`` of the runs it ran.  Merging ``--add OTHER`` into
-``--into FOLDER``:
+machine's ``environment`` and the ``plan`` of the runs it ran.  Runs are per seed (``flash-1024-s1``),
+so a later session may add seeds to a configuration as well as finish runs a first one left out.
+Merging ``--add OTHER`` into ``--into FOLDER``:
 
 * refuses (one line, exit 2) when the two sessions are not comparable: different corpus
   (``corpus.content_sha256``), tokens per run or mode, or a run id whose plan entry (preset, context,
@@ -37,7 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from quality_plan import build_plan  # noqa: E402
+from quality_plan import TABLES, build_plan  # noqa: E402
 
 RUN_FILES = ("config.json", "metrics.jsonl", "result.json")
 SESSION_FILES = ("study.log", "gpu.txt", "data.log")
@@ -132,7 +133,10 @@ def merge(into: Path, add: Path, runs: list[str] | None = None, replace: bool = 
     entry = {"environment": env, "runs": list(wanted), "replaced": replaced,
              "files": str(sess_dir.relative_to(into)) if sess_dir.exists() else None, "note": note}
     base.setdefault("extra_sessions", []).append(entry)  # a run counts for the last session that ran it
-    order = {r.id: i for i, r in enumerate(build_plan(env_a.get("mode", "full"), tokens=env_a["tokens_per_run"]))}
+    seeds = tuple(sorted(set(env_a.get("seeds") or [0]) | set(env_b.get("seeds") or [0])))
+    tables = tuple(t for t in TABLES if t in set(env_a.get("tables") or TABLES) | set(env_b.get("tables") or TABLES))
+    order = {r.id: i for i, r in enumerate(build_plan(env_a.get("mode", "full"), tokens=env_a["tokens_per_run"],
+                                                      seeds=seeds, tables=tables))}
     merged = {**base_plan, **{rid: other_plan[rid] for rid in wanted}}
     base["plan"] = sorted(merged.values(), key=lambda p: (order.get(p["id"], len(order)), p["id"]))
     (into / "study.json").write_text(json.dumps(base, indent=1) + "\n")

@@ -1,35 +1,24 @@
 #!/usr/bin/env python3
 """Turn the quality study's results into ``docs/results.md``, plots under ``docs/results/`` and
-``docs/results/quality.json`` (every number of the page, per run and per table).
+``docs/results/quality.json`` (every number of the page, per run, per configuration and per table).
 
 Input: the folder ``quality_run.py all --out`` wrote (``study.json``, ``runs/<id>/result.json`` and
-``metrics.jsonl``).  Runs that are missing, failed, killed or time-capped are shown with their
-status; every table is computed from whatever finished, and a table whose reference run is
-missing says so instead of a number.  ``--pending`` writes the page without results (method,
-commands, the planned runs).
-
-Definitions (also stated on the page):
-
-* **training time**: the trainer's ``time_s`` (optimiser steps only, no validation), with step 1
-  counted at the median step time: its excess is one-off start-up (CUDA context, Triton compiles),
-  paid by whichever run of a family started first on a machine;
-* **speed-up** (seed Table 3): ``T_ref / t_reach``, the reference (Transformer++ at the same context
-  and tokens) run's training time over the time at which the model's validation curve first
-  reaches the reference's final validation bits per byte (linear interpolation between evaluation
-  points); the same with steps.  "not reached" when its curve never gets there;
-* **FLASH-Quad -> FLASH gap** (seed Table 5): bits per byte of FLASH minus FLASH-Quad, and the
-  per-byte perplexity increase ``2**gap - 1``;
-* **extrapolation**: final bits per byte at 2x and 4x the training context (``lintime.evaluation``:
-  windows aligned to document starts, no state carried).
+``metrics.jsonl``), one run per configuration and seed (``flash-1024-s1``).  Each configuration's
+finished seeds are aggregated into ``mean ± spread`` (``quality_stats``: the definitions, the
+equal-wall-time view and the verdict rules); runs that are missing, failed, killed or time-capped
+are counted out and shown with their status.  A table none of whose configurations is in the
+study is left out and said so.  ``--pending`` writes the page without results (method, commands,
+the planned runs).
 
 Sessions: a results folder may hold the runs of several calls (``quality_merge.py``): ``study.json``'s
 ``environment`` is the first session's, ``extra_sessions`` lists the later ones with their runs.
-Every run is labelled with its session (A, B, ...) on the page and in quality.json; a table cell that
-compares runs of different sessions (training time, tokens/s, speed-up) is marked, since timings are
-comparable only within a session.  A folder without ``extra_sessions`` is one session.
+Every run is labelled with its session (A, B, ...) on the page and in quality.json; a table cell whose
+timings mix sessions (training time, tokens/s, speed-up) is marked, since timings are comparable
+only within a session.  A folder without ``extra_sessions`` is one session.
 
-The page's hand-written notes (from a line starting with ``## Notes`` to the end) are kept when
-the page is regenerated with ``--results``.
+The page's hand-written notes (from a line starting with ``## Notes`` to the end) are kept when the
+page is regenerated, unless their heading names a date (``YYYY-MM-DD``) on which none of the
+study's sessions ran: notes about another study are dropped (and the command says so).
 
 Usage::
 
@@ -42,7 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
+import re
 import sys
 from pathlib import Path
 
@@ -51,20 +40,35 @@ sys.path.insert(0, str(HERE))
 
 from quality_plan import (  # noqa: E402
     CHUNK_CONTEXT,
-    CHUNK_SIZES,
     CONTEXT_MODELS,
     CONTEXTS,
+    DEFAULT_TOKENS,
     MAIN_CONTEXT,
     MODELS,
     REFERENCE,
+    SEEDS,
     build_plan,
+    fits,
+)
+from quality_stats import (  # noqa: E402
+    EQUAL_TIME_FRACTIONS,
+    MATCH_TOL,
+    NO_VERDICT,
+    ROOT,
+    SEED_BYTES_PER_TOKEN,
+    SEED_GAP_PER_TOKEN,
+    fmt,
+    fmt_diff,
+    fmt_stat,
+    per_byte_change,
+    summarise,
+    tables,
+    verdicts,
 )
 
-ROOT = HERE.parent.parent
-MATCH_TOL = 0.01  # |bpb difference| <= 1 % of the reference's bpb counts as "matches"
-# seed Table 5 (LM, Wiki-40B): +0.06 to +0.30 perplexity points on ~20-25, i.e. <= ~1.5 % *per token*;
-# the gap measured here is per byte: compare with the bound converted (lintime.evaluation.units)
-SEED_GAP_PER_TOKEN = 0.015
+# the one-seed study this page replaced (2026-11-22: all three tables, 2^23 tokens, seed 0 with the
+# initial weights shared across contexts): docs/results.md at this commit
+ONE_SEED_PAGE = "c1508dd"
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -146,314 +150,17 @@ def _read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-# ---------------------------------------------------------------------------------------------- numbers
-
-
-def startup_offset(metrics: list[dict]) -> float:
-    """Seconds of one-off start-up in step 1: its time minus the median step time (>= 0)."""
-    times = [(r["step"], r["time_s"]) for r in metrics if "time_s" in r and "loss" in r]
-    if len(times) < 3 or times[0][0] != 1:
-        return 0.0
-    dts = [b[1] - a[1] for a, b in zip(times, times[1:]) if b[0] == a[0] + 1]
-    if not dts:
-        return 0.0
-    return max(times[0][1] - statistics.median(dts), 0.0)
-
-
-def val_curve(metrics: list[dict]) -> list[dict]:
-    """Evaluation points ``{step, tokens, time_s (start-up removed), bpb}`` in step order."""
-    off = startup_offset(metrics)
-    pts = [{"step": r["step"], "tokens": r["tokens"], "time_s": max(r["time_s"] - off, 0.0), "bpb": r["val_bpb"]}
-           for r in metrics if r.get("val_bpb") is not None]
-    return sorted(pts, key=lambda p: p["step"])
-
-
-def first_reach(curve: list[dict], target: float, key: str) -> float | None:
-    """``key`` (``time_s`` / ``step``) at which ``curve`` first reaches ``bpb <= target``, linearly
-    interpolated between the two evaluation points around the crossing; ``None`` if never."""
-    prev = None
-    for p in curve:
-        if p["bpb"] <= target:
-            if prev is None:
-                return float(p[key])
-            f = (prev["bpb"] - target) / (prev["bpb"] - p["bpb"])
-            return prev[key] + f * (p[key] - prev[key])
-        prev = p
-    return None
-
-
-def speedup(curve: list[dict], ref_curve: list[dict]) -> dict:
-    """Seed Table 3's speed-up of a model over the reference: ``{time, steps}`` (None: not
-    reached), with ``target`` the reference's final bpb."""
-    if not curve or not ref_curve:
-        return {"time": None, "steps": None, "target": None}
-    end = ref_curve[-1]
-    out = {"target": end["bpb"]}
-    for key, name in (("time_s", "time"), ("step", "steps")):
-        t = first_reach(curve, end["bpb"], key)
-        out[name] = (end[key] / t) if t else None
-    return out
-
-
-def summarise(runs: dict[str, dict], session: dict[str, str] | None = None) -> dict[str, dict]:
-    """Per run: the numbers every table reads (``session``: run id -> session label, default A)."""
-    out = {}
-    for rid, rec in runs.items():
-        spec, tr = rec["run"], rec.get("train") or {}
-        curve = val_curve(rec["metrics"])
-        evals = {r["context_len"]: r for r in (rec.get("eval") or {}).get("results", [])}
-        off = startup_offset(rec["metrics"])
-        train_s = tr.get("elapsed_s")
-        out[rid] = {
-            "id": rid, "model": spec["model"], "name": MODELS[spec["model"]][0], "preset": spec["preset"],
-            "recipe": spec["recipe"], "context_len": spec["context_len"], "chunk_size": spec.get("chunk_size"),
-            "status": rec.get("status", "missing"), "error": rec.get("error"), "n_params": rec.get("n_params"),
-            "session": (session or {}).get(rid, "A"), "reconstructed": bool(rec.get("reconstructed")),
-            "planned_tokens": spec["tokens"], "tokens": tr.get("tokens") or (curve[-1]["tokens"] if curve else 0),
-            "steps": tr.get("steps") or (curve[-1]["step"] if curve else 0),
-            "train_s": train_s, "startup_s": off, "train_s_adjusted": (train_s - off) if train_s else None,
-            "tokens_per_s": (tr["tokens"] / (train_s - off)) if train_s and train_s > off else None,
-            "final_val_bpb": curve[-1]["bpb"] if curve else None,
-            "eval_bpb": {int(L): r.get("bits_per_byte") for L, r in evals.items()},
-            "eval_skipped": {int(L): r["skipped"] for L, r in evals.items() if r.get("skipped")},
-            "peak_memory_gib": rec.get("peak_memory_gib"), "curve": curve,
-            "loss": [[r["step"], r["time_s"] - off, r["loss"]] for r in rec["metrics"] if "loss" in r],
-        }
-    return out
-
-
-def ok(s: dict | None) -> bool:
-    return s is not None and s["status"] == "ok"
-
-
-def usable(s: dict | None) -> bool:
-    """Has a curve (finished, time-capped or killed part-way)."""
-    return s is not None and bool(s["curve"])
-
-
-def tables(summ: dict[str, dict]) -> dict:
-    """All tables as data (what quality.json stores and the page prints)."""
-    def run(model: str, ctx: int) -> dict | None:
-        return summ.get(f"{model}-{ctx}")
-
-    def row(s: dict | None, ref: dict | None) -> dict:
-        if s is None:
-            return {"status": "not in plan"}
-        sp = speedup(s["curve"], ref["curve"]) if usable(s) and usable(ref) else {"time": None, "steps": None}
-        return {"id": s["id"], "status": s["status"], "bpb": s["eval_bpb"].get(s["context_len"]),
-                "final_val_bpb": s["final_val_bpb"], "train_s": s["train_s_adjusted"], "tokens_per_s": s["tokens_per_s"],
-                "tokens": s["tokens"], "steps": s["steps"], "n_params": s["n_params"],
-                "speedup_time": sp["time"], "speedup_steps": sp["steps"],
-                "ref_available": usable(ref), "session": s["session"],
-                "ref_session": ref["session"] if ref is not None else None}
-
-    main = {m: row(run(m, MAIN_CONTEXT), run(REFERENCE, MAIN_CONTEXT)) for m in MODELS}
-    context = {m: {ctx: row(run(m, ctx), run(REFERENCE, ctx)) for ctx in CONTEXTS} for m in CONTEXT_MODELS}
-    gap = {}
-    for ctx in CONTEXTS:
-        q, f = run("flash-quad", ctx), run("flash", ctx)
-        bq = q["eval_bpb"].get(q["context_len"]) if ok(q) else None  # context_len: ctx / 8 in the CPU smoke
-        bf = f["eval_bpb"].get(f["context_len"]) if ok(f) else None
-        d = (bf - bq) if bq is not None and bf is not None else None
-        gap[ctx] = {"flash_quad": bq, "flash": bf, "gap_bpb": d, "ppl_increase_pct": (2**d - 1) * 100 if d is not None else None}
-    chunk = {}
-    ref = run(REFERENCE, CHUNK_CONTEXT)
-    for C in CHUNK_SIZES:
-        rid = f"flash-{CHUNK_CONTEXT}" if C == 256 else f"flash-c{C}-{CHUNK_CONTEXT}"
-        chunk[C] = row(summ.get(rid), ref)
-    extrap = {}
-    for rid, s in summ.items():
-        if ok(s):
-            L = s["context_len"]
-            b = s["eval_bpb"]
-            extrap[rid] = {"name": s["name"], "context_len": L, "bpb": {m: b.get(m * L) for m in (1, 2, 4)},
-                           "skipped": {m: s["eval_skipped"].get(m * L) for m in (2, 4) if s["eval_skipped"].get(m * L)}}
-    return {"main": main, "context": context, "gap": gap, "chunk": chunk, "extrapolation": extrap}
-
-
-def verdicts(t: dict) -> list[dict]:
-    """The paper's claims next to what was measured, each with a plain verdict."""
-    out = []
-    for ctx in CONTEXTS:
-        f, r = t["context"]["flash"][ctx], t["context"][REFERENCE][ctx]
-        if f.get("bpb") is None or r.get("bpb") is None:
-            v, why = "not measured", "FLASH or Transformer++ run missing / not finished"
-        else:
-            d = f["bpb"] - r["bpb"]
-            tol = MATCH_TOL * r["bpb"]
-            v = "matches" if abs(d) <= tol else ("beats" if d < 0 else "falls short")
-            why = f"FLASH {f['bpb']:.4f} vs Transformer++ {r['bpb']:.4f} bits/byte ({d:+.4f})"
-        out.append({"claim": f"FLASH matches Transformer++'s quality (context {ctx})", "verdict": v, "measured": why})
-    for ctx in CONTEXTS:
-        f = t["context"]["flash"][ctx]
-        if not f.get("ref_available") or f.get("status") in (None, "not in plan", "missing", "failed", "not-started"):
-            v, why = "not measured", "FLASH or Transformer++ curve missing"
-        elif f["speedup_time"] is None:
-            v, why = "falls short", "FLASH's curve never reaches Transformer++'s final bits per byte"
-        else:
-            s = f["speedup_time"]
-            v = "beats" if s > 4.9 else ("matches" if s >= 1.0 else "falls short")
-            why = f"{s:.2f}x in training time ({f['speedup_steps']:.2f}x in steps)" if f["speedup_steps"] else f"{s:.2f}x"
-        out.append({"claim": f"FLASH reaches Transformer++'s final quality 1.0-4.9x faster (Wiki-40B; context {ctx})",
-                    "verdict": v, "measured": why})
-    for ctx, g in t["gap"].items():
-        if g["gap_bpb"] is None:
-            v, why = "not measured", "FLASH or FLASH-Quad run missing"
-        else:
-            from lintime.evaluation.units import SEED_BYTES_PER_TOKEN, per_byte_change
-
-            bound = 100 * per_byte_change(SEED_GAP_PER_TOKEN, SEED_BYTES_PER_TOKEN)
-            v = "matches" if g["ppl_increase_pct"] <= bound else "falls short"
-            if g["gap_bpb"] < 0:
-                v = "beats"
-            why = (f"gap {g['gap_bpb']:+.4f} bits/byte = {g['ppl_increase_pct']:+.2f} % per-byte perplexity "
-                   f"(seed: <= {100 * SEED_GAP_PER_TOKEN:.1f} % per token = {bound:.2f} % per byte at "
-                   f"{SEED_BYTES_PER_TOKEN:g} bytes/token)")
-        out.append({"claim": f"FLASH-Quad -> FLASH costs little quality (Table 5; context {ctx})", "verdict": v,
-                    "measured": why})
-    ch = {C: r.get("bpb") for C, r in t["chunk"].items() if r.get("bpb") is not None}
-    if len(ch) >= 2:
-        best = min(ch, key=ch.get)
-        v = "matches" if best >= 256 else "falls short"
-        why = "; ".join(f"C={C}: {b:.4f}" for C, b in sorted(ch.items())) + f" (best C={best})"
-    else:
-        v, why = "not measured", "fewer than two chunk sizes finished"
-    out.append({"claim": f"larger chunks (512 over 256) help beyond context 1024 (Figure 8; context {CHUNK_CONTEXT})",
-                "verdict": v, "measured": why})
-    return out
-
-
-# ---------------------------------------------------------------------------------------------- plots
-
-
-def plots(summ: dict[str, dict], assets: Path) -> list[str]:
-    """PNG files (names relative to ``assets``); nothing when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("quality_report: matplotlib not installed, no plots", file=sys.stderr)
-        return []
-    made = []
-    several = len({s["session"] for s in summ.values()}) > 1
-
-    def curves(ax, ids, key, label_of, tag=True):
-        for rid in ids:
-            s = summ.get(rid)
-            if not usable(s):
-                continue
-            xs = [p[key] for p in s["curve"]]
-            label = label_of(s) + ("" if ok(s) else f" ({s['status']})") + (f" [{s['session']}]" if several and tag else "")
-            ax.plot(xs, [p["bpb"] for p in s["curve"]], marker=".", label=label)
-        ax.set_ylabel("validation bits per byte")
-        ax.grid(alpha=0.3)
-
-    main_ids = [f"{m}-{MAIN_CONTEXT}" for m in MODELS]
-    for key, xlabel, name in (("step", "step", "bpb_vs_steps"), ("time_s", "training time (s)", "bpb_vs_time")):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        curves(ax, main_ids, key, lambda s: s["name"])
-        ax.set_xlabel(xlabel)
-        ax.set_title(f"context {MAIN_CONTEXT}, equal tokens")
-        _clip_y(ax, [summ.get(r) for r in main_ids])
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(assets / f"{name}_{MAIN_CONTEXT}.png", dpi=110)
-        plt.close(fig)
-        made.append(f"{name}_{MAIN_CONTEXT}.png")
-    for key, xlabel, name in (("step", "step", "context_bpb_vs_steps"), ("time_s", "training time (s)", "context_bpb_vs_time")):
-        fig, axes = plt.subplots(1, len(CONTEXTS), figsize=(4 * len(CONTEXTS), 4), sharey=True)
-        for ax, ctx in zip(axes, CONTEXTS):
-            ids = [f"{m}-{ctx}" for m in CONTEXT_MODELS]
-            curves(ax, ids, key, lambda s: s["name"], tag=False)  # one legend for all panels: sessions in the title
-            ref = summ.get(f"{REFERENCE}-{ctx}")
-            other = [summ[r] for r in ids if usable(summ.get(r)) and ref is not None and summ[r]["session"] != ref["session"]]
-            by = {}
-            for o in other:
-                by.setdefault(o["session"], []).append(o["name"])
-            ax.set_title(f"context {ctx}" + "".join(f"\n{', '.join(v)}: session {k}" for k, v in sorted(by.items()))
-                         + (f"; others {ref['session']}" if by else ""), fontsize=10)
-            ax.set_xlabel(xlabel)
-        _clip_y(axes[0], [s for s in summ.values() if s["model"] in CONTEXT_MODELS])
-        if axes[0].get_legend_handles_labels()[0]:
-            axes[0].legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(assets / f"{name}.png", dpi=100)
-        plt.close(fig)
-        made.append(f"{name}.png")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ids = [f"flash-{CHUNK_CONTEXT}" if C == 256 else f"flash-c{C}-{CHUNK_CONTEXT}" for C in CHUNK_SIZES]
-    curves(ax, ids + [f"{REFERENCE}-{CHUNK_CONTEXT}"], "time_s",
-           lambda s: f"FLASH C={s['chunk_size'] or 256}" if s["model"] == "flash" else s["name"])
-    ax.set_xlabel("training time (s)")
-    ax.set_title(f"chunk size, context {CHUNK_CONTEXT}")
-    _clip_y(ax, [summ.get(r) for r in ids])
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(assets / "chunk_size.png", dpi=110)
-    plt.close(fig)
-    made.append("chunk_size.png")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for m in MODELS:
-        s = summ.get(f"{m}-{MAIN_CONTEXT}")
-        if ok(s):
-            pts = [(k * MAIN_CONTEXT, s["eval_bpb"].get(k * MAIN_CONTEXT)) for k in (1, 2, 4)]
-            pts = [(x, y) for x, y in pts if y is not None]
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o",
-                    label=s["name"] + (f" [{s['session']}]" if several else ""))
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("evaluation context (trained at 1024)")
-    ax.set_ylabel("bits per byte")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    ax.set_title("length extrapolation")
-    fig.tight_layout()
-    fig.savefig(assets / "extrapolation.png", dpi=110)
-    plt.close(fig)
-    made.append("extrapolation.png")
-    return made
-
-
-def _clip_y(ax, summs) -> None:
-    """Leave out the first evaluations' high values so that the differences at the end show."""
-    finals = [s["curve"][-1]["bpb"] for s in summs if usable(s)]
-    firsts = [s["curve"][min(1, len(s["curve"]) - 1)]["bpb"] for s in summs if usable(s)]
-    if finals and firsts:
-        lo, hi = min(finals), max(firsts)
-        if hi > lo:
-            ax.set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
-
-
 # ---------------------------------------------------------------------------------------------- page
 
 
-def fmt(x, spec=".4f", none="-") -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return none
-    return format(x, spec)
-
-
-def fmt_speedup(r: dict) -> str:
-    if r.get("status") in (None, "not in plan", "missing", "not-started", "failed"):
-        return "-"
-    if not r.get("ref_available"):
-        return "no reference"
-    if r.get("speedup_time") is None:
-        return "not reached"
-    return f"{r['speedup_time']:.2f}x ({fmt(r['speedup_steps'], '.2f')}x steps)"
-
-
 CROSS = "†"
+ENDED = "‡"
 
 
 def cross(r: dict) -> bool:
-    """The run and its Transformer++ reference ran in different sessions (timings not comparable)."""
-    return bool(r.get("session") and r.get("ref_session") and r["session"] != r["ref_session"]
-                and r.get("status") not in (None, "not in plan", "missing", "not-started", "failed"))
+    """The row's seeds and its Transformer++ reference ran in more than one session (its timings
+    mix machines or calls)."""
+    return bool(r.get("n_ok")) and len(set(r.get("sessions") or []) | set(r.get("ref_sessions") or [])) > 1
 
 
 def xmark(r: dict) -> str:
@@ -462,18 +169,18 @@ def xmark(r: dict) -> str:
 
 def cross_note(rows: list[dict], sess: list[dict]) -> list[str]:
     """The footnote under a table with cross-session cells (nothing when there are none)."""
-    if not any(cross(r) for r in rows):
+    marked = [r for r in rows if cross(r)]
+    if not marked:
         return []
-    pairs = sorted({(r["session"], r["ref_session"]) for r in rows if cross(r)})
+    used = sorted({x for r in marked for x in set(r["sessions"]) | set(r["ref_sessions"])})
     where = {x["label"]: x for x in sess}
-    said = "; ".join(f"run in session {a} ({_short(where.get(a))}), its Transformer++ reference in session {b} "
-                     f"({_short(where.get(b))})" for a, b in pairs)
-    kinds = {frozenset(where[x]["environment"].get("devices") or []) for pair in pairs for x in pair if x in where}
+    kinds = {frozenset(where[x]["environment"].get("devices") or []) for x in used if x in where}
     gpu = ("the GPU is the same kind but the host and the number of runs at a time may differ" if len(kinds) == 1
            else "the GPU kinds differ")
-    return ["", f"{CROSS} {said}: training time and tokens/s are comparable within a session; across sessions {gpu}, "
-            "so these times, tokens/s and speed-ups are approximate (bits per byte and speed-ups in steps are not "
-            "affected)."]
+    return ["", f"{CROSS} the row's seeds or its Transformer++ reference ran in sessions "
+            + ", ".join(f"{x} ({_short(where.get(x))})" for x in used)
+            + f": training time and tokens/s are comparable within a session; across sessions {gpu}, so these "
+            "times, tokens/s and speed-ups are approximate (bits per byte and speed-ups in steps are not affected)."]
 
 
 def _short(s: dict | None) -> str:
@@ -486,6 +193,26 @@ def _short(s: dict | None) -> str:
 def status_mark(r: dict) -> str:
     st = r.get("status", "missing")
     return "" if st == "ok" else f" **[{st}]**"
+
+
+def fmt_speedup(r: dict, key: str = "speedup_time", of: int | None = None) -> str:
+    if not r.get("n_ok"):
+        return "-"
+    if not r.get("ref_available"):
+        return "no reference"
+    sp = r[key]
+    if not sp["n"]:
+        return "not reached"
+    text = f"{sp['mean']:.2f}x" + (f" ± {sp['spread']:.2f}" if sp["n"] >= 2 else "")
+    return text if r["reached"] == r["n_ok"] else f"{text} ({r['reached']} of {r['n_ok']} seeds reach it)"
+
+
+def fmt_vs(d: dict) -> str:
+    if d.get("mean") is None:
+        return "-"
+    if d["beyond"] is None:
+        return f"{fmt_diff(d)}"
+    return f"{fmt_diff(d)} ({'beyond' if d['beyond'] else 'within'} the spread)"
 
 
 METHOD = """\
@@ -505,23 +232,48 @@ METHOD = """\
 * **Training**: `lintime.training.train` (what `lintime train` runs), each family with its seed's
   recipe (`flash` for FLASH, FLASH-Quad, Transformer+/++, linear GPT and Performer; `gla` for GLA;
   `vq` for Transformer-VQ: `lintime/training/config.py`), equal tokens and equal context within
-  every table, {tokens_desc}, packed documents (no attention across documents), seed 0, bf16
-  autocast on the GPU.  One seed per run: differences of about 1 % are within run-to-run noise at
-  this budget, which is far below the seed's (125K steps of 2^18 tokens).
-* **Validation curves**: bits per byte every 1/16 of a run on the first 131,072 validation tokens
-  (the same tokens every time).  **Final scores** (`lintime.evaluation.evaluate`): the first ~1M
-  validation tokens (whole documents), at the training context and at 2x and 4x it.
-* **Training time**: the trainer's time for the optimiser steps (no validation), with step 1 counted
-  at the median step time (its excess is one-off start-up: CUDA context, Triton compiles).
-* **Speed-up** (seed Table 3): Transformer++'s training time at the same context and tokens over the
-  time at which a model's validation curve first reaches Transformer++'s final validation bits per
-  byte (interpolated between evaluation points); "not reached" when it never does.
-* **Verdicts** against the paper: "matches" when FLASH is within {tol:.0f} % of Transformer++'s bits per
-  byte (or, for speed-ups, in or above the seed's range), "beats" / "falls short" otherwise.
+  every table, {tokens_desc}, packed documents (no attention across documents), bf16 autocast on
+  the GPU.  This is about 1/{budget_ratio:,.0f} of the seed's budget (125K steps of 2^18 tokens): every
+  number here is "at this budget, on this corpus".
+* **Seeds**: every configuration runs with seeds {seeds} (run `flash-1024-s1` is FLASH at context
+  1024, seed 1).  The seed `s` orders the data (every model of seed `s` at one context sees the same
+  batches); the initial weights come from `lintime train --init-seed`, set to the CRC-32 of the run
+  id, so no two runs share an initial draw (not two contexts of one preset, not two seeds).
+* **Spread**: a cell `m ± s` is the mean and the sample standard deviation (n - 1) over the
+  configuration's finished seeds (`lintime.evaluation.units.mean_spread`); `(n=2)` marks a cell with
+  fewer seeds than planned, `(1 seed)` one with no spread.  Two configurations **differ** only when
+  `|mean_a - mean_b| > s_a + s_b` (`lintime.evaluation.units.differs`).
+* **Validation curves**: bits per byte every 1/16 of a run on the first {curve_tokens:,} validation
+  tokens (the same tokens every time).  **Final scores** (`lintime.evaluation.evaluate`): the first
+  ~{final_tokens:,} validation tokens (whole documents), at the training context and at 2x and 4x it.
+* **Training time**: the trainer's time for the optimiser steps (no validation), with step 1 and every
+  step slower than 3 median steps counted at the median step time (the excess, the "one-off" column,
+  is CUDA start-up, Triton compiles and autotuning, paid by whichever run of a family first ran on a
+  GPU; the same excess is taken out of the curves' times).
+* **Speed-up** (seed Table 3): Transformer++'s mean training time at the same context and tokens over
+  the time at which a seed's validation curve first reaches Transformer++'s mean final validation
+  bits per byte (interpolated between evaluation points), mean ± spread over the seeds that reach it.
+* **Equal wall time**: each seed's validation bits per byte at {fractions} of Transformer++'s mean
+  training time (interpolated on its curve).  A run that ended earlier counts with its final value
+  (marked {ended}): more time would have lowered it.  A slower model is caught mid-schedule (its
+  learning rate has not decayed yet), which favours the faster models: a run planned for that time
+  would do better.
+* **Units**: bits per byte throughout.  The seed reports per-**token** perplexity (SentencePiece on
+  Wiki-40B); a relative perplexity change per byte is `(1 + r_token) ** (1 / b) - 1` at `b` bytes per
+  token (`lintime.evaluation.units.per_byte_change`).  This page uses b = {bpt:g}, an estimate for
+  32k-subword vocabularies on English text, not measured on Wiki-40B (no copy here): the seed's
+  Table 5 bound of ~{gap_tok:.1f} % per token is {gap_byte:.2f} % per byte at b = {bpt:g} ({gap_3:.2f} % at b = 3,
+  {gap_5:.2f} % at b = 5).
+* **Verdicts** against the seed's claims: a claim is a bound on a difference `d ± S` (S: the summed
+  spreads); the verdict says on which side of the bound the whole interval lies, and is
+  "{no_verdict}" when it straddles the bound or a side has fewer than two seeds.  "Matches" for quality
+  means `|d| + S` within {tol:.0f} % of Transformer++'s bits per byte.
 """
 
 
-def regenerate_block(tokens: int) -> str:
+def regenerate_block(tokens: int, seeds: list[int], tables_: list[str]) -> str:
+    env = f"TOKENS={tokens}" + ("" if list(seeds) == list(SEEDS) else f" SEEDS={','.join(map(str, seeds))}") \
+        + ("" if tables_ == ["main"] else f" TABLES={','.join(tables_)}")
     return f"""\
 ## Regenerate
 
@@ -529,151 +281,219 @@ def regenerate_block(tokens: int) -> str:
 # 1. data (here, with network): corpus + token cache + the archive the GPU machine gets (~12 MiB)
 apt-get update && apt-get install -y linux-doc
 python3 benchmarks/quality/prepare_data.py
-# 2. the runs (one call on a 4-GPU machine; carry benchmarks/quality/data/quality_data.tar.xz)
-OUT=quality_out TOKENS={tokens} DEADLINE_S=540 bash benchmarks/quality/gpu_quality.sh
+# 2. the plan and its predicted cost on N GPUs against the call's deadline
+python3 benchmarks/quality/quality_plan.py --gpus 3 --deadline-s 540
+# 3. the runs (one call; carry benchmarks/quality/data/quality_data.tar.xz; GPU_IDS picks the GPUs)
+OUT=quality_out {env} GPU_IDS=0,1,2 DEADLINE_S=540 bash benchmarks/quality/gpu_quality.sh
 #    (MODE=smoke-gpu first checks every configuration in a few steps per run; on a CPU:
 #     python3 benchmarks/quality/quality_run.py all --out /tmp/q --mode smoke)
-#    runs left out or failed: a later call with ONLY=id,id (OUT=quality_out2), then merged as a
-#    second session (checks that corpus, tokens and plan entries agree; replaces failed records):
+#    runs left out or failed, or more seeds: a later call with ONLY=id,group or SEEDS=3,4 (OUT=quality_out2),
+#    then merged as a second session (checks that corpus, tokens and plan entries agree):
 #    python3 benchmarks/quality/quality_merge.py --into quality_out --add quality_out2 --note "why it ran"
-# 3. this page, the plots and quality.json from the results folder
+# 4. this page, the plots and quality.json from the results folder
 python3 benchmarks/quality/quality_report.py --results quality_out
 ```
-
-The plan (run ids, presets, contexts, budgets): `python3 benchmarks/quality/quality_plan.py`.
 """
 
 
 def page(study: dict | None, summ: dict[str, dict] | None, t: dict | None, made: list[str], tokens: int) -> str:
     lines = ["# Results: quality on real text", ""]
     sess = sessions(study) if study is not None else []
+    env = study["environment"] if study is not None else {}
+    seeds = list(env.get("seeds") or sorted({s["seed"] for s in (summ or {}).values()}) or SEEDS)
+    tables_ = list(env.get("tables") or ["main", "context", "chunk"]) if study is not None else ["main"]
+    plan = build_plan("full", tokens=tokens, seeds=tuple(seeds) if study is not None else SEEDS,
+                      tables=tuple(tables_))
+    seeds_text = ", ".join(map(str, seeds))
     if study is None:
         lines += ["**Status: not yet run on a GPU.**  This page holds the method and the commands; the tables, "
                   "plots and `docs/results/quality.json` are generated from the GPU results by the last "
                   "command below.  No number on this page has been measured yet.", ""]
     elif len(sess) > 1:
-        env = study["environment"]
-        lines += [f"Measured in {len(sess)} sessions (the same corpus, plan and tokens per run; seed 0 for every run; "
+        lines += [f"Measured in {len(sess)} sessions (the same corpus, plan and tokens per run; seeds {seeds_text}; "
                   f"mode `{env['mode']}`).  All numbers are in `docs/results/quality.json`.", ""]
         for x in sess:
             repl = ("; replaces the record(s) " + ", ".join(f"`{k}` ({v})" for k, v in x["replaced"].items())
-                   if x["replaced"] else "")
+                    if x["replaced"] else "")
             sup = "".join(f"; `{r['run']}` ({r['status']} here) ran again in session {r['by']}" for r in x["superseded"])
             lines.append(f"* **Session {x['label']}** ({len(x['runs'])} runs on this page{sup}): {describe_session(x)}"
                          + (f".  {x['note']}" if x.get("note") else "") + f"{repl}.")
         lines += ["", "Each run's session is in the Runs table.  Training time and tokens/s are comparable within a "
-                  f"session; cells that compare runs of different sessions are marked {CROSS}.", ""]
-        if env["mode"] != "full":
-            lines += [f"**This is a `{env['mode']}` run: a pipeline check with a few steps per run.  Its numbers "
-                      "say nothing about the models.**", ""]
+                  f"session; cells whose timings mix sessions are marked {CROSS}.", ""]
     else:
-        env = study["environment"]
         lines += [f"Measured {env['date_utc']} UTC on {', '.join(sorted(set(env['devices'])))} "
                   f"({len(env['slots'])} used, one run per device at a time); torch {env['torch']}, "
                   f"CUDA {env.get('cuda')}, Triton {env.get('triton')}, Python {env['python']}, lintime commit "
-                  f"{(env.get('git_commit') or 'unknown')[:12]}; mode `{env['mode']}`; seed 0 for every run.  "
+                  f"{(env.get('git_commit') or 'unknown')[:12]}; mode `{env['mode']}`; seeds {seeds_text}.  "
                   "All numbers are in `docs/results/quality.json`.", ""]
-        if env["mode"] != "full":
-            lines += [f"**This is a `{env['mode']}` run: a pipeline check with a few steps per run.  Its numbers "
-                      "say nothing about the models.**", ""]
-    tokens_desc = f"{tokens / 2**20:g} Mi tokens per run (2^15 tokens per step)"
-    lines += [METHOD.format(tokens_desc=tokens_desc, tol=MATCH_TOL * 100), regenerate_block(tokens)]
+    if study is not None and env["mode"] != "full":
+        lines += [f"**This is a `{env['mode']}` run: a pipeline check with a few steps per run.  Its numbers "
+                  "say nothing about the models.**", ""]
+    r0 = plan[0] if plan else None
+    steps = r0.steps if r0 else 0
+    lines += [METHOD.format(
+        tokens_desc=f"{tokens / 2**20:g} Mi tokens per run ({steps} steps of {r0.tokens_per_batch if r0 else 0:,} tokens)",
+        budget_ratio=125_000 * 2**18 / tokens, seeds=seeds_text,
+        curve_tokens=r0.curve_eval_tokens if r0 else 0, final_tokens=r0.final_eval_tokens if r0 else 0,
+        fractions=" / ".join(f"{f:g}" for f in EQUAL_TIME_FRACTIONS), ended=ENDED, bpt=SEED_BYTES_PER_TOKEN,
+        gap_tok=100 * SEED_GAP_PER_TOKEN, gap_byte=100 * per_byte_change(SEED_GAP_PER_TOKEN, SEED_BYTES_PER_TOKEN),
+        gap_3=100 * per_byte_change(SEED_GAP_PER_TOKEN, 3.0), gap_5=100 * per_byte_change(SEED_GAP_PER_TOKEN, 5.0),
+        no_verdict=NO_VERDICT, tol=100 * MATCH_TOL),
+        regenerate_block(tokens, seeds, tables_)]
     if study is None:
+        f = fits(plan, 3, 540)
         lines += ["## Not yet run on a GPU", "",
-                  "The study needs one call of a 4-GPU machine (~9 minutes).  Planned runs:", "",
-                  "| run | preset | recipe | context | tokens | steps | tables |", "|---|---|---|---|---|---|---|"]
-        for r in build_plan("full", tokens=tokens):
+                  f"The study is {len(plan)} runs, predicted at {f['gpu_s']:,.0f} GPU-seconds ({f['makespan_s']:.0f} s "
+                  "on three GPUs: `quality_plan.py`).  Planned runs:", "",
+                  "| run | preset | recipe | context | tokens | steps | seed | init seed | tables |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in plan:
             lines.append(f"| `{r.id}` | `{r.preset}` | {r.recipe} | {r.context_len} | {r.tokens / 2**20:g} Mi | "
-                         f"{r.steps} | {', '.join(r.tables)} |")
+                         f"{r.steps} | {r.seed} | {r.init_seed} | {', '.join(r.tables)} |")
         lines.append("")
         return "\n".join(lines)
     assert summ is not None and t is not None
+    n_of = len(seeds)
     multi = len(sess) > 1
-    lines += ["## Runs", "", "| run | preset |" + (" session |" if multi else "") + " status | params | tokens | steps "
-              "| training time (s) | start-up (s) | tokens/s | peak memory (GiB) |",
-              "|---|---|" + ("---|" if multi else "") + "---|---|---|---|---|---|---|---|"]
+    lines += ["## Runs", "", "| run | seed | init seed | preset |" + (" session |" if multi else "")
+              + " status | params | tokens | steps | training time (s) | one-off (s) | tokens/s | peak memory (GiB) |",
+              "|---|---|---|---|" + ("---|" if multi else "") + "---|---|---|---|---|---|---|---|"]
     for s in summ.values():
         rebuilt = " (record rebuilt)" if s.get("reconstructed") else ""
-        lines.append(f"| `{s['id']}` | `{s['preset']}` |" + (f" {s['session']} |" if multi else "")
+        lines.append(f"| `{s['id']}` | {s['seed']} | {fmt(s['init_seed'], 'd')} | `{s['preset']}` |"
+                     + (f" {s['session']} |" if multi else "")
                      + f" {s['status']}{rebuilt}{' (' + s['error'][:80] + ')' if s.get('error') else ''} "
-                     f"| {fmt(s['n_params'] and s['n_params'] / 1e6, '.2f') + 'M' if s['n_params'] else '-'} | {s['tokens'] / 1e6:.2f}M | {s['steps']} "
-                     f"| {fmt(s['train_s_adjusted'], '.1f')} | {fmt(s['startup_s'], '.1f')} | {fmt(s['tokens_per_s'], ',.0f')} "
-                     f"| {fmt(s['peak_memory_gib'], '.1f')} |")
+                     f"| {fmt(s['n_params'] and s['n_params'] / 1e6, '.2f') + 'M' if s['n_params'] else '-'} "
+                     f"| {s['tokens'] / 1e6:.2f}M | {s['steps']} | {fmt(s['train_s_adjusted'], '.1f')} "
+                     f"| {fmt(s['startup_s'], '.1f')} | {fmt(s['tokens_per_s'], ',.0f')} | {fmt(s['peak_memory_gib'], '.1f')} |")
     if any(s.get("reconstructed") for s in summ.values()):
         lines += ["", "Record rebuilt: the run's result.json was rebuilt from its metrics.jsonl and the driver's summary "
                   "line (its own did not come back from the device); peak memory is unknown for those runs."]
-    lines += ["", f"## Main table: context {MAIN_CONTEXT}", "",
-              "| model | bits/byte (final eval) | last curve point | training time (s) | tokens/s | speed-up to Transformer++ |",
-              "|---|---|---|---|---|---|"]
+    ref_name = MODELS[REFERENCE][0]
+    lines += ["", f"## Main table: context {MAIN_CONTEXT} (equal tokens)", "",
+              f"Mean ± spread over the finished seeds.  The difference to {ref_name} counts only beyond the summed "
+              "spreads.", "",
+              f"| model | seeds | bits/byte (final eval) | minus {ref_name} | last curve point | training time (s) "
+              f"| tokens/s | speed-up to {ref_name} (time) | (steps) |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for m, r in t["main"].items():
-        lines.append(f"| {MODELS[m][0]}{status_mark(r)} | {fmt(r.get('bpb'))} | {fmt(r.get('final_val_bpb'))} "
-                     f"| {fmt(r.get('train_s'), '.1f')}{xmark(r)} | {fmt(r.get('tokens_per_s'), ',.0f')}{xmark(r)} "
-                     f"| {fmt_speedup(r)}{xmark(r)} |")
+        if r.get("status") == "not in plan":
+            continue
+        vs = "(reference)" if m == REFERENCE else fmt_vs(t["main_vs_ref"][m])
+        lines.append(f"| {MODELS[m][0]}{status_mark(r)} | {r['n_ok']}/{r['n']} | {fmt_stat(r['bpb'], of=n_of)} | {vs} "
+                     f"| {fmt_stat(r['final_val_bpb'], of=n_of)} | {fmt_stat(r['train_s'], '.1f', n_of)}{xmark(r)} "
+                     f"| {fmt_stat(r['tokens_per_s'], ',.0f', n_of)}{xmark(r)} | {fmt_speedup(r)}{xmark(r)} "
+                     f"| {fmt_speedup(r, 'speedup_steps')} |")
     lines += cross_note(list(t["main"].values()), sess)
     lines.append("")
-    for name in made:
-        if name.startswith("bpb_vs"):
-            lines.append(f"![{name}](results/{name})")
-    lines += ["", "## Context length (seed Table 3, Figures 5-6)", "",
-              "| model | " + " | ".join(f"{c}: bits/byte" for c in CONTEXTS) + " |", "|---|" + "---|" * len(CONTEXTS)]
-    for m in CONTEXT_MODELS:
-        lines.append(f"| {MODELS[m][0]} | " + " | ".join(
-            fmt(t["context"][m][c].get("bpb")) + status_mark(t["context"][m][c]) for c in CONTEXTS) + " |")
-    lines += ["", "| model | " + " | ".join(f"{c}: time (s)" for c in CONTEXTS) + " |", "|---|" + "---|" * len(CONTEXTS)]
-    for m in CONTEXT_MODELS:
-        lines.append(f"| {MODELS[m][0]} | " + " | ".join(fmt(t["context"][m][c].get("train_s"), ".1f") + xmark(t["context"][m][c])
-                                                         for c in CONTEXTS) + " |")
-    lines += ["", "| model | " + " | ".join(f"{c}: speed-up" for c in CONTEXTS) + " |", "|---|" + "---|" * len(CONTEXTS)]
-    for m in CONTEXT_MODELS:
-        lines.append(f"| {MODELS[m][0]} | " + " | ".join(fmt_speedup(t["context"][m][c]) + xmark(t["context"][m][c])
-                                                         for c in CONTEXTS) + " |")
-    lines += cross_note([t["context"][m][c] for m in CONTEXT_MODELS for c in CONTEXTS], sess)
-    lines.append("")
-    for name in made:
-        if name.startswith("context_"):
-            lines.append(f"![{name}](results/{name})")
-    lines += ["", "## FLASH-Quad -> FLASH (seed Table 5)", "",
-              "Seed (LM, Wiki-40B, perplexity points): -0.05 / 0.06 / 0.22 / 0.30 / 0.11 at 512 / 1k / 2k / 4k / 8k.", "",
-              "| context | FLASH-Quad | FLASH | gap (bits/byte) | per-byte perplexity increase |", "|---|---|---|---|---|"]
-    for c, g in t["gap"].items():
-        lines.append(f"| {c} | {fmt(g['flash_quad'])} | {fmt(g['flash'])} | {fmt(g['gap_bpb'], '+.4f')} "
-                     f"| {fmt(g['ppl_increase_pct'], '+.2f')} % |")
-    lines += ["", f"## Chunk size (seed Figure 8), context {CHUNK_CONTEXT}", "",
-              "| C | bits/byte | training time (s) | tokens/s | speed-up to Transformer++ |", "|---|---|---|---|---|"]
-    for C, r in t["chunk"].items():
-        lines.append(f"| {C}{status_mark(r)} | {fmt(r.get('bpb'))} | {fmt(r.get('train_s'), '.1f')}{xmark(r)} "
-                     f"| {fmt(r.get('tokens_per_s'), ',.0f')}{xmark(r)} | {fmt_speedup(r)}{xmark(r)} |")
-    lines += cross_note(list(t["chunk"].values()), sess)
-    if "chunk_size.png" in made:
-        lines += ["", "![chunk_size.png](results/chunk_size.png)"]
+    lines += [f"![{n}](results/{n})" for n in made if n.startswith("bpb_vs")]
+    eq = t.get("equal_time")
+    if eq:
+        fr = eq["fractions"]
+        lines += ["", f"## Equal wall time: context {eq['context']}", "",
+                  f"Validation bits per byte each model had reached at the same training time: fractions of "
+                  f"{ref_name}'s mean training time ({eq['t_ref']:.1f} s, its final {fmt_stat(eq['ref_final'])}).  "
+                  f"{ENDED}: some seeds had ended by then (their final value counts; more time would lower it); "
+                  "\"-\": no evaluation yet.  Timings are of one session's GPUs"
+                  + (" (see the sessions above: they may mix)" if multi else "") + ".", "",
+                  "| model | " + " | ".join(f"at {f:g} x ({f * eq['t_ref']:.1f} s)" for f in fr) + " |",
+                  "|---|" + "---|" * len(fr)]
+        for m, cells in eq["rows"].items():
+            lines.append(f"| {MODELS[m][0]} | " + " | ".join(
+                fmt_stat(cells[f], of=n_of) + (f" {ENDED}" if cells[f]["ended"] else "") for f in fr) + " |")
+        lines.append("")
+        lines += [f"![{n}](results/{n})" for n in made if n.startswith("equal_time")]
+    if "context" in t:
+        lines += ["", "## Context length (seed Table 3, Figures 5-6)", "",
+                  "| model | " + " | ".join(f"{c}: bits/byte" for c in CONTEXTS) + " |", "|---|" + "---|" * len(CONTEXTS)]
+        for m in CONTEXT_MODELS:
+            lines.append(f"| {MODELS[m][0]} | " + " | ".join(
+                fmt_stat(t["context"][m][c].get("bpb"), of=n_of) + status_mark(t["context"][m][c]) for c in CONTEXTS) + " |")
+        lines += ["", "| model | " + " | ".join(f"{c}: time (s)" for c in CONTEXTS) + " |", "|---|" + "---|" * len(CONTEXTS)]
+        for m in CONTEXT_MODELS:
+            lines.append(f"| {MODELS[m][0]} | " + " | ".join(
+                fmt_stat(t["context"][m][c].get("train_s"), ".1f", n_of) + xmark(t["context"][m][c]) for c in CONTEXTS) + " |")
+        lines += ["", "| model | " + " | ".join(f"{c}: speed-up" for c in CONTEXTS) + " |", "|---|" + "---|" * len(CONTEXTS)]
+        for m in CONTEXT_MODELS:
+            lines.append(f"| {MODELS[m][0]} | " + " | ".join(
+                fmt_speedup(t["context"][m][c]) + xmark(t["context"][m][c]) for c in CONTEXTS) + " |")
+        lines += cross_note([t["context"][m][c] for m in CONTEXT_MODELS for c in CONTEXTS], sess)
+        lines.append("")
+        lines += [f"![{n}](results/{n})" for n in made if n.startswith("context_")]
+    if t["gap"]:
+        lines += ["", "## FLASH-Quad -> FLASH (seed Table 5)", "",
+                  "Seed (LM, Wiki-40B, per-token perplexity points): -0.05 / 0.06 / 0.22 / 0.30 / 0.11 at 512 / 1k / 2k "
+                  f"/ 4k / 8k, under ~{100 * SEED_GAP_PER_TOKEN:.1f} % per token = "
+                  f"{100 * per_byte_change(SEED_GAP_PER_TOKEN, SEED_BYTES_PER_TOKEN):.2f} % per byte at "
+                  f"{SEED_BYTES_PER_TOKEN:g} bytes/token.  The gap's spread is the two models' summed spreads.", "",
+                  "| context | FLASH-Quad | FLASH | gap (bits/byte) | per-byte perplexity change | "
+                  f"the same per token ({SEED_BYTES_PER_TOKEN:g} bytes/token) |", "|---|---|---|---|---|---|"]
+        for c, g in t["gap"].items():
+            rng = g["ppl_increase_pct_range"]
+            lines.append(f"| {c} | {fmt_stat(g['flash_quad'], of=n_of)} | {fmt_stat(g['flash'], of=n_of)} "
+                         f"| {fmt_vs(g['gap_bpb'])} | {fmt(g['ppl_increase_pct'], '+.2f')} %"
+                         + (f" ({rng[0]:+.2f} to {rng[1]:+.2f})" if rng and g["gap_bpb"]["n"] >= 2 else "")
+                         + f" | {fmt(g['per_token_pct'], '+.2f')} % |")
+    if "chunk" in t:
+        lines += ["", f"## Chunk size (seed Figure 8), context {CHUNK_CONTEXT}", "",
+                  f"| C | seeds | bits/byte | training time (s) | tokens/s | speed-up to {ref_name} |", "|---|---|---|---|---|---|"]
+        for C, r in t["chunk"].items():
+            lines.append(f"| {C}{status_mark(r)} | {r.get('n_ok', 0)}/{r.get('n', 0)} | {fmt_stat(r.get('bpb'), of=n_of)} "
+                         f"| {fmt_stat(r.get('train_s'), '.1f', n_of)}{xmark(r)} "
+                         f"| {fmt_stat(r.get('tokens_per_s'), ',.0f', n_of)}{xmark(r)} | {fmt_speedup(r)}{xmark(r)} |")
+        lines += cross_note(list(t["chunk"].values()), sess)
+        if "chunk_size.png" in made:
+            lines += ["", "![chunk_size.png](results/chunk_size.png)"]
     lines += ["", "## Length extrapolation (evaluated at 2x and 4x the training context)", "",
-              "| run | trained at | bits/byte 1x | 2x | 4x | 4x minus 1x |", "|---|---|---|---|---|---|"]
-    for rid, e in t["extrapolation"].items():
+              "| configuration | trained at | seeds | bits/byte 1x | 2x | 4x | 4x minus 1x |", "|---|---|---|---|---|---|---|"]
+    for gid, e in t["extrapolation"].items():
         b = e["bpb"]
-        d = b[4] - b[1] if b.get(4) is not None and b.get(1) is not None else None
-        skipped = "; ".join(f"{k}x: {v}" for k, v in e["skipped"].items())
-        lines.append(f"| `{rid}` | {e['context_len']} | {fmt(b.get(1))} | {fmt(b.get(2), none='n/a')} "
-                     f"| {fmt(b.get(4), none='n/a')} | {fmt(d, '+.4f')}{' (' + skipped + ')' if skipped else ''} |")
+        skipped = "; ".join(e["skipped"])
+        lines.append(f"| `{gid}` | {e['context_len']} | {e['n']} | {fmt_stat(b[1], of=n_of)} "
+                     f"| {fmt_stat(b[2], of=n_of) if b[2]['n'] else 'n/a'} | {fmt_stat(b[4], of=n_of) if b[4]['n'] else 'n/a'} "
+                     f"| {fmt_stat(e['delta_4x'], '+.4f', n_of)}{' (' + skipped + ')' if skipped else ''} |")
     if "extrapolation.png" in made:
         lines += ["", "![extrapolation.png](results/extrapolation.png)"]
-    lines += ["", "## Against the paper's claims", "", "| claim (seed) | verdict | measured |", "|---|---|---|"]
-    for v in verdicts(t):
+    missing = [x for x in ("context", "chunk") if x not in t]
+    if missing:
+        extra = [r for r in build_plan("full", tokens=tokens, seeds=tuple(seeds), tables=("main", *missing))
+                 if "main" not in r.tables]
+        lines += ["", "## Not in this study", "",
+                  f"The {' and '.join({'context': 'context-length', 'chunk': 'chunk-size'}[x] for x in missing)} "
+                  f"table{'s' if len(missing) > 1 else ''} (seed Table 3 at other lengths, Figure 8) "
+                  f"{'are' if len(missing) > 1 else 'is'} not in this study: `TABLES=main,{','.join(missing)}` adds "
+                  f"{len(extra)} runs at these seeds and tokens, predicted at {fits(extra, 1, math.inf)['gpu_s']:,.0f} "
+                  "GPU-seconds.  An earlier one-seed study of all three tables (2026-11-22, 2^23 tokens per run, seed 0 "
+                  f"with the initial weights shared across contexts) is this page at git commit {ONE_SEED_PAGE}; "
+                  "with one seed none of its differences carries a verdict."]
+    lines += ["", "## Against the seed's claims", "",
+              f"Only claims this study's configurations test.  \"{NO_VERDICT}\": the difference does not clear the "
+              "spread (or fewer than two seeds).", "", "| claim (seed) | verdict | measured (mean ± spread) |",
+              "|---|---|---|"]
+    for v in verdicts(t, summ):
         lines.append(f"| {v['claim']} | **{v['verdict']}** | {v['measured']} |")
     lines.append("")
     return "\n".join(lines)
 
 
 NOTES_HEADING = "## Notes"
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
-def hand_notes(doc: Path) -> str:
+def hand_notes(doc: Path, dates: set[str] | None = None) -> tuple[str, str | None]:
     """The hand-written part of an existing page: from its first line starting with ``## Notes`` to
-    the end ("" when there is none); a regenerated page keeps it after the generated tables."""
+    the end (``""`` when there is none), and the heading of notes dropped because it names a date
+    not in ``dates`` (the study's session dates; ``None``: keep any)."""
     if not doc.exists():
-        return ""
+        return "", None
     lines = doc.read_text().splitlines(keepends=True)
     start = next((i for i, line in enumerate(lines) if line.startswith(NOTES_HEADING)), None)
-    return "\n" + "".join(lines[start:]) if start is not None else ""
+    if start is None:
+        return "", None
+    named = set(_DATE.findall(lines[start]))
+    if dates is not None and named and not named & dates:
+        return "", lines[start].strip()
+    return "\n" + "".join(lines[start:]), None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -682,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pending", action="store_true", help="write the page without results")
     ap.add_argument("--doc", type=Path, default=ROOT / "docs" / "results.md")
     ap.add_argument("--assets", type=Path, default=None, help="plots and quality.json (default: <doc folder>/results)")
-    ap.add_argument("--tokens", type=int, default=1 << 23, help="tokens per run (for --pending)")
+    ap.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help="tokens per run (for --pending)")
     args = ap.parse_args(argv)
     if args.pending == (args.results is not None):
         ap.error("give --results DIR or --pending")
@@ -691,20 +511,34 @@ def main(argv: list[str] | None = None) -> int:
         args.doc.write_text(page(None, None, None, [], args.tokens))
         print(f"quality_report: wrote {args.doc} (pending)")
         return 0
+    from quality_plots import plots
+
     study, runs = load_results(args.results)
     summ = summarise(runs, session_of(study))
     t = tables(summ)
     assets.mkdir(parents=True, exist_ok=True)
-    made = plots(summ, assets)
+    for old in assets.glob("*.png"):  # plots of tables this study does not have must not linger
+        if old.name in STUDY_PLOTS:
+            old.unlink()
+    made = plots(summ, t, assets)
     tokens = study["environment"].get("tokens_per_run", args.tokens)
-    data = {"environment": study["environment"], "sessions": sessions(study), "plan": study["plan"], "runs": summ, "tables": t,
-            "verdicts": verdicts(t), "plots": made}
+    data = {"environment": study["environment"], "sessions": sessions(study), "plan": study["plan"], "runs": summ,
+            "tables": t, "verdicts": verdicts(t, summ), "plots": made,
+            "units": {"seed_bytes_per_token": SEED_BYTES_PER_TOKEN, "seed_gap_per_token": SEED_GAP_PER_TOKEN},
+            "spread": "sample standard deviation over seeds (n - 1); differ when |mean_a - mean_b| > s_a + s_b"}
     (assets / "quality.json").write_text(json.dumps(data, indent=1, default=_json_default) + "\n")
-    notes = hand_notes(args.doc)
+    dates = {x["environment"]["date_utc"][:10] for x in sessions(study)}
+    notes, dropped = hand_notes(args.doc, dates)
     args.doc.write_text(page(study, summ, t, made, tokens) + notes)
     print(f"quality_report: wrote {args.doc}, {assets / 'quality.json'} and {len(made)} plots"
-          + (" (hand-written notes kept)" if notes else ""))
+          + (" (hand-written notes kept)" if notes else "")
+          + (f" (dropped the notes '{dropped}': they name another study's date)" if dropped else ""))
     return 0
+
+
+# every plot name this report has written (current and earlier layouts), cleared before a regeneration
+STUDY_PLOTS = {"bpb_vs_steps_1024.png", "bpb_vs_time_1024.png", "equal_time_1024.png", "context_bpb.png",
+               "context_bpb_vs_steps.png", "context_bpb_vs_time.png", "chunk_size.png", "extrapolation.png"}
 
 
 def _json_default(x):

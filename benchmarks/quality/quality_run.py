@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """Run the quality study's plan (``quality_plan.py``) on the visible GPUs, or on the CPU.
 
-``all``: one worker slot per GPU (``CUDA_VISIBLE_DEVICES`` = that GPU), each taking the next run of
-the plan when it is free (list scheduling in the plan's order: main table first, longest first).
+``all``: one worker slot per GPU (``CUDA_VISIBLE_DEVICES`` = that GPU; the GPUs are those the
+parent's ``CUDA_VISIBLE_DEVICES`` lists, or all), each taking the next run of the plan when it is free
+(list scheduling in the plan's order: main table first, seed 0 of every model before seed 1, longest
+first).
 Every run is a child process (``one``) with its own log; at ``--deadline-s`` after the start the
 running children are killed (their partial metrics are kept and marked), and runs not started are
 marked ``not started``.  A run that fails does not stop the others.  Each run may also stop at its
 time cap (``--run-cap-s``, the trainer's ``--time``): then it has fewer tokens than the others and
 the report marks it.
 
-``one``: train one run with :func:`lintime.training.train`, then score its checkpoint at the
+``one``: train one run with :func:`lintime.training.train` (data order from the run's ``seed``,
+initial weights from its ``init_seed``: ``quality_plan``), then score its checkpoint at the
 training context and at 2x / 4x it with :func:`lintime.evaluation.evaluate`; writes
 ``<out>/runs/<id>/result.json`` and copies the run's ``metrics.jsonl`` and ``config.json`` there
 (no checkpoints: they stay in ``--work``).
@@ -17,7 +20,8 @@ training context and at 2x / 4x it with :func:`lintime.evaluation.evaluate`; wri
 Usage::
 
     python3 benchmarks/quality/quality_run.py all --out OUT [--mode full|smoke|smoke-gpu]
-        [--tokens N] [--gpus all|N] [--deadline-s 540] [--run-cap-s S] [--only ID,ID]
+        [--tokens N] [--seeds 0,1,2] [--tables main[,context,chunk]] [--gpus all|N]
+        [--deadline-s 540] [--run-cap-s S] [--only ID_OR_GROUP,...]
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from quality_plan import Run, build_plan, describe  # noqa: E402
+from quality_plan import DEFAULT_TABLES, DEFAULT_TOKENS, SEEDS, TABLES, Run, build_plan, describe, parse_ints  # noqa: E402
 
 DATA = HERE / "data"
 RESULT = "result.json"
@@ -96,7 +100,8 @@ def run_one(run: Run, out: Path, work: Path, cap_s: float | None, device: str, l
     cfg = TrainConfig(
         preset=run.preset, corpus=str(DATA / "corpus"), cache_dir=str(DATA / "cache"), context_len=run.context_len,
         tokens_per_batch=run.tokens_per_batch, micro_batch_tokens=run.micro_batch_tokens, tokens=run.tokens,
-        time_minutes=cap_s / 60 if cap_s else None, recipe=run.recipe, seed=run.seed, device=device,
+        time_minutes=cap_s / 60 if cap_s else None, recipe=run.recipe, seed=run.seed, init_seed=run.init_seed,
+        device=device,
         log_every=1, eval_every=max(1, run.steps // run.evals), eval_tokens=run.curve_eval_tokens,
         save_every=0, keep=1, plots=False, sample_tokens=0,
     )
@@ -179,19 +184,16 @@ def run_all(args) -> int:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     gpus = visible_gpus(args.gpus)
     mode = args.mode or ("full" if gpus else "smoke")
-    runs = build_plan(mode, tokens=args.tokens)
+    runs = build_plan(mode, tokens=args.tokens, seeds=args.seeds, tables=args.tables)
     if args.only:
-        wanted = set(args.only.split(","))
-        unknown = wanted - {r.id for r in runs}
-        if unknown:
-            raise SystemExit(f"--only: unknown run id(s) {sorted(unknown)}; ids: {[r.id for r in runs]}")
-        runs = [r for r in runs if r.id in wanted]
+        runs = select(runs, args.only.split(","))
     slots = gpus or [None] * max(args.cpu_slots, 1)
     env_record = environment() | {"mode": mode, "tokens_per_run": args.tokens, "deadline_s": args.deadline_s,
+                                  "seeds": list(args.seeds), "tables": list(args.tables),
                                   "slots": [s if s is not None else "cpu" for s in slots]}
     (out / "study.json").write_text(json.dumps({"environment": env_record, "plan": [_run_dict(r) for r in runs]},
                                                indent=1) + "\n")
-    print(describe(runs, len(slots)), flush=True)
+    print(describe(runs, len(slots), args.deadline_s), flush=True)
 
     work = Path(args.work)
     if not gpus and not args.cpu_slots:
@@ -223,8 +225,9 @@ def run_all(args) -> int:
                 env["CUDA_VISIBLE_DEVICES"] = slots[slot]
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // max(len(slots), 1))))
             cmd = [sys.executable, str(Path(__file__).resolve()), "one", "--run", run.id, "--mode", mode,
-                   "--tokens", str(args.tokens), "--out", str(out), "--work", str(work), "--cap-s", f"{train_cap:.1f}",
-                   "--device", "cuda" if slots[slot] is not None else "cpu"]
+                   "--tokens", str(args.tokens), "--seeds", ",".join(map(str, args.seeds)),
+                   "--tables", ",".join(args.tables), "--out", str(out), "--work", str(work),
+                   "--cap-s", f"{train_cap:.1f}", "--device", "cuda" if slots[slot] is not None else "cpu"]
             log = open(out / "logs" / f"{run.id}.log", "w")
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             log.close()
@@ -250,6 +253,15 @@ def run_all(args) -> int:
         _mark(out, run, "not-started", "not started before the study deadline", work)
     print(summary(out, runs, status, time.monotonic() - t_start), flush=True)
     return 0 if all(s == "ok" for s in status.values()) else 1
+
+
+def select(runs: list[Run], names: list[str]) -> list[Run]:
+    """The runs named by id (``flash-1024-s1``) or by group (``flash-1024``: all its seeds), in plan order."""
+    wanted = {n.strip() for n in names if n.strip()}
+    unknown = wanted - {r.id for r in runs} - {r.group for r in runs}
+    if unknown:
+        raise SystemExit(f"--only: unknown run id(s) or group(s) {sorted(unknown)}; ids: {[r.id for r in runs]}")
+    return [r for r in runs if r.id in wanted or r.group in wanted]
 
 
 def _run_in_process(args, out: Path, work: Path, runs: list[Run], mode: str, deadline: float, t_start: float) -> int:
@@ -299,7 +311,7 @@ def _mark(out: Path, run: Run, status: str, why: str, work: Path) -> None:
 
 def summary(out: Path, runs: list[Run], status: dict[str, str], wall: float) -> str:
     lines = [f"quality study: {sum(s == 'ok' for s in status.values())}/{len(runs)} runs ok in {wall:.0f} s"]
-    lines.append(f"{'run':22s} {'status':24s} {'tokens':>8s} {'train s':>8s} {'tok/s':>9s} {'val bpb':>8s}  eval bpb at 1x/2x/4x")
+    lines.append(f"{'run':24s} {'status':24s} {'tokens':>8s} {'train s':>8s} {'tok/s':>9s} {'val bpb':>8s}  eval bpb at 1x/2x/4x")
     for r in runs:
         path = out / "runs" / r.id / RESULT
         rec = json.loads(path.read_text()) if path.exists() else {}
@@ -307,11 +319,18 @@ def summary(out: Path, runs: list[Run], status: dict[str, str], wall: float) -> 
         ev = [x.get("bits_per_byte") for x in (rec.get("eval") or {}).get("results", [])]
         tps = tr["tokens"] / tr["elapsed_s"] if tr.get("elapsed_s") else None
         val = (tr.get("val") or {}).get("val_bpb")
-        lines.append(f"{r.id:22s} {status.get(r.id, rec.get('status', '?'))[:24]:24s} "
+        lines.append(f"{r.id:24s} {status.get(r.id, rec.get('status', '?'))[:24]:24s} "
                      f"{tr.get('tokens', 0) / 1e6:7.2f}M {tr.get('elapsed_s', 0):8.1f} {tps or 0:9.0f} "
                      f"{val if val is not None else float('nan'):8.4f}  "
                      + " / ".join("-" if v is None else f"{v:.4f}" for v in ev))
     return "\n".join(lines)
+
+
+def _tables(text: str) -> tuple[str, ...]:
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    if not names or set(names) - set(TABLES):
+        raise argparse.ArgumentTypeError(f"tables are a comma-separated subset of {','.join(TABLES)}, got {text!r}")
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,17 +341,23 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--work", default=None, help="run folders with checkpoints (default OUT/../quality_work)")
     a.add_argument("--mode", choices=("full", "smoke", "smoke-gpu"), default=None,
                    help="default: full on GPUs, smoke on a CPU")
-    a.add_argument("--tokens", type=int, default=1 << 23, help="training tokens per run (full mode)")
-    a.add_argument("--gpus", default="all", help="'all' or how many of the visible GPUs")
+    a.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help="training tokens per run (full mode)")
+    a.add_argument("--seeds", type=parse_ints, default=SEEDS, help="comma-separated seeds (default 0,1,2)")
+    a.add_argument("--tables", type=_tables, default=DEFAULT_TABLES,
+                   help=f"comma-separated tables of {','.join(TABLES)} (default {','.join(DEFAULT_TABLES)})")
+    a.add_argument("--gpus", default="all",
+                   help="'all' or how many of the visible GPUs (restrict which with CUDA_VISIBLE_DEVICES)")
     a.add_argument("--deadline-s", type=float, default=540.0, help="stop everything this long after the start")
     a.add_argument("--run-cap-s", type=float, default=None, help="training-time cap per run (trainer --time)")
-    a.add_argument("--only", default=None, help="comma-separated run ids")
+    a.add_argument("--only", default=None, help="comma-separated run ids or groups (a group: all its seeds)")
     a.add_argument("--cpu-slots", type=int, default=0,
                    help="without GPUs: run this many child processes at a time (default: in this process)")
     o = sub.add_parser("one", help="(used by 'all') train and evaluate one run")
     o.add_argument("--run", required=True)
     o.add_argument("--mode", default="full")
-    o.add_argument("--tokens", type=int, default=1 << 23)
+    o.add_argument("--tokens", type=int, default=DEFAULT_TOKENS)
+    o.add_argument("--seeds", type=parse_ints, default=SEEDS)
+    o.add_argument("--tables", type=_tables, default=DEFAULT_TABLES)
     o.add_argument("--out", type=Path, required=True)
     o.add_argument("--work", type=Path, required=True)
     o.add_argument("--cap-s", type=float, default=None)
@@ -344,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"no token cache under {DATA}: run `python3 benchmarks/quality/prepare_data.py` "
                              f"(or `--unpack` the carried archive) first")
         return run_all(args)
-    runs = {r.id: r for r in build_plan(args.mode, tokens=args.tokens)}
+    runs = {r.id: r for r in build_plan(args.mode, tokens=args.tokens, seeds=args.seeds, tables=args.tables)}
     if args.run not in runs:
         raise SystemExit(f"unknown run {args.run!r}")
     try:
