@@ -20,7 +20,7 @@ Output (under ``--data``, default ``benchmarks/quality/data``, git-ignored)::
     corpus/            the documents
     corpus.json        where they came from (package version, Python version, counts, bytes)
     cache/             lintime token cache (train, validation, test), byte tokenizer
-    quality_data.tar.xz   corpus/ + corpus.json (~15 MiB), what the GPU machine gets
+    quality_data.tar.xz   corpus/ + corpus.json (~12 MiB), what the GPU machine gets
 
 Usage::
 
@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+if str(HERE.parent.parent) not in sys.path:  # lintime from this checkout when it is not installed
+    sys.path.insert(0, str(HERE.parent.parent))
 DEFAULT_DATA = HERE / "data"
 ARCHIVE = "quality_data.tar.xz"
 FIXED_MTIME = 1_767_225_600  # 2026-01-01T00:00:00Z: every corpus file's mtime (reproducible cache identity)

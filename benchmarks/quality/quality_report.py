@@ -380,10 +380,11 @@ def page(study: dict | None, summ: dict[str, dict] | None, t: dict | None, made:
         if r.get("status") == "not in plan":
             continue
         vs = "(reference)" if m == REFERENCE else fmt_vs(t["main_vs_ref"][m])
+        sp = ("(reference)", "(reference)") if m == REFERENCE else (fmt_speedup(r) + xmark(r),
+                                                                      fmt_speedup(r, "speedup_steps"))
         lines.append(f"| {MODELS[m][0]}{status_mark(r)} | {r['n_ok']}/{r['n']} | {fmt_stat(r['bpb'], of=n_of)} | {vs} "
                      f"| {fmt_stat(r['final_val_bpb'], of=n_of)} | {fmt_stat(r['train_s'], '.1f', n_of)}{xmark(r)} "
-                     f"| {fmt_stat(r['tokens_per_s'], ',.0f', n_of)}{xmark(r)} | {fmt_speedup(r)}{xmark(r)} "
-                     f"| {fmt_speedup(r, 'speedup_steps')} |")
+                     f"| {fmt_stat(r['tokens_per_s'], ',.0f', n_of)}{xmark(r)} | {sp[0]} | {sp[1]} |")
     lines += cross_note(list(t["main"].values()), sess)
     lines.append("")
     lines += [f"![{n}](results/{n})" for n in made if n.startswith("bpb_vs")]

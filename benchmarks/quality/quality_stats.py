@@ -319,7 +319,9 @@ def tables(summ: dict[str, dict]) -> dict:
     if any(grp("flash", CHUNK_CONTEXT, C) for C in CHUNK_SIZES if C != 256):
         t["chunk"] = {C: row(grp("flash", CHUNK_CONTEXT, C), grp(REFERENCE, CHUNK_CONTEXT)) for C in CHUNK_SIZES}
     extrap = {}
-    for gid, g in gs.items():
+    order = list(MODELS)
+    for gid, g in sorted(gs.items(), key=lambda kv: (order.index(kv[1][0]["model"]), kv[1][0]["context_len"],
+                                                     kv[1][0]["chunk_size"] or 0)):
         fin = [s for s in g if ok(s)]
         if not fin:
             continue
@@ -403,8 +405,8 @@ def judge_speedup(gs: dict[str, list[dict]], ctx: int) -> tuple[str, str]:
     if at1["n"] < 2:
         return NO_VERDICT, "FLASH has fewer than two seeds evaluated by Transformer++'s time"
     d1 = diff(at1, target)
-    said = (f"at Transformer++'s time ({t_ref:.1f} s) FLASH {at1['mean']:.4f} ± {at1['spread']:.4f} vs its final "
-            f"{target['mean']:.4f} ± {target['spread']:.4f} bits/byte (d = {d1['mean']:+.4f} ± {d1['spread']:.4f})")
+    said = (f"validation curves: FLASH at Transformer++'s mean training time ({t_ref:.1f} s) {fmt_stat(at1)} vs "
+            f"Transformer++'s final {fmt_stat(target)} bits/byte (d = {fmt_diff(d1)})")
     if d1["mean"] - d1["spread"] > 0:
         if at1["ended"]:
             return NO_VERDICT, said + f"; {at1['ended']} FLASH seed(s) ended earlier: more tokens might reach it"
