@@ -135,6 +135,8 @@ class GraphedStep:
             except RuntimeError as err:  # e.g. "operation not permitted when stream is capturing"
                 self.failed = (str(err).strip().splitlines() or [type(err).__name__])[0]
                 self.optimizer.zero_grad(set_to_none=True)
+                for group in self.optimizer.param_groups:  # eager steps from here on
+                    group["capturable"], group["lr"] = False, float(lr)
                 if self.notice is not None:
                     self.notice(f"lintime train: --compile: the step does not capture in a CUDA graph ({self.failed}); "
                                 "eager steps")

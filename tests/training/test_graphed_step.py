@@ -54,6 +54,16 @@ def test_the_older_bool_flag_still_means_on_and_off():
         TrainConfig(packing="bytes")
 
 
+def test_compile_flag_takes_an_optional_mode():
+    from lintime.cli import build_parser
+
+    parser = build_parser()
+    for argv, want in ((["--compile"], True), (["--compile", "graph", "--steps", "2"], "graph"),
+                       (["--compile", "--steps", "2"], True), (["--no-compile"], False)):
+        assert vars(parser.parse_args(["train", *argv]))["compile"] == want, argv
+    assert "compile" not in vars(parser.parse_args(["train"]))  # the config's default applies
+
+
 def _batch(cfg, B: int, T: int, seed: int) -> Batch:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg.vocab_size, (B, T), generator=g)
