@@ -253,9 +253,12 @@ def test_backbone_keeps_plain_adds_under_active_dropout():
 def test_cuda_backbone_fused_residual_under_autocast(name):
     """On CUDA under bf16 autocast (fp32 stream, bf16 branches) the fused adds give the plain adds' loss and
     gradients: the sum, the statistics and the gradient sum are the same fp32 operations."""
-    model = _tiny(name).cuda()
+    from lintime.models import CausalLM, get_preset
+
+    torch.manual_seed(0)
+    model = CausalLM(get_preset(name)).cuda()
     gen = torch.Generator().manual_seed(1)
-    ids, targets = (torch.randint(0, model.config.vocab_size, (2, 64), generator=gen).cuda() for _ in range(2))
+    ids, targets = (torch.randint(0, model.config.vocab_size, (2, 200), generator=gen).cuda() for _ in range(2))
     with torch.autocast("cuda", torch.bfloat16):
         fused = _loss_and_grads(model, ids, targets)
         model.backbone.fused = False
