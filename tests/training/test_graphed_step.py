@@ -126,6 +126,22 @@ def test_cpu_run_with_compile_auto_trains_eagerly_after_one_line(tiny_config, tm
     assert losses[0] == losses[1] and len(losses[0]) == 2
 
 
+def test_rows_packing_makes_every_row_one_sequence():
+    cfg = get_preset("flash-tiny")
+    batch = _batch(cfg, 3, 8, 0)
+    assert batch.cu_seqlens.tolist() == [0, 8, 16, 24]
+    assert batch.position_ids.tolist() == [list(range(8))] * 3
+
+
+def test_unfused_run_trains_like_the_fused_one_on_cpu(tiny_config, tmp_path):
+    """--no-fused on the CPU: the same chunked ops, the plain loss instead of the fused one (fp32 exact rule)."""
+    runs = [train(tiny_config(preset="flash-tiny", steps=2, fused=fused, sample_tokens=0), out=tmp_path,
+                  name=str(fused), progress=False, echo=None) for fused in (True, False)]
+    a, b = (torch.tensor([r["loss"] for r in read_metrics(run.run_dir) if "loss" in r]) for run in runs)
+    assert len(a) == 2
+    assert_exact("unfused losses", a.float(), b.float())
+
+
 def test_set_fused_reaches_every_fused_layer():
     model = CausalLM(get_preset("flash-tiny"))
     fused = [m for m in model.modules() if isinstance(getattr(m, "fused", None), bool)]
