@@ -1,39 +1,66 @@
 """Which architecture recalls: every registered family at small size on MQAR, Zoology's sweep.
 
-For each family (its ``-tiny`` preset; Transformer++ for the softmax family, as Zoology's
-attention: :data:`FAMILY_CHANGES`), each
-``(seq_len, kv_pairs)`` of Zoology's Figure 2 (64/4, 128/8, 256/16, 512/64) and each model width
-(64, 128, 256, 512; 2 layers, vocabulary 8192), train with :func:`lintime.training.tasks.train_task`
-(Zoology's recipe: AdamW, weight decay 0.1, cosine over the epochs, early stop at 99 % test
-accuracy) at every learning rate of the grid and keep the best test accuracy, as Zoology does.
-Writes ``recall_sweep.json`` (every run) and ``recall_sweep.png`` (accuracy against width, one
-panel per sequence length, one line per family) into ``--out``.
+The grid: each family (its ``-tiny`` preset; Transformer++ for the softmax family, as Zoology's
+attention: :data:`FAMILY_CHANGES`) x each ``(seq_len, kv_pairs)`` of Zoology's Figure 2 (64/4,
+128/8, 256/16, 512/64) x each model width (64, 128, 256, 512; 2 layers, vocabulary 8192), trained
+with :func:`lintime.training.tasks.train_task` (Zoology's recipe: AdamW, weight decay 0.1, a
+cosine to 0, stop above 99 % test accuracy; 100 000 train / 3 000 test examples, Zoology's batch
+rows).  Writes ``recall_sweep.json`` (every run and every cell), ``recall_sweep.md`` (the table)
+and ``recall_sweep.png`` (accuracy against width, one panel per length, one line per family).
 
-    python3 benchmarks/recall_sweep.py --out out/recall            # the GPU sweep
-    python3 benchmarks/recall_sweep.py --tiny --out /tmp/recall     # seconds on a CPU: a check of the script
+Time-boxed for one GPU (issue 31: the sweep in <= 10 minutes; Zoology trains 64 epochs of
+100 000 examples per run, 12 500-50 000 steps, at four rates -- weeks of GPU time for this grid):
 
-A point that cannot be built (a width the family's config refuses) or that fails is recorded
-with its error and drawn as missing; it does not stop the sweep.  See docs/results_recall.md.
+* each run has ``--steps`` steps (default 600, 1-5 % of Zoology's), the cosine over them, the test
+  accuracy every ``--eval-every`` steps (100; stop above 0.99);
+* the learning rates are a ladder (``--lrs``, Zoology's four, most useful first): every cell runs
+  at the first rate; a cell still at or below 0.99 gets the next rate once every cell had its
+  first (Zoology runs all four and keeps the best; a cell above 0.99 could gain < 1 %);
+* the anchor (the softmax family) goes first, then rung by rung, narrow widths first (the cheap
+  cells), then short sequences, the families interleaved, so that a sweep cut by the deadline
+  still has every family at the same cells;
+* ``--jobs`` worker processes share the GPU, each taking the next run when free (a tiny model's
+  step is mostly kernel launches: one process leaves an H100 idle);
+* at ``--deadline-s`` the runs in flight stop and are scored where they are (``stopped:
+  max_seconds``, marked in the table); runs not started are recorded as ``not run (deadline)``.
+
+    python3 benchmarks/recall_sweep.py --out out/recall                        # the GPU sweep (~8.5 min)
+    python3 benchmarks/recall_sweep.py --tiny --out /tmp/recall                # seconds on a CPU
+    python3 benchmarks/recall_sweep.py --report out/recall/recall_sweep.json \\
+        --passkey out/passkey/passkey_sweep.json                               # docs/results_recall.md
+
+A run that fails (a width a config refuses, a divergence) is recorded with its error; a diverged
+run moves its cell to the next rate; nothing stops the sweep.  See docs/results_recall.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import heapq
 import json
-import math
+import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ZOOLOGY_POINTS = ((64, 4), (128, 8), (256, 16), (512, 64))  # Figure 2: (seq_len, kv_pairs)
 ZOOLOGY_WIDTHS = (64, 128, 256, 512)
-ZOOLOGY_LRS = tuple(10 ** (-4 + 2 * i / 3) for i in range(4))  # np.logspace(-4, -2, 4)
+# Zoology's grid np.logspace(-4, -2, 4), as a ladder: the rate most likely to solve a cell in a
+# short run first, then the high one (small widths), then the low ones
+ZOOLOGY_LRS = (2.2e-3, 1e-2, 4.6e-4, 1e-4)
+TARGET = 0.99  # Zoology's early stop; a cell above it is solved
+ANCHOR = "softmax"  # attention solves MQAR: the sanity anchor, scheduled first
 # The softmax anchor as Zoology's attention: one head; RoPE alone (the preset's extra absolute
 # sinusoids delayed the recall phase change from ~300 to ~1700 steps on a CPU check, 2026-11-27).
 FAMILY_CHANGES = {"softmax": {"n_heads": 1, "position": "none"}}
+NOT_RUN = "not run (deadline)"
+KILLED = "killed at the deadline"
 
 
 def family_presets() -> dict[str, str]:
@@ -60,41 +87,305 @@ def _parse_points(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def run_point(preset: str, width: int, seq_len: int, kv: int, lr: float, args, root: Path, changes: dict) -> dict:
-    """One training run (blocks of the mixer alone, 2 layers; ``changes``: more
-    :class:`~lintime.training.tasks.TaskTrainConfig` fields); its accuracies, or its error."""
+# ---------------------------------------------------------------------------------------------- schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One point of the grid: a family's preset at a width, on one MQAR setting."""
+
+    family: str
+    preset: str
+    d_model: int
+    seq_len: int
+    kv_pairs: int
+
+    @property
+    def key(self) -> tuple:
+        return (self.family, self.d_model, self.seq_len, self.kv_pairs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One run: a cell at rung ``rung`` of the learning-rate ladder."""
+
+    cell: Cell
+    rung: int
+    lr: float
+
+
+class Ladder:
+    """The order of the runs.  Every cell starts at rung 0 (the first rate); :meth:`done` with a
+    result at or below ``target`` (or a divergence) queues the cell's next rate.  :meth:`next`
+    gives the pending run of highest priority: the anchor family first, then the lowest rung, then
+    the cells' given order."""
+
+    def __init__(self, cells: list[Cell], lrs: list[float], *, target: float = TARGET, first: str = ANCHOR):
+        self.lrs, self.target, self.first = list(lrs), target, first
+        self.order = {c.key: i for i, c in enumerate(cells)}
+        self.best: dict[tuple, float | None] = {c.key: None for c in cells}
+        self._heap: list[tuple] = []
+        for c in cells:
+            self._push(c, 0)
+
+    def _push(self, cell: Cell, rung: int) -> None:
+        prio = (cell.family != self.first, rung, self.order[cell.key])
+        heapq.heappush(self._heap, (prio, Task(cell, rung, self.lrs[rung])))
+
+    def next(self) -> Task | None:
+        return heapq.heappop(self._heap)[1] if self._heap else None
+
+    def done(self, task: Task, accuracy: float | None, *, retry: bool = True) -> None:
+        """Record a finished run (``accuracy`` None: it failed); ``retry``: whether a cell left
+        below the target may take the next rate (no for a run cut by the deadline or one that
+        could not be built)."""
+        key = task.cell.key
+        if accuracy is not None and (self.best[key] is None or accuracy > self.best[key]):
+            self.best[key] = accuracy
+        solved = self.best[key] is not None and self.best[key] > self.target
+        if retry and not solved and task.rung + 1 < len(self.lrs):
+            self._push(task.cell, task.rung + 1)
+
+    def pending(self) -> list[Task]:
+        return [t for _, t in sorted(self._heap)]
+
+
+def make_cells(presets: dict[str, str], points, widths) -> list[Cell]:
+    """The grid in its run order: narrow widths first (a width-512 step costs ~8x a width-64 one),
+    then short sequences, the families innermost."""
+    return [Cell(fam, preset, w, T, kv) for w in widths for T, kv in points for fam, preset in presets.items()]
+
+
+# ---------------------------------------------------------------------------------------------- one run
+
+
+def run_task(task: Task, settings: dict, root: str, max_seconds: float | None = None) -> dict:
+    """Train one run; its record (accuracies, steps, why it stopped), or its error."""
     from lintime.training.tasks import TaskTrainConfig, train_task
 
-    row = {"preset": preset, "d_model": width, "seq_len": seq_len, "kv_pairs": kv, "lr": lr, **changes}
+    c = task.cell
+    changes = FAMILY_CHANGES.get(c.family, {})
+    row = {"family": c.family, "preset": c.preset, "d_model": c.d_model, "seq_len": c.seq_len, "kv_pairs": c.kv_pairs,
+           "lr": task.lr, "rung": task.rung, **changes}
     t0 = time.perf_counter()
+    name = f"{c.preset}-d{c.d_model}-T{c.seq_len}-kv{c.kv_pairs}-lr{task.lr:.1e}"
     try:
         cfg = TaskTrainConfig(
-            **changes, preset=preset, d_model=width, n_layers=2, vocab_size=args.vocab, seq_len=seq_len, kv_pairs=kv,
-            train_examples=args.train_examples, test_examples=args.test_examples, epochs=args.epochs, lr=lr,
-            max_steps=args.max_steps, seed=args.seed, device=args.device, precision=args.precision,
+            **changes, preset=c.preset, d_model=c.d_model, n_layers=2, vocab_size=settings["vocab"], seq_len=c.seq_len,
+            kv_pairs=c.kv_pairs, train_examples=settings["train_examples"], test_examples=settings["test_examples"],
+            epochs=settings["epochs"], lr=task.lr, max_steps=settings["steps"], eval_every=settings["eval_every"],
+            max_seconds=max_seconds, seed=settings["seed"], device=settings["device"], precision=settings["precision"],
         )
-        res = train_task(cfg, out=root, name=f"{preset}-d{width}-T{seq_len}-kv{kv}-lr{lr:.1e}", echo=None)
-        row.update(accuracy=res.accuracy, best_accuracy=res.best_accuracy, steps=res.steps, epochs=res.epochs,
+        res = train_task(cfg, out=root, name=name, echo=None, plot=False)
+        row.update(accuracy=res.accuracy, best_accuracy=res.best_accuracy, steps=res.steps, stopped=res.stopped,
                    train_seconds=round(res.seconds, 2))
-    except Exception as err:  # a point that fails is recorded, the sweep goes on
+    except Exception as err:  # a run that fails is recorded, the sweep goes on
         row["error"] = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+        row["diverged"] = "diverged" in str(err)
+    finally:
+        if not settings.get("keep_runs"):
+            shutil.rmtree(Path(root) / name, ignore_errors=True)
     row["wall_seconds"] = round(time.perf_counter() - t0, 2)
     return row
 
 
-def best_by_point(runs: list[dict]) -> list[dict]:
-    """One row per (family, width, seq_len, kv_pairs): the learning rate with the best final test
-    accuracy (``accuracy`` None when every rate failed)."""
+def _worker(conn, settings: dict, root: str) -> None:
+    """A worker process: runs tasks sent by the parent until it sends ``None``."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            return
+        task, max_seconds = msg
+        row = run_task(task, settings, root, max_seconds)
+        # a CUDA error (or out-of-memory) may have poisoned this process: the parent starts a new one
+        leave = any(s in row.get("error", "") for s in ("CUDA", "cuda", "out of memory", "illegal"))
+        conn.send((row, leave))
+        if leave:
+            return
+
+
+# ---------------------------------------------------------------------------------------------- the sweep
+
+
+def _retry(row: dict) -> bool:
+    if "error" in row:
+        return bool(row.get("diverged"))
+    return row.get("stopped") != "max_seconds"
+
+
+def sweep_in_process(ladder: Ladder, runner: Callable[[Task, float], dict], deadline: float, *,
+                     min_run_s: float = 0.0, say=print, clock=time.monotonic) -> list[dict]:
+    """Run the ladder's tasks one after the other with ``runner(task, max_seconds)`` until it is
+    empty or ``deadline`` (a ``clock`` time) is near; returns the finished runs' records."""
+    runs: list[dict] = []
+    while True:
+        left = deadline - clock()
+        if left <= min_run_s:
+            break
+        task = ladder.next()
+        if task is None:
+            break
+        row = runner(task, left)
+        runs.append(row)
+        ladder.done(task, row.get("accuracy"), retry=_retry(row))
+        say(_progress(row, len(runs)))
+    return runs
+
+
+def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: float, *, min_run_s: float,
+               grace_s: float, say=print) -> list[dict]:
+    """Run the ladder's tasks on ``jobs`` worker processes (spawned: CUDA in each) until it is
+    empty or the deadline; a run still going ``grace_s`` after the deadline is killed."""
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    ctx = mp.get_context("spawn")
+
+    def start():
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_worker, args=(child, settings, root), daemon=True)
+        proc.start()
+        child.close()
+        return proc, parent
+
+    workers = [start() for _ in range(jobs)]
+    busy: dict[int, Task] = {}
+    runs: list[dict] = []
+    while True:
+        now = time.monotonic()
+        if deadline - now > min_run_s:
+            for i in range(len(workers)):
+                if i in busy:
+                    continue
+                task = ladder.next()
+                if task is None:
+                    break
+                try:
+                    workers[i][1].send((task, deadline - now))
+                except (BrokenPipeError, OSError):  # it died idle: a new one takes the task
+                    workers[i] = start()
+                    workers[i][1].send((task, deadline - now))
+                busy[i] = task
+        if not busy:
+            break
+        if now >= deadline + grace_s:
+            for i, task in busy.items():
+                workers[i][0].kill()
+                row = {**_task_row(task), "error": KILLED}
+                runs.append(row)
+                say(_progress(row, len(runs)))
+            busy.clear()
+            break
+        ready = wait([workers[i][1] for i in busy], timeout=1.0)
+        for i in [i for i in busy if workers[i][1] in ready]:
+            task = busy.pop(i)
+            try:
+                row, leave = workers[i][1].recv()
+            except (EOFError, OSError):
+                workers[i][0].join(timeout=5)
+                row, leave = {**_task_row(task), "error": f"worker died (exit code {workers[i][0].exitcode})"}, True
+            runs.append(row)
+            ladder.done(task, row.get("accuracy"), retry=_retry(row))
+            say(_progress(row, len(runs)))
+            if leave:
+                workers[i][0].join(timeout=10)
+                if workers[i][0].is_alive():
+                    workers[i][0].kill()
+                workers[i] = start()
+    for proc, conn in workers:
+        try:
+            conn.send(None)
+        except (BrokenPipeError, OSError):
+            pass
+    for proc, _ in workers:
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+    return runs
+
+
+def _task_row(task: Task) -> dict:
+    c = task.cell
+    return {"family": c.family, "preset": c.preset, "d_model": c.d_model, "seq_len": c.seq_len, "kv_pairs": c.kv_pairs,
+            "lr": task.lr, "rung": task.rung}
+
+
+def _progress(row: dict, n: int) -> str:
+    acc = row.get("accuracy")
+    head = (f"[{n}] {row['family']:>10} d={row['d_model']:<4} T={row['seq_len']:<4} kv={row['kv_pairs']:<3} "
+            f"lr={row['lr']:.1e}: ")
+    if acc is None:
+        return head + row.get("error", "?")
+    return head + f"accuracy {acc:.3f} ({row['steps']} steps, {row['stopped']}, {row['wall_seconds']:.0f} s)"
+
+
+def best_by_cell(runs: list[dict], cells: list[Cell] | None = None) -> list[dict]:
+    """One row per (family, width, seq_len, kv_pairs): the run with the best final test accuracy
+    (``accuracy`` None when none finished; ``status`` says why: ``failed`` or ``not run``), with
+    the rates tried and whether the best run was cut by the deadline (``partial``)."""
     best: dict[tuple, dict] = {}
+    for c in cells or []:
+        best[c.key] = {"family": c.family, "preset": c.preset, "d_model": c.d_model, "seq_len": c.seq_len,
+                       "kv_pairs": c.kv_pairs, "accuracy": None, "lr": None, "rates": 0, "partial": False,
+                       "status": NOT_RUN, "error": None}
     for r in runs:
         key = (r["family"], r["d_model"], r["seq_len"], r["kv_pairs"])
-        cur = best.get(key)
+        cur = best.setdefault(key, {"family": r["family"], "preset": r["preset"], "d_model": r["d_model"],
+                                    "seq_len": r["seq_len"], "kv_pairs": r["kv_pairs"], "accuracy": None, "lr": None,
+                                    "rates": 0, "partial": False, "status": NOT_RUN, "error": None})
+        cur["rates"] += 1
         acc = r.get("accuracy")
-        if cur is None or (acc is not None and (cur.get("accuracy") is None or acc > cur["accuracy"])):
-            best[key] = {"family": r["family"], "preset": r["preset"], "d_model": r["d_model"], "seq_len": r["seq_len"],
-                         "kv_pairs": r["kv_pairs"], "accuracy": acc, "lr": r["lr"] if acc is not None else None,
-                         "error": r.get("error") if acc is None else None}
+        if acc is not None and (cur["accuracy"] is None or acc > cur["accuracy"]):
+            cur.update(accuracy=acc, lr=r["lr"], partial=r.get("stopped") == "max_seconds", status="done", error=None)
+        elif cur["accuracy"] is None:
+            cur.update(status="killed" if r.get("error") == KILLED else "failed", error=r.get("error"))
     return sorted(best.values(), key=lambda r: (r["seq_len"], r["family"], r["d_model"]))
+
+
+best_by_point = best_by_cell  # the name the first version of this script used
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+
+
+def _cell_text(r: dict) -> str:
+    if r["accuracy"] is None:
+        return {"failed": "failed", "killed": "killed"}.get(r["status"], "not run")
+    return f"{r['accuracy']:.3f}" + ("†" if r["partial"] else "")
+
+
+def table(best: list[dict]) -> str:
+    """Markdown: one row per family and sequence length, one column per width (best rate; † = the
+    best run was stopped by the deadline, ``not run`` = the deadline came first)."""
+    widths = sorted({r["d_model"] for r in best})
+    lines = ["| family | seq_len / pairs | " + " | ".join(f"d={w}" for w in widths) + " |",
+             "|---|---|" + "---|" * len(widths)]
+    for T in sorted({r["seq_len"] for r in best}):
+        for fam in sorted({r["family"] for r in best}):
+            cells = {r["d_model"]: r for r in best if r["seq_len"] == T and r["family"] == fam}
+            if not cells:
+                continue
+            kv = next(iter(cells.values()))["kv_pairs"]
+            vals = [_cell_text(cells[w]) if w in cells else "" for w in widths]
+            lines.append(f"| {fam} | {T} / {kv} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def anchor_verdict(best: list[dict], target: float = TARGET, family: str = ANCHOR) -> list[dict]:
+    """Per (seq_len, kv_pairs): the anchor family's best accuracy over the widths, the width that
+    reached it, and whether it passes ``target``."""
+    out = []
+    for T, kv in sorted({(r["seq_len"], r["kv_pairs"]) for r in best}):
+        rows = [r for r in best if r["family"] == family and r["seq_len"] == T and r["accuracy"] is not None]
+        top = max(rows, key=lambda r: r["accuracy"], default=None)
+        out.append({"seq_len": T, "kv_pairs": kv, "accuracy": top and top["accuracy"], "d_model": top and top["d_model"],
+                    "passes": bool(top and top["accuracy"] > target),
+                    "widths_above": sorted(r["d_model"] for r in rows if r["accuracy"] > target)})
+    return out
 
 
 def plot(best: list[dict], path: Path) -> None:
@@ -110,62 +401,228 @@ def plot(best: list[dict], path: Path) -> None:
             pts = sorted((r["d_model"], r["accuracy"]) for r in best
                          if r["seq_len"] == T and r["family"] == fam and r["accuracy"] is not None)
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3, label=fam)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3, label=fam,
+                        lw=2.2 if fam == ANCHOR else 1.2)
         kv = next(r["kv_pairs"] for r in best if r["seq_len"] == T)
         ax.set_title(f"seq_len {T}, {kv} pairs")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("model width")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(True, alpha=0.3)
-    axes[0][0].set_ylabel("MQAR accuracy (best learning rate)")
-    axes[0][-1].legend(fontsize=7)
+    axes[0][0].set_ylabel("MQAR accuracy (best rate tried)")
+    if axes[0][-1].get_legend_handles_labels()[0]:
+        axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
-def table(best: list[dict]) -> str:
-    """Markdown: one row per family and sequence length, one column per width."""
-    widths = sorted({r["d_model"] for r in best})
-    lines = ["| family | seq_len / pairs | " + " | ".join(f"d={w}" for w in widths) + " |",
-             "|---|---|" + "---|" * len(widths)]
-    for T in sorted({r["seq_len"] for r in best}):
-        for fam in sorted({r["family"] for r in best}):
-            cells = {r["d_model"]: r for r in best if r["seq_len"] == T and r["family"] == fam}
-            if not cells:
-                continue
-            kv = next(iter(cells.values()))["kv_pairs"]
-            vals = [("failed" if cells[w]["accuracy"] is None else f"{cells[w]['accuracy']:.3f}") if w in cells else ""
-                    for w in widths]
-            lines.append(f"| {fam} | {T} / {kv} | " + " | ".join(vals) + " |")
+def _environment(device: str) -> dict:
+    import torch
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False,
+                                cwd=Path(__file__).resolve().parent).stdout.strip()
+    except OSError:
+        commit = ""
+    cuda = torch.cuda.is_available() and device != "cpu"
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
+            "device": torch.cuda.get_device_name(0) if cuda else (platform.processor() or "cpu"),
+            "torch": torch.__version__, "host_cpus": os.cpu_count()}
+
+
+# ---------------------------------------------------------------------------------------------- the page
+
+
+BEGIN = "<!-- BEGIN {name}: written by benchmarks/recall_sweep.py --report; edit the script, not this block -->"
+END = "<!-- END {name} -->"
+
+
+def replace_block(text: str, name: str, body: str) -> str:
+    """``text`` with the lines between the ``name`` block's markers replaced by ``body``."""
+    begin, end = BEGIN.format(name=name), END.format(name=name)
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise ValueError(f"the page must hold the block markers once each, in order:\n{begin}\n{end}")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body.strip()}\n{end}{tail}"
+
+
+def _rates_tried(best: list[dict]) -> str:
+    counts: dict[int, int] = {}
+    for r in best:
+        counts[r["rates"]] = counts.get(r["rates"], 0) + 1
+    return ", ".join(f"{n} cell{'s' * (n != 1)} at {k} rate{'s' * (k != 1)}" for k, n in sorted(counts.items()))
+
+
+def recall_section(data: dict) -> str:
+    """The results block of the page from a ``recall_sweep.json``."""
+    st, best = data["settings"], data["best"]
+    runs, not_run = data["runs"], data.get("not_run", [])
+    steps = st.get("steps") or "Zoology's epochs of"
+    lines = [
+        f"Measured on {data['device']} ({data.get('host_cpus', '?')} host CPUs), {data['date']}, commit "
+        f"`{data['commit'][:10]}`, torch {data['torch']}; {data['jobs'] or 'no'} worker processes sharing the GPU; "
+        f"{len(runs)} runs in {data['seconds']:.0f} s (deadline {st['deadline_s']:.0f} s); "
+        + (f"{len(not_run)} queued runs not started before the deadline." if not_run else "every queued run ran."),
+        "",
+        f"Settings: {steps} steps per run (Zoology: 64 epochs, 12 500-50 000 steps), cosine over the run, test "
+        f"accuracy every {st.get('eval_every') or 'epoch'} steps on {st['test_examples']:,} test examples, stop above "
+        f"{TARGET}; vocabulary {st['vocab']}, {st['train_examples']:,} training examples, Zoology's batch rows; "
+        f"learning-rate ladder {st['lrs']} (a cell takes the next rate only while at or below {TARGET}): "
+        f"{_rates_tried(best)}.",
+        "",
+        f"**Anchor** ({ANCHOR}: Transformer++ with one head and RoPE alone), best accuracy over the widths:",
+        "",
+        "| seq_len / pairs | best accuracy | at width | widths above 0.99 | passes |",
+        "|---|---|---|---|---|",
+    ]
+    verdict = data.get("anchor") or anchor_verdict(best)
+    for a in verdict:
+        acc = "not run" if a["accuracy"] is None else f"{a['accuracy']:.4f}"
+        lines.append(f"| {a['seq_len']} / {a['kv_pairs']} | {acc} | {a['d_model'] or '-'} | "
+                     f"{', '.join(map(str, a['widths_above'])) or 'none'} | {'yes' if a['passes'] else 'no'} |")
+    failing = [f"{a['seq_len']} / {a['kv_pairs']}" for a in verdict if not a["passes"]]
+    lines += ["", "The anchor passes at every point." if not failing else
+              f"The anchor does not pass at {', '.join(failing)}: the sweep's budget is too short there, or the "
+              "recipe differs from Zoology's where it matters (see the recipe above); no conclusion about the other "
+              "families at those points.", ""]
+    lines += [f"MQAR test accuracy at the best rate tried ({st['test_examples']:,} test examples per cell; † the best "
+              "run was stopped by the deadline and scored there; `not run`: the deadline came first; `failed`: the "
+              "error is in the JSON):", "", table(best), "", "![recall_sweep.png](results/recall_sweep.png)"]
+    errors: dict[str, int] = {}
+    for r in runs:
+        if "error" in r:
+            errors[r["error"]] = errors.get(r["error"], 0) + 1
+    if errors:
+        lines += ["", "Errors:", ""] + [f"* {n} x `{e}`" for e, n in sorted(errors.items(), key=lambda x: -x[1])[:10]]
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _length(L: int) -> str:
+    return f"{L // 1024}k" if L % 1024 == 0 else str(L)
+
+
+def passkey_section(data: dict) -> str:
+    """The passkey block of the page from a ``passkey_sweep.json`` (benchmarks/passkey_sweep.py)."""
+    st = data["settings"]
+    lens = st["lengths"]
+    lines = [
+        f"Measured on {data['device']}, {data['date']}, commit `{data['commit'][:10]}`, torch {data['torch']}; "
+        f"{len(data['models'])} models in {data['seconds']:.0f} s; {st['trials']} prompts per (length, depth), "
+        f"{st['digits']}-digit keys at depths {', '.join(f'{d:g}' for d in st['depths'])}, filler {st['filler']}, "
+        "greedy decoding through the decoding state. Mean accuracy over the depths (`skipped`: beyond a learned "
+        "position table; `not run`: the deadline came first):",
+        "",
+        "| model | trained at | " + " | ".join(_length(L) for L in lens) + " |",
+        "|---|---|" + "---|" * len(lens),
+    ]
+    for m in data["models"]:
+        cells = []
+        for L in lens:
+            got = [c for c in m.get("cells", []) if c["context_len"] == L]
+            if not got:
+                cells.append("failed" if m.get("error") else "not run")
+            elif any(c.get("skipped") for c in got):
+                cells.append("skipped")
+            else:
+                cells.append(f"{sum(c['correct'] for c in got) / sum(c['trials'] for c in got):.2f}")
+        lines.append(f"| {m['name']} | {m.get('trained_context') or '?'} | " + " | ".join(cells) + " |")
+    lines += ["", "![passkey_sweep.png](results/passkey_sweep.png)"]
+    errors = [f"* {m['name']}: `{m['error']}`" for m in data["models"] if m.get("error")]
+    if errors:
+        lines += ["", "Errors:", ""] + errors
+    return "\n".join(lines)
+
+
+def status_section(recall: dict | None, passkey: dict | None) -> str:
+    parts = []
+    if recall is not None:
+        parts.append(f"the MQAR sweep ran on {recall['device']} on {recall['date']}")
+    if passkey is not None:
+        parts.append(f"passkey retrieval on {passkey['device']} on {passkey['date']}")
+    return ("**Status:** " + "; ".join(parts) + ". The numbers below are written from the JSON by "
+            "`benchmarks/recall_sweep.py --report`.") if parts else "**Status: not yet run.**"
+
+
+def write_report(recall_json: Path, passkey_json: Path | None, page: Path) -> str:
+    """Fill the page's generated blocks from the sweeps' JSON and copy their plots next to it
+    (``results/``); returns what it wrote."""
+    recall = json.loads(recall_json.read_text())
+    passkey = json.loads(passkey_json.read_text()) if passkey_json else None
+    text = page.read_text()
+    text = replace_block(text, "status", status_section(recall, passkey))
+    text = replace_block(text, "recall-results", recall_section(recall))
+    images = page.parent / "results"
+    images.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for src in (recall_json.with_suffix(".png"), passkey_json.with_suffix(".png") if passkey_json else None):
+        if src is not None and src.is_file():
+            shutil.copy(src, images / src.name)
+            copied.append(str(images / src.name))
+    if passkey is not None:
+        text = replace_block(text, "passkey-results", passkey_section(passkey))
+    page.write_text(text)
+    return f"wrote {page}" + (f" and {', '.join(copied)}" if copied else "")
+
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="folder for recall_sweep.json / .png / .md (and the runs, in runs/)")
+    p.add_argument("--out", help="folder for recall_sweep.json / .md / .png (and the runs, with --keep-runs)")
     p.add_argument("--tiny", action="store_true", help="a seconds-long CPU check of the script (tiny sizes, one rate)")
     p.add_argument("--families", default="", help="families to run, comma-separated (default: every registered one)")
     p.add_argument("--widths", default=",".join(map(str, ZOOLOGY_WIDTHS)))
     p.add_argument("--points", default=",".join(f"{T}/{kv}" for T, kv in ZOOLOGY_POINTS), help="seq_len/kv_pairs, ...")
-    p.add_argument("--lrs", default=",".join(f"{lr:.3g}" for lr in ZOOLOGY_LRS))
+    p.add_argument("--lrs", default=",".join(f"{lr:.3g}" for lr in ZOOLOGY_LRS),
+                   help="the learning-rate ladder, in the order tried (a cell takes the next only below 0.99)")
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--train-examples", type=int, default=100_000)
     p.add_argument("--test-examples", type=int, default=3_000)
-    p.add_argument("--epochs", type=int, default=64)
-    p.add_argument("--max-steps", type=int, default=None, help="cap on the steps of each run (a time budget)")
+    p.add_argument("--epochs", type=int, default=64, help="Zoology's 64; --steps binds first")
+    p.add_argument("--steps", type=int, default=600, help="steps per run (the cosine's length); 0 = Zoology's epochs")
+    p.add_argument("--eval-every", type=int, default=100, help="steps between test evaluations (early stop)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="worker processes (default: 8 on CUDA, 0 = in this process on a CPU)")
+    p.add_argument("--deadline-s", type=float, default=480.0,
+                   help="wall-clock budget: runs in flight stop there, the rest are recorded as not run")
+    p.add_argument("--grace-s", type=float, default=30.0, help="kill a run still going this long after the deadline")
+    p.add_argument("--min-run-s", type=float, default=20.0, help="start no run with less than this left")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
-    p.add_argument("--precision", default="auto")
+    p.add_argument("--precision", default="auto", help="auto = bf16 autocast on CUDA, fp32 on a CPU")
     p.add_argument("--keep-runs", action="store_true", help="keep every run folder (default: deleted after scoring)")
+    p.add_argument("--report", metavar="JSON", help="write docs/results_recall.md from this recall_sweep.json and exit")
+    p.add_argument("--passkey", metavar="JSON", help="with --report: passkey_sweep.json for the passkey section")
+    p.add_argument("--page", default=str(Path(__file__).resolve().parents[1] / "docs" / "results_recall.md"),
+                   help="with --report: the page to fill")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
-    if args.tiny:
-        args.widths, args.points, args.lrs, args.vocab = "16,32", "16/2", "3e-3", 32
-        args.train_examples, args.test_examples, args.epochs, args.device = 64, 32, 1, "cpu"
+    if args.report:
+        print(write_report(Path(args.report), Path(args.passkey) if args.passkey else None, Path(args.page)))
+        return 0
+    if not args.out:
+        p.error("--out is required (or --report)")
+    if args.tiny:  # tiny values for the options left at their defaults
+        tiny = dict(widths="16,32", points="16/2", lrs="3e-3", vocab=32, train_examples=64, test_examples=32, epochs=1,
+                    device="cpu", steps=0, eval_every=0)
+        for k, v in tiny.items():
+            if getattr(args, k) == p.get_default(k):
+                setattr(args, k, v)
 
     import torch
 
-    if args.device == "cpu":
+    device = args.device
+    cuda = torch.cuda.is_available() and device in ("auto", "cuda") or device.startswith("cuda")
+    jobs = args.jobs if args.jobs is not None else (8 if cuda else 0)
+    if not cuda:
         torch.set_num_threads(1)
     presets = family_presets()
     if args.families:
@@ -174,45 +631,42 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             p.error(f"unknown families {unknown}; registered: {sorted(presets)}")
         presets = {f: presets[f] for f in wanted}
-    widths = [int(w) for w in args.widths.split(",")]
-    points = _parse_points(args.points)
+    cells = make_cells(presets, _parse_points(args.points), [int(w) for w in args.widths.split(",")])
     lrs = [float(x) for x in args.lrs.split(",")]
+    ladder = Ladder(cells, lrs)
+    settings = {"vocab": args.vocab, "train_examples": args.train_examples, "test_examples": args.test_examples,
+                "epochs": args.epochs, "steps": args.steps or None, "eval_every": args.eval_every or None,
+                "seed": args.seed, "device": device, "precision": args.precision, "keep_runs": args.keep_runs}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    root = out / "runs" if args.keep_runs else Path(tempfile.mkdtemp(prefix="recall-runs-"))
-    runs = []
-    t0 = time.perf_counter()
-    total = len(presets) * len(widths) * len(points) * len(lrs)
-    for fam, preset in presets.items():
-        for T, kv in points:
-            for w in widths:
-                for lr in lrs:
-                    row = {"family": fam, **run_point(preset, w, T, kv, lr, args, root, FAMILY_CHANGES.get(fam, {}))}
-                    runs.append(row)
-                    acc = row.get("accuracy")
-                    print(f"[{len(runs)}/{total}] {fam:>10} d={w:<4} T={T:<4} kv={kv:<3} lr={lr:.1e}: "
-                          + (f"accuracy {acc:.3f} ({row['steps']} steps, {row['wall_seconds']:.0f} s)" if acc is not None
-                             else row["error"]), flush=True)
+    root = str(out / "runs") if args.keep_runs else tempfile.mkdtemp(prefix="recall-runs-")
+    t0 = time.monotonic()
+    deadline = t0 + args.deadline_s
+    print(f"recall sweep: {len(cells)} cells x up to {len(lrs)} rates, {args.steps or 'Zoology'} steps per run, "
+          f"{jobs or 'no'} worker processes, deadline {args.deadline_s:.0f} s", flush=True)
+    say = lambda line: print(f"[{time.monotonic() - t0:5.0f} s] {line}", flush=True)  # noqa: E731
+    if jobs:
+        runs = sweep_pool(ladder, settings, root, jobs, deadline, min_run_s=args.min_run_s, grace_s=args.grace_s,
+                          say=say)
+    else:
+        runs = sweep_in_process(ladder, lambda task, left: run_task(task, settings, root, left), deadline,
+                                min_run_s=args.min_run_s, say=say)
+    not_run = [{**_task_row(t), "status": NOT_RUN} for t in ladder.pending()]
     if not args.keep_runs:
-        import shutil
-
         shutil.rmtree(root, ignore_errors=True)
-    best = best_by_point(runs)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
-    except OSError:
-        commit = ""
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and args.device != "cpu" else platform.processor() or "cpu"
+    best = best_by_cell(runs, cells)
     result = {
-        "date": time.strftime("%Y-%m-%d"), "commit": commit, "device": device, "torch": torch.__version__,
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out",)},
-        "seconds": round(time.perf_counter() - t0, 1), "best": best, "runs": runs,
+        **_environment(device), "jobs": jobs,
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "report", "passkey", "page")},
+        "seconds": round(time.monotonic() - t0, 1), "anchor": anchor_verdict(best), "best": best, "runs": runs,
+        "not_run": not_run,
     }
-    (out / "recall_sweep.json").write_text(json.dumps(result, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else str(x)) + "\n")
+    (out / "recall_sweep.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     (out / "recall_sweep.md").write_text(table(best) + "\n")
     plot(best, out / "recall_sweep.png")
     print(table(best))
-    print(f"wrote {out / 'recall_sweep.json'}, recall_sweep.md and recall_sweep.png ({result['seconds']:.0f} s)")
+    print(f"{len(runs)} runs, {len(not_run)} not run; wrote {out / 'recall_sweep.json'}, recall_sweep.md and "
+          f"recall_sweep.png ({result['seconds']:.0f} s)")
     return 0
 
 

@@ -1,43 +1,173 @@
-"""benchmarks/recall_sweep.py end to end at --tiny size on the CPU: every registered family has
-its row, the JSON, the table and the plot are written, and the best-rate rule picks the best."""
+"""benchmarks/recall_sweep.py on the CPU: the tiny sweep covers every registered family; the
+learning-rate ladder, the deadline and the worker pool; the page generator fills
+docs/results_recall.md's blocks from the JSON."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCH))
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import recall_sweep as rs  # noqa: E402
 
 
-def test_tiny_sweep_covers_every_family(tmp_path, capsys):
-    assert rs.main(["--tiny", "--out", str(tmp_path)]) == 0
+def test_tiny_sweep_covers_every_family(tmp_path):
+    assert rs.main(["--tiny", "--widths", "16", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "recall_sweep.json").read_text())
     families = set(rs.family_presets())
     assert {r["family"] for r in data["best"]} == families and len(families) >= 9
-    assert len(data["runs"]) == len(families) * 2  # two widths, one point, one rate
+    assert len(data["runs"]) == len(families) and data["not_run"] == []  # one width, one point, one rate
     failed = [r for r in data["runs"] if "error" in r]
     assert not failed, failed
-    assert all(0.0 <= r["accuracy"] <= 1.0 and r["steps"] == 1 for r in data["runs"])
+    assert all(0.0 <= r["accuracy"] <= 1.0 and r["steps"] == 1 and r["stopped"] == "epochs" for r in data["runs"])
     soft = [r for r in data["runs"] if r["family"] == "softmax"]
     assert all(r["n_heads"] == 1 and r["position"] == "none" for r in soft)
+    assert data["runs"][0]["family"] == "softmax"  # the anchor goes first
     table = (tmp_path / "recall_sweep.md").read_text()
     assert table.count("| 16 / 2 |") == len(families)
     assert (tmp_path / "recall_sweep.png").stat().st_size > 1000
     assert not (tmp_path / "runs").exists()  # run folders are temporary unless --keep-runs
 
 
-def test_best_rate_per_point():
+def _cells(families=("gla", "softmax"), widths=(64, 128)):
+    return rs.make_cells({f: f"{f}-tiny" for f in families}, [(64, 4), (128, 8)], list(widths))
+
+
+def test_ladder_order_and_next_rate_only_below_the_target():
+    cells = _cells()
+    ladder = rs.Ladder(cells, [1e-3, 1e-2, 1e-4])
+    first = [ladder.next() for _ in range(len(cells))]
+    # the anchor's cells first, then the others in the grid's order (narrow widths, then short sequences)
+    assert [t.cell.family for t in first] == ["softmax"] * 4 + ["gla"] * 4
+    assert [(t.cell.d_model, t.cell.seq_len) for t in first[4:]] == [(64, 64), (64, 128), (128, 64), (128, 128)]
+    assert all(t.rung == 0 and t.lr == 1e-3 for t in first) and ladder.next() is None
+    solved, unsolved, cut, broken = first[4], first[5], first[6], first[7]
+    ladder.done(solved, 0.995)
+    ladder.done(unsolved, 0.99)  # not above the target: the next rate
+    ladder.done(cut, 0.3, retry=False)  # stopped by the deadline
+    ladder.done(broken, None)  # a diverged run: the next rate
+    ladder.done(first[0], 0.2)  # an anchor cell: its next rate before any other family's
+    pend = ladder.pending()
+    assert [(t.cell.family, t.cell.key, t.rung, t.lr) for t in pend] == [
+        ("softmax", first[0].cell.key, 1, 1e-2), ("gla", unsolved.cell.key, 1, 1e-2), ("gla", broken.cell.key, 1, 1e-2)]
+    task = ladder.next()
+    ladder.done(task, 0.5)
+    last = ladder.next()
+    assert last.cell == first[0].cell and last.rung == 2 and last.lr == 1e-4
+    ladder.done(last, 0.4)  # the last rung: nothing more
+    assert [t.cell.family for t in ladder.pending()] == ["gla", "gla"]
+    assert ladder.best[first[0].cell.key] == 0.5
+
+
+def test_in_process_deadline_records_what_ran():
+    """A fake runner on a fake clock: each run takes 10 s; the deadline at 35 s with 5 s minimum
+    leaves room for three runs, each given the time left; the rest stays queued."""
+    now = [0.0]
+    given = []
+
+    def runner(task, left):
+        given.append(left)
+        now[0] += 10.0
+        return {**rs._task_row(task), "accuracy": 0.5, "steps": 1, "stopped": "max_steps", "wall_seconds": 10.0}
+
+    ladder = rs.Ladder(_cells(), [1e-3, 1e-2])
+    runs = rs.sweep_in_process(ladder, runner, 35.0, min_run_s=5.0, say=lambda line: None, clock=lambda: now[0])
+    assert len(runs) == 3 and given == [35.0, 25.0, 15.0]
+    pend = ladder.pending()
+    assert len(pend) == 8 - 3 + 3  # five first rungs not run, three second rungs queued
+    best = rs.best_by_cell(runs, _cells())
+    assert sum(r["status"] == rs.NOT_RUN for r in best) == 5 and sum(r["status"] == "done" for r in best) == 3
+    assert "not run" in rs.table(best)
+
+
+def test_best_rate_per_cell_and_the_anchor_verdict():
+    row = dict(preset="x", seq_len=64, kv_pairs=4)
     runs = [
-        {"family": "gla", "preset": "gla-tiny", "d_model": 64, "seq_len": 64, "kv_pairs": 4, "lr": 1e-3, "accuracy": 0.4},
-        {"family": "gla", "preset": "gla-tiny", "d_model": 64, "seq_len": 64, "kv_pairs": 4, "lr": 1e-2, "accuracy": 0.7},
-        {"family": "gla", "preset": "gla-tiny", "d_model": 64, "seq_len": 64, "kv_pairs": 4, "lr": 1e-1, "error": "x"},
-        {"family": "vq", "preset": "vq-tiny", "d_model": 64, "seq_len": 64, "kv_pairs": 4, "lr": 1e-3, "error": "boom"},
+        {"family": "gla", "d_model": 64, "lr": 1e-3, "accuracy": 0.4, "stopped": "max_steps", **row},
+        {"family": "gla", "d_model": 64, "lr": 1e-2, "accuracy": 0.7, "stopped": "max_seconds", **row},
+        {"family": "gla", "d_model": 64, "lr": 1e-1, "error": "x", **row},
+        {"family": "vq", "d_model": 64, "lr": 1e-3, "error": "boom", **row},
+        {"family": "softmax", "d_model": 64, "lr": 1e-3, "accuracy": 0.95, "stopped": "max_steps", **row},
+        {"family": "softmax", "d_model": 128, "lr": 1e-3, "accuracy": 0.996, "stopped": "early stop", **row},
     ]
-    best = {r["family"]: r for r in rs.best_by_point(runs)}
-    assert best["gla"]["accuracy"] == 0.7 and best["gla"]["lr"] == 1e-2
-    assert best["vq"]["accuracy"] is None and best["vq"]["error"] == "boom"
-    assert "| vq | 64 / 4 | failed |" in rs.table(list(best.values()))
+    best = {(r["family"], r["d_model"]): r for r in rs.best_by_cell(runs)}
+    gla = best["gla", 64]
+    assert (gla["accuracy"], gla["lr"], gla["rates"], gla["partial"]) == (0.7, 1e-2, 3, True)
+    assert best["vq", 64]["accuracy"] is None and best["vq", 64]["status"] == "failed"
+    text = rs.table(list(best.values()))
+    assert "| vq | 64 / 4 | failed |" in text and "0.700†" in text
+    (verdict,) = rs.anchor_verdict(list(best.values()))
+    assert verdict["passes"] and verdict["d_model"] == 128 and verdict["widths_above"] == [128]
+    assert not rs.anchor_verdict([best["softmax", 64]])[0]["passes"]
+
+
+def test_pool_runs_tiny_points_and_kills_at_the_deadline(tmp_path):
+    """A spawned worker runs two tiny points one after the other; a pool whose deadline has passed
+    kills the run it started (a worker still importing torch) and records it."""
+    assert rs.main(["--tiny", "--widths", "16,32", "--families", "gla", "--jobs", "1",
+                    "--out", str(tmp_path / "a")]) == 0
+    data = json.loads((tmp_path / "a" / "recall_sweep.json").read_text())
+    assert sorted(r["d_model"] for r in data["runs"]) == [16, 32] and data["jobs"] == 1
+    assert all("error" not in r and r["steps"] == 1 for r in data["runs"])
+    assert rs.main(["--tiny", "--widths", "16", "--families", "gla", "--jobs", "1", "--deadline-s", "0.5",
+                    "--min-run-s", "0", "--grace-s", "0", "--out", str(tmp_path / "b")]) == 0
+    data = json.loads((tmp_path / "b" / "recall_sweep.json").read_text())
+    assert [r["error"] for r in data["runs"]] == [rs.KILLED]
+    assert data["best"][0]["status"] == "killed" and "| gla | 16 / 2 | killed |" in rs.table(data["best"])
+
+
+def test_deadline_before_any_run(tmp_path):
+    assert rs.main(["--tiny", "--widths", "16", "--deadline-s", "0", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "recall_sweep.json").read_text())
+    assert data["runs"] == [] and len(data["not_run"]) == len(rs.family_presets())
+    assert all(r["status"] == rs.NOT_RUN for r in data["best"])
+
+
+def _passkey_json(path: Path) -> Path:
+    cells = [{"context_len": L, "depth": d, "trials": 4, "correct": c, "accuracy": c / 4, "seconds": 0.1, "answers": [],
+              "skipped": None} for L, d, c in [(1024, 0.0, 4), (1024, 1.0, 2), (2048, 0.0, 1), (2048, 1.0, 0)]]
+    data = {"date": "2026-11-27 03:00 UTC", "commit": "abcdef1234567", "device": "NVIDIA H100", "torch": "2.x",
+            "seconds": 12.0, "settings": {"lengths": [1024, 2048, 4096], "depths": [0.0, 1.0], "trials": 4, "digits": 5,
+                                          "filler": "stdlib (test split)"},
+            "models": [{"name": "flash-1024", "trained_context": 1024, "cells": cells, "not_run": [4096]},
+                       {"name": "linear-1024", "trained_context": 1024, "error": "ValueError: no checkpoint", "cells": []}]}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_report_fills_the_page(tmp_path):
+    """--report on a copy of the real page: the status, results and passkey blocks are replaced,
+    the rest of the page is kept, the plots are copied beside it."""
+    out = tmp_path / "sweep"
+    assert rs.main(["--tiny", "--widths", "16", "--families", "softmax,gla", "--out", str(out)]) == 0
+    page = tmp_path / "docs" / "results_recall.md"
+    page.parent.mkdir()
+    shutil.copy(ROOT / "docs" / "results_recall.md", page)
+    before = page.read_text()
+    pk = _passkey_json(tmp_path / "passkey_sweep.json")
+    assert rs.main(["--report", str(out / "recall_sweep.json"), "--passkey", str(pk), "--page", str(page)]) == 0
+    text = page.read_text()
+    assert "Not yet run. MQAR" not in text and "**Status:** the MQAR sweep ran on" in text
+    assert "| gla | 16 / 2 |" in text and "| softmax | 16 / 2 |" in text
+    assert "The anchor does not pass at 16 / 2" in text  # one step of a tiny model solves nothing
+    assert "| flash-1024 | 1024 | 0.75 | 0.12 | not run |" in text  # 6/8 and 1/8 correct over the depths
+    assert "| linear-1024 | 1024 | failed | failed | failed |" in text
+    assert (page.parent / "results" / "recall_sweep.png").is_file()
+    # the hand-written parts are untouched; a second report replaces the blocks, not appends
+    assert before.split("<!-- BEGIN status")[0] == text.split("<!-- BEGIN status")[0]
+    assert text.count("## The recipe") == 1
+    assert rs.main(["--report", str(out / "recall_sweep.json"), "--page", str(page)]) == 0
+    assert page.read_text().count("| gla | 16 / 2 |") == 1 and "flash-1024" in page.read_text()
+
+
+def test_page_markers_are_checked():
+    with pytest.raises(ValueError, match="block markers"):
+        rs.replace_block("no markers here", "status", "x")
+    text = "a\n" + rs.BEGIN.format(name="s") + "\nold\n" + rs.END.format(name="s") + "\nb\n"
+    assert rs.replace_block(text, "s", "new").split("\n")[2] == "new"

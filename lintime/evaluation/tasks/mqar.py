@@ -203,7 +203,7 @@ def evaluate_mqar(
     """Accuracy of ``model`` on the first ``n_examples`` of the test stream of ``seed``.
 
     ``batch_size``: examples per forward (default: as many as keep the largest activation near
-    2^25 values on a CPU, 2^28 on a GPU).  ``examples``: those test examples already drawn
+    2^25 values on a CPU, 2^29 on a GPU: 1 GiB in bf16).  ``examples``: those test examples already drawn
     (``mqar_examples(cfg, n_examples, seed=seed, split="test")``, on any device: a trainer that
     scores often keeps them on its device).
     A learned position table shorter than ``seq_len`` or a vocabulary smaller than the task's
@@ -225,7 +225,7 @@ def evaluate_mqar(
         # scores (T^2) or the queried logits, whichever is largest
         width = 8 * getattr(model.config, "d_model", vocab)
         per_example = max(cfg.seq_len * width, cfg.seq_len**2, cfg.queries * vocab)
-        batch_size = max(1, (2**28 if cuda else 2**25) // per_example)
+        batch_size = max(1, (2**29 if cuda else 2**25) // per_example)
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
