@@ -205,7 +205,7 @@ def test_custom_ops_pass_opcheck():
     qblk, qa, qb = (torch.tensor(x, dtype=torch.int32) for x in ([2], [-1, -1, 0], [-1, 0, -1]))
     cb, cm = r(H, S, K), r(1, H, S, V)
     logc = torch.tensor([[[0.0, float("-inf"), 1.0, 0.5, float("-inf")]]])
-    launch = default_launch(K, V).to_ints()
+    launch = default_launch(K, V, torch.float32).to_ints()
     args = [q, k, v, kvalid, qblk, qa, qb, r(1, L, H, 2 * L), cb, logc, cm]
     utils = ("test_schema", "test_faketensor", "test_autograd_registration")
     torch.library.opcheck(torch.ops.lintime.vq_fwd, (*[x.requires_grad_() if x.is_floating_point() else x

@@ -204,7 +204,7 @@ def triton_vq_attention(
     qa, qb = _key_owners(lay.qblk, NB)
     kvalid = lay.kvalid.reshape(NB * L).to(torch.int8)
     bc = None if bias is None else lay.qplace(flat(bias))  # [NQ, L, H, 2L]
-    launch = launch or default_launch(K, V)
+    launch = launch or default_launch(K, V, q.dtype)
     o = vq_fwd_op(
         lay.qplace(flat(q)), kc.view(NB, L, H, K), vc.view(NB, L, H, V), kvalid, qblk, qa, qb, bc,
         codebook.to(q.dtype).contiguous(), log_count(cache_c).float(), cache_m.to(q.dtype), L, launch.to_ints(),
