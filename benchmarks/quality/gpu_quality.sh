@@ -13,7 +13,8 @@
 # per run, default 4194304 = 2^22), SEEDS (default 0,1,2), TABLES (main[,context,chunk]; default main),
 # DEADLINE_S (default 540, counted from the start of this script), RUN_CAP_S (training-time cap per run,
 # default none), GPU_IDS (which GPUs, as CUDA_VISIBLE_DEVICES: e.g. 1,2,3; default all), GPUS (all | N:
-# how many of them), ONLY (comma-separated run ids or groups: flash-1024-s2, flash-1024).
+# how many of them), ONLY (comma-separated run ids or groups: flash-1024-s2, flash-1024), PACK (write
+# OUT as one .tar.gz there at the end: the results of a call come back as one file).
 # Expected (quality_plan.py --gpus N --deadline-s 540): the default plan (8 models x 3 seeds, 2^22 tokens)
 # ~360 s on 3 H200s, ~530 s on 2 (use TOKENS=3145728 there: ~460 s); smoke-gpu on 1 GPU ~3-4 min.
 set -uo pipefail
@@ -53,6 +54,9 @@ if python3 -c "import matplotlib" 2>/dev/null; then
     2>&1 | tail -3 || echo "report: failed (run quality_report.py on the fetched results)"
 else
   echo "report: no matplotlib here; run quality_report.py --results <fetched OUT> where it is installed"
+fi
+if [[ -n "${PACK:-}" ]]; then  # one archive of the whole results folder (a device may return few files)
+  tar -czf "$PACK" -C "$(dirname "$OUT")" "$(basename "$OUT")" && echo "packed $OUT into $PACK ($(du -h "$PACK" | cut -f1))"
 fi
 echo "total $(( $(date +%s) - T0 )) s"
 exit $rc

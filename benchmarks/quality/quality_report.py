@@ -223,7 +223,7 @@ METHOD = """\
   byte-level (vocabulary 260: the 256 bytes and `<pad> <bos> <eos> <mask>`).
   `benchmarks/quality/prepare_data.py` builds it; the split is lintime's path-hash rule (5 %
   validation, 5 % test: `docs/data.md`), so it is fixed by the file paths and identical for every run.
-  The test split is never looked at.
+  The test split is never looked at.{corpus_here}
 * **Models**: the `-medium` presets (d = 512, byte vocabulary, 25-29M parameters): FLASH and FLASH-Quad
   (16 GAU layers, s = 128, FLASH C = 256), Transformer++ / Transformer+ (8 blocks, 8 heads), GLA
   (8 blocks, 4 heads), Transformer-VQ (16 units, S = 512 codes, L = 256), the linear-attention GPT
@@ -269,6 +269,18 @@ METHOD = """\
   "{no_verdict}" when it straddles the bound or a side has fewer than two seeds.  "Matches" for quality
   means `|d| + S` within {tol:.0f} % of Transformer++'s bits per byte.
 """
+
+
+def corpus_line(c: dict | None) -> str:
+    """This study's copy of the corpus (package and Python versions, sizes), from ``corpus.json``."""
+    if not c or "parts" not in c:
+        return ""
+    ld, py = c["parts"].get("linux-doc", {}), c["parts"].get("python-stdlib", {})
+    sp = c.get("splits") or {}
+    return (f"  This study's copy: `linux-doc` {ld.get('version') or ld.get('package', '?')} ({ld.get('files', 0):,} "
+            f"files) and Python {py.get('python', '?')}'s standard library ({py.get('files', 0):,} files); "
+            + ", ".join(f"{k} {v['tokens']:,} bytes" for k, v in sp.items() if k in ("train", "validation"))
+            + (f"; content sha256 {c['content_sha256'][:12]}" if c.get("content_sha256") else "") + ".")
 
 
 def regenerate_block(tokens: int, seeds: list[int], tables_: list[str]) -> str:
@@ -338,7 +350,7 @@ def page(study: dict | None, summ: dict[str, dict] | None, t: dict | None, made:
         fractions=" / ".join(f"{f:g}" for f in EQUAL_TIME_FRACTIONS), ended=ENDED, bpt=SEED_BYTES_PER_TOKEN,
         gap_tok=100 * SEED_GAP_PER_TOKEN, gap_byte=100 * per_byte_change(SEED_GAP_PER_TOKEN, SEED_BYTES_PER_TOKEN),
         gap_3=100 * per_byte_change(SEED_GAP_PER_TOKEN, 3.0), gap_5=100 * per_byte_change(SEED_GAP_PER_TOKEN, 5.0),
-        no_verdict=NO_VERDICT, tol=100 * MATCH_TOL),
+        no_verdict=NO_VERDICT, tol=100 * MATCH_TOL, corpus_here=corpus_line(env.get("corpus"))),
         regenerate_block(tokens, seeds, tables_)]
     if study is None:
         f = fits(plan, 3, 540)

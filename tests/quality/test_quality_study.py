@@ -320,3 +320,14 @@ def test_merge_adds_a_second_session_and_the_report_labels_every_run(tmp_path):
     head = lines.index("| model | 512: time (s) | 1024: time (s) | 2048: time (s) | 8192: time (s) |")
     gla = next(line for line in lines[head:] if line.startswith("| GLA |")).split("|")
     assert gla[4].strip() == "40.0 ± 0.0 (n=2) †"  # 2048: two of three seeds, 40 s (session B), against A's Transformer++
+
+
+def test_only_selects_runs_by_id_or_by_configuration():
+    import quality_run as qrun
+
+    plan = qp.build_plan("full")
+    assert [r.id for r in qrun.select(plan, ["flash-1024"])] == [r.id for r in plan if r.group == "flash-1024"]
+    assert [r.id for r in qrun.select(plan, ["gla-1024-s2", "vq-1024-s0"])] == [
+        r.id for r in plan if r.id in ("gla-1024-s2", "vq-1024-s0")]  # plan order
+    with pytest.raises(SystemExit, match="unknown"):
+        qrun.select(plan, ["flash-4096"])
