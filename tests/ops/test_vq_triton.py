@@ -14,10 +14,10 @@ import itertools
 
 import pytest
 import torch
-from test_vq import FIELDS, FLOAT_FIELDS, _assert_same, _gather, _inputs, _make_state, _state
+from test_vq import FIELDS, FLOAT_FIELDS, _assert_same, _inputs, _state
 
 import lintime.ops.vq as vq_mod
-from lintime.ops import vq_attention
+from lintime.ops import VQState, vq_attention
 from lintime.testing import assert_exact, assert_half_rule
 
 pytest.importorskip("triton")
@@ -25,6 +25,17 @@ pytest.importorskip("triton")
 CUDA = torch.cuda.is_available()
 cuda = pytest.mark.cuda
 cpu_only = pytest.mark.skipif(CUDA, reason="interpreter tests: the CUDA tests below cover the compiled kernels")
+
+
+def _gather(codebook, codes):
+    """``codebook[h, codes[..., h]]`` (test_vq's, with the head index on ``codes``' device)."""
+    heads = torch.arange(codebook.shape[0], device=codes.device).expand_as(codes)
+    return codebook[heads, codes]
+
+
+def _make_state(sd, codebook):
+    k = _gather(codebook, sd["codes"]) * sd["live"][..., None, None]
+    return VQState(sd["cache_mean"], sd["cache_count"], k, sd["v"], sd["codes"], sd["pos"])
 
 
 def _run(backend, inp, L, *, reduction="serial", sd=None, cu=None, bias=True, device="cpu"):
