@@ -34,6 +34,9 @@ from lintime.bench.measure import dist_version
 
 # prefix -> (our preset whose size it copies, library)
 _KINDS = {"hf:llama": ("transformer-pp", "transformers"), "fla:gla": ("gla", "fla")}
+# bytes per prompt token and model width live at once in a no-grad forward of a whole prompt (an estimate for the
+# memory rule, not measured: fp32 residual stream + the widest bf16 intermediates, a few tensors of each)
+ACT_WIDTHS = 64
 
 
 class SkipPreset(ValueError):
@@ -52,6 +55,10 @@ class AnchorSpec:
     vocab_size: int
     config: dict  # the library config's size fields (stored in the JSON)
     build: Callable[[torch.device], torch.nn.Module]
+    # estimates for the bench's memory rule (lintime.bench.decode.memory_skip), bytes per prompt token: the cache
+    # it leaves and the activations of the one forward ``generate`` runs over the whole prompt
+    cache_bytes_per_token: float = 0.0
+    act_bytes_per_token: float = 0.0
 
 
 def is_anchor(name: str) -> bool:
@@ -106,7 +113,9 @@ def _llama(name, cfg, hidden, max_tokens) -> AnchorSpec:
         return model.to(device)
 
     return AnchorSpec(name, cfg.family, f"transformers {dist_version('transformers')}", "LlamaForCausalLM",
-                      cfg.vocab_size, {**sizes, "attn_implementation": "sdpa"}, build)
+                      cfg.vocab_size, {**sizes, "attn_implementation": "sdpa"}, build,
+                      cache_bytes_per_token=cfg.n_layers * 2 * cfg.d_model * 4,  # keys and values, fp32 at most
+                      act_bytes_per_token=ACT_WIDTHS * cfg.d_model)
 
 
 def _fla_gla(name, cfg, hidden, max_tokens) -> AnchorSpec:
@@ -128,7 +137,8 @@ def _fla_gla(name, cfg, hidden, max_tokens) -> AnchorSpec:
         return model.to(device)
 
     return AnchorSpec(name, cfg.family, f"fla {getattr(fla, '__version__', dist_version('fla-core'))}",
-                      "GLAForCausalLM", cfg.vocab_size, {**sizes, "attn_mode": fla_cfg.attn_mode}, build)
+                      "GLAForCausalLM", cfg.vocab_size, {**sizes, "attn_mode": fla_cfg.attn_mode}, build,
+                      act_bytes_per_token=ACT_WIDTHS * cfg.d_model)
 
 
 def describe(name: str, max_tokens: int, device: torch.device) -> dict:
@@ -191,16 +201,27 @@ def nbytes(obj, _seen: set | None = None) -> int:
 
 def generate_measure(model: torch.nn.Module, spec: AnchorSpec, decode_steps: int, batch: int,
                      device: torch.device, amp: torch.dtype | None, reset_peak: Callable[[], None],
-                     seed: int = 1, warmup_tokens: int = 2, generate_kwargs: dict | None = None) -> Callable:
-    """``measure(row)`` fills one decoding row (context ``row.L``) from one ``generate`` call: the
-    prefill of a fresh ``L``-token prompt, then ``decode_steps`` timed tokens.  A short untimed
+                     seed: int = 1, warmup_tokens: int = 2, static: bool = False) -> Callable:
+    """``measure(row)`` fills one decoding row (context ``row.L``, ``batch`` sequences) from one ``generate``
+    call: the prefill of a fresh ``batch x L`` prompt, then ``decode_steps`` timed tokens.  A short untimed
     ``generate`` of ``warmup_tokens`` runs first (first-call set-up, fla's kernel compilation,
-    ``torch.compile``).  ``generate_kwargs``: more arguments of every ``generate`` call (e.g. HF's
-    ``cache_implementation="static"``)."""
+    ``torch.compile``).
+
+    ``static`` (HF): ``cache_implementation="static"`` with ``max_cache_len`` = the prompt + the new tokens
+    (HF's static cache: every step attends over all its slots), so ``generate`` compiles the one-token forward
+    (its rule: a compileable cache on CUDA) with ``CompileConfig(dynamic=True)``: one compilation for every
+    cache length and batch size of the run, one CUDA graph recorded per shape (``mode="reduce-overhead"``,
+    HF's default); the prefill stays eager."""
     from transformers import LogitsProcessor, LogitsProcessorList
 
     g = torch.Generator().manual_seed(seed)
     stamps: list[float] = []
+    extra: dict = {}
+    if static:
+        from transformers import CompileConfig
+
+        extra["cache_implementation"] = "static"
+        extra["compile_config"] = CompileConfig(dynamic=True)
 
     class Clock(LogitsProcessor):
         def __call__(self, input_ids, scores):
@@ -213,11 +234,16 @@ def generate_measure(model: torch.nn.Module, spec: AnchorSpec, decode_steps: int
 
     def generate(L: int, new: int):
         ids = torch.randint(0, spec.vocab_size, (batch, L), generator=g).to(device)
+        if static:
+            extra["max_cache_len"] = L + new + 1
+            # generate sizes a static cache to at least the longest earlier one (kept on the model to avoid
+            # recompiling); each context here gets its own length
+            model._previous_max_cache_length = -1
         with torch.no_grad(), autocast(device, amp):
             return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
                                   min_new_tokens=new, do_sample=False, pad_token_id=0,
                                   logits_processor=LogitsProcessorList([Clock()]), return_dict_in_generate=True,
-                                  **(generate_kwargs or {}))
+                                  **extra)
 
     generate(8, warmup_tokens)  # untimed
 

@@ -1,8 +1,12 @@
-"""The decoding rows of ``lintime bench model``: ms per token at each context ``L``, per decoding path.
+"""The decoding rows of ``lintime bench model``: prefill speed and ms per token at each context ``L``, per
+batch size and decoding path.
 
-One model per preset; the decoding state is built by chunked :func:`lintime.generation.prefill` and
-carried from one context to the next (the state at ``L = 1k`` is continued to ``2k``, ...: states are
-values, so the timed steps never alter it).  At each ``L``, one row per path (``Settings.decode_paths``):
+Ours (one model per preset): at each ``L`` a fresh random prompt of ``L`` tokens is prefilled into an
+empty state by :func:`lintime.generation.prefill` (its automatic pieces: the whole prompt per model call
+up to ``PREFILL_TOKENS``), timed between two device synchronisations -- the row's prefill columns (one
+untimed prefill of the first context runs before, for Triton's compilation).  The state of that one
+prompt is replicated to each batch size ``B`` of ``Settings.decode_batch`` (rows decode independently, so
+``B`` copies of one prompt cost what ``B`` prompts cost), and one row per path (``Settings.decode_paths``):
 
 * ``eager`` -- :func:`lintime.generation.decode_one_token` timed for ``decode_steps`` tokens fed one
   after the other (a Python call per token, a new state object per step);
@@ -13,13 +17,14 @@ values, so the timed steps never alter it).  At each ``L``, one row per path (``
   ``skipped`` row elsewhere); a capture failure is the row's error.
 
 Anchors (:mod:`lintime.bench.anchors`) decode by the library's ``generate`` (greedy) from a fresh
-``L``-token prompt: ``eager`` with its default cache; for ``hf:llama-*``, where ``graph`` rows are
-asked for, also ``static-compiled``: ``cache_implementation="static"`` (one cache length for every
-``L``) with the forward ``torch.compile``'d by HF's generate (its default on CUDA for a static
-cache; a ``skipped`` row on other devices).
+``B x L`` prompt, which gives their prefill columns too: ``eager`` with the library's default cache;
+for ``hf:llama-*``, where ``graph`` rows are asked for, also ``static-compiled``: HF's static cache of
+``L`` + the steps slots with the one-token forward compiled by HF's ``generate``.
 
-Every row records ``path``; the prefill fields of the rows of one ``L`` are those of the one
-prefill they share.  A failing path skips its own longer contexts; a failing prefill, all of them.
+Memory: before a case runs, its state (and, for the anchors, the prompt's one-forward activations) is
+estimated and compared with the free device memory; a case that cannot fit is a ``skipped: memory ...``
+row (e.g. a softmax KV cache of 128k tokens for 64 sequences), as are its longer contexts.  A failing
+path skips its own longer contexts at that batch size; a failing prefill, every path's.
 """
 
 from __future__ import annotations
@@ -37,6 +42,12 @@ from lintime.bench.report import fmt_size
 
 PATHS = ("eager", "graph")
 GRAPH_WARMUP = 2  # untimed replays after capture (the first replays of a fresh graph upload it)
+MEMORY_FRACTION = 0.85  # of the free device memory a case may plan to fill (the rest: allocator slack, workspaces)
+# transient copies of the replicated state a path holds at once: eager decoding's first step grows a KV cache
+# to twice its length out of place (old + new + the doubled capacity); the graph path holds the replicated
+# state and its static buffers
+STATE_COPIES = {"eager": 4.0, "graph": 2.0}
+REPLICATED = "state: one prefilled prompt replicated to every row"
 
 
 def decode_paths(spec: str, device: torch.device) -> tuple[str, ...]:
@@ -49,45 +60,81 @@ def decode_paths(spec: str, device: torch.device) -> tuple[str, ...]:
     return table[spec]
 
 
-class CarriedState:
-    """Ours: :meth:`extend` prefills the carried state from the previous context to ``row.L``; then
-    :meth:`eager` / :meth:`graph` time the steps from it without altering it."""
+def free_bytes(device: torch.device) -> int | None:
+    """Free device memory (CUDA), ``None`` elsewhere (no memory rule off CUDA)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.mem_get_info(device)[0]
+
+
+def memory_skip(need: float, device: torch.device, what: str) -> str | None:
+    """``None`` when ``need`` bytes fit in ``MEMORY_FRACTION`` of the free memory, else the skip reason."""
+    free = free_bytes(device)
+    if free is None or need <= MEMORY_FRACTION * free:
+        return None
+    return f"memory: {what} needs ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
+
+
+class Prompts:
+    """Ours: :meth:`prefill` builds the state of a fresh ``L``-token prompt (timed); :meth:`eager` /
+    :meth:`graph` time the steps from it, replicated to ``B`` rows, without altering it."""
 
     def __init__(self, model, cfg, s, device: torch.device, amp):
         self.model, self.cfg, self.s, self.device, self.amp = model, cfg, s, device, amp
         self.g = torch.Generator().manual_seed(1)
-        self.state, self.logits, self.have = None, None, 0
+        self.state = self.logits = None
+        self.warm = False
+        self.row_bytes = 0  # the state of one prompt
 
-    def extend(self, row) -> None:
+    def _prefill(self, L: int):
         from lintime.generation import prefill
+
+        ids = torch.randint(0, self.cfg.vocab_size, (1, L), generator=self.g).to(self.device)
+        with torch.no_grad(), autocast(self.device, self.amp):
+            return prefill(self.model, ids, None, self.s.prefill_chunk)
+
+    def prefill(self, L: int) -> dict:
+        """Prefill a fresh ``L``-token prompt; returns the row fields ``prefill_s``, ``prefill_tokens``,
+        ``state_mib``."""
         from lintime.generation.decode import state_nbytes
 
-        model, s, device, Bd = self.model, self.s, self.device, self.s.decode_batch
+        self.state = self.logits = None
+        common.free_memory(self.device)
+        if not self.warm:  # untimed: Triton compilation and autotuning
+            self._prefill(L)
+            self.warm = True
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()
-        ids = torch.randint(0, self.cfg.vocab_size, (Bd, row.L - self.have), generator=self.g).to(device)
-        with torch.no_grad(), autocast(device, self.amp):
-            self.logits, self.state = prefill(model, ids, self.state, chunk_size=s.prefill_chunk)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        row.prefill_tokens = row.L - self.have
-        self.have = row.L
-        row.prefill_s = time.perf_counter() - t0
-        row.state_mib = state_nbytes(self.state) / Bd / 2**20
+        self.logits, self.state = self._prefill(L)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - t0
+        self.row_bytes = state_nbytes(self.state)
+        return {"prefill_s": seconds, "prefill_tokens": L, "state_mib": self.row_bytes / 2**20}
+
+    def rows(self, B: int):
+        """``(logits [B, V], state)``: the prompt's, replicated."""
+        if B == 1:
+            return self.logits, self.state
+        index = torch.zeros(B, dtype=torch.long, device=self.device)
+        return self.logits.index_select(0, index), self.state.select(index)
 
     def eager(self, row) -> list[float]:
         from lintime.generation import decode_one_token
 
-        model, s, device, amp, Bd = self.model, self.s, self.device, self.amp, self.s.decode_batch
-        tokens = torch.randint(0, self.cfg.vocab_size, (s.decode_steps + 1, Bd), generator=self.g).to(device)
-        cur = {"state": self.state, "i": 0}
+        s, device, amp, B = self.s, self.device, self.amp, row.batch
+        _, start = self.rows(B)
+        tokens = torch.randint(0, self.cfg.vocab_size, (s.decode_steps + 1, B), generator=self.g).to(device)
+        cur = {"state": start, "i": 0}
 
         def one() -> None:
             with torch.no_grad(), autocast(device, amp):
-                _, cur["state"] = decode_one_token(model, tokens[cur["i"]], cur["state"])
+                _, cur["state"] = decode_one_token(self.model, tokens[cur["i"]], cur["state"])
             cur["i"] += 1
 
         with torch.no_grad(), autocast(device, amp):  # untimed: first-call compilation
-            decode_one_token(model, tokens[-1], self.state)
+            decode_one_token(self.model, tokens[-1], start)
         common.reset_peak(device)
         return call_times_ms(one, s.decode_steps, device, budget_s=s.case_budget_s)
 
@@ -96,56 +143,47 @@ class CarriedState:
         from lintime.generation.graphs import DecodeLoop
         from lintime.generation.static import StaticDecoder
 
-        s, device, Bd = self.s, self.device, self.s.decode_batch
+        s, device, B = self.s, self.device, row.batch
         if device.type != "cuda":
             raise SkipPreset(f"CUDA graphs need a CUDA device (device {device})")
         steps = GRAPH_WARMUP + s.decode_steps
+        logits, start = self.rows(B)
         with torch.no_grad(), autocast(device, self.amp):
-            dec = StaticDecoder(self.model, self.state, row.L + steps + 1)
-            loop = DecodeLoop(dec, self.logits, torch.zeros(Bd, dtype=torch.long, device=device), steps,
+            dec = StaticDecoder(self.model, start, row.L + steps + 1)
+            del start
+            loop = DecodeLoop(dec, logits, torch.zeros(B, dtype=torch.long, device=device), steps,
                               graph=True, temperature=0.0)  # a capture failure raises: the row's error
             for _ in range(GRAPH_WARMUP):
                 loop.advance()
-        row.state_mib = state_nbytes(dec.state) / Bd / 2**20  # the static buffers (a KV cache at capacity)
+        row.state_mib = state_nbytes(dec.state) / B / 2**20  # the static buffers (a KV cache at capacity)
         common.reset_peak(device)
         times = call_times_ms(loop.advance, s.decode_steps, device, budget_s=s.case_budget_s)
         del loop, dec
         return times
 
-
-def _static_compiled(model, cfg: AnchorSpec, s, device, amp) -> Callable:
-    """``measure(row)`` of HF's static cache + compiled forward, or raises :class:`SkipPreset`."""
-    if not cfg.name.startswith("hf:"):
-        raise SkipPreset(f"{cfg.impl.split()[0]} has no static-cache compiled generate here")
-    if device.type != "cuda":
-        raise SkipPreset(f"HF compiles the static-cache forward on CUDA only (device {device})")
-    longest = max(s.decode_contexts) + s.decode_steps + 2  # one cache length for every L: no recompilation
-    return anchors.generate_measure(model, cfg, s.decode_steps, s.decode_batch, device, amp,
-                                    lambda: common.reset_peak(device), warmup_tokens=4,
-                                    generate_kwargs={"cache_implementation": "static", "max_cache_len": longest})
+    def need(self, row) -> float:
+        """Bytes the row's path will hold at once (the replicated state's copies)."""
+        return STATE_COPIES[row.path] * row.batch * self.row_bytes
 
 
-def _measures(model, cfg, s, device, amp) -> tuple[CarriedState | None, dict[str, Callable | str]]:
-    """``(carried state or None, {path: measure(row) -> times, or the status of every row of the path})``."""
+def _anchor_measures(model, cfg: AnchorSpec, s, device, amp, B: int) -> dict[str, Callable | str]:
+    """``{path: measure(row) -> times, or the status of every row of the path}`` of an anchor at batch ``B``."""
     out: dict[str, Callable | str] = {}
-    if isinstance(cfg, AnchorSpec):
-        if "eager" in s.decode_paths:
-            out["eager"] = anchors.generate_measure(model, cfg, s.decode_steps, s.decode_batch, device, amp,
-                                                    lambda: common.reset_peak(device))
-        if "graph" in s.decode_paths:
-            try:  # its untimed warm-up compiles: a failure is this path's status, not the preset's
-                out["static-compiled"] = _static_compiled(model, cfg, s, device, amp)
-            except SkipPreset as e:
-                out["static-compiled"] = f"skipped: {e}"
+    reset = lambda: common.reset_peak(device)  # noqa: E731
+    if "eager" in s.decode_paths:
+        out["eager"] = anchors.generate_measure(model, cfg, s.decode_steps, B, device, amp, reset)
+    if "graph" in s.decode_paths:
+        if not cfg.name.startswith("hf:"):
+            out["static-compiled"] = f"skipped: {cfg.impl.split()[0]} has no static-cache compiled generate here"
+        elif device.type != "cuda":
+            out["static-compiled"] = f"skipped: HF compiles the static-cache forward on CUDA only (device {device})"
+        else:  # its untimed warm-up compiles: a failure there is this path's status, not the preset's
+            try:
+                out["static-compiled"] = anchors.generate_measure(model, cfg, s.decode_steps, B, device, amp, reset,
+                                                                  warmup_tokens=4, static=True)
             except Exception as e:  # noqa: BLE001
                 out["static-compiled"] = f"error: {common.one_line(e)}"
-        return None, out
-    carried = CarriedState(model, cfg, s, device, amp)
-    for path in s.decode_paths:
-        out[path] = getattr(carried, path)
-    if "graph" in out and device.type != "cuda":
-        out["graph"] = f"skipped: CUDA graphs need a CUDA device (device {device})"
-    return carried, out
+    return out
 
 
 def _fill(row, times: list[float], device) -> None:
@@ -158,58 +196,99 @@ def _fill(row, times: list[float], device) -> None:
         row.prefill_tokens_per_s = row.batch * row.prefill_tokens / row.prefill_s
 
 
+def _anchor_need(cfg: AnchorSpec, row) -> float:
+    return row.batch * row.L * (cfg.cache_bytes_per_token + cfg.act_bytes_per_token) * (2 if row.path != "eager" else 1)
+
+
+def _run_case(row, measure, need: Callable | None, device) -> None:
+    """Measure one row (or raise :class:`SkipPreset` when it cannot fit)."""
+    if need is not None:
+        why = memory_skip(need(row), device, f"B={row.batch} at L={fmt_size(row.L)}")
+        if why:
+            raise SkipPreset(why)
+    _fill(row, measure(row), device)
+
+
 def _contexts(model, s, device, amp, name, cfg, note, emit, decode_case: Callable | None) -> None:
     params = common.num_parameters(model)
-    carried, measures = (None, {p: None for p in s.decode_paths}) if decode_case else _measures(model, cfg, s, device, amp)
-    stop: dict[str, str | None] = dict.fromkeys(measures)
+    ours = not isinstance(cfg, AnchorSpec)
+    prompts = Prompts(model, cfg, s, device, amp) if ours and decode_case is None else None
+    measures: dict[tuple[int, str], Callable | str | None] = {}
+    for B in s.decode_batch:
+        if decode_case is not None:
+            paths = {p: None for p in s.decode_paths}
+        elif ours:
+            paths = {p: getattr(prompts, p) for p in s.decode_paths}
+            if "graph" in paths and device.type != "cuda":
+                paths["graph"] = f"skipped: CUDA graphs need a CUDA device (device {device})"
+        else:
+            try:
+                paths = _anchor_measures(model, cfg, s, device, amp, B)
+            except Exception as e:  # the untimed warm-up generate at this batch failed
+                paths = {p: ("OOM" if common.is_oom(e) else f"error: {common.one_line(e)}") for p in
+                         (("eager",) if "eager" in s.decode_paths else ()) +
+                         (("static-compiled",) if "graph" in s.decode_paths else ())}
+                del e
+                common.free_memory(device)
+        measures.update({(B, p): m for p, m in paths.items()})
+    stop: dict[tuple[int, str], str | None] = dict.fromkeys(measures)
     for L in s.decode_contexts:
-        prefill: dict = {}
-        for path, measure in measures.items():
-            row = common.DecodeRow(name, cfg.family, L, s.decode_batch, params=params, impl=common.impl_name(cfg), note=note,
-                               path=path)
-            if isinstance(measure, str) or stop[path]:
-                row.status = measure if isinstance(measure, str) else f"skipped: {stop[path]}"
+        prefill: dict | None = None  # ours: the fields of this L's one prefill
+        slow = None  # ours: a prefill over the budget skips the longer contexts (this one still runs)
+        for (B, path), measure in measures.items():
+            row = common.DecodeRow(name, cfg.family, L, B, params=params, impl=common.impl_name(cfg), note=note,
+                                   path=path)
+            if isinstance(measure, str) or stop[B, path]:
+                row.status = measure if isinstance(measure, str) else f"skipped: {stop[B, path]}"
                 emit(row)
                 continue
             try:
                 if decode_case is not None:
                     decode_case(row, model, s, device, amp)
+                elif ours:
+                    if prefill is None:
+                        prefill = {}
+                        prefill = prompts.prefill(L)
+                        if prefill["prefill_s"] > s.case_budget_s:
+                            slow = f"prefill to L={fmt_size(L)} took {prefill['prefill_s']:.0f} s > budget {s.case_budget_s:g} s"
+                    if B == 1:
+                        for k, v in prefill.items():
+                            setattr(row, k, v)
+                    else:
+                        row.state_mib = prefill["state_mib"]
+                        row.note = f"{note}; {REPLICATED}" if note else REPLICATED
+                    _run_case(row, measure, prompts.need, device)
                 else:
-                    if carried is not None and not prefill:
-                        carried.extend(row)
-                        prefill = {k: getattr(row, k) for k in ("prefill_s", "prefill_tokens", "state_mib")}
-                    for k, v in prefill.items():
-                        setattr(row, k, v)
-                    _fill(row, measure(row), device)
-                    if row.prefill_s > s.case_budget_s and L != s.decode_contexts[0]:  # the first holds compilation
-                        why = f"prefill to L={fmt_size(L)} took {row.prefill_s:.0f} s > budget {s.case_budget_s:g} s"
-                        stop = dict.fromkeys(stop, why)
+                    _run_case(row, measure, lambda r: _anchor_need(cfg, r), device)
             except SkipPreset as e:
                 row.status = f"skipped: {e}"
-                stop[path] = str(e)
+                stop[B, path] = str(e)
             except Exception as e:
-                extended = carried is None or bool(prefill)  # else the carried state is lost: stop every path
+                failed_prefill = ours and decode_case is None and prefill == {}
                 if common.is_oom(e):
                     row.status = "OOM"
                     why = f"OOM at L={fmt_size(L)}"
                 else:
                     row.status = f"error: {common.one_line(e)}"
                     why = f"error at L={fmt_size(L)}"
-                if extended:
-                    stop[path] = why
-                else:
-                    stop = dict.fromkeys(stop, why)
+                if failed_prefill:  # no state at this L: every path's longer contexts go
+                    why = f"prefill {why}"
+                    stop = {k: v or why for k, v in stop.items()}
+                    prefill = None
+                stop[B, path] = why
                 row.token_ms = row.tokens_per_s = None
                 row.peak_mib = common.peak_mib(device)
                 del e
             if row.status != "ok" and not row.status.startswith("skipped"):
                 common.free_memory(device)  # outside the except block: the traceback no longer pins the tensors
             emit(row)
+        if slow:
+            stop = {k: v or slow for k, v in stop.items()}
 
 
 def bench_decode(s, on_row: Callable = lambda r: None, decode_case: Callable | None = None) -> list:
-    """Decoding rows for every preset x decoding context x path of ``s`` (see the module docstring).
-    ``decode_case(row, model, settings, device, amp)`` replaces one row's measurement (tests)."""
+    """Decoding rows for every preset x decoding context x batch size x path of ``s`` (see the module
+    docstring).  ``decode_case(row, model, settings, device, amp)`` replaces one row's measurement (tests)."""
     device = torch.device(s.device)
     amp = common.autocast_for(s.dtype, device)
     rows: list = []
@@ -223,7 +302,8 @@ def bench_decode(s, on_row: Callable = lambda r: None, decode_case: Callable | N
             cfg, note = common.preset_config(name, max(s.decode_contexts) + s.decode_steps + 1, device)
         except SkipPreset as e:
             for L in s.decode_contexts:
-                emit(common.DecodeRow(name, None, L, s.decode_batch, status=f"skipped: {e}"))
+                for B in s.decode_batch:
+                    emit(common.DecodeRow(name, None, L, B, status=f"skipped: {e}"))
             continue
         torch.manual_seed(0)
         model = None
@@ -232,15 +312,16 @@ def bench_decode(s, on_row: Callable = lambda r: None, decode_case: Callable | N
             _contexts(model, s, device, amp, name, cfg, note, emit, decode_case)
         except Exception as e:  # building the model failed (OOM or otherwise): one row per context
             status = "OOM" if common.is_oom(e) else f"error: {common.one_line(e)}"
-            done = {r.L for r in rows if r.preset == name}
+            done = {(r.L, r.batch) for r in rows if r.preset == name}
             for L in s.decode_contexts:
-                if L not in done:
-                    emit(common.DecodeRow(name, cfg.family, L, s.decode_batch, status=status, impl=common.impl_name(cfg),
-                                      note=note))
+                for B in s.decode_batch:
+                    if (L, B) not in done:
+                        emit(common.DecodeRow(name, cfg.family, L, B, status=status, impl=common.impl_name(cfg),
+                                              note=note))
             del e
         del model
         common.free_memory(device)
     return rows
 
 
-__all__ = ["PATHS", "CarriedState", "bench_decode", "decode_paths"]
+__all__ = ["PATHS", "Prompts", "bench_decode", "decode_paths", "memory_skip"]

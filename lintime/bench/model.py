@@ -14,14 +14,15 @@ document per row, bf16 autocast on CUDA by default), gradient clipping, ``opt.st
 (``rows * T / median``), and the peak memory allocated by PyTorch during the timed steps
 (weights, gradients, optimiser state and activations).
 
-Decoding (:mod:`lintime.bench.decode`): one model per preset; the state is built by chunked
-:func:`lintime.generation.prefill` and carried from one context to the next.  At each ``L``, one
-row per decoding path (``decode_paths``): ``eager`` (:func:`lintime.generation.decode_one_token`
-per token) and ``graph`` (the static state buffers, one CUDA-graph replay per token), each timed for
-``decode_steps`` tokens.  Reported: the median latency per token with its percentiles, the state's
-bytes per sequence (every tensor of the state object, capacity included: a softmax KV cache grows
-with ``L``, a linear-time state does not), prefill tokens/s and the peak memory during the timed
-steps.
+Decoding (:mod:`lintime.bench.decode`): one model per preset; at each ``L`` a fresh ``L``-token prompt is
+prefilled by :func:`lintime.generation.prefill` (timed: prefill tokens/s) and its state replicated to
+each batch size of ``decode_batch``; one row per (``L``, batch, path): ``eager``
+(:func:`lintime.generation.decode_one_token` per token) and ``graph`` (the static state buffers, one
+CUDA-graph replay per token), each timed for ``decode_steps`` tokens.  Reported: the median latency
+per token with its percentiles, the state's bytes per sequence (every tensor of the state object,
+capacity included: a softmax KV cache grows with ``L``, a linear-time state does not), prefill
+tokens/s and the peak memory during the timed steps; a case whose state cannot fit the free device
+memory is a ``skipped: memory ...`` row.
 
 Anchors (:mod:`lintime.bench.anchors`): presets named ``hf:llama-<size>`` and ``fla:gla-<size>`` are
 other libraries' models at the size of ``transformer-pp-<size>`` / ``gla-<size>``, timed in the same
@@ -33,10 +34,9 @@ decoding, ``path``.
 Failures never end the run: an out-of-memory error gives the row ``status = "OOM"`` and skips the
 preset's longer contexts, any other exception ``status = "error: <one line>"``, a preset that cannot
 run here ``skipped: <reason>`` rows.  The timed steps of a case stop once they took
-``case_budget_s``; a preset whose median timed training step, or whose prefill after the first
-decoding context, exceeds it skips its longer contexts.  Warm-up steps and the first context's
-prefill, which hold Triton's compilation and autotuning, are never judged.  docs/bench_model.md
-describes every field.
+``case_budget_s``; a preset whose median timed training step, or whose timed prefill, exceeds it
+skips its longer contexts.  Warm-up steps and the untimed first prefill, which hold Triton's
+compilation and autotuning, are never judged.  docs/bench_model.md describes every field.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ QUICK_TOKENS_PER_BATCH = 128
 STEPS, QUICK_STEPS = 5, 2
 WARMUP, QUICK_WARMUP = 2, 1
 DECODE_STEPS, QUICK_DECODE_STEPS = 16, 3
-PREFILL_CHUNK = 2048
+PREFILL_CHUNK = 0  # lintime.generation.prefill's automatic pieces (the whole prompt up to PREFILL_TOKENS per call)
 CASE_BUDGET_S = 60.0
 LR = 1e-5  # small: the weights barely move over the timed steps (random tokens)
 CLIP = 1.0
@@ -126,7 +126,7 @@ class Settings:
     steps: int
     warmup: int
     decode_steps: int
-    decode_batch: int
+    decode_batch: tuple[int, ...]  # batch sizes of the decoding rows
     prefill_chunk: int
     dtype: str  # autocast dtype name, "fp32" = none
     device: str
@@ -160,7 +160,7 @@ def parse_sizes(spec: str, what: str) -> tuple[int, ...]:
 
 def make_settings(
     *, presets: str = "", contexts: str = "", decode_contexts: str = "", tokens_per_batch: int = 0,
-    steps: int = 0, warmup: int = 0, decode_steps: int = 0, decode_batch: int = 1,
+    steps: int = 0, warmup: int = 0, decode_steps: int = 0, decode_batch: int | str = 1,
     prefill_chunk: int = PREFILL_CHUNK, dtype: str = "auto", device: str = "auto", quick: bool = False,
     case_budget_s: float = CASE_BUDGET_S, parts: str = "train,decode", decode_path: str = "auto",
 ) -> Settings:
@@ -174,8 +174,9 @@ def make_settings(
     chosen = {p.strip() for p in parts.split(",") if p.strip()}
     if not chosen or chosen - {"train", "decode"}:
         raise ValueError(f"--parts must name train and/or decode, got {parts!r}")
+    batches = (int(decode_batch),) if isinstance(decode_batch, int) else parse_sizes(decode_batch, "decode-batch")
     for name, v, lo in (("steps", steps, 0), ("warmup", warmup, 0), ("decode-steps", decode_steps, 0),
-                        ("decode-batch", decode_batch, 1), ("prefill-chunk", prefill_chunk, 1),
+                        ("decode-batch", min(batches), 1), ("prefill-chunk", prefill_chunk, 0),
                         ("tokens-per-batch", tokens_per_batch, 0)):
         if v < lo:
             raise ValueError(f"--{name} must be >= {lo}, got {v}")
@@ -187,7 +188,7 @@ def make_settings(
         presets=names, contexts=ctx, decode_contexts=dctx,
         tokens_per_batch=tokens_per_batch or (QUICK_TOKENS_PER_BATCH if quick else TOKENS_PER_BATCH),
         steps=steps or (QUICK_STEPS if quick else STEPS), warmup=warmup or (QUICK_WARMUP if quick else WARMUP),
-        decode_steps=decode_steps or (QUICK_DECODE_STEPS if quick else DECODE_STEPS), decode_batch=decode_batch,
+        decode_steps=decode_steps or (QUICK_DECODE_STEPS if quick else DECODE_STEPS), decode_batch=batches,
         prefill_chunk=prefill_chunk, dtype={None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp],
         device=str(dev), case_budget_s=float(case_budget_s), train="train" in chosen, decode="decode" in chosen,
         decode_paths=paths,

@@ -8,7 +8,7 @@ from lintime.cli import command
 # flags that only `bench model` reads, with their defaults (given to `bench ops` they are an error)
 _MODEL_FLAGS = {
     "presets": "", "contexts": "", "decode_contexts": "", "tokens_per_batch": 0, "steps": 0, "warmup": 0,
-    "decode_steps": 0, "decode_batch": 1, "prefill_chunk": 2048, "dtype": "auto", "device": "auto",
+    "decode_steps": 0, "decode_batch": "1", "prefill_chunk": 0, "dtype": "auto", "device": "auto",
     "case_budget_s": 60.0, "parts": "train,decode", "decode_path": "auto", "from_json": "", "plots": True,
 }
 
@@ -27,8 +27,8 @@ def bench(
     steps: int = 0,
     warmup: int = 0,
     decode_steps: int = 0,
-    decode_batch: int = 1,
-    prefill_chunk: int = 2048,
+    decode_batch: str = "1",
+    prefill_chunk: int = 0,
     dtype: str = "auto",
     device: str = "auto",
     case_budget_s: float = 60.0,
@@ -63,8 +63,8 @@ def bench(
         steps: model: timed training steps per context (default 5).
         warmup: model: untimed training steps before them (default 2; --quick 1).
         decode_steps: model: timed decoding steps per context (default 16).
-        decode_batch: model: sequences decoded together.
-        prefill_chunk: model: tokens per prefill call when building the decoding state.
+        decode_batch: model: sequences decoded together, one or several batch sizes (e.g. 1,64): a row per size.
+        prefill_chunk: model: tokens per prefill call when building the decoding state (0 = automatic: the whole prompt up to 32768 tokens per call).
         dtype: model: autocast dtype: auto (bf16 on CUDA, fp32 on CPU), bf16, fp16, fp32.
         device: model: auto, cpu, cuda or cuda:N.
         case_budget_s: model: seconds a case may spend in timed steps; a preset whose median timed step (or prefill after the first context) exceeds it skips its longer contexts (warm-up time, i.e. compilation and autotuning, is never judged).

@@ -81,8 +81,8 @@ def test_hf_decode_rows_record_path_prefill_and_a_growing_cache(run):
             assert r["status"] == "ok" and r["path"] == "eager" and r["steps"] == 2
             assert 0 < r["token_p10_ms"] <= r["token_ms"] <= r["token_p90_ms"]
             assert r["prefill_tokens_per_s"] == pytest.approx(r["prefill_tokens"] / r["prefill_s"])
-    assert by["transformer-pp-tiny", 24]["prefill_tokens"] == 16  # the state is carried from L=8
-    assert by[HF, 24]["prefill_tokens"] == 24  # generate starts from a fresh prompt
+    for p in ("transformer-pp-tiny", HF):  # ours and generate both take a fresh L-token prompt per context
+        assert by[p, 24]["prefill_tokens"] == 24
     assert by[HF, 24]["state_mib"] > by[HF, 8]["state_mib"] > 0  # the KV cache grows with L
     assert by["fla:gla-tiny", 8]["path"] is None and by["fla:gla-tiny", 8]["status"].startswith("skipped")
 
@@ -92,6 +92,34 @@ def test_missing_library_is_a_skip_row(monkeypatch):
     rows = bm.bench_train(_settings(HF, parts="train"))
     assert [r.status.split(" (")[0] for r in rows] == ["skipped: transformers is not importable here"]
     assert anchors.describe(HF, 16, torch.device("cpu"))["status"].startswith("skipped: transformers is not")
+
+
+def test_hf_static_compiled_asks_generate_for_a_static_cache_of_each_context_and_a_dynamic_compile(monkeypatch):
+    """The arguments the static-compiled rows give HF's ``generate`` (run on CUDA only): a static cache sized for
+    the call's prompt + new tokens, not by an earlier longer call, and one dynamic-shape compile config."""
+    from transformers import CompileConfig
+
+    spec = anchors.anchor_spec(HF, 64, torch.device("cpu"))
+    model = spec.build(torch.device("cpu"))
+    seen = []
+
+    def fake_generate(ids, **kw):
+        seen.append((ids.shape, kw["max_new_tokens"], kw.get("cache_implementation"), kw.get("max_cache_len"),
+                     kw.get("compile_config"), model._previous_max_cache_length))
+        for proc in kw["logits_processor"]:
+            for _ in range(kw["max_new_tokens"]):
+                proc(ids, None)
+        return type("Out", (), {"past_key_values": None})()
+
+    monkeypatch.setattr(model, "generate", fake_generate)
+    model._previous_max_cache_length = 999
+    measure = anchors.generate_measure(model, spec, 3, 2, torch.device("cpu"), None, lambda: None, static=True)
+    row = type("Row", (), {"L": 24})()
+    assert len(measure(row)) == 3 and row.prefill_tokens == 24
+    (shape0, new0, impl0, len0, cc0, prev0), (shape, new, impl, length, cc, prev) = seen
+    assert (tuple(shape0), impl0, prev0) == ((2, 8), "static", -1) and 8 + new0 <= len0 <= 8 + new0 + 2
+    assert (tuple(shape), new, impl, prev) == ((2, 24), 4, "static", -1) and 24 + 4 <= length <= 24 + 4 + 2
+    assert cc == CompileConfig(dynamic=True) and cc.mode == "reduce-overhead"
 
 
 def test_cache_bytes_walk_tensors_once():

@@ -32,17 +32,35 @@ def test_decode_path_flag():
         _settings(decode_path="fast")
 
 
-def test_rows_per_path_share_the_prefill_and_graph_is_skipped_on_cpu():
-    rows = bm.bench_decode(_settings(decode_path="both", decode_batch=3))
-    assert [(r.L, r.path) for r in rows] == [(8, "eager"), (8, "graph"), (24, "eager"), (24, "graph")]
-    by = {(r.L, r.path): r for r in rows}
+def test_rows_per_batch_and_path_share_the_prefill_and_graph_is_skipped_on_cpu():
+    rows = bm.bench_decode(_settings(decode_path="both", decode_batch="1,3"))
+    assert [(r.L, r.batch, r.path) for r in rows] == [
+        (L, B, p) for L in (8, 24) for B in (1, 3) for p in ("eager", "graph")]
+    by = {(r.L, r.batch, r.path): r for r in rows}
     for L in (8, 24):
-        eager = by[L, "eager"]
-        assert eager.status == "ok" and eager.batch == 3 and eager.steps == 2 and eager.token_ms > 0
-        assert eager.prefill_tokens == (8 if L == 8 else 16) and eager.prefill_tokens_per_s > 0
-        assert by[L, "graph"].status == "skipped: CUDA graphs need a CUDA device (device cpu)"
+        one, three = by[L, 1, "eager"], by[L, 3, "eager"]
+        for r in (one, three):
+            assert r.status == "ok" and r.steps == 2 and r.token_ms > 0 and r.path == "eager"
+        # a fresh L-token prompt per context (its prefill timed); batch 3 decodes its state replicated
+        assert one.prefill_tokens == L and one.prefill_tokens_per_s == pytest.approx(L / one.prefill_s)
+        assert three.prefill_s is None and "replicated" in three.note and three.state_mib == one.state_mib
+        assert three.tokens_per_s == pytest.approx(3e3 / three.token_ms)
+        for B in (1, 3):
+            assert by[L, B, "graph"].status == "skipped: CUDA graphs need a CUDA device (device cpu)"
     lines = report.decode_table([vars(r) for r in rows]).splitlines()
-    assert lines[3].split()[3:5] == ["graph", "-"] and "skipped: CUDA graphs" in lines[3]
+    assert lines[3].split()[1:5] == ["8", "1", "graph", "-"] and "skipped: CUDA graphs" in lines[3]
+
+
+def test_a_state_that_cannot_fit_is_a_memory_skip_row_and_skips_longer_contexts(monkeypatch):
+    from lintime.bench import decode as bd
+
+    # pretend a CUDA device with 1 MiB free: gla-tiny's state fits at batch 1, not at batch 4096
+    monkeypatch.setattr(bd, "free_bytes", lambda device: 2**20)
+    rows = bm.bench_decode(_settings(decode_batch="1,4096", decode_contexts="8,24"))
+    status = {(r.L, r.batch): r.status for r in rows}
+    assert status[8, 1] == "ok" and status[24, 1] == "ok"
+    assert status[8, 4096].startswith("skipped: memory: B=4096 at L=8 needs ~") and "GiB free" in status[8, 4096]
+    assert status[24, 4096] == status[8, 4096]  # the longer context is skipped for the same reason
 
 
 def test_hf_static_compiled_row_is_skipped_on_cpu():
