@@ -64,7 +64,7 @@ def plots(summ: dict[str, dict], t: dict, assets: Path) -> list[str]:
         if not xs:
             return
         n = sum(ok(s) for s in runs)
-        (line,) = ax.plot(xs, ys, label=f"{label} (n={n})", lw=1.4)
+        (line,) = ax.plot(xs, ys, label=f"{label} (n={n})", lw=1.4, color=color(runs[0]["model"]))
         if n >= 2:
             ax.fill_between(xs, [y - s for y, s in zip(ys, sp)], [y + s for y, s in zip(ys, sp)],
                             color=line.get_color(), alpha=0.2, lw=0)
@@ -97,10 +97,15 @@ def plots(summ: dict[str, dict], t: dict, assets: Path) -> list[str]:
             if pts:
                 ax.errorbar([x for x, _ in pts], [c["mean"] for _, c in pts],
                             yerr=[c["spread"] if c["n"] >= 2 else 0 for _, c in pts], marker="o", capsize=3,
-                            label=MODELS[m][0])
+                            label=MODELS[m][0], color=color(m))
+                ended = [(x, c["mean"]) for x, c in pts if c["ended"]]
+                if ended:  # hollow: some seeds had ended by then (their final value)
+                    ax.plot([x for x, _ in ended], [y for _, y in ended], ls="none", marker="o", mfc="white",
+                            mec=color(m), zorder=3)
         ax.set_xticks(range(len(fr)), [f"{f:g} x {MODELS[REFERENCE][0]}\n({f * eq['t_ref']:.0f} s)" for f in fr])
         ax.set_ylabel("validation bits per byte")
-        ax.set_title(f"equal training time, context {eq['context']} (mean ± spread)", fontsize=10)
+        ax.set_title(f"equal training time, context {eq['context']} (mean ± spread)\n"
+                     "hollow: some seeds had ended earlier (their final value)", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         save(fig, f"equal_time_{MAIN_CONTEXT}.png")
@@ -108,7 +113,7 @@ def plots(summ: dict[str, dict], t: dict, assets: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for m in CONTEXT_MODELS:
             cells = [(c, t["context"][m][c]["bpb"]) for c in CONTEXTS if t["context"][m][c].get("n_ok")]
-            _errorbar(ax, cells, MODELS[m][0])
+            _errorbar(ax, cells, MODELS[m][0], color(m))
         ax.set_xscale("log", base=2)
         ax.set_xlabel("training context")
         ax.set_ylabel("bits per byte (final evaluation)")
@@ -118,7 +123,7 @@ def plots(summ: dict[str, dict], t: dict, assets: Path) -> list[str]:
         save(fig, "context_bpb.png")
     if "chunk" in t:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        _errorbar(ax, [(C, t["chunk"][C]["bpb"]) for C in CHUNK_SIZES if t["chunk"][C].get("n_ok")], "FLASH")
+        _errorbar(ax, [(C, t["chunk"][C]["bpb"]) for C in CHUNK_SIZES if t["chunk"][C].get("n_ok")], "FLASH", color("flash"))
         ax.set_xscale("log", base=2)
         ax.set_xlabel("chunk size C")
         ax.set_ylabel("bits per byte (final evaluation)")
@@ -129,7 +134,7 @@ def plots(summ: dict[str, dict], t: dict, assets: Path) -> list[str]:
     for m in MODELS:
         e = t["extrapolation"].get(f"{m}-{MAIN_CONTEXT}")
         if e:
-            _errorbar(ax, [(k * MAIN_CONTEXT, e["bpb"][k]) for k in (1, 2, 4) if e["bpb"][k]["n"]], e["name"])
+            _errorbar(ax, [(k * MAIN_CONTEXT, e["bpb"][k]) for k in (1, 2, 4) if e["bpb"][k]["n"]], e["name"], color(m))
     ax.set_xscale("log", base=2)
     ax.set_xlabel(f"evaluation context (trained at {MAIN_CONTEXT})")
     ax.set_ylabel("bits per byte")
@@ -141,10 +146,16 @@ def plots(summ: dict[str, dict], t: dict, assets: Path) -> list[str]:
     return made
 
 
-def _errorbar(ax, cells: list[tuple[float, dict]], label: str) -> None:
+def color(model: str) -> str:
+    """One colour per model in every plot."""
+    return f"C{list(MODELS).index(model) % 10}"
+
+
+def _errorbar(ax, cells: list[tuple[float, dict]], label: str, c: str) -> None:
     if cells:
-        ax.errorbar([x for x, _ in cells], [c["mean"] for _, c in cells],
-                    yerr=[c["spread"] if c["n"] >= 2 else 0 for _, c in cells], marker="o", capsize=3, label=label)
+        ax.errorbar([x for x, _ in cells], [s["mean"] for _, s in cells],
+                    yerr=[s["spread"] if s["n"] >= 2 else 0 for _, s in cells], marker="o", capsize=3, label=label,
+                    color=c)
 
 
 def _clip_y(ax, runs: list[dict]) -> None:
