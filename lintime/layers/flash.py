@@ -149,6 +149,7 @@ class FLASH(Mixer):
         self.dim, self.e, self.s, self.chunk_size = dim, e, s, C
         self.causal, self.linear_norm, self.scaling, self.first_to_all = causal, linear_norm, scaling, first_to_all
         self.rope_base, self.backend = rope_base, backend
+        self.fused = True  # the heads op's fused kernel where it has one; False: its chunked PyTorch form
         self.proj = nn.Linear(dim, 2 * e + s, bias=bias)  # seed Code 8 `uv`
         self.heads = ScaleOffset(6 if first_to_all else 4, s)  # quad_q, quad_k, lin_q, lin_k[, fta_q, fta_k]
         self.rel_bias = ToeplitzRelativeBias(C, 1) if rel_bias else None
@@ -210,7 +211,8 @@ class FLASH(Mixer):
             return self._decode_step_(x, state, positions), state
         # silu, split, the scale + offset heads and RoPE: one fused op ([B, T, e] x 2, [B, T, 4 or 6, s])
         u, v, heads = gau_heads(self.proj(x), self.heads.gamma, self.heads.beta, positions, e=e, s=s,
-                                rope_base=self.rope_base, backend=heads_backend(self.backend))
+                                rope_base=self.rope_base,
+                                backend=heads_backend(self.backend) if self.fused else "chunk")
         parts = _SplitHeads.apply(heads)  # [B, T, 1, s] each, contiguous
         qq, kq, ql, kl = parts[:4]
         v = v[:, :, None]  # [B, T, 1, e]
