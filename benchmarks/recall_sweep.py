@@ -12,7 +12,9 @@ Time-boxed for one GPU (issue 31: the sweep in <= 10 minutes; Zoology trains 64 
 100 000 examples per run, 12 500-50 000 steps, at four rates -- weeks of GPU time for this grid):
 
 * each run has ``--steps`` steps (default 600, 1-5 % of Zoology's), the cosine over them, the test
-  accuracy every ``--eval-every`` steps (100; stop above 0.99);
+  accuracy every ``--eval-every`` steps (100; stop above 0.99); the anchor's runs have
+  ``--anchor-steps`` (1500): the anchor checks that the setup can solve the task at all (attention
+  does, in Zoology), so it gets the budget to show it, and stops early once it has;
 * the learning rates are a ladder (``--lrs``, Zoology's four, most useful first): every cell runs
   at the first rate; a cell still at or below 0.99 gets the next rate once every cell had its
   first (Zoology runs all four and keeps the best; a cell above 0.99 could gain < 1 %);
@@ -169,11 +171,13 @@ def run_task(task: Task, settings: dict, root: str, max_seconds: float | None = 
            "lr": task.lr, "rung": task.rung, **changes}
     t0 = time.perf_counter()
     name = f"{c.preset}-d{c.d_model}-T{c.seq_len}-kv{c.kv_pairs}-lr{task.lr:.1e}"
+    steps = settings["anchor_steps"] if c.family == ANCHOR and settings.get("anchor_steps") else settings["steps"]
+    row["budget"] = steps
     try:
         cfg = TaskTrainConfig(
             **changes, preset=c.preset, d_model=c.d_model, n_layers=2, vocab_size=settings["vocab"], seq_len=c.seq_len,
             kv_pairs=c.kv_pairs, train_examples=settings["train_examples"], test_examples=settings["test_examples"],
-            epochs=settings["epochs"], lr=task.lr, max_steps=settings["steps"], eval_every=settings["eval_every"],
+            epochs=settings["epochs"], lr=task.lr, max_steps=steps, eval_every=settings["eval_every"],
             max_seconds=max_seconds, seed=settings["seed"], device=settings["device"], precision=settings["precision"],
         )
         res = train_task(cfg, out=root, name=name, echo=None, plot=False)
@@ -466,7 +470,8 @@ def recall_section(data: dict) -> str:
         f"{len(runs)} runs in {data['seconds']:.0f} s (deadline {st['deadline_s']:.0f} s); "
         + (f"{len(not_run)} queued runs not started before the deadline." if not_run else "every queued run ran."),
         "",
-        f"Settings: {steps} steps per run (Zoology: 64 epochs, 12 500-50 000 steps), cosine over the run, test "
+        f"Settings: {steps} steps per run ({st.get('anchor_steps') or steps} for the anchor; Zoology: 64 epochs, "
+        f"12 500-50 000 steps), cosine over the run, test "
         f"accuracy every {st.get('eval_every') or 'epoch'} steps on {st['test_examples']:,} test examples, stop above "
         f"{TARGET}; vocabulary {st['vocab']}, {st['train_examples']:,} training examples, Zoology's batch rows; "
         f"learning-rate ladder {st['lrs']} (a cell takes the next rate only while at or below {TARGET}): "
@@ -584,6 +589,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test-examples", type=int, default=3_000)
     p.add_argument("--epochs", type=int, default=64, help="Zoology's 64; --steps binds first")
     p.add_argument("--steps", type=int, default=600, help="steps per run (the cosine's length); 0 = Zoology's epochs")
+    p.add_argument("--anchor-steps", type=int, default=1500,
+                   help="steps per run of the anchor (softmax) family; 0 = --steps (see the module docstring)")
     p.add_argument("--eval-every", type=int, default=100, help="steps between test evaluations (early stop)")
     p.add_argument("--jobs", type=int, default=None,
                    help="worker processes (default: 8 on CUDA, 0 = in this process on a CPU)")
@@ -612,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--out is required (or --report)")
     if args.tiny:  # tiny values for the options left at their defaults
         tiny = dict(widths="16,32", points="16/2", lrs="3e-3", vocab=32, train_examples=64, test_examples=32, epochs=1,
-                    device="cpu", steps=0, eval_every=0)
+                    device="cpu", steps=0, anchor_steps=0, eval_every=0)
         for k, v in tiny.items():
             if getattr(args, k) == p.get_default(k):
                 setattr(args, k, v)
@@ -635,7 +642,8 @@ def main(argv: list[str] | None = None) -> int:
     lrs = [float(x) for x in args.lrs.split(",")]
     ladder = Ladder(cells, lrs)
     settings = {"vocab": args.vocab, "train_examples": args.train_examples, "test_examples": args.test_examples,
-                "epochs": args.epochs, "steps": args.steps or None, "eval_every": args.eval_every or None,
+                "epochs": args.epochs, "steps": args.steps or None, "anchor_steps": args.anchor_steps or None,
+                "eval_every": args.eval_every or None,
                 "seed": args.seed, "device": device, "precision": args.precision, "keep_runs": args.keep_runs}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -145,7 +145,10 @@ def test_report_fills_the_page(tmp_path):
     """--report on a copy of the real page: the status, results and passkey blocks are replaced,
     the rest of the page is kept, the plots are copied beside it."""
     out = tmp_path / "sweep"
-    assert rs.main(["--tiny", "--widths", "16", "--families", "softmax,gla", "--out", str(out)]) == 0
+    assert rs.main(["--tiny", "--widths", "16", "--families", "softmax,gla", "--epochs", "10", "--steps", "3",
+                    "--anchor-steps", "5", "--out", str(out)]) == 0
+    runs = {r["family"]: r for r in json.loads((out / "recall_sweep.json").read_text())["runs"]}
+    assert (runs["softmax"]["budget"], runs["softmax"]["steps"], runs["gla"]["budget"], runs["gla"]["steps"]) == (5, 5, 3, 3)
     page = tmp_path / "docs" / "results_recall.md"
     page.parent.mkdir()
     shutil.copy(ROOT / "docs" / "results_recall.md", page)
@@ -155,7 +158,8 @@ def test_report_fills_the_page(tmp_path):
     text = page.read_text()
     assert "Not yet run. MQAR" not in text and "**Status:** the MQAR sweep ran on" in text
     assert "| gla | 16 / 2 |" in text and "| softmax | 16 / 2 |" in text
-    assert "The anchor does not pass at 16 / 2" in text  # one step of a tiny model solves nothing
+    assert "The anchor does not pass at 16 / 2" in text  # five steps of a tiny model solve nothing
+    assert "3 steps per run (5 for the anchor" in text
     assert "| flash-1024 | 1024 | 0.75 | 0.12 | not run |" in text  # 6/8 and 1/8 correct over the depths
     assert "| linear-1024 | 1024 | failed | failed | failed |" in text
     assert (page.parent / "results" / "recall_sweep.png").is_file()
