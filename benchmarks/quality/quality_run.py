@@ -179,10 +179,12 @@ def visible_gpus(spec: str) -> list[str]:
 
 def run_all(args) -> int:
     t_start = time.monotonic()
-    deadline = t_start + args.deadline_s
     out: Path = args.out
     (out / "logs").mkdir(parents=True, exist_ok=True)
     gpus = visible_gpus(args.gpus)
+    if args.deadline_s is None:  # a GPU call's budget; a CPU smoke on a shared 2-core machine needs longer
+        args.deadline_s = 540.0 if gpus else 1800.0
+    deadline = t_start + args.deadline_s
     mode = args.mode or ("full" if gpus else "smoke")
     runs = build_plan(mode, tokens=args.tokens, seeds=args.seeds, tables=args.tables)
     if args.only:
@@ -347,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"comma-separated tables of {','.join(TABLES)} (default {','.join(DEFAULT_TABLES)})")
     a.add_argument("--gpus", default="all",
                    help="'all' or how many of the visible GPUs (restrict which with CUDA_VISIBLE_DEVICES)")
-    a.add_argument("--deadline-s", type=float, default=540.0, help="stop everything this long after the start")
+    a.add_argument("--deadline-s", type=float, default=None,
+                   help="stop everything this long after the start (default 540 with GPUs, 1800 on a CPU)")
     a.add_argument("--run-cap-s", type=float, default=None, help="training-time cap per run (trainer --time)")
     a.add_argument("--only", default=None, help="comma-separated run ids or groups (a group: all its seeds)")
     a.add_argument("--cpu-slots", type=int, default=0,

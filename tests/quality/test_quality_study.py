@@ -68,7 +68,7 @@ def test_every_configuration_runs_every_seed_from_its_own_initial_draw():
     # the smoke runs several seeds of a few configurations (so aggregation runs on a CPU), one of the rest
     smoke = qp.build_plan("smoke")
     counts = {g: sum(r.group == g for r in smoke) for g in {r.group for r in smoke}}
-    assert counts[f"flash-{qp.MAIN_CONTEXT}"] == 3 and counts[f"vq-{qp.MAIN_CONTEXT}"] == 1
+    assert counts[f"flash-{qp.MAIN_CONTEXT}"] == 2 and counts[f"vq-{qp.MAIN_CONTEXT}"] == 1
     with pytest.raises(ValueError, match="seeds"):
         qp.build_plan("full", seeds=(0, 0))
 
