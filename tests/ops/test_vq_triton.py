@@ -226,11 +226,12 @@ def test_custom_ops_pass_opcheck():
                           test_utils=utils)
 
 
-def test_scatter_sums_equal_block_sums():
+def test_scatter_sums_and_row_scan_equal_the_chunked_forms():
     """The Triton path's per-block sums (scatter-adds) equal the chunked form's one-hot products, with empty
-    slots and empty codes."""
+    slots and empty codes; its serial reduction of one-sequence rows equals the chunked closed form."""
+    from lintime.ops.vq.chunk import _reduce_serial
     from lintime.ops.vq.state import block_sums
-    from lintime.ops.vq.triton.vq import scatter_sums
+    from lintime.ops.vq.triton.vq import scatter_sums, serial_one_segment_rows
 
     g = torch.Generator().manual_seed(1)
     codes = torch.randint(0, 7, (3, 5, 6, 2), generator=g)
@@ -239,6 +240,11 @@ def test_scatter_sums_equal_block_sums():
     (c0, s0), (c1, s1) = block_sums(codes, v, valid, 9), scatter_sums(codes, v, valid, 9)
     assert torch.equal(c0, c1) and (c1[..., 7:] == 0).all()
     assert_exact("scatter sums", s0, s1)
+    first = torch.zeros(3, 5, dtype=torch.bool)
+    first[:, 0] = True
+    (c0, m0), (c1, m1) = _reduce_serial(first, c0, s0), serial_one_segment_rows(first, c0, s0)
+    assert torch.equal(c0, c1)
+    assert_exact("row scan", m0, m1)
 
 
 def test_automatic_choice(impl_calls):

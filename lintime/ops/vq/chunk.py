@@ -296,13 +296,16 @@ def chunk_vq_attention(
     return o, final
 
 
-def cache_summaries(lay: _BlockLayout, zc, vc, st: VQState | None, S: int, reduction: str, sums=block_sums):
+def cache_summaries(lay: _BlockLayout, zc, vc, st: VQState | None, S: int, reduction: str, sums=block_sums,
+                    reduce=None):
     """Inclusive per-block cache summaries of every sequence, ``(count [R, NE, H, S], mean
     [R, NE, H, S, V])`` in ``vc``'s dtype: the per-code count and value sum of each block (seed
     Code 2 ``delta1_by_block`` / ``deltav_by_block``; ``sums`` computes them, with
     :func:`~lintime.ops.vq.state.block_sums`' signature), the initial cache in each pseudo-block,
-    then the segmented ``reduction``.  ``zc`` ``[R, NE, L, H]`` codes and ``vc`` ``[R, NE, L, H, V]``
-    values as placed by :meth:`_BlockLayout.place`; ``st`` the canonical initial state or ``None``."""
+    then the segmented ``reduction`` (``reduce``, when given, replaces it: same signature and
+    result as :data:`REDUCTIONS`' entries).  ``zc`` ``[R, NE, L, H]`` codes and ``vc``
+    ``[R, NE, L, H, V]`` values as placed by :meth:`_BlockLayout.place`; ``st`` the canonical
+    initial state or ``None``."""
     R, NE = lay.R, lay.NE
     dt = vc.dtype
     cnt, sumv = sums(zc, vc, lay.kvalid, S)  # [R, NE, H, S], [R, NE, H, S, V]
@@ -312,7 +315,7 @@ def cache_summaries(lay: _BlockLayout, zc, vc, st: VQState | None, S: int, reduc
         cnt = cnt.view(R * NE, H, S).index_copy(0, lay.pseudo, c0).view(R, NE, H, S)
         sumv = sumv.view(R * NE, H, S, V).index_copy(0, lay.pseudo, c0[..., None] * st.cache_mean.to(dt))
         sumv = sumv.view(R, NE, H, S, V)
-    return REDUCTIONS[reduction](lay.first, cnt, sumv)  # inclusive, per sequence
+    return (reduce or REDUCTIONS[reduction])(lay.first, cnt, sumv)  # inclusive, per sequence
 
 
 def final_state(lay: _BlockLayout, N: int, kc, vc, zc, cum_c, cum_m, k_dtype, v_dtype) -> VQState:
