@@ -169,13 +169,15 @@ def add_normalize_bwd(dy: Tensor, ds: Tensor, s: Tensor, weight: Tensor, bias: T
                       kind: str, x_dtype: torch.dtype, r_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``ds`` empty: no gradient reached the sum itself.  ``dr`` is empty when ``r_dtype == x_dtype`` (the
     caller uses ``dx`` for both: an op's outputs may not alias)."""
-    return _bwd(dy, none_if_empty(ds), s, weight, bias, mean, rstd, kind, x_dtype, None if r_dtype == x_dtype else r_dtype)
+    dr_dtype = None if r_dtype == x_dtype else r_dtype
+    return _bwd(dy, none_if_empty(ds), s, weight, bias, mean, rstd, kind, x_dtype, dr_dtype)
 
 
 def _add_fwd_fake(x, r, weight, bias, kind, eps, out_dtype):
     N = x.shape[0]
-    return (x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, r.dtype)), x.new_empty(x.shape, dtype=out_dtype),
-            x.new_empty((N,) if kind == "layernorm" else (0,), dtype=torch.float32), x.new_empty((N,), dtype=torch.float32))
+    s = x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, r.dtype))
+    mean = x.new_empty((N,) if kind == "layernorm" else (0,), dtype=torch.float32)
+    return s, x.new_empty(x.shape, dtype=out_dtype), mean, x.new_empty((N,), dtype=torch.float32)
 
 
 def _add_setup(ctx, inputs, output):
