@@ -110,7 +110,8 @@ class _LanguageModel(nn.Module):
         """Turn the layers' fused elementwise kernels on or off: every submodule with a ``fused`` attribute (the
         norms, the FLASH / GAU heads) runs its op's fused kernel where the device has one (``True``, the default)
         or the op's chunked PyTorch reference form on every device (``False``: what the fused path is checked
-        against).  The attention ops keep their dispatch; the loss's fusion is :meth:`forward`'s ``fused_loss``."""
+        against; the backbone's residual adds then run as plain adds before the norms, :attr:`Backbone.fused`).  The
+        attention ops keep their dispatch; the loss's fusion is :meth:`forward`'s ``fused_loss``."""
         for m in self.modules():
             if m is not self and isinstance(getattr(m, "fused", None), bool):
                 m.fused = bool(fused)
