@@ -69,7 +69,7 @@ from lintime.bench.decode import bench_decode, decode_paths
 from lintime.bench.measure import call_times_ms, environment, quantiles
 from lintime.bench.report import decode_table, fmt_size, train_table, write_outputs
 
-SCHEMA = 2  # bench_model.json layout: see docs/bench_model.md
+SCHEMA = 3  # bench_model.json layout: see docs/bench_model.md (3: settings.decode_batch a list, prefill of a fresh prompt per L)
 
 # family -> its ~110M preset (the seed's "base" size; linear GPT-2's 124M is its smallest), then the anchors
 DEFAULT_PRESETS = (
