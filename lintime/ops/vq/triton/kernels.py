@@ -101,13 +101,13 @@ def vq_fwd_kernel(
 
 @triton.jit
 def vq_bwd_query_kernel(
-    q, k, v, kvalid, qblk, bias, cb, logc, cm, do, lse, delta, dq, pw, dsw, pc, dsc,
+    q, k, v, kvalid, qblk, bias, cb, logc, cm, o, do, lse, dq, pw, dsw, pc, dsc,
     L, S, NQT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, HAS_BIAS: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
     """Query side of the backward for query rows ``i0 ..`` of one query block: the probabilities ``P`` and
-    score gradients ``dS = P (do . v^T - delta)`` of every window column (``pw``, ``dsw`` ``[NQ, L, H, W]``;
+    score gradients ``dS = P (do . v^T - rowsum(do o))`` of every window column (``pw``, ``dsw`` ``[NQ, L, H, W]``;
     ``dsw`` is the bias gradient) and cache code (``pc``, ``dsc`` ``[NQ, L, H, S]``), recomputed from ``lse``,
     and ``dq = dS k``.  Columns past the tile's causal limit are stored as zeros.  Grid ``(NQ * NQT, H)``."""
     i_t, i_h = tl.program_id(0), tl.program_id(1)
@@ -136,7 +136,12 @@ def vq_bwd_query_kernel(
     dsc += tq * S
     b_q = tl.load(q + o_i[:, None] * (H * K) + o_k[None, :], mask=m_i[:, None] & m_k[None, :], other=0.0)
     b_lse = tl.load(lse + tq + o_i * H, mask=m_i, other=0.0)
-    b_d = tl.load(delta + tq + o_i * H, mask=m_i, other=0.0)
+    b_d = tl.zeros([BM], tl.float32)  # rowsum(do o) (FlashAttention-2's D)
+    for v0 in range(0, V, BV):
+        o_v = v0 + o_bv
+        m_dv = m_i[:, None] & (o_v < V)[None, :]
+        b_do = tl.load(do + o_i[:, None] * (H * V) + o_v[None, :], mask=m_dv, other=0.0).to(tl.float32)
+        b_d += tl.sum(b_do * tl.load(o + tq * V + o_i[:, None] * (H * V) + o_v[None, :], mask=m_dv, other=0.0), 1)
     b_dq = tl.zeros([BM, BK], tl.float32)
     hi = tl.minimum(W, L + i0 + BM)
     for j0 in range(0, hi, BN):

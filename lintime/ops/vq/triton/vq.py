@@ -74,7 +74,6 @@ def vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, lse, L: int
     V = v.shape[-1]
     S = cb.shape[1]
     DT, PREC = _TL[q.dtype], dot_config(q.dtype)[1]
-    delta = (do.float() * o.float()).sum(-1)  # [NQ, L, H] rowsum(do . o) (FlashAttention-2)
     dq = torch.empty_like(q)
     pw = q.new_empty(NQ, L, H, 2 * L)
     dsw = q.new_empty(NQ, L, H, 2 * L)
@@ -83,7 +82,7 @@ def vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, lse, L: int
     if NQ > 0:
         NQT = cdiv(L, cfg.bm_q)
         vq_bwd_query_kernel[(NQ * NQT, H)](
-            q, k, v, kvalid, qblk, bias, cb, logc, cm, do, lse, delta, dq, pw, dsw, pc, dsc, L, S, NQT, H=H, K=K,
+            q, k, v, kvalid, qblk, bias, cb, logc, cm, o, do, lse, dq, pw, dsw, pc, dsc, L, S, NQT, H=H, K=K,
             V=V, BM=cfg.bm_q, BN=cfg.bn_q, BK=block(K), BV=min(cfg.bv_q, block(V)), HAS_BIAS=bias is not None,
             DT=DT, PREC=PREC, num_warps=cfg.warps_q, num_stages=cfg.stages,
         )
