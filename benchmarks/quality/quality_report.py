@@ -195,7 +195,7 @@ def status_mark(r: dict) -> str:
     return "" if st == "ok" else f" **[{st}]**"
 
 
-def fmt_speedup(r: dict, key: str = "speedup_time", of: int | None = None) -> str:
+def fmt_speedup(r: dict, key: str = "speedup_time") -> str:
     if not r.get("n_ok"):
         return "-"
     if not r.get("ref_available"):

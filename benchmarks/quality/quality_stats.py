@@ -141,19 +141,6 @@ def bpb_at(curve: list[dict], x: float, key: str = "time_s") -> tuple[float | No
     return None, "before"  # unreachable for a sorted curve
 
 
-def speedup(curve: list[dict], ref_curve: list[dict]) -> dict:
-    """One run's seed-Table-3 speed-up over one reference run: ``{time, steps, target}`` (None: not
-    reached), with ``target`` the reference's final bpb."""
-    if not curve or not ref_curve:
-        return {"time": None, "steps": None, "target": None}
-    end = ref_curve[-1]
-    out = {"target": end["bpb"]}
-    for key, name in (("time_s", "time"), ("step", "steps")):
-        t = first_reach(curve, end["bpb"], key)
-        out[name] = (end[key] / t) if t else None
-    return out
-
-
 _SEED_SUFFIX = re.compile(r"-s(\d+)$")
 
 

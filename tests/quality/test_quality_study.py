@@ -98,17 +98,6 @@ def test_first_reach_interpolates_between_evaluations():
     assert qs.bpb_at(curve, 5.0) == (None, "before")
 
 
-def test_speedup_is_reference_time_over_time_to_reach_its_final_score():
-    ref = [{"step": 100, "time_s": 50.0, "bpb": 2.0}, {"step": 200, "time_s": 100.0, "bpb": 1.6}]
-    fast = [{"step": 100, "time_s": 20.0, "bpb": 1.8}, {"step": 200, "time_s": 40.0, "bpb": 1.4}]
-    sp = qs.speedup(fast, ref)
-    # 1.6 is reached halfway between (20 s, 1.8) and (40 s, 1.4): 30 s, step 150
-    assert sp["time"] == pytest.approx(100 / 30) and sp["steps"] == pytest.approx(200 / 150)
-    assert qs.speedup(ref, ref)["time"] == pytest.approx(1.0)
-    slow = [{"step": 200, "time_s": 100.0, "bpb": 1.7}]
-    assert qs.speedup(slow, ref)["time"] is None
-
-
 def test_one_off_time_is_step_one_and_every_compile_step_beyond_the_median():
     # step 1 took 12 s, step 5 took 4 s (a compile), the others 0.5 s
     t, rows = 12.0, [{"step": 1, "time_s": 12.0, "loss": 5.0}]
