@@ -463,17 +463,21 @@ def recall_section(data: dict) -> str:
     """The results block of the page from a ``recall_sweep.json``."""
     st, best = data["settings"], data["best"]
     runs, not_run = data["runs"], data.get("not_run", [])
-    steps = st.get("steps") or "Zoology's epochs of"
+    if st.get("steps"):
+        budget = f"{st['steps']} steps per run ({st.get('anchor_steps') or st['steps']} for the anchor; Zoology: 64 " \
+                 "epochs, 12 500-50 000 steps), cosine over the run"
+    else:
+        budget = f"{st['epochs']} epochs per run (Zoology's recipe), cosine over them"
+    every = f"every {st['eval_every']} steps" if st.get("eval_every") else "after every epoch"
+    workers = f"{data['jobs']} worker processes sharing the GPU" if data.get("jobs") else "the runs in one process"
     lines = [
         f"Measured on {data['device']} ({data.get('host_cpus', '?')} host CPUs), {data['date']}, commit "
-        f"`{data['commit'][:10]}`, torch {data['torch']}; {data['jobs'] or 'no'} worker processes sharing the GPU; "
+        f"`{data['commit'][:10]}`, torch {data['torch']}; {workers}; "
         f"{len(runs)} runs in {data['seconds']:.0f} s (deadline {st['deadline_s']:.0f} s); "
         + (f"{len(not_run)} queued runs not started before the deadline." if not_run else "every queued run ran."),
         "",
-        f"Settings: {steps} steps per run ({st.get('anchor_steps') or steps} for the anchor; Zoology: 64 epochs, "
-        f"12 500-50 000 steps), cosine over the run, test "
-        f"accuracy every {st.get('eval_every') or 'epoch'} steps on {st['test_examples']:,} test examples, stop above "
-        f"{TARGET}; vocabulary {st['vocab']}, {st['train_examples']:,} training examples, Zoology's batch rows; "
+        f"Settings: {budget}, test accuracy {every} on {st['test_examples']:,} test examples, stop above {TARGET}; "
+        f"vocabulary {st['vocab']}, {st['train_examples']:,} training examples, Zoology's batch rows; "
         f"learning-rate ladder {st['lrs']} (a cell takes the next rate only while at or below {TARGET}): "
         f"{_rates_tried(best)}.",
         "",
