@@ -59,9 +59,9 @@ def _kernel_ms(f, inputs) -> tuple[float, float]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         torch.autograd.grad(f(*inputs), leaves, do)
         torch.cuda.synchronize()
-    events = prof.key_averages()
-    dev = lambda e: getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0))
-    return (sum(dev(e) for e in events if e.key.startswith("vq_")) / 1e3, sum(dev(e) for e in events) / 1e3)
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]  # not the ops
+    return (sum(e.self_device_time_total for e in kernels if e.key.startswith("vq_")) / 1e3,
+            sum(e.self_device_time_total for e in kernels) / 1e3)
 
 
 def case_vq(results, quick=False, Ts=TS, tokens=TOKENS, impls=("triton", "chunk"), anchor=True):
