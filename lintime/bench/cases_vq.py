@@ -87,7 +87,10 @@ def case_vq(results, quick=False, Ts=TS, tokens=TOKENS, impls=("triton", "chunk"
                 fwd, fb = fwd_fwdbwd_ms(f, inputs)
                 extra = {}
                 if impl == "triton":
-                    extra["vq_kernels_ms"], extra["all_kernels_ms"] = _kernel_ms(f, inputs)
+                    try:  # the split is a diagnostic: a profiler failure must not cost the times
+                        extra["vq_kernels_ms"], extra["all_kernels_ms"] = _kernel_ms(f, inputs)
+                    except Exception as e:  # noqa: BLE001
+                        extra["profile_error"] = f"{type(e).__name__}: {e}"
             except torch.OutOfMemoryError:
                 fwd = fb = None
                 extra = {"oom": True}
