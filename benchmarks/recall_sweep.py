@@ -555,8 +555,8 @@ def status_section(recall: dict | None, passkey: dict | None) -> str:
 
 
 def write_report(recall_json: Path, passkey_json: Path | None, page: Path) -> str:
-    """Fill the page's generated blocks from the sweeps' JSON and copy their plots next to it
-    (``results/``); returns what it wrote."""
+    """Fill the page's generated blocks from the sweeps' JSON, copy the JSON and draw the plots
+    into ``results/`` beside the page; returns what it wrote."""
     recall = json.loads(recall_json.read_text())
     passkey = json.loads(passkey_json.read_text()) if passkey_json else None
     text = page.read_text()
@@ -564,16 +564,22 @@ def write_report(recall_json: Path, passkey_json: Path | None, page: Path) -> st
     text = replace_block(text, "recall-results", recall_section(recall))
     images = page.parent / "results"
     images.mkdir(parents=True, exist_ok=True)
-    drawn = [images / "recall_sweep.png"]  # drawn again from the JSON: the GPU machine may lack matplotlib
-    plot(recall["best"], drawn[0])
+    # the JSON kept beside the page (the numbers' source); the plots drawn again from it (the GPU
+    # machine may lack matplotlib)
+    written = [images / "recall_sweep.json", images / "recall_sweep.png"]
+    if recall_json.resolve() != written[0].resolve():
+        shutil.copy(recall_json, written[0])
+    plot(recall["best"], written[1])
     if passkey is not None:
         import passkey_sweep
 
         text = replace_block(text, "passkey-results", passkey_section(passkey))
-        drawn.append(images / "passkey_sweep.png")
-        passkey_sweep.plot(passkey, drawn[1])
+        written += [images / "passkey_sweep.json", images / "passkey_sweep.png"]
+        if passkey_json.resolve() != written[2].resolve():
+            shutil.copy(passkey_json, written[2])
+        passkey_sweep.plot(passkey, written[3])
     page.write_text(text)
-    return f"wrote {page}, " + " and ".join(map(str, drawn))
+    return f"wrote {page}, " + ", ".join(map(str, written))
 
 
 

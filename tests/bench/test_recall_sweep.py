@@ -164,6 +164,8 @@ def test_report_fills_the_page(tmp_path):
     assert "| linear-1024 | 1024 | failed | failed | failed |" in text
     assert (page.parent / "results" / "recall_sweep.png").stat().st_size > 1000
     assert (page.parent / "results" / "passkey_sweep.png").stat().st_size > 1000
+    assert json.loads((page.parent / "results" / "recall_sweep.json").read_text())["best"]
+    assert json.loads((page.parent / "results" / "passkey_sweep.json").read_text())["models"][0]["name"] == "flash-1024"
     # the hand-written parts are untouched; a second report replaces the blocks, not appends
     assert before.split("<!-- BEGIN status")[0] == text.split("<!-- BEGIN status")[0]
     assert text.count("## The recipe") == 1
