@@ -226,12 +226,11 @@ def test_custom_ops_pass_opcheck():
                           test_utils=utils)
 
 
-def test_scatter_sums_and_row_scan_equal_the_chunked_forms():
+def test_scatter_sums_equal_block_sums():
     """The Triton path's per-block sums (scatter-adds) equal the chunked form's one-hot products, with empty
-    slots and empty codes; its serial reduction of one-sequence rows equals the chunked closed form."""
-    from lintime.ops.vq.chunk import _reduce_serial
+    slots and empty codes."""
     from lintime.ops.vq.state import block_sums
-    from lintime.ops.vq.triton.vq import scatter_sums, serial_one_segment_rows
+    from lintime.ops.vq.triton.vq import scatter_sums
 
     g = torch.Generator().manual_seed(1)
     codes = torch.randint(0, 7, (3, 5, 6, 2), generator=g)
@@ -240,11 +239,31 @@ def test_scatter_sums_and_row_scan_equal_the_chunked_forms():
     (c0, s0), (c1, s1) = block_sums(codes, v, valid, 9), scatter_sums(codes, v, valid, 9)
     assert torch.equal(c0, c1) and (c1[..., 7:] == 0).all()
     assert_exact("scatter sums", s0, s1)
-    first = torch.zeros(3, 5, dtype=torch.bool)
+
+
+@cpu_only
+def test_scan_kernel_equals_the_serial_closed_form():
+    """The serial reduction's scan kernel (running count and mean, reset at every pseudo-block) equals the chunked
+    form's closed form on rows of several sequences (one-block ones, empty codes): both results and the
+    gradients of the counts and the sums."""
+    from lintime.ops.vq.chunk import _reduce_serial
+    from lintime.ops.vq.triton.scan import scan_serial
+
+    g = torch.Generator().manual_seed(3)
+    R, NE, H, S, V = 2, 9, 2, 5, 20  # 16-wide tiles: two row tiles, two column tiles
+    first = torch.rand(R, NE, generator=g) < 0.3
     first[:, 0] = True
-    (c0, m0), (c1, m1) = _reduce_serial(first, c0, s0), serial_one_segment_rows(first, c0, s0)
-    assert torch.equal(c0, c1)
-    assert_exact("row scan", m0, m1)
+    first[1, 3:5] = True
+    cnt = torch.randint(0, 3, (R, NE, H, S), generator=g).float()
+    sumv = torch.randn(R, NE, H, S, V, generator=g) * cnt[..., None]
+    wc, wm = torch.randn(R, NE, H, S, generator=g), torch.randn(R, NE, H, S, V, generator=g)
+    out = {}
+    for name, fn in (("closed", _reduce_serial), ("scan", scan_serial)):
+        c, s_ = cnt.clone().requires_grad_(), sumv.clone().requires_grad_()
+        tot, mean = fn(first, c, s_)
+        out[name] = (tot, mean, *torch.autograd.grad((tot * wc).sum() + (mean * wm).sum(), (c, s_)))
+    for what, a, b in zip(("count", "mean", "d count", "d sum"), out["closed"], out["scan"]):
+        assert_exact(f"scan {what}", a, b)
 
 
 def test_automatic_choice(impl_calls):

@@ -34,6 +34,7 @@ from lintime.ops.vq.chunk import _layout, cache_summaries, final_state, num_bloc
 from lintime.ops.vq.state import log_count
 from lintime.ops.vq.triton.kernels import vq_bwd_key_kernel, vq_bwd_query_kernel, vq_fwd_kernel
 from lintime.ops.vq.triton.launch import VQLaunch, default_launch
+from lintime.ops.vq.triton.scan import scan_serial
 
 _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
@@ -157,15 +158,6 @@ def scatter_sums(codes: Tensor, v: Tensor, valid: Tensor, S: int) -> tuple[Tenso
     return cnt[:-1].view(*lead, H, S), sumv[:-1].view(*lead, H, S, V)
 
 
-def serial_one_segment_rows(first: Tensor, cnt: Tensor, sumv: Tensor) -> tuple[Tensor, Tensor]:
-    """The serial reduction (seed Code 2's running count and mean) of a layout whose every row holds one
-    sequence (unpacked calls): plain cumulative sums along the blocks, in ``sumv``'s dtype -- no segment start
-    inside a row, so no prefix is subtracted and nothing cancels, where the packed closed form needs fp64 sums
-    (:func:`lintime.ops.vq.chunk._reduce_serial`); vq-base at 32k: about 0.8 against 6 GB of memory traffic."""
-    tot = cnt.cumsum(1)
-    return tot, sumv.cumsum(1) / torch.where(tot > 0, tot, torch.ones_like(tot))[..., None]
-
-
 def triton_vq_attention(
     q, k_hat, codes, v, codebook, *, block_len, bias=None, reduction="serial", initial_state=None,
     output_final_state=False, cu_seqlens=None, host_values=None, launch: VQLaunch | None = None,
@@ -202,9 +194,9 @@ def triton_vq_attention(
     vc = lay.place(flat(v), bufs(st.v.to(v.dtype)) if st is not None else None)  # [R, NE, L, H, V]
     zc = lay.place(flat(codes).long(), bufs(st.codes.long()) if st is not None else None)  # [R, NE, L, H]
     vc32 = vc.to(dt)
-    one_row = reduction == "serial" and cu_seqlens is None  # a row per sequence (chunk._layout)
+    # [R, NE, H, S], [R, NE, H, S, V]; "serial": the scan kernel (the same running count and mean as Code 2)
     cum_c, cum_m = cache_summaries(lay, zc, vc32, st, S, reduction, sums=scatter_sums,
-                                   reduce=serial_one_segment_rows if one_row else None)  # [R, NE, H, S], [R, NE, H, S, V]
+                                   reduce=scan_serial if reduction == "serial" else None)
     back2 = lay.qblk - 2  # the cache of query block n: blocks <= n - 2 (seed Code 2: pad 2, drop last 2)
     cache_c = cum_c.reshape(R * NE, H, S).index_select(0, back2)  # [NQ, H, S]
     cache_m = cum_m.reshape(R * NE, H, S, V).index_select(0, back2)  # [NQ, H, S, V]
