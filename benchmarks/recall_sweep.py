@@ -350,9 +350,6 @@ def best_by_cell(runs: list[dict], cells: list[Cell] | None = None) -> list[dict
     return sorted(best.values(), key=lambda r: (r["seq_len"], r["family"], r["d_model"]))
 
 
-best_by_point = best_by_cell  # the name the first version of this script used
-
-
 # ---------------------------------------------------------------------------------------------- outputs
 
 
