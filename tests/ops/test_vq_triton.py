@@ -204,7 +204,7 @@ def test_fp16_half_rule():
 @cpu_only
 def test_custom_ops_pass_opcheck():
     """Schema, fake tensors and autograd registration of ``lintime::vq_fwd`` / ``lintime::vq_bwd`` on one query
-    block (flat block 2, after a pseudo-block and a previous block).  Not ``test_aot_dispatch_dynamic``: about
+    block (flat block 2, after a pseudo-block and a previous block), and of ``lintime::vq_scan`` / ``_bwd``.  Not ``test_aot_dispatch_dynamic``: about
     5 s of tracing on the CPU for what the compiled-model tests cover on CUDA."""
     from lintime.ops.vq.triton.launch import default_launch
 
@@ -224,6 +224,13 @@ def test_custom_ops_pass_opcheck():
     o, lse = torch.ops.lintime.vq_fwd(*[x.detach() for x in args], L, launch)
     torch.library.opcheck(torch.ops.lintime.vq_bwd, (r(1, L, H, V), *[x.detach() for x in args], o, lse, L, launch),
                           test_utils=utils)
+    first = torch.tensor([[1, 0, 0, 1, 0]], dtype=torch.int8)
+    cnt, sumv = torch.randint(0, 3, (1, 5, H, S), generator=g).float(), r(1, 5, H, S, V)
+    torch.library.opcheck(torch.ops.lintime.vq_scan, (first, cnt.requires_grad_(), sumv.requires_grad_()),
+                          test_utils=utils)
+    tot, mean = torch.ops.lintime.vq_scan(first, cnt.detach(), sumv.detach())
+    torch.library.opcheck(torch.ops.lintime.vq_scan_bwd, (first, cnt.detach(), tot, mean, r(1, 5, H, S),
+                                                          r(1, 5, H, S, V), True), test_utils=utils)
 
 
 def test_scatter_sums_equal_block_sums():
