@@ -228,9 +228,9 @@ def test_backbone_fused_residual_is_the_same_function(name, overrides, monkeypat
     import lintime.ops.norm as norm_mod
 
     monkeypatch.setattr(norm_mod, "select", lambda op, backend, impls, x: impls[backend or "triton"])
-    model = _tiny(name, **overrides)
+    model = _tiny(name, **overrides).to(DEV)  # the interpreter on the CPU, the compiled kernels on CUDA
     gen = torch.Generator().manual_seed(1)
-    ids, targets = (torch.randint(0, model.config.vocab_size, (1, 7), generator=gen) for _ in range(2))
+    ids, targets = (torch.randint(0, model.config.vocab_size, (1, 7), generator=gen).to(DEV) for _ in range(2))
     assert model.backbone.fuses_residual()
     fused = _loss_and_grads(model, ids, targets)
     model.backbone.fused = False

@@ -23,10 +23,12 @@ from lintime.layers.flash import FLASH, FLASHState
 from lintime.models import CausalLM, get_preset
 from lintime.ops import MixedChunkState, gau_heads, mixed_chunk_attention, mixed_chunk_decode_step_
 from lintime.ops.utils import mark_checked
-from lintime.testing import assert_close, assert_exact, assert_half_rule
+from lintime.testing import HALF_FACTOR, HALF_FLOOR, assert_close, assert_exact, assert_half_rule, rel_rms
 
 pytest.importorskip("triton")
 CUDA = torch.cuda.is_available()
+# the interpreter tests build CPU tensors; on a CUDA machine the CUDA tests below cover the compiled kernels
+cpu_only = pytest.mark.skipif(CUDA, reason="interpreter tests: the CUDA tests below cover the compiled kernels")
 FIELDS = ("kv", "count", "k_quad", "k_lin", "v", "fill")
 
 
@@ -95,6 +97,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("dtype,linear_norm,scale,bias,backend,T", CASES)
+@cpu_only
 def test_decode_step_equals_heads_then_recurrent_form(dtype, linear_norm, scale, bias, backend, T):
     # C = 16: two 8-slot blocks under the interpreter; E = 24: two 16-column programs, one partial; S = 16
     N, S, E, C = 2, 16, 24, 16
@@ -125,6 +128,7 @@ def _bias(rb, on, dtype):
     return rb.to(dtype) if on else None
 
 
+@cpu_only
 def test_decode_step_rejects_what_it_cannot_update_in_place():
     h, gamma, beta, positions, rb, state = _problem(2, 1, 8, 16, 16, fills=[1, 2], chunks=[0, 0])
     st = _cast(state, torch.float32)
@@ -238,7 +242,9 @@ def test_decode_step_cuda_flash_base_shapes_bf16():
     ref, ref_state = _reference(hc, gc, bc, pc, _cast(state, torch.float64, "cuda"), torch.float64,
                                 rel_bias=rb.cuda(), **kw)
     assert_half_rule("u * a", ref, out, base)
-    assert_half_rule("kv", ref_state.kv, out_state.kv, base_state.kv)
+    # kv is an fp32 sum of bf16 products in both forms: the half rule with the floor of the products' dtype
+    e_out, e_base = rel_rms(ref_state.kv, out_state.kv), rel_rms(ref_state.kv, base_state.kv)
+    assert e_out <= HALF_FACTOR * e_base + HALF_FLOOR[dt], (e_out, e_base)
     for f in ("count", "fill"):
         assert torch.equal(getattr(base_state, f), getattr(out_state, f)), f
 

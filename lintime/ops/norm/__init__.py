@@ -136,6 +136,10 @@ def add_normalize(
     D = x.shape[-1]
     s_dtype = torch.promote_types(x.dtype, branch.dtype)
     out_dtype = s_dtype if out_dtype is None else out_dtype
+    if backend is None and torch.compiler.is_compiling():
+        # traced, the add and the norm are plain PyTorch that inductor fuses itself (the Triton custom ops'
+        # joint graph failed inductor's functional-graph check on CUDA: H200, torch 2.11, 2026-11-27)
+        backend = "chunk"
     impls = _impls(_ADD_IMPLS, backend, x.dtype, branch.dtype, out_dtype)
     x2 = x.reshape(-1, D)
     impl = select("add_normalize", backend, impls, x2[None])
