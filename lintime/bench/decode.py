@@ -192,7 +192,7 @@ def _fill(row, times: list[float], device) -> None:
     row.tokens_per_s = row.batch / (q["median"] / 1e3)
     row.peak_mib = common.peak_mib(device)
     row.steps = len(times)
-    if row.prefill_s:
+    if row.prefill_s and row.prefill_tokens_per_s is None:  # the anchors' (their whole B x L prompt)
         row.prefill_tokens_per_s = row.batch * row.prefill_tokens / row.prefill_s
 
 
@@ -251,9 +251,10 @@ def _contexts(model, s, device, amp, name, cfg, note, emit, decode_case: Callabl
                         prefill = prompts.prefill(L)
                         if prefill["prefill_s"] > s.case_budget_s:
                             slow = f"prefill to L={fmt_size(L)} took {prefill['prefill_s']:.0f} s > budget {s.case_budget_s:g} s"
-                    if B == 1:
+                    if B == 1:  # the prefill's columns, also when the decoding below is skipped
                         for k, v in prefill.items():
                             setattr(row, k, v)
+                        row.prefill_tokens_per_s = row.prefill_tokens / row.prefill_s
                     else:
                         row.state_mib = prefill["state_mib"]
                         row.note = f"{note}; {REPLICATED}" if note else REPLICATED

@@ -61,6 +61,11 @@ def test_a_state_that_cannot_fit_is_a_memory_skip_row_and_skips_longer_contexts(
     assert status[8, 1] == "ok" and status[24, 1] == "ok"
     assert status[8, 4096].startswith("skipped: memory: B=4096 at L=8 needs ~") and "GiB free" in status[8, 4096]
     assert status[24, 4096] == status[8, 4096]  # the longer context is skipped for the same reason
+    # nothing fits: the decoding rows are skipped, the batch-1 row keeps its measured prefill
+    monkeypatch.setattr(bd, "free_bytes", lambda device: 1)
+    (row,) = bm.bench_decode(_settings(decode_contexts="8"))
+    assert row.status.startswith("skipped: memory: B=1 at L=8") and row.token_ms is None
+    assert row.prefill_tokens == 8 and row.prefill_tokens_per_s == pytest.approx(8 / row.prefill_s)
 
 
 def test_hf_static_compiled_row_is_skipped_on_cpu():
