@@ -204,8 +204,8 @@ def test_fp16_half_rule():
 @cpu_only
 def test_custom_ops_pass_opcheck():
     """Schema, fake tensors and autograd registration of ``lintime::vq_fwd`` / ``lintime::vq_bwd`` on one query
-    block (flat block 2, after a pseudo-block and a previous block), and of ``lintime::vq_scan`` / ``_bwd``.  Not ``test_aot_dispatch_dynamic``: about
-    5 s of tracing on the CPU for what the compiled-model tests cover on CUDA."""
+    block (flat block 2, after a pseudo-block and a previous block), and of ``lintime::vq_scan`` / ``_bwd``.
+    Not ``test_aot_dispatch_dynamic``: about 5 s of tracing on the CPU (CI budget)."""
     from lintime.ops.vq.triton.launch import default_launch
 
     g = torch.Generator().manual_seed(0)

@@ -240,4 +240,5 @@ def vq_bwd_key_kernel(
             b_x = tl.load(x_n + o_i[:, None] * (H * D) + o_d[None, :], mask=m_i[:, None] & m_d[None, :], other=0.0)
             acc += tl.dot(tl.trans(b_a), b_x, input_precision=PREC)
     out += (f * L * H + i_h) * D
-    tl.store(out + o_j[:, None] * (H * D) + o_d[None, :], acc.to(out.dtype.element_ty), mask=m_j[:, None] & m_d[None, :])
+    tl.store(out + o_j[:, None] * (H * D) + o_d[None, :], acc.to(out.dtype.element_ty),
+             mask=m_j[:, None] & m_d[None, :])
