@@ -14,8 +14,9 @@ from lintime.ops.launch_tables import LaunchConfig
 @dataclass(frozen=True)
 class VQLaunch(LaunchConfig):
     """Tiles and launch settings of :mod:`.kernels`; field defaults are for the vq-base shape (``K = 128,
-    V = 1536, L = S = 512``, bf16).  Not timed yet: each default is the largest tile set that ptxas (Triton 3.9,
-    sm_90) compiles without spilling registers to local memory, 2026-11-27."""
+    V = 1536, L = S = 512``, bf16).  Not timed yet: tiles that ptxas (Triton 3.9, sm_90) compiles without spilling
+    registers to local memory, 2026-11-27 (the forward with ``bv = 256`` compiles without spills too: 254
+    registers)."""
 
     bm: int = 64  # forward: query rows per program
     bn: int = 64  # forward: window columns / cache codes per step
