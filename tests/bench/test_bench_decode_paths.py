@@ -102,12 +102,18 @@ def test_cli_decode_path(tmp_path, capsys):
 def test_cuda_graph_and_static_compiled_rows_are_measured():
     pytest.importorskip("transformers")
     rows = bm.bench_decode(_settings(presets=f"transformer-pp-tiny,{LINEAR},{HF}", device="cuda", dtype="bf16",
-                                     decode_steps=4))
-    by = {(r.preset, r.L, r.path): r for r in rows}
+                                     decode_steps=4, decode_batch="1,2"))
+    by = {(r.preset, r.L, r.batch, r.path): r for r in rows}
     for p in ("transformer-pp-tiny", LINEAR):
         for L in (8, 24):
-            g, e = by[p, L, "graph"], by[p, L, "eager"]
-            assert g.status == "ok" and e.status == "ok", (g.status, e.status)
-            assert g.token_ms > 0 and g.prefill_tokens_per_s == e.prefill_tokens_per_s
+            for B in (1, 2):
+                g, e = by[p, L, B, "graph"], by[p, L, B, "eager"]
+                assert g.status == "ok" and e.status == "ok", (p, L, B, g.status, e.status)
+                assert g.token_ms > 0 and g.prefill_tokens_per_s == e.prefill_tokens_per_s
+            assert by[p, L, 1, "eager"].prefill_tokens_per_s > 0
     for L in (8, 24):
-        assert by[HF, L, "static-compiled"].status == "ok" and by[HF, L, "static-compiled"].token_ms > 0
+        for B in (1, 2):
+            r = by[HF, L, B, "static-compiled"]
+            assert r.status == "ok" and r.token_ms > 0 and r.prefill_tokens == L, (L, B, r.status)
+    # a static cache per context: longer for the longer prompt
+    assert by[HF, 24, 1, "static-compiled"].state_mib > by[HF, 8, 1, "static-compiled"].state_mib

@@ -74,23 +74,35 @@ def test_prefill_rows_chunked_and_continuing_a_state():
         torch.testing.assert_close(second, full[:, -1], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", FAMILY_PRESETS)
-def test_prefill_in_one_piece_in_pieces_and_token_by_token_agree(name):
-    """The same prompt prefilled in one call, in pieces of 4 and one token per call: the last logits equal the
-    full-sequence forward's, and the three states continue identically (two decoding steps)."""
-    model = _model(name)
+def _pieces_agree(model, device="cpu", tol=1e-4):
     g = torch.Generator().manual_seed(2)
-    ids = torch.randint(0, 256, (2, 19), generator=g)
-    nxt = torch.randint(0, 256, (2, 2), generator=g)
+    ids = torch.randint(0, 256, (2, 19), generator=g).to(device)
+    nxt = torch.randint(0, 256, (2, 2), generator=g).to(device)
     with torch.no_grad():
         full = model(torch.cat([ids, nxt], 1))  # [2, 21, V]: no state
         for C in (None, 4, 1):
             logits, state = prefill(model, ids, None, C)
-            torch.testing.assert_close(logits, full[:, 18], rtol=1e-4, atol=1e-4, msg=f"C={C}")
+            torch.testing.assert_close(logits, full[:, 18], rtol=tol, atol=tol, msg=f"C={C}")
             assert state.offset.tolist() == [19, 19]
             for t in range(2):
                 logits, state = decode_one_token(model, nxt[:, t], state)
-                torch.testing.assert_close(logits, full[:, 19 + t], rtol=1e-4, atol=1e-4, msg=f"C={C} step {t}")
+                torch.testing.assert_close(logits, full[:, 19 + t], rtol=tol, atol=tol, msg=f"C={C} step {t}")
+
+
+@pytest.mark.parametrize("name", FAMILY_PRESETS)
+def test_prefill_in_one_piece_in_pieces_and_token_by_token_agree(name):
+    """The same prompt prefilled in one call, in pieces of 4 and one token per call: the last logits equal the
+    full-sequence forward's, and the three states continue identically (two decoding steps)."""
+    _pieces_agree(_model(name))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["flash-tiny", "gla-tiny", "transformer-pp-tiny"])
+def test_prefill_pieces_agree_on_the_fused_kernels(name):
+    """On CUDA (fp32: the kernels' ieee path) the prefill calls go through the fused kernels with an initial
+    state; pieces of 4 leave a partial FLASH chunk that the next call prepends."""
+    _pieces_agree(_model(name).cuda(), "cuda", tol=2e-4)
 
 
 def test_prefill_piece_rule():
