@@ -2,7 +2,8 @@
 tokens/s (one GPU, batch 1 by default, bf16, random weights and prompts).
 
 For every preset and prompt length ``L``: prefill ``L`` random tokens in pieces of each size of
-``--prefill-chunks`` (timed: tokens/s; ``GenerationConfig.prefill_chunk`` is 512), then from the
+``--prefill-chunks`` (timed: tokens/s; 0 = ``prefill``'s automatic pieces, the default of
+``GenerationConfig.prefill_chunk``), then from the
 last state
 
 * ``eager``   ``decode_one_token`` per token (a new state object per step, greedy);
@@ -53,7 +54,7 @@ def bench(preset: str, L: int, args) -> dict:
     with torch.no_grad():
         out = {}
         for C in (int(c) for c in args.prefill_chunks.split(",")):
-            prefill(m, ids[:, : min(L, C)], chunk_size=C)  # compile / warm the kernels
+            prefill(m, ids[:, : min(L, C or L)], chunk_size=C)  # compile / warm the kernels
             t = _timed(lambda: out.update(zip(("logits", "state"), prefill(m, ids, chunk_size=C))))
             row[f"prefill_tok_s@{C}"] = B * L / t
         logits, state = out["logits"], out["state"]
@@ -111,7 +112,7 @@ def main() -> None:
     ap.add_argument("--lengths", default="1024,8192,32768")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--prefill-chunks", default="512,8192", help="prefill piece sizes to time (the last one's state decodes)")
+    ap.add_argument("--prefill-chunks", default="8192,0", help="prefill piece sizes to time, 0 = automatic (the last one's state decodes)")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
