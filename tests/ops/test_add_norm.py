@@ -190,8 +190,9 @@ def test_cuda_compiles_without_graph_breaks():
 
     ref = torch.autograd.grad(f(x, r, w), (x, r, w))
     got = torch.autograd.grad(torch.compile(f, fullgraph=True)(x, r, w), (x, r, w))
+    # traced, the op is its PyTorch form (inductor fuses it): the two differ by the bf16 rounding of h
     for name, a, c in zip(("dx", "dr", "dw"), ref, got):
-        torch.testing.assert_close(c.float(), a.float(), rtol=1e-3, atol=1e-3, msg=name)
+        torch.testing.assert_close(c.float(), a.float(), rtol=0, atol=2**-7 * a.float().abs().max().item(), msg=name)
 
 
 # ------------------------------------------------------------------------------------------ in the backbone

@@ -161,6 +161,7 @@ def _set_backend(model, backend):
         blk.mixer.backend = backend
 
 
+@cpu_only
 def test_static_decoding_through_the_fused_step_gives_the_eager_tokens():
     m = _tiny_flash()
     ids = torch.tensor([[3, 14, 15, 9, 26], [5, 35, 8, 9, 7]])
@@ -195,6 +196,7 @@ def test_static_decoding_through_the_fused_step_gives_the_eager_tokens():
     assert dec.state.offset.tolist() == [ids.shape[1] + steps] * 2
 
 
+@cpu_only
 def test_layer_step_in_place_equals_its_eager_step():
     """scaling='ns' (the scaled bias) and linear_norm='chunk' through the layer; the layer keeps its own path
     for eager states, on the CPU without backend='triton', and with gradients."""
