@@ -16,10 +16,11 @@ labels=ids, use_cache=False).loss`` (the model shifts the labels: ``T - 1`` pred
 ``zero_grad`` as our rows and feeds the same random tokens.
 
 Decoding (:func:`generate_measure`): the library's ``generate`` (greedy, its default cache:
-transformers' ``DynamicCache``, fla's recurrent cache), eager, from a fresh random prompt of ``L``
-tokens at every context.  A logits processor stamps the time after every step's forward (device
-synchronised), so one call gives the prefill (prompt in, first logits out) and the per-token
-latencies of the following steps.
+transformers' ``DynamicCache``, fla's recurrent cache), eager, from a fresh random ``B x L`` prompt at
+every context; for HF also with its static cache and the one-token forward compiled by ``generate``
+(``static``).  A logits processor stamps the time after every step's forward (device synchronised),
+so one call gives the prefill (prompt in, first logits out) and the per-token latencies of the
+following steps.
 """
 
 from __future__ import annotations
