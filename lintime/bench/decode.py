@@ -3,8 +3,8 @@ batch size and decoding path.
 
 Ours (one model per preset): at each ``L`` a fresh random prompt of ``L`` tokens is prefilled into an
 empty state by :func:`lintime.generation.prefill` (its automatic pieces: the whole prompt per model call
-up to ``PREFILL_TOKENS``), timed between two device synchronisations -- the row's prefill columns (one
-untimed prefill of the first context runs before, for Triton's compilation).  The state of that one
+up to ``PREFILL_TOKENS``), timed between two device synchronisations -- the row's prefill columns (an untimed prefill of one
+piece runs first for every new piece size: Triton's compilation).  The state of that one
 prompt is replicated to each batch size ``B`` of ``Settings.decode_batch`` (rows decode independently, so
 ``B`` copies of one prompt cost what ``B`` prompts cost), and one row per path (``Settings.decode_paths``):
 
@@ -83,7 +83,7 @@ class Prompts:
         self.model, self.cfg, self.s, self.device, self.amp = model, cfg, s, device, amp
         self.g = torch.Generator().manual_seed(1)
         self.state = self.logits = None
-        self.warm = False
+        self.warm: set[int] = set()  # piece sizes prefilled once untimed
         self.row_bytes = 0  # the state of one prompt
 
     def _prefill(self, L: int):
@@ -96,13 +96,14 @@ class Prompts:
     def prefill(self, L: int) -> dict:
         """Prefill a fresh ``L``-token prompt; returns the row fields ``prefill_s``, ``prefill_tokens``,
         ``state_mib``."""
-        from lintime.generation.decode import state_nbytes
+        from lintime.generation.decode import prefill_piece, state_nbytes
 
         self.state = self.logits = None
         common.free_memory(self.device)
-        if not self.warm:  # untimed: Triton compilation and autotuning
-            self._prefill(L)
-            self.warm = True
+        piece = min(L, self.s.prefill_chunk or prefill_piece(1, L))
+        if piece not in self.warm:  # untimed, once per piece size: Triton compilation and autotuning
+            self._prefill(piece)
+            self.warm.add(piece)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()

@@ -35,7 +35,7 @@ Failures never end the run: an out-of-memory error gives the row ``status = "OOM
 preset's longer contexts, any other exception ``status = "error: <one line>"``, a preset that cannot
 run here ``skipped: <reason>`` rows.  The timed steps of a case stop once they took
 ``case_budget_s``; a preset whose median timed training step, or whose timed prefill, exceeds it
-skips its longer contexts.  Warm-up steps and the untimed first prefill, which hold Triton's
+skips its longer contexts.  Warm-up steps and the untimed warm-up prefills, which hold Triton's
 compilation and autotuning, are never judged.  docs/bench_model.md describes every field.
 """
 
