@@ -67,7 +67,7 @@ def bench(
         prefill_chunk: model: tokens per prefill call when building the decoding state (0 = automatic: the whole prompt up to 32768 tokens per call).
         dtype: model: autocast dtype: auto (bf16 on CUDA, fp32 on CPU), bf16, fp16, fp32.
         device: model: auto, cpu, cuda or cuda:N.
-        case_budget_s: model: seconds a case may spend in timed steps; a preset whose median timed step (or prefill after the first context) exceeds it skips its longer contexts (warm-up time, i.e. compilation and autotuning, is never judged).
+        case_budget_s: model: seconds a case may spend in timed steps; a preset whose median timed step (or timed prefill) exceeds it skips its longer contexts (warm-up time, i.e. compilation and autotuning, is never judged).
         parts: model: train, decode or both (comma-separated).
         decode_path: model: decoding rows per path: eager (a Python call per token), graph (one CUDA-graph replay per token over static state buffers; for hf:llama anchors, HF's static cache + compiled forward), both, or auto (both on CUDA, eager elsewhere).
         from_json: model: measure nothing; merge these bench_model.json files or folders (comma-separated) into --out with tables and plots.
