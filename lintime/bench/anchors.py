@@ -25,6 +25,7 @@ following steps.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from collections.abc import Callable
@@ -223,6 +224,11 @@ def generate_measure(model: torch.nn.Module, spec: AnchorSpec, decode_steps: int
 
         extra["cache_implementation"] = "static"
         extra["compile_config"] = CompileConfig(dynamic=True)
+        if amp is not None:
+            # HF sizes its static cache in the model's dtype: fp32 weights under autocast give bf16 keys for an
+            # fp32 cache (index_copy_ refuses them, H200 run 2026-11-27), so this path runs a copy of the model
+            # with its weights in the autocast dtype, without autocast -- how HF serves a bf16 model
+            model, amp = copy.deepcopy(model).to(amp), None
 
     class Clock(LogitsProcessor):
         def __call__(self, input_ids, scores):
