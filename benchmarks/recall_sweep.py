@@ -4,17 +4,22 @@ The grid: each family (its ``-tiny`` preset; Transformer++ for the softmax famil
 attention: :data:`FAMILY_CHANGES`) x each ``(seq_len, kv_pairs)`` of Zoology's Figure 2 (64/4,
 128/8, 256/16, 512/64) x each model width (64, 128, 256, 512; 2 layers, vocabulary 8192), trained
 with :func:`lintime.training.tasks.train_task` (Zoology's recipe: AdamW, weight decay 0.1, a
-cosine to 0, stop above 99 % test accuracy; 100 000 train / 3 000 test examples, Zoology's batch
-rows).  Writes ``recall_sweep.json`` (every run and every cell), ``recall_sweep.md`` (the table)
+cosine to 0 over 64 epochs, stop above 99 % test accuracy; 100 000 train / 3 000 test examples),
+cut short as below.  Writes ``recall_sweep.json`` (every run and every cell), ``recall_sweep.md`` (the table)
 and ``recall_sweep.png`` (accuracy against width, one panel per length, one line per family).
 
 Time-boxed for one GPU (issue 31: the sweep in <= 10 minutes; Zoology trains 64 epochs of
 100 000 examples per run, 12 500-50 000 steps, at four rates -- weeks of GPU time for this grid):
 
-* each run has ``--steps`` steps (default 600, 1-5 % of Zoology's), the cosine over them, the test
-  accuracy every ``--eval-every`` steps (100; stop above 0.99); the anchor's runs have
-  ``--anchor-steps`` (1500): the anchor checks that the setup can solve the task at all (attention
-  does, in Zoology), so it gets the budget to show it, and stops early once it has;
+* each run is the start of Zoology's: ``--steps`` steps (default 1000) of ``--rows`` examples (64;
+  Zoology: 512 at T <= 128, 256, 128 at 512), Zoology's 64-epoch cosine cut there (so near the peak
+  rate throughout), the test accuracy every ``--eval-every`` steps (200; stop above 0.99).  Why
+  64 rows: the recall phase change comes after a number of *steps* more than of examples (CPU
+  checks of the anchor, width 64, T = 64, 4 pairs, 2026-11-27: 64 rows passed 0.99 by step 600;
+  512 rows with a cosine over 600 steps stalled at 24 %), and a 64-row step costs the GPU ~1/4 to
+  1/8 of a Zoology step; the anchor's runs have ``--anchor-steps`` (2000): the anchor checks that
+  the setup can solve the task at all (attention does, in Zoology), so it gets the budget to show
+  it, and stops early once it has;
 * the learning rates are a ladder (``--lrs``, Zoology's four, most useful first): every cell runs
   at the first rate; a cell still at or below 0.99 gets the next rate once every cell had its
   first (Zoology runs all four and keeps the best; a cell above 0.99 could gain < 1 %);
@@ -177,6 +182,7 @@ def run_task(task: Task, settings: dict, root: str, max_seconds: float | None = 
         cfg = TaskTrainConfig(
             **changes, preset=c.preset, d_model=c.d_model, n_layers=2, vocab_size=settings["vocab"], seq_len=c.seq_len,
             kv_pairs=c.kv_pairs, train_examples=settings["train_examples"], test_examples=settings["test_examples"],
+            batch_size=settings.get("rows"),
             epochs=settings["epochs"], lr=task.lr, max_steps=steps, eval_every=settings["eval_every"],
             max_seconds=max_seconds, seed=settings["seed"], device=settings["device"], precision=settings["precision"],
         )
@@ -461,8 +467,9 @@ def recall_section(data: dict) -> str:
     st, best = data["settings"], data["best"]
     runs, not_run = data["runs"], data.get("not_run", [])
     if st.get("steps"):
-        budget = f"{st['steps']} steps per run ({st.get('anchor_steps') or st['steps']} for the anchor; Zoology: 64 " \
-                 "epochs, 12 500-50 000 steps), cosine over the run"
+        rows = f"{st['rows']} rows" if st.get("rows") else "Zoology's batch rows"
+        budget = f"{st['steps']} steps per run ({st.get('anchor_steps') or st['steps']} for the anchor) of {rows}, " \
+                 "the first steps of Zoology's 64-epoch cosine"
     else:
         budget = f"{st['epochs']} epochs per run (Zoology's recipe), cosine over them"
     every = f"every {st['eval_every']} steps" if st.get("eval_every") else "after every epoch"
@@ -474,7 +481,7 @@ def recall_section(data: dict) -> str:
         + (f"{len(not_run)} queued runs not started before the deadline." if not_run else "every queued run ran."),
         "",
         f"Settings: {budget}, test accuracy {every} on {st['test_examples']:,} test examples, stop above {TARGET}; "
-        f"vocabulary {st['vocab']}, {st['train_examples']:,} training examples, Zoology's batch rows; "
+        f"vocabulary {st['vocab']}, {st['train_examples']:,} training examples; "
         f"learning-rate ladder {st['lrs']} (a cell takes the next rate only while at or below {TARGET}): "
         f"{_rates_tried(best)}.",
         "",
@@ -596,10 +603,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-examples", type=int, default=100_000)
     p.add_argument("--test-examples", type=int, default=3_000)
     p.add_argument("--epochs", type=int, default=64, help="Zoology's 64; --steps binds first")
-    p.add_argument("--steps", type=int, default=600, help="steps per run (the cosine's length); 0 = Zoology's epochs")
-    p.add_argument("--anchor-steps", type=int, default=1500,
+    p.add_argument("--rows", type=int, default=64, help="batch rows at every length; 0 = Zoology's (512-128)")
+    p.add_argument("--steps", type=int, default=1000, help="steps per run (a cut of Zoology's schedule); 0 = all of it")
+    p.add_argument("--anchor-steps", type=int, default=2000,
                    help="steps per run of the anchor (softmax) family; 0 = --steps (see the module docstring)")
-    p.add_argument("--eval-every", type=int, default=100, help="steps between test evaluations (early stop)")
+    p.add_argument("--eval-every", type=int, default=200, help="steps between test evaluations (early stop)")
     p.add_argument("--jobs", type=int, default=None,
                    help="worker processes (default: 8 on CUDA, 0 = in this process on a CPU)")
     p.add_argument("--deadline-s", type=float, default=480.0,
@@ -627,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--out is required (or --report)")
     if args.tiny:  # tiny values for the options left at their defaults
         tiny = dict(widths="16,32", points="16/2", lrs="3e-3", vocab=32, train_examples=64, test_examples=32, epochs=1,
-                    device="cpu", steps=0, anchor_steps=0, eval_every=0)
+                    device="cpu", steps=0, anchor_steps=0, eval_every=0, rows=0)
         for k, v in tiny.items():
             if getattr(args, k) == p.get_default(k):
                 setattr(args, k, v)
@@ -649,7 +657,8 @@ def main(argv: list[str] | None = None) -> int:
     cells = make_cells(presets, _parse_points(args.points), [int(w) for w in args.widths.split(",")])
     lrs = [float(x) for x in args.lrs.split(",")]
     ladder = Ladder(cells, lrs)
-    settings = {"vocab": args.vocab, "train_examples": args.train_examples, "test_examples": args.test_examples,
+    settings = {"vocab": args.vocab, "rows": args.rows or None, "train_examples": args.train_examples,
+                "test_examples": args.test_examples,
                 "epochs": args.epochs, "steps": args.steps or None, "anchor_steps": args.anchor_steps or None,
                 "eval_every": args.eval_every or None,
                 "seed": args.seed, "device": device, "precision": args.precision, "keep_runs": args.keep_runs}

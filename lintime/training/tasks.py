@@ -22,12 +22,12 @@ is computed at the queried positions only (the hidden states there through the o
 projection: the same loss and gradients as on all logits, as no other position has a target).
 Transformer-VQ's commitment loss is added with ``aux_weight`` (1e-4, the LM recipes' weight).
 
-A time-boxed run (the recall sweep on one GPU) shortens the schedule instead of cutting it:
-``max_steps`` (when below ``epochs`` x the batches of an epoch) is the run's length, the test
-accuracy is taken every ``eval_every`` steps instead of once per epoch, and the cosine is
-stepped at each of those evaluations over the run's length, so it still ends at 0;
-``max_seconds`` stops a run at a wall-clock budget (scored there).  Without those three the
-run is Zoology's: one evaluation and one cosine step per epoch.
+A time-boxed run (the recall sweep on one GPU) is the start of Zoology's: ``max_steps`` cuts it
+(the cosine keeps its 64-epoch length, so a short run trains near the peak rate, as the first
+epochs of Zoology's runs do), the test accuracy is taken every ``eval_every`` steps instead of
+once per epoch (the cosine is then stepped at each evaluation), and ``max_seconds`` stops it at
+a wall-clock budget (scored there).  Without those three the run is Zoology's: one evaluation
+and one cosine step per epoch.
 
 The run folder has the layout of :mod:`lintime.training.checkpoint` (``config.json`` with a
 ``task`` entry in ``train``, the byte tokenizer -- the contract needs one; the task's token ids
@@ -74,8 +74,8 @@ class TaskTrainConfig:
     ``power_a``, ``random_fill``: :class:`lintime.evaluation.tasks.mqar.MQARConfig`), the data
     (``train_examples``, ``test_examples``, ``batch_size``: ``None`` = Zoology's for the length),
     the recipe (``epochs``, ``lr``, ``weight_decay``, ``aux_weight``, ``early_stop``: stop once
-    the test accuracy exceeds it, 0 = never; ``max_steps``: an optional cap, the schedule's length
-    when it binds; ``eval_every``: steps between test evaluations and cosine steps, ``None`` = once
+    the test accuracy exceeds it, 0 = never; ``max_steps``: an optional cap (the schedule keeps
+    its length); ``eval_every``: steps between test evaluations and cosine steps, ``None`` = once
     per epoch; ``max_seconds``: a wall-clock cap), ``seed`` (the data) and ``init_seed`` (the
     initial weights; ``None`` = ``seed``), ``device``, ``precision``.
     """
@@ -196,11 +196,13 @@ def cosine_lr(peak: float, epoch: int, epochs: int) -> float:
 def schedule(cfg: TaskTrainConfig) -> tuple[int, int, int]:
     """``(steps, stage, stages)`` of a run: its length in steps (``epochs`` x the batches of an
     epoch, or ``max_steps`` when smaller), the steps between two evaluations (``eval_every``, or an
-    epoch) and the number of evaluations -- the cosine's length, one step per evaluation."""
+    epoch) and the cosine's length in evaluations, one cosine step per evaluation: over the
+    ``epochs``, whether or not ``max_steps`` cuts the run."""
     per_epoch = cfg.train_examples // cfg.rows
-    steps = cfg.epochs * per_epoch if cfg.max_steps is None else min(cfg.epochs * per_epoch, cfg.max_steps)
+    horizon = cfg.epochs * per_epoch
+    steps = horizon if cfg.max_steps is None else min(horizon, cfg.max_steps)
     stage = min(cfg.eval_every or per_epoch, steps)
-    return steps, stage, -(-steps // stage)
+    return steps, stage, -(-horizon // stage)
 
 
 def query_loss(model, x: torch.Tensor, y: torch.Tensor, aux_losses: dict | None = None) -> torch.Tensor:
@@ -253,7 +255,8 @@ def train_task(
     say(f"  mqar: vocab {task.vocab_size}, seq_len {task.seq_len}, {task.kv_pairs} pairs, {task.queries} queries; "
         f"{n_batches * rows:,} train / {cfg.test_examples:,} test examples, batch {rows}")
     say(f"  recipe zoology: AdamW lr {cfg.lr:g} (cosine over {stages} {'epochs' if stage == n_batches else 'evaluations'}"
-        f" of {stage} steps, {total} steps), weight decay {cfg.weight_decay:g}, stop at accuracy > {cfg.early_stop:g}"
+        f" of {stage} steps; this run: {total} steps), weight decay {cfg.weight_decay:g}, "
+        f"stop at accuracy > {cfg.early_stop:g}"
         f"{'' if cfg.max_seconds is None else f' or after {cfg.max_seconds:g} s'}; run folder {run_dir}")
 
     test = tuple(t.to(device) for t in mqar_examples(task, cfg.test_examples, seed=cfg.seed, split="test"))

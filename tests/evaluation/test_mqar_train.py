@@ -54,12 +54,13 @@ def test_pre_drawn_examples_score_as_drawn_ones():
 def test_schedule_of_zoology_and_of_a_time_boxed_run():
     # Zoology: 64 epochs of 100 000 // 512 = 195 batches, one evaluation per epoch
     assert schedule(TaskTrainConfig()) == (64 * 195, 195, 64)
-    # the sweep: 800 steps, an evaluation every 50: a cosine of 16 steps that ends at 0
+    # the sweep: cut at 800 steps, an evaluation every 50; the cosine keeps Zoology's length
+    # (12 480 steps = 250 evaluations), so the run ends near the peak rate
     steps, stage, stages = schedule(TaskTrainConfig(max_steps=800, eval_every=50))
-    assert (steps, stage, stages) == (800, 50, 16)
-    assert cosine_lr(1.0, stages - 1, stages) < 0.01
+    assert (steps, stage, stages) == (800, 50, 250)
+    assert cosine_lr(1.0, steps // stage - 1, stages) > 0.99
     # a cap that does not divide: the last evaluation comes at the cap
-    assert schedule(TaskTrainConfig(max_steps=120, eval_every=50)) == (120, 50, 3)
+    assert schedule(TaskTrainConfig(max_steps=120, eval_every=50, batch_size=64)) == (120, 50, 64 * 1562 // 50 + 1)
     # a cap above the epochs' steps does not bind
     assert schedule(TaskTrainConfig(train_examples=1024, epochs=2, max_steps=10_000)) == (4, 2, 2)
 
@@ -75,8 +76,8 @@ def test_a_capped_run_evaluates_every_eval_every_steps(tmp_path):
                      echo=None, plot=False)
     rows = [json.loads(line) for line in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [8, 16, 20] and res.steps == 20 and res.stopped == "max_steps"
-    lrs = [r["lr"] for r in rows]  # the cosine over the 3 evaluations, not over 64 epochs
-    assert lrs == pytest.approx([3e-3, 3e-3 * 0.5 * (1 + math.cos(math.pi / 3)), 3e-3 * 0.5 * (1 + math.cos(2 * math.pi / 3))])
+    lrs = [r["lr"] for r in rows]  # Zoology's cosine (64 epochs of 8 batches = 64 evaluations), cut at step 20
+    assert lrs == pytest.approx([3e-3 * 0.5 * (1 + math.cos(math.pi * i / 64)) for i in range(3)])
     assert rows[1]["epoch"] == 2 and rows[2]["epoch"] == 2.5  # 8 batches per epoch
     assert res.accuracy == rows[-1]["val_accuracy"] and not (res.run_dir / "accuracy_vs_epoch.png").exists()
 
