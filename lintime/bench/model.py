@@ -113,6 +113,7 @@ class TrainRow:
     params: int | None = None
     impl: str = "lintime"  # or the anchor's library and version
     note: str = ""
+    step: str = "eager"  # "eager" | "graph": the step captured in one CUDA graph (preset name "<preset>@graph")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,6 +247,25 @@ def train_step_fn(model, batch, amp: torch.dtype | None) -> tuple[Callable[[], f
     return step, opt
 
 
+def graph_step_fn(model, batch, amp: torch.dtype | None) -> tuple[Callable[[], float], torch.optim.Optimizer]:
+    """The same step as :func:`train_step_fn` (forward + backward, clip, fused AdamW) on ``[rows, T]`` rows
+    (one sequence each: what ``lintime train --compile graph --packing rows`` trains on), captured in one CUDA
+    graph by :class:`lintime.training.graphed.GraphedStep` on its first call and replayed after."""
+    from lintime.training.graphed import GraphedStep
+
+    rows, T = batch.input_ids.shape
+    opt = torch.optim.AdamW(model.param_groups(0.1), lr=LR, fused=True)
+    graphed = GraphedStep(model, opt, rows=rows, context_len=T, clip=CLIP, autocast=amp)
+
+    def step() -> float:
+        out = graphed.step(batch.input_ids, batch.targets, LR)
+        if out is None:
+            raise RuntimeError(f"the step did not capture: {graphed.failed}")
+        return float(out.loss)
+
+    return step, opt
+
+
 def _train_case(row: TrainRow, cfg, s: Settings, device: torch.device, amp) -> float:
     """Fill ``row``; returns the time of the last warm-up step in seconds (informational: the
     budget rule of :func:`bench_train` reads the median timed step ``row.step_ms``).
@@ -256,7 +276,7 @@ def _train_case(row: TrainRow, cfg, s: Settings, device: torch.device, amp) -> f
     model.train()
     row.params = num_parameters(model)
     batch = random_batch(row.rows, row.T, cfg.vocab_size, device)
-    step, opt = train_step_fn(model, batch, amp)
+    step, opt = graph_step_fn(model, batch, amp) if row.step == "graph" else train_step_fn(model, batch, amp)
     last, spent = 0.0, 0.0
     for i in range(s.warmup):  # untimed: compilation, autotuning, the allocator's first pass
         t1 = time.perf_counter()
@@ -301,8 +321,15 @@ def bench_train(s: Settings, on_row: Callable[[TrainRow], None] = lambda r: None
         on_row(r)
 
     for name in s.presets:
+        base, _, step_kind = name.partition("@")
         try:
-            cfg, note = preset_config(name, max(s.contexts), device)
+            if step_kind not in ("", "graph"):
+                raise SkipPreset(f"unknown step {step_kind!r} in {name!r} (only '<preset>@graph')")
+            if step_kind and anchors.is_anchor(base):
+                raise SkipPreset("the captured step is lintime's (GraphedStep), not an anchor's")
+            if step_kind and device.type != "cuda":
+                raise SkipPreset(f"the captured step needs CUDA (device {device})")
+            cfg, note = preset_config(base, max(s.contexts), device)
         except SkipPreset as e:
             for T in s.contexts:
                 emit(TrainRow(name, None, T, 0, 0, status=f"skipped: {e}"))
@@ -310,7 +337,7 @@ def bench_train(s: Settings, on_row: Callable[[TrainRow], None] = lambda r: None
         stop = None  # reason to skip the remaining (longer) contexts
         for T in s.contexts:
             n = max(1, s.tokens_per_batch // T)
-            row = TrainRow(name, cfg.family, T, n, n * T, impl=impl_name(cfg), note=note)
+            row = TrainRow(name, cfg.family, T, n, n * T, impl=impl_name(cfg), note=note, step=step_kind or "eager")
             if stop:
                 row.status = f"skipped: {stop}"
                 emit(row)

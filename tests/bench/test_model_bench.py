@@ -314,3 +314,25 @@ def test_tables_keep_their_columns_when_values_are_missing():
     assert lines[2].index("ok") == col and lines[3].index("error:") == col
     state_end = lines[0].index("state MiB") + len("state MiB")
     assert lines[2][:state_end].endswith("3.375") and lines[3][:state_end].endswith("-")
+
+
+def test_graph_step_rows_are_named_by_preset_and_skipped_where_they_cannot_run():
+    """``<preset>@graph`` rows time lintime's captured step (``step == "graph"``); the train case sees the row's
+    step; an anchor, an unknown step or a CPU device gives a skip row with its reason."""
+    seen = []
+
+    def case(row, cfg, s, device, amp):
+        seen.append((row.preset, row.step, cfg.family))
+        row.step_ms, row.tokens_per_s = 1.0, 1.0
+
+    s = _settings(presets=f"{LINEAR},{LINEAR}@graph,hf:llama-tiny@graph,{LINEAR}@fast", contexts="16", parts="train")
+    rows = bm.bench_train(s, train_case=case)
+    status = {r.preset: (r.step, r.status) for r in rows}
+    assert status[LINEAR] == ("eager", "ok")
+    assert status[f"{LINEAR}@graph"][1] == "skipped: the captured step needs CUDA (device cpu)"
+    assert "not an anchor's" in status["hf:llama-tiny@graph"][1]
+    assert "unknown step 'fast'" in status[f"{LINEAR}@fast"][1]
+    assert seen == [(LINEAR, "eager", "gla")]
+    s_cuda = dataclasses.replace(s, presets=(f"{LINEAR}@graph",), device="meta")
+    rows = bm.bench_train(s_cuda, train_case=case)
+    assert "needs CUDA" in rows[0].status  # any device but CUDA
