@@ -14,7 +14,9 @@
 # DEADLINE_S (default 540, counted from the start of this script), RUN_CAP_S (training-time cap per run,
 # default none), GPU_IDS (which GPUs, as CUDA_VISIBLE_DEVICES: e.g. 1,2,3; default all), GPUS (all | N:
 # how many of them), ONLY (comma-separated run ids or groups: flash-1024-s2, flash-1024), PACK (write
-# OUT as one .tar.gz there at the end: the results of a call come back as one file).
+# OUT as one .tar.gz there at the end: the results of a call come back as one file), QUALITY_KEEP_CHECKPOINTS=1
+# (keep each run's last checkpoint in the work folder, OUT/../quality_work/<run>/, ~300 MB each, for a later
+# evaluation such as benchmarks/passkey_sweep.py on the same machine).
 # Expected (quality_plan.py --gpus N --deadline-s 540): the default plan (8 models x 3 seeds, 2^22 tokens)
 # ~360 s on 3 H200s, ~530 s on 2 (use TOKENS=3145728 there: ~460 s); smoke-gpu on 1 GPU ~3-4 min.
 set -uo pipefail

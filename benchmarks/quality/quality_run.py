@@ -141,7 +141,8 @@ def run_one(run: Run, out: Path, work: Path, cap_s: float | None, device: str, l
             if (run_dir / name).exists():
                 shutil.copy(run_dir / name, dest / name)
         (dest / RESULT).write_text(json.dumps(record, indent=1) + "\n")
-        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # ~300 MB each
+        if os.environ.get("QUALITY_KEEP_CHECKPOINTS") != "1":  # kept for a later evaluation (passkey_sweep.py)
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # ~300 MB each
     return record
 
 
