@@ -26,6 +26,7 @@ _EXPORTS = {
     "linear_cross_entropy": "cross_entropy",
     "normalize": "norm",
     "add_normalize": "norm",
+    "gated_normalize": "norm",
 }
 
 __all__ = list(_EXPORTS)

@@ -8,6 +8,8 @@ the backward is one pass too (``dx`` and the per-feature partial sums of ``dweig
 Statistics are always fp32 (fp64 for fp64 inputs).  :func:`add_normalize` also reads the branch output,
 writes the new residual stream, and adds the stream's gradient in its backward pass: the separate add
 passes of ``x = x + y`` (forward, and the gradient sum and cast backward) disappear.
+:func:`gated_normalize` multiplies the normalised row by ``silu(gate)`` in the same pass (GLA's head norm and
+output gate), and splits the gradient between the gate and the norm in the backward's.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from __future__ import annotations
 import torch
 
 from lintime.ops.dispatch import register_triton, select
-from lintime.ops.norm.chunk import torch_add_normalize, torch_normalize
-from lintime.ops.norm.naive import naive_add_normalize, naive_normalize
+from lintime.ops.norm.chunk import torch_add_normalize, torch_gated_normalize, torch_normalize
+from lintime.ops.norm.naive import naive_add_normalize, naive_gated_normalize, naive_normalize
 
 _IMPLS = {"naive": naive_normalize, "chunk": torch_normalize}
 _ADD_IMPLS = {"naive": naive_add_normalize, "chunk": torch_add_normalize}
+_GATED_IMPLS = {"naive": naive_gated_normalize, "chunk": torch_gated_normalize}
 
 
 def _load_triton():  # the fused kernels, picked automatically for CUDA tensors when Triton is installed
@@ -34,8 +37,15 @@ def _load_triton_add():
     return triton_add_normalize
 
 
+def _load_triton_gated():
+    from lintime.ops.norm.triton import triton_gated_normalize
+
+    return triton_gated_normalize
+
+
 register_triton(_IMPLS, _load_triton)
 register_triton(_ADD_IMPLS, _load_triton_add)
+register_triton(_GATED_IMPLS, _load_triton_gated)
 
 _OP = "normalize"
 KINDS = ("layernorm", "rmsnorm", "scalenorm")
@@ -147,4 +157,45 @@ def add_normalize(
     return s.view(x.shape), y.view(x.shape)
 
 
-__all__ = ["add_normalize", "normalize"]
+def gated_normalize(
+    x: torch.Tensor,
+    gate: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    *,
+    kind: str = "layernorm",
+    eps: float = 1e-5,
+    out_dtype: torch.dtype | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """The norm and an output gate after it: ``normalize(x) * silu(gate)`` (GLA's per-head norm and ``r`` gate,
+    seed ``gated-linear-attention-zh.txt`` §4.4), one pass per direction on CUDA.
+
+    Args:
+        x: ``[..., D]`` the rows normalised (fp32, fp16, bf16; fp64: the PyTorch forms only).
+        gate: ``[..., D]`` the gate's pre-activation (any float dtype; bf16 under autocast).
+        weight, bias, kind, eps, backend: as for :func:`normalize`.
+        out_dtype: the result's dtype (default ``x.dtype``).
+    Returns:
+        ``[..., D]`` in ``out_dtype``: the norm and ``silu(gate)`` in fp32 (fp64 if an input is), multiplied
+        and rounded once.  Gradients flow to ``x`` and ``gate`` (each in its own dtype), ``weight`` and ``bias``.
+    """
+    op = "gated_normalize"
+    _check(op, x, weight, bias, kind)
+    if not isinstance(gate, torch.Tensor) or not gate.is_floating_point() or gate.shape != x.shape:
+        raise ValueError(f"{op}: gate must be a floating tensor of x's shape {tuple(x.shape)}, got "
+                         f"{tuple(gate.shape) if isinstance(gate, torch.Tensor) else type(gate).__name__}")
+    if gate.device != x.device:
+        raise ValueError(f"{op}: gate is on {gate.device}, x on {x.device}")
+    D = x.shape[-1]
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    if backend is None and torch.compiler.is_compiling():
+        backend = "chunk"  # traced, plain PyTorch that inductor fuses itself, as add_normalize does (see there)
+    impls = _impls(_GATED_IMPLS, backend, x.dtype, gate.dtype, out_dtype)
+    x2 = x.reshape(-1, D)
+    impl = select(op, backend, impls, x2[None])
+    y = impl(x2, gate.reshape(-1, D), weight, bias, kind=kind, eps=float(eps), out_dtype=out_dtype)
+    return y.view(x.shape)
+
+
+__all__ = ["add_normalize", "gated_normalize", "normalize"]

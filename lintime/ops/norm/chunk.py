@@ -4,6 +4,7 @@ kernel, and what they compute on devices without Triton."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def torch_normalize(x, weight, bias, *, kind, eps, out_dtype):
@@ -27,3 +28,11 @@ def torch_add_normalize(x, r, weight, bias, *, kind, eps, out_dtype):
     add of a pre-norm block (type promotion as ``x + r``) and then :func:`torch_normalize`."""
     s = x + r
     return s, torch_normalize(s, weight, bias, kind=kind, eps=eps, out_dtype=out_dtype)
+
+
+def torch_gated_normalize(x, z, weight, bias, *, kind, eps, out_dtype):
+    """Same arguments and result as :func:`lintime.ops.norm.gated_normalize` on ``x, z [N, D]``: the norm in
+    fp32 (fp64 if either input is), times ``silu(z)`` in the same precision, rounded once to ``out_dtype``."""
+    acc = torch.float64 if torch.float64 in (x.dtype, z.dtype) else torch.float32
+    n = torch_normalize(x, weight, bias, kind=kind, eps=eps, out_dtype=acc)
+    return (n * F.silu(z.to(acc))).to(out_dtype)

@@ -29,3 +29,12 @@ def naive_add_normalize(x, r, weight, bias, *, kind, eps, out_dtype):
     the promoted dtype of ``x`` and ``r``, then :func:`naive_normalize` of it."""
     s = x.to(torch.promote_types(x.dtype, r.dtype)) + r
     return s, naive_normalize(s, weight, bias, kind=kind, eps=eps, out_dtype=out_dtype)
+
+
+def naive_gated_normalize(x, z, weight, bias, *, kind, eps, out_dtype):
+    """Same arguments and result as :func:`lintime.ops.norm.gated_normalize` on ``x, z [N, D]``:
+    :func:`naive_normalize` times ``silu(z) = z / (1 + exp(-z))``, in fp32 (fp64 if either input is)."""
+    acc = torch.float64 if torch.float64 in (x.dtype, z.dtype) else torch.float32
+    n = naive_normalize(x.to(acc), weight, bias, kind=kind, eps=eps, out_dtype=acc)
+    zf = z.to(acc)
+    return (n * (zf / (1 + torch.exp(-zf)))).to(out_dtype)

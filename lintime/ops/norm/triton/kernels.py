@@ -10,6 +10,10 @@ scalenorm's scalar gain is ``W_SCALAR``).  Statistics in fp32.
 residual stream ``X``), rounded to ``S``'s dtype and written there; the backward then adds the
 stream's own gradient ``DS`` (``HAS_DS``) to the norm's and writes the sum to ``DX`` in the stream's
 dtype and, when the branch's dtype differs (``HAS_DR``), to ``DR`` in the branch's.
+
+``HAS_GATE`` (gated_normalize): the normalised row ``n`` leaves multiplied by ``silu(z)`` (``Z`` the gate, read
+in the same pass); the backward writes ``dz = dy n silu'(z)`` to ``DZ`` and runs the norm's backward on
+``dy silu(z)``, recomputing ``n`` from ``x``, the statistics, the gain and the bias ``B``.
 """
 
 from __future__ import annotations
@@ -32,10 +36,10 @@ def _gain(W, o_d, m_d, HAS_W: tl.constexpr, W_SCALAR: tl.constexpr):
 
 @triton.jit
 def norm_fwd_kernel(
-    X, R, W, B, S, Y, MEAN, RSTD,
-    stride_x, stride_r, stride_s, stride_y, N, D, eps,
+    X, R, Z, W, B, S, Y, MEAN, RSTD,
+    stride_x, stride_r, stride_z, stride_s, stride_y, N, D, eps,
     KIND: tl.constexpr, HAS_W: tl.constexpr, W_SCALAR: tl.constexpr, HAS_B: tl.constexpr, HAS_R: tl.constexpr,
-    BD: tl.constexpr,
+    HAS_GATE: tl.constexpr, BD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
@@ -64,19 +68,23 @@ def norm_fwd_kernel(
         b_y = b_xc * rstd * b_w
         if HAS_B:
             b_y = b_y + b_b
+        if HAS_GATE:
+            b_z = tl.load(Z + row * stride_z + o_d, mask=m_d, other=0.0).to(tl.float32)
+            b_y = b_y * b_z * tl.sigmoid(b_z)
         tl.store(Y + row * stride_y + o_d, b_y.to(Y.dtype.element_ty), mask=m_d)
 
 
 @triton.jit
 def norm_bwd_kernel(
-    X, W, DY, DS, DX, DR, MEAN, RSTD, DW, DB,
-    stride_x, stride_dy, stride_ds, stride_dx, stride_dr, N, D,
+    X, Z, W, B, DY, DS, DX, DR, DZ, MEAN, RSTD, DW, DB,
+    stride_x, stride_z, stride_dy, stride_ds, stride_dx, stride_dr, stride_dz, N, D,
     KIND: tl.constexpr, HAS_W: tl.constexpr, W_SCALAR: tl.constexpr, HAS_B: tl.constexpr, HAS_DS: tl.constexpr,
-    HAS_DR: tl.constexpr, BD: tl.constexpr,
+    HAS_DR: tl.constexpr, HAS_GATE: tl.constexpr, BD: tl.constexpr,
 ):
     """``dx = rstd (g - mean(g) - xhat mean(g xhat))`` for layernorm, ``rstd (g - xhat mean(g xhat))``
     otherwise, with ``g = dy * weight`` (plus ``ds`` with ``HAS_DS``); ``DW [G, BD]`` / ``DB [G, BD]``
-    get each program's sums of ``dy * xhat`` / ``dy`` over its rows."""
+    get each program's sums of ``dy * xhat`` / ``dy`` over its rows.  With ``HAS_GATE``, ``dy`` is first
+    split into the gate's gradient and the norm's ``dy * silu(z)``."""
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     o_d = tl.arange(0, BD)
@@ -84,6 +92,8 @@ def norm_bwd_kernel(
     b_w = _gain(W, o_d, m_d, HAS_W, W_SCALAR)
     b_dw = tl.zeros([BD], dtype=tl.float32)
     b_db = tl.zeros([BD], dtype=tl.float32)
+    if HAS_GATE and HAS_B:
+        b_b = tl.load(B + o_d, mask=m_d, other=0.0).to(tl.float32)
     for row in range(pid, N, G):
         b_x = tl.load(X + row * stride_x + o_d, mask=m_d, other=0.0).to(tl.float32)
         b_dy = tl.load(DY + row * stride_dy + o_d, mask=m_d, other=0.0).to(tl.float32)
@@ -93,6 +103,16 @@ def norm_bwd_kernel(
             b_xhat = tl.where(m_d, (b_x - mean) * rstd, 0.0)
         else:
             b_xhat = b_x * rstd
+        if HAS_GATE:
+            b_z = tl.load(Z + row * stride_z + o_d, mask=m_d, other=0.0).to(tl.float32)
+            b_sig = tl.sigmoid(b_z)
+            b_n = b_xhat * b_w
+            if HAS_B:
+                b_n = b_n + b_b
+            # silu'(z) = sigmoid(z) (1 + z (1 - sigmoid(z)))
+            b_dz = b_dy * b_n * b_sig * (1.0 + b_z * (1.0 - b_sig))
+            tl.store(DZ + row * stride_dz + o_d, b_dz.to(DZ.dtype.element_ty), mask=m_d)
+            b_dy = b_dy * b_z * b_sig
         b_g = b_dy * b_w
         c1 = tl.sum(b_g * b_xhat, 0) / D
         if KIND == 0:

@@ -1,7 +1,7 @@
-"""Host side of the fused normalisation: launchers, the ``lintime::normalize_*`` and
-``lintime::add_normalize_*`` custom ops (traced by ``torch.compile``; eager calls skip the dispatcher,
-:mod:`lintime.ops.custom_op`) and the backend entries :func:`triton_normalize` /
-:func:`triton_add_normalize`."""
+"""Host side of the fused normalisation: launchers, the ``lintime::normalize_*``, ``lintime::add_normalize_*`` and
+``lintime::gated_normalize_*`` custom ops (traced by ``torch.compile``; eager calls skip the dispatcher,
+:mod:`lintime.ops.custom_op`) and the backend entries :func:`triton_normalize`, :func:`triton_add_normalize` and
+:func:`triton_gated_normalize`."""
 
 from __future__ import annotations
 
@@ -46,8 +46,9 @@ def _flags(kind: str, weight: Tensor, bias: Tensor) -> dict:
 
 
 def _fwd(x: Tensor, r: Tensor | None, weight: Tensor, bias: Tensor, kind: str, eps: float,
-         out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(s, y, mean, rstd)``: ``s = x + r`` (an empty tensor without ``r``) and ``y = norm(s)``."""
+         out_dtype: torch.dtype, z: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(s, y, mean, rstd)``: ``s = x + r`` (an empty tensor without ``r``) and ``y = norm(s)`` (times
+    ``silu(z)`` with a gate ``z``)."""
     N, D = x.shape
     BD = next_pow2(D)
     s = x.new_empty((N, D), dtype=torch.promote_types(x.dtype, r.dtype)) if r is not None else empty_f32(x)
@@ -56,17 +57,21 @@ def _fwd(x: Tensor, r: Tensor | None, weight: Tensor, bias: Tensor, kind: str, e
     rstd = torch.empty((N,), device=x.device, dtype=torch.float32)
     if N:
         rr, ss = (x, x) if r is None else (r, s)  # unread without HAS_R
+        zz = x if z is None else z  # unread without HAS_GATE
         norm_fwd_kernel[(_programs(x, N),)](
-            x, rr, weight, bias, ss, y, mean, rstd, x.stride(0), rr.stride(0), ss.stride(0), y.stride(0), N, D, eps,
-            **_flags(kind, weight, bias), HAS_R=r is not None, BD=BD, num_warps=_warps(BD),
+            x, rr, zz, weight, bias, ss, y, mean, rstd, x.stride(0), rr.stride(0), zz.stride(0), ss.stride(0),
+            y.stride(0), N, D, eps, **_flags(kind, weight, bias), HAS_R=r is not None, HAS_GATE=z is not None, BD=BD,
+            num_warps=_warps(BD),
         )
     return s, y, mean, rstd
 
 
 def _bwd(dy: Tensor, ds: Tensor | None, x: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor,
-         kind: str, dx_dtype: torch.dtype, dr_dtype: torch.dtype | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(dx, dr, dw, db)``: ``dx = ds + norm'(dy)`` in ``dx_dtype``, the same values in ``dr_dtype`` as
-    ``dr`` (an empty tensor when ``dr_dtype`` is ``None``), the gain / bias gradients (empty when absent)."""
+         kind: str, dx_dtype: torch.dtype, dr_dtype: torch.dtype | None,
+         z: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(dx, dr, dw, db, dz)``: ``dx = ds + norm'(dy)`` in ``dx_dtype``, the same values in ``dr_dtype`` as
+    ``dr`` (an empty tensor when ``dr_dtype`` is ``None``), the gain / bias gradients (empty when absent) and,
+    with a gate ``z``, its gradient ``dz`` (``norm'`` then takes ``dy * silu(z)``; else ``dz`` is empty)."""
     N, D = x.shape
     BD = next_pow2(D)
     dy = dy if dy.stride(-1) == 1 else dy.contiguous()
@@ -74,6 +79,7 @@ def _bwd(dy: Tensor, ds: Tensor | None, x: Tensor, weight: Tensor, bias: Tensor,
         ds = ds if ds.stride(-1) == 1 else ds.contiguous()
     dx = torch.empty((N, D), device=x.device, dtype=dx_dtype)
     dr = empty_f32(x) if dr_dtype is None else torch.empty((N, D), device=x.device, dtype=dr_dtype)
+    dz = empty_f32(x) if z is None else torch.empty((N, D), device=x.device, dtype=z.dtype)
     G = _programs(x, N)
     flags = _flags(kind, weight, bias)
     has_w, has_b = flags["HAS_W"], flags["HAS_B"]
@@ -81,10 +87,12 @@ def _bwd(dy: Tensor, ds: Tensor | None, x: Tensor, weight: Tensor, bias: Tensor,
     db_part = torch.empty((G, BD) if has_b else (0,), device=x.device, dtype=torch.float32)
     if N:
         dss, drr = (dx if ds is None else ds), (dx if dr_dtype is None else dr)  # unread / unwritten without the flag
+        zz, dzz = (x, dx) if z is None else (z, dz)
         norm_bwd_kernel[(G,)](
-            x, weight, dy, dss, dx, drr, mean, rstd, dw_part, db_part,
-            x.stride(0), dy.stride(0), dss.stride(0), dx.stride(0), drr.stride(0), N, D,
-            **flags, HAS_DS=ds is not None, HAS_DR=dr_dtype is not None, BD=BD, num_warps=_warps(BD),
+            x, zz, weight, bias, dy, dss, dx, drr, dzz, mean, rstd, dw_part, db_part,
+            x.stride(0), zz.stride(0), dy.stride(0), dss.stride(0), dx.stride(0), drr.stride(0), dzz.stride(0), N, D,
+            **flags, HAS_DS=ds is not None, HAS_DR=dr_dtype is not None, HAS_GATE=z is not None, BD=BD,
+            num_warps=_warps(BD),
         )
     if has_w:
         dw = dw_part.sum(0)[:D] if N else torch.zeros(D, device=x.device)
@@ -93,7 +101,7 @@ def _bwd(dy: Tensor, ds: Tensor | None, x: Tensor, weight: Tensor, bias: Tensor,
         dw = torch.empty_like(weight)
     db = (db_part.sum(0)[:D] if N else torch.zeros(D, device=x.device)).to(bias.dtype) if has_b \
         else torch.empty_like(bias)
-    return dx, dr, dw, db
+    return dx, dr, dw, db, dz
 
 
 def _check(x: Tensor, out_dtype: torch.dtype, op: str) -> Tensor:
@@ -115,7 +123,7 @@ def _bwd_fake(dy, x, weight, bias, mean, rstd, kind):
 @launcher_op("normalize_bwd", fake=_bwd_fake)
 def normalize_bwd(dy: Tensor, x: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor,
                   kind: str) -> tuple[Tensor, Tensor, Tensor]:
-    dx, _, dw, db = _bwd(dy, None, x, weight, bias, mean, rstd, kind, x.dtype, None)
+    dx, _, dw, db, _ = _bwd(dy, None, x, weight, bias, mean, rstd, kind, x.dtype, None)
     return dx, dw, db
 
 
@@ -170,7 +178,7 @@ def add_normalize_bwd(dy: Tensor, ds: Tensor, s: Tensor, weight: Tensor, bias: T
     """``ds`` empty: no gradient reached the sum itself.  ``dr`` is empty when ``r_dtype == x_dtype`` (the
     caller uses ``dx`` for both: an op's outputs may not alias)."""
     dr_dtype = None if r_dtype == x_dtype else r_dtype
-    return _bwd(dy, none_if_empty(ds), s, weight, bias, mean, rstd, kind, x_dtype, dr_dtype)
+    return _bwd(dy, none_if_empty(ds), s, weight, bias, mean, rstd, kind, x_dtype, dr_dtype)[:4]
 
 
 def _add_fwd_fake(x, r, weight, bias, kind, eps, out_dtype):
@@ -214,3 +222,56 @@ def triton_add_normalize(x, r, weight, bias, *, kind, eps, out_dtype):
     w = empty_f32(x) if weight is None else weight
     b = empty_f32(x) if bias is None else bias
     return add_normalize_fwd(x, r, w, b, kind, eps, out_dtype)
+
+
+# ---------------------------------------------------------------------------------------- gated_normalize
+
+
+def _gated_bwd_fake(dy, x, z, weight, bias, mean, rstd, kind):
+    return torch.empty_like(x), torch.empty_like(z), torch.empty_like(weight), torch.empty_like(bias)
+
+
+@launcher_op("gated_normalize_bwd", fake=_gated_bwd_fake)
+def gated_normalize_bwd(dy: Tensor, x: Tensor, z: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor,
+                        kind: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    dx, _, dw, db, dz = _bwd(dy, None, x, weight, bias, mean, rstd, kind, x.dtype, None, z=z)
+    return dx, dz, dw, db
+
+
+def _gated_fwd_fake(x, z, weight, bias, kind, eps, out_dtype):
+    return _fwd_fake(x, weight, bias, kind, eps, out_dtype)
+
+
+def _gated_setup(ctx, inputs, output):
+    x, z, weight, bias, kind, _, out_dtype = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, z, weight, bias, mean, rstd)
+    ctx.kind, ctx.out_dtype = kind, out_dtype
+
+
+def _gated_backward(ctx, dy, *_):
+    x, z, weight, bias, mean, rstd = ctx.saved_tensors
+    if dy is None:
+        return None, None, None, None, None, None, None
+    dx, dz, dw, db = gated_normalize_bwd.for_ctx(ctx)(grad_as(dy, ctx.out_dtype), x, z, weight, bias, mean, rstd,
+                                                      ctx.kind)
+    return (dx, dz, none_if_empty(dw) if ctx.needs_input_grad[2] else None,
+            none_if_empty(db) if ctx.needs_input_grad[3] else None, None, None, None)
+
+
+@launcher_op("gated_normalize_fwd", fake=_gated_fwd_fake, backward=_gated_backward, setup_context=_gated_setup,
+             outputs=1)
+def gated_normalize_fwd(x: Tensor, z: Tensor, weight: Tensor, bias: Tensor, kind: str, eps: float,
+                        out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    return _fwd(x, None, weight, bias, kind, eps, out_dtype, z=z)[1:]
+
+
+def triton_gated_normalize(x, z, weight, bias, *, kind, eps, out_dtype):
+    """Same arguments and result as :func:`lintime.ops.norm.gated_normalize` on ``x, z [N, D]`` (fp16, bf16 or
+    fp32 in and out, ``D`` up to :attr:`NormLaunch.max_bd`)."""
+    op = "gated_normalize"
+    x = _check(x, out_dtype, op)
+    z = _check(z, out_dtype, op)
+    w = empty_f32(x) if weight is None else weight
+    b = empty_f32(x) if bias is None else bias
+    return gated_normalize_fwd(x, z, w, b, kind, eps, out_dtype)[0]
