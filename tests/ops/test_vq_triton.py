@@ -128,6 +128,26 @@ def test_without_bias_and_length_one():
 
 
 @cpu_only
+@pytest.mark.parametrize("reduction", ["serial", "matmul"])
+def test_training_call_without_final_state(reduction):
+    """The training call -- no state in or out, ``T`` a multiple of ``L`` (the scan keeps no fp32 means, only each
+    query block's cache means in the inputs' dtype): output and every gradient equal the chunked form's."""
+    B, T, H, K, V, S, L = 2, 32, 1, 16, 20, 6, 8
+    inp = _inputs(B, T, H, K, V, S, L, torch.float32, seed=21)
+    outs = {}
+    for backend in ("chunk", "triton"):
+        lv = {k: x.clone().requires_grad_() for k, x in inp.items() if x.is_floating_point()}
+        o, fin = vq_attention(lv["q"], _gather(lv["codebook"], inp["codes"]), inp["codes"], lv["v"], lv["codebook"],
+                              block_len=L, bias=lv["bias"], reduction=reduction, backend=backend)
+        assert fin is None
+        w = torch.randn(o.shape, generator=torch.Generator().manual_seed(2))
+        outs[backend] = (o, *torch.autograd.grad((o * w).sum(), list(lv.values())))
+    names = ["o", *(f"d{k}" for k, x in inp.items() if x.is_floating_point())]
+    for name, a, b in zip(names, outs["chunk"], outs["triton"]):
+        assert_exact(f"training call {name}", a, b)
+
+
+@cpu_only
 def test_packing_with_states_matches_naive():
     """Packed sequences (one of length 1, one empty) each continuing its own state (mid-block, at 0, at a block
     end): no token attends across a boundary, in the window or the cache."""
@@ -226,11 +246,13 @@ def test_custom_ops_pass_opcheck():
                           test_utils=utils)
     first = torch.tensor([[1, 0, 0, 1, 0]], dtype=torch.int8)
     cnt, sumv = torch.randint(0, 3, (1, 5, H, S), generator=g).float(), r(1, 5, H, S, V)
-    torch.library.opcheck(torch.ops.lintime.vq_scan, (first, cnt.requires_grad_(), sumv.requires_grad_()),
+    qmap = torch.tensor([-1, 1, -1, 0, -1], dtype=torch.int32)
+    torch.library.opcheck(torch.ops.lintime.vq_scan, (first, cnt.requires_grad_(), sumv.requires_grad_(), qmap, 2,
+                                                      True, torch.float16), test_utils=utils)
+    tot, mean, cm = torch.ops.lintime.vq_scan(first, cnt.detach(), sumv.detach(), qmap, 2, True, torch.float16)
+    torch.library.opcheck(torch.ops.lintime.vq_scan_bwd, (first, cnt.detach(), tot, mean, qmap, r(1, 5, H, S),
+                                                          r(1, 5, H, S, V), r(2, H, S, V).half(), True),
                           test_utils=utils)
-    tot, mean = torch.ops.lintime.vq_scan(first, cnt.detach(), sumv.detach())
-    torch.library.opcheck(torch.ops.lintime.vq_scan_bwd, (first, cnt.detach(), tot, mean, r(1, 5, H, S),
-                                                          r(1, 5, H, S, V), True), test_utils=utils)
 
 
 def test_scatter_sums_equal_block_sums():

@@ -299,16 +299,16 @@ def chunk_vq_attention(
 def cache_summaries(lay: _BlockLayout, zc, vc, st: VQState | None, S: int, reduction: str, sums=block_sums,
                     reduce=None):
     """Inclusive per-block cache summaries of every sequence, ``(count [R, NE, H, S], mean
-    [R, NE, H, S, V])`` in ``vc``'s dtype: the per-code count and value sum of each block (seed
-    Code 2 ``delta1_by_block`` / ``deltav_by_block``; ``sums`` computes them, with
-    :func:`~lintime.ops.vq.state.block_sums`' signature), the initial cache in each pseudo-block,
-    then the segmented ``reduction`` (``reduce``, when given, replaces it: same signature and
-    result as :data:`REDUCTIONS`' entries).  ``zc`` ``[R, NE, L, H]`` codes and ``vc``
-    ``[R, NE, L, H, V]`` values as placed by :meth:`_BlockLayout.place`; ``st`` the canonical
-    initial state or ``None``."""
+    [R, NE, H, S, V])`` in the dtype of ``sums``' results (``vc``'s for the one-hot sums): the
+    per-code count and value sum of each block (seed Code 2 ``delta1_by_block`` /
+    ``deltav_by_block``; ``sums`` computes them, with :func:`~lintime.ops.vq.state.block_sums`'
+    signature), the initial cache in each pseudo-block, then the segmented ``reduction``
+    (``reduce``, when given, replaces it: same signature and result as :data:`REDUCTIONS`'
+    entries).  ``zc`` ``[R, NE, L, H]`` codes and ``vc`` ``[R, NE, L, H, V]`` values as placed by
+    :meth:`_BlockLayout.place`; ``st`` the canonical initial state or ``None``."""
     R, NE = lay.R, lay.NE
-    dt = vc.dtype
     cnt, sumv = sums(zc, vc, lay.kvalid, S)  # [R, NE, H, S], [R, NE, H, S, V]
+    dt = sumv.dtype
     H, V = sumv.shape[2], sumv.shape[-1]
     if st is not None:
         c0 = st.cache_count.to(dt)

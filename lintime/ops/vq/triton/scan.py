@@ -2,11 +2,14 @@
 ``lintime::vq_scan`` (forward) and ``lintime::vq_scan_bwd``.
 
 Per layout row, block by block, the running count and value sum of each code are carried in fp32 and reset at a
-sequence's pseudo-block; each block's inclusive ``(count, mean)`` is written.  One read of the sums and one write
-of the means (vq-base at 32k: about 0.4 GB of memory traffic, against about 6 GB for the chunked form's closed form,
-whose fp64 prefix sums are subtracted at every segment start).  The backward is the reverse scan: ``d sum_e'`` =
-the sum of ``d mean_e / count_e`` over the blocks ``e >= e'`` of the same sequence; the count's gradient (needed only
-for an initial state's ``cache_count``) is formed in PyTorch from the same rule.
+sequence's pseudo-block; each block's inclusive count is written, and its mean twice at most: in fp32 (when the
+final state or an initial count's gradient needs it) and in the attention kernels' dtype at the query block whose
+cache it is (``qmap``), so no gather or cast pass follows the scan.  One read of the sums and one write of the means
+(vq-base at 32k, bf16, training: about 0.3 GB of memory traffic, against about 6 GB for the chunked form's closed
+form, whose fp64 prefix sums are subtracted at every segment start).  The backward is the reverse scan: ``d sum_e'``
+= the sum of ``d mean_e / count_e`` over the blocks ``e >= e'`` of the same sequence, ``d mean_e`` read from both
+copies' gradients; the count's gradient (needed only for an initial state's ``cache_count``) is formed in PyTorch
+from the same rule.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ from lintime.ops.kernel_launch import block, cdiv, interpreting
 
 
 @triton.jit
-def vq_scan_fwd_kernel(first, cnt, sumv, tot, mean, NE, NST, HS: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
-                       BV: tl.constexpr):
-    """Rows ``[BS]`` of ``(h, s)`` and columns ``[BV]`` of one layout row: ``tot``, ``mean`` ``[R, NE, HS(, V)]``.
-    Grid ``(R * NST, cdiv(V, BV))``; programs of column tile 0 write ``tot``."""
+def vq_scan_fwd_kernel(first, cnt, sumv, qmap, tot, mean, cm, NE, NST, HS: tl.constexpr, V: tl.constexpr,
+                       BS: tl.constexpr, BV: tl.constexpr, KEEP_MEAN: tl.constexpr):
+    """Rows ``[BS]`` of ``(h, s)`` and columns ``[BV]`` of one layout row: ``tot``, ``mean`` ``[R, NE, HS(, V)]``
+    (``mean`` only with ``KEEP_MEAN``), and each block's mean in ``cm``'s dtype at ``cm[qmap[block]]`` (the cache
+    of the query block two blocks on; ``-1``: none).  Grid ``(R * NST, cdiv(V, BV))``; programs of column tile 0
+    write ``tot``."""
     i_t, i_v = tl.program_id(0), tl.program_id(1)
     r = (i_t // NST).to(tl.int64)
     o_s = (i_t % NST) * BS + tl.arange(0, BS)
@@ -41,16 +46,21 @@ def vq_scan_fwd_kernel(first, cnt, sumv, tot, mean, NE, NST, HS: tl.constexpr, V
         keep = (tl.load(first + be) == 0).to(tl.float32)  # 0 at a sequence's pseudo-block: a new cache
         b_c = b_c * keep + tl.load(cnt + be * HS + o_s, mask=m_s, other=0.0)
         b_u = b_u * keep + tl.load(sumv + be * HS * V + o_sv, mask=m_sv, other=0.0)
-        tl.store(mean + be * HS * V + o_sv, b_u / tl.where(b_c > 0, b_c, 1.0)[:, None], mask=m_sv)
+        b_m = b_u / tl.where(b_c > 0, b_c, 1.0)[:, None]
+        if KEEP_MEAN:
+            tl.store(mean + be * HS * V + o_sv, b_m, mask=m_sv)
+        n = tl.load(qmap + be).to(tl.int64)
+        if n >= 0:
+            tl.store(cm + n * HS * V + o_sv, b_m.to(cm.dtype.element_ty), mask=m_sv)
         if i_v == 0:
             tl.store(tot + be * HS + o_s, b_c, mask=m_s)
 
 
 @triton.jit
-def vq_scan_bwd_kernel(first, tot, dmean, dsumv, NE, NST, HS: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
-                       BV: tl.constexpr):
-    """``dsumv`` ``[R, NE, HS, V]``: the reverse scan of ``dmean / tot`` within each sequence.  Grid as the
-    forward's."""
+def vq_scan_bwd_kernel(first, tot, dmean, qmap, dcm, dsumv, NE, NST, HS: tl.constexpr, V: tl.constexpr,
+                       BS: tl.constexpr, BV: tl.constexpr, HAS_DMEAN: tl.constexpr, HAS_DCM: tl.constexpr):
+    """``dsumv`` ``[R, NE, HS, V]``: the reverse scan of ``(dmean + dcm[qmap]) / tot`` within each sequence.
+    Grid as the forward's."""
     i_t, i_v = tl.program_id(0), tl.program_id(1)
     r = (i_t // NST).to(tl.int64)
     o_s = (i_t % NST) * BS + tl.arange(0, BS)
@@ -62,7 +72,14 @@ def vq_scan_bwd_kernel(first, tot, dmean, dsumv, NE, NST, HS: tl.constexpr, V: t
     for i in range(0, NE):
         be = r * NE + (NE - 1 - i)
         c = tl.load(tot + be * HS + o_s, mask=m_s, other=1.0)
-        b_g += tl.load(dmean + be * HS * V + o_sv, mask=m_sv, other=0.0) / tl.where(c > 0, c, 1.0)[:, None]
+        d = tl.zeros([BS, BV], tl.float32)
+        if HAS_DMEAN:
+            d += tl.load(dmean + be * HS * V + o_sv, mask=m_sv, other=0.0)
+        if HAS_DCM:
+            n = tl.load(qmap + be).to(tl.int64)
+            if n >= 0:
+                d += tl.load(dcm + n * HS * V + o_sv, mask=m_sv, other=0.0).to(tl.float32)
+        b_g += d / tl.where(c > 0, c, 1.0)[:, None]
         tl.store(dsumv + be * HS * V + o_sv, b_g, mask=m_sv)
         b_g = b_g * (tl.load(first + be) == 0).to(tl.float32)  # blocks before a pseudo-block: another sequence
 
@@ -75,8 +92,10 @@ def _tiles(HS: int, V: int) -> tuple[int, int]:
     return min(32, block(HS)), min(64, block(V))
 
 
-def _scan_fake(first, cnt, sumv):
-    return torch.empty_like(cnt), torch.empty_like(sumv)
+def _scan_fake(first, cnt, sumv, qmap, NQ, keep_mean, cm_dtype):
+    R, NE, H, S, V = sumv.shape
+    return (torch.empty_like(cnt), torch.empty_like(sumv) if keep_mean else sumv.new_empty(0),
+            sumv.new_empty(NQ, H, S, V, dtype=cm_dtype))
 
 
 def _rev_segment_sum(first: Tensor, x: Tensor) -> Tensor:
@@ -94,67 +113,97 @@ def _rev_segment_sum(first: Tensor, x: Tensor) -> Tensor:
     return (suf[:, :NE] - past).to(x.dtype)
 
 
-def _scan_bwd(first, cnt, tot, mean, dtot, dmean, need_dcnt: bool):
-    R, NE, H, S, V = mean.shape
+def _scan_bwd(first, cnt, tot, mean, qmap, dtot, dmean, dcm, need_dcnt: bool):
+    R, NE, H, S = tot.shape
+    V = dcm.shape[-1] if dcm is not None else mean.shape[-1]
     HS = H * S
-    dsumv = torch.empty_like(mean)
+    dsumv = tot.new_empty(R, NE, H, S, V)
     BS, BV = _tiles(HS, V)
     NST = cdiv(HS, BS)
     if R * NE > 0:
-        vq_scan_bwd_kernel[(R * NST, cdiv(V, BV))](first, tot, dmean, dsumv, NE, NST, HS=HS, V=V, BS=BS, BV=BV)
+        vq_scan_bwd_kernel[(R * NST, cdiv(V, BV))](
+            first, tot, dmean, qmap, dcm, dsumv, NE, NST, HS=HS, V=V, BS=BS, BV=BV, HAS_DMEAN=dmean is not None,
+            HAS_DCM=dcm is not None,
+        )
     dcnt = None
     if need_dcnt:
-        # mean_e = sum_e / tot_e: d tot_e = incoming - (d mean_e . mean_e) / tot_e where tot_e > 0
+        # mean_e = sum_e / tot_e: d tot_e = incoming - (d mean_e . mean_e) / tot_e where tot_e > 0, with
+        # d mean_e the gradient of the fp32 means and of the copy at cm[qmap[e]]
+        dm = torch.zeros_like(mean) if dmean is None else dmean.clone()
+        if dcm is not None:
+            live = qmap >= 0
+            dm.view(R * NE, H, S, V)[live] += dcm[qmap[live].long()].to(dm.dtype)
         nz = tot > 0
-        dc = torch.where(nz, (dmean * mean).sum(-1) / torch.where(nz, tot, torch.ones_like(tot)), 0.0)
+        dc = torch.where(nz, (dm * mean).sum(-1) / torch.where(nz, tot, torch.ones_like(tot)), 0.0)
         dc = -dc if dtot is None else dtot - dc
         dcnt = _rev_segment_sum(first.bool(), dc)
     return dcnt, dsumv
 
 
-def _scan_bwd_fake(first, cnt, tot, mean, dtot, dmean, need_dcnt):
-    return (torch.empty_like(cnt) if need_dcnt else cnt.new_empty(0)), torch.empty_like(mean)
+def _scan_bwd_fake(first, cnt, tot, mean, qmap, dtot, dmean, dcm, need_dcnt):
+    V = dcm.shape[-1] if dcm is not None else mean.shape[-1]
+    return ((torch.empty_like(cnt) if need_dcnt else cnt.new_empty(0)),
+            tot.new_empty(*tot.shape, V))
 
 
 @launcher_op("vq_scan_bwd", fake=_scan_bwd_fake)
-def vq_scan_bwd_op(first: Tensor, cnt: Tensor, tot: Tensor, mean: Tensor, dtot: Optional[Tensor], dmean: Tensor,
-                   need_dcnt: bool) -> tuple[Tensor, Tensor]:
-    """``(dcnt, dsumv)`` (``dcnt`` empty unless ``need_dcnt``)."""
-    dcnt, dsumv = _scan_bwd(first, cnt, tot, mean, dtot, dmean, need_dcnt)
+def vq_scan_bwd_op(first: Tensor, cnt: Tensor, tot: Tensor, mean: Tensor, qmap: Tensor, dtot: Optional[Tensor],
+                   dmean: Optional[Tensor], dcm: Optional[Tensor], need_dcnt: bool) -> tuple[Tensor, Tensor]:
+    """``(dcnt, dsumv)`` (``dcnt`` empty unless ``need_dcnt``, which needs the fp32 ``mean``)."""
+    dcnt, dsumv = _scan_bwd(first, cnt, tot, mean, qmap, dtot, dmean, dcm, need_dcnt)
     return (dcnt if need_dcnt else cnt.new_empty(0)), dsumv
 
 
 def _setup(ctx, inputs, output):
-    first, cnt, sumv = inputs
-    tot, mean = output
-    ctx.save_for_backward(first, cnt, tot, mean)
+    first, cnt, sumv, qmap, NQ, keep_mean, cm_dtype = inputs
+    tot, mean, cm = output
+    ctx.save_for_backward(first, cnt, tot, mean, qmap)
 
 
-def _backward(ctx, dtot, dmean):
-    first, cnt, tot, mean = ctx.saved_tensors
+def _backward(ctx, dtot, dmean, dcm):
+    first, cnt, tot, mean, qmap = ctx.saved_tensors
     need_dcnt = ctx.needs_input_grad[1]
-    dmean = torch.zeros_like(mean) if dmean is None else dmean.contiguous()
+    dmean = None if dmean is None or mean.numel() == 0 else dmean.contiguous()
+    dcm = None if dcm is None else dcm.contiguous()
     dtot = None if dtot is None else dtot.contiguous()
-    dcnt, dsumv = vq_scan_bwd_op.for_ctx(ctx)(first, cnt, tot, mean, dtot, dmean, need_dcnt)
-    return None, (dcnt if need_dcnt else None), dsumv
+    dcnt, dsumv = vq_scan_bwd_op.for_ctx(ctx)(first, cnt, tot, mean, qmap, dtot, dmean, dcm, need_dcnt)
+    return None, (dcnt if need_dcnt else None), dsumv, None, None, None, None
 
 
 @launcher_op("vq_scan", fake=_scan_fake, backward=_backward, setup_context=_setup)
-def vq_scan_op(first: Tensor, cnt: Tensor, sumv: Tensor) -> tuple[Tensor, Tensor]:
-    """``(tot [R, NE, H, S], mean [R, NE, H, S, V])`` fp32: the inclusive running count and mean of each block's
-    sequence (``first`` ``[R, NE]`` int8 marks the pseudo-blocks; ``cnt``, ``sumv`` fp32 per-block counts and
-    value sums)."""
+def vq_scan_op(first: Tensor, cnt: Tensor, sumv: Tensor, qmap: Tensor, NQ: int, keep_mean: bool,
+               cm_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """``(tot [R, NE, H, S], mean [R, NE, H, S, V], cm [NQ, H, S, V])``: the inclusive running count and mean
+    (fp32) of each block's sequence (``first`` ``[R, NE]`` int8 marks the pseudo-blocks; ``cnt``, ``sumv`` fp32
+    per-block counts and value sums), and block ``e``'s mean in ``cm_dtype`` at ``cm[qmap[e]]`` (``qmap``
+    ``[R * NE]`` int32, ``-1``: not copied); ``mean`` is empty unless ``keep_mean``."""
     R, NE, H, S, V = sumv.shape
     HS = H * S
-    tot, mean = torch.empty_like(cnt), torch.empty_like(sumv)
+    tot = torch.empty_like(cnt)
+    mean = torch.empty_like(sumv) if keep_mean else sumv.new_empty(0)
+    cm = sumv.new_empty(NQ, H, S, V, dtype=cm_dtype)
     BS, BV = _tiles(HS, V)
     NST = cdiv(HS, BS)
     if R * NE > 0:
-        vq_scan_fwd_kernel[(R * NST, cdiv(V, BV))](first, cnt, sumv, tot, mean, NE, NST, HS=HS, V=V, BS=BS, BV=BV)
-    return tot, mean
+        vq_scan_fwd_kernel[(R * NST, cdiv(V, BV))](first, cnt, sumv, qmap, tot, mean, cm, NE, NST, HS=HS, V=V,
+                                                   BS=BS, BV=BV, KEEP_MEAN=keep_mean)
+    return tot, mean, cm
+
+
+def scan_cache(first: Tensor, cnt: Tensor, sumv: Tensor, qmap: Tensor, NQ: int, keep_mean: bool,
+               cm_dtype: torch.dtype) -> tuple[Tensor, Tensor | None, Tensor]:
+    """The ``"serial"`` reduction on the scan kernel, with each query block's cache means written in the kernels'
+    dtype as the scan goes (no gather or cast pass after it): ``(tot, mean or None, cm)`` as :func:`vq_scan_op`'s;
+    the fp32 ``mean`` is kept when asked for or when ``cnt`` needs a gradient (its backward reads it)."""
+    keep_mean = keep_mean or (cnt.requires_grad and torch.is_grad_enabled())
+    tot, mean, cm = vq_scan_op(first.to(torch.int8).contiguous(), cnt.contiguous(), sumv.contiguous(),
+                               qmap.to(torch.int32).contiguous(), NQ, keep_mean, cm_dtype)
+    return tot, (mean if keep_mean else None), cm
 
 
 def scan_serial(first: Tensor, cnt: Tensor, sumv: Tensor) -> tuple[Tensor, Tensor]:
     """The ``"serial"`` reduction (same signature and result as ``lintime.ops.vq.chunk.REDUCTIONS["serial"]``)
     on the scan kernel; fp32 ``cnt`` / ``sumv``."""
-    return vq_scan_op(first.to(torch.int8).contiguous(), cnt.contiguous(), sumv.contiguous())
+    qmap = torch.full((first.numel(),), -1, dtype=torch.int32, device=first.device)
+    tot, mean, _ = scan_cache(first, cnt, sumv, qmap, 0, True, sumv.dtype)
+    return tot, mean

@@ -34,7 +34,7 @@ from lintime.ops.vq.chunk import _layout, cache_summaries, final_state, num_bloc
 from lintime.ops.vq.state import log_count
 from lintime.ops.vq.triton.kernels import vq_bwd_key_kernel, vq_bwd_query_kernel, vq_fwd_kernel
 from lintime.ops.vq.triton.launch import VQLaunch, default_launch
-from lintime.ops.vq.triton.scan import scan_serial
+from lintime.ops.vq.triton.scan import scan_cache
 
 _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
@@ -146,15 +146,17 @@ def scatter_sums(codes: Tensor, v: Tensor, valid: Tensor, S: int) -> tuple[Tenso
     """:func:`lintime.ops.vq.state.block_sums` as scatter-adds: each key's value added to its block's row of its
     code, O(T * V) work instead of the one-hot product's O(T * S * V) (vq-base: 1536 against 786k flops per key).
     ``codes`` ``[..., L, H]``, ``v`` ``[..., L, H, V]``, ``valid`` ``[..., L]``; returns ``count [..., H, S]``,
-    ``sum [..., H, S, V]`` in ``v``'s dtype (atomic adds: the order of a sum's terms is not fixed)."""
+    ``sum [..., H, S, V]`` in the accumulation dtype (fp32 for half ``v``, converted row by row as it is added: no
+    fp32 copy of ``v`` is kept; atomic adds: the order of a sum's terms is not fixed)."""
     *lead, L, H = codes.shape
     V = v.shape[-1]
     G = codes[..., 0, 0].numel()  # groups (blocks)
     grp = torch.arange(G, device=codes.device).view(*lead, 1, 1)
     rows = (grp * H + torch.arange(H, device=codes.device)) * S + codes  # [..., L, H]
     rows = torch.where(valid[..., None], rows, G * H * S).reshape(-1)  # empty slots: a scratch row
-    cnt = v.new_zeros(G * H * S + 1).index_add(0, rows, v.new_ones(rows.shape))
-    sumv = v.new_zeros(G * H * S + 1, V).index_add(0, rows, v.reshape(-1, V))
+    dt = acc_dtype(v)
+    cnt = v.new_zeros(G * H * S + 1, dtype=dt).index_add(0, rows, v.new_ones(rows.shape, dtype=dt))
+    sumv = v.new_zeros(G * H * S + 1, V, dtype=dt).index_add(0, rows, v.reshape(-1, V).to(dt))
     return cnt[:-1].view(*lead, H, S), sumv[:-1].view(*lead, H, S, V)
 
 
@@ -178,7 +180,6 @@ def triton_vq_attention(
     check_device("vq_attention", q)
     S = codebook.shape[1]
     L = block_len
-    dt = acc_dtype(q)  # fp32: the cache summaries
     dev = q.device
     st = None if initial_state is None else initial_state.canonical()
     N = num_seqs(B, cu_seqlens)
@@ -193,15 +194,26 @@ def triton_vq_attention(
     kc = lay.place(flat(k_hat), bufs(st.k_hat.to(k_hat.dtype)) if st is not None else None)  # [R, NE, L, H, K]
     vc = lay.place(flat(v), bufs(st.v.to(v.dtype)) if st is not None else None)  # [R, NE, L, H, V]
     zc = lay.place(flat(codes).long(), bufs(st.codes.long()) if st is not None else None)  # [R, NE, L, H]
-    vc32 = vc.to(dt)
-    # [R, NE, H, S], [R, NE, H, S, V]; "serial": the scan kernel (the same running count and mean as Code 2)
-    cum_c, cum_m = cache_summaries(lay, zc, vc32, st, S, reduction, sums=scatter_sums,
-                                   reduce=scan_serial if reduction == "serial" else None)
-    back2 = lay.qblk - 2  # the cache of query block n: blocks <= n - 2 (seed Code 2: pad 2, drop last 2)
-    cache_c = cum_c.reshape(R * NE, H, S).index_select(0, back2)  # [NQ, H, S]
-    cache_m = cum_m.reshape(R * NE, H, S, V).index_select(0, back2)  # [NQ, H, S, V]
-
     NB = R * NE
+    back2 = lay.qblk - 2  # the cache of query block n: blocks <= n - 2 (seed Code 2: pad 2, drop last 2)
+    # [R, NE, H, S], [R, NE, H, S, V] fp32 (per-block sums by scatter-adds); "serial": the scan kernel (the same
+    # running count and mean as Code 2), which also writes each query block's cache means in q's dtype
+    if reduction == "serial":
+        qmap = torch.full((NB,), -1, dtype=torch.int32, device=dev).index_copy(
+            0, back2, torch.arange(lay.NQ, dtype=torch.int32, device=dev))
+        got = {}
+
+        def reduce(first, cnt, sumv):
+            tot, mean, got["cm"] = scan_cache(first, cnt, sumv, qmap, lay.NQ, output_final_state, q.dtype)
+            return tot, mean
+
+        cum_c, cum_m = cache_summaries(lay, zc, vc, st, S, reduction, sums=scatter_sums, reduce=reduce)
+        cache_m = got["cm"]  # [NQ, H, S, V]
+    else:
+        cum_c, cum_m = cache_summaries(lay, zc, vc, st, S, reduction, sums=scatter_sums)
+        cache_m = cum_m.reshape(NB, H, S, V).index_select(0, back2).to(q.dtype)  # [NQ, H, S, V]
+    cache_c = cum_c.reshape(NB, H, S).index_select(0, back2)  # [NQ, H, S]
+
     qblk = lay.qblk.to(torch.int32)
     qa, qb = _key_owners(lay.qblk, NB)
     kvalid = lay.kvalid.reshape(NB * L).to(torch.int8)
@@ -209,11 +221,11 @@ def triton_vq_attention(
     launch = launch or default_launch(K, V, q.dtype)
     o = vq_fwd_op(
         lay.qplace(flat(q)), kc.view(NB, L, H, K), vc.view(NB, L, H, V), kvalid, qblk, qa, qb, bc,
-        codebook.to(q.dtype).contiguous(), log_count(cache_c).float(), cache_m.to(q.dtype), L, launch.to_ints(),
+        codebook.to(q.dtype).contiguous(), log_count(cache_c).float(), cache_m, L, launch.to_ints(),
     )[0]  # [NQ, L, H, V]
     o = o.reshape(lay.NQ * L, H, V).index_select(0, lay.dest_q).view(B, T, H, V)
 
     final = None
     if output_final_state:
-        final = final_state(lay, N, kc, vc32, zc, cum_c, cum_m, k_hat.dtype, v.dtype)
+        final = final_state(lay, N, kc, vc, zc, cum_c, cum_m, k_hat.dtype, v.dtype)
     return o, final
