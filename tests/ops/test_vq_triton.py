@@ -131,14 +131,16 @@ def test_without_bias_and_length_one():
 @pytest.mark.parametrize("reduction", ["serial", "matmul"])
 def test_training_call_without_final_state(reduction):
     """The training call -- no state in or out, ``T`` a multiple of ``L`` (the scan keeps no fp32 means, only each
-    query block's cache means in the inputs' dtype): output and every gradient equal the chunked form's."""
+    query block's cache means in the inputs' dtype; the block layout is the tokens' own order), queries and bias
+    strided slices of wider tensors: output and every gradient equal the chunked form's."""
     B, T, H, K, V, S, L = 2, 32, 1, 16, 20, 6, 8
     inp = _inputs(B, T, H, K, V, S, L, torch.float32, seed=21)
     outs = {}
     for backend in ("chunk", "triton"):
         lv = {k: x.clone().requires_grad_() for k, x in inp.items() if x.is_floating_point()}
-        o, fin = vq_attention(lv["q"], _gather(lv["codebook"], inp["codes"]), inp["codes"], lv["v"], lv["codebook"],
-                              block_len=L, bias=lv["bias"], reduction=reduction, backend=backend)
+        wide = lambda x: torch.cat([x, 2 * x], -1)[..., : x.shape[-1]]  # same values, not contiguous
+        o, fin = vq_attention(wide(lv["q"]), _gather(lv["codebook"], inp["codes"]), inp["codes"], lv["v"],
+                              lv["codebook"], block_len=L, bias=wide(lv["bias"]), reduction=reduction, backend=backend)
         assert fin is None
         w = torch.randn(o.shape, generator=torch.Generator().manual_seed(2))
         outs[backend] = (o, *torch.autograd.grad((o * w).sum(), list(lv.values())))

@@ -191,9 +191,19 @@ def triton_vq_attention(
     flat = lambda x: x.reshape(B * T, *x.shape[2:])
     bufs = lambda x: None if st is None else x.reshape(N * 2 * L, *x.shape[2:])
 
-    kc = lay.place(flat(k_hat), bufs(st.k_hat.to(k_hat.dtype)) if st is not None else None)  # [R, NE, L, H, K]
-    vc = lay.place(flat(v), bufs(st.v.to(v.dtype)) if st is not None else None)  # [R, NE, L, H, V]
-    zc = lay.place(flat(codes).long(), bufs(st.codes.long()) if st is not None else None)  # [R, NE, L, H]
+    # rows of whole blocks with no state (training): each row is its pseudo and previous blocks (empty) and then
+    # its tokens in order, and the query blocks are the tokens as they lie -- concatenations and views instead of
+    # the layout's scatter and gather passes
+    dense = cu_seqlens is None and st is None and T % L == 0
+    if dense:
+        pad = lambda x: torch.cat([x.new_zeros(B, 2 * L, *x.shape[2:]), x], 1).view(R, lay.NE, L, *x.shape[2:])
+        qplace = lambda x: x.reshape(lay.NQ, L, *x.shape[2:]).contiguous()  # the kernels' strides
+        kc, vc, zc = pad(k_hat), pad(v), pad(codes.long())
+    else:
+        qplace = lambda x: lay.qplace(flat(x))
+        kc = lay.place(flat(k_hat), bufs(st.k_hat.to(k_hat.dtype)) if st is not None else None)  # [R, NE, L, H, K]
+        vc = lay.place(flat(v), bufs(st.v.to(v.dtype)) if st is not None else None)  # [R, NE, L, H, V]
+        zc = lay.place(flat(codes).long(), bufs(st.codes.long()) if st is not None else None)  # [R, NE, L, H]
     NB = R * NE
     back2 = lay.qblk - 2  # the cache of query block n: blocks <= n - 2 (seed Code 2: pad 2, drop last 2)
     # [R, NE, H, S], [R, NE, H, S, V] fp32 (per-block sums by scatter-adds); "serial": the scan kernel (the same
@@ -217,13 +227,13 @@ def triton_vq_attention(
     qblk = lay.qblk.to(torch.int32)
     qa, qb = _key_owners(lay.qblk, NB)
     kvalid = lay.kvalid.reshape(NB * L).to(torch.int8)
-    bc = None if bias is None else lay.qplace(flat(bias))  # [NQ, L, H, 2L]
+    bc = None if bias is None else qplace(bias)  # [NQ, L, H, 2L]
     launch = launch or default_launch(K, V, q.dtype)
     o = vq_fwd_op(
-        lay.qplace(flat(q)), kc.view(NB, L, H, K), vc.view(NB, L, H, V), kvalid, qblk, qa, qb, bc,
+        qplace(q), kc.view(NB, L, H, K), vc.view(NB, L, H, V), kvalid, qblk, qa, qb, bc,
         codebook.to(q.dtype).contiguous(), log_count(cache_c).float(), cache_m, L, launch.to_ints(),
     )[0]  # [NQ, L, H, V]
-    o = o.reshape(lay.NQ * L, H, V).index_select(0, lay.dest_q).view(B, T, H, V)
+    o = o.view(B, T, H, V) if dense else o.reshape(lay.NQ * L, H, V).index_select(0, lay.dest_q).view(B, T, H, V)
 
     final = None
     if output_final_state:
