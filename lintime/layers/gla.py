@@ -79,6 +79,9 @@ class GatedLinearAttention(Mixer):
         # one norm over each head's V features, its gain shared by the heads
         self.head_norm = build_norm(head_norm, self.head_v, norm_eps)
         self.out = nn.Linear(value_dim, dim, bias=False)
+        # the head norm and the output gate in one pass per direction (Norm.gated_forward); False: the norm, then
+        # the gate as separate passes (CausalLM.set_fused)
+        self.fused = True
 
     def log_gate(self, x: torch.Tensor) -> torch.Tensor:
         """``g = log(alpha) = logsigmoid(x W_a1 W_a2 + b_a) / tau`` ``[B, T, H, K]``, in fp32 (the op
@@ -101,9 +104,12 @@ class GatedLinearAttention(Mixer):
             q, k, v, g, chunk_size=self.chunk_size, initial_state=state,
             output_final_state=state is not None, cu_seqlens=cu_seqlens,
         )  # o [B, T, H, V]
-        o = self.head_norm(o)
-        if self.r_proj is not None:
-            o = o * F.silu(self.r_proj(x)).view(B, T, H, V)
+        if self.r_proj is None:
+            o = self.head_norm(o)
+        elif self.fused:
+            o = self.head_norm.gated_forward(o, self.r_proj(x).view(B, T, H, V))
+        else:
+            o = self.head_norm(o) * F.silu(self.r_proj(x)).view(B, T, H, V)
         return self.out(o.reshape(B, T, H * V)), new_state
 
     def init_state(self, batch_size, device, dtype) -> torch.Tensor:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from lintime.ops import add_normalize, normalize
+from lintime.ops import add_normalize, gated_normalize, normalize
 
 
 def _out_dtype(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.dtype:
@@ -51,6 +51,12 @@ class Norm(nn.Module):
         out_dtype = _out_dtype(x, torch.promote_types(x.dtype, branch.dtype))
         return add_normalize(x, branch, *self.params(), kind=self.kind, eps=self.eps, out_dtype=out_dtype,
                              backend=_backend(self.fused))
+
+    def gated_forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """``self(x) * silu(gate)`` (``gate`` of ``x``'s shape) in one pass per direction, rounded once to the dtype
+        :meth:`forward` gives (:func:`lintime.ops.gated_normalize`)."""
+        return gated_normalize(x, gate, *self.params(), kind=self.kind, eps=self.eps, out_dtype=_out_dtype(x),
+                               backend=_backend(self.fused))
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"
