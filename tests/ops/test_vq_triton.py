@@ -259,7 +259,7 @@ def test_custom_ops_pass_opcheck():
 
 def test_scatter_sums_equal_block_sums():
     """The Triton path's per-block sums (scatter-adds) equal the chunked form's one-hot products, with empty
-    slots and empty codes."""
+    slots (zero values, random codes, as the block layout leaves them) and empty codes."""
     from lintime.ops.vq.state import block_sums
     from lintime.ops.vq.triton.vq import scatter_sums
 
@@ -267,6 +267,7 @@ def test_scatter_sums_equal_block_sums():
     codes = torch.randint(0, 7, (3, 5, 6, 2), generator=g)
     v = torch.randn(3, 5, 6, 2, 4, generator=g, dtype=torch.float64)
     valid = torch.rand(3, 5, 6, generator=g) > 0.3
+    v = v * valid[..., None, None]
     (c0, s0), (c1, s1) = block_sums(codes, v, valid, 9), scatter_sums(codes, v, valid, 9)
     assert torch.equal(c0, c1) and (c1[..., 7:] == 0).all()
     assert_exact("scatter sums", s0, s1)
