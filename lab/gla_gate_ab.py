@@ -91,7 +91,8 @@ def run(T: int, tokens: int, kind: str, rounds: int, dev: torch.device = torch.d
         med = statistics.median(ms[mode])
         row[mode] = {"ms": med, "tok_s": tokens / med * 1e3, "peak_gib": peak[mode], "all_ms": ms[mode]}
     row["speedup"] = row["plain"]["ms"] / row["fused"]["ms"]
-    print(f"{PRESET} {kind:5s} T={T:6d}  plain {row['plain']['ms']:7.1f} ms ({row['plain']['tok_s'] / 1e3:5.0f}k tok/s, "
+    print(f"{PRESET} {kind:5s} T={T:6d}  plain {row['plain']['ms']:7.1f} ms "
+          f"({row['plain']['tok_s'] / 1e3:5.0f}k tok/s, "
           f"{peak['plain']:.1f} GiB)  fused {row['fused']['ms']:7.1f} ms ({row['fused']['tok_s'] / 1e3:5.0f}k tok/s, "
           f"{peak['fused']:.1f} GiB)  x{row['speedup']:.3f}  loss {row['loss_plain']:.6f} / {row['loss_fused']:.6f}",
           flush=True)

@@ -110,8 +110,8 @@ def _mix_check(kind, shape, half, seed):
         if want is None:
             continue
         if got.dtype == half:
-            torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=2 * ulp * want.float().abs().max().item(),
-                                       msg=name)
+            atol = 2 * ulp * want.float().abs().max().item()
+            torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=atol, msg=name)
         else:
             assert_exact(f"{kind} {name}", want, got)
 
