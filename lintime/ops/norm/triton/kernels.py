@@ -92,7 +92,7 @@ def norm_bwd_kernel(
     b_w = _gain(W, o_d, m_d, HAS_W, W_SCALAR)
     b_dw = tl.zeros([BD], dtype=tl.float32)
     b_db = tl.zeros([BD], dtype=tl.float32)
-    if HAS_GATE and HAS_B:
+    if HAS_B:  # read by the gated backward only
         b_b = tl.load(B + o_d, mask=m_d, other=0.0).to(tl.float32)
     for row in range(pid, N, G):
         b_x = tl.load(X + row * stride_x + o_d, mask=m_d, other=0.0).to(tl.float32)
