@@ -185,8 +185,8 @@ def vq_scan_op(first: Tensor, cnt: Tensor, sumv: Tensor, qmap: Tensor, NQ: int, 
     BS, BV = _tiles(HS, V)
     NST = cdiv(HS, BS)
     if R * NE > 0:
-        vq_scan_fwd_kernel[(R * NST, cdiv(V, BV))](first, cnt, sumv, qmap, tot, mean, cm, NE, NST, HS=HS, V=V,
-                                                   BS=BS, BV=BV, KEEP_MEAN=keep_mean)
+        vq_scan_fwd_kernel[(R * NST, cdiv(V, BV))](first, cnt, sumv, qmap, tot, mean if keep_mean else None, cm, NE,
+                                                   NST, HS=HS, V=V, BS=BS, BV=BV, KEEP_MEAN=keep_mean)
     return tot, mean, cm
 
 
