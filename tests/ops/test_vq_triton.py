@@ -128,25 +128,41 @@ def test_without_bias_and_length_one():
 
 
 @cpu_only
-@pytest.mark.parametrize("reduction", ["serial", "matmul"])
-def test_training_call_without_final_state(reduction):
-    """The training call -- no state in or out, ``T`` a multiple of ``L`` (the scan keeps no fp32 means, only each
-    query block's cache means in the inputs' dtype; the block layout is the tokens' own order), queries and bias
-    strided slices of wider tensors: output and every gradient equal the chunked form's."""
-    B, T, H, K, V, S, L = 2, 32, 1, 16, 20, 6, 8
+@pytest.mark.parametrize("reduction, lens", [("serial", None), ("matmul", None), ("serial", [16, 16, 16]),
+                                             ("serial", [8, 24, 0, 16])])
+def test_training_call_without_final_state(reduction, lens):
+    """The training call -- no state in or out, sequences of whole blocks (rows, or packed of equal or unequal
+    lengths): the scan keeps no fp32 means, only each query block's cache means in the inputs' dtype, and the
+    block layout is the tokens' own order; queries and bias are strided slices of wider tensors.  Output and every
+    gradient equal the chunked form's."""
+    H, K, V, S, L = 1, 16, 20, 6, 8
+    B, T = (2, 32) if lens is None else (1, sum(lens))
+    cu = None if lens is None else torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
     inp = _inputs(B, T, H, K, V, S, L, torch.float32, seed=21)
     outs = {}
     for backend in ("chunk", "triton"):
         lv = {k: x.clone().requires_grad_() for k, x in inp.items() if x.is_floating_point()}
         wide = lambda x: torch.cat([x, 2 * x], -1)[..., : x.shape[-1]]  # same values, not contiguous
         o, fin = vq_attention(wide(lv["q"]), _gather(lv["codebook"], inp["codes"]), inp["codes"], lv["v"],
-                              lv["codebook"], block_len=L, bias=wide(lv["bias"]), reduction=reduction, backend=backend)
+                              lv["codebook"], block_len=L, bias=wide(lv["bias"]), reduction=reduction, cu_seqlens=cu,
+                              backend=backend)
         assert fin is None
         w = torch.randn(o.shape, generator=torch.Generator().manual_seed(2))
         outs[backend] = (o, *torch.autograd.grad((o * w).sum(), list(lv.values())))
     names = ["o", *(f"d{k}" for k, x in inp.items() if x.is_floating_point())]
     for name, a, b in zip(names, outs["chunk"], outs["triton"]):
         assert_exact(f"training call {name}", a, b)
+
+
+@cpu_only
+def test_state_at_block_ends_matches_naive():
+    """States at block ends (positions multiples of L, one at 0) and whole blocks: queries in the tokens' order,
+    keys through the layout with the state's buffers; output, final state and every gradient equal the naive
+    form's."""
+    H, K, V, S, L = 1, 16, 12, 5, 8
+    inp = _inputs(3, 16, H, K, V, S, L, torch.float32, seed=9)
+    sd = _state([8, 0, 24], H, K, V, S, L, torch.float32)
+    _assert_same("block-end state", _run("naive", inp, L, sd=sd), _run("triton", inp, L, sd=sd))
 
 
 @cpu_only

@@ -193,16 +193,23 @@ def triton_vq_attention(
     flat = lambda x: x.reshape(B * T, *x.shape[2:])
     bufs = lambda x: None if st is None else x.reshape(N * 2 * L, *x.shape[2:])
 
-    # rows of whole blocks with no state (training): each row is its pseudo and previous blocks (empty) and then
-    # its tokens in order, and the query blocks are the tokens as they lie -- concatenations and views instead of
-    # the layout's scatter and gather passes
-    dense = cu_seqlens is None and st is None and T % L == 0
-    if dense:
-        pad = lambda x: torch.cat([x.new_zeros(B, 2 * L, *x.shape[2:]), x], 1).view(R, lay.NE, L, *x.shape[2:])
+    # sequences of whole blocks from block starts (training rows, packed or not): the query blocks are the tokens
+    # as they lie (dest_q is the identity), so queries, bias and output skip the layout's scatter / gather; with
+    # no state and equal lengths, keys / values too: each sequence's blocks are its pseudo and previous blocks
+    # (empty) and then its tokens, one concatenation
+    lens = [T] * B if host_values[0] is None else [b - a for a, b in zip(host_values[0], host_values[0][1:])]
+    q_dense = (B * T > 0 and lay.NQ * L == B * T and all(n % L == 0 for n in lens)
+               and (host_values[1] is None or all(p % L == 0 for p in host_values[1])))
+    if q_dense:
         qplace = lambda x: x.reshape(lay.NQ, L, *x.shape[2:]).contiguous()  # the kernels' strides
-        kc, vc, zc = pad(k_hat), pad(v), pad(codes.long())
     else:
         qplace = lambda x: lay.qplace(flat(x))
+    if q_dense and st is None and len(set(lens)) == 1:
+        Tn = lens[0]
+        pad = lambda x: torch.cat([x.new_zeros(N, 2 * L, *x.shape[2:]), x.reshape(N, Tn, *x.shape[2:])], 1).view(
+            R, lay.NE, L, *x.shape[2:])
+        kc, vc, zc = pad(k_hat), pad(v), pad(codes.long())
+    else:
         kc = lay.place(flat(k_hat), bufs(st.k_hat.to(k_hat.dtype)) if st is not None else None)  # [R, NE, L, H, K]
         vc = lay.place(flat(v), bufs(st.v.to(v.dtype)) if st is not None else None)  # [R, NE, L, H, V]
         zc = lay.place(flat(codes).long(), bufs(st.codes.long()) if st is not None else None)  # [R, NE, L, H]
@@ -235,7 +242,7 @@ def triton_vq_attention(
         qplace(q), kc.view(NB, L, H, K), vc.view(NB, L, H, V), kvalid, qblk, qa, qb, bc,
         codebook.to(q.dtype).contiguous(), log_count(cache_c).float(), cache_m, L, launch.to_ints(),
     )[0]  # [NQ, L, H, V]
-    o = o.view(B, T, H, V) if dense else o.reshape(lay.NQ * L, H, V).index_select(0, lay.dest_q).view(B, T, H, V)
+    o = o.view(B, T, H, V) if q_dense else o.reshape(lay.NQ * L, H, V).index_select(0, lay.dest_q).view(B, T, H, V)
 
     final = None
     if output_final_state:
