@@ -131,13 +131,14 @@ def vq_attention(
     needs_host = any(impl is _IMPLS.get(name) for name in _HOST_VALUES)
     # the value checks read codes / cu_seqlens / state positions back to the host (one sync):
     # skipped when every value was checked before (a state this op returned, codes the caller
-    # marked with ``lintime.ops.utils.mark_checked``) and the form needs no host values
+    # marked with ``lintime.ops.utils.mark_checked``) and the form needs no host values (the
+    # blockwise forms need them only for packed offsets and state positions)
     st_pos = None if initial_state is None else initial_state.pos
-    if needs_host or cu_seqlens is not None or not is_checked(codes, st_pos):
+    if cu_seqlens is not None or (needs_host and st_pos is not None) or not is_checked(codes, st_pos):
         host = _read_values(op, codes, S, cu_seqlens, B, T, initial_state)
         mark_checked(st_pos)
     else:
-        host = None
+        host = (None, None) if needs_host else None
     extra = {"host_values": host} if needs_host else {}
     o, final = impl(
         q, k_hat, codes, v, codebook, block_len=L, bias=bias, reduction=reduction,
