@@ -67,6 +67,7 @@ def _kernel_ms(f, inputs) -> tuple[float, float]:
 def case_vq(results, quick=False, Ts=TS, tokens=TOKENS, impls=("triton", "chunk"), anchor=True):
     """VQ attention (Triton, chunked PyTorch) and SDPA at the same tokens, fwd and fwd + bwd."""
     from lintime.ops import vq_attention
+    from lintime.ops.utils import mark_checked
 
     for T in QUICK_TS if quick else Ts:
         B = max(1, tokens // T)
@@ -75,6 +76,7 @@ def case_vq(results, quick=False, Ts=TS, tokens=TOKENS, impls=("triton", "chunk"
         bias = _rand(B, T, 1, 2 * L, scale=0.1)
         codebook = _rand(1, S, K, scale=K**-0.25)
         codes = torch.randint(0, S, (B, T, 1), device="cuda")
+        mark_checked(codes)  # as the layer marks its argmin codes: no range read-back (a host sync) per call
         heads = torch.zeros_like(codes)
         shape = {"H": 1, "K": K, "V": V, "S": S, "L": L}
         for impl in impls:
