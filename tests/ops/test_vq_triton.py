@@ -127,18 +127,14 @@ def test_without_bias_and_length_one():
     _assert_same("T = 1", _run("naive", one, L, sd=sd), _run("triton", one, L, sd=sd))
 
 
-@cpu_only
-@pytest.mark.parametrize("reduction, lens", [("serial", None), ("matmul", None), ("serial", [16, 16, 16]),
-                                             ("serial", [8, 24, 0, 16])])
-def test_training_call_without_final_state(reduction, lens):
-    """The training call -- no state in or out, sequences of whole blocks (rows, or packed of equal or unequal
-    lengths): the scan keeps no fp32 means, only each query block's cache means in the inputs' dtype, and the
-    block layout is the tokens' own order; queries and bias are strided slices of wider tensors.  Output and every
-    gradient equal the chunked form's."""
-    H, K, V, S, L = 1, 16, 20, 6, 8
-    B, T = (2, 32) if lens is None else (1, sum(lens))
-    cu = None if lens is None else torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
-    inp = _inputs(B, T, H, K, V, S, L, torch.float32, seed=21)
+def _training_case(reduction, lens, *, B=2, T=32, H=1, K=16, V=20, S=6, L=8, device="cpu"):
+    """Output and input gradients of the chunked and the Triton forms for one training call (no state in or out;
+    ``lens``: packed sequences, else ``B`` rows of ``T``), queries and bias strided slices of wider tensors, fp32;
+    compared by the exact rule."""
+    if lens is not None:
+        B, T = 1, sum(lens)
+    cu = None if lens is None else torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=device)
+    inp = {k: x.to(device) for k, x in _inputs(B, T, H, K, V, S, L, torch.float32, seed=21).items()}
     outs = {}
     for backend in ("chunk", "triton"):
         lv = {k: x.clone().requires_grad_() for k, x in inp.items() if x.is_floating_point()}
@@ -147,11 +143,21 @@ def test_training_call_without_final_state(reduction, lens):
                               lv["codebook"], block_len=L, bias=wide(lv["bias"]), reduction=reduction, cu_seqlens=cu,
                               backend=backend)
         assert fin is None
-        w = torch.randn(o.shape, generator=torch.Generator().manual_seed(2))
+        w = torch.randn(o.shape, generator=torch.Generator().manual_seed(2)).to(device)
         outs[backend] = (o, *torch.autograd.grad((o * w).sum(), list(lv.values())))
     names = ["o", *(f"d{k}" for k, x in inp.items() if x.is_floating_point())]
     for name, a, b in zip(names, outs["chunk"], outs["triton"]):
         assert_exact(f"training call {name}", a, b)
+
+
+@cpu_only
+@pytest.mark.parametrize("reduction, lens", [("serial", None), ("matmul", None), ("serial", [16, 16, 16]),
+                                             ("serial", [8, 24, 0, 16])])
+def test_training_call_without_final_state(reduction, lens):
+    """The training call -- no state in or out, sequences of whole blocks (rows, or packed of equal or unequal
+    lengths): the scan keeps no fp32 means, only each query block's cache means in the inputs' dtype, and the
+    block layout is the tokens' own order.  Output and every gradient equal the chunked form's."""
+    _training_case(reduction, lens)
 
 
 @cpu_only
@@ -371,6 +377,15 @@ def test_cuda_fp32_exact():
     form on the output, the final state and every gradient."""
     ref, out, _ = _cuda_case(torch.float32, 1000, pos=[70, 300], K=64, V=192, S=64, L=128, seed=2)
     _assert_same("cuda fp32", ref, out)
+
+
+@cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("lens", [None, [256, 256, 256], [128, 384, 0, 256]])
+def test_cuda_training_call_fp32_exact(lens):
+    """The training call on CUDA (no state in or out, whole blocks: rows, equal and unequal packed rows), fp32:
+    the exact rule against the chunked form on the output and every gradient."""
+    _training_case("serial", lens, B=2, T=512, K=64, V=192, S=64, L=128, device="cuda")
 
 
 @cuda
