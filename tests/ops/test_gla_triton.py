@@ -100,9 +100,9 @@ def _to64(x):
 )
 def test_chain_of_trust_fp32(T, ns, with_h0, strong):
     """triton == naive (fp32, exact tolerance): forward, final state, dq, dk, dv, dg and
-    d initial_state; K = 20, V = 12 (padded tiles); T = 65 / 130 / 150 end mid-chunk; ns = 1, 2
+    d initial_state; K = 20, V = 24 (padded tiles); T = 65 / 130 / 150 end mid-chunk; ns = 1, 2
     materialise segment states; strong decays (gates of -10) exercise the log-space sub-chunks."""
-    q, k, v, g, h0 = _inputs(2 if T < 100 else 1, T, 1, 20, 12, strong=strong)
+    q, k, v, g, h0 = _inputs(2 if T < 100 else 1, T, 1, 20, 24, strong=strong)
     h0 = h0 if with_h0 else None
     scale = None if T > 1 else 0.3
     ref, do, dfinal = _run("naive", q, k, v, g, h0, scale=scale)
@@ -268,6 +268,24 @@ def test_fallbacks():
     assert_exact("fp64 fallback", gla(q, k, v, g, backend="chunk")[0], triton_gla(q, k, v, g)[0])
     q, k, v, g, h0 = _inputs(1, 5, 1, 4, 260)
     assert_exact("V=260 fallback", gla(q, k, v, g, backend="chunk")[0], triton_gla(q, k, v, g)[0])
+
+
+def test_heads_narrower_than_a_tile_take_the_chunked_form(monkeypatch):
+    """K or V below 16 (gla-tiny at width 64: K = 8) never reach the kernels: the chunked form's result, gradients
+    included, on every device."""
+    from lintime.ops.gla import chunk as chunk_mod
+    from lintime.ops.gla.triton import triton_gla
+
+    calls = []
+    real = chunk_mod.chunk_gla
+    monkeypatch.setattr(chunk_mod, "chunk_gla", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    for K, V in ((8, 16), (16, 8)):
+        q, k, v, g, h0 = _inputs(2, 70, 2, K, V)
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, g)]
+        o, _ = triton_gla(*leaves)
+        ref = real(*(x.detach().clone() for x in (q, k, v, g)), scale=K**-0.5)[0]
+        assert_exact(f"K={K} V={V}", ref, o)
+    assert len(calls) == 2
 
 
 # ----------------------------------------------------------------------------- CUDA, real sizes

@@ -271,6 +271,9 @@ def segment_chunks_for(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor]) -> in
     return choose_segment_chunks(_n_seq(q, cu_seqlens), B * T, T, H * math.ceil(v.shape[-1] / BV), q.device)
 
 
+MIN_TILE_DIM = 16  # tl.dot's smallest tile side
+
+
 def triton_gla(
     q, k, v, g, *, scale=None, chunk_size=64, initial_state=None, output_final_state=False, cu_seqlens=None,
     segment_chunks=None,
@@ -278,14 +281,18 @@ def triton_gla(
     """Same arguments and results as :func:`lintime.ops.gated_linear_attention`, computed by the
     Triton kernels (chunks of 64 tokens, sub-chunks of 16, whatever ``chunk_size``).
 
-    fp64 inputs and ``K`` or ``V`` above 256 fall back to the chunked PyTorch form.  Forward-only
+    fp64 inputs, and ``K`` or ``V`` below 16 or above 256, fall back to the chunked PyTorch form.  Forward-only
     calls of at most 16 tokens (decoding) run the recurrent kernel.  ``segment_chunks`` overrides
     the automatic segment length (``0`` = one segment per sequence; tests, benchmarks).
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
     scale = K**-0.5 if scale is None else float(scale)
-    if not supported(K, V, dtype=q.dtype) or g.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    # heads narrower than a 16-wide tile go to the chunked form: K = 8 (gla-tiny at width 64) gave an illegal
+    # memory access and wrong results on an H200 (MQAR sweep, 2026-11-27; not root-caused, not reproduced by the
+    # interpreter, which does not fault on masked-out addresses)
+    if (not supported(K, V, dtype=q.dtype) or min(K, V) < MIN_TILE_DIM
+            or g.dtype not in (torch.float16, torch.bfloat16, torch.float32)):
         from lintime.ops.gla.chunk import chunk_gla
 
         return chunk_gla(q, k, v, g, scale=scale, chunk_size=chunk_size, initial_state=initial_state,
