@@ -1,5 +1,5 @@
 """Launch A/B of the Transformer-VQ Triton kernels at the vq-base shape (H = 1, K = 128, V = 1536, S = L = 512,
-bf16, B * T = 32768 tokens): fwd and fwd+bwd median ms (``triton.testing.do_bench``) per :class:`VQLaunch`
+bf16, B * T = 32768 tokens, T = 32k then 8k): fwd and fwd+bwd median ms (``triton.testing.do_bench``) per :class:`VQLaunch`
 variant, each checked against the default launch (max |a - b| / max |b| over the output and every gradient),
 plus a torch.profiler split of the default's fwd+bwd (device ms per kernel and per PyTorch op), so the PyTorch
 work around the kernels is visible.
@@ -147,7 +147,7 @@ def profile_default(inputs, codes, L, launch, dev, top=25):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--Ts", default="8192,32768")
+    ap.add_argument("--Ts", default="32768,8192", help="the first gets the compiles, the profile and priority in the budget")
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--budget", type=float, default=140.0, help="seconds; variants past it are skipped")
     ap.add_argument("--variants", default="", help="comma-separated names (default: all)")
