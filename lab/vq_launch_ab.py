@@ -1,8 +1,8 @@
 """Launch A/B of the Transformer-VQ Triton kernels at the vq-base shape (H = 1, K = 128, V = 1536, S = L = 512,
-bf16, B * T = 32768 tokens, T = 32k then 8k): fwd and fwd+bwd median ms (``triton.testing.do_bench``) per :class:`VQLaunch`
-variant, each checked against the default launch (max |a - b| / max |b| over the output and every gradient),
-plus a torch.profiler split of the default's fwd+bwd (device ms per kernel and per PyTorch op), so the PyTorch
-work around the kernels is visible.
+bf16, B * T = 32768 tokens, T = 32k then 8k): fwd and fwd+bwd median ms (``triton.testing.do_bench``) per
+:class:`VQLaunch` variant, each checked against the default launch (max |a - b| / max |b| over the output and
+every gradient), plus a torch.profiler split of the default's fwd+bwd (device ms per kernel and per PyTorch op),
+so the PyTorch work around the kernels is visible.
 
 ``k_hat = codebook[codes]`` is gathered inside the timed call (the codebook's gradient is part of the backward,
 as in the layer); the bias is ``[B, T, 1, 2L]`` as the layer passes it.  Every variant is timed with the bias;
@@ -147,7 +147,8 @@ def profile_default(inputs, codes, L, launch, dev, top=25):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--Ts", default="32768,8192", help="the first gets the compiles, the profile and priority in the budget")
+    ap.add_argument("--Ts", default="32768,8192",
+                    help="the first gets the compiles, the profile and priority in the budget")
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--budget", type=float, default=140.0, help="seconds; variants past it are skipped")
     ap.add_argument("--variants", default="", help="comma-separated names (default: all)")
@@ -169,7 +170,8 @@ def main():
            "shape": dict(H=1, K=K, V=V, S=S, L=L, tokens=tokens), "default": dataclasses.asdict(base),
            "rows": [], "skipped": []}
     print(f"{out['device']}  default {base}", flush=True)
-    print(f"{'variant':28s} {'T':>6s} {'bias':>4s} {'fwd ms':>8s} {'fwd+bwd':>8s} {'max rel err':>11s} {'fb/def':>7s}", flush=True)
+    print(f"{'variant':28s} {'T':>6s} {'bias':>4s} {'fwd ms':>8s} {'fwd+bwd':>8s} {'max rel err':>11s} "
+          f"{'fb/def':>7s}", flush=True)
     for T in Ts:
         B = max(1, tokens // T)
         for bias in (False, True):  # the default without a bias first: never skipped
