@@ -29,7 +29,7 @@ if "--smoke" in sys.argv:
 import torch  # noqa: E402
 
 from lintime.ops.vq.triton import triton_vq_attention  # noqa: E402
-from lintime.ops.vq.triton.launch import VQLaunch, default_launch  # noqa: E402
+from lintime.ops.vq.triton.launch import default_launch  # noqa: E402
 
 # (name, overrides of the default launch); fields: bm bn bv warps_fwd | bm_q bn_q bv_q warps_q | bn_k bi_k bd_k
 # warps_k | stages.  One axis at a time (the forward's tiles do not change the backward kernels and the reverse), so
