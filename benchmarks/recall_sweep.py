@@ -17,7 +17,7 @@ Time-boxed for one GPU (issue 31: the sweep in <= 10 minutes; Zoology trains 64 
   64 rows: the recall phase change comes after a number of *steps* more than of examples (CPU
   checks of the anchor, width 64, T = 64, 4 pairs, 2026-11-27: 64 rows passed 0.99 by step 600;
   512 rows with a cosine over 600 steps stalled at 24 %), and a 64-row step costs the GPU ~1/4 to
-  1/8 of a Zoology step; the anchor's runs have ``--anchor-steps`` (2000): the anchor checks that
+  1/8 of a Zoology step; the anchor's runs have ``--anchor-steps`` (4000): the anchor checks that
   the setup can solve the task at all (attention does, in Zoology), so it gets the budget to show
   it, and stops early once it has;
 * the learning rates are a ladder (``--lrs``, Zoology's four, most useful first): every cell runs
@@ -605,7 +605,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=64, help="Zoology's 64; --steps binds first")
     p.add_argument("--rows", type=int, default=64, help="batch rows at every length; 0 = Zoology's (512-128)")
     p.add_argument("--steps", type=int, default=1000, help="steps per run (a cut of Zoology's schedule); 0 = all of it")
-    p.add_argument("--anchor-steps", type=int, default=2000,
+    p.add_argument("--anchor-steps", type=int, default=4000,
                    help="steps per run of the anchor (softmax) family; 0 = --steps (see the module docstring)")
     p.add_argument("--eval-every", type=int, default=200, help="steps between test evaluations (early stop)")
     p.add_argument("--jobs", type=int, default=None,
