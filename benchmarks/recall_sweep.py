@@ -23,9 +23,9 @@ Time-boxed for one GPU (issue 31: the sweep in <= 10 minutes; Zoology trains 64 
 * the learning rates are a ladder (``--lrs``, Zoology's four, most useful first): every cell runs
   at the first rate; a cell still at or below 0.99 gets the next rate once every cell had its
   first (Zoology runs all four and keeps the best; a cell above 0.99 could gain < 1 %);
-* the anchor (the softmax family) goes first, then rung by rung, narrow widths first (the cheap
-  cells), then short sequences, the families interleaved, so that a sweep cut by the deadline
-  still has every family at the same cells;
+* rung by rung, the anchor (the softmax family) first, then narrow widths first (the cheap cells),
+  then short sequences, the families interleaved, so that a sweep cut by the deadline still has
+  every family at the same cells;
 * ``--jobs`` worker processes share the GPU, each taking the next run when free (a tiny model's
   step is mostly kernel launches: one process leaves an H100 idle);
 * at ``--deadline-s`` the runs in flight stop and are scored where they are (``stopped:
@@ -124,8 +124,9 @@ class Task:
 class Ladder:
     """The order of the runs.  Every cell starts at rung 0 (the first rate); :meth:`done` with a
     result at or below ``target`` (or a divergence) queues the cell's next rate.  :meth:`next`
-    gives the pending run of highest priority: the anchor family first, then the lowest rung, then
-    the cells' given order."""
+    gives the pending run of highest priority: the lowest rung, then the anchor family, then the
+    cells' given order (so an anchor that cannot solve a cell does not hold back the others' first
+    rate with its next ones)."""
 
     def __init__(self, cells: list[Cell], lrs: list[float], *, target: float = TARGET, first: str = ANCHOR):
         self.lrs, self.target, self.first = list(lrs), target, first
@@ -136,7 +137,7 @@ class Ladder:
             self._push(c, 0)
 
     def _push(self, cell: Cell, rung: int) -> None:
-        prio = (cell.family != self.first, rung, self.order[cell.key])
+        prio = (rung, cell.family != self.first, self.order[cell.key])
         heapq.heappush(self._heap, (prio, Task(cell, rung, self.lrs[rung])))
 
     def next(self) -> Task | None:

@@ -58,11 +58,14 @@ def test_ladder_order_and_next_rate_only_below_the_target():
         ("softmax", first[0].cell.key, 1, 1e-2), ("gla", unsolved.cell.key, 1, 1e-2), ("gla", broken.cell.key, 1, 1e-2)]
     task = ladder.next()
     ladder.done(task, 0.5)
+    # the anchor's third rate waits until the others' second rates have run
+    assert [(t.cell.family, t.rung) for t in ladder.pending()] == [("gla", 1), ("gla", 1), ("softmax", 2)]
+    for t in (ladder.next(), ladder.next()):
+        ladder.done(t, 0.995)
     last = ladder.next()
     assert last.cell == first[0].cell and last.rung == 2 and last.lr == 1e-4
     ladder.done(last, 0.4)  # the last rung: nothing more
-    assert [t.cell.family for t in ladder.pending()] == ["gla", "gla"]
-    assert ladder.best[first[0].cell.key] == 0.5
+    assert ladder.pending() == [] and ladder.best[first[0].cell.key] == 0.5
 
 
 def test_in_process_deadline_records_what_ran():
