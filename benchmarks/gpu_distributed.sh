@@ -55,7 +55,7 @@ if [[ " $STEPS " == *" scaling "* ]]; then
   run scale_1gpu 200 python3 -m torch.distributed.run --standalone --nproc-per-node 1 $TRAIN \
     --tokens-per-batch 16384 --name scale_1gpu
   if [[ $NGPU -ge 2 ]]; then
-    run scale_ddp 200 $TORCHRUN $NGPU $TRAIN --tokens-per-batch $((16384 * NGPU)) --parallel ddp --name scale_ddp
+    [[ ${DDP:-1} == 1 ]] && run scale_ddp 200 $TORCHRUN $NGPU $TRAIN --tokens-per-batch $((16384 * NGPU)) --parallel ddp --name scale_ddp
     run scale_fsdp 200 $TORCHRUN $NGPU $TRAIN --tokens-per-batch $((16384 * NGPU)) --parallel fsdp --name scale_fsdp
   fi
   python3 - "$OUT" "$WARMUP_STEPS" "$NGPU" <<'PY'
