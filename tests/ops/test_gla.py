@@ -312,3 +312,21 @@ def test_bad_inputs_fail_clearly(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         gla(q, k, v, g, backend="triton")
+
+
+def test_chunk_form_ignores_autocast():
+    """Under autocast (bf16 inputs, as a layer's projections give them) the chunked form computes in its own fp32:
+    the same output and gradients as outside autocast (it failed in backward before, an fp32 state meeting a bf16
+    gradient)."""
+    q, k, v, g, _ = _inputs(2, 70, 2, 8, 16, dtype=torch.float32)
+    q, k, v = (x.bfloat16() for x in (q, k, v))
+
+    def run(amp):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, g)]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            o, _ = gla(*leaves, backend="chunk")
+        o.float().square().sum().backward()
+        return [o] + [x.grad for x in leaves]
+
+    for name, a, b in zip(("o", "dq", "dk", "dv", "dg"), run(False), run(True)):
+        assert a.dtype == b.dtype and torch.equal(a, b), name

@@ -196,5 +196,8 @@ def chunk_gla(
     layout = chunk_layout(B, T, chunk_size, cu_seqlens, q.device)
     qc, kc, vc, gc = (layout.to_chunks(x.to(dt)) for x in (q, k, v, g))
     h0 = None if initial_state is None else initial_state.to(dt)
-    o, final = ChunkGLAFunction.apply(qc, kc, vc, gc, h0, scale, layout, sub_chunk_size(chunk_size))
+    # the form computes in ``dt`` itself: under autocast its einsums would run (and return) in the autocast dtype
+    # and its backward would meet an fp32 state with a bf16 gradient
+    with torch.autocast(q.device.type, enabled=False):
+        o, final = ChunkGLAFunction.apply(qc, kc, vc, gc, h0, scale, layout, sub_chunk_size(chunk_size))
     return layout.from_chunks(o).to(q.dtype), (final if output_final_state else None)
