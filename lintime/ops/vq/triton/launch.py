@@ -13,10 +13,9 @@ from lintime.ops.launch_tables import LaunchConfig
 
 @dataclass(frozen=True)
 class VQLaunch(LaunchConfig):
-    """Tiles and launch settings of :mod:`.kernels`; field defaults are for the vq-base shape (``K = 128,
-    V = 1536, L = S = 512``, bf16).  Not timed yet: tiles that ptxas (Triton 3.9, sm_90) compiles without spilling
-    registers to local memory, 2026-11-27 (the forward with ``bv = 256`` compiles without spills too: 254
-    registers)."""
+    """Tiles and launch settings of :mod:`.kernels`.  The field defaults are tiles that ptxas (Triton 3.9, sm_90)
+    compiles without spilling registers at the vq-base shape (``K = 128, V = 1536, L = S = 512``, bf16), 2026-11-27;
+    :func:`default_launch` picks the measured faster launch for half inputs."""
 
     bm: int = 64  # forward: query rows per program
     bn: int = 64  # forward: window columns / cache codes per step
@@ -51,4 +50,8 @@ def _default_launch(K: int, V: int, dtype: torch.dtype, interp: bool) -> VQLaunc
         # fp32 tiles (IEEE products): half-size tiles; ptxas still spills (fwd 440 B, query kernel 2.7 KB at
         # K = 128, sm_90, 2026-11-27) -- the fp32 path is for exactness, not speed
         return VQLaunch(bn=32, bv=min(64, block(V)), bm_q=32, bd_k=min(64, block(max(K, V))), bi_k=32, warps_k=8)
-    return VQLaunch(bv=min(128, block(V)), bd_k=min(128, block(max(K, V))))
+    # half inputs: the fastest launch of lab/vq_launch_ab.py at vq-base (fwd+bwd at 32k tokens with the bias:
+    # 5.20 ms against 9.93 ms for the spill-free tiles, outputs and gradients within 5.3e-3 of them; H200, bf16,
+    # 2026-11-27, lab/results/vq_launch_ab.json)
+    return VQLaunch(bm=128, bn=32, bv=min(256, block(V)), bn_q=64, bv_q=64, bn_k=128, warps_k=8,
+                    bd_k=min(128, block(max(K, V))))
