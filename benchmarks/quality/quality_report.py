@@ -481,7 +481,10 @@ def page(study: dict | None, summ: dict[str, dict] | None, t: dict | None, made:
                   "with one seed none of its differences carries a verdict."]
     lines += ["", "## Against the seed's claims", "",
               f"Only claims this study's configurations test.  \"{NO_VERDICT}\": the difference does not clear the "
-              "spread (or fewer than two seeds).", "", "| claim (seed) | verdict | measured (mean ± spread) |",
+              "spread (or fewer than two seeds).  A verdict holds for this budget only: with runs this short it "
+              "compares how fast the models start to learn under their recipes, not the converged quality the seed "
+              "reports (125K steps); it says nothing about the seed's claims at its own budget.", "",
+              "| claim (seed) | verdict | measured (mean ± spread) |",
               "|---|---|---|"]
     for v in verdicts(t, summ):
         lines.append(f"| {v['claim']} | **{v['verdict']}** | {v['measured']} |")
