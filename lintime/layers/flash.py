@@ -243,19 +243,23 @@ class FLASH(Mixer):
 
     def _fused_step(self, x, state, cu_seqlens) -> bool:
         """Whether this call is a one-token step that :meth:`_decode_step_` takes: a static state, no
-        first-to-all, no gradient or autocast, and the fused op's device (CUDA; the CPU only with
-        ``backend='triton'``, through Triton's interpreter)."""
-        return (isinstance(state, FLASHState) and state.static and x.shape[1] == 1 and cu_seqlens is None
+        first-to-all, no gradient, the fused op's device (CUDA; the CPU only with ``backend='triton'``,
+        through Triton's interpreter), and the step's dtype (the weights', or autocast's) = the state's."""
+        if not (isinstance(state, FLASHState) and state.static and x.shape[1] == 1 and cu_seqlens is None
                 and self.causal and not self.first_to_all and self.backend in (None, "triton")
-                and (x.is_cuda or self.backend == "triton") and x.dtype == state.mc.v.dtype == self.proj.weight.dtype
-                and not torch.is_autocast_enabled(x.device.type)
-                and not (torch.is_grad_enabled() and (x.requires_grad or self.proj.weight.requires_grad)))
+                and (x.is_cuda or self.backend == "triton")
+                and not (torch.is_grad_enabled() and (x.requires_grad or self.proj.weight.requires_grad))):
+            return False
+        dev = x.device.type
+        step_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else self.proj.weight.dtype
+        return state.mc.v.dtype == step_dtype
 
     def _decode_step_(self, x, state: FLASHState, positions) -> torch.Tensor:
         """One token per sequence, ``state`` updated in place: ``[B, 1, d] -> [B, 1, d]``."""
         B = x.shape[0]
         scale, diag = self._quad_scale_and_bias()
-        y = mixed_chunk_decode_step_(self.proj(x).view(B, -1), self.heads.gamma, self.heads.beta,
+        h = self.proj(x).view(B, -1)  # under autocast in the autocast dtype, like the state's buffers
+        y = mixed_chunk_decode_step_(h, self.heads.gamma, self.heads.beta,
                                      positions.reshape(B), state.mc, rel_bias=diag, scale=scale,
                                      linear_norm=self.linear_norm, rope_base=self.rope_base, backend="triton")
         return self.out(y.view(B, 1, self.e))

@@ -197,6 +197,42 @@ def test_static_decoding_through_the_fused_step_gives_the_eager_tokens():
 
 
 @cpu_only
+def test_static_decoding_under_autocast_takes_the_fused_step():
+    """fp32 weights under fp16 autocast (how `lintime bench model` decodes): the state's buffers are fp16, the step
+    runs the fused op in fp16 (every layer, every step) and gives the eager autocast tokens and logits."""
+    m = _tiny_flash()
+    ids = torch.tensor([[3, 14, 15, 9, 26], [5, 35, 8, 9, 7]])
+    steps = 7
+    calls = []
+    real = FLASH._decode_step_
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+        logits, state = prefill(m, ids)
+        assert state.layers[0].mc.v.dtype == torch.float16
+        tok, st, eager, eager_logits = logits.argmax(-1), state, [], []
+        for _ in range(steps):
+            lg, st = decode_one_token(m, tok, st)
+            tok = lg.argmax(-1)
+            eager.append(tok)
+            eager_logits.append(lg)
+        dec = StaticDecoder(m, state, capacity=ids.shape[1] + steps)
+        _set_backend(m, "triton")
+        FLASH._decode_step_ = lambda self, *a: calls.append(1) or real(self, *a)
+        try:
+            tok, fused, fused_logits = logits.argmax(-1), [], []
+            for _ in range(steps):
+                lg = dec.step(tok)
+                tok = lg.argmax(-1)
+                fused.append(tok)
+                fused_logits.append(lg)
+        finally:
+            FLASH._decode_step_ = real
+            _set_backend(m, None)
+    assert len(calls) == steps * len(m.backbone.blocks)
+    assert torch.equal(torch.stack(eager, 1), torch.stack(fused, 1))
+    assert_exact("logits", torch.stack(eager_logits).float(), torch.stack(fused_logits).float())
+
+
+@cpu_only
 def test_layer_step_in_place_equals_its_eager_step():
     """scaling='ns' (the scaled bias) and linear_norm='chunk' through the layer; the layer keeps its own path
     for eager states, on the CPU without backend='triton', and with gradients."""
