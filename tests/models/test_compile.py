@@ -45,8 +45,11 @@ def _model(name: str, *, narrow: bool = False) -> CausalLM:
     """One layer; ``narrow``: 32 wide with a key width of 16 where the mixer has one (the interpreter's time)."""
     torch.manual_seed(0)
     cfg = small_chunks(get_preset(name, n_layers=1, **({"d_model": 32} if narrow else {})))
-    if narrow and "s" in {f.name for f in dataclasses.fields(cfg.mixer)}:
+    fields = {f.name for f in dataclasses.fields(cfg.mixer)}
+    if narrow and "s" in fields:
         cfg = dataclasses.replace(cfg, mixer=dataclasses.replace(cfg.mixer, s=16))
+    if narrow and "expand_k" in fields:  # GLA: one head of K = 16, V = 32 (heads under 16 wide take the chunked form)
+        cfg = dataclasses.replace(cfg, mixer=dataclasses.replace(cfg.mixer, n_heads=1))
     return CausalLM(cfg)
 
 
