@@ -310,6 +310,7 @@ def test_bad_inputs_fail_clearly(monkeypatch):
     # interpreter is on, so it is not built for a GPU that later tests in this process lack
     importlib.import_module("lintime.ops.gla.triton")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q, k, v, g, _ = _inputs(2, 8, 1, 16, 16, torch.float32)  # heads the kernels take (narrower: the chunked form)
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         gla(q, k, v, g, backend="triton")
 
