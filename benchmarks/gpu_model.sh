@@ -14,6 +14,8 @@
 # hf:llama-base and fla:gla-base, each in its own processes like ours; a missing preset gives
 # "skipped: unknown preset" rows).  Environment: OUT (default ./gpu_model_out), CONTEXTS,
 # DECODE_CONTEXTS, TOKENS_PER_BATCH, STEPS, DECODE_STEPS, DECODE_PATH (auto: eager and graph rows on CUDA),
+# DECODE_BATCH (decoding batch sizes, e.g. 1,64; default 1), preset names '<preset>@graph' for the captured
+# training step (train part only),
 # CASE_BUDGET_S, TRAIN_S, DECODE_S, TOTAL_S,
 # DEVICE and DTYPE (a CPU dry run of this script: DEVICE=cpu DTYPE=fp32 CONTEXTS=32,64 ... tiny presets).
 # Results record the commit from git; a copied working tree may carry a stale .git, so pass the real one:
@@ -79,7 +81,7 @@ for p in "${PRESETS[@]}"; do
   (( t_dec < 5 )) && { echo "[$p] decode: no time left" | tee -a "$OUT/bench.log"; continue; }
   echo "=== [$p] decode (timeout ${t_dec} s)" | tee -a "$OUT/bench.log"
   timeout -k 5 "$t_dec" python3 -m lintime bench model --presets "$p" --parts decode --decode-contexts "$DECODE_CONTEXTS" \
-    --decode-steps "${DECODE_STEPS:-8}" --decode-path "${DECODE_PATH:-auto}" --no-plots "${COMMON[@]}" --out "$OUT/parts/$p-decode" >>"$OUT/bench.log" 2>&1
+    --decode-steps "${DECODE_STEPS:-8}" --decode-path "${DECODE_PATH:-auto}" --decode-batch "${DECODE_BATCH:-1}" --no-plots "${COMMON[@]}" --out "$OUT/parts/$p-decode" >>"$OUT/bench.log" 2>&1
   r=$?; (( r == 124 || r == 137 )) && echo "[$p] decode: timed out after ${t_dec} s (rows so far kept)" | tee -a "$OUT/bench.log"
   (( r != 0 )) && rc=1
   echo "[$p] done at $(( SECONDS - start )) s" | tee -a "$OUT/bench.log"
