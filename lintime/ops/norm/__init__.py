@@ -70,6 +70,22 @@ def _check(op: str, x, weight, bias, kind: str) -> None:
             raise ValueError(f"{op}: {name} is on {t.device}, x on {x.device}")
 
 
+def _check_pair(op: str, x: torch.Tensor, name: str, t) -> None:
+    """The second row tensor of a fused call (``branch``, ``gate``): floating, ``x``'s shape and device."""
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.shape != x.shape:
+        raise ValueError(f"{op}: {name} must be a floating tensor of x's shape {tuple(x.shape)}, got "
+                         f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if t.device != x.device:
+        raise ValueError(f"{op}: {name} is on {t.device}, x on {x.device}")
+
+
+def _traced_backend(backend: str | None) -> str | None:
+    """The automatic backend of the two-input fused ops while ``torch.compile`` traces: their PyTorch form, which
+    inductor fuses itself (the Triton custom ops' joint graph failed inductor's functional-graph check on CUDA:
+    H200, torch 2.11, 2026-11-27)."""
+    return "chunk" if backend is None and torch.compiler.is_compiling() else backend
+
+
 def _impls(impls: dict, backend: str | None, *dtypes: torch.dtype) -> dict:
     if backend is None and torch.float64 in dtypes:
         return {name: fn for name, fn in impls.items() if name != "triton"}  # the kernels have no fp64
@@ -138,18 +154,11 @@ def add_normalize(
         own dtype: the sum of ``s``'s gradient and the norm's), ``weight`` and ``bias``.
     """
     _check("add_normalize", x, weight, bias, kind)
-    if not isinstance(branch, torch.Tensor) or not branch.is_floating_point() or branch.shape != x.shape:
-        raise ValueError(f"add_normalize: branch must be a floating tensor of x's shape {tuple(x.shape)}, got "
-                         f"{tuple(branch.shape) if isinstance(branch, torch.Tensor) else type(branch).__name__}")
-    if branch.device != x.device:
-        raise ValueError(f"add_normalize: branch is on {branch.device}, x on {x.device}")
+    _check_pair("add_normalize", x, "branch", branch)
     D = x.shape[-1]
     s_dtype = torch.promote_types(x.dtype, branch.dtype)
     out_dtype = s_dtype if out_dtype is None else out_dtype
-    if backend is None and torch.compiler.is_compiling():
-        # traced, the add and the norm are plain PyTorch that inductor fuses itself (the Triton custom ops'
-        # joint graph failed inductor's functional-graph check on CUDA: H200, torch 2.11, 2026-11-27)
-        backend = "chunk"
+    backend = _traced_backend(backend)
     impls = _impls(_ADD_IMPLS, backend, x.dtype, branch.dtype, out_dtype)
     x2 = x.reshape(-1, D)
     impl = select("add_normalize", backend, impls, x2[None])
@@ -182,15 +191,10 @@ def gated_normalize(
     """
     op = "gated_normalize"
     _check(op, x, weight, bias, kind)
-    if not isinstance(gate, torch.Tensor) or not gate.is_floating_point() or gate.shape != x.shape:
-        raise ValueError(f"{op}: gate must be a floating tensor of x's shape {tuple(x.shape)}, got "
-                         f"{tuple(gate.shape) if isinstance(gate, torch.Tensor) else type(gate).__name__}")
-    if gate.device != x.device:
-        raise ValueError(f"{op}: gate is on {gate.device}, x on {x.device}")
+    _check_pair(op, x, "gate", gate)
     D = x.shape[-1]
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    if backend is None and torch.compiler.is_compiling():
-        backend = "chunk"  # traced, plain PyTorch that inductor fuses itself, as add_normalize does (see there)
+    backend = _traced_backend(backend)
     impls = _impls(_GATED_IMPLS, backend, x.dtype, gate.dtype, out_dtype)
     x2 = x.reshape(-1, D)
     impl = select(op, backend, impls, x2[None])

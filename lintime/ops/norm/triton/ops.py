@@ -104,6 +104,11 @@ def _bwd(dy: Tensor, ds: Tensor | None, x: Tensor, weight: Tensor, bias: Tensor,
     return dx, dr, dw, db, dz
 
 
+def _params(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The gain and bias as the custom ops take them: an absent one is an empty fp32 tensor."""
+    return (empty_f32(x) if weight is None else weight), (empty_f32(x) if bias is None else bias)
+
+
 def _check(x: Tensor, out_dtype: torch.dtype, op: str) -> Tensor:
     check_device(op, x)
     if x.dtype not in DTYPES or out_dtype not in DTYPES:
@@ -159,8 +164,7 @@ def triton_normalize(x, weight, bias, *, kind, eps, out_dtype):
     """Same arguments and result as :func:`lintime.ops.norm.normalize` on ``x [N, D]`` (fp16, bf16 or
     fp32 in and out, ``D`` up to :attr:`NormLaunch.max_bd`)."""
     x = _check(x, out_dtype, _OP)
-    w = empty_f32(x) if weight is None else weight
-    b = empty_f32(x) if bias is None else bias
+    w, b = _params(x, weight, bias)
     return normalize_fwd(x, w, b, kind, eps, out_dtype)[0]
 
 
@@ -219,8 +223,7 @@ def triton_add_normalize(x, r, weight, bias, *, kind, eps, out_dtype):
     op = "add_normalize"
     x = _check(x, out_dtype, op)
     r = _check(r, out_dtype, op)
-    w = empty_f32(x) if weight is None else weight
-    b = empty_f32(x) if bias is None else bias
+    w, b = _params(x, weight, bias)
     return add_normalize_fwd(x, r, w, b, kind, eps, out_dtype)
 
 
@@ -272,6 +275,5 @@ def triton_gated_normalize(x, z, weight, bias, *, kind, eps, out_dtype):
     op = "gated_normalize"
     x = _check(x, out_dtype, op)
     z = _check(z, out_dtype, op)
-    w = empty_f32(x) if weight is None else weight
-    b = empty_f32(x) if bias is None else bias
+    w, b = _params(x, weight, bias)
     return gated_normalize_fwd(x, z, w, b, kind, eps, out_dtype)[0]
