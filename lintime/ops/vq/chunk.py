@@ -229,6 +229,20 @@ def _reduce_assoc(first, cnt, sumv):
 REDUCTIONS = {"serial": _reduce_serial, "matmul": _reduce_matmul, "assoc": _reduce_assoc}
 
 
+
+def call_layout(B: int, T: int, L: int, cu_seqlens, initial_state, host_values, dev):
+    """``(state, N, layout, host_values)`` of one call: the canonical initial state (or ``None``), the number of
+    sequences, the :class:`_BlockLayout` and ``(cu_seqlens, pos)`` on the host (read here, in one transfer, when
+    the caller has not)."""
+    st = None if initial_state is None else initial_state.canonical()
+    N = num_seqs(B, cu_seqlens)
+    if host_values is None:
+        host_values = read_host(cu_seqlens, None if st is None else st.pos)
+    NE = num_blocks(B, T, L, *host_values)
+    lay = _layout(B, T, L, cu_seqlens, None if st is None else st.pos.to(dev), dev, NE)
+    return st, N, lay, host_values
+
+
 def chunk_vq_attention(
     q, k_hat, codes, v, codebook, *, block_len, bias=None, reduction="serial",
     initial_state=None, output_final_state=False, cu_seqlens=None, host_values=None,
@@ -244,13 +258,8 @@ def chunk_vq_attention(
     L = block_len
     dt = acc_dtype(q)
     dev = q.device
-    st = None if initial_state is None else initial_state.canonical()
-    N = num_seqs(B, cu_seqlens)
-    if host_values is None:
-        host_values = read_host(cu_seqlens, None if st is None else st.pos)
-    NE = num_blocks(B, T, L, *host_values)
-    lay = _layout(B, T, L, cu_seqlens, None if st is None else st.pos.to(dev), dev, NE)
-    R = lay.R
+    st, N, lay, host_values = call_layout(B, T, L, cu_seqlens, initial_state, host_values, dev)
+    R, NE = lay.R, lay.NE
     flat = lambda x: x.reshape(B * T, *x.shape[2:])
     bufs = lambda x: None if st is None else x.reshape(N * 2 * L, *x.shape[2:])
 

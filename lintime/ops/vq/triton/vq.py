@@ -29,8 +29,8 @@ from torch import Tensor
 
 from lintime.ops.custom_op import grad_as, launcher_op
 from lintime.ops.kernel_launch import block, cdiv, check_device, dot_config
-from lintime.ops.utils import acc_dtype, num_seqs
-from lintime.ops.vq.chunk import _layout, cache_summaries, final_state, num_blocks, read_host
+from lintime.ops.utils import acc_dtype
+from lintime.ops.vq.chunk import cache_summaries, call_layout, final_state
 from lintime.ops.vq.state import log_count
 from lintime.ops.vq.triton.kernels import vq_bwd_key_kernel, vq_bwd_query_kernel, vq_fwd_kernel
 from lintime.ops.vq.triton.launch import VQLaunch, default_launch
@@ -183,13 +183,8 @@ def triton_vq_attention(
     S = codebook.shape[1]
     L = block_len
     dev = q.device
-    st = None if initial_state is None else initial_state.canonical()
-    N = num_seqs(B, cu_seqlens)
-    if host_values is None:
-        host_values = read_host(cu_seqlens, None if st is None else st.pos)
-    NE = num_blocks(B, T, L, *host_values)
-    lay = _layout(B, T, L, cu_seqlens, None if st is None else st.pos.to(dev), dev, NE)
-    R = lay.R
+    st, N, lay, host_values = call_layout(B, T, L, cu_seqlens, initial_state, host_values, dev)
+    R, NE = lay.R, lay.NE
     flat = lambda x: x.reshape(B * T, *x.shape[2:])
     bufs = lambda x: None if st is None else x.reshape(N * 2 * L, *x.shape[2:])
 
@@ -207,7 +202,7 @@ def triton_vq_attention(
     if q_dense and st is None and len(set(lens)) == 1:
         Tn = lens[0]
         pad = lambda x: torch.cat([x.new_zeros(N, 2 * L, *x.shape[2:]), x.reshape(N, Tn, *x.shape[2:])], 1).view(
-            R, lay.NE, L, *x.shape[2:])
+            R, NE, L, *x.shape[2:])
         kc, vc, zc = pad(k_hat), pad(v), pad(codes.long())
     else:
         kc = lay.place(flat(k_hat), bufs(st.k_hat.to(k_hat.dtype)) if st is not None else None)  # [R, NE, L, H, K]
