@@ -125,7 +125,8 @@ def stats_line(info: dict, num_samples: int) -> str:
     steps = info.get("steps") or 0
     per = f"{1e3 * info['decode_s'] / steps:.2f} ms per {'token' if num_samples == 1 else 'step'}" if steps else "-"
     batch = f" of {num_samples} samples" if num_samples > 1 else ""
-    return (f"[prefill {info['prompt_tokens']} tokens in {info['prefill_s']:.2f} s; {info['new_tokens']} new tokens in "
+    setup = f"decoder set-up {info['setup_s']:.2f} s; " if info.get("setup_s") is not None else ""
+    return (f"[prefill {info['prompt_tokens']} tokens in {info['prefill_s']:.2f} s; {setup}{info['new_tokens']} new tokens in "
             f"{info['decode_s']:.2f} s ({per}{batch}, {info.get('decode_path', 'eager')} path, {rate:.1f} tokens/s); "
             f"decoding state per sample {_kib(info['state_bytes_prefill'])} after the prompt, "
             f"{_kib(info['state_bytes_final'])} at the end]")

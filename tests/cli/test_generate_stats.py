@@ -14,7 +14,7 @@ from lintime.data import ByteTokenizer
 from lintime.models import CausalLM, get_preset
 from lintime.training.checkpoint import save_checkpoint, write_run_config
 
-LINE = re.compile(r"\[prefill (\d+) tokens in [\d.]+ s; (\d+) new tokens in ([\d.]+) s \(([\d.]+) ms per token, "
+LINE = re.compile(r"\[prefill (\d+) tokens in [\d.]+ s; (decoder set-up [\d.]+ s; )?(\d+) new tokens in ([\d.]+) s \(([\d.]+) ms per token, "
                   r"(\w+) path, [\d.]+ tokens/s\); decoding state per sample")
 
 
@@ -38,8 +38,9 @@ def test_stats_line_names_tokens_ms_per_token_and_path(run_dir, capsys, decode):
     (line,) = [ln for ln in cap.err.splitlines() if ln.startswith("[prefill")]
     m = LINE.fullmatch(line[: line.index("decoding state per sample") + len("decoding state per sample")])
     assert m, line
-    prompt, new, seconds, ms, path = int(m[1]), int(m[2]), float(m[3]), float(m[4]), m[5]
+    prompt, setup, new, seconds, ms, path = int(m[1]), m[2], int(m[3]), float(m[4]), float(m[5]), m[6]
     assert prompt == 3 and path == {"auto": "eager", "static": "static"}[decode]  # bos + "ab"; the CPU decodes eagerly
+    assert (setup is not None) == (decode == "static")  # the static buffers (and a graph's capture) timed apart
     drawn = len(ByteTokenizer().encode(cap.out[len("ab"):].rstrip("\n")))
     assert new <= 20 and (new == 20 or new == drawn + 1)  # 20 tokens, or fewer ending at eos
     assert abs(ms * new / 1e3 - seconds) <= 0.005 + new * 0.005 / 1e3  # both printed to 2 decimals
@@ -51,6 +52,7 @@ def test_stats_line_with_several_samples_is_per_step():
     line = stats_line(info, 3)
     assert "30 new tokens in 0.20 s (20.00 ms per step of 3 samples, graph path, 150.0 tokens/s)" in line
     assert "(20.00 ms per token, graph path" in stats_line(dict(info, new_tokens=10), 1)
+    assert "; decoder set-up 1.50 s; 30 new tokens in 0.20 s" in stats_line(dict(info, setup_s=1.5), 3)
 
 
 def test_bad_decode_value_is_one_line(run_dir, capsys):
