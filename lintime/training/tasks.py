@@ -21,6 +21,9 @@ scheme), there is no dropout (Zoology: 0.1 on the embedding and inside attention
 is computed at the queried positions only (the hidden states there through the output
 projection: the same loss and gradients as on all logits, as no other position has a target).
 Transformer-VQ's commitment loss is added with ``aux_weight`` (1e-4, the LM recipes' weight).
+On CUDA the whole step (forward, backward, fused AdamW) is one CUDA graph replay
+(:class:`TaskRun`): a narrow model's eager step is hundreds of launches of kernels that each run
+for microseconds, so launches, not the GPU, set its time.
 
 A time-boxed run (the recall sweep on one GPU) is the start of Zoology's: ``max_steps`` cuts it
 (the cosine keeps its 64-epoch length, so a short run trains near the peak rate, as the first
@@ -47,13 +50,14 @@ from pathlib import Path
 
 import torch
 
-from lintime.evaluation.tasks.mqar import IGNORE_INDEX, MQARConfig, evaluate_mqar, mqar_examples
+from lintime.evaluation.tasks.mqar import BLOCK, IGNORE_INDEX, MQARConfig, evaluate_mqar, mqar_examples
 from lintime.models import CausalLM, get_preset
 from lintime.training import checkpoint as ckpt
 from lintime.training.rng import seed_everything
 from lintime.utils.device import autocast_dtype, pick_device
 
 TASKS = ("mqar",)
+GRAPH_MODES = ("auto", "capture", "eager", "off")  # the training step: see TaskRun
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "accuracy_vs_epoch.png"
 
@@ -77,7 +81,9 @@ class TaskTrainConfig:
     the test accuracy exceeds it, 0 = never; ``max_steps``: an optional cap (the schedule keeps
     its length); ``eval_every``: steps between test evaluations and cosine steps, ``None`` = once
     per epoch; ``max_seconds``: a wall-clock cap), ``seed`` (the data) and ``init_seed`` (the
-    initial weights; ``None`` = ``seed``), ``device``, ``precision``.
+    initial weights; ``None`` = ``seed``), ``device``, ``precision``, ``graph`` (the training
+    step, :class:`TaskRun`: ``capture`` in a CUDA graph, ``eager``, ``off``; ``auto`` = ``capture``
+    on CUDA, ``off`` elsewhere).
     """
 
     task: str = "mqar"
@@ -108,6 +114,7 @@ class TaskTrainConfig:
     init_seed: int | None = None
     device: str = "auto"
     precision: str = "auto"
+    graph: str = "auto"
 
     def __post_init__(self):
         if self.task not in TASKS:
@@ -134,6 +141,8 @@ class TaskTrainConfig:
                 raise ValueError(f"{name} must be >= 0, got {v!r}")
         if self.max_seconds is not None and not (isinstance(self.max_seconds, (int, float)) and self.max_seconds > 0):
             raise ValueError(f"max_seconds must be > 0 or None, got {self.max_seconds!r}")
+        if self.graph not in GRAPH_MODES:
+            raise ValueError(f"graph must be one of {GRAPH_MODES}, got {self.graph!r}")
         if not 0 <= self.early_stop <= 1:
             raise ValueError(f"early_stop is an accuracy in [0, 1] (0 = never), got {self.early_stop!r}")
 
@@ -205,13 +214,253 @@ def schedule(cfg: TaskTrainConfig) -> tuple[int, int, int]:
     return steps, stage, -(-horizon // stage)
 
 
-def query_loss(model, x: torch.Tensor, y: torch.Tensor, aux_losses: dict | None = None) -> torch.Tensor:
+def query_loss(model, x: torch.Tensor, y: torch.Tensor, aux_losses: dict | None = None, *,
+               queries: int | None = None) -> torch.Tensor:
     """The summed cross-entropy of the queried values (``y != IGNORE_INDEX``), from the hidden
     states at those positions only (:func:`lintime.evaluation.tasks.mqar.query_logits`'s rows,
-    through the model's fused loss): equal to ``model(x, targets=y)``."""
+    through the model's fused loss): equal to ``model(x, targets=y)``.
+
+    ``queries``: at most this many targets per row (MQAR's ``n_queries``); the positions are then
+    picked with fixed shapes (``[B, queries]``, the targets' positions in order, as the mask picks
+    them), so the step has no host read and a CUDA graph can hold it.  ``None``: picked by the
+    mask (one host read for the count)."""
     backbone_h, _ = model.backbone(x, aux_losses=aux_losses)  # [B, T, d]
     mask = y != IGNORE_INDEX
-    return model._loss(backbone_h[mask], y[mask], True)
+    if queries is None:
+        return model._loss(backbone_h[mask], y[mask], True)
+    T = y.shape[1]
+    # the first `queries` target positions of each row, in order (a row with fewer targets picks
+    # positions without one, whose IGNORE_INDEX targets add nothing)
+    score = mask * torch.arange(T, 0, -1, device=y.device)  # [B, T]: T - t at targets, 0 elsewhere
+    pos = score.topk(min(queries, T), dim=1).indices  # [B, Q]
+    h = backbone_h.gather(1, pos.unsqueeze(-1).expand(-1, -1, backbone_h.shape[-1]))  # [B, Q, d]
+    return model._loss(h.flatten(0, 1), y.gather(1, pos).flatten(), True)
+
+
+class QueryLoss(torch.nn.Module):
+    """``model`` with :func:`query_loss` (fixed shapes) as its loss, in the call form of
+    :class:`lintime.training.graphed.GraphedStep` (``forward(ids, aux_losses=, targets=,
+    fused_loss=)`` -> the summed cross-entropy)."""
+
+    def __init__(self, model: CausalLM, queries: int):
+        super().__init__()
+        self.model, self.queries = model, queries
+
+    def forward(self, ids, aux_losses=None, targets=None, fused_loss=True):
+        return query_loss(self.model, ids, targets, aux_losses, queries=self.queries)
+
+
+class MQARData:
+    """The examples of one MQAR setting on one device: the fixed training set, drawn block by block
+    as its batches are first used (a block of :data:`~lintime.evaluation.tasks.mqar.BLOCK`
+    examples is drawn whole), and the test set.  Every run with the same :meth:`key` (task, seed,
+    set sizes, device) trains on the same batches, so a sweep shares one of these between its
+    runs (the draw costs the host ~3 ms per 64 rows at ``seq_len`` 512, a tiny model's step)."""
+
+    def __init__(self, task: MQARConfig, *, seed: int, train_examples: int, test_examples: int,
+                 device: torch.device):
+        self.task, self.seed, self.device = task, seed, torch.device(device)
+        self.train_examples, self.test_examples = train_examples, test_examples
+        self._blocks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._test: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def key(self) -> tuple:
+        """What decides the examples: equal for every run that can share them (:meth:`key_of`)."""
+        return (self.task, self.seed, self.train_examples, self.test_examples, str(self.device))
+
+    @staticmethod
+    def key_of(cfg: TaskTrainConfig, device) -> tuple:
+        return (cfg.mqar, cfg.seed, cfg.train_examples, cfg.test_examples, str(torch.device(device)))
+
+    def _block(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if j not in self._blocks:
+            x, y = mqar_examples(self.task, BLOCK, seed=self.seed, split="train", start=j * BLOCK)
+            self._blocks[j] = (x.to(self.device), y.to(self.device))
+        return self._blocks[j]
+
+    def batch(self, start: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training examples ``start .. start + rows - 1`` (``[rows, seq_len]`` each, on the device)."""
+        first, last = start // BLOCK, (start + rows - 1) // BLOCK
+        parts = [self._block(j) for j in range(first, last + 1)]
+        off = start - first * BLOCK
+        if len(parts) == 1:
+            return parts[0][0][off:off + rows], parts[0][1][off:off + rows]
+        return tuple(torch.cat([p[i] for p in parts])[off:off + rows] for i in (0, 1))
+
+    @property
+    def test(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._test is None:
+            x, y = mqar_examples(self.task, self.test_examples, seed=self.seed, split="test")
+            self._test = (x.to(self.device), y.to(self.device))
+        return self._test
+
+
+class TaskRun:
+    """One task run, stepped from outside: :meth:`advance` trains up to a number of steps (never
+    past the next evaluation) and evaluates when it reaches one; it returns True once the run has
+    ended (:attr:`stopped` says why), and :meth:`finish` saves it.  :func:`train_task` is the loop
+    ``while not run.advance(): pass``; a sweep interleaves several runs in one process (each on its
+    own CUDA stream) by advancing them in turn.
+
+    The step (``config.graph``): ``capture`` -- :class:`lintime.training.graphed.GraphedStep`, the
+    whole step (forward, backward, fused AdamW at a device learning rate) in one CUDA graph, the
+    default on CUDA: a tiny model's eager step is hundreds of kernel launches of a few microseconds
+    each; ``eager`` -- the same step without the graph (what the captured one is checked against);
+    ``off`` -- the plain loop (the default elsewhere, and where the capture fails).  ``data``: the
+    run's :class:`MQARData` (one is made when None)."""
+
+    def __init__(self, config: TaskTrainConfig, *, out: str | Path = "runs", name: str | None = None,
+                 echo: Callable[[str], None] | None = print, plot: bool = True, data: MQARData | None = None):
+        from lintime.data import ByteTokenizer
+        from lintime.training.graphed import GraphedStep
+
+        self.say = say = echo or (lambda line: None)
+        self.started = time.perf_counter()
+        self.cfg = cfg = config
+        self.plot = plot
+        task = cfg.mqar
+        device = pick_device(cfg.device)
+        if cfg.precision not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"precision must be auto, fp32 or bf16, got {cfg.precision!r}")
+        self.amp = amp = autocast_dtype(device, cfg.precision)
+        self.model_cfg = model_cfg = cfg.model_config()
+        seed_everything(cfg.seed if cfg.init_seed is None else cfg.init_seed)  # the initial weights only
+        self.model = model = CausalLM(model_cfg).to(device)
+        model.train()
+        if data is None:
+            data = MQARData(task, seed=cfg.seed, train_examples=cfg.train_examples, test_examples=cfg.test_examples,
+                            device=device)
+        elif data.key != MQARData.key_of(cfg, device):
+            raise ValueError("the given MQARData holds another setting's examples")
+        self.data, self.device = data, device
+
+        self.run_dir = run_dir = Path(out) / (name or f"{cfg.task}-{cfg.preset}-d{model_cfg.d_model}-T{cfg.seq_len}-kv{cfg.kv_pairs}")
+        if (run_dir / ckpt.CONFIG_FILE).exists():
+            raise ValueError(f"run folder {run_dir} already holds a run: pick another --name")
+        ckpt.write_run_config(run_dir, model_config=model_cfg, objective="clm", tokenizer=ByteTokenizer(), train=cfg.to_dict())
+        self.metrics_path = run_dir / METRICS_FILE
+        self.metrics_path.write_text("")
+
+        # fused AdamW: the graph needs it, and eagerly it is a few kernels instead of one per tensor
+        fused = device.type in ("cuda", "cpu")
+        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused or None)
+        self.rows = rows = cfg.rows
+        self.n_batches = cfg.train_examples // rows  # whole batches of the fixed training set
+        self.total, self.stage, self.stages = schedule(cfg)
+        mode = cfg.graph if cfg.graph != "auto" else ("capture" if device.type == "cuda" else "off")
+        self.loss_module = QueryLoss(model, task.queries)
+        self.graphed = None
+        if mode != "off":
+            self.graphed = GraphedStep(self.loss_module, self.opt, rows=rows, context_len=cfg.seq_len, clip=0.0,
+                                       aux_weight=cfg.aux_weight, autocast=amp, capture=mode == "capture", notice=say)
+        say(f"lintime train --task {cfg.task}: {cfg.preset} d_model {model_cfg.d_model} x {model_cfg.n_layers} layers "
+            f"({model.num_parameters() / 1e6:.2f}M parameters), {device.type}{' bf16' if amp is not None else ' fp32'}"
+            f", step {mode}")
+        say(f"  mqar: vocab {task.vocab_size}, seq_len {task.seq_len}, {task.kv_pairs} pairs, {task.queries} queries; "
+            f"{self.n_batches * rows:,} train / {cfg.test_examples:,} test examples, batch {rows}")
+        say(f"  recipe zoology: AdamW lr {cfg.lr:g} (cosine over {self.stages} "
+            f"{'epochs' if self.stage == self.n_batches else 'evaluations'} of {self.stage} steps; this run: "
+            f"{self.total} steps), weight decay {cfg.weight_decay:g}, stop at accuracy > {cfg.early_stop:g}"
+            f"{'' if cfg.max_seconds is None else f' or after {cfg.max_seconds:g} s'}; run folder {run_dir}")
+
+        self.ctx = (torch.autocast(device.type, dtype=amp) if amp is not None
+                    else torch.autocast(device.type, enabled=False))
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.order: list[int] = []
+        self.step, self.elapsed, self.accuracy, self.best, self.stopped = 0, 0.0, 0.0, 0.0, None
+        self.lr = cfg.lr
+        self.loss_sum = torch.zeros((), device=device)  # summed on the device: no host read per step
+        self.taken = 0
+        self.t0 = time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        return self.stopped is not None
+
+    def _eager_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr
+        aux: dict[str, torch.Tensor] = {}
+        with self.ctx:
+            ce = self.loss_module(x, aux_losses=aux, targets=y)
+        loss = ce / (self.rows * self.cfg.mqar.queries)  # every example scores `queries` values
+        if aux:
+            loss = loss + self.cfg.aux_weight * sum(v.float() for v in aux.values())
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def advance(self, max_steps: int | None = None) -> bool:
+        """Train up to ``max_steps`` steps (None: to the next evaluation), evaluate if there; True
+        once the run has ended."""
+        cfg = self.cfg
+        for _ in range(max_steps if max_steps is not None else self.stage):
+            if self.done:
+                break
+            if self.step % self.stage == 0:
+                self.lr = cosine_lr(cfg.lr, self.step // self.stage, self.stages)
+            if not self.order:  # a new epoch: the fixed batches in a new order
+                self.order = torch.randperm(self.n_batches, generator=self.gen).tolist()
+            x, y = self.data.batch(self.order.pop(0) * self.rows, self.rows)
+            out = self.graphed.step(x, y, self.lr) if self.graphed is not None else None
+            if out is None:  # the plain loop, or a capture that failed (no step taken: the eager one takes it)
+                self.graphed = None
+                self.loss_sum += self._eager_step(x, y)
+            else:
+                self.loss_sum += out.loss + out.aux
+            self.step += 1
+            self.taken += 1
+            over_time = cfg.max_seconds is not None and time.perf_counter() - self.started >= cfg.max_seconds
+            if self.step % self.stage == 0 or self.step >= self.total or over_time:
+                self._evaluate(over_time)
+                break
+        return self.done
+
+    def _evaluate(self, over_time: bool) -> None:
+        cfg = self.cfg
+        self.elapsed += time.perf_counter() - self.t0
+        mean_loss = float(self.loss_sum) / self.taken
+        if not math.isfinite(mean_loss):
+            raise ValueError(f"training diverged by step {self.step} (mean loss {mean_loss}); try a lower --lr")
+        res = evaluate_mqar(self.model, cfg.mqar, n_examples=cfg.test_examples, seed=cfg.seed, autocast=self.amp,
+                            examples=self.data.test)
+        self.accuracy, self.best = res.accuracy, max(self.best, res.accuracy)
+        epoch = self.step / self.n_batches
+        row = {"epoch": round(epoch) if self.step % self.n_batches == 0 else round(epoch, 4), "step": self.step,
+               "time_s": round(self.elapsed, 3), "lr": self.lr, "loss": mean_loss, "val_loss": res.loss,
+               "val_accuracy": self.accuracy}
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        self.say(f"epoch {row['epoch']:>6}  step {self.step:>6}  train loss {mean_loss:.4f}  test loss {res.loss:.4f}  "
+                 f"accuracy {self.accuracy:.4f}")
+        if cfg.early_stop and self.accuracy > cfg.early_stop:
+            self.stopped = "early stop"
+        elif over_time:
+            self.stopped = "max_seconds"
+        elif self.step >= self.total:
+            self.stopped = "epochs" if cfg.max_steps is None or self.total < cfg.max_steps else "max_steps"
+        else:
+            self.loss_sum.zero_()
+            self.taken = 0
+            self.t0 = time.perf_counter()
+
+    def finish(self) -> TaskTrainResult:
+        """Save the run (one checkpoint, the plot) and return its result."""
+        cfg, step = self.cfg, self.step
+        epochs_done = math.ceil(step / self.n_batches)
+        self.model.eval()
+        state = {"format": 1, "step": step, "epoch": epochs_done, "elapsed_s": self.elapsed, "accuracy": self.accuracy}
+        last = ckpt.save_checkpoint(self.run_dir, step, self.model, state, keep=1)
+        if self.plot:
+            plot_task_metrics(self.run_dir, title=f"{cfg.preset} d{self.model_cfg.d_model}, MQAR T={cfg.seq_len} "
+                                                  f"kv={cfg.kv_pairs}")
+        self.say(f"done ({self.stopped}): {step} steps ({step / self.n_batches:.2f} epochs) in {self.elapsed / 60:.1f} "
+                 f"min; test accuracy {self.accuracy:.4f} (best {self.best:.4f}); saved {last}")
+        return TaskTrainResult(run_dir=self.run_dir, steps=step, epochs=epochs_done, accuracy=self.accuracy,
+                               best_accuracy=self.best, seconds=self.elapsed, checkpoint=last,
+                               stopped=self.stopped or "epochs")
 
 
 def train_task(
@@ -221,114 +470,14 @@ def train_task(
     name: str | None = None,
     echo: Callable[[str], None] | None = print,
     plot: bool = True,
+    data: MQARData | None = None,
 ) -> TaskTrainResult:
     """Train ``config`` into ``out/name`` with the recipe of the module docstring (``plot``: draw
-    ``accuracy_vs_epoch.png`` at the end)."""
-    say = echo or (lambda line: None)
-    started = time.perf_counter()
-    cfg = config
-    task = cfg.mqar
-    device = pick_device(cfg.device)
-    if cfg.precision not in ("auto", "fp32", "bf16"):
-        raise ValueError(f"precision must be auto, fp32 or bf16, got {cfg.precision!r}")
-    amp = autocast_dtype(device, cfg.precision)
-    model_cfg = cfg.model_config()
-    seed_everything(cfg.seed if cfg.init_seed is None else cfg.init_seed)  # the initial weights only
-    model = CausalLM(model_cfg).to(device)
-    model.train()
-
-    from lintime.data import ByteTokenizer
-
-    run_dir = Path(out) / (name or f"{cfg.task}-{cfg.preset}-d{model_cfg.d_model}-T{cfg.seq_len}-kv{cfg.kv_pairs}")
-    if (run_dir / ckpt.CONFIG_FILE).exists():
-        raise ValueError(f"run folder {run_dir} already holds a run: pick another --name")
-    ckpt.write_run_config(run_dir, model_config=model_cfg, objective="clm", tokenizer=ByteTokenizer(), train=cfg.to_dict())
-    metrics_path = run_dir / METRICS_FILE
-    metrics_path.write_text("")
-
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    rows = cfg.rows
-    n_batches = cfg.train_examples // rows  # whole batches of the fixed training set
-    total, stage, stages = schedule(cfg)
-    say(f"lintime train --task {cfg.task}: {cfg.preset} d_model {model_cfg.d_model} x {model_cfg.n_layers} layers "
-        f"({model.num_parameters() / 1e6:.2f}M parameters), {device.type}{' bf16' if amp is not None else ' fp32'}")
-    say(f"  mqar: vocab {task.vocab_size}, seq_len {task.seq_len}, {task.kv_pairs} pairs, {task.queries} queries; "
-        f"{n_batches * rows:,} train / {cfg.test_examples:,} test examples, batch {rows}")
-    say(f"  recipe zoology: AdamW lr {cfg.lr:g} (cosine over {stages} {'epochs' if stage == n_batches else 'evaluations'}"
-        f" of {stage} steps; this run: {total} steps), weight decay {cfg.weight_decay:g}, "
-        f"stop at accuracy > {cfg.early_stop:g}"
-        f"{'' if cfg.max_seconds is None else f' or after {cfg.max_seconds:g} s'}; run folder {run_dir}")
-
-    test = tuple(t.to(device) for t in mqar_examples(task, cfg.test_examples, seed=cfg.seed, split="test"))
-    batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # the training set on the device, drawn once
-    gen = torch.Generator().manual_seed(cfg.seed)
-    order: list[int] = []
-    ctx = torch.autocast(device.type, dtype=amp) if amp is not None else torch.autocast(device.type, enabled=False)
-    step, elapsed, acc, best, stopped = 0, 0.0, 0.0, 0.0, "epochs"
-    loss_sum = torch.zeros((), device=device)  # summed on the device: no host read per step
-    taken = 0
-    t0 = time.perf_counter()
-    while True:
-        if step % stage == 0:
-            lr = cosine_lr(cfg.lr, step // stage, stages)
-            for group in opt.param_groups:
-                group["lr"] = lr
-        if not order:  # a new epoch: the fixed batches in a new order
-            order = torch.randperm(n_batches, generator=gen).tolist()
-        b = order.pop(0)
-        if b not in batches:
-            x, y = mqar_examples(task, rows, seed=cfg.seed, split="train", start=b * rows)
-            batches[b] = (x.to(device, non_blocking=True), y.to(device, non_blocking=True))
-        x, y = batches[b]
-        aux: dict[str, torch.Tensor] = {}
-        with ctx:
-            ce = query_loss(model, x, y, aux)
-        loss = ce / (rows * task.queries)  # every example scores `queries` values
-        if aux:
-            loss = loss + cfg.aux_weight * sum(v.float() for v in aux.values())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss_sum += loss.detach()
-        step += 1
-        taken += 1
-        over_time = cfg.max_seconds is not None and time.perf_counter() - started >= cfg.max_seconds
-        if step % stage and step < total and not over_time:
-            continue
-        elapsed += time.perf_counter() - t0
-        mean_loss = float(loss_sum) / taken
-        if not math.isfinite(mean_loss):
-            raise ValueError(f"training diverged by step {step} (mean loss {mean_loss}); try a lower --lr")
-        res = evaluate_mqar(model, task, n_examples=cfg.test_examples, seed=cfg.seed, autocast=amp, examples=test)
-        acc, best = res.accuracy, max(best, res.accuracy)
-        epoch = step / n_batches
-        row = {"epoch": round(epoch) if step % n_batches == 0 else round(epoch, 4), "step": step,
-               "time_s": round(elapsed, 3), "lr": lr, "loss": mean_loss, "val_loss": res.loss, "val_accuracy": acc}
-        with open(metrics_path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-        say(f"epoch {row['epoch']:>6}  step {step:>6}  train loss {mean_loss:.4f}  test loss {res.loss:.4f}  accuracy {acc:.4f}")
-        if cfg.early_stop and acc > cfg.early_stop:
-            stopped = "early stop"
-        elif over_time:
-            stopped = "max_seconds"
-        elif step >= total:
-            stopped = "epochs" if cfg.max_steps is None or total < cfg.max_steps else "max_steps"
-        else:
-            loss_sum.zero_()
-            taken = 0
-            t0 = time.perf_counter()
-            continue
-        break
-    epochs_done = math.ceil(step / n_batches)
-    model.eval()
-    state = {"format": 1, "step": step, "epoch": epochs_done, "elapsed_s": elapsed, "accuracy": acc}
-    last = ckpt.save_checkpoint(run_dir, step, model, state, keep=1)
-    if plot:
-        plot_task_metrics(run_dir, title=f"{cfg.preset} d{model_cfg.d_model}, MQAR T={cfg.seq_len} kv={cfg.kv_pairs}")
-    say(f"done ({stopped}): {step} steps ({step / n_batches:.2f} epochs) in {elapsed / 60:.1f} min; "
-        f"test accuracy {acc:.4f} (best {best:.4f}); saved {last}")
-    return TaskTrainResult(run_dir=run_dir, steps=step, epochs=epochs_done, accuracy=acc, best_accuracy=best,
-                           seconds=elapsed, checkpoint=last, stopped=stopped)
+    ``accuracy_vs_epoch.png`` at the end; ``data``: :class:`TaskRun`'s)."""
+    run = TaskRun(config, out=out, name=name, echo=echo, plot=plot, data=data)
+    while not run.advance():
+        pass
+    return run.finish()
 
 
 def plot_task_metrics(run_dir: str | Path, *, title: str = "") -> Path | None:
