@@ -110,7 +110,8 @@ from lintime.models import CausalLM, get_preset
 preset, T = sys.argv[1], int(sys.argv[2])
 world = int(os.environ.get("WORLD_SIZE", "1"))
 if world > 1:
-    from lintime.training.parallel import ContextParallel, init_distributed
+    from lintime.training.context_parallel import ContextParallel
+    from lintime.training.parallel import init_distributed
     env = init_distributed("cuda", "none", world)
     dev = env.device
 else:

@@ -1,5 +1,5 @@
-"""Parallelism, applied from outside the model code (STYLE 5): data parallel (DDP / FSDP2) and
-context parallelism for the state-carrying mixers.
+"""Parallelism, applied from outside the model code (STYLE 5): the process groups, data parallel
+(DDP / FSDP2) and the gradient reductions and clipping they need.
 
 Process layout.  ``lintime train`` under ``torchrun`` gets ``W = WORLD_SIZE`` processes; with
 ``--context-parallel P`` they form ``D = W / P`` data-parallel replicas of ``P`` consecutive
@@ -12,28 +12,8 @@ all micro-batches of the step), so the reduced gradient is exactly the single-pr
 of the same global batch (:func:`lintime.training.step.forward_backward`).  Gradient
 accumulation skips the reduction on all but the last micro-batch (:func:`grad_sync`).
 
-Context parallelism (:class:`ContextParallel`).  Every mixer of a causal model is a recurrence
-over its decoding state (``lintime.layers.base``: continuing from a state gives what one long
-call gives, at any split point).  So a sequence split in slices is exact when each rank runs its
-slice from the state the earlier slices end in.  Forward hooks on every mixer (the layers know
-nothing of ranks) do, per layer:
-
-* context rank ``p > 0`` receives from rank ``p - 1`` the state each row's last sequence ends
-  in, and starts the row's first local sequence from it when that sequence continues across
-  the slice boundary (else from the empty state);
-* the mixer runs its slice with that state (positions continue: the model is called with a
-  ``ModelState`` whose ``offset`` is each first sequence's tokens on earlier ranks);
-* rank ``p < P - 1`` sends the final state of each row's last sequence to rank ``p + 1``.
-
-Backward runs the same chain in reverse (autograd functions around the send / receive): the
-gradient of the received state goes back to rank ``p - 1`` and enters its mixer as the gradient
-of its final state, so parameter gradients equal the single-process ones (up to fp32 rounding:
-the chunked ops sum the same terms in another order).  The hand-off is sequential over ranks,
-but only the mixer's recurrence waits: each rank's layer ``l`` waits for rank ``p - 1``'s layer
-``l``, so the ranks run as a pipeline over layers and everything else (projections, FFN,
-logits, the loss) runs in parallel.  Mixers whose state grows with the sequence (softmax
-attention and GAU keep every earlier key) are refused: shipping the whole KV cache is not
-context parallelism.
+Context parallelism itself (the hand-off of mixer states between the ranks of a replica) is
+:mod:`lintime.training.context_parallel`.
 """
 
 from __future__ import annotations
@@ -41,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import math
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -49,8 +30,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lintime.layers.attention import KVCache
-from lintime.models.backbone import ModelState
 from lintime.utils.device import pick_device
 
 PARALLEL_MODES = ("none", "ddp", "fsdp")
@@ -149,25 +128,59 @@ def shutdown(failed: bool) -> None:
         dist.destroy_process_group()
 
 
-def all_reduce_sum(values: list[float], env: DistEnv) -> list[float]:
-    """Sum Python numbers over all ranks (fp64; the identity in a single process)."""
+def barrier(env: DistEnv) -> None:
+    if env.distributed:
+        dist.barrier()
+
+
+@contextlib.contextmanager
+def main_first(env: DistEnv) -> Iterator[None]:
+    """Rank 0 runs the block first, the others after it (e.g. building a shared cache)."""
+    if env.distributed and not env.is_main:
+        dist.barrier()
+    yield
+    if env.distributed and env.is_main:
+        dist.barrier()
+
+
+def broadcast_str(value: str, env: DistEnv) -> str:
+    """Rank 0's ``value`` on every rank."""
     if not env.distributed:
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=env.device)
-    dist.all_reduce(t)
-    return t.tolist()
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device`` without a host sync: a copy from pageable memory waits for every
+    kernel queued on the stream, one from pinned memory is queued like a kernel (the pinned buffer
+    is PyTorch's cached one, kept until the copy is done)."""
+    if t.device == device:
+        return t
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 # ---------------------------------------------------------------------------------------------
 # data parallel wrappers
 
 
-def wrap_model(model: nn.Module, env: DistEnv, parallel: str, autocast: torch.dtype | None) -> nn.Module:
+def wrap_model(model: nn.Module, env: DistEnv, parallel: str, autocast: torch.dtype | None, *,
+               blocks_per_unit: int = 1, reshard_after_forward: bool = True, prefetch: bool = True) -> nn.Module:
     """The module the training step calls.  ``ddp``: ``DistributedDataParallel`` over all ranks.
-    ``fsdp``: FSDP2 ``fully_shard`` on every block, then the root (parameters sharded over all
-    ranks; with bf16 autocast the policy computes in bf16 and reduces gradients in fp32).
-    ``none``: the model itself.  Returns the module to call; ``model`` keeps its names (for FSDP
-    it *is* the returned module, now holding ``DTensor`` shards)."""
+    ``fsdp``: FSDP2 ``fully_shard`` on every ``blocks_per_unit`` consecutive blocks (a unit costs one
+    all-gather and one reduce-scatter, and FSDP's host work, per direction), then the root
+    (parameters sharded over all ranks; with bf16 autocast the policy computes in bf16 and reduces
+    gradients in fp32).  ``reshard_after_forward``: free a unit's gathered parameters after its
+    forward and gather them again in the backward (``False``: keep them from forward to backward,
+    no all-gather in the backward, one more bf16 copy of the model per rank).  The last unit is
+    never resharded (the backward starts with it), nor the root (FSDP2's rule).  ``prefetch``: each
+    unit's forward issues the next unit's all-gather (FSDP2 otherwise issues it when the host
+    reaches the next unit: a host-bound step then waits for it).  ``none``: the model itself.
+    Returns the module to call; ``model`` keeps its names (for FSDP it *is* the returned module,
+    now holding ``DTensor`` shards)."""
     if not env.distributed or parallel == "none":
         return model
     if parallel == "ddp":
@@ -179,14 +192,25 @@ def wrap_model(model: nn.Module, env: DistEnv, parallel: str, autocast: torch.dt
         return DDP(model, device_ids=ids)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    if blocks_per_unit < 1:
+        raise ValueError(f"blocks_per_unit must be >= 1, got {blocks_per_unit}")
     mp = MixedPrecisionPolicy(param_dtype=autocast, reduce_dtype=torch.float32) if autocast is not None else None
     # FSDP2 shards only tensors with a dimension; 0-D parameters (the ScaledSin scale) stay
     # replicated and finish_grads averages their gradients
     scalars = {p for p in model.parameters() if p.dim() == 0}
     kw = {"mp_policy": mp} if mp is not None else {}
-    for block in model.backbone.blocks:
-        fully_shard(block, ignored_params=scalars, **kw)
+    blocks = list(model.backbone.blocks)
+    groups = [blocks[i : i + blocks_per_unit] for i in range(0, len(blocks), blocks_per_unit)]
+    units = []
+    for i, group in enumerate(groups):
+        last = i == len(groups) - 1
+        unit = group[0] if len(group) == 1 else group
+        units.append(fully_shard(unit, ignored_params=scalars, reshard_after_forward=reshard_after_forward and not last,
+                                 **kw))
     fully_shard(model, ignored_params=scalars, **kw)
+    if prefetch:
+        for unit, nxt in zip(units, units[1:]):
+            unit.set_modules_to_forward_prefetch([nxt])
     model._lintime_replicated = sorted(scalars, key=id)
     return model
 
@@ -208,16 +232,17 @@ def reshard(model: nn.Module) -> None:
 def finish_grads(model: nn.Module, env: DistEnv, parallel: str) -> None:
     """After the step's last backward: the reductions the wrapper does not do.  Context
     parallelism alone (no wrapper): sum every gradient over the ranks.  FSDP2: average the
-    replicated 0-D parameters' gradients (the wrapper averages the sharded ones)."""
+    replicated 0-D parameters' gradients (the wrapper averages the sharded ones) in one
+    all-reduce.  No host read."""
     if not env.distributed:
         return
     if parallel == "none":
         all_reduce_grads(model, env)
         return
-    for p in getattr(model, "_lintime_replicated", ()):
-        if p.grad is not None:
-            dist.all_reduce(p.grad)
-            p.grad.div_(env.world)
+    grads = [p.grad for p in getattr(model, "_lintime_replicated", ()) if p.grad is not None]
+    if grads:
+        _all_reduce_flat(grads)
+        torch._foreach_div_(grads, float(env.world))
 
 
 @contextlib.contextmanager
@@ -245,297 +270,71 @@ def all_reduce_grads(model: nn.Module, env: DistEnv) -> None:
     """Sum the gradients over all ranks (context parallelism without a data-parallel wrapper:
     each rank's gradient is that of its slices' share of the loss)."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    i = 0
-    for g in grads:
-        g.copy_(flat[i : i + g.numel()].view_as(g))
-        i += g.numel()
+    if grads:
+        _all_reduce_flat(grads)
 
 
-def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
-    """Global gradient norm over all ranks (FSDP2 shards are ``DTensor`` s: their norm is reduced
-    over the mesh), clipped to ``max_norm`` (``inf`` = only measure)."""
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    if hasattr(norm, "full_tensor"):
-        norm = norm.full_tensor()
-    return float(norm)
+def _all_reduce_flat(tensors: list[torch.Tensor]) -> None:
+    """Sum ``tensors`` over all ranks in place: one flat all-reduce per dtype."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    for group in by_dtype.values():
+        flat = torch.cat([t.reshape(-1) for t in group])
+        dist.all_reduce(flat)
+        torch._foreach_copy_(group, [v.view_as(t) for v, t in zip(flat.split([t.numel() for t in group]), group)])
 
 
-# ---------------------------------------------------------------------------------------------
-# context parallelism: states as flat lists of tensors
+def global_count(n_local: int, env: DistEnv) -> torch.Tensor:
+    """The predicted tokens of the global batch from this rank's count ``n_local`` of its rows: a
+    0-d fp64 tensor on ``env.device``, summed over the ranks without a host read (the ``cp_size``
+    context ranks of a replica hold the same rows: counted once)."""
+    t = torch.full((1,), float(n_local), dtype=torch.float64, device=env.device)  # a fill: no host-to-device copy
+    if env.distributed:
+        dist.all_reduce(t)
+    return (t / env.cp_size if env.cp_size > 1 else t).reshape(())
 
 
-def _flatten(state: Any) -> tuple[list[torch.Tensor], Any]:
-    """Tensor leaves of a mixer state (tensor, tuple / list, dataclass, None) and a spec to rebuild it."""
-    if isinstance(state, torch.Tensor):
-        return [state], "T"
-    if state is None or isinstance(state, (int, float, str, bool)):
-        return [], ("C", state)
-    if isinstance(state, (tuple, list)):
-        leaves, specs = [], []
-        for s in state:
-            lv, sp = _flatten(s)
-            leaves += lv
-            specs.append((len(lv), sp))
-        return leaves, (type(state), specs)
-    if dataclasses.is_dataclass(state):
-        leaves, specs = [], {}
-        for f in dataclasses.fields(state):
-            lv, sp = _flatten(getattr(state, f.name))
-            leaves += lv
-            specs[f.name] = (len(lv), sp)
-        return leaves, ("D", state, specs)
-    raise TypeError(f"context parallelism: cannot ship a mixer state of type {type(state).__name__}")
+@torch.no_grad()
+def clip_grad_norm(model: nn.Module, max_norm: float, *, to_host: bool = True) -> float | torch.Tensor:
+    """Global gradient norm over all ranks, the gradients scaled by ``min(1, max_norm / (norm +
+    1e-6))`` as ``torch.nn.utils.clip_grad_norm_`` does (``inf`` = only measure).  Returns the norm
+    as a float (``to_host``: one host read), else as a 0-d fp32 tensor on the device (no read).
+
+    Plain gradients (one process, DDP, context parallelism: the same on every rank) take
+    ``clip_grad_norm_`` itself.  FSDP2's gradients are ``DTensor`` shards: their squared norm is
+    summed over the local shards and the ranks in one all-reduce, the replicated 0-D parameters'
+    added once, and the clip scales the local shards -- not DTensor's per-op dispatch (norm,
+    stack, reduction, mul over every parameter), host time a host-bound step waits for."""
+    params = list(model.parameters())
+    grads = [p.grad for p in params if p.grad is not None]
+    sharded = [g for g in grads if _is_sharded(g)]
+    if not sharded:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+    else:
+        local = [g.to_local() for g in sharded]
+        plain = [g for g in grads if not _is_sharded(g)]
+        sq = _squared_norm(local).reshape(1)
+        dist.all_reduce(sq, group=sharded[0].device_mesh.get_group())
+        if plain:
+            sq = sq + _squared_norm(plain)
+        norm = sq.sqrt().reshape(())
+        if math.isfinite(max_norm):
+            torch._foreach_mul_(local + plain, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    return float(norm) if to_host else norm
 
 
-def _unflatten(leaves: list[torch.Tensor], spec: Any) -> Any:
-    if spec == "T":
-        return leaves[0]
-    kind = spec[0]
-    if kind == "C":
-        return spec[1]
-    if kind == "D":
-        _, proto, specs = spec
-        out, i = {}, 0
-        for name, (n, sp) in specs.items():
-            out[name] = _unflatten(leaves[i : i + n], sp)
-            i += n
-        return dataclasses.replace(proto, **out)
-    typ, specs = spec
-    out, i = [], 0
-    for n, sp in specs:
-        out.append(_unflatten(leaves[i : i + n], sp))
-        i += n
-    return typ(out)
+def _squared_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of the squares of ``tensors``' entries, in fp32 or wider (fp64 for fp64 tensors)."""
+    norms = torch.stack(torch._foreach_norm(tensors))
+    return norms.to(torch.promote_types(norms.dtype, torch.float32)).square().sum()
 
 
-def _wire_meta(mixer: nn.Module, n: int, x: torch.Tensor) -> list[tuple[torch.Size, torch.dtype]]:
-    """``(shape, dtype)`` of every tensor of the state hand-off of ``n`` rows: the leaves of the
-    mixer's empty state for ``n`` sequences in the dtype of the mixer input ``x``.
+def _is_sharded(g: torch.Tensor) -> bool:
+    """A ``DTensor`` sharded on a one-dimensional mesh (no replicated or partial dimension): the sum
+    of its local shards' squares is its global squared norm."""
+    from torch.distributed.tensor import DTensor, Shard
 
-    Sender and receiver both derive the messages from this (never from what the mixer happened to
-    return), so every send has a receive of the same shape and dtype on the peer.  A mixer's final
-    state need not be in that dtype: under bf16 autocast the mixed chunk state (FLASH, MC-TFM) and
-    the VQ state keep their buffers in the activations' bf16 while the residual stream ``x`` is
-    fp32; a bf16 send against an fp32 receive is a size mismatch that NCCL does not detect: the
-    receiver waits for bytes that never come (the FLASH context-parallel hang of 2026-11-22)."""
-    proto, _ = _flatten(mixer.init_state(n, x.device, x.dtype))
-    return [(t.shape, t.dtype) for t in proto]
-
-
-def _to_wire(mixer: nn.Module, leaves: list[torch.Tensor], meta: list[tuple[torch.Size, torch.dtype]]
-             ) -> list[torch.Tensor]:
-    """The final-state ``leaves`` cast (differentiably) to the hand-off's dtypes, the dtypes the
-    receiver starts its slice from anyway (bf16 buffers widen to fp32 losslessly);
-    raises ``RuntimeError`` before anything is sent when their number or shapes differ from
-    ``meta`` (a mixer whose final state is not laid out like its ``init_state``)."""
-    shapes = [tuple(t.shape) for t in leaves]
-    want = [tuple(s) for s, _ in meta]
-    if shapes != want:
-        raise RuntimeError(f"context parallelism: {type(mixer).__name__}'s final state has tensors of shapes {shapes}, "
-                           f"its init_state {want}: the ranks cannot exchange it")
-    return [t if t.dtype == dt else t.to(dt) for t, (_, dt) in zip(leaves, meta)]
-
-
-class _SendState(torch.autograd.Function):
-    """Forward: send the tensors to ``peer``; returns a zero scalar that the caller adds to its
-    output, so that the backward reaches this node.  Backward: receive the gradients of the
-    floating tensors from ``peer`` (they are the gradients of this rank's final state)."""
-
-    @staticmethod
-    def forward(ctx, peer: int, group, like: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
-        for t in tensors:
-            dist.send(t.detach().contiguous(), group_dst=peer, group=group)
-        ctx.peer, ctx.group = peer, group
-        ctx.meta = [(t.shape, t.dtype, t.device, t.is_floating_point()) for t in tensors]
-        return like.new_zeros(())
-
-    @staticmethod
-    def backward(ctx, _grad):
-        grads = []
-        for shape, dtype, device, floating in ctx.meta:
-            if floating:
-                g = torch.empty(shape, dtype=dtype, device=device)
-                dist.recv(g, group_src=ctx.peer, group=ctx.group)
-                grads.append(g)
-            else:
-                grads.append(None)
-        return (None, None, None, *grads)
-
-
-class _RecvState(torch.autograd.Function):
-    """Forward: receive tensors of the given ``meta`` from ``peer``.  Backward: send the
-    gradients of the floating ones back (zeros where a tensor did not influence the loss)."""
-
-    @staticmethod
-    def forward(ctx, peer: int, group, meta, anchor: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = []
-        for shape, dtype in meta:
-            t = torch.empty(shape, dtype=dtype, device=anchor.device)
-            dist.recv(t, group_src=peer, group=group)
-            out.append(t)
-        ctx.peer, ctx.group = peer, group
-        ctx.floating = [t.is_floating_point() for t in out]
-        ctx.mark_non_differentiable(*[t for t in out if not t.is_floating_point()])
-        return tuple(out)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        for g, floating in zip(grads, ctx.floating):
-            if floating:
-                dist.send(g.contiguous(), group_dst=ctx.peer, group=ctx.group)
-        return None, None, None, None
-
-
-@dataclasses.dataclass
-class _Slice:
-    """The layout of the armed forward: local ``cu_seqlens``, which local sequences start each
-    row (``first [b]``) and end it (``last [b]``), and which first sequences continue a sequence
-    of the previous rank (``continues [b]`` bool)."""
-
-    first: torch.Tensor
-    last: torch.Tensor
-    continues: torch.Tensor
-    n_local: int
-
-
-class ContextParallel:
-    """Context parallelism over the ranks of ``env.cp_group`` (see the module docstring).
-
-    ``ContextParallel(model, env)`` checks that every mixer can be split (causal model, a
-    fixed-size state) and installs forward hooks on the mixers; they act only inside
-    :meth:`forward`, so evaluation and sampling use the plain model.
-
-    :meth:`shard` cuts a packed micro-batch (``input_ids [1, b*T]``, ``cu_seqlens``) into this
-    rank's slice; :meth:`forward` runs the model on it and returns the slice's logits.
-    """
-
-    def __init__(self, model: nn.Module, env: DistEnv, chunk_multiple: int | None = None):
-        self.env, self.model = env, model
-        self.P, self.p, self.group = env.cp_size, env.cp_rank, env.cp_group
-        cfg = model.config
-        if not getattr(model, "causal", True) or not model.backbone.causal:
-            raise ValueError("context parallelism needs a causal model (a masked LM sees its whole sequence)")
-        self.multiple = chunk_multiple or _chunk_multiple(cfg)
-        self.mixers = [blk.mixer for blk in model.backbone.blocks]
-        for m in self.mixers:
-            st = m.init_state(1, "cpu", torch.float32)
-            if isinstance(st, KVCache) or any(isinstance(getattr(st, f.name, None), KVCache)
-                                              for f in (dataclasses.fields(st) if dataclasses.is_dataclass(st) else ())):
-                raise ValueError(
-                    f"context parallelism: the {cfg.family!r} mixer ({type(m).__name__}) keeps a cache of every earlier "
-                    "key (quadratic attention): passing it between ranks is not cheap. Use a linear-time family "
-                    "(flash, linear, gla, vq, mc_tfm) or --context-parallel 1")
-        self._slice: _Slice | None = None
-        self._handles = []
-        for m in self.mixers:
-            self._handles.append(m.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
-            self._handles.append(m.register_forward_hook(self._post_hook, with_kwargs=True))
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
-    # ------------------------------------------------------------------ layout
-    def check_length(self, T: int) -> None:
-        """Each rank's slice must be a whole number of chunks (chunk boundaries and the mixers'
-        block structure then agree with the single-process run's)."""
-        if T % self.P or (T // self.P) % self.multiple:
-            raise ValueError(f"context parallelism: context_len {T} / {self.P} ranks must be a multiple of "
-                             f"{self.multiple} (the mixers' chunk size) per rank")
-
-    def shard(self, ids: torch.Tensor, targets: torch.Tensor, cu: torch.Tensor, rows: int
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """This rank's slice of a packed micro-batch of ``rows`` rows of ``T`` tokens:
-        ``ids [1, b*T/P]``, ``targets [b*T/P]``, local ``cu_seqlens`` and the ``offset [N_local]``
-        of each local sequence (tokens of it on earlier ranks)."""
-        T = ids.shape[1] // rows
-        self.check_length(T)
-        L, lo = T // self.P, self.p * (T // self.P)
-        ids_l = ids.view(rows, T)[:, lo : lo + L].reshape(1, -1)
-        tg_l = targets.view(rows, T)[:, lo : lo + L].reshape(-1)
-        cu = cu.long().cpu()
-        starts = cu[:-1]
-        cu_l, offset, first, last, cont = [], [], [], [], []
-        for b in range(rows):
-            a, e = b * T + lo, b * T + lo + L  # global range of this slice in row b
-            inner = starts[(starts > a) & (starts < e)]
-            first.append(len(cu_l))
-            cu_l.append(b * L)
-            # the sequence holding token a started at the last boundary <= a
-            s0 = int(starts[starts <= a].max())
-            cont.append(s0 < a)
-            offset.append(a - s0)
-            for s in inner.tolist():
-                cu_l.append(b * L + (s - a))
-                offset.append(0)
-            last.append(len(cu_l) - 1)
-        cu_l.append(rows * L)
-        dev = ids.device
-        self._slice = _Slice(first=torch.tensor(first, device=dev), last=torch.tensor(last, device=dev),
-                             continues=torch.tensor(cont, device=dev), n_local=len(offset))
-        return (ids_l, tg_l, torch.tensor(cu_l, dtype=torch.int32, device=dev),
-                torch.tensor(offset, dtype=torch.long, device=dev))
-
-    def forward(self, model: nn.Module, ids: torch.Tensor, cu: torch.Tensor, offset: torch.Tensor,
-                aux_losses: dict | None, **kwargs) -> torch.Tensor:
-        """Logits ``[1, b*T/P, V]`` of this rank's slice (after :meth:`shard`), or what the model
-        returns for ``kwargs`` (``targets=``: the slice's summed loss)."""
-        if self._slice is None:
-            raise RuntimeError("ContextParallel.forward needs shard() first")
-        state = ModelState([None] * len(self.mixers), offset)
-        try:
-            return model(ids, state=state, cu_seqlens=cu, aux_losses=aux_losses, **kwargs)
-        finally:
-            self._slice = None
-
-    # ------------------------------------------------------------------ hooks
-    def _pre_hook(self, mixer, args, kwargs):
-        if self._slice is None:
-            return None
-        x = args[0]
-        sl = self._slice
-        init = mixer.init_state(sl.n_local, x.device, x.dtype)
-        if self.p > 0:
-            meta = _wire_meta(mixer, len(sl.first), x)
-            anchor = x.new_zeros((), requires_grad=torch.is_grad_enabled())
-            recv = _RecvState.apply(self.p - 1, self.group, meta, anchor)
-            leaves, spec_init = _flatten(init)
-            keep = sl.continues
-            merged = []
-            for leaf, got in zip(leaves, recv):
-                k = keep.view(-1, *([1] * (got.dim() - 1)))
-                got = torch.where(k, got, torch.zeros_like(got)) if got.is_floating_point() else torch.where(k, got, 0)
-                merged.append(leaf.index_copy(0, sl.first, got.to(leaf.dtype)))
-            init = _unflatten(merged, spec_init)
-        args = (x, init) + tuple(args[2:])
-        kwargs = dict(kwargs)
-        kwargs.pop("state", None)
-        return args, kwargs
-
-    def _post_hook(self, mixer, args, kwargs, output):
-        if self._slice is None:
-            return None
-        y, new_state = output
-        if self.p < self.P - 1:
-            leaves, _ = _flatten(new_state)
-            out = [t.index_select(0, self._slice.last) for t in leaves]
-            out = _to_wire(mixer, out, _wire_meta(mixer, len(self._slice.last), args[0]))
-            token = _SendState.apply(self.p + 1, self.group, y, *out)
-            y = y + token.to(y.dtype)
-        return y, None
-
-
-def _chunk_multiple(cfg) -> int:
-    """The length each rank's slice must be a multiple of: the mixer's chunk (FLASH, MC-TFM,
-    linear, GLA) or block length (VQ); 1 when the family has none."""
-    sub = cfg.mixer
-    for name in ("chunk_size", "block_len", "block_size"):
-        v = getattr(sub, name, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    return 1
+    return isinstance(g, DTensor) and g.device_mesh.ndim == 1 and all(isinstance(p, Shard) for p in g.placements)

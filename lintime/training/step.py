@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from lintime.data import IGNORE_INDEX, Batch, BatchIterator, TokenDataset, Tokenizer
-from lintime.training.parallel import grad_sync
+from lintime.training.parallel import grad_sync, to_device
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None):
@@ -61,19 +61,23 @@ def forward_backward(
     micro_rows: int,
     aux_weight: float = 0.0,
     autocast: torch.dtype | None = None,
-    n_targets: int | None = None,
+    n_targets: int | torch.Tensor | None = None,
     replicas: int = 1,
     loss_scale: float = 1.0,
     context=None,
     fused_loss: bool = True,
-) -> tuple[float, float]:
+    to_host: bool = True,
+) -> tuple[float, float] | tuple[torch.Tensor, torch.Tensor]:
     """Accumulate into ``.grad`` the gradient of the batch's loss (see the module docstring),
     ``micro_rows`` rows per forward/backward.  Returns ``(loss, aux)``: the mean cross-entropy per
-    predicted token and the weighted auxiliary loss, as Python floats.
+    predicted token and the weighted auxiliary loss, as Python floats (``to_host``: one host read
+    after the last backward), else as 0-d fp64 tensors on the model's device (no host read: the
+    trainer reads them once per logged step).  Both forms hold the same numbers.
 
     Distributed (:mod:`lintime.training.parallel`): ``n_targets`` is the number of predicted
-    tokens of the *global* batch (all ranks), ``replicas`` the number of ranks that share the
-    auxiliary losses (data x context parallel), ``loss_scale`` undoes the wrapper's averaging
+    tokens of the *global* batch (all ranks; an int, or a 0-d tensor on the device:
+    :func:`~lintime.training.parallel.global_count`), ``replicas`` the number of ranks that share
+    the auxiliary losses (data x context parallel), ``loss_scale`` undoes the wrapper's averaging
     (the world size for DDP / FSDP), ``context`` a :class:`~lintime.training.parallel.ContextParallel`
     that runs this rank's slice of every row.  The returned numbers are then this rank's share:
     their sum over ranks is the global loss.  Gradients are reduced on the last micro-batch only.
@@ -87,28 +91,43 @@ def forward_backward(
     device = next(model.parameters()).device
     if n_targets is None:
         n_targets = int((batch.targets != IGNORE_INDEX).sum())
-    n_targets = max(n_targets, 1)
-    ce_total, aux_total = 0.0, 0.0
+    if isinstance(n_targets, torch.Tensor):
+        n_targets = n_targets.clamp(min=1)
+    else:
+        n_targets = max(n_targets, 1)
+    ce_total = aux_total = None  # fp64 sums on the device, in micro-batch order (as Python would add them)
     for start in range(0, B, micro_rows):
         ids, targets, cu = packed_rows(batch, start, start + micro_rows)
-        ids, targets, cu = ids.to(device), targets.to(device), cu.to(device)
         aux: dict[str, torch.Tensor] = {}
         with grad_sync(model, start + micro_rows == B):
             with _autocast(device, autocast):
                 # the summed cross-entropy of the micro-batch's (or this rank's slice's) targets
                 if context is None:
+                    ids, targets, cu = (to_device(t, device) for t in (ids, targets, cu))
                     ce = model(ids, cu_seqlens=cu, aux_losses=aux, targets=targets.view(1, -1), fused_loss=fused_loss)
                 else:
-                    ids, targets, cu, offset = context.shard(ids, targets, cu, micro_rows)
+                    ids, targets, cu, offset = context.shard(ids, targets, cu, micro_rows, device=device)
                     ce = context.forward(model, ids, cu, offset, aux, targets=targets.view(1, -1), fused_loss=fused_loss)
-            loss = ce / n_targets
+            loss = ce / (n_targets.to(ce.dtype) if isinstance(n_targets, torch.Tensor) else n_targets)
             if aux:
                 aux_loss = aux_weight * (micro_rows / (B * replicas)) * sum(_at_least_fp32(v) for v in aux.values())
                 loss = loss + aux_loss
-                aux_total += float(aux_loss.detach())
+                aux_total = _add(aux_total, aux_loss)
             (loss * loss_scale if loss_scale != 1.0 else loss).backward()
-        ce_total += float(ce.detach())
-    return ce_total / n_targets, aux_total
+        ce_total = _add(ce_total, ce)
+    if aux_total is None:
+        aux_total = torch.zeros((), dtype=torch.float64, device=device)
+    if to_host:
+        n = float(n_targets) if isinstance(n_targets, torch.Tensor) else n_targets
+        return float(ce_total) / n, float(aux_total)
+    # a tensor divisor: a true division (CUDA divides by a host number as a multiplication by its inverse)
+    n = n_targets if isinstance(n_targets, torch.Tensor) else torch.full((), float(n_targets), device=device)
+    return ce_total / n.to(torch.float64), aux_total
+
+
+def _add(total: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    x = x.detach().to(torch.float64)
+    return x if total is None else total + x
 
 
 def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -166,3 +185,46 @@ def describe_val(val: dict) -> str:
     score = f"{val['val_bpb']:.4f} bits/byte" if "val_bpb" in val else f"perplexity {val['val_ppl']:.2f}"
     return f"val loss {val['val_loss']:.4f} ({score})"
 
+
+
+class StepStats:
+    """The loss, auxiliary loss and gradient norm of the training steps not read yet, kept on the
+    device: reading a number waits for every kernel queued before it, so the trainer reads them
+    once per logged step, all in one read (:meth:`read`).  ``shares``: the losses are this rank's
+    shares (:func:`forward_backward`, distributed), summed over the ranks when read in one
+    all-reduce (every rank must read at the same steps); the gradient norm is already global."""
+
+    def __init__(self, device: torch.device, shares: bool = False):
+        self.device, self.shares = device, shares
+        self._steps: list[int] = []
+        self._rows: list[torch.Tensor] = []
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def add(self, step: int, loss, aux, grad_norm) -> None:
+        """Step ``step``'s numbers: 0-d tensors (copied: a CUDA graph's outputs change at its next
+        replay) or floats."""
+        self._rows.append(torch.stack([_fp64(x, self.device) for x in (loss, aux, grad_norm)]))
+        self._steps.append(step)
+
+    def read(self) -> list[tuple[int, float, float, float]]:
+        """``[(step, loss, aux, grad_norm)]`` of the steps added since the last read, in order."""
+        if not self._steps:
+            return []
+        values = torch.stack(self._rows)  # [n, 3]
+        if self.shares:
+            import torch.distributed as dist
+
+            part = values[:, :2].contiguous()
+            dist.all_reduce(part)
+            values = torch.cat([part, values[:, 2:]], 1)
+        out = [(s, *v) for s, v in zip(self._steps, values.tolist())]
+        self._steps, self._rows = [], []
+        return out
+
+
+def _fp64(x, device: torch.device) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach().reshape(()).to(device=device, dtype=torch.float64)
+    return torch.full((), float(x), dtype=torch.float64, device=device)  # a fill: no host-to-device copy

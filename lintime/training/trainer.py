@@ -45,16 +45,18 @@ from lintime.training import checkpoint as ckpt
 from lintime.training import parallel as par
 from lintime.training.compile import CompiledModel, choose_compile
 from lintime.training.config import RESUMABLE_CHANGES, TrainConfig
+from lintime.training.context_parallel import ContextParallel
 from lintime.training.graphed import GraphedStep, one_sequence_per_row
 from lintime.training.metrics import MetricsWriter, plot_metrics
 from lintime.training.rng import rng_state, seed_everything, set_rng_state
 from lintime.training.runguard import RunLock, StopSignals
 from lintime.training.schedule import lr_at_progress, lr_at_step
-from lintime.training.step import describe_val, evaluate, forward_backward
+from lintime.training.step import StepStats, describe_val, evaluate, forward_backward
 from lintime.utils.device import autocast_dtype
 
 STATE_FORMAT = 1
 SAMPLE_FILE = "sample.txt"
+MAX_UNREAD_STEPS = 100  # a run that logs rarely (or never) still checks its loss this often
 
 
 @dataclasses.dataclass
@@ -252,7 +254,7 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
     if cfg.cache_dir is None:
         spec = tokenizer.name if isinstance(tokenizer, Tokenizer) else tokenizer
         cfg = dataclasses.replace(cfg, cache_dir=str(default_cache_dir(corpus.name, spec)))
-    with _main_first(env):  # one process builds the token cache, the others read it
+    with par.main_first(env):  # one process builds the token cache, the others read it
         splits = prepare(corpus, tokenizer, cfg.cache_dir, splits=("train", "validation"), quiet=not progress)
     tokenizer = splits["train"].tokenizer
     train_ds, val_ds = splits["train"], splits["validation"]
@@ -274,7 +276,7 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
         ckpt.load_weights(model, init["step_dir"], device)
     model.train()
     model.set_fused(cfg.fused)
-    context = par.ContextParallel(model, env) if env.cp_size > 1 else None
+    context = ContextParallel(model, env) if env.cp_size > 1 else None
     if context is not None:
         context.check_length(cfg.context_len)
 
@@ -313,7 +315,7 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
     # ---- the run folder (nothing was written before this point)
     restarted = False
     if run_dir is None:
-        run_dir = Path(out) / _broadcast_str(name or default_run_name(cfg.preset), env)
+        run_dir = Path(out) / par.broadcast_str(name or default_run_name(cfg.preset), env)
         if env.is_main:
             if (run_dir / ckpt.CONFIG_FILE).exists() and not without_checkpoint(run_dir):
                 raise ValueError(f"run folder {run_dir} already holds a run: pick another --name, or --resume {run_dir}")
@@ -321,11 +323,11 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
             restarted = (run_dir / ckpt.CONFIG_FILE).exists()
             if restarted and not restarting:
                 say(f"lintime train: {run_dir} holds a run without a checkpoint: starting it over")
-    _barrier(env)
+    par.barrier(env)
     if env.is_main:
         ckpt.write_run_config(run_dir, model_config=model_cfg, objective=cfg.objective, tokenizer=tokenizer,
                               train=cfg.to_dict())
-    _barrier(env)
+    par.barrier(env)
     fwd_model = CompiledModel(wrapped, say, "the training step") if compile_mode == "model" else wrapped
     eval_model = CompiledModel(model, say, "the validation forward") if compile_mode == "model" else model
     graphed = GraphedStep(model, opt, rows=cfg.rows_per_batch, context_len=cfg.context_len,
@@ -403,81 +405,90 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
     val_step = -1
     last_ckpt = None
     window_loss, window_n, window_tokens, window_time = 0.0, 0, 0, 0.0
+    # the steps' numbers stay on the device until a logged step (or eval, save, the end) reads them
+    stats = StepStats(device, shares=env.distributed and graphed is None)
+    loss = aux = grad_norm = None  # of the last step read
+
+    def read_stats() -> None:
+        nonlocal first_loss, last_loss, loss, aux, grad_norm, window_loss, window_n
+        for at, loss, aux, grad_norm in stats.read():  # one host read: waits for the queued steps
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                raise ValueError(_diverged(run_dir, at, loss, grad_norm))
+            first_loss = loss if first_loss is None else first_loss
+            last_loss = loss
+            window_loss += loss
+            window_n += 1
+
     # a signal stops one process alone; under torchrun the launcher stops every rank
     stop = StopSignals()
     if not env.distributed:
         stop.__enter__()
     try:
         while not (done() or stop.received):
+            t0 = time.perf_counter()
             batch = next(train_it)
             batch = one_sequence_per_row(batch) if cfg.packing == "rows" else batch
-            t0 = time.perf_counter()
             if horizon is not None:
                 lr = lr_at_step(step, horizon, peak=cfg.lr, warmup=cfg.warmup, decay=cfg.decay, final_lr_ratio=cfg.final_lr_ratio)
             else:
                 lr = lr_at_progress(elapsed / time_budget, peak=cfg.lr, warmup=cfg.warmup, decay=cfg.decay,
                                     final_lr_ratio=cfg.final_lr_ratio)
             out = graphed.step(batch.input_ids, batch.targets, lr) if graphed is not None else None
-            if out is not None:  # the graph took the optimizer step; its loss is read here, once per step
-                loss, aux, grad_norm = float(out.loss), float(out.aux), float(out.grad_norm)
-                if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                    raise ValueError(_diverged(run_dir, step + 1, loss, grad_norm))
+            if out is not None:  # the graph took the optimizer step
+                stats.add(step + 1, out.loss, out.aux, out.grad_norm)
             else:
                 for group in opt.param_groups:
                     group["lr"] = lr
-                if env.distributed:
-                    # predicted tokens of the global batch (context ranks hold the same rows)
-                    n_global = int(par.all_reduce_sum([float((batch.targets != IGNORE_INDEX).sum())], env)[0]) // env.cp_size
-                    loss, aux = forward_backward(fwd_model, batch, micro_rows=micro_local, aux_weight=cfg.aux_weight,
-                                                 autocast=amp, n_targets=n_global, replicas=env.world,
-                                                 loss_scale=float(env.world) if cfg.parallel != "none" else 1.0,
-                                                 context=context, fused_loss=cfg.fused)
-                    par.finish_grads(model, env, cfg.parallel)
-                    loss, aux = par.all_reduce_sum([loss, aux], env)
-                else:
-                    loss, aux = forward_backward(fwd_model, batch, micro_rows=cfg.rows_per_micro_batch,
-                                                 aux_weight=cfg.aux_weight, autocast=amp, fused_loss=cfg.fused)
-                grad_norm = par.clip_grad_norm(model, cfg.clip if cfg.clip > 0 else math.inf) if math.isfinite(loss) else loss
-                if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                    raise ValueError(_diverged(run_dir, step + 1, loss, grad_norm))
-                opt.step()
+                # distributed: the predicted tokens of the global batch, summed on the device (no host read)
+                n_global = par.global_count(int((batch.targets != IGNORE_INDEX).sum()), env) if env.distributed else None
+                step_loss, step_aux = forward_backward(
+                    fwd_model, batch, micro_rows=micro_local, aux_weight=cfg.aux_weight, autocast=amp, n_targets=n_global,
+                    replicas=env.world, loss_scale=float(env.world) if env.distributed and cfg.parallel != "none" else 1.0,
+                    context=context, fused_loss=cfg.fused, to_host=False)
+                par.finish_grads(model, env, cfg.parallel)
+                norm = par.clip_grad_norm(model, cfg.clip if cfg.clip > 0 else math.inf, to_host=False)
+                opt.step()  # a non-finite step is caught when read, before any checkpoint or evaluation
                 opt.zero_grad(set_to_none=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
+                stats.add(step + 1, step_loss, step_aux, norm)
             step += 1
             taken += 1
             tokens_seen += cfg.tokens_per_batch
-            elapsed += dt
             last_lr = lr
-            first_loss = loss if first_loss is None else first_loss
-            last_loss = loss
-            window_loss += loss
-            window_n += 1
+            dt = time.perf_counter() - t0  # host time: the device catches up at the next read
+            elapsed += dt
+            end = done()
+            log_now = bool(cfg.log_every) and step % cfg.log_every == 0
+            eval_now = bool(cfg.eval_every) and step % cfg.eval_every == 0 and not end
+            save_now = bool(cfg.save_every) and step % cfg.save_every == 0 and not end
+            if log_now or eval_now or save_now or end or stop.received or step % MAX_UNREAD_STEPS == 0:
+                t1 = time.perf_counter()
+                read_stats()
+                elapsed += time.perf_counter() - t1
+                dt += time.perf_counter() - t1
             window_tokens += cfg.tokens_per_batch
             window_time += dt
             tps = window_tokens / max(window_time, 1e-9)
-            postfix = f"loss {loss:.3f} lr {lr:.2e} {tps:,.0f} tok/s"
+            postfix = f"loss {last_loss:.3f} lr {lr:.2e} {tps:,.0f} tok/s" if last_loss is not None else f"lr {lr:.2e}"
             if time_budget is not None and horizon is None:
                 postfix += f" {max(time_budget - elapsed, 0) / 60:.1f} min left"
             bar.update(1, postfix)
 
             row = None
-            if cfg.log_every and step % cfg.log_every == 0:
+            if log_now:
                 row = {"step": step, "tokens": tokens_seen, "time_s": round(elapsed, 4), "loss": window_loss / window_n,
                        "aux_loss": aux if aux else None, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": round(tps, 1)}
                 window_loss, window_n, window_tokens, window_time = 0.0, 0, 0, 0.0
-            end = done()
-            if cfg.eval_every and step % cfg.eval_every == 0 and not end:
+            if eval_now:
                 val, val_step = run_eval(), step
                 row = (row or {"step": step, "tokens": tokens_seen, "time_s": round(elapsed, 4)}) | _val_fields(val)
-                say(f"step {step:>6}  train loss {loss:.4f}  {describe_val(val)}")
+                say(f"step {step:>6}  train loss {last_loss:.4f}  {describe_val(val)}")
             if row is not None:
                 metrics.write(row)
-            if cfg.save_every and step % cfg.save_every == 0 and not end:
+            if save_now:
                 last_ckpt = save(val if val_step == step else None)
                 if cfg.plots and env.is_main:
                     plot_metrics(run_dir, title=f"{cfg.preset} ({run_dir.name})", bits_per_byte=tokenizer.bits_per_byte)
+        read_stats()  # a signal between the last read and the loop's test
     finally:
         bar.close()
         stop.__exit__(None, None, None)
@@ -573,29 +584,6 @@ class _NoMetrics:
 
     def close(self) -> None:
         pass
-
-
-def _barrier(env) -> None:
-    if env.distributed:
-        torch.distributed.barrier()
-
-
-@contextlib.contextmanager
-def _main_first(env):
-    """Rank 0 runs the block first, the others after it (e.g. building a shared cache)."""
-    if env.distributed and not env.is_main:
-        torch.distributed.barrier()
-    yield
-    if env.distributed and env.is_main:
-        torch.distributed.barrier()
-
-
-def _broadcast_str(value: str, env) -> str:
-    if not env.distributed:
-        return value
-    box = [value]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def _val_fields(val: dict) -> dict:

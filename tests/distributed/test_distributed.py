@@ -47,7 +47,8 @@ from lintime.testing import (
     rel_rms,
 )
 from lintime.training import TrainConfig, load_model, train
-from lintime.training.parallel import ContextParallel, DistEnv
+from lintime.training.context_parallel import ContextParallel
+from lintime.training.parallel import DistEnv
 
 LOSS_RTOL = 1e-5
 STEPS = 4

@@ -40,7 +40,8 @@ def context_parallel_step(preset: str, chunk: int, rows: int, T: int, amp: bool 
     all in the residual stream's dtype (the hand-off must still match send for receive)."""
     import torch.distributed as dist
 
-    from lintime.training.parallel import ContextParallel, init_distributed
+    from lintime.training.context_parallel import ContextParallel
+    from lintime.training.parallel import init_distributed
 
     env = init_distributed("cpu", "none", int(dist.get_world_size() if dist.is_initialized() else 0) or
                            int(__import__("os").environ["WORLD_SIZE"]))
