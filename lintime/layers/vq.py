@@ -235,6 +235,13 @@ class VQAttention(Mixer):
         k_hat = c_z.to(k.dtype) + (k - k.detach())
         return codes, k_hat, c_z
 
+    @staticmethod
+    def commit_loss(k: torch.Tensor, c_z: torch.Tensor) -> torch.Tensor:
+        """Seed Eq. 37 for this layer: the mean over tokens of the sum over heads of ``||k - sg(C_z)||^2``, in at
+        least fp32 (0-D); its gradient reaches ``k`` only."""
+        kf = k if k.dtype == torch.float64 else k.float()
+        return (kf - c_z.to(kf.dtype)).pow(2).sum((-2, -1)).mean()
+
     @torch.no_grad()
     def update_codebook(self, k: torch.Tensor, codes: torch.Tensor) -> None:
         """EMA k-means step from the keys of one call (see the module docstring)."""
@@ -279,9 +286,7 @@ class VQAttention(Mixer):
         codes, k_hat, c_z = self.quantize(k, codebook)
         mark_checked(codes)  # an argmin over this codebook: the op need not read its range back
         if aux_losses is not None and T > 0:
-            # seed Eq. 37 for this layer: mean over tokens of sum over heads ||k - sg(C_z)||^2
-            kf = k if k.dtype == torch.float64 else k.float()
-            commit = (kf - c_z.to(kf.dtype)).pow(2).sum((-2, -1)).mean()
+            commit = self.commit_loss(k, c_z)
             aux_losses["vq_commit"] = aux_losses["vq_commit"] + commit if "vq_commit" in aux_losses else commit
         qu = q if self.xl_u is None else q + (self.xl_u * self.tau**-0.5).to(q.dtype)
         bias = None if self.r_proj is None else self.window_bias(q, positions)
