@@ -99,9 +99,11 @@ def test_triton_equals_chunk_at_every_chunk_size(C):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
-def test_kernel_row_step_over_several_blocks(dtype, label_smoothing):
+@pytest.mark.parametrize("block_v", [128, 1024])
+def test_kernel_row_step_over_several_blocks(dtype, label_smoothing, block_v):
     """The kernel's online softmax across column blocks (128 wide, V = 1000: 8 blocks, the last
-    partial) against the PyTorch row step, loss and in-place gradient, per-row and scalar scales."""
+    partial), and its one-block form (1024 >= V: the row read once, kept in registers for the
+    gradient), against the PyTorch row step, loss and in-place gradient, per-row and scalar scales."""
     if not TRITON:
         pytest.skip("needs triton")
     from lintime.ops.cross_entropy.triton.ops import Launch, triton_rows
@@ -114,7 +116,7 @@ def test_kernel_row_step_over_several_blocks(dtype, label_smoothing):
         z_ref, z_out = z.clone(), z.clone()
         l_ref, l_out = torch.empty(n, device=DEV), torch.empty(n, device=DEV)
         torch_rows(z_ref, y, scale, l_ref, -7, label_smoothing, True)
-        triton_rows(z_out, y, scale, l_out, -7, label_smoothing, True, Launch(block_v=128, num_warps=4))
+        triton_rows(z_out, y, scale, l_out, -7, label_smoothing, True, Launch(block_v=block_v, num_warps=4))
         assert_exact("loss", l_ref, l_out)
         assert (z_out[[2, 11]] == 0).all() and (l_out[[2, 11]] == 0).all()
         if dtype == torch.float32:
