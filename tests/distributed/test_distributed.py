@@ -36,7 +36,7 @@ import shutil
 import pytest
 import torch
 from launch import run_ranks, run_ranks_outcome
-from workers import fail_at, scenarios, single_step, tiny_model
+from workers import clip_rows, fail_at, scenarios, single_step, tiny_model
 
 from lintime.models import CausalLM, get_preset
 from lintime.testing import (
@@ -68,6 +68,7 @@ TWO_RANK_RUNS = (
     ("ddp-to-ddp2", "ddp", 1, "ddp"),
 )
 ONE_RANK_RESUMES = (("fsdp-to-1", "fsdp"), ("ddp-to-1", "ddp"))
+CLIP = ("flash-tiny", 8, 33, 0.05)  # preset, chunk, T, max norm (bites: the norm is larger)
 
 
 def _run_losses(run_dir) -> list[float]:
@@ -110,6 +111,7 @@ def two_ranks(base, tmp_path_factory) -> dict:
                 jobs.append(("copy", (str(src), str(out / name))))
             resume = str(out / name / STEP2)
         jobs.append(("train", (_config(base, cp, parallel=parallel, context_parallel=cp), str(out), name, resume)))
+    jobs.append(("clip", CLIP))
     outs = run_ranks(scenarios, 2, jobs, timeout=300)
     results = outs[0]  # rank 0 (its metrics hold the losses); the op checks need both ranks
     n_ops = len(CP_PRESETS) + len(CP_AMP_PRESETS)
@@ -122,7 +124,8 @@ def two_ranks(base, tmp_path_factory) -> dict:
         res = train(TrainConfig(**_config(base, parallel="none")), out=str(out), resume=out / name / STEP2,
                     progress=False, echo=None)
         resumed[name] = (res, _run_losses(out / name))
-    return {"out": out, "single": single, "cp_ops": cp_ops, "cp_amp_ops": cp_amp_ops, "runs": runs, "resumed": resumed}
+    return {"out": out, "single": single, "cp_ops": cp_ops, "cp_amp_ops": cp_amp_ops, "runs": runs, "resumed": resumed,
+            "clip": (outs[0][-1], outs[1][-1])}
 
 
 def _assert_losses(label: str, ref: list[float], got: list[float]) -> None:
@@ -163,6 +166,24 @@ def test_context_parallel_under_bf16_autocast(two_ranks):
             err, err_base = rel_rms(g64, r0["grads"][name]), rel_rms(g64, base["grads"][name])
             bound = HALF_FACTOR * err_base + HALF_FLOOR[torch.bfloat16]
             assert err <= bound, f"{preset} bf16 grad {name}: error {err:.3e} > {bound:.3e}"
+
+
+def test_fsdp_gradient_clipping_equals_single_process(two_ranks):
+    """The sharded clip (squared norms of the local shards, one all-reduce, the replicated 0-D
+    ScaledSin scale counted once) against ``torch.nn.utils.clip_grad_norm_`` on one process:
+    the norm and every clipped gradient, fp32 (only summation orders differ)."""
+    preset, chunk, T, max_norm = CLIP
+    model = tiny_model(preset, chunk, dtype=torch.float32)
+    assert any(p.dim() == 0 for p in model.parameters())  # the replicated case is covered
+    ids = clip_rows(2, T, model.config.vocab_size)
+    (model(ids[:, :-1], targets=ids[:, 1:]) / (2 * (T - 1))).backward()
+    ref = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+    assert ref > 4 * max_norm  # the clip bites
+    for rank, got in enumerate(two_ranks["clip"]):
+        assert isinstance(got["norm"], torch.Tensor) and got["norm"].dim() == 0  # to_host=False: no read
+        assert math.isclose(float(got["norm"]), ref, rel_tol=1e-5), (rank, float(got["norm"]), ref)
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(got["grads"][name], p.grad, rtol=1e-4, atol=1e-7, msg=f"rank {rank} {name}")
 
 
 @pytest.mark.parametrize("name", ["ddp", "fsdp", "cp"])

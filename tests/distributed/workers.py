@@ -72,11 +72,40 @@ def single_step(preset: str, chunk: int, rows: int, T: int, amp: bool = False) -
             "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}}
 
 
+def fsdp_clip_step(preset: str, chunk: int, T: int, max_norm: float) -> dict:
+    """FSDP2 over the ranks, rank ``r`` holding row ``r`` of a ``[world, T]`` batch: forward, backward
+    (loss scaled as the trainer scales it), ``finish_grads`` and ``clip_grad_norm`` (the sharded path:
+    local shards, one all-reduce).  Returns the norm (the device tensor of ``to_host=False``) and every
+    clipped gradient gathered whole."""
+    import torch.distributed as dist
+
+    from lintime.training import parallel as par
+
+    env = par.init_distributed("cpu", "fsdp", 1)
+    model = tiny_model(preset, chunk, dtype=torch.float32)
+    par.wrap_model(model, env, "fsdp", None)
+    ids = clip_rows(env.world, T, model.config.vocab_size)
+    r = env.rank
+    ce = model(ids[r : r + 1, :-1], targets=ids[r : r + 1, 1:])  # the row's summed cross-entropy
+    (ce / (env.world * (T - 1)) * env.world).backward()
+    par.finish_grads(model, env, "fsdp")
+    norm = par.clip_grad_norm(model, max_norm, to_host=False)
+    grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+             for n, p in model.named_parameters() if p.grad is not None}
+    dist.barrier()
+    return {"norm": norm, "grads": grads}
+
+
+def clip_rows(rows: int, T: int, vocab: int) -> torch.Tensor:
+    """``[rows, T]`` token ids of the FSDP clip check (a fixed draw)."""
+    return torch.randint(0, vocab, (rows, T), generator=torch.Generator().manual_seed(3))
+
+
 def scenarios(jobs: list[tuple[str, tuple]]) -> list:
     """Several scenarios, in order, in one set of processes (one process start-up for all): the
     process group is started once here and ``lintime.training.train`` leaves a group it did not
     start alone.  Jobs: ``("cp_op", args of context_parallel_step)``, ``("train", args of
-    train_run)``, ``("copy", (src, dst))`` (rank 0 copies a run folder, then all wait)."""
+    train_run)``, ``("clip", args of fsdp_clip_step)``, ``("copy", (src, dst))`` (rank 0 copies a run folder, then all wait)."""
     import datetime
     import shutil
 
@@ -89,6 +118,8 @@ def scenarios(jobs: list[tuple[str, tuple]]) -> list:
             out.append(context_parallel_step(*args))
         elif kind == "train":
             out.append(train_run(*args))
+        elif kind == "clip":
+            out.append(fsdp_clip_step(*args))
         elif kind == "copy":
             if dist.get_rank() == 0:
                 shutil.copytree(*args)

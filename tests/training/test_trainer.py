@@ -64,6 +64,50 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_losses_exactly(tmp_path,
     assert resumed.val == straight.val
 
 
+def test_step_numbers_are_read_once_per_logged_step(tmp_path, tiny_config, monkeypatch):
+    """The step's loss, aux loss and grad norm stay on the device until a logged step reads them
+    all at once: with ``log_every=3`` the 7 steps are read at steps 3, 6 and 7 (the end), and the
+    rows hold what a run that reads every step logs -- the window's mean loss, the logged step's
+    grad norm -- bit for bit."""
+    every = _run(tiny_config(steps=7), tmp_path, "every")
+    reads = []
+    real = step_mod.StepStats.read
+
+    def counted(self):
+        out = real(self)
+        reads.append([s for s, *_ in out])
+        return out
+
+    monkeypatch.setattr(step_mod.StepStats, "read", counted)
+    sparse = _run(tiny_config(steps=7, log_every=3), tmp_path, "sparse")
+    assert [r for r in reads if r] == [[1, 2, 3], [4, 5, 6], [7]]
+    per_step = {r["step"]: r for r in read_metrics(every.run_dir) if "loss" in r}
+    rows = [r for r in read_metrics(sparse.run_dir) if "loss" in r]
+    assert [r["step"] for r in rows] == [3, 6]
+    for r in rows:
+        window = [per_step[s]["loss"] for s in range(r["step"] - 2, r["step"] + 1)]
+        assert r["loss"] == sum(window) / 3  # the same floats, added in the same order
+        assert r["grad_norm"] == per_step[r["step"]]["grad_norm"] and r["lr"] == per_step[r["step"]]["lr"]
+    assert (sparse.first_loss, sparse.last_loss) == (every.first_loss, every.last_loss)
+
+
+def test_a_divergence_between_logged_steps_is_reported_at_its_step(tmp_path, tiny_config, monkeypatch):
+    """A non-finite loss at step 5 of a run that logs every 4 steps and saves every 6: found when
+    step 6 is read (before its checkpoint), named as step 5, and no checkpoint holds it."""
+    real, calls = trainer_mod.forward_backward, []
+
+    def fb(*args, **kwargs):
+        calls.append(1)
+        loss, aux = real(*args, **kwargs)
+        return (loss * float("nan") if len(calls) == 5 else loss), aux
+
+    monkeypatch.setattr(trainer_mod, "forward_backward", fb)
+    cfg = tiny_config(steps=8, log_every=4, save_every=6, sample_tokens=0)
+    with pytest.raises(ValueError, match=r"diverged at step 5 \(the loss is nan\)"):
+        _run(cfg, tmp_path, "nan")
+    assert len(calls) == 6 and not (tmp_path / "nan" / "checkpoints").exists()
+
+
 def test_resume_refuses_other_settings(tmp_path, tiny_config):
     first = _run(tiny_config(steps=2), tmp_path, "r")
     with pytest.raises(ValueError, match="context_len=64"):
