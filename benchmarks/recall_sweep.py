@@ -26,8 +26,17 @@ Time-boxed for one GPU (issue 31: the sweep in <= 10 minutes; Zoology trains 64 
 * rung by rung, the anchor (the softmax family) first, then narrow widths first (the cheap cells),
   then short sequences, the families interleaved, so that a sweep cut by the deadline still has
   every family at the same cells;
-* ``--jobs`` worker processes share the GPU, each taking the next run when free (a tiny model's
-  step is mostly kernel launches: one process leaves an H100 idle);
+* each step is one CUDA graph replay (:class:`lintime.training.tasks.TaskRun`): eagerly, a
+  2-layer model's step is 300-700 operator calls (CPU profile of every family at width 64,
+  2026-11-27), each a kernel of a few microseconds on the GPU, so its launches set its time (the
+  last eager sweep, 8 processes on an H200: ~30 ms per step per process, ~300 steps/s in all);
+* ``--jobs`` worker processes (2 on CUDA) of ``--slots`` runs each (8), every run on its own CUDA
+  stream, advanced in turn: a width-64 run's kernels fill a few of the GPU's SMs, and only kernels
+  of one process overlap (the kernels of separate processes take turns on the GPU); the second
+  process keeps the GPU busy while the first builds a run, captures its graph, compiles a Triton
+  kernel or evaluates.  The training examples of each (seq_len, kv_pairs) are drawn once per
+  process and shared by its runs (a 64-row batch costs the host 0.9 ms to draw at T = 64, 6.9 ms
+  at T = 512 on a 2-core CPU: more than a graph step);
 * at ``--deadline-s`` the runs in flight stop and are scored where they are (``stopped:
   max_seconds``, marked in the table); runs not started are recorded as ``not run (deadline)``.
 
@@ -66,8 +75,15 @@ ANCHOR = "softmax"  # attention solves MQAR: the sanity anchor, scheduled first
 # The softmax anchor as Zoology's attention: one head; RoPE alone (the preset's extra absolute
 # sinusoids delayed the recall phase change from ~300 to ~1700 steps on a CPU check, 2026-11-27).
 FAMILY_CHANGES = {"softmax": {"n_heads": 1, "position": "none"}}
+# the GPU's workers, chosen before a GPU run of this form (module docstring: why streams, why two)
+CUDA_JOBS = 2
+CUDA_SLOTS = 8
 NOT_RUN = "not run (deadline)"
 KILLED = "killed at the deadline"
+LOST = "lost: a CUDA error in another run of its worker process"
+# steps a worker gives one run before the next: ~90 launches queued on its stream (a graph step is
+# ~10: batch copies, target count, rate, replay, loss sum), short next to a turn of the others
+STEPS_PER_TURN = 8
 
 
 def family_presets() -> dict[str, str]:
@@ -167,14 +183,26 @@ def make_cells(presets: dict[str, str], points, widths) -> list[Cell]:
 # ---------------------------------------------------------------------------------------------- one run
 
 
-def run_task(task: Task, settings: dict, root: str, max_seconds: float | None = None) -> dict:
-    """Train one run; its record (accuracies, steps, why it stopped), or its error."""
-    from lintime.training.tasks import TaskTrainConfig, train_task
+@dataclasses.dataclass
+class Live:
+    """A run being trained: its :class:`~lintime.training.tasks.TaskRun` (None when it could not be
+    built), its record so far, its folder name and start time."""
+
+    run: object
+    row: dict
+    name: str
+    t0: float
+
+
+def open_run(task: Task, settings: dict, root: str, max_seconds: float | None, data: dict) -> Live:
+    """Build the run of ``task``; ``data`` holds one :class:`~lintime.training.tasks.MQARData` per
+    setting, shared by the runs of this process (made on first use)."""
+    from lintime.training.tasks import MQARData, TaskRun, TaskTrainConfig
+    from lintime.utils.device import pick_device
 
     c = task.cell
     changes = FAMILY_CHANGES.get(c.family, {})
-    row = {"family": c.family, "preset": c.preset, "d_model": c.d_model, "seq_len": c.seq_len, "kv_pairs": c.kv_pairs,
-           "lr": task.lr, "rung": task.rung, **changes}
+    row = {**_task_row(task), **changes}
     t0 = time.perf_counter()
     name = f"{c.preset}-d{c.d_model}-T{c.seq_len}-kv{c.kv_pairs}-lr{task.lr:.1e}"
     steps = settings["anchor_steps"] if c.family == ANCHOR and settings.get("anchor_steps") else settings["steps"]
@@ -187,36 +215,121 @@ def run_task(task: Task, settings: dict, root: str, max_seconds: float | None = 
             epochs=settings["epochs"], lr=task.lr, max_steps=steps, eval_every=settings["eval_every"],
             max_seconds=max_seconds, seed=settings["seed"], device=settings["device"], precision=settings["precision"],
         )
-        res = train_task(cfg, out=root, name=name, echo=None, plot=False)
-        row.update(accuracy=res.accuracy, best_accuracy=res.best_accuracy, steps=res.steps, stopped=res.stopped,
-                   train_seconds=round(res.seconds, 2))
-    except Exception as err:  # a run that fails is recorded, the sweep goes on
-        row["error"] = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
-        row["diverged"] = "diverged" in str(err)
+        device = pick_device(cfg.device)
+        key = MQARData.key_of(cfg, device)
+        if key not in data:
+            data[key] = MQARData(cfg.mqar, seed=cfg.seed, train_examples=cfg.train_examples,
+                                 test_examples=cfg.test_examples, device=device)
+        run = TaskRun(cfg, out=root, name=name, echo=None, plot=False, data=data[key])
+    except Exception as err:  # a run that cannot be built is recorded, the sweep goes on
+        live = Live(None, row, name, t0)
+        return close_run(live, settings, root, err)
+    return Live(run, row, name, t0)
+
+
+def close_run(live: Live, settings: dict, root: str, err: BaseException | None = None) -> Live:
+    """Score the finished run into its record (or record ``err``, the exception that ended it) and
+    delete its folder unless the runs are kept."""
+    row, run = live.row, live.run
+    try:
+        if err is None and run is not None:
+            res = run.finish()
+            row.update(accuracy=res.accuracy, best_accuracy=res.best_accuracy, steps=res.steps, stopped=res.stopped,
+                       train_seconds=round(res.seconds, 2))
+        elif err is not None:
+            row["error"] = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+            row["diverged"] = "diverged" in str(err)
+        if run is not None:
+            row["step"] = run.form
+    except Exception as e:  # saving failed: recorded as the run's error
+        row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
     finally:
         if not settings.get("keep_runs"):
-            shutil.rmtree(Path(root) / name, ignore_errors=True)
-    row["wall_seconds"] = round(time.perf_counter() - t0, 2)
-    return row
+            shutil.rmtree(Path(root) / live.name, ignore_errors=True)
+    row["wall_seconds"] = round(time.perf_counter() - live.t0, 2)
+    live.run = None  # the model, its graph and its memory go with it
+    return live
 
 
-def _worker(conn, settings: dict, root: str) -> None:
-    """A worker process: runs tasks sent by the parent until it sends ``None``."""
+def run_task(task: Task, settings: dict, root: str, max_seconds: float | None = None,
+             data: dict | None = None) -> dict:
+    """Train one run to its end; its record (accuracies, steps, why it stopped), or its error."""
+    live = open_run(task, settings, root, max_seconds, {} if data is None else data)
+    if live.run is not None:
+        err = None
+        try:
+            while not live.run.advance():
+                pass
+        except Exception as e:  # a run that fails is recorded, the sweep goes on
+            err = e
+        close_run(live, settings, root, err)
+    return live.row
+
+
+def _poisoned(row: dict) -> bool:
+    """Whether a run's error may have poisoned its process (a CUDA error, out of memory)."""
+    return any(s in row.get("error", "") for s in ("CUDA", "cuda", "out of memory", "illegal"))
+
+
+def _worker(conn, settings: dict, root: str, slots: int) -> None:
+    """A worker process: trains up to ``slots`` runs at once, each on its own CUDA stream (a
+    narrow model's kernels fill a few of the GPU's SMs: runs on separate streams overlap, while
+    the kernels of separate processes take turns on the GPU), advancing them in turn
+    :data:`STEPS_PER_TURN` steps at a time.  Takes ``(id, task, stop_at)`` messages (``stop_at``:
+    the deadline as a ``time.time()``), sends ``(id, record, leave)`` as each run ends; stops at
+    ``None``.  ``leave``: a CUDA error may have poisoned the process, which then sends the records
+    of its other runs and exits (the parent starts a new one)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import contextlib
+
     import torch
 
     torch.set_num_threads(1)
+    cuda = torch.cuda.is_available() and not str(settings["device"]).startswith("cpu")
+    streams = [torch.cuda.Stream() if cuda else None for _ in range(slots)]
+    on = lambda slot: torch.cuda.stream(streams[slot]) if cuda else contextlib.nullcontext()  # noqa: E731
+    data: dict = {}
+    live: dict[int, tuple[int, Live]] = {}
     while True:
-        msg = conn.recv()
-        if msg is None:
-            return
-        task, max_seconds = msg
-        row = run_task(task, settings, root, max_seconds)
-        # a CUDA error (or out-of-memory) may have poisoned this process: the parent starts a new one
-        leave = any(s in row.get("error", "") for s in ("CUDA", "cuda", "out of memory", "illegal"))
-        conn.send((row, leave))
-        if leave:
-            return
+        while len(live) < slots and (not live or conn.poll()):  # wait for work only when idle
+            msg = conn.recv()
+            if msg is None:
+                return
+            tid, task, stop_at = msg
+            slot = min(set(range(slots)) - set(live))
+            with on(slot):
+                lv = open_run(task, settings, root, max(stop_at - time.time(), 1e-3), data)
+            if lv.run is None:
+                if _poisoned(lv.row):
+                    _leave(conn, live)
+                    conn.send((tid, lv.row, True))
+                    return
+                conn.send((tid, lv.row, False))
+            else:
+                live[slot] = (tid, lv)
+        for slot in list(live):
+            tid, lv = live[slot]
+            with on(slot):
+                err = None
+                try:
+                    done = lv.run.advance(STEPS_PER_TURN)
+                except Exception as e:  # a diverged or failed run is recorded, the others go on
+                    done, err = True, e
+                if done:
+                    close_run(lv, settings, root, err)
+            if done:
+                del live[slot]
+                if _poisoned(lv.row):
+                    _leave(conn, live)
+                    conn.send((tid, lv.row, True))
+                    return
+                conn.send((tid, lv.row, False))
+
+
+def _leave(conn, live: dict) -> None:
+    for tid, lv in live.values():
+        conn.send((tid, {**lv.row, "error": LOST}, False))
+    live.clear()
 
 
 # ---------------------------------------------------------------------------------------------- the sweep
@@ -248,9 +361,10 @@ def sweep_in_process(ladder: Ladder, runner: Callable[[Task, float], dict], dead
 
 
 def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: float, *, min_run_s: float,
-               grace_s: float, say=print) -> list[dict]:
-    """Run the ladder's tasks on ``jobs`` worker processes (spawned: CUDA in each) until it is
-    empty or the deadline; a run still going ``grace_s`` after the deadline is killed."""
+               grace_s: float, slots: int = 1, say=print) -> list[dict]:
+    """Run the ladder's tasks on ``jobs`` worker processes (spawned: CUDA in each) of ``slots``
+    runs each until it is empty or the deadline; the workers' runs stop themselves at the
+    deadline, a worker with a run still going ``grace_s`` after it is killed."""
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
@@ -258,55 +372,75 @@ def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: f
 
     def start():
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(child, settings, root), daemon=True)
+        proc = ctx.Process(target=_worker, args=(child, settings, root, slots), daemon=True)
         proc.start()
         child.close()
         return proc, parent
 
+    def record(row: dict, task: Task) -> None:
+        runs.append(row)
+        ladder.done(task, row.get("accuracy"), retry=_retry(row))
+        say(_progress(row, len(runs)))
+
+    def restart(i: int, why: str) -> None:
+        proc = workers[i][0]
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+        for task in busy[i].values():
+            record({**_task_row(task), "error": why}, task)
+        busy[i].clear()
+        workers[i] = start()
+
     workers = [start() for _ in range(jobs)]
-    busy: dict[int, Task] = {}
+    busy: dict[int, dict[int, Task]] = {i: {} for i in range(jobs)}
     runs: list[dict] = []
+    ids = iter(range(1 << 62))
     while True:
         now = time.monotonic()
         if deadline - now > min_run_s:
-            for i in range(len(workers)):
-                if i in busy:
-                    continue
-                task = ladder.next()
+            stop_at = time.time() + (deadline - now)
+            # one task per worker in turn, so the cheap and the costly runs spread over the workers
+            while any(len(b) < slots for b in busy.values()):
+                task = None
+                for i in range(jobs):
+                    if len(busy[i]) >= slots:
+                        continue
+                    task = ladder.next()
+                    if task is None:
+                        break
+                    tid = next(ids)
+                    try:
+                        workers[i][1].send((tid, task, stop_at))
+                    except (BrokenPipeError, OSError):  # it died idle: a new one takes the task
+                        restart(i, f"worker died (exit code {workers[i][0].exitcode})")
+                        workers[i][1].send((tid, task, stop_at))
+                    busy[i][tid] = task
                 if task is None:
                     break
-                try:
-                    workers[i][1].send((task, deadline - now))
-                except (BrokenPipeError, OSError):  # it died idle: a new one takes the task
-                    workers[i] = start()
-                    workers[i][1].send((task, deadline - now))
-                busy[i] = task
-        if not busy:
+        if not any(busy.values()):
             break
         if now >= deadline + grace_s:
-            for i, task in busy.items():
-                workers[i][0].kill()
-                row = {**_task_row(task), "error": KILLED}
-                runs.append(row)
-                say(_progress(row, len(runs)))
-            busy.clear()
+            for i in range(jobs):
+                if busy[i]:
+                    workers[i][0].kill()
+                    for task in busy[i].values():
+                        record({**_task_row(task), "error": KILLED}, task)
+                    busy[i].clear()
             break
-        ready = wait([workers[i][1] for i in busy], timeout=1.0)
-        for i in [i for i in busy if workers[i][1] in ready]:
-            task = busy.pop(i)
+        ready = wait([workers[i][1] for i in range(jobs) if busy[i]], timeout=1.0)
+        for i in [i for i in range(jobs) if busy[i] and workers[i][1] in ready]:
+            conn = workers[i][1]
             try:
-                row, leave = workers[i][1].recv()
+                while busy[i] and conn.poll():
+                    tid, row, leave = conn.recv()
+                    record(row, busy[i].pop(tid))
+                    if leave:
+                        restart(i, LOST)
+                        break
             except (EOFError, OSError):
                 workers[i][0].join(timeout=5)
-                row, leave = {**_task_row(task), "error": f"worker died (exit code {workers[i][0].exitcode})"}, True
-            runs.append(row)
-            ladder.done(task, row.get("accuracy"), retry=_retry(row))
-            say(_progress(row, len(runs)))
-            if leave:
-                workers[i][0].join(timeout=10)
-                if workers[i][0].is_alive():
-                    workers[i][0].kill()
-                workers[i] = start()
+                restart(i, f"worker died (exit code {workers[i][0].exitcode})")
     for proc, conn in workers:
         try:
             conn.send(None)
@@ -474,7 +608,20 @@ def recall_section(data: dict) -> str:
     else:
         budget = f"{st['epochs']} epochs per run (Zoology's recipe), cosine over them"
     every = f"every {st['eval_every']} steps" if st.get("eval_every") else "after every epoch"
-    workers = f"{data['jobs']} worker processes sharing the GPU" if data.get("jobs") else "the runs in one process"
+    if not data.get("jobs"):
+        workers = "the runs one after the other in one process"
+    elif data.get("slots", 1) > 1:
+        workers = (f"{data['jobs']} worker processes sharing the GPU, each training {data['slots']} runs at once "
+                   "(one CUDA stream each)")
+    else:
+        workers = f"{data['jobs']} worker processes sharing the GPU"
+    forms: dict[str, int] = {}
+    for r in data["runs"]:
+        if r.get("step"):
+            forms[r["step"]] = forms.get(r["step"], 0) + 1
+    if forms:
+        workers += "; training steps: " + ", ".join(
+            f"{n} run{'s' * (n != 1)} {'in one CUDA graph each' if f == 'capture' else f}" for f, n in sorted(forms.items()))
     lines = [
         f"Measured on {data['device']} ({data.get('host_cpus', '?')} host CPUs), {data['date']}, commit "
         f"`{data['commit'][:10]}`, torch {data['torch']}; {workers}; "
@@ -610,7 +757,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="steps per run of the anchor (softmax) family; 0 = --steps (see the module docstring)")
     p.add_argument("--eval-every", type=int, default=200, help="steps between test evaluations (early stop)")
     p.add_argument("--jobs", type=int, default=None,
-                   help="worker processes (default: 8 on CUDA, 0 = in this process on a CPU)")
+                   help=f"worker processes (default: {CUDA_JOBS} on CUDA, 0 = in this process on a CPU)")
+    p.add_argument("--slots", type=int, default=CUDA_SLOTS,
+                   help="runs trained at once by each worker process, each on its own CUDA stream")
     p.add_argument("--deadline-s", type=float, default=480.0,
                    help="wall-clock budget: runs in flight stop there, the rest are recorded as not run")
     p.add_argument("--grace-s", type=float, default=30.0, help="kill a run still going this long after the deadline")
@@ -645,7 +794,9 @@ def main(argv: list[str] | None = None) -> int:
 
     device = args.device
     cuda = torch.cuda.is_available() and device in ("auto", "cuda") or device.startswith("cuda")
-    jobs = args.jobs if args.jobs is not None else (8 if cuda else 0)
+    jobs = args.jobs if args.jobs is not None else (CUDA_JOBS if cuda else 0)
+    if args.slots < 1:
+        p.error("--slots must be >= 1")
     if not cuda:
         torch.set_num_threads(1)
     presets = family_presets()
@@ -669,20 +820,22 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     deadline = t0 + args.deadline_s
     print(f"recall sweep: {len(cells)} cells x up to {len(lrs)} rates, {args.steps or 'Zoology'} steps per run, "
-          f"{jobs or 'no'} worker processes, deadline {args.deadline_s:.0f} s", flush=True)
+          f"{jobs or 'no'} worker processes" + (f" of {args.slots} runs each" if jobs else "")
+          + f", deadline {args.deadline_s:.0f} s", flush=True)
     say = lambda line: print(f"[{time.monotonic() - t0:5.0f} s] {line}", flush=True)  # noqa: E731
     if jobs:
         runs = sweep_pool(ladder, settings, root, jobs, deadline, min_run_s=args.min_run_s, grace_s=args.grace_s,
-                          say=say)
+                          slots=args.slots, say=say)
     else:
-        runs = sweep_in_process(ladder, lambda task, left: run_task(task, settings, root, left), deadline,
+        data: dict = {}  # the examples of each setting, drawn once for all its runs
+        runs = sweep_in_process(ladder, lambda task, left: run_task(task, settings, root, left, data), deadline,
                                 min_run_s=args.min_run_s, say=say)
     not_run = [{**_task_row(t), "status": NOT_RUN} for t in ladder.pending()]
     if not args.keep_runs:
         shutil.rmtree(root, ignore_errors=True)
     best = best_by_cell(runs, cells)
     result = {
-        **_environment(device), "jobs": jobs,
+        **_environment(device), "jobs": jobs, "slots": args.slots if jobs else 1,
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "report", "passkey", "page")},
         "seconds": round(time.monotonic() - t0, 1), "anchor": anchor_verdict(best), "best": best, "runs": runs,
         "not_run": not_run,

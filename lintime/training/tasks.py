@@ -350,6 +350,7 @@ class TaskRun:
         self.total, self.stage, self.stages = schedule(cfg)
         mode = cfg.graph if cfg.graph != "auto" else ("capture" if device.type == "cuda" else "off")
         self.loss_module = QueryLoss(model, task.queries)
+        self.form = mode  # the step taken; "off (...)" once a capture failed
         self.graphed = None
         if mode != "off":
             self.graphed = GraphedStep(self.loss_module, self.opt, rows=rows, context_len=cfg.seq_len, clip=0.0,
@@ -406,7 +407,8 @@ class TaskRun:
             x, y = self.data.batch(self.order.pop(0) * self.rows, self.rows)
             out = self.graphed.step(x, y, self.lr) if self.graphed is not None else None
             if out is None:  # the plain loop, or a capture that failed (no step taken: the eager one takes it)
-                self.graphed = None
+                if self.graphed is not None:
+                    self.form, self.graphed = f"off (the capture failed: {self.graphed.failed})", None
                 self.loss_sum += self._eager_step(x, y)
             else:
                 self.loss_sum += out.loss + out.aux

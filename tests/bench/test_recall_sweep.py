@@ -116,13 +116,81 @@ def test_pool_runs_tiny_points_and_kills_at_the_deadline(tmp_path):
     assert rs.main(["--tiny", "--widths", "16,32", "--families", "gla", "--jobs", "1",
                     "--out", str(tmp_path / "a")]) == 0
     data = json.loads((tmp_path / "a" / "recall_sweep.json").read_text())
-    assert sorted(r["d_model"] for r in data["runs"]) == [16, 32] and data["jobs"] == 1
-    assert all("error" not in r and r["steps"] == 1 for r in data["runs"])
+    assert sorted(r["d_model"] for r in data["runs"]) == [16, 32] and (data["jobs"], data["slots"]) == (1, rs.CUDA_SLOTS)
+    assert all("error" not in r and r["steps"] == 1 and r["step"] == "off" for r in data["runs"])
     assert rs.main(["--tiny", "--widths", "16", "--families", "gla", "--jobs", "1", "--deadline-s", "0.5",
                     "--min-run-s", "0", "--grace-s", "0", "--out", str(tmp_path / "b")]) == 0
     data = json.loads((tmp_path / "b" / "recall_sweep.json").read_text())
     assert [r["error"] for r in data["runs"]] == [rs.KILLED]
     assert data["best"][0]["status"] == "killed" and "| gla | 16 / 2 | killed |" in rs.table(data["best"])
+
+
+def _settings(**kw) -> dict:
+    base = dict(vocab=32, rows=8, train_examples=64, test_examples=16, epochs=1, steps=6, anchor_steps=None,
+                eval_every=3, seed=0, device="cpu", precision="auto", keep_runs=False)
+    return {**base, **kw}
+
+
+def _run_worker(tasks, slots, settings, root):
+    """``_worker`` in a thread of this process: the tasks sent at once, the records read back."""
+    import threading
+    import time
+    from multiprocessing import Pipe
+
+    parent, child = Pipe()
+    thread = threading.Thread(target=rs._worker, args=(child, settings, str(root), slots), daemon=True)
+    thread.start()
+    for i, task in enumerate(tasks):
+        parent.send((i, task, time.time() + 60))
+    got = {}
+    while len(got) < len(tasks):
+        assert parent.poll(60), got
+        tid, row, leave = parent.recv()
+        got[tid] = (row, leave)
+        if leave:
+            break
+    if not any(leave for _, leave in got.values()):
+        parent.send(None)
+    thread.join(30)
+    assert not thread.is_alive()
+    return got
+
+
+def test_worker_trains_its_slots_in_turn_like_runs_alone(tmp_path):
+    """Three runs through a worker of two slots (the third waits for a free one), the training
+    examples shared: each record is its task's, and equals the run trained alone (bitwise: the
+    same steps on the same batches)."""
+    tasks = [rs.Task(c, 0, 3e-3) for c in rs.make_cells({"gla": "gla-tiny", "softmax": "transformer-pp-tiny"},
+                                                        [(16, 2)], [16, 32])][:3]
+    got = _run_worker(tasks, 2, _settings(), tmp_path / "w")
+    assert sorted(got) == [0, 1, 2]
+    for i, task in enumerate(tasks):
+        row, leave = got[i]
+        assert not leave and "error" not in row, row
+        assert (row["family"], row["d_model"], row["steps"]) == (task.cell.family, task.cell.d_model, 6)
+        alone = rs.run_task(task, _settings(), str(tmp_path / "alone"))
+        assert (alone["accuracy"], alone["steps"]) == (row["accuracy"], row["steps"])
+
+
+def test_worker_with_a_cuda_error_sends_every_record_and_leaves(tmp_path, monkeypatch):
+    """A run that fails with a CUDA error may have poisoned the process: its worker records the
+    other run in flight as lost, sends the failed one with ``leave`` and exits; a diverged run
+    (``ValueError``) in the same worker would not."""
+    from lintime.training.tasks import TaskRun
+
+    real = TaskRun.advance
+
+    def advance(self, max_steps=None):
+        if self.cfg.d_model == 32:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(self, max_steps)
+
+    monkeypatch.setattr(TaskRun, "advance", advance)
+    tasks = [rs.Task(c, 0, 3e-3) for c in rs.make_cells({"gla": "gla-tiny"}, [(16, 2)], [16, 32])]
+    got = _run_worker(tasks, 2, _settings(epochs=100, steps=600, eval_every=300), tmp_path)
+    (ok, ok_leave), (bad, bad_leave) = got[0], got[1]
+    assert ok["error"] == rs.LOST and not ok_leave
+    assert bad["error"].startswith("RuntimeError: CUDA error") and bad_leave and not bad["diverged"]
 
 
 def test_deadline_before_any_run(tmp_path):
