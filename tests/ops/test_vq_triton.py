@@ -283,7 +283,7 @@ def test_scatter_sums_equal_block_sums():
     """The Triton path's per-block sums (scatter-adds) equal the chunked form's one-hot products, with empty
     slots (zero values, random codes, as the block layout leaves them) and empty codes."""
     from lintime.ops.vq.state import block_sums
-    from lintime.ops.vq.triton.vq import scatter_sums
+    from lintime.ops.vq.state import scatter_sums
 
     g = torch.Generator().manual_seed(1)
     codes = torch.randint(0, 7, (3, 5, 6, 2), generator=g)
@@ -293,6 +293,24 @@ def test_scatter_sums_equal_block_sums():
     (c0, s0), (c1, s1) = block_sums(codes, v, valid, 9), scatter_sums(codes, v, valid, 9)
     assert torch.equal(c0, c1) and (c1[..., 7:] == 0).all()
     assert_exact("scatter sums", s0, s1)
+
+
+def test_block_summary_masks_empty_slots():
+    """The decoding step's block summary (scatter-adds): equal to the one-hot sums over the valid slots divided by
+    the counts, also when the empty slots hold values (it masks them itself); the mean's gradient reaches only the
+    valid slots' values."""
+    from lintime.ops.vq.state import block_sums, block_summary
+
+    g = torch.Generator().manual_seed(2)
+    codes = torch.randint(0, 5, (2, 8, 1), generator=g)
+    v = torch.randn(2, 8, 1, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    valid = torch.rand(2, 8, generator=g) > 0.4
+    c0, s0 = block_sums(codes, v * valid[..., None, None], valid, 6)
+    c1, m1 = block_summary(codes, v, valid, 6)
+    assert torch.equal(c0, c1)
+    assert_exact("block mean", s0 / c0.clamp_min(1)[..., None], m1)
+    m1.sum().backward()
+    assert (v.grad[~valid] == 0).all() and (v.grad[valid] != 0).all()
 
 
 @cpu_only

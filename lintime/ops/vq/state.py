@@ -13,6 +13,8 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
+from lintime.ops.utils import acc_dtype
+
 
 @dataclass
 class VQState:
@@ -146,13 +148,35 @@ def block_sums(codes: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, S: int
         return delta.sum(-3), torch.einsum("...lhs,...lhv->...hsv", delta, v)
 
 
+def scatter_sums(codes: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, S: int):
+    """:func:`block_sums` as scatter-adds: each key's value added to its block's row of its code, O(L * V) work
+    per block instead of the one-hot product's O(L * S * V) (vq-base: 1536 against 786k flops per key).
+    ``codes`` ``[..., L, H]`` in ``[0, S)``, ``v`` ``[..., L, H, V]`` zero in the slots ``valid`` ``[..., L]`` marks
+    empty (as the block layout and a canonical state's window leave them: their values are added as the zeros
+    they are, no mask pass; their counts are not); returns ``count [..., H, S]``, ``sum [..., H, S, V]`` in the
+    accumulation dtype (fp32 for half ``v``, converted row by row as it is added: no fp32 copy of ``v`` is kept;
+    atomic adds on CUDA: the order of a sum's terms is not fixed)."""
+    *lead, L, H = codes.shape
+    V = v.shape[-1]
+    G = codes[..., 0, 0].numel()  # groups (blocks)
+    grp = torch.arange(G, device=codes.device).view(*lead, 1, 1)
+    rows = ((grp * H + torch.arange(H, device=codes.device)) * S + codes).reshape(-1)  # [... * L * H]
+    dt = acc_dtype(v)
+    ones = valid[..., None].expand(codes.shape).reshape(-1).to(dt)
+    cnt = v.new_zeros(G * H * S, dtype=dt).index_add(0, rows, ones)
+    sumv = v.new_zeros(G * H * S, V, dtype=dt).index_add(0, rows, v.reshape(-1, V).to(dt))
+    return cnt.view(*lead, H, S), sumv.view(*lead, H, S, V)
+
+
 def block_summary(codes: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, S: int):
     """Per-code count and mean value of a group of keys (seed Code 2 ``delta1_by_block``,
-    ``deltav_by_block_normalized``): :func:`block_sums` with the sum divided by the count.
+    ``deltav_by_block_normalized``): :func:`scatter_sums` with the sum divided by the count (the
+    decoding step forms one every token: O(L * V), not the one-hot product's O(L * S * V)).
+    ``v`` need not be zero in the empty slots (they are masked here).
 
-    Returns ``count [..., H, S]`` and ``mean [..., H, S, V]`` in ``v``'s dtype.
+    Returns ``count [..., H, S]`` and ``mean [..., H, S, V]`` in the accumulation dtype of ``v``.
     """
-    count, sumv = block_sums(codes, v, valid, S)
+    count, sumv = scatter_sums(codes, v * valid[..., None, None].to(v.dtype), valid, S)
     return count, sumv / _nonzero(count)[..., None]
 
 

@@ -29,9 +29,8 @@ from torch import Tensor
 
 from lintime.ops.custom_op import grad_as, launcher_op
 from lintime.ops.kernel_launch import block, cdiv, check_device, dot_config
-from lintime.ops.utils import acc_dtype
 from lintime.ops.vq.chunk import cache_summaries, call_layout, final_state
-from lintime.ops.vq.state import log_count
+from lintime.ops.vq.state import log_count, scatter_sums
 from lintime.ops.vq.triton.kernels import vq_bwd_key_kernel, vq_bwd_query_kernel, vq_fwd_kernel
 from lintime.ops.vq.triton.launch import VQLaunch, default_launch
 from lintime.ops.vq.triton.scan import scan_cache
@@ -140,26 +139,6 @@ def _key_owners(qblk: Tensor, NB: int) -> tuple[Tensor, Tensor]:
     idx = torch.arange(qblk.numel(), dtype=torch.int32, device=qblk.device)  # qblk: int64 [NQ]
     qa = torch.full((NB + 1,), -1, dtype=torch.int32, device=qblk.device).index_copy(0, qblk, idx)
     return qa[:NB], qa[1:]
-
-
-def scatter_sums(codes: Tensor, v: Tensor, valid: Tensor, S: int) -> tuple[Tensor, Tensor]:
-    """:func:`lintime.ops.vq.state.block_sums` as scatter-adds: each key's value added to its block's row of its
-    code, O(T * V) work instead of the one-hot product's O(T * S * V) (vq-base: 1536 against 786k flops per key).
-    ``codes`` ``[..., L, H]`` in ``[0, S)``, ``v`` ``[..., L, H, V]`` zero in the slots ``valid`` ``[..., L]`` marks
-    empty (as the block layout leaves them: their values are added as the zeros they are, no scratch row and no
-    mask pass; their counts are not); returns ``count [..., H, S]``, ``sum [..., H, S, V]`` in the accumulation
-    dtype (fp32 for half ``v``, converted row by row as it is added: no fp32 copy of ``v`` is kept; atomic adds: the
-    order of a sum's terms is not fixed)."""
-    *lead, L, H = codes.shape
-    V = v.shape[-1]
-    G = codes[..., 0, 0].numel()  # groups (blocks)
-    grp = torch.arange(G, device=codes.device).view(*lead, 1, 1)
-    rows = ((grp * H + torch.arange(H, device=codes.device)) * S + codes).reshape(-1)  # [... * L * H]
-    dt = acc_dtype(v)
-    ones = valid[..., None].expand(codes.shape).reshape(-1).to(dt)
-    cnt = v.new_zeros(G * H * S, dtype=dt).index_add(0, rows, ones)
-    sumv = v.new_zeros(G * H * S, V, dtype=dt).index_add(0, rows, v.reshape(-1, V).to(dt))
-    return cnt.view(*lead, H, S), sumv.view(*lead, H, S, V)
 
 
 def triton_vq_attention(
