@@ -15,6 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from lintime.ops import glu_activation
+
 ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
@@ -24,6 +26,13 @@ ACTIVATIONS = {
     "sigmoid": torch.sigmoid,
     "identity": lambda x: x,
 }
+
+
+def glu_activations() -> tuple[str, ...]:
+    """The ``phi_u`` of the GLU variants :func:`lintime.ops.glu_activation` computes (with ``phi_v`` the identity)."""
+    from lintime.ops.glu import ACTIVATIONS
+
+    return ACTIVATIONS
 
 
 def activation(name: str):
@@ -54,7 +63,9 @@ class MLP(nn.Module):
 
 class GLU(nn.Module):
     """``dense_o(phi_u(dense_u(x)) * phi_v(dense_v(x)))`` (seed Eq. 1-2); ``u`` and ``v`` come
-    from one fused ``[d, 2e]`` projection."""
+    from one fused ``[d, 2e]`` projection.  SwiGLU and GEGLU (``phi_u`` silu or gelu, ``phi_v`` the
+    identity) take :func:`lintime.ops.glu_activation`: one fused pass each way on CUDA (``fused``; ``False``: its
+    PyTorch form)."""
 
     def __init__(self, dim: int, hidden: int, *, activation_name: str = "gelu",
                  value_activation: str = "identity", bias: bool = True, dropout: float = 0.0):
@@ -65,9 +76,14 @@ class GLU(nn.Module):
         self.up = nn.Linear(dim, 2 * hidden, bias=bias)
         self.down = nn.Linear(hidden, dim, bias=bias)
         self.drop = nn.Dropout(dropout)
+        self.fused = True  # the glu_activation op's fused kernel where it has one; False: its PyTorch form
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        u, v = self.up(x).split(self.hidden, dim=-1)
+        h = self.up(x)
+        if self.value_act_name == "identity" and self.act_name in glu_activations():
+            a = glu_activation(h, activation=self.act_name, backend=None if self.fused else "chunk")
+            return self.down(self.drop(a))
+        u, v = h.split(self.hidden, dim=-1)
         return self.down(self.drop(self.act_u(u) * self.act_v(v)))
 
     def extra_repr(self) -> str:

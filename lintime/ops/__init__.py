@@ -23,6 +23,7 @@ _EXPORTS = {
     "vq_attention": "vq",
     "VQState": "vq",
     "gau_heads": "heads",
+    "glu_activation": "glu",
     "linear_cross_entropy": "cross_entropy",
     "normalize": "norm",
     "add_normalize": "norm",

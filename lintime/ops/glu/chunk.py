@@ -1,0 +1,16 @@
+"""The gated linear unit activation as PyTorch composites (any device), autograd for the gradients:
+operation for operation what :class:`lintime.layers.ffn.GLU` computed before the op existed (``split``,
+the activation, the product, each rounded in ``h``'s dtype)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+_ACTS = {"silu": F.silu, "gelu": F.gelu}
+
+
+def torch_glu(h: torch.Tensor, *, activation: str = "silu") -> torch.Tensor:
+    """Same arguments and result as :func:`lintime.ops.glu.naive.naive_glu`."""
+    u, v = h.split(h.shape[-1] // 2, dim=-1)
+    return _ACTS[activation](u) * v

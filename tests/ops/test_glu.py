@@ -1,0 +1,120 @@
+"""glu_activation (a GLU block's ``act(u) * v``): naive (fp64 definition) <-> chunk (PyTorch composite) <-> Triton
+(interpreter on CPU, compiled on CUDA), the output and the gradient of ``h``, silu and gelu, odd sizes, the
+half-precision rule; the GLU layer's fused path against its PyTorch form."""
+
+import pytest
+import torch
+
+from lintime.ops import glu_activation
+from lintime.testing import assert_exact, assert_half_rule
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+ACTS = ("silu", "gelu")
+
+
+def _inputs(shape, seed=1, device=DEV):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(shape, generator=g) * 2
+    dy = torch.randn(*shape[:-1], shape[-1] // 2, generator=g)
+    return h.to(device), dy.to(device)
+
+
+def _run(h, dy, act, backend):
+    h = h.detach().clone().requires_grad_()
+    y = glu_activation(h, activation=act, backend=backend)
+    y.backward(dy.to(y.dtype))
+    return y, h.grad
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("shape", [(1, 2), (37, 42), (3, 5, 1030)])
+def test_fp32_forms_agree_with_fp64_definition(act, shape):
+    """fp32 chunk and Triton equal the fp64 definition to fp32 exactness, output and gradient."""
+    h, dy = _inputs(shape)
+    ref = _run(h.double(), dy.double(), act, "naive")
+    for backend in ("chunk", "triton"):
+        out = _run(h, dy, act, backend)
+        for name, want, got in zip(("y", "dh"), ref, out):
+            assert got.dtype == torch.float32 and got.shape == want.shape, (backend, name)
+            assert_exact(f"{backend} {act} {name}", want, got)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.cuda)])
+def test_half_inputs_by_the_half_rule(act, dtype):
+    h, dy = _inputs((45, 2 * 100), seed=2)
+    ref = _run(h.double(), dy.double(), act, "naive")
+    base = _run(h.to(dtype), dy.to(dtype), act, "chunk")
+    out = _run(h.to(dtype), dy.to(dtype), act, "triton")
+    for name, r, b, o in zip(("y", "dh"), ref, base, out):
+        assert o.dtype == dtype
+        assert_half_rule(f"{act} {name}", r, o, b)
+
+
+def test_equals_the_layers_former_math_and_no_rows():
+    """On the CPU the automatic backend is the chunk form, bit for bit ``act(u) * v`` of the split; empty inputs."""
+    h, dy = _inputs((7, 16), seed=3, device="cpu")
+    u, v = h.split(8, -1)
+    assert torch.equal(glu_activation(h), torch.nn.functional.silu(u) * v)
+    assert torch.equal(glu_activation(h, activation="gelu"), torch.nn.functional.gelu(u) * v)
+    for backend in ("chunk", "triton"):
+        y, dh = _run(h[:0], dy[:0], "silu", backend)
+        assert y.shape == (0, 8) and dh.shape == (0, 16)
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="even"):
+        glu_activation(torch.randn(3, 5))
+    with pytest.raises(ValueError, match="activation"):
+        glu_activation(torch.randn(3, 4), activation="relu")
+    with pytest.raises(TypeError, match="floating"):
+        glu_activation(torch.ones(3, 4, dtype=torch.long))
+
+
+def test_custom_ops_pass_opcheck():
+    """Schema, fake tensors, autograd registration and AOT dispatch of ``lintime::glu_*``."""
+    from lintime.ops.glu.triton import ops as glu_ops  # noqa: F401  (registers the ops)
+
+    h, dy = _inputs((6, 32), seed=4)
+    torch.library.opcheck(torch.ops.lintime.glu_fwd, (h.requires_grad_(), 1))
+    torch.library.opcheck(torch.ops.lintime.glu_bwd, (dy, h.detach(), 0))
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_glu_layer_fused_path_is_the_same_function(act):
+    """The GLU block with the op (``fused``, Triton under the interpreter on the CPU) against its PyTorch form:
+    output and every parameter gradient, fp32."""
+    from lintime.layers.ffn import GLU
+
+    torch.manual_seed(0)
+    m = GLU(24, 40, activation_name=act).to(DEV)
+    x = torch.randn(3, 11, 24, device=DEV)
+    outs = []
+    for fused in (False, True):
+        m.fused = fused
+        m.zero_grad()
+        if fused and DEV == "cpu":
+            import lintime.ops.glu as glu_mod
+
+            y = m.down(glu_mod.glu_activation(m.up(x), activation=act, backend="triton"))
+        else:
+            y = m(x)
+        y.square().sum().backward()
+        outs.append((y.detach(), *(p.grad.clone() for p in m.parameters())))
+    for i, (a, b) in enumerate(zip(*outs)):
+        assert_exact(f"{act} {i}", a.double(), b)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("act", ACTS)
+def test_cuda_gla_base_size_bf16(act):
+    """A gla-base-sized call (32k-ish odd rows, 2 x 2048 columns) in bf16 against the PyTorch form: within one
+    bf16 rounding of each other (the kernel rounds once, the composite after each step)."""
+    h, dy = _inputs((4099, 4096), seed=5)
+    h, dy = h.bfloat16(), dy.bfloat16()
+    ref = _run(h, dy, act, "chunk")
+    out = _run(h, dy, act, None)
+    for name, a, b in zip(("y", "dh"), ref, out):
+        torch.testing.assert_close(b.float(), a.float(), rtol=2**-6, atol=2**-6 * a.float().abs().max().item(),
+                                   msg=name)
