@@ -3,7 +3,10 @@ study's models"), with :func:`lintime.evaluation.tasks.passkey.evaluate_passkey`
 
 Every model is loaded once (bf16 autocast on CUDA); then lengths go outermost -- every model at
 1k, then every model at 2k, ... -- so a sweep cut by ``--deadline-s`` loses the longest lengths of
-all models alike, and the lengths not reached are recorded as not run.  A model that fails (an
+all models alike, and the lengths not reached are recorded as not run.  The prompts of one length
+(every depth) are decoded :data:`BATCH` at a time.  Expected time for 1k-32k on the quality
+study's eight ``-medium`` models, from the 1k-8k run's per-call cost (~30-60 ms an eager call):
+~60-100 s with the loading, inside the default 170 s deadline; not measured at 16k-32k yet.  A model that fails (an
 out-of-memory error at 32k, say) is recorded with its error and the others go on.
 
 Writes ``passkey_sweep.json`` (settings, device, per model its run folder, family, trained context
@@ -28,6 +31,11 @@ from pathlib import Path
 
 LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+# prompts per batch: a length's 40 (5 depths x 8 trials) in 2 batches.  A medium model's call is
+# mostly fixed host work (H200, 2026-11-27, batches of 8: 0.3-3 s per model and length, about the
+# same at 1k and 8k), so fewer batches are faster: 142 calls per model for 1k-32k instead of 355;
+# 20 rows of 32k keep a softmax model's cache (fp32) and attention mask near 20 GB
+BATCH = 20
 
 
 def find_runs(paths: list[str]) -> list[Path]:
@@ -172,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=8, help="prompts per (length, depth)")
     p.add_argument("--digits", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=8, help="prompts decoded together")
+    p.add_argument("--batch-size", type=int, default=BATCH,
+                   help="prompts decoded together (of one length, any depths)")
     p.add_argument("--chunk-size", type=int, default=4096, help="prefill piece (tokens)")
     p.add_argument("--deadline-s", type=float, default=170.0, help="start no length after this many seconds")
     p.add_argument("--device", default="auto")

@@ -273,10 +273,16 @@ class MQARData:
     def key_of(cfg: TaskTrainConfig, device) -> tuple:
         return (cfg.mqar, cfg.seed, cfg.train_examples, cfg.test_examples, str(torch.device(device)))
 
+    def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = x.to(self.device), y.to(self.device)
+        if self.device.type == "cuda":  # runs on other CUDA streams read them next: the copies must be done
+            torch.cuda.current_stream(self.device).synchronize()
+        return x, y
+
     def _block(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         if j not in self._blocks:
-            x, y = mqar_examples(self.task, BLOCK, seed=self.seed, split="train", start=j * BLOCK)
-            self._blocks[j] = (x.to(self.device), y.to(self.device))
+            self._blocks[j] = self._to_device(*mqar_examples(self.task, BLOCK, seed=self.seed, split="train",
+                                                             start=j * BLOCK))
         return self._blocks[j]
 
     def batch(self, start: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -291,8 +297,7 @@ class MQARData:
     @property
     def test(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._test is None:
-            x, y = mqar_examples(self.task, self.test_examples, seed=self.seed, split="test")
-            self._test = (x.to(self.device), y.to(self.device))
+            self._test = self._to_device(*mqar_examples(self.task, self.test_examples, seed=self.seed, split="test"))
         return self._test
 
 
