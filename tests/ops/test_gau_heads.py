@@ -1,11 +1,12 @@
 """gau_heads (silu, split, scale + offset heads, RoPE): naive <-> chunk <-> triton for the outputs
-``u, v, heads`` and the gradients of ``h``, ``gamma`` and ``beta``; the layers (FLASH, GAU) against
-their math written out by hand.
+``u, v, heads`` and the gradients of ``h``, ``gamma``, ``beta`` and the optional projection bias; the
+layers (FLASH, GAU) against their math written out by hand.
 
 Chain of trust: the naive form (the rotation written out per head and RoPE group, fp32 / fp64) is
 the reference; the chunk form (the layers' former eager math) must match it in fp64 and fp32; the
 fused kernel (on the CPU through the Triton interpreter, 16-row x 16-column tiles: small shapes
-cross row blocks and ``u`` / ``v`` tiles, with partial ones) must match it in fp32 at the exact
+cross row blocks, the backward's 32-row groups and ``u`` / ``v`` tiles, with partial ones; other
+launches too) must match it in fp32 at the exact
 rule and in fp16 by the half-precision rule (bf16 on CUDA, where its rounding is the hardware's).
 Positions are random integers, negative and large ones included (fp32 angles of ~1e5 radians).
 """
@@ -29,12 +30,20 @@ triton = pytest.importorskip("triton")
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
-NAMES = ("u", "v", "heads", "dh", "dgamma", "dbeta")
+NAMES = ("u", "v", "heads", "dh", "dgamma", "dbeta", "dbias")
 
 
 def _inputs(B, T, e, s, nh, gating, dtype, *, seed=0, device="cpu", pmin=-300, pmax=100_000):
     """``h, gamma, beta, positions`` and the output gradients ``du, dv, dheads`` (fp64 drawn, then
     cast).  ``h`` has scale 2 (silu's curved part), gamma / beta O(1)."""
+    h, gamma, beta, pos, grads, _ = _inputs_bias(B, T, e, s, nh, gating, dtype, seed=seed, device=device, pmin=pmin,
+                                                 pmax=pmax)
+    return h, gamma, beta, pos, grads
+
+
+def _inputs_bias(B, T, e, s, nh, gating, dtype, *, seed=0, device="cpu", pmin=-300, pmax=100_000):
+    """:func:`_inputs` and a projection bias ``[W]`` (scale 1), drawn after them (the other inputs are
+    :func:`_inputs`' own)."""
     g = torch.Generator().manual_seed(seed * 1009 + T * 31 + e * 7 + s)
     W = (2 * e if gating else e) + s
     f64 = {"generator": g, "dtype": torch.float64}
@@ -43,16 +52,27 @@ def _inputs(B, T, e, s, nh, gating, dtype, *, seed=0, device="cpu", pmin=-300, p
     pos = torch.randint(pmin, pmax, (B, T), generator=g)
     du = torch.randn(B, T, e, **f64) if gating else None
     dv, dheads = torch.randn(B, T, e, **f64), torch.randn(B, T, nh, s, **f64)
+    bias = torch.randn(W, **f64)
     cast = lambda x: None if x is None else x.to(device, dtype)
-    return cast(h), cast(gamma), cast(beta), pos.to(device), (cast(du), cast(dv), cast(dheads))
+    return cast(h), cast(gamma), cast(beta), pos.to(device), (cast(du), cast(dv), cast(dheads)), cast(bias)
 
 
-def _run(backend, h, gamma, beta, pos, grads, *, e, s, gating=True, rope_heads=1, **kw):
-    """Outputs and the gradients of h, gamma, beta by name; an output whose gradient is ``None``
-    takes no part in the backward (its gradient is zero); a parameter no gradient reaches gets
-    zeros."""
-    leaves = [x.detach().clone().requires_grad_() for x in (h, gamma, beta)]
-    u, v, heads = gau_heads(*leaves, pos, e=e, s=s, gating=gating, rope_heads=rope_heads, backend=backend, **kw)
+def _run(backend, h, gamma, beta, pos, grads, *, e, s, gating=True, rope_heads=1, bias=None, **kw):
+    """Outputs and the gradients of h, gamma, beta (and the bias, when given) by name; an output whose
+    gradient is ``None`` takes no part in the backward (its gradient is zero); a parameter no
+    gradient reaches gets zeros."""
+    leaves = [x.detach().clone().requires_grad_() for x in (h, gamma, beta) + (() if bias is None else (bias,))]
+    op = gau_heads
+    if kw.get("launch") is not None:  # a launch other than the default: the fused kernel's own entry
+        from lintime.ops.heads.triton import triton_gau_heads
+
+        assert backend == "triton"
+        op, backend = triton_gau_heads, None
+    else:
+        kw["backend"] = backend
+    kw.pop("launch", None)
+    u, v, heads = op(*leaves[:3], pos, e=e, s=s, gating=gating, rope_heads=rope_heads,
+                     bias=leaves[3] if bias is not None else None, **kw)
     outs = [(o, g) for o, g in zip((u, v, heads), grads) if o is not None and g is not None]
     got = torch.autograd.grad([o for o, _ in outs], leaves, [g for _, g in outs], allow_unused=True)
     got = [torch.zeros_like(x) if d is None else d for x, d in zip(leaves, got)]
@@ -77,23 +97,39 @@ def _id(c):
     return f"T{T}-e{e}-s{s}-nh{nh}-{'gate' if gating else 'nogate'}-R{R}"
 
 
-def _check_exact_vs_naive(backend, case, dtype, seed):
-    """Outputs and the gradients of h, gamma, beta of ``backend`` against the naive form, exact rule."""
+def _check_exact_vs_naive(backend, case, dtype, seed, with_bias=False, **run_kw):
+    """Outputs and the gradients of h, gamma, beta (and the bias) of ``backend`` against the naive
+    form, exact rule."""
     T, e, s, nh, gating, R = case
-    h, g, b, pos, grads = _inputs(2, T, e, s, nh, gating, dtype, seed=seed)
-    kw = {"e": e, "s": s, "gating": gating, "rope_heads": R}
-    ref, out = _run("naive", h, g, b, pos, grads, **kw), _run(backend, h, g, b, pos, grads, **kw)
+    h, g, b, pos, grads, bias = _inputs_bias(2, T, e, s, nh, gating, dtype, seed=seed)
+    kw = {"e": e, "s": s, "gating": gating, "rope_heads": R, "bias": bias if with_bias else None}
+    assert ("dbias" in _run("naive", h, g, b, pos, grads, **kw)) == with_bias
+    ref, out = _run("naive", h, g, b, pos, grads, **kw), _run(backend, h, g, b, pos, grads, **kw, **run_kw)
     assert sorted(ref) == sorted(out)
     for name in ref:
         assert out[name].dtype == ref[name].dtype
         assert out[name].is_contiguous(), name
-        assert_exact(f"{backend} {name} {_id(case)} {dtype}", ref[name], out[name])
+        assert_exact(f"{backend} {name} {_id(case)} {dtype} bias={with_bias}", ref[name], out[name])
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_chunk_matches_naive(case, dtype):
-    _check_exact_vs_naive("chunk", case, dtype, seed=0)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+def test_chunk_matches_naive(case, dtype, with_bias):
+    _check_exact_vs_naive("chunk", case, dtype, seed=0, with_bias=with_bias)
+
+
+def test_bias_is_added_before_the_activation():
+    """``gau_heads(h, ..., bias=b)`` is ``gau_heads(h + b, ...)`` (naive and chunk, fp64), and the bias
+    gradient is the column sum of the gradient of ``h``."""
+    e, s = 6, 8
+    h, g, b, pos, grads, bias = _inputs_bias(2, 5, e, s, 4, True, torch.float64, seed=9)
+    for backend in ("naive", "chunk"):
+        with_b = _run(backend, h, g, b, pos, grads, e=e, s=s, bias=bias)
+        shifted = _run(backend, h + bias, g, b, pos, grads, e=e, s=s)
+        for name in shifted:
+            torch.testing.assert_close(with_b[name], shifted[name], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(with_b["dbias"], shifted["dh"].sum((0, 1)), rtol=1e-12, atol=1e-12)
 
 
 def test_naive_is_the_formula():
@@ -124,26 +160,42 @@ cpu_only = pytest.mark.skipif(CUDA, reason="interpreter tests: the CUDA tests be
 
 @cpu_only
 @pytest.mark.parametrize("case", CASES, ids=_id)
-def test_triton_matches_naive_fp32(case):
-    _check_exact_vs_naive("triton", case, torch.float32, seed=1)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+def test_triton_matches_naive_fp32(case, with_bias):
+    _check_exact_vs_naive("triton", case, torch.float32, seed=1, with_bias=with_bias)
 
 
 @cpu_only
-@pytest.mark.parametrize("case", [CASES[1], CASES[3]], ids=_id)
-def test_triton_fp16_half_rule(case):
+@pytest.mark.parametrize("launch", [dict(bt=8, be=16, bth=8, warps=1, bwd_rows=8, bwd_warps=1),
+                                    dict(bt=16, be=8, bth=8, warps=1, bwd_rows=48, bwd_warps=2)],
+                         ids=["rows8", "rows48"])
+def test_triton_launches_match_naive(launch):
+    """Other backward row groups (one block per group: the former kernel's layout; three 16-row tile
+    blocks and six 8-row heads blocks per group) give the same results, bias and heads gradients included."""
+    from lintime.ops.heads.triton.heads import HeadsLaunch
+
+    _check_exact_vs_naive("triton", CASES[1], torch.float32, seed=10, with_bias=True, launch=HeadsLaunch(**launch))
+
+
+@cpu_only
+@pytest.mark.parametrize("case, with_bias", [(CASES[1], True), (CASES[3], False)], ids=["fta-bias", "nogate"])
+def test_triton_fp16_half_rule(case, with_bias):
     T, e, s, nh, gating, R = case
-    h, g, b, pos, grads = _inputs(2, T, e, s, nh, gating, torch.float64, seed=2, pmax=5000)
+    h, g, b, pos, grads, bias = _inputs_bias(2, T, e, s, nh, gating, torch.float64, seed=2, pmax=5000)
     _check_half_rule(h, g, b, pos, grads, {"e": e, "s": s, "gating": gating, "rope_heads": R}, torch.float16,
-                     f"triton fp16 {_id(case)}")
+                     f"triton fp16 {_id(case)}", bias=bias if with_bias else None)
 
 
-def _check_half_rule(h, g, b, pos, grads, kw, dtype, label):
+def _check_half_rule(h, g, b, pos, grads, kw, dtype, label, bias=None):
     """Triton on ``dtype`` inputs against the fp64 naive form, with the ``dtype`` naive form as the
     half-precision rule's baseline; outputs and gradients keep ``dtype``."""
-    ref = _run("naive", h, g, b, pos, grads, **kw)
+    ref = _run("naive", h, g, b, pos, grads, bias=bias, **kw)
     half = [x.to(dtype) for x in (h, g, b)]
+    hbias = None if bias is None else bias.to(dtype)
     hgrads = [None if x is None else x.to(dtype) for x in grads]
-    base, out = _run("naive", *half, pos, hgrads, **kw), _run("triton", *half, pos, hgrads, **kw)
+    base = _run("naive", *half, pos, hgrads, bias=hbias, **kw)
+    out = _run("triton", *half, pos, hgrads, bias=hbias, **kw)
+    assert ("dbias" in out) == (bias is not None)
     for name in ref:
         assert out[name].dtype == dtype
         assert_half_rule(f"{label} {name}", ref[name], out[name], base[name])
@@ -151,16 +203,16 @@ def _check_half_rule(h, g, b, pos, grads, kw, dtype, label):
 
 @cpu_only
 def test_triton_autocast_dtypes():
-    """fp16 ``h`` with fp32 ``gamma`` / ``beta`` (autocast): the parameters are rounded to fp16 as
-    ScaleOffset does, their gradients come back in fp32 -- against the naive form, which rounds
-    them the same way, by the half-precision rule."""
+    """fp16 ``h`` with fp32 ``gamma`` / ``beta`` / bias (autocast): the parameters are rounded to fp16
+    as ScaleOffset and autocast's ``addmm`` do, their gradients come back in fp32 -- against the naive
+    form, which rounds them the same way, by the half-precision rule."""
     kw = {"e": 20, "s": 12, "rope_heads": 1}
-    h, g, b, pos, grads = _inputs(1, 21, 20, 12, 4, True, torch.float64, seed=3, pmax=3000)
-    ref = _run("naive", h, g.half().double(), b.half().double(), pos, grads, **kw)
+    h, g, b, pos, grads, bias = _inputs_bias(1, 21, 20, 12, 4, True, torch.float64, seed=3, pmax=3000)
+    ref = _run("naive", h, g.half().double(), b.half().double(), pos, grads, bias=bias.half().double(), **kw)
     hgrads = [x.half() for x in grads]
-    base = _run("naive", h.half(), g.float(), b.float(), pos, hgrads, **kw)
-    out = _run("triton", h.half(), g.float(), b.float(), pos, hgrads, **kw)
-    assert out["dgamma"].dtype == out["dbeta"].dtype == torch.float32
+    base = _run("naive", h.half(), g.float(), b.float(), pos, hgrads, bias=bias.float(), **kw)
+    out = _run("triton", h.half(), g.float(), b.float(), pos, hgrads, bias=bias.float(), **kw)
+    assert out["dgamma"].dtype == out["dbeta"].dtype == out["dbias"].dtype == torch.float32
     for name in ref:
         assert out[name].dtype == base[name].dtype
         if out[name].dtype == torch.float16:
@@ -177,55 +229,62 @@ def test_triton_absent_output_gradients(present):
     """Only some outputs reach the loss: the others' gradients are ``None`` and count as zero (the
     kernel still writes every element of ``dh``; an unwritten one would be NaN-poisoned)."""
     T, e, s, nh = 13, 20, 12, 4
-    h, g, b, pos, grads = _inputs(1, T, e, s, nh, True, torch.float32, seed=4)
+    h, g, b, pos, grads, bias = _inputs_bias(1, T, e, s, nh, True, torch.float32, seed=4)
     grads = [x if keep else None for x, keep in zip(grads, present)]
-    kw = {"e": e, "s": s}
+    kw = {"e": e, "s": s, "bias": bias}
     ref, out = _run("naive", h, g, b, pos, grads, **kw), _run("triton", h, g, b, pos, grads, **kw)
-    for name in ("dh", "dgamma", "dbeta"):
+    for name in ("dh", "dgamma", "dbeta", "dbias"):
         assert torch.isfinite(out[name]).all(), name
         assert_exact(f"absent grads {present} {name}", ref[name], out[name])
 
 
 @cpu_only
-def test_triton_gradient_of_h_alone():
-    """gamma and beta frozen: no partial sums are made, ``dh`` is unchanged."""
-    h, g, b, pos, (du, dv, dh_) = _inputs(1, 9, 5, 12, 6, True, torch.float32, seed=5)
-    x = h.clone().requires_grad_()
-    u, v, heads = gau_heads(x, g, b, pos, e=5, s=12, backend="triton")
-    (dx,) = torch.autograd.grad([u, v, heads], [x], [du, dv, dh_])
-    ref = _run("naive", h, g, b, pos, (du, dv, dh_), e=5, s=12)
-    assert_exact("dh (frozen gamma, beta)", ref["dh"], dx)
+@pytest.mark.parametrize("grad_of", ["h", "bias", "h+bias"])
+def test_triton_gradient_of_some_inputs(grad_of):
+    """gamma and beta frozen (no heads partial sums are made), the bias frozen or the only input with
+    a gradient: the gradients asked for are unchanged."""
+    h, g, b, pos, (du, dv, dh_), bias = _inputs_bias(1, 9, 5, 12, 6, True, torch.float32, seed=5)
+    x, bx = h.clone().requires_grad_("h" in grad_of), bias.clone().requires_grad_("bias" in grad_of)
+    u, v, heads = gau_heads(x, g, b, pos, e=5, s=12, bias=bx, backend="triton")
+    leaves = [t for t in (x, bx) if t.requires_grad]
+    got = torch.autograd.grad([u, v, heads], leaves, [du, dv, dh_])
+    ref = _run("naive", h, g, b, pos, (du, dv, dh_), e=5, s=12, bias=bias)
+    names = [n for n, t in (("dh", x), ("dbias", bx)) if t.requires_grad]
+    for name, d in zip(names, got, strict=True):
+        assert_exact(f"{name} (frozen gamma, beta; grad of {grad_of})", ref[name], d)
 
 
 @cpu_only
 def test_torch_compile_traces_the_custom_ops():
     """``torch.compile`` (aot_eager: fake tensors, no code generation) traces forward and backward
     through ``lintime::gau_heads_fwd`` / ``gau_heads_bwd`` and gives the eager result."""
-    h, g, b, pos, grads = _inputs(1, 11, 5, 8, 4, True, torch.float32, seed=6)
+    h, g, b, pos, grads, bias = _inputs_bias(1, 11, 5, 8, 4, True, torch.float32, seed=6)
 
-    def f(h, g, b):
-        return gau_heads(h, g, b, pos, e=5, s=8, backend="triton")
+    def f(h, g, b, bias):
+        return gau_heads(h, g, b, pos, e=5, s=8, bias=bias, backend="triton")
 
     torch._dynamo.reset()
     compiled = torch.compile(f, backend="aot_eager")
     for fn, name in ((compiled, "compiled"), (f, "eager")):
-        leaves = [x.clone().requires_grad_() for x in (h, g, b)]
+        leaves = [x.clone().requires_grad_() for x in (h, g, b, bias)]
         outs = fn(*leaves)
         got = torch.autograd.grad(outs, leaves, grads)
-        ref = _run("naive", h, g, b, pos, grads, e=5, s=8)
+        ref = _run("naive", h, g, b, pos, grads, e=5, s=8, bias=bias)
         for key, x in zip(NAMES, (*outs, *got)):
             assert_exact(f"{name} {key}", ref[key], x)
 
 
 @cpu_only
-@pytest.mark.parametrize("gating", [True, False])
-def test_opcheck(gating):
+@pytest.mark.parametrize("gating, with_bias", [(True, False), (False, True)])
+def test_opcheck(gating, with_bias):
     """``torch.library.opcheck``: schema, fake tensors, autograd registration and AOT tracing."""
-    from lintime.ops.heads.triton.heads import gau_heads_fwd
+    from lintime.ops.heads.triton.heads import default_launch, gau_heads_fwd
 
     e, s = 5, 8
-    h, g, b, pos, _ = _inputs(1, 10, e, s, 2, gating, torch.float32, seed=7)
-    args = tuple(x.requires_grad_() for x in (h, g, b)) + (pos, e, s, gating, 500.0, 2)
+    h, g, b, pos, _, bias = _inputs_bias(1, 10, e, s, 2, gating, torch.float32, seed=7)
+    bias = bias.requires_grad_() if with_bias else None
+    launch = default_launch(h.device).to_ints()
+    args = tuple(x.requires_grad_() for x in (h, g, b)) + (pos, bias, e, s, gating, 500.0, 2, launch)
     torch.library.opcheck(gau_heads_fwd.op, args)
 
 
@@ -247,6 +306,10 @@ def test_dispatch_and_errors():
         gau_heads(h, g, b, pos, e=6, s=8, backend="recurrent")
     with pytest.raises(ValueError, match="e must be"):
         gau_heads(h, g, b, pos, e=0, s=8)
+    with pytest.raises(ValueError, match="bias must be"):
+        gau_heads(h, g, b, pos, e=6, s=8, bias=torch.zeros(19))
+    with pytest.raises(TypeError, match="bias must be a floating"):
+        gau_heads(h, g, b, pos, e=6, s=8, bias=torch.zeros(20, dtype=torch.long))
 
 
 # ------------------------------------------------------------------------ the layers
