@@ -44,7 +44,8 @@ def triton_rows(z: Tensor, y: Tensor, scale: Tensor, out: Tensor, ignore_index: 
     BV = min(launch.block_v, triton.next_power_of_2(V))
     ce_rows_kernel[(n,)](
         z, y, out, scale, z.stride(0), 0 if scale.dim() == 0 else scale.stride(0), V, ignore_index, float(label_smoothing),
-        BV=BV, SMOOTH=label_smoothing > 0, WANT_GRAD=want_grad, ONE_BLOCK=launch.reuse_row and BV >= V, num_warps=launch.num_warps,
+        BV=BV, SMOOTH=label_smoothing > 0, WANT_GRAD=want_grad, ONE_BLOCK=launch.reuse_row and BV >= V,
+        num_warps=launch.num_warps,
     )
 
 
