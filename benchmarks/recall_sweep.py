@@ -37,8 +37,13 @@ Time-boxed for one GPU (issue 31: the sweep in <= 10 minutes; Zoology trains 64 
   kernel or evaluates.  The training examples of each (seq_len, kv_pairs) are drawn once per
   process and shared by its runs (a 64-row batch costs the host 0.9 ms to draw at T = 64, 6.9 ms
   at T = 512 on a 2-core CPU: more than a graph step);
-* at ``--deadline-s`` the runs in flight stop and are scored where they are (``stopped:
+* at ``--deadline-s`` (480) the runs in flight stop and are scored where they are (``stopped:
   max_seconds``, marked in the table); runs not started are recorded as ``not run (deadline)``.
+  Why 480 s: the first rung is at most 192 000 steps (128 runs x 1000 + 16 anchor runs x 4000),
+  ~200-400 s of GPU time at ~1-2 ms a graph step if no two runs overlapped (estimated from the
+  kernel counts above, not yet measured), less with the streams' overlap and the early stops; the
+  later rungs take what is left, and start-up, the last evaluations and the report keep the whole
+  command under 9 minutes.
 
     python3 benchmarks/recall_sweep.py --out out/recall                        # the GPU sweep (~8.5 min)
     python3 benchmarks/recall_sweep.py --tiny --out /tmp/recall                # seconds on a CPU
