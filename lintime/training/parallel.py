@@ -205,8 +205,8 @@ def wrap_model(model: nn.Module, env: DistEnv, parallel: str, autocast: torch.dt
     for i, group in enumerate(groups):
         last = i == len(groups) - 1
         unit = group[0] if len(group) == 1 else group
-        units.append(fully_shard(unit, ignored_params=scalars, reshard_after_forward=reshard_after_forward and not last,
-                                 **kw))
+        fully_shard(unit, ignored_params=scalars, reshard_after_forward=reshard_after_forward and not last, **kw)
+        units.append(group[0])  # the modules of a unit share one FSDP state
     fully_shard(model, ignored_params=scalars, **kw)
     if prefetch:
         for unit, nxt in zip(units, units[1:]):

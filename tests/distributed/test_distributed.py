@@ -69,6 +69,9 @@ TWO_RANK_RUNS = (
 )
 ONE_RANK_RESUMES = (("fsdp-to-1", "fsdp"), ("ddp-to-1", "ddp"))
 CLIP = ("flash-tiny", 8, 33, 0.05)  # preset, chunk, T, max norm (bites: the norm is larger)
+# wrap_model settings: one unit per block (the first resharded after forward, forward prefetch), and both
+# blocks of the 2-layer model in one unit without prefetch
+CLIP_WRAPS = ({}, {"blocks_per_unit": 2, "prefetch": False})
 
 
 def _run_losses(run_dir) -> list[float]:
@@ -111,7 +114,7 @@ def two_ranks(base, tmp_path_factory) -> dict:
                 jobs.append(("copy", (str(src), str(out / name))))
             resume = str(out / name / STEP2)
         jobs.append(("train", (_config(base, cp, parallel=parallel, context_parallel=cp), str(out), name, resume)))
-    jobs.append(("clip", CLIP))
+    jobs += [("clip", (*CLIP, wrap)) for wrap in CLIP_WRAPS]
     outs = run_ranks(scenarios, 2, jobs, timeout=300)
     results = outs[0]  # rank 0 (its metrics hold the losses); the op checks need both ranks
     n_ops = len(CP_PRESETS) + len(CP_AMP_PRESETS)
@@ -125,7 +128,7 @@ def two_ranks(base, tmp_path_factory) -> dict:
                     progress=False, echo=None)
         resumed[name] = (res, _run_losses(out / name))
     return {"out": out, "single": single, "cp_ops": cp_ops, "cp_amp_ops": cp_amp_ops, "runs": runs, "resumed": resumed,
-            "clip": (outs[0][-1], outs[1][-1])}
+            "clip": [(outs[0][i], outs[1][i]) for i in range(-len(CLIP_WRAPS), 0)]}
 
 
 def _assert_losses(label: str, ref: list[float], got: list[float]) -> None:
@@ -171,7 +174,8 @@ def test_context_parallel_under_bf16_autocast(two_ranks):
 def test_fsdp_gradient_clipping_equals_single_process(two_ranks):
     """The sharded clip (squared norms of the local shards, one all-reduce, the replicated 0-D
     ScaledSin scale counted once) against ``torch.nn.utils.clip_grad_norm_`` on one process:
-    the norm and every clipped gradient, fp32 (only summation orders differ)."""
+    the norm and every clipped gradient, fp32 (only summation orders differ), for both
+    ``wrap_model`` layouts of ``CLIP_WRAPS``."""
     preset, chunk, T, max_norm = CLIP
     model = tiny_model(preset, chunk, dtype=torch.float32)
     assert any(p.dim() == 0 for p in model.parameters())  # the replicated case is covered
@@ -179,11 +183,12 @@ def test_fsdp_gradient_clipping_equals_single_process(two_ranks):
     (model(ids[:, :-1], targets=ids[:, 1:]) / (2 * (T - 1))).backward()
     ref = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
     assert ref > 4 * max_norm  # the clip bites
-    for rank, got in enumerate(two_ranks["clip"]):
-        assert isinstance(got["norm"], torch.Tensor) and got["norm"].dim() == 0  # to_host=False: no read
-        assert math.isclose(float(got["norm"]), ref, rel_tol=1e-5), (rank, float(got["norm"]), ref)
-        for name, p in model.named_parameters():
-            torch.testing.assert_close(got["grads"][name], p.grad, rtol=1e-4, atol=1e-7, msg=f"rank {rank} {name}")
+    for wrap, ranks in zip(CLIP_WRAPS, two_ranks["clip"]):
+        for rank, got in enumerate(ranks):
+            assert isinstance(got["norm"], torch.Tensor) and got["norm"].dim() == 0  # to_host=False: no read
+            assert math.isclose(float(got["norm"]), ref, rel_tol=1e-5), (wrap, rank, float(got["norm"]), ref)
+            for name, p in model.named_parameters():
+                torch.testing.assert_close(got["grads"][name], p.grad, rtol=1e-4, atol=1e-7, msg=f"{wrap} rank {rank} {name}")
 
 
 @pytest.mark.parametrize("name", ["ddp", "fsdp", "cp"])

@@ -72,18 +72,19 @@ def single_step(preset: str, chunk: int, rows: int, T: int, amp: bool = False) -
             "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}}
 
 
-def fsdp_clip_step(preset: str, chunk: int, T: int, max_norm: float) -> dict:
-    """FSDP2 over the ranks, rank ``r`` holding row ``r`` of a ``[world, T]`` batch: forward, backward
-    (loss scaled as the trainer scales it), ``finish_grads`` and ``clip_grad_norm`` (the sharded path:
-    local shards, one all-reduce).  Returns the norm (the device tensor of ``to_host=False``) and every
-    clipped gradient gathered whole."""
+def fsdp_clip_step(preset: str, chunk: int, T: int, max_norm: float, wrap: dict) -> dict:
+    """FSDP2 over the ranks (``wrap``: keyword arguments of ``wrap_model``, e.g. the blocks per unit),
+    rank ``r`` holding row ``r`` of a ``[world, T]`` batch: forward, backward (loss scaled as the
+    trainer scales it), ``finish_grads`` and ``clip_grad_norm`` (the sharded path: local shards, one
+    all-reduce).  Returns the norm (the device tensor of ``to_host=False``) and every clipped gradient
+    gathered whole."""
     import torch.distributed as dist
 
     from lintime.training import parallel as par
 
     env = par.init_distributed("cpu", "fsdp", 1)
     model = tiny_model(preset, chunk, dtype=torch.float32)
-    par.wrap_model(model, env, "fsdp", None)
+    par.wrap_model(model, env, "fsdp", None, **wrap)
     ids = clip_rows(env.world, T, model.config.vocab_size)
     r = env.rank
     ce = model(ids[r : r + 1, :-1], targets=ids[r : r + 1, 1:])  # the row's summed cross-entropy
