@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Distributed training on NGPU GPUs (all of the machine's, or NGPU=<n> from the environment; nvidia-h100-x4 for the
-# issue #27 target, ~4-5 min on 2 GPUs, the scaling part under ~5 min on 4): flash-base (~110M) tokens/s on 1 GPU vs
-# NGPU GPUs DDP vs NGPU GPUs FSDP2 (same per-GPU batch, bf16, `lintime train` under torchrun), with the scaling
-# efficiency tokens/s on N GPUs / (N x one-GPU tokens/s); then the longest context that trains (1 step fwd+bwd,
-# 1 row, doubling from 32k) on 1 GPU vs 2-GPU context parallelism, for FLASH and GLA.  Every measurement runs in its
-# own guarded invocation with a timeout; stderr tails land in $OUT/*.log.  JSON: $OUT/scaling.json, $OUT/context.json.
-# Usage: OUT=... [NGPU=4] benchmarks/gpu_distributed.sh [scaling] [context]   (default: both)
+# issue #27 target): flash-base (~110M) tokens/s on 1 GPU vs NGPU GPUs DDP vs NGPU GPUs FSDP2 (same per-GPU batch,
+# bf16, `lintime train` under torchrun), with the scaling efficiency tokens/s on N GPUs / (N x one-GPU tokens/s);
+# then the longest context that trains (1 step fwd+bwd, 1 row, doubling from 32k) on 1 GPU vs 2-GPU context
+# parallelism, for FLASH and GLA.  Every measurement runs in its own guarded invocation with a timeout; stderr tails
+# land in $OUT/*.log.  JSON: $OUT/scaling.json, $OUT/context.json, with PROFILE=1 also $OUT/fsdp_profile/fsdp_profile.json
+# (lab/fsdp_profile.py: the same step on 1 GPU vs FSDP2 variants in one set of processes, and rank 0's profile).
+# Scaling settings (environment): SCALE_TOKENS tokens per GPU per step (default 32768, as `lintime bench model`
+# steps), PACKING rows|documents (default rows: one sequence per row, the bench's layout, the same shapes every
+# step), SCALE_STEPS (default 30), WARMUP_STEPS untimed steps (default 10), LOG_EVERY (default 5: the trainer reads
+# its loss once per logged step), DDP=0 skips the DDP run.
+# Usage: OUT=... [NGPU=4] [PROFILE=1] benchmarks/gpu_distributed.sh [scaling] [context]   (default: both)
 # Results record the commit from git; a copied working tree may carry a stale .git, so pass the real one:
 #   LINTIME_GIT_COMMIT=<sha of the local HEAD> benchmarks/<this script> ...
 set -uo pipefail
@@ -23,11 +28,14 @@ fi
 export LINTIME_CACHE=${LINTIME_CACHE:-/tmp/lintime_cache}
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
-SCALE_STEPS=${SCALE_STEPS:-40}
+SCALE_STEPS=${SCALE_STEPS:-30}
 WARMUP_STEPS=${WARMUP_STEPS:-10}
+SCALE_TOKENS=${SCALE_TOKENS:-32768}
+PACKING=${PACKING:-rows}
+LOG_EVERY=${LOG_EVERY:-5}
 TRAIN="-m lintime train --preset flash-base --corpus stdlib --context-len 2048 --steps $SCALE_STEPS --eval-every 0
   --eval-tokens 4096 --save-every 0 --keep 1 --sample-tokens 0 --no-plots --no-progress --precision bf16
-  --device cuda --out $OUT/runs"
+  --device cuda --packing $PACKING --log-every $LOG_EVERY --out $OUT/runs"
 TORCHRUN="python3 -m torch.distributed.run --standalone --nproc-per-node"  # + the number of processes
 # the token cache once (so no timed run pays for it)
 timeout 300 python3 -c "from lintime.data import open_corpus, prepare, default_cache_dir
@@ -45,53 +53,56 @@ run() {  # name, timeout, command...
 }
 
 if [[ " $STEPS " == *" scaling "* ]]; then
-  # 8 rows x 2048 tokens per GPU per step (16k tokens / GPU, 16k x NGPU global), one micro-batch.
+  # SCALE_TOKENS / 2048 rows per GPU per step (SCALE_TOKENS x NGPU global), one micro-batch.
   # Fair baseline (the 2026-11-22 run read 1.27 "efficiency" without these): every run under the
   # same launcher (torchrun sets OMP_NUM_THREADS=1 for its workers; --nproc-per-node 1 is the
-  # plain single-process trainer), and an untimed warm-up run first so that no timed run pays for
-  # the Triton compiles / autotuning that the run done first would otherwise pay alone.
-  run scale_warmup 300 python3 -m torch.distributed.run --standalone --nproc-per-node 1 $TRAIN \
-    --tokens-per-batch 16384 --steps 6 --name scale_warmup
-  run scale_1gpu 200 python3 -m torch.distributed.run --standalone --nproc-per-node 1 $TRAIN \
-    --tokens-per-batch 16384 --name scale_1gpu
+  # plain single-process trainer) and the first WARMUP_STEPS steps untimed.  With document packing
+  # every step has other cuts, and a new cut can need a new kernel variant at any step: an
+  # untimed warm-up run first, so the timed runs find the common ones compiled.
+  [[ $PACKING == documents ]] && run scale_warmup 300 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+    $TRAIN --tokens-per-batch $SCALE_TOKENS --steps 6 --name scale_warmup
+  run scale_1gpu 240 python3 -m torch.distributed.run --standalone --nproc-per-node 1 $TRAIN \
+    --tokens-per-batch $SCALE_TOKENS --name scale_1gpu
   if [[ $NGPU -ge 2 ]]; then
-    [[ ${DDP:-1} == 1 ]] && run scale_ddp 200 $TORCHRUN $NGPU $TRAIN --tokens-per-batch $((16384 * NGPU)) --parallel ddp --name scale_ddp
-    run scale_fsdp 200 $TORCHRUN $NGPU $TRAIN --tokens-per-batch $((16384 * NGPU)) --parallel fsdp --name scale_fsdp
+    [[ ${DDP:-1} == 1 ]] && run scale_ddp 200 $TORCHRUN $NGPU $TRAIN --tokens-per-batch $((SCALE_TOKENS * NGPU)) --parallel ddp --name scale_ddp
+    run scale_fsdp 200 $TORCHRUN $NGPU $TRAIN --tokens-per-batch $((SCALE_TOKENS * NGPU)) --parallel fsdp --name scale_fsdp
   fi
-  python3 - "$OUT" "$WARMUP_STEPS" "$NGPU" <<'PY'
+  python3 - "$OUT" "$WARMUP_STEPS" "$NGPU" "$SCALE_TOKENS" "$PACKING" "$LOG_EVERY" <<'PY'
 import json, statistics, sys
 from pathlib import Path
-out, warm, ngpu = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]); res = {}
+out, warm, ngpu, per_gpu = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]); res = {}
 for name, gpus in (("scale_1gpu", 1), ("scale_ddp", ngpu), ("scale_fsdp", ngpu)):
-    if gpus < 1 or (name != "scale_1gpu" and gpus < 2):
-        continue
+    if gpus < 1 or (name != "scale_1gpu" and gpus < 2) or not (out / ("%s.log" % name)).exists():
+        continue  # not run (one GPU, or DDP=0)
     m = out / "runs" / name / "metrics.jsonl"
     if not m.is_file():
         res[name] = {"error": "no metrics (see %s.log)" % name}; continue
     rows = [json.loads(l) for l in m.read_text().splitlines()]
-    rows = [r for r in rows if r.get("tokens_per_s")]  # one row per step (log_every 1)
-    # a row's tokens_per_s: the global batch (all ranks) over rank 0's wall time of forward +
-    # backward + optimizer step + cuda.synchronize (batch fetch excluded; no validation or
-    # checkpoint inside: --eval-every 0 --save-every 0, the final ones come after the loop);
-    # "tokens" and "time_s" are cumulative.  Reported: tokens / seconds of the steps after the
-    # warm-up (compiles, allocator growth), and the per-step spread.
-    start = next((r for r in rows if r["step"] == warm), None)
-    timed = [r for r in rows if r["step"] > warm]
+    rows = [r for r in rows if r.get("tokens_per_s")]  # one row per LOG_EVERY steps
+    # a row's tokens_per_s: the global batch (all ranks) over rank 0's wall time of the steps since
+    # the last row: batch fetch, forward + backward + optimizer step, and the one read of the
+    # steps' losses at the row, which waits for the device (no validation or checkpoint inside:
+    # --eval-every 0 --save-every 0, the final ones come after the loop); "tokens" and "time_s" are
+    # cumulative.  Reported: tokens / seconds after the first row at or past the warm-up
+    # (compiles, allocator growth), and the spread of the rows after it.
+    start = next((r for r in rows if r["step"] >= warm), None)
+    timed = [r for r in rows if start is not None and r["step"] > start["step"]]
     if start is None or not timed:
         res[name] = {"error": "fewer than %d steps (see %s.log)" % (warm + 1, name)}; continue
-    per_step = [r["tokens_per_s"] for r in timed]
+    per_row = [r["tokens_per_s"] for r in timed]
     res[name] = {"gpus": gpus,
                  "tokens_per_s": (timed[-1]["tokens"] - start["tokens"]) / (timed[-1]["time_s"] - start["time_s"]),
-                 "median_step_tokens_per_s": statistics.median(per_step),
-                 "min_step_tokens_per_s": min(per_step), "max_step_tokens_per_s": max(per_step),
-                 "steps_timed": len(timed), "warmup_steps": warm}
+                 "median_row_tokens_per_s": statistics.median(per_row),
+                 "min_row_tokens_per_s": min(per_row), "max_row_tokens_per_s": max(per_row),
+                 "steps_timed": timed[-1]["step"] - start["step"], "warmup_steps": start["step"]}
 base = res.get("scale_1gpu", {}).get("tokens_per_s")
 for k, v in res.items():
     if base and v.get("tokens_per_s"):
         # tokens/s on N GPUs / (N x one-GPU tokens/s); issue #27's target: FSDP2 >= 0.90 on 4 GPUs
         v["scaling_efficiency"] = v["tokens_per_s"] / (v["gpus"] * base)
 res["ngpu"] = ngpu
-res["per_gpu_tokens_per_step"] = 16384
+res["per_gpu_tokens_per_step"] = per_gpu
+res["packing"], res["log_every"] = sys.argv[5], int(sys.argv[6])
 (out / "scaling.json").write_text(json.dumps(res, indent=2))
 res = {k: v for k, v in res.items() if isinstance(v, dict)}
 print("%-12s %5s %14s %11s" % ("run", "gpus", "tokens/s", "efficiency"))
@@ -99,6 +110,13 @@ for k, v in res.items():
     print("%-12s %5s %14s %11s" % (k, v.get("gpus", "-"), "%.0f" % v["tokens_per_s"] if v.get("tokens_per_s") else v.get("error"),
                                    "%.2f" % v["scaling_efficiency"] if "scaling_efficiency" in v else "-"))
 PY
+  if [[ ${PROFILE:-0} == 1 && $NGPU -ge 2 ]]; then
+    # the same step in one set of processes: one GPU (rank 0 alone) vs FSDP2 layouts, rank 0 profiled
+    run fsdp_profile 200 $TORCHRUN $NGPU lab/fsdp_profile.py --preset flash-base --context-len 2048 \
+      --tokens-per-gpu $SCALE_TOKENS --vocab 260 --packing $PACKING --configs ${PROFILE_CONFIGS:-single,u1,u1-sync,u1-keep,u4-keep} \
+      --profile ${PROFILE_RUNS:-single,u1} --steps 12 --warmup 3 --profile-steps 2 --out "$OUT/fsdp_profile"
+    tail -n 8 "$OUT/fsdp_profile.log"
+  fi
 fi
 
 if [[ " $STEPS " == *" context "* ]]; then
