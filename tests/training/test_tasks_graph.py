@@ -57,6 +57,8 @@ def test_mqar_data_serves_the_stream_and_refuses_another_setting(tmp_path):
                           test_examples=50, device="cpu")
     with pytest.raises(ValueError, match="another setting"):
         TaskRun(cfg, out=tmp_path, name="x", echo=None, data=data)
+    with pytest.raises(ValueError, match="graph must be one of"):
+        TaskTrainConfig(graph="cuda")
 
 
 def _metrics(run) -> list[dict]:
