@@ -332,7 +332,7 @@ def _grads(y, layer, x, dy):
 @pytest.mark.parametrize("first_to_all", [False, True])
 def test_flash_layer_equals_its_math_by_hand(first_to_all):
     """FLASH with heads through the op (backend chunk) gives bit for bit the layer's math written out:
-    silu, split, ScaleOffset, apply_rope on the ``[B, T, nh, s]`` heads, then the attention."""
+    the projection without its bias, the bias added, silu, split, ScaleOffset, apply_rope on the ``[B, T, nh, s]`` heads, then the attention."""
     from lintime.layers.flash import FLASH
     from lintime.layers.positional import apply_rope
     from lintime.ops import mixed_chunk_attention
@@ -342,7 +342,7 @@ def test_flash_layer_equals_its_math_by_hand(first_to_all):
     x.requires_grad_()
     y, _ = layer(x, positions=pos)
     e, s = layer.e, layer.s
-    u, v, z = F.silu(layer.proj(x)).split([e, e, s], dim=-1)
+    u, v, z = F.silu(F.linear(x, layer.proj.weight) + layer.proj.bias).split([e, e, s], dim=-1)
     heads = apply_rope(z[..., None, :] * layer.heads.gamma + layer.heads.beta, pos, layer.rope_base)
     scale, diag = layer._quad_scale_and_bias()
     a, _ = mixed_chunk_attention(*(heads[:, :, i : i + 1] for i in range(4)), v[:, :, None], chunk_size=6,
@@ -359,7 +359,8 @@ def test_flash_layer_equals_its_math_by_hand(first_to_all):
 @pytest.mark.parametrize("n_heads, gating", [(1, True), (2, False)])
 def test_gau_layer_equals_its_math_by_hand(n_heads, gating):
     """GAU (one or two attention heads, with and without gating) with heads through the op
-    (backend chunk) gives bit for bit the former math: RoPE per attention head of ``s / H``."""
+    (backend chunk) gives bit for bit the former math (the projection's bias added after its matmul):
+    RoPE per attention head of ``s / H``."""
     from lintime.layers.gau import GAU
     from lintime.layers.positional import apply_rope
 
@@ -369,7 +370,7 @@ def test_gau_layer_equals_its_math_by_hand(n_heads, gating):
     y, _ = layer(x, positions=pos)
     B, T, _ = x.shape
     e, s, H = layer.e, layer.s, n_heads
-    a = F.silu(layer.proj(x))
+    a = F.silu(F.linear(x, layer.proj.weight) + layer.proj.bias)
     u, v, z = a.split([e, e, s], -1) if gating else (None, *a.split([e, s], -1))
     q, k = (z * layer.qk.gamma[i] + layer.qk.beta[i] for i in range(2))
     q, k = (apply_rope(t.reshape(B, T, H, s // H), pos, layer.rope_base) for t in (q, k))
