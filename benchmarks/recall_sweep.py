@@ -30,13 +30,16 @@ Time-boxed for one GPU (issue 31: the sweep in <= 10 minutes; Zoology trains 64 
   2-layer model's step is 300-700 operator calls (CPU profile of every family at width 64,
   2026-11-27), each a kernel of a few microseconds on the GPU, so its launches set its time (the
   last eager sweep, 8 processes on an H200: ~30 ms per step per process, ~300 steps/s in all);
-* ``--jobs`` worker processes (2 on CUDA) of ``--slots`` runs each (8), every run on its own CUDA
+* ``--jobs`` worker processes (4 on CUDA) of ``--slots`` runs each (4), every run on its own CUDA
   stream, advanced in turn: a width-64 run's kernels fill a few of the GPU's SMs, and only kernels
-  of one process overlap (the kernels of separate processes take turns on the GPU); the second
-  process keeps the GPU busy while the first builds a run, captures its graph, compiles a Triton
-  kernel or evaluates.  The training examples of each (seq_len, kv_pairs) are drawn once per
-  process and shared by its runs (a 64-row batch costs the host 0.9 ms to draw at T = 64, 6.9 ms
-  at T = 512 on a 2-core CPU: more than a graph step);
+  of one process overlap (the kernels of separate processes take turns on the GPU); the other
+  processes keep the GPU busy while one builds a run, captures its graph, evaluates or compiles a
+  Triton kernel -- the largest host cost: 71 Triton kernels, specialised by head width, so each
+  family's first run at each width compiles some (Triton's cache, ``~/.triton/cache`` or
+  ``TRITON_CACHE_DIR``, is shared by the workers and kept for a later sweep on the same machine).
+  The training examples of each (seq_len, kv_pairs) are drawn once per process and shared by its
+  runs (a 64-row batch costs the host 0.9 ms to draw at T = 64, 6.9 ms at T = 512 on a 2-core CPU:
+  more than a graph step);
 * at ``--deadline-s`` (480) the runs in flight stop and are scored where they are (``stopped:
   max_seconds``, marked in the table); runs not started are recorded as ``not run (deadline)``.
   Why 480 s: the first rung is at most 192 000 steps (128 runs x 1000 + 16 anchor runs x 4000),
@@ -80,9 +83,10 @@ ANCHOR = "softmax"  # attention solves MQAR: the sanity anchor, scheduled first
 # The softmax anchor as Zoology's attention: one head; RoPE alone (the preset's extra absolute
 # sinusoids delayed the recall phase change from ~300 to ~1700 steps on a CPU check, 2026-11-27).
 FAMILY_CHANGES = {"softmax": {"n_heads": 1, "position": "none"}}
-# the GPU's workers, chosen before a GPU run of this form (module docstring: why streams, why two)
-CUDA_JOBS = 2
-CUDA_SLOTS = 8
+# the GPU's workers (16 runs in flight, as the last eager sweep's 8 processes had 8), chosen before
+# a GPU run of this form: four processes share the Triton compiles, four streams each overlap
+CUDA_JOBS = 4
+CUDA_SLOTS = 4
 NOT_RUN = "not run (deadline)"
 KILLED = "killed at the deadline"
 LOST = "lost: a CUDA error in another run of its worker process"
