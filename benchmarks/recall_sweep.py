@@ -223,6 +223,7 @@ def open_run(task: Task, settings: dict, root: str, max_seconds: float | None, d
             batch_size=settings.get("rows"),
             epochs=settings["epochs"], lr=task.lr, max_steps=steps, eval_every=settings["eval_every"],
             max_seconds=max_seconds, seed=settings["seed"], device=settings["device"], precision=settings["precision"],
+            graph=settings.get("graph", "auto"),
         )
         device = pick_device(cfg.device)
         key = MQARData.key_of(cfg, device)
@@ -776,6 +777,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
     p.add_argument("--precision", default="auto", help="auto = bf16 autocast on CUDA, fp32 on a CPU")
+    p.add_argument("--graph", default="auto", choices=("auto", "capture", "eager", "off"),
+                   help="the training step: auto = one CUDA graph on CUDA (capture), the plain loop elsewhere (off)")
     p.add_argument("--keep-runs", action="store_true", help="keep every run folder (default: deleted after scoring)")
     p.add_argument("--report", metavar="JSON", help="write docs/results_recall.md from this recall_sweep.json and exit")
     p.add_argument("--passkey", metavar="JSON", help="with --report: passkey_sweep.json for the passkey section")
@@ -822,7 +825,8 @@ def main(argv: list[str] | None = None) -> int:
                 "test_examples": args.test_examples,
                 "epochs": args.epochs, "steps": args.steps or None, "anchor_steps": args.anchor_steps or None,
                 "eval_every": args.eval_every or None,
-                "seed": args.seed, "device": device, "precision": args.precision, "keep_runs": args.keep_runs}
+                "seed": args.seed, "device": device, "precision": args.precision, "keep_runs": args.keep_runs,
+                "graph": args.graph}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     root = str(out / "runs") if args.keep_runs else tempfile.mkdtemp(prefix="recall-runs-")
