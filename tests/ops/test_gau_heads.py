@@ -409,27 +409,48 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 
 @cuda
 @needs_cuda
-@pytest.mark.parametrize("nh, gating, rope_heads", [(4, True, 1), (6, True, 1), (2, True, 1), (2, False, 2)])
-def test_cuda_real_size_bf16_half_rule(nh, gating, rope_heads):
-    """FLASH / GAU shapes (e = 2048, s = 128) at T = 4096, bf16, against the fp64 naive form; the
-    bf16 naive form is the half-precision rule's baseline."""
-    B, T, e, s = 1, 4096, 2048, 128
-    h, g, b, pos, grads = _inputs(B, T, e, s, nh, gating, torch.float64, seed=11, device="cuda", pmin=0, pmax=T)
+@pytest.mark.parametrize("nh, gating, rope_heads, with_bias",
+                         [(4, True, 1, True), (4, True, 1, False), (6, True, 1, False), (2, True, 1, True),
+                          (2, False, 2, False)])
+def test_cuda_real_size_bf16_half_rule(nh, gating, rope_heads, with_bias):
+    """FLASH / GAU shapes (e = 1536, s = 128) at T = 4096, bf16, with and without the projection bias,
+    against the fp64 naive form; the bf16 naive form is the half-precision rule's baseline."""
+    B, T, e, s = 1, 4096, 1536, 128
+    h, g, b, pos, grads, bias = _inputs_bias(B, T, e, s, nh, gating, torch.float64, seed=11, device="cuda", pmin=0,
+                                             pmax=T)
     _check_half_rule(h, g, b, pos, grads, {"e": e, "s": s, "gating": gating, "rope_heads": rope_heads},
-                     torch.bfloat16, f"cuda bf16 nh={nh}")
+                     torch.bfloat16, f"cuda bf16 nh={nh} bias={with_bias}", bias=bias if with_bias else None)
 
 
 @cuda
 @needs_cuda
-def test_cuda_fp32_exact_odd_sizes_large_positions():
+@pytest.mark.parametrize("launch", [None, dict(bwd_rows=8), dict(bwd_rows=128, bwd_warps=8)],
+                         ids=["default", "rows8", "rows128w8"])
+def test_cuda_fp32_exact_odd_sizes_large_positions(launch):
     """fp32 kernels against the fp32 naive form on odd sizes (T = 1037, e = 300, s = 96 in two RoPE
-    groups) with positions up to 1e6 (angles far outside [-pi, pi]: an approximate sin / cos fails)."""
-    h, g, b, pos, grads = _inputs(3, 1037, 300, 96, 6, True, torch.float32, seed=12, device="cuda",
-                                  pmin=-1000, pmax=1_000_000)
-    kw = {"e": 300, "s": 96, "rope_heads": 2}
-    ref, out = _run("naive", h, g, b, pos, grads, **kw), _run("triton", h, g, b, pos, grads, **kw)
+    groups, a bias) with positions up to 1e6 (angles far outside [-pi, pi]: an approximate sin / cos
+    fails), for the default backward row groups and two others."""
+    from lintime.ops.heads.triton.heads import HeadsLaunch
+
+    h, g, b, pos, grads, bias = _inputs_bias(3, 1037, 300, 96, 6, True, torch.float32, seed=12, device="cuda",
+                                             pmin=-1000, pmax=1_000_000)
+    kw = {"e": 300, "s": 96, "rope_heads": 2, "bias": bias}
+    ref = _run("naive", h, g, b, pos, grads, **kw)
+    out = _run("triton", h, g, b, pos, grads, launch=None if launch is None else HeadsLaunch(**launch), **kw)
     for name in ref:
-        assert_exact(f"cuda fp32 {name}", ref[name], out[name])
+        assert_exact(f"cuda fp32 {name} {launch}", ref[name], out[name])
+
+
+@cuda
+@needs_cuda
+def test_cuda_backward_is_deterministic():
+    """Two backward passes at flash-base's shape (8k tokens, bias given) give bitwise the same ``dh``,
+    ``dgamma``, ``dbeta`` and ``dbias`` (fixed row groups, fixed-order sums, no atomics)."""
+    h, g, b, pos, grads, bias = _inputs_bias(1, 8192, 1536, 128, 4, True, torch.bfloat16, seed=13, device="cuda",
+                                             pmin=0, pmax=8192)
+    first, second = (_run("triton", h, g, b, pos, grads, e=1536, s=128, bias=bias) for _ in range(2))
+    for name in ("dh", "dgamma", "dbeta", "dbias"):
+        assert torch.equal(first[name], second[name]), name
 
 
 @cuda
