@@ -4,9 +4,10 @@ study's models"), with :func:`lintime.evaluation.tasks.passkey.evaluate_passkey`
 Every model is loaded once (bf16 autocast on CUDA); then lengths go outermost -- every model at
 1k, then every model at 2k, ... -- so a sweep cut by ``--deadline-s`` loses the longest lengths of
 all models alike, and the lengths not reached are recorded as not run.  The prompts of one length
-(every depth) are decoded :data:`BATCH` at a time.  Expected time for 1k-32k on the quality
+(every depth) are decoded together, :data:`BATCH` prompts or :data:`BATCH_TOKENS` tokens at a
+time.  Expected time for 1k-32k on the quality
 study's eight ``-medium`` models, from the 1k-8k run's per-call cost (~30-60 ms an eager call):
-~60-100 s with the loading, inside the default 170 s deadline; not measured at 16k-32k yet.  A model that fails (an
+~70-110 s with the loading, inside the default 170 s deadline; not measured at 16k-32k yet.  A model that fails (an
 out-of-memory error at 32k, say) is recorded with its error and the others go on.
 
 Writes ``passkey_sweep.json`` (settings, device, per model its run folder, family, trained context
@@ -31,11 +32,14 @@ from pathlib import Path
 
 LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
-# prompts per batch: a length's 40 (5 depths x 8 trials) in 2 batches.  A medium model's call is
-# mostly fixed host work (H200, 2026-11-27, batches of 8: 0.3-3 s per model and length, about the
-# same at 1k and 8k), so fewer batches are faster: 142 calls per model for 1k-32k instead of 355;
-# 20 rows of 32k keep a softmax model's cache (fp32) and attention mask near 20 GB
-BATCH = 20
+# prompts per batch: at most a length's 40 (5 depths x 8 trials) and BATCH_TOKENS prompt tokens,
+# so 1 batch at 1k-4k, 2 at 8k, 3 at 16k, 5 at 32k: 176 model calls per model for 1k-32k instead of
+# 355 in batches of 8 -- a medium model's call is mostly fixed host work (H200, 2026-11-27,
+# batches of 8: 0.3-3 s per model and length, about the same at 1k and 8k) -- while no batch
+# holds more than 8 prompts of 32k (the old batches' memory at 32k; a softmax model's fp32 cache
+# of 8 x 32k is ~9 GB, twice that while a call writes its new state)
+BATCH = 40
+BATCH_TOKENS = 8 * 32768
 
 
 def find_runs(paths: list[str]) -> list[Path]:
@@ -66,7 +70,7 @@ def _parse_lengths(text: str) -> list[int]:
 
 
 def sweep(models: list[dict], loaded: dict, lengths: list[int], depths: list[float], *, trials: int, digits: int,
-          seed: int, batch_size: int, chunk_size: int, autocast, deadline: float, say=print,
+          seed: int, batch_size: int, chunk_size: int, autocast, deadline: float, batch_tokens: int = 0, say=print,
           clock=time.monotonic) -> None:
     """Fill each model record's ``cells`` length by length (every model at one length before the
     next); ``loaded[name]`` is the model's :class:`~lintime.training.checkpoint.LoadedModel`.
@@ -88,7 +92,8 @@ def sweep(models: list[dict], loaded: dict, lengths: list[int], depths: list[flo
             try:
                 lm = loaded[m["name"]]
                 rep = evaluate_passkey(lm.model, lm.tokenizer, [L], depths, trials=trials, digits=digits, seed=seed,
-                                       batch_size=batch_size, chunk_size=chunk_size, autocast=autocast)
+                                       batch_size=rows_per_batch(L, batch_size, batch_tokens),
+                                       chunk_size=chunk_size, autocast=autocast)
                 m["cells"].extend(rep.to_dict()["cells"])
                 got = [c for c in rep.cells if not c.skipped]
                 acc = sum(c.correct for c in got) / max(sum(c.trials for c in got), 1)
@@ -98,6 +103,14 @@ def sweep(models: list[dict], loaded: dict, lengths: list[int], depths: list[flo
                 m["error"] = f"at {L}: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
                 say(f"{m['name']:>28} {L:>6}: {m['error']}")
                 _free_memory()
+
+
+def rows_per_batch(length: int, batch_size: int, batch_tokens: int = 0) -> int:
+    """Prompts of ``length`` tokens per batch: ``batch_size``, fewer where they would hold more than
+    ``batch_tokens`` tokens (0: no token bound), at least one."""
+    if batch_tokens <= 0:
+        return batch_size
+    return max(1, min(batch_size, batch_tokens // length))
 
 
 def _free_memory() -> None:
@@ -182,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=BATCH,
                    help="prompts decoded together (of one length, any depths)")
+    p.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS,
+                   help="at most this many prompt tokens per batch (fewer prompts at long lengths; 0 = no bound)")
     p.add_argument("--chunk-size", type=int, default=4096, help="prefill piece (tokens)")
     p.add_argument("--deadline-s", type=float, default=170.0, help="start no length after this many seconds")
     p.add_argument("--device", default="auto")
@@ -220,11 +235,13 @@ def main(argv: list[str] | None = None) -> int:
                                                              f"{m['n_params'] / 1e6:.1f}M parameters"), flush=True)
     sweep(models, loaded, lengths, depths, trials=args.trials, digits=args.digits, seed=args.seed,
           batch_size=args.batch_size, chunk_size=args.chunk_size, autocast=amp, deadline=deadline,
+          batch_tokens=args.batch_tokens,
           say=lambda line: print(f"[{time.monotonic() - t0:5.0f} s] {line}", flush=True))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"lengths": lengths, "depths": depths, "trials": args.trials, "digits": args.digits, "seed": args.seed,
-                "batch_size": args.batch_size, "chunk_size": args.chunk_size, "deadline_s": args.deadline_s,
+                "batch_size": args.batch_size, "batch_tokens": args.batch_tokens, "chunk_size": args.chunk_size,
+                "deadline_s": args.deadline_s,
                 "filler": "stdlib (test split)", "precision": "bf16 autocast" if amp is not None else "fp32"}
     data = {**_environment(device.type == "cuda"), "settings": settings,
             "seconds": round(time.monotonic() - t0, 1), "models": models}

@@ -47,11 +47,12 @@ def test_lengths_outermost_deadline_and_a_failing_model(monkeypatch):
     """Each evaluation takes 10 s of a fake clock; the deadline at 25 s lets three through: both
     models at 1k, then the first at 2k; a model that fails is recorded and not run again."""
     now = [0.0]
-    calls = []
+    calls, sizes = [], []
 
     def fake(model, tokenizer, lens, depths, **kw):
         (L,) = lens
         calls.append((model, L))
+        sizes.append(kw["batch_size"])
         now[0] += 10.0
         if model == "bad":
             raise RuntimeError("CUDA out of memory")
@@ -62,8 +63,9 @@ def test_lengths_outermost_deadline_and_a_failing_model(monkeypatch):
     models = [{"name": "m1"}, {"name": "m2"}, {"name": "m3"}]
     loaded = {n: types.SimpleNamespace(model=m, tokenizer=None) for n, m in (("m1", "good"), ("m2", "bad"), ("m3", "good"))}
     ps.sweep(models, loaded, [1024, 2048, 4096], [0.0, 1.0], trials=4, digits=5, seed=0, batch_size=4, chunk_size=64,
-             autocast=None, deadline=35.0, say=lambda line: None, clock=lambda: now[0])
+             autocast=None, deadline=35.0, batch_tokens=4096, say=lambda line: None, clock=lambda: now[0])
     assert [(m, L) for m, L in calls] == [("good", 1024), ("bad", 1024), ("good", 1024), ("good", 2048)]
+    assert sizes == [4, 4, 4, 2]  # 4 prompts, at most 4096 tokens a batch: 2 prompts of 2048
     m1, m2, m3 = models
     assert "CUDA out of memory" in m2["error"] and m2["cells"] == []
     assert m1["not_run"] == [4096] and m3["not_run"] == [2048, 4096]
@@ -71,6 +73,11 @@ def test_lengths_outermost_deadline_and_a_failing_model(monkeypatch):
     data = {"settings": {"lengths": [1024, 2048, 4096]}, "models": models}
     assert ps.table(data).splitlines()[2:] == ["| m1 | ? | 0.25 | 0.25 | not run |", "| m2 | ? | failed | failed | failed |",
                                                "| m3 | ? | 0.25 | not run | not run |"]
+
+
+def test_rows_per_batch():
+    assert [ps.rows_per_batch(L, 40, 8000) for L in (100, 1000, 3000, 9000)] == [40, 8, 2, 1]
+    assert ps.rows_per_batch(9000, 40, 0) == 40
 
 
 def test_tiny_sweep_writes_json_table_and_plot(tmp_path, capsys):
