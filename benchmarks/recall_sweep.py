@@ -83,8 +83,8 @@ ANCHOR = "softmax"  # attention solves MQAR: the sanity anchor, scheduled first
 # The softmax anchor as Zoology's attention: one head; RoPE alone (the preset's extra absolute
 # sinusoids delayed the recall phase change from ~300 to ~1700 steps on a CPU check, 2026-11-27).
 FAMILY_CHANGES = {"softmax": {"n_heads": 1, "position": "none"}}
-# the GPU's workers (16 runs in flight, as the last eager sweep's 8 processes had 8), chosen before
-# a GPU run of this form: four processes share the Triton compiles, four streams each overlap
+# the GPU's workers, 16 runs in flight (the last eager sweep: 8 processes of one run each), chosen
+# before a GPU run of this form: four processes share the Triton compiles, four streams each overlap
 CUDA_JOBS = 4
 CUDA_SLOTS = 4
 NOT_RUN = "not run (deadline)"
