@@ -69,7 +69,12 @@ to show the difference is only there).
 Decoding state :class:`VQAttentionState`: the op's :class:`~lintime.ops.VQState` (per-code count
 ``[N, H, S]`` and mean value ``[N, H, S, E]`` of the cache, the two-block window of ``k_hat``,
 ``v``, codes ``[N, 2L, H, *]``, and ``pos``): constant size in ``T``.  The XL bias reads the
-model's ``positions``, which continue from the state, so block boundaries agree.
+model's ``positions``, which continue from the state, so block boundaries agree.  A one-token step
+in eval mode on a *static* state (:meth:`VQAttentionState.with_capacity`, what
+:func:`lintime.layers.base.static_state` makes) on CUDA updates the state in place through
+:func:`lintime.ops.vq_decode_step_` (three fused kernels: attention over window and cache, the
+block-end merge, the window shift) and returns the state it was given: a fixed-shape step with no
+host read, which a CUDA graph replays.
 """
 
 from __future__ import annotations
@@ -80,9 +85,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lintime.layers.base import BatchState, Mixer
+from lintime.layers.base import BatchState, Mixer, static_state
 from lintime.layers.positional import sinusoid
-from lintime.ops import VQState, vq_attention
+from lintime.ops import VQState, vq_attention, vq_decode_step_
 from lintime.ops.utils import mark_checked
 
 REDUCTIONS = ("serial", "matmul", "assoc")
@@ -97,9 +102,17 @@ class VQAttentionState(BatchState):
             (fp32; fp64 for fp64 models) summarise every key older than the window;
             ``k_hat [N, 2L, H, K]``, ``v [N, 2L, H, E]``, ``codes [N, 2L, H]`` hold the previous
             and the current block; ``pos [N]`` tokens seen.  Constant size in ``T``.
+    ``static`` ``True`` for the form made by :meth:`with_capacity`: one-token steps may update its
+            tensors in place and return it.
     """
 
     vq: VQState
+    static: bool = False
+
+    def with_capacity(self, capacity: int) -> VQAttentionState:
+        """The static form (:func:`lintime.layers.base.static_state`): fresh contiguous buffers that a one-token
+        step updates in place (the size is constant in ``T``: ``capacity`` changes nothing)."""
+        return VQAttentionState(static_state(self.vq, capacity), static=True)
 
 
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -290,6 +303,10 @@ class VQAttention(Mixer):
             aux_losses["vq_commit"] = aux_losses["vq_commit"] + commit if "vq_commit" in aux_losses else commit
         qu = q if self.xl_u is None else q + (self.xl_u * self.tau**-0.5).to(q.dtype)
         bias = None if self.r_proj is None else self.window_bias(q, positions)
+        if self._fused_step(qu, v, state, cu_seqlens):  # one token, the static state updated in place
+            o = vq_decode_step_(qu[:, 0], k_hat[:, 0], codes[:, 0], v[:, 0], codebook, state.vq,
+                                bias=None if bias is None else bias[:, 0], backend="triton")
+            return self.out(o.reshape(B, T, self.e) * g), state
         o, vq_state = vq_attention(
             qu, k_hat, codes, v, codebook, block_len=self.L, bias=bias, reduction=self.reduction,
             initial_state=None if state is None else state.vq, output_final_state=state is not None,
@@ -299,6 +316,16 @@ class VQAttention(Mixer):
             self.update_codebook(k, codes)  # after the call used the old codebook
         y = self.out(o.reshape(B, T, self.e) * g)  # seed Eqs. 14-15
         return y, None if state is None else VQAttentionState(vq_state)
+
+    def _fused_step(self, q, v, state, cu_seqlens) -> bool:
+        """Whether this call is a one-token step that :func:`lintime.ops.vq_decode_step_` takes on its kernels: a
+        static state, eval mode (no EMA update), no gradient, the fused op's device (CUDA; the CPU only with
+        ``backend='triton'``, through Triton's interpreter), and the step's dtype = the state's window buffers'."""
+        if not (isinstance(state, VQAttentionState) and state.static and q.shape[1] == 1 and cu_seqlens is None
+                and not self.training and self.backend in (None, "triton")
+                and (q.is_cuda or self.backend == "triton") and not (torch.is_grad_enabled() and q.requires_grad)):
+            return False
+        return state.vq.k_hat.dtype == q.dtype and state.vq.v.dtype == v.dtype == q.dtype
 
     def init_state(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> VQAttentionState:
         return VQAttentionState(VQState.initial(batch_size, self.H, self.S, self.K, self.E, self.L,

@@ -22,6 +22,7 @@ _EXPORTS = {
     "gated_linear_attention": "gla",
     "vq_attention": "vq",
     "VQState": "vq",
+    "vq_decode_step_": "vq",
     "gau_heads": "heads",
     "glu_activation": "glu",
     "linear_cross_entropy": "cross_entropy",

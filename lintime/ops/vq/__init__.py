@@ -15,6 +15,7 @@ from lintime.ops.utils import (
     num_seqs,
 )
 from lintime.ops.vq.chunk import REDUCTIONS, chunk_vq_attention
+from lintime.ops.vq.decode import vq_decode_step_
 from lintime.ops.vq.naive import naive_vq_attention
 from lintime.ops.vq.recurrent import recurrent_vq_attention
 from lintime.ops.vq.state import VQState
@@ -197,4 +198,4 @@ def _check_state(op, st, N, H, S, K, V, L, device) -> None:
             raise TypeError(f"{op}: initial_state.{name} must be an integer tensor")
 
 
-__all__ = ["VQState", "vq_attention"]
+__all__ = ["VQState", "vq_attention", "vq_decode_step_"]

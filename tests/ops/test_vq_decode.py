@@ -1,0 +1,239 @@
+"""``vq_decode_step_``: one Transformer-VQ token, the state updated in place.
+
+Chain: the in-place PyTorch composite (``backend="recurrent"``) equals ``vq_attention`` on one token with a state
+(the op's own decoding call; fp64, exact rule), and the fused kernels (``backend="triton"``, through the
+interpreter on the CPU) equal the composite token by token -- output and every state field -- in fp32 (exact rule)
+and fp16 (half rule against the fp64 composite), over tokens that cross block ends with and without a previous
+block, rows at different positions (a packed prefill), with and without the window bias, several heads.  On CUDA
+the same at the vq-base shape in bf16.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lintime.ops import VQState, vq_attention, vq_decode_step_
+from lintime.testing import assert_close, assert_exact, assert_half_rule
+
+FIELDS = ("cache_mean", "cache_count", "k_hat", "v", "codes", "pos")
+
+
+def _tokens(g, N, T, H, K, V, S, L, cb, dtype):
+    q = (torch.randn(N, T, H, K, generator=g, dtype=torch.float64) * 0.5).to(dtype)
+    z = torch.randint(0, S, (N, T, H), generator=g)
+    k_hat = cb[torch.arange(H)[None, None].expand(N, T, H), z].to(dtype)
+    v = torch.randn(N, T, H, V, generator=g, dtype=torch.float64).to(dtype)
+    bias = (0.3 * torch.randn(N, T, H, 2 * L, generator=g, dtype=torch.float64)).to(dtype)
+    return q, k_hat, z, v, bias
+
+
+def _prefilled(g, H, K, V, S, L, cb, dtype, lens=(11, 5)):
+    """A state of len(lens) sequences at positions ``lens`` (a packed call: rows at different positions)."""
+    T = sum(lens)
+    q, k_hat, z, v, bias = _tokens(g, 1, T, H, K, V, S, L, cb, dtype)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    _, st = vq_attention(q, k_hat, z, v, cb, block_len=L, bias=bias, cu_seqlens=cu, output_final_state=True,
+                         initial_state=VQState.initial(len(lens), H, S, K, V, L, dtype=dtype), backend="chunk")
+    return st
+
+
+def _copy(st: VQState, dtype=None) -> VQState:
+    return VQState(*(getattr(st, f).clone() if dtype is None or not getattr(st, f).is_floating_point()
+                     else getattr(st, f).to(dtype) for f in FIELDS))
+
+
+def test_composite_equals_the_op_on_one_token():
+    g = torch.Generator().manual_seed(0)
+    H, K, V, S, L = 2, 8, 6, 7, 4
+    cb = torch.randn(H, S, K, generator=g, dtype=torch.float64)
+    st = _prefilled(g, H, K, V, S, L, cb, torch.float64, lens=(6, 3))
+    ref, mine = _copy(st), _copy(st)
+    for t in range(9):  # positions 6..14 and 3..11: block ends with and without a previous block
+        q, k_hat, z, v, bias = _tokens(g, 2, 1, H, K, V, S, L, cb, torch.float64)
+        o_ref, ref = vq_attention(q, k_hat, z, v, cb, block_len=L, bias=bias, initial_state=ref,
+                                  output_final_state=True, backend="recurrent")
+        kept = [getattr(mine, f) for f in FIELDS]
+        o = vq_decode_step_(q[:, 0], k_hat[:, 0], z[:, 0], v[:, 0], cb, mine, bias=bias[:, 0], backend="recurrent")
+        assert all(getattr(mine, f) is x for f, x in zip(FIELDS, kept))  # in place: the same tensors
+        assert_exact(f"token {t} o", o_ref[:, 0], o)
+        for f in FIELDS:
+            assert_exact(f"token {t} {f}", getattr(ref, f).double(), getattr(mine, f).double())
+
+
+@pytest.mark.parametrize("bias, H, V", [(True, 2, 16), (False, 1, 24)])
+def test_fused_step_equals_the_composite_fp32(bias, H, V):
+    g = torch.Generator().manual_seed(1)
+    K, S, L = 16, 20, 8  # two code tiles of the interpreter's 16 (and two value tiles for V = 24)
+    cb = torch.randn(H, S, K, generator=g) * 0.5
+    st = _prefilled(g, H, K, V, S, L, cb, torch.float32)
+    ref, fused = _copy(st), _copy(st)
+    for t in range(12):  # positions 11..22 (a block end at 15) and 5..16 (at 7 without a previous block, at 15)
+        q, k_hat, z, v, b = _tokens(g, 2, 1, H, K, V, S, L, cb, torch.float32)
+        b = b[:, 0] if bias else None
+        o_ref = vq_decode_step_(q[:, 0], k_hat[:, 0], z[:, 0], v[:, 0], cb, ref, bias=b, backend="recurrent")
+        o = vq_decode_step_(q[:, 0], k_hat[:, 0], z[:, 0], v[:, 0], cb, fused, bias=b, backend="triton")
+        assert_exact(f"token {t} o", o_ref, o)
+        for f in FIELDS:
+            assert_exact(f"token {t} {f}", getattr(ref, f).double(), getattr(fused, f).double())
+    assert fused.pos.tolist() == [23, 17]
+
+
+def test_fused_step_fp16_half_rule():
+    """fp16 window buffers and inputs, fp32 cache: the fused output within the half rule of the fp16 composite,
+    both against the fp64 composite from the same (rounded) inputs; the states stay equal to the composite's."""
+    g = torch.Generator().manual_seed(2)
+    H, K, V, S, L = 1, 16, 32, 16, 8
+    cb = torch.randn(H, S, K, generator=g) * 0.5
+    st = _prefilled(g, H, K, V, S, L, cb, torch.float16, lens=(7, 12))
+    ref64, ref16, fused = _copy(st, torch.float64), _copy(st), _copy(st)
+    for t in range(12):
+        q, k_hat, z, v, b = _tokens(g, 2, 1, H, K, V, S, L, cb, torch.float16)
+        args = (q[:, 0], k_hat[:, 0], z[:, 0], v[:, 0])
+        o64 = vq_decode_step_(*(x.double() if x.is_floating_point() else x for x in args), cb.double(), ref64,
+                              bias=b[:, 0].double(), backend="recurrent")
+        o16 = vq_decode_step_(*args, cb, ref16, bias=b[:, 0], backend="recurrent")
+        o = vq_decode_step_(*args, cb, fused, bias=b[:, 0], backend="triton")
+        assert_half_rule(f"token {t} o", o64, o, o16)
+        assert torch.equal(ref16.codes, fused.codes) and torch.equal(ref16.pos, fused.pos)
+        assert_exact(f"token {t} cache_count", ref16.cache_count, fused.cache_count)
+        assert torch.equal(ref16.k_hat, fused.k_hat) and torch.equal(ref16.v, fused.v)
+
+
+def test_checks():
+    g = torch.Generator().manual_seed(3)
+    H, K, V, S, L = 1, 4, 4, 3, 2
+    cb = torch.randn(H, S, K, generator=g)
+    st = VQState.initial(2, H, S, K, V, L)
+    q, k_hat, z, v, b = _tokens(g, 2, 1, H, K, V, S, L, cb, torch.float32)
+    with pytest.raises(ValueError, match="q must have shape"):
+        vq_decode_step_(q[:1, 0], k_hat[:, 0], z[:, 0], v[:, 0], cb, st)
+    with pytest.raises(TypeError, match="share a floating dtype"):
+        vq_decode_step_(q[:, 0].double(), k_hat[:, 0], z[:, 0], v[:, 0], cb, st)
+    with pytest.raises(ValueError, match="bias must have shape"):
+        vq_decode_step_(q[:, 0], k_hat[:, 0], z[:, 0], v[:, 0], cb, st, bias=b[:, 0, :, :1])
+    with pytest.raises(TypeError, match="VQState"):
+        vq_decode_step_(q[:, 0], k_hat[:, 0], z[:, 0], v[:, 0], cb, None)
+
+
+@pytest.mark.cuda
+def test_fused_step_cuda_bf16_vq_base_shape():
+    """vq-base's layer shape (H = 1, K = 128, V = 1536, S = L = 512) in bf16 with an fp32 cache, 6 tokens across a
+    block end: the fused step against the composite (half rule against the fp64 composite), states equal."""
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(4)
+    H, K, V, S, L = 1, 128, 1536, 512, 512
+    cb = (torch.randn(H, S, K, generator=g) * K**-0.25).to(dev)
+    st = _prefilled(g, H, K, V, S, L, cb.cpu(), torch.bfloat16, lens=(1533, 700)).to(dev)
+    ref64, ref16, fused = _copy(st, torch.float64), _copy(st), _copy(st)
+    for t in range(6):  # the first row completes its block at position 1535
+        q, k_hat, z, v, b = (x.to(dev) for x in _tokens(g, 2, 1, H, K, V, S, L, cb.cpu(), torch.bfloat16))
+        args = (q[:, 0], k_hat[:, 0], z[:, 0], v[:, 0])
+        o64 = vq_decode_step_(*(x.double() if x.is_floating_point() else x for x in args), cb.double(), ref64,
+                              bias=b[:, 0].double(), backend="recurrent")
+        o16 = vq_decode_step_(*args, cb, ref16, bias=b[:, 0], backend="recurrent")
+        o = vq_decode_step_(*args, cb, fused, bias=b[:, 0], backend="triton")
+        assert_half_rule(f"token {t} o", o64, o, o16)
+        assert torch.equal(ref16.codes, fused.codes) and torch.equal(ref16.pos, fused.pos)
+        assert torch.equal(ref16.k_hat, fused.k_hat) and torch.equal(ref16.v, fused.v)
+        assert_exact(f"token {t} cache_count", ref16.cache_count, fused.cache_count)
+
+
+# ---------------------------------------------------------------------------------------------
+# the layer: a static state takes the fused step in eval mode, in place; other calls keep the op's path
+
+
+def _tiny_vq():
+    import dataclasses
+
+    from lintime.models import CausalLM, get_preset
+
+    cfg = get_preset("vq-tiny", vocab_size=64, n_layers=2)
+    cfg = dataclasses.replace(cfg, d_model=32, mixer=dataclasses.replace(cfg.mixer, n_codes=16, block_len=4, d_k=16))
+    torch.manual_seed(0)
+    return CausalLM(cfg).eval()
+
+
+def _set_backend(model, backend):
+    for blk in model.backbone.blocks:
+        blk.mixer.backend = backend
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_static_decoding_takes_the_fused_step_and_gives_the_eager_tokens(autocast):
+    """Greedy decoding of 2 rows through ``StaticDecoder`` with the fused step (interpreter) against the eager
+    decoding (the op's recurrent form, a new state per token): tokens equal, logits by the exact rule; every layer
+    of every step took the fused op and returned the state it was given.  ``autocast``: fp32 weights under fp16
+    autocast (how ``lintime bench model`` decodes), fp16 window buffers; both forms round an fp32 attention output
+    (summed in different orders) to fp16, so the logits' rule is fp16's: 2^-10 relative RMS."""
+    import contextlib
+
+    from lintime.generation import StaticDecoder, decode_one_token, prefill
+    from lintime.layers.base import copy_state_
+    from lintime.layers.vq import VQAttention
+
+    m = _tiny_vq()
+    ids = torch.tensor([[3, 14, 15, 9, 26], [5, 35, 8, 9, 7]])
+    steps = 9  # positions 5..13: two block ends (L = 4), the cache in use
+    calls = []
+    real = VQAttention._fused_step
+    ctx = torch.autocast("cpu", dtype=torch.float16) if autocast else contextlib.nullcontext()
+    with torch.no_grad(), ctx:
+        logits, state = prefill(m, ids)
+        tok, st, eager, eager_logits = logits.argmax(-1), state, [], []
+        for _ in range(steps):
+            lg, st = decode_one_token(m, tok, st)
+            tok = lg.argmax(-1)
+            eager.append(tok)
+            eager_logits.append(lg)
+        dec = StaticDecoder(m, state, capacity=ids.shape[1] + steps)
+        assert all(s.static for s in dec.state.layers)
+        _set_backend(m, "triton")
+        VQAttention._fused_step = lambda self, *a: real(self, *a) and not calls.append(1)
+        try:
+            tok, fused, fused_logits = logits.argmax(-1), [], []
+            for t in range(steps):
+                if t == 0:
+                    lg, new = decode_one_token(m, tok, dec.state)
+                    assert all(a is b for a, b in zip(new.layers, dec.state.layers))  # in place, returned as is
+                    copy_state_(dec.state, new)
+                else:
+                    lg = dec.step(tok)
+                tok = lg.argmax(-1)
+                fused.append(tok)
+                fused_logits.append(lg)
+        finally:
+            VQAttention._fused_step = real
+            _set_backend(m, None)
+    assert len(calls) == steps * len(m.backbone.blocks)
+    assert torch.equal(torch.stack(eager, 1), torch.stack(fused, 1))
+    ref, out = torch.stack(eager_logits).float(), torch.stack(fused_logits).float()
+    if autocast:  # both compute in fp32 and round the attention output to fp16: a few ulps (2^-11) apart
+        assert_close("logits", ref, out, 2.0**-10)
+    else:
+        assert_exact("logits", ref, out)
+    assert dec.state.offset.tolist() == [ids.shape[1] + steps] * 2
+
+
+def test_layer_keeps_the_op_path_where_the_fused_step_does_not_apply():
+    """A non-static state, the CPU without backend='triton', training mode (the EMA update) and gradients take
+    the op's path: a new state object."""
+    m = _tiny_vq()
+    layer = m.backbone.blocks[0].mixer
+    x = torch.randn(2, 1, 32)
+    pos = torch.zeros(2, 1, dtype=torch.long)
+    static = layer.init_state(2, "cpu", torch.float32).with_capacity(8)
+    with torch.no_grad():
+        assert layer(x, layer.init_state(2, "cpu", torch.float32), positions=pos)[1] is not None
+        _, new = layer(x, static, positions=pos)  # CPU, backend None
+        assert new is not static
+        layer.backend = "triton"
+        _, new = layer(x, static, positions=pos)
+        assert new is static
+        layer.train()
+        _, new = layer(x, static, positions=pos)
+        assert new is not static
+        layer.eval()
+    x.requires_grad_(True)
+    _, new = layer(x, static, positions=pos)
+    assert new is not static
