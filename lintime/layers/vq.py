@@ -234,14 +234,16 @@ class VQAttention(Mixer):
         """STVQ (seed Eqs. 5-6).  ``k [B, T, H, K]``, ``codebook [H, S, K]`` -> ``codes [B, T, H]``
         (int64), ``k_hat [B, T, H, K]`` (value exactly ``codebook[codes]``, gradient straight to
         ``k``), ``c_z [B, T, H, K]`` (the codewords, no gradient, in the codebook's dtype)."""
-        H = k.shape[2]
+        B, T, H, K = k.shape
         # the assignment in the codebook's precision, also under autocast (bf16 distances would
         # flip near-ties between calls)
         with torch.no_grad(), torch.autocast(k.device.type, enabled=False):
-            kf = k.to(codebook.dtype)
-            # ||k - c||^2 = ||k||^2 - 2 k.c + ||c||^2; ||k||^2 does not change the argmin
-            dist = codebook.pow(2).sum(-1) - 2 * torch.einsum("bthk,hsk->bths", kf, codebook)  # [B, T, H, S]
-            codes = dist.argmin(-1)  # seed Eq. 5
+            kf = k.to(codebook.dtype).permute(2, 0, 1, 3).reshape(H, B * T, K)  # a view for H = 1
+            # ||k - c||^2 = ||k||^2 - 2 k.c + ||c||^2; ||k||^2 does not change the argmin.  One GEMM with
+            # ||c||^2 added in its epilogue: the [B*T, S] distances are written once and read once by the
+            # argmin (vq-base: 2 KB per token and layer each way, fp32)
+            dist = torch.baddbmm(codebook.pow(2).sum(-1)[:, None, :], kf, codebook.transpose(1, 2), alpha=-2.0)
+            codes = dist.argmin(-1).view(H, B, T).permute(1, 2, 0).contiguous()  # [B, T, H], seed Eq. 5
             c_z = codebook[torch.arange(H, device=k.device), codes]  # [B, T, H, K]
         # seed Eq. 6, k + sg(c_z - k), written c_z + (k - sg(k)): the same gradient (identity to k)
         # and a forward value that is exactly the codeword, so window and cache agree bit for bit
