@@ -113,7 +113,7 @@ PY
   if [[ ${PROFILE:-0} == 1 && $NGPU -ge 2 ]]; then
     # the same step in one set of processes: one GPU (rank 0 alone) vs FSDP2 layouts, rank 0 profiled
     run fsdp_profile 200 $TORCHRUN $NGPU lab/fsdp_profile.py --preset flash-base --context-len 2048 \
-      --tokens-per-gpu $SCALE_TOKENS --vocab 260 --packing $PACKING --configs ${PROFILE_CONFIGS:-single,u1,u1-sync,u1-keep,u4-keep} \
+      --tokens-per-gpu $SCALE_TOKENS --vocab 260 --packing $PACKING --configs ${PROFILE_CONFIGS:-single,u1,u1-sync,u1-dtopt,u1-keep,u4-keep} \
       --profile ${PROFILE_RUNS:-single,u1} --steps 12 --warmup 3 --profile-steps 2 --out "$OUT/fsdp_profile"
     tail -n 8 "$OUT/fsdp_profile.log"
   fi

@@ -2,11 +2,12 @@
 
     python3 -m torch.distributed.run --standalone --nproc-per-node 4 lab/fsdp_profile.py \
         [--preset flash-base] [--context-len 2048] [--tokens-per-gpu 32768] [--vocab 32000] [--packing rows] \
-        [--configs single,u1,u1-sync,u1-keep,u4-keep] [--profile single,u1] [--steps 12] [--warmup 3] \
+        [--configs single,u1,u1-sync,u1-dtopt,u1-keep,u4-keep] [--profile single,u1] [--steps 12] [--warmup 3] \
         [--profile-steps 2] [--out fsdp_profile_out]
 
 The step is the eager trainer's (``lintime.training.trainer``): ``forward_backward`` (bf16 autocast, the packed
-layout, the fused loss), ``finish_grads``, ``clip_grad_norm`` (1.0), fused AdamW, the numbers kept on the device
+layout, the fused loss), ``finish_grads``, ``clip_grad_norm`` (1.0), fused AdamW (under FSDP2 by ``ShardStep``,
+as the trainer steps it), the numbers kept on the device
 (``StepStats``) and read once after the timed steps.  Batches are made on the host each step, as the data iterator
 makes them: random tokens, ``--packing rows`` (one sequence per row, the layout ``lintime bench model`` times) or
 ``documents`` (random document lengths, mean ``--doc-mean`` tokens, other cuts on every rank and step).
@@ -16,7 +17,7 @@ baseline in the same processes; ``u<N>`` -- FSDP2 over all ranks with ``N`` bloc
 (``wrap_model(blocks_per_unit=N)``; ``uall``: one unit for all blocks), with suffixes ``-keep`` (no reshard after
 forward: no all-gather in the backward), ``-noprefetch`` (FSDP2's implicit forward prefetch only), ``-sync`` (the
 loss and grad norm read on the host and the device synchronised every step, as the trainer did before it kept
-them on the device).
+them on the device), ``-dtopt`` (the optimizer stepped on the DTensors, not by ``ShardStep`` on the local shards).
 
 Per config (rank 0 writes ``<out>/fsdp_profile.json``): tokens/s over the timed steps (all ranks' tokens over the
 slowest rank's wall time), per GPU, the efficiency ``tokens/s / (GPUs x single's tokens/s)``; per step the device
@@ -65,16 +66,17 @@ class Spec:
     keep: bool = False
     prefetch: bool = True
     sync: bool = False
+    dtensor_opt: bool = False
 
 
 def parse_spec(name: str) -> Spec:
     if name == "single":
         return Spec(name, fsdp=False)
     head, *flags = name.split("-")
-    if not head.startswith("u") or not (head[1:] == "all" or head[1:].isdigit()) or set(flags) - {"keep", "noprefetch", "sync"}:
-        raise SystemExit(f"unknown config {name!r} (single, u<N>|uall[-keep][-noprefetch][-sync])")
+    if not head.startswith("u") or not (head[1:] == "all" or head[1:].isdigit()) or set(flags) - {"keep", "noprefetch", "sync", "dtopt"}:
+        raise SystemExit(f"unknown config {name!r} (single, u<N>|uall[-keep][-noprefetch][-sync][-dtopt])")
     return Spec(name, blocks_per_unit=0 if head[1:] == "all" else int(head[1:]), keep="keep" in flags,
-                prefetch="noprefetch" not in flags, sync="sync" in flags)
+                prefetch="noprefetch" not in flags, sync="sync" in flags, dtensor_opt="dtopt" in flags)
 
 
 def make_batch(rows: int, T: int, vocab: int, packing: str, doc_mean: int, seed: int) -> Batch:
@@ -177,6 +179,7 @@ def run_config(spec: Spec, args, env, out_dir: Path) -> dict | None:
             par.wrap_model(model, env, "fsdp", amp, blocks_per_unit=spec.blocks_per_unit or n_blocks,
                            reshard_after_forward=not spec.keep, prefetch=spec.prefetch)
         opt = torch.optim.AdamW(model.param_groups(0.1), lr=1e-4, **({"fused": True} if cuda else {}))
+        opt_step = par.ShardStep(opt).step if spec.fsdp and not spec.dtensor_opt else opt.step
         stats = StepStats(device, shares=spec.fsdp)
         rows = args.tokens_per_gpu // args.context_len
         counter, seen = [0], []
@@ -191,7 +194,7 @@ def run_config(spec: Spec, args, env, out_dir: Path) -> dict | None:
             if spec.fsdp:
                 par.finish_grads(model, env, "fsdp")
             norm = par.clip_grad_norm(model, 1.0, to_host=False)
-            opt.step()
+            opt_step()
             opt.zero_grad(set_to_none=True)
             stats.add(counter[0], loss, aux, norm)
             if spec.sync:
@@ -263,7 +266,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--packing", choices=("rows", "documents"), default="rows")
     ap.add_argument("--doc-mean", type=int, default=1500, help="documents: mean document length in tokens")
-    ap.add_argument("--configs", default="single,u1,u1-sync,u1-keep,u4-keep")
+    ap.add_argument("--configs", default="single,u1,u1-sync,u1-dtopt,u1-keep,u4-keep")
     ap.add_argument("--profile", default="single,u1", help="configs profiled on rank 0")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=3)

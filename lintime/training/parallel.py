@@ -314,7 +314,7 @@ def clip_grad_norm(model: nn.Module, max_norm: float, *, to_host: bool = True) -
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
     else:
-        local = [g.to_local() for g in sharded]
+        local = [_local(g) for g in sharded]
         plain = [g for g in grads if not _is_sharded(g)]
         sq = _squared_norm(local).reshape(1)
         dist.all_reduce(sq, group=sharded[0].device_mesh.get_group())
@@ -324,6 +324,71 @@ def clip_grad_norm(model: nn.Module, max_norm: float, *, to_host: bool = True) -
         if math.isfinite(max_norm):
             torch._foreach_mul_(local + plain, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
     return float(norm) if to_host else norm
+
+
+class ShardStep:
+    """``optimizer.step()`` for FSDP2's ``DTensor`` parameters, run on their local shards.
+
+    DTensor dispatches every op over its lists in Python (sharding propagation per call): a fused
+    AdamW step over a model's few hundred shards costs host time a host-bound step waits for,
+    while the update is elementwise: the same kernel on each rank's shards gives the same numbers
+    bit for bit.  So after ``optimizer``'s first step has made its state (on the ``DTensor`` s), a
+    second optimizer of the same type holds plain parameters that alias the shards' storage, with
+    the same state tensors' local storage; :meth:`step` copies the groups' settings (the rate) to
+    it, points its gradients at the local gradient shards and steps it.  ``optimizer`` itself
+    keeps its ``DTensor`` state (sharded checkpoints read it), updated in place; a state replaced
+    since (a loaded checkpoint) is noticed and the aliases made again.  Plain parameters (no FSDP,
+    or FSDP's replicated 0-D ones) are stepped as they are."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer = optimizer
+        self._local: torch.optim.Optimizer | None = None
+        self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (parameter, its local alias)
+        self._aliased: list[tuple[torch.Tensor, dict]] = []  # (parameter, the state tensors aliased)
+
+    def step(self) -> None:
+        if self._local is None or not self._current():
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+            if any(p.grad is not None and not self.optimizer.state.get(p) for p in params):
+                self._local = None
+                self.optimizer.step()  # the first step makes the state
+                return
+            self._alias()
+        for main, local in zip(self.optimizer.param_groups, self._local.param_groups):
+            local.update({k: v for k, v in main.items() if k != "params"})
+        for p, lp in self._pairs:
+            if lp is not p:
+                lp.grad = None if p.grad is None else _local(p.grad)
+        self._local.step()
+        for p, lp in self._pairs:
+            if lp is not p:
+                lp.grad = None
+
+    def _current(self) -> bool:
+        """The optimizer's state tensors are still the ones aliased (not replaced by a load)."""
+        state = self.optimizer.state
+        return all(state.get(p, {}).get(k) is v for p, tensors in self._aliased for k, v in tensors.items())
+
+    def _alias(self) -> None:
+        groups, self._pairs, self._aliased = [], [], []
+        for g in self.optimizer.param_groups:
+            params = []
+            for p in g["params"]:
+                lp = nn.Parameter(_local(p), requires_grad=p.requires_grad) if _local(p) is not p else p
+                self._pairs.append((p, lp))
+                params.append(lp)
+            groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": params})
+        self._local = type(self.optimizer)(groups)
+        for p, lp in self._pairs:
+            state = self.optimizer.state.get(p)
+            if state:
+                self._local.state[lp] = {k: _local(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+                self._aliased.append((p, {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}))
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A ``DTensor``'s local shard itself (``to_local()`` is an autograd call per tensor), else ``t``."""
+    return getattr(t, "_local_tensor", t)
 
 
 def _squared_norm(tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -291,6 +291,8 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
         full_optim = ckpt.optimizer_state_by_name(model, make_optimizer(model), state["optimizer"], step_dir)
     wrapped = par.wrap_model(model, env, cfg.parallel, amp)
     opt = make_optimizer(model)
+    # FSDP2: the update runs on the local shards (no DTensor dispatch); opt keeps the sharded state
+    opt_step = par.ShardStep(opt).step if env.distributed and cfg.parallel == "fsdp" else opt.step
     train_it = BatchIterator(train_ds, batch_size=rows_local, context_len=cfg.context_len,
                              tokenizer=tokenizer, objective=cfg.objective, seed=cfg.seed, mlm_prob=cfg.mlm_prob,
                              rank=env.dp_rank, world_size=env.dp_size)
@@ -447,7 +449,7 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
                     context=context, fused_loss=cfg.fused, to_host=False)
                 par.finish_grads(model, env, cfg.parallel)
                 norm = par.clip_grad_norm(model, cfg.clip if cfg.clip > 0 else math.inf, to_host=False)
-                opt.step()  # a non-finite step is caught when read, before any checkpoint or evaluation
+                opt_step()  # a non-finite step is caught when read, before any checkpoint or evaluation
                 opt.zero_grad(set_to_none=True)
                 stats.add(step + 1, step_loss, step_aux, norm)
             step += 1

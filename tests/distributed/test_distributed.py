@@ -72,6 +72,7 @@ CLIP = ("flash-tiny", 8, 33, 0.05)  # preset, chunk, T, max norm (bites: the nor
 # wrap_model settings: one unit per block (the first resharded after forward, forward prefetch), and both
 # blocks of the 2-layer model in one unit without prefetch
 CLIP_WRAPS = ({}, {"blocks_per_unit": 2, "prefetch": False})
+SHARD_STEP = ("flash-tiny", 8, 33, 4)  # preset, chunk, T, steps
 
 
 def _run_losses(run_dir) -> list[float]:
@@ -115,6 +116,7 @@ def two_ranks(base, tmp_path_factory) -> dict:
             resume = str(out / name / STEP2)
         jobs.append(("train", (_config(base, cp, parallel=parallel, context_parallel=cp), str(out), name, resume)))
     jobs += [("clip", (*CLIP, wrap)) for wrap in CLIP_WRAPS]
+    jobs.append(("shard_step", SHARD_STEP))
     outs = run_ranks(scenarios, 2, jobs, timeout=300)
     results = outs[0]  # rank 0 (its metrics hold the losses); the op checks need both ranks
     n_ops = len(CP_PRESETS) + len(CP_AMP_PRESETS)
@@ -128,7 +130,8 @@ def two_ranks(base, tmp_path_factory) -> dict:
                     progress=False, echo=None)
         resumed[name] = (res, _run_losses(out / name))
     return {"out": out, "single": single, "cp_ops": cp_ops, "cp_amp_ops": cp_amp_ops, "runs": runs, "resumed": resumed,
-            "clip": [(outs[0][i], outs[1][i]) for i in range(-len(CLIP_WRAPS), 0)]}
+            "clip": [(outs[0][i], outs[1][i]) for i in range(-len(CLIP_WRAPS) - 1, -1)],
+            "shard_step": (outs[0][-1], outs[1][-1])}
 
 
 def _assert_losses(label: str, ref: list[float], got: list[float]) -> None:
@@ -189,6 +192,21 @@ def test_fsdp_gradient_clipping_equals_single_process(two_ranks):
             assert math.isclose(float(got["norm"]), ref, rel_tol=1e-5), (wrap, rank, float(got["norm"]), ref)
             for name, p in model.named_parameters():
                 torch.testing.assert_close(got["grads"][name], p.grad, rtol=1e-4, atol=1e-7, msg=f"{wrap} rank {rank} {name}")
+
+
+def test_optimizer_step_on_local_shards_is_bitwise_the_dtensor_step(two_ranks):
+    """``ShardStep`` (fused AdamW on the shards' local tensors, no DTensor dispatch) against
+    ``optimizer.step()`` on the DTensors: after 4 steps (its state replaced by a copy before step
+    3) every parameter and every ``exp_avg`` is bit for bit the same, and the optimizer's own
+    DTensor state is the one updated (what a sharded checkpoint saves)."""
+    for rank, got in enumerate(two_ranks["shard_step"]):
+        ref, local = got["dtensor"], got["local"]
+        assert ref["params"].keys() == local["params"].keys() and len(ref["exp_avg"]) == len(ref["params"])
+        for kind in ("params", "exp_avg"):
+            for name, t in ref[kind].items():
+                assert torch.equal(t, local[kind][name]), f"rank {rank} {kind} {name}"
+        start = tiny_model(*SHARD_STEP[:2], dtype=torch.float32)
+        assert any(not torch.equal(p.detach(), local["params"][n]) for n, p in start.named_parameters())  # it trained
 
 
 @pytest.mark.parametrize("name", ["ddp", "fsdp", "cp"])

@@ -97,6 +97,44 @@ def fsdp_clip_step(preset: str, chunk: int, T: int, max_norm: float, wrap: dict)
     return {"norm": norm, "grads": grads}
 
 
+def shard_step_run(preset: str, chunk: int, T: int, steps: int) -> dict:
+    """FSDP2 training of ``steps`` steps (fused AdamW, the rate changing every step) stepped by
+    ``optimizer.step()`` on the ``DTensor`` s, then from the same start by ``ShardStep`` on the local
+    shards, whose optimizer state is replaced before step 3 by a copy of itself (as a checkpoint
+    load replaces it).  Returns per mode the parameters and the optimizer's ``exp_avg`` s gathered
+    whole."""
+    import copy
+
+    from lintime.training import parallel as par
+
+    env = par.init_distributed("cpu", "fsdp", 1)
+    r = env.rank
+    out = {}
+    for mode in ("dtensor", "local"):
+        model = tiny_model(preset, chunk, dtype=torch.float32)
+        par.wrap_model(model, env, "fsdp", None)
+        opt = torch.optim.AdamW(model.param_groups(0.1), lr=1e-2, fused=True)
+        stepper = par.ShardStep(opt) if mode == "local" else opt
+        ids = clip_rows(env.world, T, model.config.vocab_size)
+        for i in range(steps):
+            (model(ids[r : r + 1, :-1], targets=ids[r : r + 1, 1:]) / (T - 1)).backward()
+            par.finish_grads(model, env, "fsdp")
+            for group in opt.param_groups:
+                group["lr"] = 1e-2 / (i + 1)
+            if mode == "local" and i == 2:
+                opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+            stepper.step()
+            opt.zero_grad(set_to_none=True)
+
+        def whole(t):
+            return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
+
+        names = {p: n for n, p in model.named_parameters()}
+        out[mode] = {"params": {n: whole(p) for p, n in names.items()},
+                     "exp_avg": {n: whole(opt.state[p]["exp_avg"]) for p, n in names.items() if p in opt.state}}
+    return out
+
+
 def clip_rows(rows: int, T: int, vocab: int) -> torch.Tensor:
     """``[rows, T]`` token ids of the FSDP clip check (a fixed draw)."""
     return torch.randint(0, vocab, (rows, T), generator=torch.Generator().manual_seed(3))
@@ -106,7 +144,8 @@ def scenarios(jobs: list[tuple[str, tuple]]) -> list:
     """Several scenarios, in order, in one set of processes (one process start-up for all): the
     process group is started once here and ``lintime.training.train`` leaves a group it did not
     start alone.  Jobs: ``("cp_op", args of context_parallel_step)``, ``("train", args of
-    train_run)``, ``("clip", args of fsdp_clip_step)``, ``("copy", (src, dst))`` (rank 0 copies a run folder, then all wait)."""
+    train_run)``, ``("clip", args of fsdp_clip_step)``,
+    ``("shard_step", args of shard_step_run)``, ``("copy", (src, dst))`` (rank 0 copies a run folder, then all wait)."""
     import datetime
     import shutil
 
@@ -121,6 +160,8 @@ def scenarios(jobs: list[tuple[str, tuple]]) -> list:
             out.append(train_run(*args))
         elif kind == "clip":
             out.append(fsdp_clip_step(*args))
+        elif kind == "shard_step":
+            out.append(shard_step_run(*args))
         elif kind == "copy":
             if dist.get_rank() == 0:
                 shutil.copytree(*args)
