@@ -10,6 +10,13 @@ Resume: the checkpoint holds the optimiser, the data iterator's position, every 
 step, tokens and elapsed time; the schedule is a pure function of the step.  So on a fixed device
 (CPU fp32 tested) a resumed run produces exactly the per-step losses of an uninterrupted one.
 
+Host reads: an eager step reads nothing on the host (a read waits for every queued kernel, and the
+host could be issuing the next step meanwhile).  Its loss, auxiliary loss and gradient norm stay
+on the device (:class:`~lintime.training.step.StepStats`) until a logged step reads them all at
+once -- or an evaluation, a checkpoint, the end, or ``MAX_UNREAD_STEPS`` -- where a non-finite one
+ends the run, named by its step, before anything is evaluated or saved.  ``time_s`` is the loop's
+wall time outside evaluations and checkpoints (batch fetch included; the device catches up at reads).
+
 A run folder never becomes a dead end (:mod:`lintime.training.runguard`): one process writes it
 at a time (a lock file); SIGINT / SIGTERM save a checkpoint at the current step and stop; a
 folder without a checkpoint (killed early, or diverged before its first save) is started over
