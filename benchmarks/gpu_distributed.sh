@@ -33,9 +33,11 @@ WARMUP_STEPS=${WARMUP_STEPS:-10}
 SCALE_TOKENS=${SCALE_TOKENS:-32768}
 PACKING=${PACKING:-rows}
 LOG_EVERY=${LOG_EVERY:-5}
+RUNS=${RUNS:-/tmp/gpu_distributed_runs}  # run folders (checkpoints: ~1 GB each) stay here; metrics are copied to $OUT
+rm -rf "$RUNS"/scale_*  # the trainer refuses a run folder that holds a run
 TRAIN="-m lintime train --preset flash-base --corpus stdlib --context-len 2048 --steps $SCALE_STEPS --eval-every 0
   --eval-tokens 4096 --save-every 0 --keep 1 --sample-tokens 0 --no-plots --no-progress --precision bf16
-  --device cuda --packing $PACKING --log-every $LOG_EVERY --out $OUT/runs"
+  --device cuda --packing $PACKING --log-every $LOG_EVERY --out $RUNS"
 TORCHRUN="python3 -m torch.distributed.run --standalone --nproc-per-node"  # + the number of processes
 # the token cache once (so no timed run pays for it)
 timeout 300 python3 -c "from lintime.data import open_corpus, prepare, default_cache_dir
@@ -67,6 +69,7 @@ if [[ " $STEPS " == *" scaling "* ]]; then
     [[ ${DDP:-1} == 1 ]] && run scale_ddp 200 $TORCHRUN $NGPU $TRAIN --tokens-per-batch $((SCALE_TOKENS * NGPU)) --parallel ddp --name scale_ddp
     run scale_fsdp 200 $TORCHRUN $NGPU $TRAIN --tokens-per-batch $((SCALE_TOKENS * NGPU)) --parallel fsdp --name scale_fsdp
   fi
+  for m in "$RUNS"/scale_*/metrics.jsonl; do [[ -f $m ]] && cp "$m" "$OUT/metrics_$(basename "$(dirname "$m")").jsonl"; done
   python3 - "$OUT" "$WARMUP_STEPS" "$NGPU" "$SCALE_TOKENS" "$PACKING" "$LOG_EVERY" <<'PY'
 import json, statistics, sys
 from pathlib import Path
@@ -74,7 +77,7 @@ out, warm, ngpu, per_gpu = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 for name, gpus in (("scale_1gpu", 1), ("scale_ddp", ngpu), ("scale_fsdp", ngpu)):
     if gpus < 1 or (name != "scale_1gpu" and gpus < 2) or not (out / ("%s.log" % name)).exists():
         continue  # not run (one GPU, or DDP=0)
-    m = out / "runs" / name / "metrics.jsonl"
+    m = out / ("metrics_%s.jsonl" % name)
     if not m.is_file():
         res[name] = {"error": "no metrics (see %s.log)" % name}; continue
     rows = [json.loads(l) for l in m.read_text().splitlines()]
@@ -113,9 +116,9 @@ PY
   if [[ ${PROFILE:-0} == 1 && $NGPU -ge 2 ]]; then
     # the same step in one set of processes: one GPU (rank 0 alone) vs FSDP2 layouts, rank 0 profiled
     run fsdp_profile 200 $TORCHRUN $NGPU lab/fsdp_profile.py --preset flash-base --context-len 2048 \
-      --tokens-per-gpu $SCALE_TOKENS --vocab 260 --packing $PACKING --configs ${PROFILE_CONFIGS:-single,u1,u1-sync,u1-dtopt,u1-keep,u4-keep} \
-      --profile ${PROFILE_RUNS:-single,u1} --steps 12 --warmup 3 --profile-steps 2 --out "$OUT/fsdp_profile"
-    tail -n 8 "$OUT/fsdp_profile.log"
+      --tokens-per-gpu $SCALE_TOKENS --vocab 260 --packing $PACKING --configs ${PROFILE_CONFIGS:-single,u1,u1-sync,u1-dtopt,u4-keep} \
+      --profile ${PROFILE_RUNS:-single,u1} --steps 10 --warmup 3 --profile-steps 2 --out "$OUT/fsdp_profile"
+    grep -E " GPU |wrote|Error" "$OUT/fsdp_profile.log" | tail -n 12
   fi
 fi
 
