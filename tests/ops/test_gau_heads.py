@@ -5,8 +5,8 @@ layers (FLASH, GAU) against their math written out by hand.
 Chain of trust: the naive form (the rotation written out per head and RoPE group, fp32 / fp64) is
 the reference; the chunk form (the layers' former eager math) must match it in fp64 and fp32; the
 fused kernel (on the CPU through the Triton interpreter, 16-row x 16-column tiles: small shapes
-cross row blocks, the backward's 32-row groups and ``u`` / ``v`` tiles, with partial ones; other
-launches too) must match it in fp32 at the exact
+cross row blocks, the backward's 32- and 48-row groups and ``u`` / ``v`` tiles, with partial ones;
+other launches too) must match it in fp32 at the exact
 rule and in fp16 by the half-precision rule (bf16 on CUDA, where its rounding is the hardware's).
 Positions are random integers, negative and large ones included (fp32 angles of ~1e5 radians).
 """
@@ -166,12 +166,13 @@ def test_triton_matches_naive_fp32(case, with_bias):
 
 
 @cpu_only
-@pytest.mark.parametrize("launch", [dict(bt=8, be=16, bth=8, warps=1, bwd_rows=8, bwd_warps=1),
-                                    dict(bt=16, be=8, bth=8, warps=1, bwd_rows=48, bwd_warps=2)],
-                         ids=["rows8", "rows48"])
+@pytest.mark.parametrize("launch", [dict(bt=8, be=16, bth=8, warps=1, bwd_rows=8, bwd_heads_rows=8, bwd_warps=1),
+                                    dict(bt=16, be=8, bth=8, warps=1, bwd_rows=48, bwd_heads_rows=24, bwd_warps=2)],
+                         ids=["rows8", "rows48-heads24"])
 def test_triton_launches_match_naive(launch):
     """Other backward row groups (one block per group: the former kernel's layout; three 16-row tile
-    blocks and six 8-row heads blocks per group) give the same results, bias and heads gradients included."""
+    blocks per group and three 8-row heads blocks per heads group, the two kinds of groups unequal) give
+    the same results, bias and heads gradients included."""
     from lintime.ops.heads.triton.heads import HeadsLaunch
 
     _check_exact_vs_naive("triton", CASES[1], torch.float32, seed=10, with_bias=True, launch=HeadsLaunch(**launch))
@@ -424,8 +425,9 @@ def test_cuda_real_size_bf16_half_rule(nh, gating, rope_heads, with_bias):
 
 @cuda
 @needs_cuda
-@pytest.mark.parametrize("launch", [None, dict(bwd_rows=8), dict(bwd_rows=128, bwd_warps=8)],
-                         ids=["default", "rows8", "rows128w8"])
+@pytest.mark.parametrize("launch", [None, dict(bwd_rows=8, bwd_heads_rows=8), dict(bwd_rows=128, bwd_heads_rows=32,
+                                                                                   bwd_warps=8)],
+                         ids=["default", "rows8", "rows128-heads32-w8"])
 def test_cuda_fp32_exact_odd_sizes_large_positions(launch):
     """fp32 kernels against the fp32 naive form on odd sizes (T = 1037, e = 300, s = 96 in two RoPE
     groups, a bias) with positions up to 1e6 (angles far outside [-pi, pi]: an approximate sin / cos

@@ -7,9 +7,9 @@ tensors for ``torch.compile``) tied together by ``register_autograd``, made by
 
 Memory traffic is the minimum: the forward reads ``h`` once and writes ``u, v, heads``; the
 backward reads ``h`` and the three output gradients once and writes ``dh`` once, plus fp32 partial
-column sums per row group of ``HeadsLaunch.bwd_rows`` rows: ``[cdiv(TT, bwd_rows), nh, s]`` for
-``dgamma`` / ``dbeta`` and ``[cdiv(TT, bwd_rows), W]`` for the bias (2 + 6.6 MB for 32k tokens,
-``nh = 4``, ``W = 3200``, 64 rows), which ``sum`` calls fold in a fixed order (deterministic).  The
+column sums per row group (``HeadsLaunch.bwd_heads_rows`` rows for ``dgamma`` / ``dbeta`` and the bias
+of the ``z`` columns, ``bwd_rows`` for the bias of the ``u`` / ``v`` columns: 2 + 6.6 MB for 32k
+tokens, ``nh = 4``, ``W = 3200``, 64 rows), which ``sum`` calls fold in a fixed order (deterministic).  The
 backward keeps only the inputs ``h``, ``bias``, ``gamma`` and ``positions`` (the activation is
 recomputed).
 """
@@ -41,21 +41,22 @@ class HeadsLaunch(LaunchConfig):
     be: int = 512  # columns of a u / v tile
     bth: int = 8  # rows of a heads block (forward: one per program; 16 / 32 rows were slower)
     warps: int = 4  # per forward program; 2 or 8 warps no faster
-    bwd_rows: int = 64  # rows per backward program, a multiple of bt and bth: not measured yet
+    bwd_rows: int = 64  # rows per backward tile program, a multiple of bt: not measured yet
+    bwd_heads_rows: int = 64  # rows per backward heads program, a multiple of bth: not measured yet
     bwd_warps: int = 4  # per backward program: not measured yet
 
     def __post_init__(self):
-        if self.bwd_rows % self.bt or self.bwd_rows % self.bth:
-            raise ValueError(f"HeadsLaunch: bwd_rows={self.bwd_rows} must be a multiple of bt={self.bt} "
-                             f"and bth={self.bth}")
+        if self.bwd_rows % self.bt or self.bwd_heads_rows % self.bth:
+            raise ValueError(f"HeadsLaunch: bwd_rows={self.bwd_rows} must be a multiple of bt={self.bt} and "
+                             f"bwd_heads_rows={self.bwd_heads_rows} of bth={self.bth}")
 
 
 def default_launch(device: torch.device) -> HeadsLaunch:
-    """The GPU's :class:`HeadsLaunch`; under the interpreter 16 x 16 tiles, 16-row heads blocks and 32-row
-    backward groups, so that small test shapes cross several row blocks, row groups and ``u`` / ``v`` tiles,
-    with partial ones."""
+    """The GPU's :class:`HeadsLaunch`; under the interpreter 16 x 16 tiles, 16-row heads blocks and backward
+    groups of 32 (tiles) and 48 (heads) rows, so that small test shapes cross several row blocks, row groups and
+    ``u`` / ``v`` tiles, with partial ones."""
     if device.type == "cpu" and interpreting():
-        return HeadsLaunch(bt=16, be=16, bth=16, warps=1, bwd_rows=32, bwd_warps=1)
+        return HeadsLaunch(bt=16, be=16, bth=16, warps=1, bwd_rows=32, bwd_heads_rows=48, bwd_warps=1)
     return HeadsLaunch()
 
 
@@ -65,9 +66,9 @@ def _fwd_grid(TT, e, gating, cfg: HeadsLaunch):
 
 
 def _bwd_grid(TT, e, gating, cfg: HeadsLaunch):
-    """Heads programs then tile programs, one row group of ``bwd_rows`` each, and the number of row groups."""
-    groups = cdiv(TT, cfg.bwd_rows)
-    return (groups * (1 + (2 if gating else 1) * cdiv(e, cfg.be)),), groups
+    """Heads programs then tile programs, one row group each, and the numbers of heads and tile row groups."""
+    heads, tiles = cdiv(TT, cfg.bwd_heads_rows), cdiv(TT, cfg.bwd_rows)
+    return (heads + tiles * (2 if gating else 1) * cdiv(e, cfg.be),), heads, tiles
 
 
 @functools.lru_cache(maxsize=32)
@@ -115,20 +116,22 @@ def _bwd_impl(du, dv, dheads, h, gamma, positions, bias, e, s, gating, rope_base
     dh = torch.empty_like(h)
     need_part = need_dparams and dheads is not None and TT > 0
     need_db = need_dbias and TT > 0
-    grid, groups = _bwd_grid(TT, e, gating, cfg)
+    grid, groups_h, groups_t = _bwd_grid(TT, e, gating, cfg)
     f32 = {"dtype": torch.float32, "device": h.device}
-    part = torch.empty(2, groups, nh, s, **f32) if need_part else torch.empty(1, **f32)
-    db_part = torch.empty(groups, W, **f32) if need_db else part
+    part = torch.empty(2, groups_h, nh, s, **f32) if need_part else torch.empty(1, **f32)
+    db_part, db_part_z = part, part  # (unused pointers)
+    if need_db:
+        db_part, db_part_z = torch.empty(groups_t, W - s, **f32), torch.empty(groups_h, s, **f32)
     if TT > 0:
         gau_heads_bwd_kernel[grid](
             h, h if bias is None else bias, du if du is not None else h, dv if dv is not None else h,
             dheads if dheads is not None else h, gamma, positions, _inv_freq(hd, rope_base, str(h.device)), dh,
-            part[0], part[-1], db_part,
+            part[0], part[-1], db_part, db_part_z,
             TT, e, W,
             S=s, NH=nh, NHP=next_pow2(nh), HD=hd, GATING=gating, HAS_BIAS=bias is not None,
             HAS_DU=du is not None, HAS_DV=dv is not None, HAS_DHEADS=dheads is not None, NEED_DP=need_part,
             NEED_DB=need_db, BT=cfg.bt, BE=cfg.be, BTH=cfg.bth, BH=next_pow2(s // 2), ROWS=cfg.bwd_rows,
-            num_warps=cfg.bwd_warps,
+            ROWS_H=cfg.bwd_heads_rows, num_warps=cfg.bwd_warps,
         )
     # (separate tensors, not views of one: a custom op's outputs may not alias each other)
     if need_part:
@@ -138,7 +141,9 @@ def _bwd_impl(du, dv, dheads, h, gamma, positions, bias, e, s, gating, rope_base
     else:
         dgamma, dbeta = h.new_empty(0, dtype=torch.float32), h.new_empty(0, dtype=torch.float32)
     if need_db:
-        dbias = db_part.sum(0)
+        dbias = torch.empty(W, **f32)
+        torch.sum(db_part, 0, out=dbias[: W - s])
+        torch.sum(db_part_z, 0, out=dbias[W - s :])
     else:
         dbias = torch.zeros(W, **f32) if need_dbias else h.new_empty(0, dtype=torch.float32)
     return dh, dgamma, dbeta, dbias

@@ -8,12 +8,12 @@ features (``S / D`` groups).  ``BT x BE`` tiles of ``u`` / ``v``; ``BTH`` rows p
 
 One 1-D grid of two kinds of programs: first ``NHB`` *heads* programs (the heavier ones, scheduled
 first so that none is left for the tail), each owning the ``z`` columns of its rows and every head;
-then ``NHB * (NU + NE)`` *tile* programs, row-major over ``NU`` ``u`` tiles (``NU = NE = cdiv(E, BE)``
+then *tile* programs, row-major over ``NU`` ``u`` tiles (``NU = NE = cdiv(E, BE)``
 with gating, 0 without) and ``NE`` ``v`` tiles.  In the forward a heads program owns ``BTH`` rows
 and a tile program ``BT`` (``NHB = cdiv(TT, BTH)``, ``cdiv(TT, BT)`` tile rows); in the backward
-both own a row group of ``ROWS`` rows (``NHB = cdiv(TT, ROWS)``), looped over ``BTH`` / ``BT`` rows
-at a time, so the column sums of the parameter gradients are made in registers and written once
-per row group.  Every element of ``h`` is read by exactly one program, once.
+a heads program owns a row group of ``ROWS_H`` rows (``NHB = cdiv(TT, ROWS_H)``) and a tile program
+one of ``ROWS`` rows, looped over ``BTH`` / ``BT`` rows at a time, so the column sums of the
+parameter gradients are made in registers and written once per row group.  Every element of ``h`` is read by exactly one program, once.
 
 The heads program works on half-columns ``j < S / 2``: ``j`` is feature ``i = j % HD`` of group
 ``j // HD``, whose two halves sit at ``c1 = (j // HD) D + i`` and ``c2 = c1 + HD`` -- so the
@@ -126,17 +126,19 @@ def gau_heads_fwd_kernel(
 
 @triton.jit
 def gau_heads_bwd_kernel(
-    h, bias, du, dv, dheads, gamma, p_pos, freq, dh, dgamma_part, dbeta_part, dbias_part,
+    h, bias, du, dv, dheads, gamma, p_pos, freq, dh, dgamma_part, dbeta_part, dbias_part, dbias_part_z,
     TT, E, W,
     S: tl.constexpr, NH: tl.constexpr, NHP: tl.constexpr, HD: tl.constexpr, GATING: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DU: tl.constexpr, HAS_DV: tl.constexpr, HAS_DHEADS: tl.constexpr,
     NEED_DP: tl.constexpr, NEED_DB: tl.constexpr,
     BT: tl.constexpr, BE: tl.constexpr, BTH: tl.constexpr, BH: tl.constexpr, ROWS: tl.constexpr,
+    ROWS_H: tl.constexpr,
 ):
-    """``dh`` in one pass (absent output gradients count as zero) and, per row group of ``ROWS`` rows (program
-    ``pid`` of its kind), the partial column sums of ``dgamma`` / ``dbeta`` (``NEED_DP``: ``[NH, S]`` fp32 at row
-    ``pid`` of ``dgamma_part`` / ``dbeta_part``) and of ``dbias = sum_t dh`` (``NEED_DB``: ``[W]`` fp32 rows of
-    ``dbias_part``, the heads program writing the ``z`` columns); the caller sums them, in a fixed order.
+    """``dh`` in one pass (absent output gradients count as zero) and, per row group (``ROWS_H`` rows for a heads
+    program, ``ROWS`` for a tile program), the partial column sums of ``dgamma`` / ``dbeta`` (``NEED_DP``:
+    ``[NH, S]`` fp32 at row ``pid`` of ``dgamma_part`` / ``dbeta_part``) and of ``dbias = sum_t dh`` (``NEED_DB``:
+    the ``u`` / ``v`` columns in the ``[GE]`` rows of ``dbias_part``, the ``z`` columns in the ``[S]`` rows of
+    ``dbias_part_z``); the caller sums them, in a fixed order.
 
     Every program loops over its row group, ``BTH`` (heads) or ``BT`` (tiles) rows at a time, and keeps its sums
     in registers until the end.  The heads program holds all ``NH`` heads (``NHP``, a power of two) as the middle
@@ -145,7 +147,7 @@ def gau_heads_bwd_kernel(
     ``d silu(z) = sum_n dq gamma[n]``."""
     pid = tl.program_id(0)
     DT = dh.dtype.element_ty
-    NHB = tl.cdiv(TT, ROWS)
+    NHB = tl.cdiv(TT, ROWS_H)
     if pid < NHB:
         o_i, c1, c2, m_j = _half_cols(S, HD, BH)
         b_f = tl.load(freq + o_i, mask=m_j, other=0.)
@@ -163,8 +165,8 @@ def gau_heads_bwd_kernel(
         b_ab2 = tl.zeros([BTH, NHP, BH], dtype=tl.float32)
         b_az1 = tl.zeros([BTH, BH], dtype=tl.float32)  # dbias sums of the z columns
         b_az2 = tl.zeros([BTH, BH], dtype=tl.float32)
-        for i_b in range(ROWS // BTH):
-            o_t = pid.to(tl.int64) * ROWS + i_b * BTH + tl.arange(0, BTH)
+        for i_b in range(ROWS_H // BTH):
+            o_t = pid.to(tl.int64) * ROWS_H + i_b * BTH + tl.arange(0, BTH)
             m_t = o_t < TT
             m_h = m_t[:, None] & m_j[None, :]
             p_z = h + o_t[:, None] * W + (W - S)
@@ -208,7 +210,7 @@ def gau_heads_bwd_kernel(
             tl.store(p_b + c1[None, :], tl.sum(b_ab1, 0), mask=m_nj)
             tl.store(p_b + c2[None, :], tl.sum(b_ab2, 0), mask=m_nj)
         if NEED_DB:
-            p_db = dbias_part + pid.to(tl.int64) * W + (W - S)
+            p_db = dbias_part_z + pid.to(tl.int64) * S
             tl.store(p_db + c1, tl.sum(b_az1, 0), mask=m_j)
             tl.store(p_db + c2, tl.sum(b_az2, 0), mask=m_j)
     else:  # the u or v columns of one tile over its row group
@@ -236,4 +238,4 @@ def gau_heads_bwd_kernel(
             if NEED_DB:
                 b_acc += b_dx
         if NEED_DB:
-            tl.store(dbias_part + i_g.to(tl.int64) * W + o_c, tl.sum(b_acc, 0), mask=m_e)
+            tl.store(dbias_part + i_g.to(tl.int64) * (W - S) + o_c, tl.sum(b_acc, 0), mask=m_e)
