@@ -8,8 +8,8 @@ Op rows (``h [TT, 2e + s]`` given): forward, backward launcher alone and fwd+bwd
 
 * ``old``: the backward kernel before the bias fold (a copy below, ``_old_bwd_kernel``: 8-row heads programs
   writing ``[TT/8, nh, s]`` fp32 partials, 8 x 512 tile programs), the same forward kernel without a bias;
-* ``rows=R w=W``: the current kernels with ``HeadsLaunch(bwd_rows=R, bwd_warps=W)`` (row groups looped in
-  registers); the default launch is marked.
+* ``rows=R/RH w=W``: the current kernels with ``HeadsLaunch(bwd_rows=R, bwd_heads_rows=RH, bwd_warps=W)`` (row
+  groups of the tile / heads programs, looped in registers); the default launch is marked.
 
 Layer rows (``x [TT, 768]``, proj ``[3200, 768]`` + bias, fp32 parameters under bf16 autocast, as the trainer runs
 a FLASH layer): ``addmm + old op`` (``F.linear(x, W, b)``, whose backward sums the bias gradient, then the old op)
@@ -44,8 +44,11 @@ from lintime.ops.kernel_launch import cdiv, next_pow2  # noqa: E402
 # flash-base; ``--smoke``: a tiny shape through Triton's CPU interpreter (the code paths, no timing meaning)
 TT, E, S, NH, D = (80, 40, 16, 4, 24) if "--smoke" in sys.argv else (32768, 1536, 128, 4, 768)
 W = 2 * E + S
-VARIANTS = [dict(bwd_rows=8), dict(bwd_rows=32), dict(bwd_rows=64), dict(bwd_rows=128), dict(bwd_rows=256),
-            dict(bwd_rows=64, bwd_warps=8), dict(bwd_rows=128, bwd_warps=8)]
+# overrides of the default launch: row groups of the tile (bwd_rows) and heads (bwd_heads_rows) programs, warps
+VARIANTS = [dict(bwd_rows=8, bwd_heads_rows=8), dict(bwd_rows=32, bwd_heads_rows=32),
+            dict(bwd_rows=64, bwd_heads_rows=64), dict(bwd_rows=128, bwd_heads_rows=128),
+            dict(bwd_rows=256, bwd_heads_rows=256), dict(bwd_rows=128, bwd_heads_rows=32),
+            dict(bwd_rows=64, bwd_heads_rows=64, bwd_warps=8), dict(bwd_rows=128, bwd_heads_rows=32, bwd_warps=8)]
 
 
 # --------------------------------------------------------------------------- the backward before the bias fold
@@ -230,9 +233,9 @@ def main() -> None:
         rows.append(row)
         ms = "  ".join(f"{k} {row[k]:.3f}" for k in ("fwd_ms", "bwd_ms", "fwdbwd_ms") if k in row)
         err = "  ".join(f"{k} {v:.1e}" for k, v in row.get("err", {}).items())
-        print(f"{row['case']:7s} {row['name']:28s} {ms}  {err}", flush=True)
+        print(f"{row['case']:6s} {row['name'] + (' +bias' if row.get('bias') else ''):34s} {ms}  {err}", flush=True)
 
-    # ---- the op: old backward, then the variants, without and with the bias
+    # ---- the op's old backward first, then the layer rows (both compile the default launch), then the variants
     def op_grad(fn, leaves):
         return lambda: torch.autograd.grad(fn(*leaves), leaves, grads)
 
@@ -244,25 +247,6 @@ def main() -> None:
           "fwd_ms": cuda_ms(lambda: _fwd_impl(h, gamma, beta, pos, None, E, S, True, 10000.0, 1), a.reps),
           "bwd_ms": cuda_ms(lambda: old_bwd(du, dv, dheads, h, gamma, pos), a.reps),
           "fwdbwd_ms": cuda_ms(op_grad(lambda x, g, b: OldHeads.apply(x, g, b, pos), leaves), a.reps)})
-    for with_bias in (False, True):
-        for over in [{}] + VARIANTS:
-            if time.perf_counter() - t0 > a.budget:
-                print(f"budget spent: skipped {over} bias={with_bias}", flush=True)
-                continue
-            cfg = dataclasses.replace(default, **over)
-            b = bias if with_bias else None
-            name = "default" if not over else f"rows={cfg.bwd_rows} w={cfg.bwd_warps}"
-            fwd = lambda: triton_gau_heads(h, gamma, beta, pos, e=E, s=S, bias=b, launch=cfg)
-            bwd = lambda: _bwd_impl(du, dv, dheads, h, gamma, pos, b, E, S, True, 10000.0, 1, True, b is not None,
-                                    cfg)
-            lv = leaves + ([bias.clone().requires_grad_()] if with_bias else [])
-            fb = op_grad(lambda x, g, be, *bb: triton_gau_heads(x, g, be, pos, e=E, s=S, bias=bb[0] if bb else None,
-                                                                 launch=cfg), lv)
-            got = bwd()
-            want = ref_b if with_bias else ref
-            err = {k: rel_err(x, y) for k, x, y in zip(("dh", "dgamma", "dbeta", "dbias"), got, want)}
-            emit({"case": "op", "name": name, "bias": with_bias, "launch": dataclasses.asdict(cfg), "err": err,
-                  "fwd_ms": cuda_ms(fwd, a.reps), "bwd_ms": cuda_ms(bwd, a.reps), "fwdbwd_ms": cuda_ms(fb, a.reps)})
 
     # ---- the layer's projection + heads, fp32 parameters under bf16 autocast
     x = torch.randn(1, TT, D, device=dev, dtype=bf).requires_grad_()
@@ -285,12 +269,31 @@ def main() -> None:
 
     layer_ref = layer("addmm + old op")()
     for mode in ("addmm + old op", "addmm + new op", "linear + new op(bias)"):
-        if time.perf_counter() - t0 > a.budget + 15:
-            print(f"budget spent: skipped layer {mode}", flush=True)
-            continue
         fn = layer(mode)
         err = {k: rel_err(u, v) for k, u, v in zip(("dx", "dW", "dbias", "dgamma", "dbeta"), fn(), layer_ref)}
         emit({"case": "layer", "name": mode, "err": err, "fwdbwd_ms": cuda_ms(fn, max(a.reps // 2, 10))})
+
+    # ---- the op's backward launches, without and with the bias
+    for with_bias in (False, True):
+        for over in [{}] + VARIANTS:
+            if time.perf_counter() - t0 > a.budget:
+                print(f"budget spent: skipped {over} bias={with_bias}", flush=True)
+                continue
+            cfg = dataclasses.replace(default, **over)
+            b = bias if with_bias else None
+            name = ("default " if not over else "") + f"rows={cfg.bwd_rows}/{cfg.bwd_heads_rows} w={cfg.bwd_warps}"
+            fwd = lambda: triton_gau_heads(h, gamma, beta, pos, e=E, s=S, bias=b, launch=cfg)
+            bwd = lambda: _bwd_impl(du, dv, dheads, h, gamma, pos, b, E, S, True, 10000.0, 1, True, b is not None,
+                                    cfg)
+            lv = leaves + ([bias.clone().requires_grad_()] if with_bias else [])
+            fb = op_grad(lambda x, g, be, *bb: triton_gau_heads(x, g, be, pos, e=E, s=S, bias=bb[0] if bb else None,
+                                                                 launch=cfg), lv)
+            got = bwd()
+            want = ref_b if with_bias else ref
+            err = {k: rel_err(x, y) for k, x, y in zip(("dh", "dgamma", "dbeta", "dbias"), got, want)}
+            emit({"case": "op", "name": name, "bias": with_bias, "launch": dataclasses.asdict(cfg), "err": err,
+                  "fwd_ms": cuda_ms(fwd, a.reps), "bwd_ms": cuda_ms(bwd, a.reps), "fwdbwd_ms": cuda_ms(fb, a.reps)})
+
     info["seconds"] = time.perf_counter() - t0
     print(f"{info['seconds']:.1f} s on {info['device']}", flush=True)
     if a.out:
