@@ -270,15 +270,21 @@ class VQAttention(Mixer):
         self.codebook_count.mul_(g).add_(n.view(H, S), alpha=1 - g)
         self.codebook_sum.mul_(g).add_(ksum.view(H, S, K), alpha=1 - g)
 
+    def xl_terms(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q + v' [..., H, K], r [L+1, H, K])`` in ``q``'s dtype: the XL bias of distance ``m`` is
+        ``(q + v') . r_m`` (see the module docstring)."""
+        L, H, K = self.L, self.H, self.K
+        dist = torch.arange(L + 1, device=q.device)
+        sin = self.sin_drop(sinusoid(dist, self.dim, self.r_proj.weight.dtype, self.sin_base))  # [L+1, d]
+        r = self.r_proj(sin).view(L + 1, H, K) * self.tau**-0.5  # r_m, m = 0..L
+        return q + (self.xl_v * self.tau**-0.5).to(q.dtype), r.to(q.dtype)
+
     def window_bias(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """XL relative bias in the op's layout ``[B, T, H, 2L]`` (see the module docstring)."""
         B, T, H, K = q.shape
         L = self.L
-        dist = torch.arange(L + 1, device=q.device)
-        sin = self.sin_drop(sinusoid(dist, self.dim, self.r_proj.weight.dtype, self.sin_base))  # [L+1, d]
-        r = self.r_proj(sin).view(L + 1, H, K) * self.tau**-0.5  # r_m, m = 0..L
-        qv = q + (self.xl_v * self.tau**-0.5).to(q.dtype)
-        qr = torch.einsum("bthk,mhk->bthm", qv, r.to(q.dtype))  # [B, T, H, L+1] by distance
+        qv, r = self.xl_terms(q)
+        qr = torch.einsum("bthk,mhk->bthm", qv, r)  # [B, T, H, L+1] by distance
         # column c of a query at offset a = p % L in its block is the key at distance a + L - c
         m = (positions % L)[..., None] + L - torch.arange(2 * L, device=q.device)  # [B, T, 2L]
         keep = (m >= 0) & (m <= L)  # Theorem 3.6: no bias further than L (or in the future)
@@ -304,11 +310,16 @@ class VQAttention(Mixer):
             commit = self.commit_loss(k, c_z)
             aux_losses["vq_commit"] = aux_losses["vq_commit"] + commit if "vq_commit" in aux_losses else commit
         qu = q if self.xl_u is None else q + (self.xl_u * self.tau**-0.5).to(q.dtype)
-        bias = None if self.r_proj is None else self.window_bias(q, positions)
         if self._fused_step(qu, v, state, cu_seqlens):  # one token, the static state updated in place
-            o = vq_decode_step_(qu[:, 0], k_hat[:, 0], codes[:, 0], v[:, 0], codebook, state.vq,
-                                bias=None if bias is None else bias[:, 0], backend="triton")
+            # the XL bias from its terms inside the step's kernel (distances from the state's positions)
+            rel = None
+            if self.r_proj is not None:
+                qv, r = self.xl_terms(q)
+                rel = (qv[:, 0], r)
+            o = vq_decode_step_(qu[:, 0], k_hat[:, 0], codes[:, 0], v[:, 0], codebook, state.vq, rel_bias=rel,
+                                backend="triton")
             return self.out(o.reshape(B, T, self.e) * g), state
+        bias = None if self.r_proj is None else self.window_bias(q, positions)
         o, vq_state = vq_attention(
             qu, k_hat, codes, v, codebook, block_len=self.L, bias=bias, reduction=self.reduction,
             initial_state=None if state is None else state.vq, output_final_state=state is not None,

@@ -100,6 +100,38 @@ def test_fused_step_fp16_half_rule():
         assert torch.equal(ref16.k_hat, fused.k_hat) and torch.equal(ref16.v, fused.v)
 
 
+def test_relative_bias_is_the_dense_window_bias():
+    """``rel_bias = (qv, r)`` equals passing the dense ``[N, H, 2L]`` bias built position by position from the
+    definition (distance ``m = L + pos % L - j`` in ``[0, L]``; fp64 composite), and the fused step with the
+    table equals the composite with it (fp32, exact rule; rows at different positions, across a block end)."""
+    g = torch.Generator().manual_seed(5)
+    H, K, V, S, L = 2, 16, 16, 20, 8
+    cb = torch.randn(H, S, K, generator=g) * 0.5
+    st = _prefilled(g, H, K, V, S, L, cb, torch.float32)
+    dense, table = _copy(st, torch.float64), _copy(st, torch.float64)
+    ref, fused = _copy(st), _copy(st)
+    r = torch.randn(L + 1, H, K, generator=g, dtype=torch.float64) * 0.3
+    for t in range(6):  # positions 11..16 (a block end at 15) and 5..10 (at 7)
+        q, k_hat, z, v, _ = _tokens(g, 2, 1, H, K, V, S, L, cb, torch.float64)
+        qv = torch.randn(2, H, K, generator=g, dtype=torch.float64)
+        bias = torch.zeros(2, H, 2 * L, dtype=torch.float64)
+        for n in range(2):
+            a = int(dense.pos[n]) % L
+            for j in range(2 * L):
+                if 0 <= L + a - j <= L:
+                    bias[n, :, j] = (qv[n] * r[L + a - j]).sum(-1)
+        args = (q[:, 0], k_hat[:, 0], z[:, 0], v[:, 0])
+        o_dense = vq_decode_step_(*args, cb.double(), dense, bias=bias, backend="recurrent")
+        o_table = vq_decode_step_(*args, cb.double(), table, rel_bias=(qv, r), backend="recurrent")
+        assert_exact(f"token {t} o, table vs dense", o_dense, o_table)
+        args32 = [x.float() if x.is_floating_point() else x for x in args]
+        o_ref = vq_decode_step_(*args32, cb, ref, rel_bias=(qv.float(), r.float()), backend="recurrent")
+        o = vq_decode_step_(*args32, cb, fused, rel_bias=(qv.float(), r.float()), backend="triton")
+        assert_exact(f"token {t} o, fused", o_ref, o)
+        for f in FIELDS:
+            assert_exact(f"token {t} {f}", getattr(ref, f).double(), getattr(fused, f).double())
+
+
 def test_checks():
     g = torch.Generator().manual_seed(3)
     H, K, V, S, L = 1, 4, 4, 3, 2
@@ -114,6 +146,8 @@ def test_checks():
         vq_decode_step_(q[:, 0], k_hat[:, 0], z[:, 0], v[:, 0], cb, st, bias=b[:, 0, :, :1])
     with pytest.raises(TypeError, match="VQState"):
         vq_decode_step_(q[:, 0], k_hat[:, 0], z[:, 0], v[:, 0], cb, None)
+    with pytest.raises(ValueError, match="rel_bias r must have shape"):
+        vq_decode_step_(q[:, 0], k_hat[:, 0], z[:, 0], v[:, 0], cb, st, rel_bias=(q[:, 0], torch.zeros(L, H, K)))
 
 
 @pytest.mark.cuda

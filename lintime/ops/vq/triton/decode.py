@@ -4,7 +4,8 @@ three kernels and the position increment, every one a fixed-shape launch that re
 
 * ``vq_decode_attn_kernel`` -- per (sequence, head, value tile): writes the token's key, code and value tile into
   window slot ``L + pos % L``, then one online softmax over the window slots (causal: slots ``[0, L)`` once
-  ``pos >= L``, slots ``[L, L + pos % L]``; the bias added) and the ``S`` codes (``q . codebook + log count``,
+  ``pos >= L``, slots ``[L, L + pos % L]``; the bias added, or formed from a relative table: ``qv . r[m]`` at
+  distance ``m``) and the ``S`` codes (``q . codebook + log count``,
   the fp32 running means as values); the token's own slot is scored and read from the registers that hold it
   (other programs of the row are writing it);
 * ``vq_decode_merge_kernel`` -- per (sequence, head, code tile), only when the token completes a block and a
@@ -31,12 +32,13 @@ _NEG = -1.0e30  # the running maximum's start: finite, so a tile with no visible
 
 
 @triton.jit
-def vq_decode_attn_kernel(q, kn, zn, vn, cb, bias, st_k, st_v, st_z, st_c, st_m, pos, o, L, S, H: tl.constexpr,
-                          K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr,
-                          BK: tl.constexpr, BV: tl.constexpr, HAS_BIAS: tl.constexpr):
+def vq_decode_attn_kernel(q, kn, zn, vn, cb, bias, qv, rt, st_k, st_v, st_z, st_c, st_m, pos, o, L, S,
+                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr,
+                          BK: tl.constexpr, BV: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_REL: tl.constexpr):
     """Grid ``(N * H, cdiv(V, BV))``.  ``q``, ``kn`` ``[N, H, K]``, ``zn`` ``[N, H]``, ``vn`` ``[N, H, V]``, ``cb``
-    ``[H, S, K]``, ``bias`` ``[N, H, 2L]``; state ``st_k [N, 2L, H, K]``, ``st_v [N, 2L, H, V]``, ``st_z [N, 2L, H]``,
-    ``st_c [N, H, S]``, ``st_m [N, H, S, V]``, ``pos [N]``; ``o [N, H, V]`` fp32."""
+    ``[H, S, K]``, ``bias`` ``[N, H, 2L]``, the relative bias ``qv [N, H, K]`` and ``rt [L + 1, H, K]``; state
+    ``st_k [N, 2L, H, K]``, ``st_v [N, 2L, H, V]``, ``st_z [N, 2L, H]``, ``st_c [N, H, S]``, ``st_m [N, H, S, V]``,
+    ``pos [N]``; ``o [N, H, V]`` fp32."""
     i_nh, i_v = tl.program_id(0), tl.program_id(1)
     n = (i_nh // H).to(tl.int64)
     h = i_nh % H
@@ -57,6 +59,8 @@ def vq_decode_attn_kernel(q, kn, zn, vn, cb, bias, st_k, st_v, st_z, st_c, st_m,
         tl.store(st_z + (row + new) * H + h, tl.load(zn + i_nh).to(st_z.dtype.element_ty))
     s_new = tl.sum(b_q * b_kn.to(tl.float32), 0)
     b_vn = b_vn.to(tl.float32)
+    if HAS_REL:
+        b_qv = tl.load(qv + i_nh * K + o_k, mask=m_k, other=0.0).to(tl.float32)
 
     b_mx = tl.full([], _NEG, tl.float32)
     b_l = tl.zeros([], tl.float32)
@@ -70,6 +74,12 @@ def vq_decode_attn_kernel(q, kn, zn, vn, cb, bias, st_k, st_v, st_z, st_c, st_m,
         b_s = tl.where(o_j == new, s_new, tl.sum(b_k * b_q[None, :], 1))
         if HAS_BIAS:
             b_s += tl.load(bias + i_nh * 2 * L + o_j, mask=m_j, other=0.0).to(tl.float32)
+        if HAS_REL:  # slot j is at distance new - j from the token; none beyond L (seed Theorem 3.6)
+            m_r = new - o_j
+            ok = m_j & (m_r >= 0) & (m_r <= L)
+            b_r = tl.load(rt + (tl.where(ok, m_r, 0)[:, None] * H + h) * K + o_k[None, :],
+                          mask=ok[:, None] & m_k[None, :], other=0.0).to(tl.float32)  # [BN, BK]
+            b_s += tl.sum(b_r * b_qv[None, :], 1)
         b_s = tl.where(vis, b_s, float("-inf"))
         b_w = tl.load(st_v + ((row + o_j[:, None]) * H + h) * V + o_v[None, :], mask=m_j[:, None] & m_v[None, :],
                       other=0.0).to(tl.float32)  # [BN, BV]
@@ -186,7 +196,7 @@ def _tiles(K: int, V: int) -> dict:
     return dict(BN=64, BS=64, BV=min(128, block(V)), BJ=64, BK=block(K))
 
 
-def triton_decode_step_(q, k_hat, codes, v, codebook, state, bias=None) -> torch.Tensor:
+def triton_decode_step_(q, k_hat, codes, v, codebook, state, bias=None, rel_bias=None) -> torch.Tensor:
     """:func:`lintime.ops.vq.decode.vq_decode_step_` on the kernels above (arguments checked there; fp16 / bf16 /
     fp32 inputs with an fp32 cache, keys up to 256 wide: :func:`fusable`)."""
     N, L2, H, K = state.k_hat.shape
@@ -200,9 +210,10 @@ def triton_decode_step_(q, k_hat, codes, v, codebook, state, bias=None) -> torch
     if N * H:
         vq_decode_attn_kernel[(N * H, cdiv(V, t["BV"]))](
             q.contiguous(), k_hat.contiguous(), codes.contiguous(), v.contiguous(), codebook.contiguous(),
-            None if bias is None else bias.contiguous(), state.k_hat, state.v, state.codes, state.cache_count,
-            state.cache_mean, state.pos, o, L, S, H=H, K=K, V=V, BN=t["BN"], BS=t["BS"], BK=t["BK"], BV=t["BV"],
-            HAS_BIAS=bias is not None,
+            None if bias is None else bias.contiguous(), None if rel_bias is None else rel_bias[0].contiguous(),
+            None if rel_bias is None else rel_bias[1].contiguous(), state.k_hat, state.v, state.codes,
+            state.cache_count, state.cache_mean, state.pos, o, L, S, H=H, K=K, V=V, BN=t["BN"], BS=t["BS"],
+            BK=t["BK"], BV=t["BV"], HAS_BIAS=bias is not None, HAS_REL=rel_bias is not None,
         )
         vq_decode_merge_kernel[(N * H, cdiv(S, t["BS"]))](
             state.codes, state.v, state.cache_count, state.cache_mean, state.pos, L, S, H=H, V=V, BS=t["BS"],
