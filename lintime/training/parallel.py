@@ -12,6 +12,11 @@ all micro-batches of the step), so the reduced gradient is exactly the single-pr
 of the same global batch (:func:`lintime.training.step.forward_backward`).  Gradient
 accumulation skips the reduction on all but the last micro-batch (:func:`grad_sync`).
 
+Host cost.  Nothing here reads a number on the host during a step (:func:`global_count`,
+:func:`finish_grads`, :func:`clip_grad_norm` with ``to_host=False``), and FSDP2's ``DTensor`` s
+are handled through their local shards where DTensor's per-op Python dispatch would cost a
+host-bound step its time (:func:`clip_grad_norm`, :class:`ShardStep`).
+
 Context parallelism itself (the hand-off of mixer states between the ranks of a replica) is
 :mod:`lintime.training.context_parallel`.
 """
