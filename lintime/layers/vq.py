@@ -246,8 +246,11 @@ class VQAttention(Mixer):
             codes = dist.argmin(-1).view(H, B, T).permute(1, 2, 0).contiguous()  # [B, T, H], seed Eq. 5
             c_z = codebook[torch.arange(H, device=k.device), codes]  # [B, T, H, K]
         # seed Eq. 6, k + sg(c_z - k), written c_z + (k - sg(k)): the same gradient (identity to k)
-        # and a forward value that is exactly the codeword, so window and cache agree bit for bit
-        k_hat = c_z.to(k.dtype) + (k - k.detach())
+        # and a forward value that is exactly the codeword, so window and cache agree bit for bit;
+        # without a gradient to carry, the codeword itself (two kernels fewer per decoding step)
+        k_hat = c_z.to(k.dtype)
+        if torch.is_grad_enabled() and k.requires_grad:
+            k_hat = k_hat + (k - k.detach())
         return codes, k_hat, c_z
 
     @staticmethod
