@@ -121,7 +121,8 @@ def forward_backward(
         n = float(n_targets) if isinstance(n_targets, torch.Tensor) else n_targets
         return float(ce_total) / n, float(aux_total)
     # a tensor divisor: a true division (CUDA divides by a host number as a multiplication by its inverse)
-    n = n_targets if isinstance(n_targets, torch.Tensor) else torch.full((), float(n_targets), device=device)
+    n = n_targets if isinstance(n_targets, torch.Tensor) else torch.full((), float(n_targets), dtype=torch.float64,
+                                                                         device=device)
     return ce_total / n.to(torch.float64), aux_total
 
 
