@@ -150,6 +150,22 @@ def test_gradient_accumulation_equals_the_big_batch(token_cache, micro_rows):
     assert ref.item() == pytest.approx(loss_big, rel=1e-12)
 
 
+def test_forward_backward_on_the_device_holds_the_host_numbers(token_cache):
+    """``to_host=False`` (the trainer's form: 0-d fp64 device tensors, no read) gives the floats of
+    ``to_host=True`` exactly, and the same gradients, with accumulation over 2 micro-batches."""
+    batch = _batch(token_cache)
+    torch.manual_seed(0)
+    model = CausalLM(get_preset("transformer-pp-tiny", vocab_size=260))
+    loss, aux = step_mod.forward_backward(model, batch, micro_rows=2)
+    host = _grads(model)
+    model.zero_grad(set_to_none=True)
+    loss_t, aux_t = step_mod.forward_backward(model, batch, micro_rows=2, to_host=False)
+    assert isinstance(loss_t, torch.Tensor) and loss_t.dtype == torch.float64 and loss_t.dim() == 0
+    assert (float(loss_t), float(aux_t)) == (loss, aux)
+    for n, g in _grads(model).items():
+        assert torch.equal(g, host[n]), n
+
+
 # -- auxiliary losses: a test mixer that reports one, as Transformer-VQ reports its commit loss
 
 
