@@ -181,9 +181,9 @@ def wrap_model(model: nn.Module, env: DistEnv, parallel: str, autocast: torch.dt
     gradients in fp32).  ``reshard_after_forward``: free a unit's gathered parameters after its
     forward and gather them again in the backward (``False``: keep them from forward to backward,
     no all-gather in the backward, one more bf16 copy of the model per rank).  The last unit is
-    never resharded (the backward starts with it), nor the root (FSDP2's rule).  ``prefetch``: each
-    unit's forward issues the next unit's all-gather (FSDP2 otherwise issues it when the host
-    reaches the next unit: a host-bound step then waits for it).  ``none``: the model itself.
+    never resharded (the backward starts with it), nor the root (FSDP2's rule).  ``prefetch``: the
+    root's and each unit's forward issue the next unit's all-gather (FSDP2 otherwise issues it when
+    the host reaches the next unit: a host-bound step then waits for it).  ``none``: the model itself.
     Returns the module to call; ``model`` keeps its names (for FSDP it *is* the returned module,
     now holding ``DTensor`` shards)."""
     if not env.distributed or parallel == "none":
@@ -214,7 +214,7 @@ def wrap_model(model: nn.Module, env: DistEnv, parallel: str, autocast: torch.dt
         units.append(group[0])  # the modules of a unit share one FSDP state
     fully_shard(model, ignored_params=scalars, **kw)
     if prefetch:
-        for unit, nxt in zip(units, units[1:]):
+        for unit, nxt in zip([model] + units, units):
             unit.set_modules_to_forward_prefetch([nxt])
     model._lintime_replicated = sorted(scalars, key=id)
     return model
