@@ -242,7 +242,7 @@ def run_config(spec: Spec, args, env, out_dir: Path) -> dict | None:
                 pms = (time.perf_counter() - p0) * 1e3 / args.profile_steps
             if env.rank == 0 and cuda:
                 result["profile"] = profile_summary(prof, args.profile_steps, pms)
-        del model, opt, stats
+        del model, opt, stats, step, opt_step
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
