@@ -78,7 +78,7 @@ def forward_backward(
     tokens of the *global* batch (all ranks; an int, or a 0-d tensor on the device:
     :func:`~lintime.training.parallel.global_count`), ``replicas`` the number of ranks that share
     the auxiliary losses (data x context parallel), ``loss_scale`` undoes the wrapper's averaging
-    (the world size for DDP / FSDP), ``context`` a :class:`~lintime.training.parallel.ContextParallel`
+    (the world size for DDP / FSDP), ``context`` a :class:`~lintime.training.context_parallel.ContextParallel`
     that runs this rank's slice of every row.  The returned numbers are then this rank's share:
     their sum over ranks is the global loss.  Gradients are reduced on the last micro-batch only.
 
