@@ -123,7 +123,7 @@ def profile_summary(prof, steps: int, step_ms: float) -> dict:
     top: dict[tuple[str, str], float] = {}
     for frames, us in pieces:
         c = categorize(frames)
-        cats[c] += us / 1e3 / steps
+        cats[c] = cats.get(c, 0.0) + us / 1e3 / steps  # profile_step may name more categories (VQ's quantisation)
         top[(frames[-1][:120], c)] = top.get((frames[-1][:120], c), 0.0) + us / 1e3 / steps
     iv = [(e.time_range.start, e.time_range.end) for e in kernels]
     busy = profile_step._union_us(iv) / 1e3 / steps
