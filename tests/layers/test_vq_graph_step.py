@@ -58,7 +58,8 @@ def _batch(cfg, B, T, seed) -> Batch:
     targets[0, : T // 4] = -100
     zeros = torch.zeros(B, T, dtype=torch.long)
     cu = torch.tensor([0, B * T], dtype=torch.int32)  # replaced by one sequence per row
-    return one_sequence_per_row(Batch(ids, targets, cu, zeros, zeros, torch.arange(B), torch.zeros(B, dtype=torch.long)))
+    rows = torch.arange(B)
+    return one_sequence_per_row(Batch(ids, targets, cu, zeros, zeros, rows, torch.zeros(B, dtype=torch.long)))
 
 
 def test_step_body_makes_no_host_read_on_the_triton_path():

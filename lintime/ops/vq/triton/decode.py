@@ -28,7 +28,7 @@ import triton.language as tl
 
 from lintime.ops.kernel_launch import block, cdiv, check_device, interpreting
 
-_NEG = -1.0e30  # the running maximum's start: finite, so a tile with no visible slot gives exp(-inf - _NEG) = 0
+NEG = tl.constexpr(-1.0e30)  # the running max's start: finite, so a tile with no visible slot gives exp(-inf - NEG) = 0
 
 
 @triton.jit
@@ -62,7 +62,7 @@ def vq_decode_attn_kernel(q, kn, zn, vn, cb, bias, qv, rt, st_k, st_v, st_z, st_
     if HAS_REL:
         b_qv = tl.load(qv + i_nh * K + o_k, mask=m_k, other=0.0).to(tl.float32)
 
-    b_mx = tl.full([], _NEG, tl.float32)
+    b_mx = tl.full([], NEG, tl.float32)
     b_l = tl.zeros([], tl.float32)
     b_acc = tl.zeros([BV], tl.float32)
     for j0 in range(0, 2 * L, BN):  # the window (seed Eq. 29-30)
