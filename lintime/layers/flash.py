@@ -209,10 +209,9 @@ class FLASH(Mixer):
         e, s = self.e, self.s
         if self._fused_step(x, state, cu_seqlens):
             return self._decode_step_(x, state, positions), state
-        # silu, split, the scale + offset heads and RoPE: one fused op ([B, T, e] x 2, [B, T, 4 or 6, s]); the
-        # projection's bias is added inside it, which also sums its gradient (no reduction in addmm's backward)
-        u, v, heads = gau_heads(nn.functional.linear(x, self.proj.weight), self.heads.gamma, self.heads.beta,
-                                positions, e=e, s=s, rope_base=self.rope_base, bias=self.proj.bias,
+        # silu, split, the scale + offset heads and RoPE: one fused op ([B, T, e] x 2, [B, T, 4 or 6, s])
+        u, v, heads = gau_heads(self.proj(x), self.heads.gamma, self.heads.beta, positions, e=e, s=s,
+                                rope_base=self.rope_base,
                                 backend=heads_backend(self.backend) if self.fused else "chunk")
         parts = _SplitHeads.apply(heads)  # [B, T, 1, s] each, contiguous
         qq, kq, ql, kl = parts[:4]

@@ -260,10 +260,9 @@ class GAU(Mixer):
     ) -> tuple[torch.Tensor, KVCache | None]:
         B, T, _ = x.shape
         H, e, s = self.n_heads, self.e, self.s
-        # silu, split, the scale + offset heads and RoPE per attention head: one fused op, the projection's bias
-        # added inside it (its gradient summed there too, not in addmm's backward)
-        u, v, qk = gau_heads(nn.functional.linear(x, self.proj.weight), self.qk.gamma, self.qk.beta, positions, e=e,
-                             s=s, gating=self.gating, rope_base=self.rope_base, rope_heads=H, bias=self.proj.bias,
+        # silu, split, the scale + offset heads and RoPE per attention head: one fused op
+        u, v, qk = gau_heads(self.proj(x), self.qk.gamma, self.qk.beta, positions, e=e, s=s, gating=self.gating,
+                             rope_base=self.rope_base, rope_heads=H,
                              backend=heads_backend(self.backend) if self.fused else "chunk")
         q, k = (qk[:, :, i].reshape(B, T, H, s // H) for i in range(2))  # [B, T, H, s/H] views
         v = v.reshape(B, T, H, e // H)

@@ -1,12 +1,11 @@
 """gau_heads (silu, split, scale + offset heads, RoPE): naive <-> chunk <-> triton for the outputs
-``u, v, heads`` and the gradients of ``h``, ``gamma``, ``beta`` and the optional projection bias; the
-layers (FLASH, GAU) against their math written out by hand.
+``u, v, heads`` and the gradients of ``h``, ``gamma`` and ``beta``; the layers (FLASH, GAU) against
+their math written out by hand.
 
 Chain of trust: the naive form (the rotation written out per head and RoPE group, fp32 / fp64) is
 the reference; the chunk form (the layers' former eager math) must match it in fp64 and fp32; the
 fused kernel (on the CPU through the Triton interpreter, 16-row x 16-column tiles: small shapes
-cross row blocks, the backward's 32- and 48-row groups and ``u`` / ``v`` tiles, with partial ones;
-other launches too) must match it in fp32 at the exact
+cross row blocks and ``u`` / ``v`` tiles, with partial ones) must match it in fp32 at the exact
 rule and in fp16 by the half-precision rule (bf16 on CUDA, where its rounding is the hardware's).
 Positions are random integers, negative and large ones included (fp32 angles of ~1e5 radians).
 """
@@ -30,20 +29,12 @@ triton = pytest.importorskip("triton")
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
-NAMES = ("u", "v", "heads", "dh", "dgamma", "dbeta", "dbias")
+NAMES = ("u", "v", "heads", "dh", "dgamma", "dbeta")
 
 
 def _inputs(B, T, e, s, nh, gating, dtype, *, seed=0, device="cpu", pmin=-300, pmax=100_000):
     """``h, gamma, beta, positions`` and the output gradients ``du, dv, dheads`` (fp64 drawn, then
     cast).  ``h`` has scale 2 (silu's curved part), gamma / beta O(1)."""
-    h, gamma, beta, pos, grads, _ = _inputs_bias(B, T, e, s, nh, gating, dtype, seed=seed, device=device, pmin=pmin,
-                                                 pmax=pmax)
-    return h, gamma, beta, pos, grads
-
-
-def _inputs_bias(B, T, e, s, nh, gating, dtype, *, seed=0, device="cpu", pmin=-300, pmax=100_000):
-    """:func:`_inputs` and a projection bias ``[W]`` (scale 1), drawn after them (the other inputs are
-    :func:`_inputs`' own)."""
     g = torch.Generator().manual_seed(seed * 1009 + T * 31 + e * 7 + s)
     W = (2 * e if gating else e) + s
     f64 = {"generator": g, "dtype": torch.float64}
@@ -52,27 +43,16 @@ def _inputs_bias(B, T, e, s, nh, gating, dtype, *, seed=0, device="cpu", pmin=-3
     pos = torch.randint(pmin, pmax, (B, T), generator=g)
     du = torch.randn(B, T, e, **f64) if gating else None
     dv, dheads = torch.randn(B, T, e, **f64), torch.randn(B, T, nh, s, **f64)
-    bias = torch.randn(W, **f64)
     cast = lambda x: None if x is None else x.to(device, dtype)
-    return cast(h), cast(gamma), cast(beta), pos.to(device), (cast(du), cast(dv), cast(dheads)), cast(bias)
+    return cast(h), cast(gamma), cast(beta), pos.to(device), (cast(du), cast(dv), cast(dheads))
 
 
-def _run(backend, h, gamma, beta, pos, grads, *, e, s, gating=True, rope_heads=1, bias=None, **kw):
-    """Outputs and the gradients of h, gamma, beta (and the bias, when given) by name; an output whose
-    gradient is ``None`` takes no part in the backward (its gradient is zero); a parameter no
-    gradient reaches gets zeros."""
-    leaves = [x.detach().clone().requires_grad_() for x in (h, gamma, beta) + (() if bias is None else (bias,))]
-    op = gau_heads
-    if kw.get("launch") is not None:  # a launch other than the default: the fused kernel's own entry
-        from lintime.ops.heads.triton import triton_gau_heads
-
-        assert backend == "triton"
-        op, backend = triton_gau_heads, None
-    else:
-        kw["backend"] = backend
-    kw.pop("launch", None)
-    u, v, heads = op(*leaves[:3], pos, e=e, s=s, gating=gating, rope_heads=rope_heads,
-                     bias=leaves[3] if bias is not None else None, **kw)
+def _run(backend, h, gamma, beta, pos, grads, *, e, s, gating=True, rope_heads=1, **kw):
+    """Outputs and the gradients of h, gamma, beta by name; an output whose gradient is ``None``
+    takes no part in the backward (its gradient is zero); a parameter no gradient reaches gets
+    zeros."""
+    leaves = [x.detach().clone().requires_grad_() for x in (h, gamma, beta)]
+    u, v, heads = gau_heads(*leaves, pos, e=e, s=s, gating=gating, rope_heads=rope_heads, backend=backend, **kw)
     outs = [(o, g) for o, g in zip((u, v, heads), grads) if o is not None and g is not None]
     got = torch.autograd.grad([o for o, _ in outs], leaves, [g for _, g in outs], allow_unused=True)
     got = [torch.zeros_like(x) if d is None else d for x, d in zip(leaves, got)]
@@ -97,39 +77,23 @@ def _id(c):
     return f"T{T}-e{e}-s{s}-nh{nh}-{'gate' if gating else 'nogate'}-R{R}"
 
 
-def _check_exact_vs_naive(backend, case, dtype, seed, with_bias=False, **run_kw):
-    """Outputs and the gradients of h, gamma, beta (and the bias) of ``backend`` against the naive
-    form, exact rule."""
+def _check_exact_vs_naive(backend, case, dtype, seed):
+    """Outputs and the gradients of h, gamma, beta of ``backend`` against the naive form, exact rule."""
     T, e, s, nh, gating, R = case
-    h, g, b, pos, grads, bias = _inputs_bias(2, T, e, s, nh, gating, dtype, seed=seed)
-    kw = {"e": e, "s": s, "gating": gating, "rope_heads": R, "bias": bias if with_bias else None}
-    assert ("dbias" in _run("naive", h, g, b, pos, grads, **kw)) == with_bias
-    ref, out = _run("naive", h, g, b, pos, grads, **kw), _run(backend, h, g, b, pos, grads, **kw, **run_kw)
+    h, g, b, pos, grads = _inputs(2, T, e, s, nh, gating, dtype, seed=seed)
+    kw = {"e": e, "s": s, "gating": gating, "rope_heads": R}
+    ref, out = _run("naive", h, g, b, pos, grads, **kw), _run(backend, h, g, b, pos, grads, **kw)
     assert sorted(ref) == sorted(out)
     for name in ref:
         assert out[name].dtype == ref[name].dtype
         assert out[name].is_contiguous(), name
-        assert_exact(f"{backend} {name} {_id(case)} {dtype} bias={with_bias}", ref[name], out[name])
+        assert_exact(f"{backend} {name} {_id(case)} {dtype}", ref[name], out[name])
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
-def test_chunk_matches_naive(case, dtype, with_bias):
-    _check_exact_vs_naive("chunk", case, dtype, seed=0, with_bias=with_bias)
-
-
-def test_bias_is_added_before_the_activation():
-    """``gau_heads(h, ..., bias=b)`` is ``gau_heads(h + b, ...)`` (naive and chunk, fp64), and the bias
-    gradient is the column sum of the gradient of ``h``."""
-    e, s = 6, 8
-    h, g, b, pos, grads, bias = _inputs_bias(2, 5, e, s, 4, True, torch.float64, seed=9)
-    for backend in ("naive", "chunk"):
-        with_b = _run(backend, h, g, b, pos, grads, e=e, s=s, bias=bias)
-        shifted = _run(backend, h + bias, g, b, pos, grads, e=e, s=s)
-        for name in shifted:
-            torch.testing.assert_close(with_b[name], shifted[name], rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(with_b["dbias"], shifted["dh"].sum((0, 1)), rtol=1e-12, atol=1e-12)
+def test_chunk_matches_naive(case, dtype):
+    _check_exact_vs_naive("chunk", case, dtype, seed=0)
 
 
 def test_naive_is_the_formula():
@@ -160,43 +124,26 @@ cpu_only = pytest.mark.skipif(CUDA, reason="interpreter tests: the CUDA tests be
 
 @cpu_only
 @pytest.mark.parametrize("case", CASES, ids=_id)
-@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
-def test_triton_matches_naive_fp32(case, with_bias):
-    _check_exact_vs_naive("triton", case, torch.float32, seed=1, with_bias=with_bias)
+def test_triton_matches_naive_fp32(case):
+    _check_exact_vs_naive("triton", case, torch.float32, seed=1)
 
 
 @cpu_only
-@pytest.mark.parametrize("launch", [dict(bt=8, be=16, bth=8, warps=1, bwd_rows=8, bwd_heads_rows=8, bwd_warps=1),
-                                    dict(bt=16, be=8, bth=8, warps=1, bwd_rows=48, bwd_heads_rows=24, bwd_warps=2)],
-                         ids=["rows8", "rows48-heads24"])
-def test_triton_launches_match_naive(launch):
-    """Other backward row groups (one block per group: the former kernel's layout; three 16-row tile
-    blocks per group and three 8-row heads blocks per heads group, the two kinds of groups unequal) give
-    the same results, bias and heads gradients included."""
-    from lintime.ops.heads.triton.heads import HeadsLaunch
-
-    _check_exact_vs_naive("triton", CASES[1], torch.float32, seed=10, with_bias=True, launch=HeadsLaunch(**launch))
-
-
-@cpu_only
-@pytest.mark.parametrize("case, with_bias", [(CASES[1], True), (CASES[3], False)], ids=["fta-bias", "nogate"])
-def test_triton_fp16_half_rule(case, with_bias):
+@pytest.mark.parametrize("case", [CASES[1], CASES[3]], ids=_id)
+def test_triton_fp16_half_rule(case):
     T, e, s, nh, gating, R = case
-    h, g, b, pos, grads, bias = _inputs_bias(2, T, e, s, nh, gating, torch.float64, seed=2, pmax=5000)
+    h, g, b, pos, grads = _inputs(2, T, e, s, nh, gating, torch.float64, seed=2, pmax=5000)
     _check_half_rule(h, g, b, pos, grads, {"e": e, "s": s, "gating": gating, "rope_heads": R}, torch.float16,
-                     f"triton fp16 {_id(case)}", bias=bias if with_bias else None)
+                     f"triton fp16 {_id(case)}")
 
 
-def _check_half_rule(h, g, b, pos, grads, kw, dtype, label, bias=None):
+def _check_half_rule(h, g, b, pos, grads, kw, dtype, label):
     """Triton on ``dtype`` inputs against the fp64 naive form, with the ``dtype`` naive form as the
     half-precision rule's baseline; outputs and gradients keep ``dtype``."""
-    ref = _run("naive", h, g, b, pos, grads, bias=bias, **kw)
+    ref = _run("naive", h, g, b, pos, grads, **kw)
     half = [x.to(dtype) for x in (h, g, b)]
-    hbias = None if bias is None else bias.to(dtype)
     hgrads = [None if x is None else x.to(dtype) for x in grads]
-    base = _run("naive", *half, pos, hgrads, bias=hbias, **kw)
-    out = _run("triton", *half, pos, hgrads, bias=hbias, **kw)
-    assert ("dbias" in out) == (bias is not None)
+    base, out = _run("naive", *half, pos, hgrads, **kw), _run("triton", *half, pos, hgrads, **kw)
     for name in ref:
         assert out[name].dtype == dtype
         assert_half_rule(f"{label} {name}", ref[name], out[name], base[name])
@@ -204,16 +151,16 @@ def _check_half_rule(h, g, b, pos, grads, kw, dtype, label, bias=None):
 
 @cpu_only
 def test_triton_autocast_dtypes():
-    """fp16 ``h`` with fp32 ``gamma`` / ``beta`` / bias (autocast): the parameters are rounded to fp16
-    as ScaleOffset and autocast's ``addmm`` do, their gradients come back in fp32 -- against the naive
-    form, which rounds them the same way, by the half-precision rule."""
+    """fp16 ``h`` with fp32 ``gamma`` / ``beta`` (autocast): the parameters are rounded to fp16 as
+    ScaleOffset does, their gradients come back in fp32 -- against the naive form, which rounds
+    them the same way, by the half-precision rule."""
     kw = {"e": 20, "s": 12, "rope_heads": 1}
-    h, g, b, pos, grads, bias = _inputs_bias(1, 21, 20, 12, 4, True, torch.float64, seed=3, pmax=3000)
-    ref = _run("naive", h, g.half().double(), b.half().double(), pos, grads, bias=bias.half().double(), **kw)
+    h, g, b, pos, grads = _inputs(1, 21, 20, 12, 4, True, torch.float64, seed=3, pmax=3000)
+    ref = _run("naive", h, g.half().double(), b.half().double(), pos, grads, **kw)
     hgrads = [x.half() for x in grads]
-    base = _run("naive", h.half(), g.float(), b.float(), pos, hgrads, bias=bias.float(), **kw)
-    out = _run("triton", h.half(), g.float(), b.float(), pos, hgrads, bias=bias.float(), **kw)
-    assert out["dgamma"].dtype == out["dbeta"].dtype == out["dbias"].dtype == torch.float32
+    base = _run("naive", h.half(), g.float(), b.float(), pos, hgrads, **kw)
+    out = _run("triton", h.half(), g.float(), b.float(), pos, hgrads, **kw)
+    assert out["dgamma"].dtype == out["dbeta"].dtype == torch.float32
     for name in ref:
         assert out[name].dtype == base[name].dtype
         if out[name].dtype == torch.float16:
@@ -230,62 +177,55 @@ def test_triton_absent_output_gradients(present):
     """Only some outputs reach the loss: the others' gradients are ``None`` and count as zero (the
     kernel still writes every element of ``dh``; an unwritten one would be NaN-poisoned)."""
     T, e, s, nh = 13, 20, 12, 4
-    h, g, b, pos, grads, bias = _inputs_bias(1, T, e, s, nh, True, torch.float32, seed=4)
+    h, g, b, pos, grads = _inputs(1, T, e, s, nh, True, torch.float32, seed=4)
     grads = [x if keep else None for x, keep in zip(grads, present)]
-    kw = {"e": e, "s": s, "bias": bias}
+    kw = {"e": e, "s": s}
     ref, out = _run("naive", h, g, b, pos, grads, **kw), _run("triton", h, g, b, pos, grads, **kw)
-    for name in ("dh", "dgamma", "dbeta", "dbias"):
+    for name in ("dh", "dgamma", "dbeta"):
         assert torch.isfinite(out[name]).all(), name
         assert_exact(f"absent grads {present} {name}", ref[name], out[name])
 
 
 @cpu_only
-@pytest.mark.parametrize("grad_of", ["h", "bias", "h+bias"])
-def test_triton_gradient_of_some_inputs(grad_of):
-    """gamma and beta frozen (no heads partial sums are made), the bias frozen or the only input with
-    a gradient: the gradients asked for are unchanged."""
-    h, g, b, pos, (du, dv, dh_), bias = _inputs_bias(1, 9, 5, 12, 6, True, torch.float32, seed=5)
-    x, bx = h.clone().requires_grad_("h" in grad_of), bias.clone().requires_grad_("bias" in grad_of)
-    u, v, heads = gau_heads(x, g, b, pos, e=5, s=12, bias=bx, backend="triton")
-    leaves = [t for t in (x, bx) if t.requires_grad]
-    got = torch.autograd.grad([u, v, heads], leaves, [du, dv, dh_])
-    ref = _run("naive", h, g, b, pos, (du, dv, dh_), e=5, s=12, bias=bias)
-    names = [n for n, t in (("dh", x), ("dbias", bx)) if t.requires_grad]
-    for name, d in zip(names, got, strict=True):
-        assert_exact(f"{name} (frozen gamma, beta; grad of {grad_of})", ref[name], d)
+def test_triton_gradient_of_h_alone():
+    """gamma and beta frozen: no partial sums are made, ``dh`` is unchanged."""
+    h, g, b, pos, (du, dv, dh_) = _inputs(1, 9, 5, 12, 6, True, torch.float32, seed=5)
+    x = h.clone().requires_grad_()
+    u, v, heads = gau_heads(x, g, b, pos, e=5, s=12, backend="triton")
+    (dx,) = torch.autograd.grad([u, v, heads], [x], [du, dv, dh_])
+    ref = _run("naive", h, g, b, pos, (du, dv, dh_), e=5, s=12)
+    assert_exact("dh (frozen gamma, beta)", ref["dh"], dx)
 
 
 @cpu_only
 def test_torch_compile_traces_the_custom_ops():
     """``torch.compile`` (aot_eager: fake tensors, no code generation) traces forward and backward
     through ``lintime::gau_heads_fwd`` / ``gau_heads_bwd`` and gives the eager result."""
-    h, g, b, pos, grads, bias = _inputs_bias(1, 11, 5, 8, 4, True, torch.float32, seed=6)
+    h, g, b, pos, grads = _inputs(1, 11, 5, 8, 4, True, torch.float32, seed=6)
 
-    def f(h, g, b, bias):
-        return gau_heads(h, g, b, pos, e=5, s=8, bias=bias, backend="triton")
+    def f(h, g, b):
+        return gau_heads(h, g, b, pos, e=5, s=8, backend="triton")
 
     torch._dynamo.reset()
     compiled = torch.compile(f, backend="aot_eager")
     for fn, name in ((compiled, "compiled"), (f, "eager")):
-        leaves = [x.clone().requires_grad_() for x in (h, g, b, bias)]
+        leaves = [x.clone().requires_grad_() for x in (h, g, b)]
         outs = fn(*leaves)
         got = torch.autograd.grad(outs, leaves, grads)
-        ref = _run("naive", h, g, b, pos, grads, e=5, s=8, bias=bias)
+        ref = _run("naive", h, g, b, pos, grads, e=5, s=8)
         for key, x in zip(NAMES, (*outs, *got)):
             assert_exact(f"{name} {key}", ref[key], x)
 
 
 @cpu_only
-@pytest.mark.parametrize("gating, with_bias", [(True, False), (False, True)])
-def test_opcheck(gating, with_bias):
+@pytest.mark.parametrize("gating", [True, False])
+def test_opcheck(gating):
     """``torch.library.opcheck``: schema, fake tensors, autograd registration and AOT tracing."""
-    from lintime.ops.heads.triton.heads import default_launch, gau_heads_fwd
+    from lintime.ops.heads.triton.heads import gau_heads_fwd
 
     e, s = 5, 8
-    h, g, b, pos, _, bias = _inputs_bias(1, 10, e, s, 2, gating, torch.float32, seed=7)
-    bias = bias.requires_grad_() if with_bias else None
-    launch = default_launch(h.device).to_ints()
-    args = tuple(x.requires_grad_() for x in (h, g, b)) + (pos, bias, e, s, gating, 500.0, 2, launch)
+    h, g, b, pos, _ = _inputs(1, 10, e, s, 2, gating, torch.float32, seed=7)
+    args = tuple(x.requires_grad_() for x in (h, g, b)) + (pos, e, s, gating, 500.0, 2)
     torch.library.opcheck(gau_heads_fwd.op, args)
 
 
@@ -307,10 +247,6 @@ def test_dispatch_and_errors():
         gau_heads(h, g, b, pos, e=6, s=8, backend="recurrent")
     with pytest.raises(ValueError, match="e must be"):
         gau_heads(h, g, b, pos, e=0, s=8)
-    with pytest.raises(ValueError, match="bias must be"):
-        gau_heads(h, g, b, pos, e=6, s=8, bias=torch.zeros(19))
-    with pytest.raises(TypeError, match="bias must be a floating"):
-        gau_heads(h, g, b, pos, e=6, s=8, bias=torch.zeros(20, dtype=torch.long))
 
 
 # ------------------------------------------------------------------------ the layers
@@ -333,7 +269,7 @@ def _grads(y, layer, x, dy):
 @pytest.mark.parametrize("first_to_all", [False, True])
 def test_flash_layer_equals_its_math_by_hand(first_to_all):
     """FLASH with heads through the op (backend chunk) gives bit for bit the layer's math written out:
-    the projection without its bias, the bias added, silu, split, ScaleOffset, apply_rope on the ``[B, T, nh, s]`` heads, then the attention."""
+    silu, split, ScaleOffset, apply_rope on the ``[B, T, nh, s]`` heads, then the attention."""
     from lintime.layers.flash import FLASH
     from lintime.layers.positional import apply_rope
     from lintime.ops import mixed_chunk_attention
@@ -343,7 +279,7 @@ def test_flash_layer_equals_its_math_by_hand(first_to_all):
     x.requires_grad_()
     y, _ = layer(x, positions=pos)
     e, s = layer.e, layer.s
-    u, v, z = F.silu(F.linear(x, layer.proj.weight) + layer.proj.bias).split([e, e, s], dim=-1)
+    u, v, z = F.silu(layer.proj(x)).split([e, e, s], dim=-1)
     heads = apply_rope(z[..., None, :] * layer.heads.gamma + layer.heads.beta, pos, layer.rope_base)
     scale, diag = layer._quad_scale_and_bias()
     a, _ = mixed_chunk_attention(*(heads[:, :, i : i + 1] for i in range(4)), v[:, :, None], chunk_size=6,
@@ -360,8 +296,7 @@ def test_flash_layer_equals_its_math_by_hand(first_to_all):
 @pytest.mark.parametrize("n_heads, gating", [(1, True), (2, False)])
 def test_gau_layer_equals_its_math_by_hand(n_heads, gating):
     """GAU (one or two attention heads, with and without gating) with heads through the op
-    (backend chunk) gives bit for bit the former math (the projection's bias added after its matmul):
-    RoPE per attention head of ``s / H``."""
+    (backend chunk) gives bit for bit the former math: RoPE per attention head of ``s / H``."""
     from lintime.layers.gau import GAU
     from lintime.layers.positional import apply_rope
 
@@ -371,7 +306,7 @@ def test_gau_layer_equals_its_math_by_hand(n_heads, gating):
     y, _ = layer(x, positions=pos)
     B, T, _ = x.shape
     e, s, H = layer.e, layer.s, n_heads
-    a = F.silu(F.linear(x, layer.proj.weight) + layer.proj.bias)
+    a = F.silu(layer.proj(x))
     u, v, z = a.split([e, e, s], -1) if gating else (None, *a.split([e, s], -1))
     q, k = (z * layer.qk.gamma[i] + layer.qk.beta[i] for i in range(2))
     q, k = (apply_rope(t.reshape(B, T, H, s // H), pos, layer.rope_base) for t in (q, k))
@@ -410,49 +345,27 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 
 @cuda
 @needs_cuda
-@pytest.mark.parametrize("nh, gating, rope_heads, with_bias",
-                         [(4, True, 1, True), (4, True, 1, False), (6, True, 1, False), (2, True, 1, True),
-                          (2, False, 2, False)])
-def test_cuda_real_size_bf16_half_rule(nh, gating, rope_heads, with_bias):
-    """FLASH / GAU shapes (e = 1536, s = 128) at T = 4096, bf16, with and without the projection bias,
-    against the fp64 naive form; the bf16 naive form is the half-precision rule's baseline."""
-    B, T, e, s = 1, 4096, 1536, 128
-    h, g, b, pos, grads, bias = _inputs_bias(B, T, e, s, nh, gating, torch.float64, seed=11, device="cuda", pmin=0,
-                                             pmax=T)
+@pytest.mark.parametrize("nh, gating, rope_heads", [(4, True, 1), (6, True, 1), (2, True, 1), (2, False, 2)])
+def test_cuda_real_size_bf16_half_rule(nh, gating, rope_heads):
+    """FLASH / GAU shapes (e = 2048, s = 128) at T = 4096, bf16, against the fp64 naive form; the
+    bf16 naive form is the half-precision rule's baseline."""
+    B, T, e, s = 1, 4096, 2048, 128
+    h, g, b, pos, grads = _inputs(B, T, e, s, nh, gating, torch.float64, seed=11, device="cuda", pmin=0, pmax=T)
     _check_half_rule(h, g, b, pos, grads, {"e": e, "s": s, "gating": gating, "rope_heads": rope_heads},
-                     torch.bfloat16, f"cuda bf16 nh={nh} bias={with_bias}", bias=bias if with_bias else None)
+                     torch.bfloat16, f"cuda bf16 nh={nh}")
 
 
 @cuda
 @needs_cuda
-@pytest.mark.parametrize("launch", [None, dict(bwd_rows=8, bwd_heads_rows=8), dict(bwd_rows=128, bwd_heads_rows=32,
-                                                                                   bwd_warps=8)],
-                         ids=["default", "rows8", "rows128-heads32-w8"])
-def test_cuda_fp32_exact_odd_sizes_large_positions(launch):
+def test_cuda_fp32_exact_odd_sizes_large_positions():
     """fp32 kernels against the fp32 naive form on odd sizes (T = 1037, e = 300, s = 96 in two RoPE
-    groups, a bias) with positions up to 1e6 (angles far outside [-pi, pi]: an approximate sin / cos
-    fails), for the default backward row groups and two others."""
-    from lintime.ops.heads.triton.heads import HeadsLaunch
-
-    h, g, b, pos, grads, bias = _inputs_bias(3, 1037, 300, 96, 6, True, torch.float32, seed=12, device="cuda",
-                                             pmin=-1000, pmax=1_000_000)
-    kw = {"e": 300, "s": 96, "rope_heads": 2, "bias": bias}
-    ref = _run("naive", h, g, b, pos, grads, **kw)
-    out = _run("triton", h, g, b, pos, grads, launch=None if launch is None else HeadsLaunch(**launch), **kw)
+    groups) with positions up to 1e6 (angles far outside [-pi, pi]: an approximate sin / cos fails)."""
+    h, g, b, pos, grads = _inputs(3, 1037, 300, 96, 6, True, torch.float32, seed=12, device="cuda",
+                                  pmin=-1000, pmax=1_000_000)
+    kw = {"e": 300, "s": 96, "rope_heads": 2}
+    ref, out = _run("naive", h, g, b, pos, grads, **kw), _run("triton", h, g, b, pos, grads, **kw)
     for name in ref:
-        assert_exact(f"cuda fp32 {name} {launch}", ref[name], out[name])
-
-
-@cuda
-@needs_cuda
-def test_cuda_backward_is_deterministic():
-    """Two backward passes at flash-base's shape (8k tokens, bias given) give bitwise the same ``dh``,
-    ``dgamma``, ``dbeta`` and ``dbias`` (fixed row groups, fixed-order sums, no atomics)."""
-    h, g, b, pos, grads, bias = _inputs_bias(1, 8192, 1536, 128, 4, True, torch.bfloat16, seed=13, device="cuda",
-                                             pmin=0, pmax=8192)
-    first, second = (_run("triton", h, g, b, pos, grads, e=1536, s=128, bias=bias) for _ in range(2))
-    for name in ("dh", "dgamma", "dbeta", "dbias"):
-        assert torch.equal(first[name], second[name]), name
+        assert_exact(f"cuda fp32 {name}", ref[name], out[name])
 
 
 @cuda

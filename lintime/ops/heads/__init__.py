@@ -25,7 +25,7 @@ def _load_triton():  # the fused kernels, when Triton is installed (picked autom
 register_triton(_IMPLS, _load_triton)
 
 
-def _check(op, h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, bias):
+def _check(op, h, gamma, beta, positions, e, s, gating, rope_base, rope_heads):
     for name, val in (("e", e), ("s", s), ("rope_heads", rope_heads)):
         if not isinstance(val, Integral) or isinstance(val, bool) or val < 1:
             raise ValueError(f"{op}: {name} must be a positive int, got {val!r}")
@@ -40,13 +40,8 @@ def _check(op, h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, b
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}")
         if x.device != h.device:
             raise ValueError(f"{op}: {name} is on {x.device}, h on {h.device}")
-    if bias is not None:
-        if not isinstance(bias, torch.Tensor):
-            raise TypeError(f"{op}: bias must be a torch.Tensor or None, got {type(bias).__name__}")
-        if bias.device != h.device:
-            raise ValueError(f"{op}: bias is on {bias.device}, h on {h.device}")
-    for name, x in (("h", h), ("gamma", gamma), ("beta", beta), ("bias", bias)):
-        if x is not None and x.dtype not in FLOAT_DTYPES:
+    for name, x in (("h", h), ("gamma", gamma), ("beta", beta)):
+        if x.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{op}: {name} must be a floating tensor, got {x.dtype}")
     if h.dim() != 3:
         raise ValueError(f"{op}: h must be [B, T, W], got shape {tuple(h.shape)}")
@@ -54,8 +49,6 @@ def _check(op, h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, b
     want = (2 * e if gating else e) + s
     if W != want:
         raise ValueError(f"{op}: h's last dim must be {'2e' if gating else 'e'} + s = {want}, got {W}")
-    if bias is not None and bias.shape != (W,):
-        raise ValueError(f"{op}: bias must be [W] = [{W}] (h's last dim), got {tuple(bias.shape)}")
     if gamma.dim() != 2 or gamma.shape[1] != s or beta.shape != gamma.shape:
         raise ValueError(f"{op}: gamma and beta must both be [nh, s={s}], got {tuple(gamma.shape)} and {tuple(beta.shape)}")
     if positions.shape != (B, T) or positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
@@ -73,12 +66,11 @@ def gau_heads(
     gating: bool = True,
     rope_base: float = 10000.0,
     rope_heads: int = 1,
-    bias: torch.Tensor | None = None,
     backend: str | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """The heads of a GAU / FLASH layer from its projection (FLASH seed Codes 6 and 8)::
 
-        u, v, z = split(silu(h + bias), [e, e, s])          # (v, z without gating)
+        u, v, z = split(silu(h), [e, e, s])                 # (v, z without gating)
         heads[:, :, n] = rope(z * gamma[n] + beta[n])       # n = 0 .. nh - 1
 
     RoPE (seed Code 3, two-halves layout ``[x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin]``,
@@ -87,8 +79,8 @@ def gau_heads(
     attention heads passes ``rope_heads=H``, FLASH ``1``.
 
     Args:
-        h: ``[B, T, W]``, ``W = 2e + s`` (``e + s`` when ``gating=False``), the input projection
-            before its activation (and before its bias, when ``bias`` is given); fp16 / bf16 / fp32 / fp64.
+        h: ``[B, T, 2e + s]`` (``[B, T, e + s]`` when ``gating=False``), the input projection
+            before its activation; fp16 / bf16 / fp32 / fp64.
         gamma, beta: ``[nh, s]`` scale and offset of the ``nh`` heads (FLASH: 4, 6 with
             first-to-all; GAU: 2), any float dtype: rounded to ``h``'s dtype first, like the
             layers' ScaleOffset (under autocast ``h`` is bf16 while they are fp32).
@@ -98,23 +90,20 @@ def gau_heads(
         gating: ``h`` holds ``u`` (GAU Table 1 "no gating": it does not).
         rope_base: RoPE base.
         rope_heads: RoPE groups in ``s``; ``s / rope_heads`` must be even.
-        bias: ``[W]`` or ``None``, the projection's bias, any float dtype: rounded to ``h``'s dtype
-            and added to ``h`` before the activation.  The layers pass ``F.linear(x, proj.weight)``
-            and ``proj.bias``, so the bias gradient (the column sums of ``dh``) comes from the heads
-            op's backward pass over ``dh`` rather than from a separate reduction in ``addmm``'s.        backend: ``None`` (automatic: ``"triton"`` for CUDA tensors when Triton is installed, else
+        backend: ``None`` (automatic: ``"triton"`` for CUDA tensors when Triton is installed, else
             ``"chunk"``), ``"naive"`` (textbook, fp32), ``"chunk"`` (PyTorch composite: the
             layers' former eager math) or ``"triton"`` (one fused kernel each way; CPU tensors
             only under ``TRITON_INTERPRET=1``; fp64 goes to ``"chunk"``).
     Returns:
         ``u [B, T, e]`` (``None`` without gating), ``v [B, T, e]``, ``heads [B, T, nh, s]``: all
-        contiguous, in ``h``'s dtype.  Gradients flow to ``h``, ``gamma``, ``beta`` and ``bias`` (in
-        their own dtypes; the fused kernel accumulates the last three in fp32, in a fixed order).
+        contiguous, in ``h``'s dtype.  Gradients flow to ``h``, ``gamma`` and ``beta`` (in their
+        own dtypes; the fused kernel accumulates ``gamma``'s and ``beta``'s in fp32).
     """
     op = "gau_heads"
-    _check(op, h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, bias)
+    _check(op, h, gamma, beta, positions, e, s, gating, rope_base, rope_heads)
     impl = select(op, backend, _IMPLS, h)
     return impl(h, gamma, beta, positions, e=int(e), s=int(s), gating=gating, rope_base=float(rope_base),
-                rope_heads=int(rope_heads), bias=bias)
+                rope_heads=int(rope_heads))
 
 
 __all__ = ["gau_heads"]

@@ -23,10 +23,10 @@ def rope_groups(x: torch.Tensor, positions: torch.Tensor, base: float, groups: i
     return rope(xg, positions[..., None, None], base).flatten(-2)  # positions [B, T, 1, 1]
 
 
-def chunk_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=10000.0, rope_heads=1, bias=None):
+def chunk_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=10000.0, rope_heads=1):
     """Same arguments and results as :func:`lintime.ops.heads.naive.naive_gau_heads`; ``u``
-    and ``v`` are contiguous copies of their slices; the bias is added in ``h``'s dtype."""
-    a = F.silu(h if bias is None else h + bias.to(h.dtype))
+    and ``v`` are contiguous copies of their slices."""
+    a = F.silu(h)
     if gating:
         u, v, z = a.split([e, e, s], dim=-1)  # [B, T, e], [B, T, e], [B, T, s]
     else:

@@ -9,20 +9,17 @@ import torch
 from lintime.ops.utils import acc_dtype
 
 
-def naive_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=10000.0, rope_heads=1, bias=None):
-    """``u, v, z = split(silu(h + bias))``; ``heads[:, :, n] = rope(z * gamma[n] + beta[n])`` with
-    RoPE over each of the ``rope_heads`` groups of ``D = s / rope_heads`` features.
+def naive_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=10000.0, rope_heads=1):
+    """``u, v, z = split(silu(h))``; ``heads[:, :, n] = rope(z * gamma[n] + beta[n])`` with RoPE
+    over each of the ``rope_heads`` groups of ``D = s / rope_heads`` features.
 
-    h: ``[B, T, W]``, ``W = 2e + s`` (``e + s`` without gating); gamma, beta: ``[nh, s]`` (rounded
-    to ``h``'s dtype first, like the layers' ScaleOffset); positions: ``[B, T]`` int; bias: ``[W]``
-    or ``None`` (rounded to ``h``'s dtype first, as autocast's ``addmm`` rounds a Linear's bias).
+    h: ``[B, T, 2e + s]`` (``[B, T, e + s]`` without gating); gamma, beta: ``[nh, s]`` (rounded to
+    ``h``'s dtype first, like the layers' ScaleOffset); positions: ``[B, T]`` int.
     Returns ``u [B, T, e]`` (``None`` without gating), ``v [B, T, e]``, ``heads [B, T, nh, s]`` in
     ``h``'s dtype.
     """
     dt = acc_dtype(h)
     x = h.to(dt)
-    if bias is not None:
-        x = x + bias.to(h.dtype).to(dt)  # the projection's bias (seed Code 6 / 8 `uv = dense(x)`)
     a = x * torch.sigmoid(x)  # silu (seed Code 6)
     u = a[..., :e] if gating else None
     v = a[..., e : 2 * e] if gating else a[..., :e]
