@@ -59,7 +59,7 @@ def test_equals_the_layers_former_math_and_no_rows():
     assert torch.equal(glu_activation(h), torch.nn.functional.silu(u) * v)
     assert torch.equal(glu_activation(h, activation="gelu"), torch.nn.functional.gelu(u) * v)
     for backend in ("chunk", "triton"):
-        y, dh = _run(h[:0], dy[:0], "silu", backend)
+        y, dh = _run(h[:0].to(DEV), dy[:0].to(DEV), "silu", backend)  # the kernels: CUDA, or the CPU interpreter
         assert y.shape == (0, 8) and dh.shape == (0, 16)
 
 
