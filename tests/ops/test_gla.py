@@ -331,3 +331,19 @@ def test_chunk_form_ignores_autocast():
 
     for name, a, b in zip(("o", "dq", "dk", "dv", "dg"), run(False), run(True)):
         assert a.dtype == b.dtype and torch.equal(a, b), name
+
+
+def test_chunk_backward_has_no_data_dependent_op():
+    """The chunked form's forward and backward on meta tensors (shapes only): an op whose output
+    shape depends on values (``nonzero``, a boolean-mask index) or a host read fails there, and on
+    CUDA it is a device sync that a CUDA graph cannot hold (the MQAR sweep captures gla-tiny's step,
+    whose 8-wide heads take this form).  Rule: it runs and the gradients have the inputs' shapes."""
+    from lintime.ops.gla.chunk import ChunkGLAFunction, sub_chunk_size
+    from lintime.ops.utils import chunk_layout
+
+    B, T, C, H, K = 2, 40, 16, 2, 8
+    layout = chunk_layout(B, T, C, None, "meta")
+    q, k, v, g = (layout.to_chunks(torch.randn(B, T, H, K, device="meta")).requires_grad_() for _ in range(4))
+    o, final = ChunkGLAFunction.apply(q, k, v, g, None, K**-0.5, layout, sub_chunk_size(C))
+    (o.sum() + final.sum()).backward()
+    assert all(x.grad is not None and x.grad.shape == x.shape for x in (q, k, v, g))

@@ -112,14 +112,17 @@ class _Decays:
 
 def _reversed(layout: ChunkLayout) -> ChunkLayout:
     """The layout with every row's chunks in reverse order, for the backward state scan: a
-    sequence now opens at its last chunk and ends at its first."""
+    sequence now opens at its last chunk and ends at its first.  Fixed shapes, no host read
+    (no ``nonzero`` or boolean-mask indexing), so a CUDA graph can hold the backward."""
     R, NC = layout.R, layout.NC
     dev = layout.first.device
-    flat_first = layout.first.reshape(-1).nonzero().squeeze(1)
-    first_idx = torch.full((layout.N,), -1, dtype=torch.long, device=dev)
-    first_idx[layout.seq.reshape(-1)[flat_first]] = flat_first
-    is_last = torch.zeros(R * NC, dtype=torch.bool, device=dev)
-    is_last[layout.last[layout.last >= 0]] = True
+    flat = torch.arange(R * NC, device=dev)
+    # each sequence's first chunk (-1 for an empty one): the largest flat index among its chunks that open it
+    first_idx = torch.full((layout.N,), -1, dtype=torch.long, device=dev).scatter_reduce(
+        0, layout.seq.reshape(-1), torch.where(layout.first.reshape(-1), flat, -1), "amax")
+    hits = torch.zeros(R * NC, dtype=torch.long, device=dev)
+    hits.index_put_((layout.last.clamp(min=0),), (layout.last >= 0).long(), accumulate=True)
+    is_last = hits > 0
     rev_first_idx = (first_idx // NC) * NC + (NC - 1 - first_idx % NC)
     return ChunkLayout(
         layout.B, layout.T, layout.C, R, NC, layout.dest,
