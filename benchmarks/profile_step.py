@@ -19,7 +19,9 @@ names of the PyTorch ops that launched it, the Python functions they ran in, and
   its output-projection GEMMs);
 * quantisation -- Transformer-VQ's codebook work in the layer's forward (``VQAttention.codebook`` / ``quantize`` /
   ``commit_loss`` / ``update_codebook``: the distance GEMM, argmin, codeword gather, straight-through, commitment
-  loss, EMA statistics); its backward (a few elementwise passes over the keys) stays in elementwise;
+  loss, EMA statistics), by the ``vq_quantisation`` profiler range the layer opens around it while a profiler
+  runs (the Python-stack rule on the same functions is kept for traces without the range: on CUDA the profiler's
+  stacks did not reach the kernels); its backward (a few elementwise passes over the keys) stays in elementwise;
 * attention op -- the mixer's core op: lintime's attention custom ops (mixed chunk, GAU, linear, GLA, VQ with the
   PyTorch glue of ``lintime/ops/vq``: block layout, per-code sums, cache einsums), PyTorch's scaled-dot-product
   attention kernels, fla's chunk / recurrent kernels;
@@ -87,6 +89,8 @@ _PY_RULES = (
     ("quantisation", re.compile(r"lintime/layers/vq\.py\(\d+\): (codebook|quantize|commit_loss|update_codebook)$")),
     ("attention op", re.compile(r"lintime/ops/vq/")),
 )
+# profiler ranges (``torch.profiler.record_function``) that name a category, tried with the Python rules
+_RANGES = (("quantisation", ("vqquantisation",)),)
 _PY_FRAME = re.compile(r"^(<built-in |nn\.Module: |.*\(\d+\): )")  # what the profiler's Python tracer records
 
 
@@ -105,6 +109,9 @@ def categorize(frames, py=()) -> str:
         return any(n in f for f in normed for n in needles)
 
     for category, needles in _RULES[:2]:  # optimizer, loss
+        if ops_match(needles):
+            return category
+    for category, needles in _RANGES:
         if ops_match(needles):
             return category
     for category, pattern in _PY_RULES:

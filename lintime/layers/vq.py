@@ -24,10 +24,12 @@ flipped sinusoidal embeddings used for (local) relative positional biases")::
     b_ij  = (q_i + v') . r_{i-j}   if 0 <= i - j <= L, else 0     # Theorem 3.6: no bias beyond L
 
 ``q + u'`` is the query of *every* key score, window and cache alike (XL's content term
-``u . k_j``), so it is what the op receives as ``q``; ``b`` goes to the op's window ``bias
-[B, T, H, 2L]`` (column ``r`` of query ``i`` in block ``n`` is the key at ``(n-1) L + r``, at
-distance ``i - (n-1) L - r``).  Keys further back than ``L`` get no positional bias, as in
-Theorem 3.6 and the authors' code (their locality mask).
+``u . k_j``), so it is what the op receives as ``q``; ``b`` goes to the op as its relative table
+``rel_bias = (q + v', r)`` (the op shifts ``(q + v') . r_m`` into its window layout, column ``r`` of
+query ``i`` in block ``n`` being the key at ``(n-1) L + r``, at distance ``i - (n-1) L - r``).  Keys
+further back than ``L`` get no positional bias, as in Theorem 3.6 and the authors' code (their
+locality mask).  Distances count from the op's positions (from each sequence's start, continued
+from the state), which are the model's ``positions``.
 
 Codebook (seed Section 3.4.1, "EMA-smoothed k-means", van den Oord et al. 2017 / Razavi et al.
 2019).  Per head the layer keeps two **buffers** (not parameters: the optimizer never sees them,
@@ -68,8 +70,8 @@ to show the difference is only there).
 
 Decoding state :class:`VQAttentionState`: the op's :class:`~lintime.ops.VQState` (per-code count
 ``[N, H, S]`` and mean value ``[N, H, S, E]`` of the cache, the two-block window of ``k_hat``,
-``v``, codes ``[N, 2L, H, *]``, and ``pos``): constant size in ``T``.  The XL bias reads the
-model's ``positions``, which continue from the state, so block boundaries agree.  A one-token step
+``v``, codes ``[N, 2L, H, *]``, and ``pos``): constant size in ``T``.  The XL bias counts distances from the state's ``pos``
+(the model's ``positions`` continue from it), so block boundaries agree.  A one-token step
 in eval mode on a *static* state (:meth:`VQAttentionState.with_capacity`, what
 :func:`lintime.layers.base.static_state` makes) on CUDA updates the state in place through
 :func:`lintime.ops.vq_decode_step_` (three fused kernels: attention over window and cache, the
@@ -79,6 +81,7 @@ host read, which a CUDA graph replays.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
@@ -113,6 +116,14 @@ class VQAttentionState(BatchState):
         """The static form (:func:`lintime.layers.base.static_state`): fresh contiguous buffers that a one-token
         step updates in place (the size is constant in ``T``: ``capacity`` changes nothing)."""
         return VQAttentionState(static_state(self.vq, capacity), static=True)
+
+
+def _quantisation_range():
+    """A ``vq_quantisation`` profiler range while a profiler runs (``benchmarks/profile_step.py`` puts the
+    kernels inside it in its quantisation category); nothing otherwise."""
+    if torch.autograd.profiler._is_profiler_enabled:
+        return torch.profiler.record_function("vq_quantisation")
+    return contextlib.nullcontext()
 
 
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -282,18 +293,6 @@ class VQAttention(Mixer):
         r = self.r_proj(sin).view(L + 1, H, K) * self.tau**-0.5  # r_m, m = 0..L
         return q + (self.xl_v * self.tau**-0.5).to(q.dtype), r.to(q.dtype)
 
-    def window_bias(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """XL relative bias in the op's layout ``[B, T, H, 2L]`` (see the module docstring)."""
-        B, T, H, K = q.shape
-        L = self.L
-        qv, r = self.xl_terms(q)
-        qr = torch.einsum("bthk,mhk->bthm", qv, r)  # [B, T, H, L+1] by distance
-        # column c of a query at offset a = p % L in its block is the key at distance a + L - c
-        m = (positions % L)[..., None] + L - torch.arange(2 * L, device=q.device)  # [B, T, 2L]
-        keep = (m >= 0) & (m <= L)  # Theorem 3.6: no bias further than L (or in the future)
-        idx = m.clamp(0, L)[:, :, None, :].expand(B, T, H, 2 * L)
-        return qr.gather(-1, idx) * keep[:, :, None, :].to(q.dtype)
-
     # ------------------------------------------------------------------ mixer protocol
     def forward(
         self,
@@ -306,12 +305,13 @@ class VQAttention(Mixer):
     ) -> tuple[torch.Tensor, VQAttentionState | None]:
         B, T, _ = x.shape
         q, k, v, g = self.project(x)
-        codebook = self.codebook()  # [H, S, K], the one this call uses throughout
-        codes, k_hat, c_z = self.quantize(k, codebook)
-        mark_checked(codes)  # an argmin over this codebook: the op need not read its range back
-        if aux_losses is not None and T > 0:
-            commit = self.commit_loss(k, c_z)
-            aux_losses["vq_commit"] = aux_losses["vq_commit"] + commit if "vq_commit" in aux_losses else commit
+        with _quantisation_range():
+            codebook = self.codebook()  # [H, S, K], the one this call uses throughout
+            codes, k_hat, c_z = self.quantize(k, codebook)
+            mark_checked(codes)  # an argmin over this codebook: the op need not read its range back
+            if aux_losses is not None and T > 0:
+                commit = self.commit_loss(k, c_z)
+                aux_losses["vq_commit"] = aux_losses["vq_commit"] + commit if "vq_commit" in aux_losses else commit
         qu = q if self.xl_u is None else q + (self.xl_u * self.tau**-0.5).to(q.dtype)
         if self._fused_step(qu, v, state, cu_seqlens):  # one token, the static state updated in place
             # the XL bias from its terms inside the step's kernel (distances from the state's positions)
@@ -322,14 +322,16 @@ class VQAttention(Mixer):
             o = vq_decode_step_(qu[:, 0], k_hat[:, 0], codes[:, 0], v[:, 0], codebook, state.vq, rel_bias=rel,
                                 backend="triton")
             return self.out(o.reshape(B, T, self.e) * g), state
-        bias = None if self.r_proj is None else self.window_bias(q, positions)
+        # the XL bias as its relative table: the op shifts it into the window (no [T, 2L] index tensors)
+        rel = None if self.r_proj is None else self.xl_terms(q)
         o, vq_state = vq_attention(
-            qu, k_hat, codes, v, codebook, block_len=self.L, bias=bias, reduction=self.reduction,
+            qu, k_hat, codes, v, codebook, block_len=self.L, rel_bias=rel, reduction=self.reduction,
             initial_state=None if state is None else state.vq, output_final_state=state is not None,
             cu_seqlens=cu_seqlens, backend=self.backend,
         )  # [B, T, H, E]
         if self.training and T > 0:
-            self.update_codebook(k, codes)  # after the call used the old codebook
+            with _quantisation_range():
+                self.update_codebook(k, codes)  # after the call used the old codebook
         y = self.out(o.reshape(B, T, self.e) * g)  # seed Eqs. 14-15
         return y, None if state is None else VQAttentionState(vq_state)
 

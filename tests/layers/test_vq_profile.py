@@ -38,6 +38,9 @@ _LAYER = "lintime/layers/vq.py(241): forward"
     (("aten::index_add", "indexFuncLargeIndex"), (_LAYER, "lintime/ops/vq/__init__.py(150): vq_attention",
                                                   "lintime/ops/vq/triton/vq.py(120): scatter_sums"),
      "attention op"),  # the op's per-code sums
+    # the layer's profiler range, without Python stacks (what the profiler gives on CUDA)
+    (("vq_quantisation", "aten::baddbmm", "sm80_xmma_gemm_f32f32"), (), "quantisation"),
+    (("vq_quantisation", "aten::index_add_", "indexFuncLargeIndex"), (), "quantisation"),
     (("aten::linear", "aten::addmm", "nvjet_tst_128x256"), (_LAYER,), "GEMMs"),  # the layer's projections
     (("aten::silu", "vectorized_elementwise_kernel"), (_LAYER,), "elementwise"),
     (("vq_fwd_kernel",), (), "attention op"),  # unlinked, by the kernel's name

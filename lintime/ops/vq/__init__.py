@@ -14,6 +14,7 @@ from lintime.ops.utils import (
     mark_checked,
     num_seqs,
 )
+from lintime.ops.vq.bias import dense_rel_bias, token_offsets
 from lintime.ops.vq.chunk import REDUCTIONS, chunk_vq_attention
 from lintime.ops.vq.decode import vq_decode_step_
 from lintime.ops.vq.naive import naive_vq_attention
@@ -31,6 +32,7 @@ def _load_triton():  # the fused kernels, when Triton is installed (picked autom
 
 register_triton(_IMPLS, _load_triton)
 _HOST_VALUES = ("chunk", "triton")  # the forms that take the call's host values (block count)
+_REL_BIAS = ("chunk", "triton")  # the forms that take the window bias as a relative table
 
 
 def vq_attention(
@@ -42,6 +44,7 @@ def vq_attention(
     *,
     block_len: int,
     bias: torch.Tensor | None = None,
+    rel_bias: tuple[torch.Tensor, torch.Tensor] | None = None,
     reduction: str = "serial",
     initial_state: VQState | None = None,
     output_final_state: bool = False,
@@ -65,6 +68,11 @@ def vq_attention(
         codebook: ``[H, S, K]``.
         block_len: ``L``, the block length (required).
         bias: ``[B, T, H, 2L]`` additive bias on the window, or ``None``.
+        rel_bias: ``(qv [B, T, H, K], r [L + 1, H, K])``, a window bias given by a relative table (not
+            with ``bias``): the key at distance ``m = i - j`` from query ``i`` gets ``qv_i . r[m]`` when
+            ``0 <= m <= L``, 0 beyond (the layer's Transformer-XL term; positions as for ``bias``).  The
+            blockwise forms shift the ``[T, H, L + 1]`` table into the window layout by a strided copy
+            (:func:`lintime.ops.vq.bias.rel_window`) instead of the dense bias's ``[T, 2L]`` index passes.
         reduction: how per-block cache summaries are accumulated across blocks:
             ``"serial"`` (seed Code 2), ``"matmul"`` (Code 3), ``"assoc"`` (Code 4); all agree.
         initial_state: :class:`VQState` of ``N`` sequences to continue from.
@@ -122,6 +130,10 @@ def vq_attention(
             raise ValueError(f"{op}: bias must have shape [B, T, H, 2L] with 2L = {2 * L}, got {tuple(bias.shape)}")
         if bias.dtype != q.dtype:
             raise TypeError(f"{op}: bias has dtype {bias.dtype}, q has {q.dtype}")
+    if rel_bias is not None:
+        if bias is not None:
+            raise ValueError(f"{op}: pass bias or rel_bias, not both")
+        _check_rel_bias(op, rel_bias, q, L)
     if reduction not in REDUCTIONS:
         raise ValueError(f"{op}: reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}")
     if cu_seqlens is not None:  # the values are checked below, in the call's one host read
@@ -141,6 +153,12 @@ def vq_attention(
     else:
         host = (None, None) if needs_host else None
     extra = {"host_values": host} if needs_host else {}
+    if rel_bias is not None:
+        if any(impl is _IMPLS.get(name) for name in _REL_BIAS):
+            extra["rel_bias"] = rel_bias
+        else:  # the reference forms: the dense bias, position by position (positions on the device)
+            st_pos0 = None if initial_state is None else initial_state.pos
+            bias = dense_rel_bias(*rel_bias, token_offsets(B, T, L, cu_seqlens, st_pos0, q.device))
     o, final = impl(
         q, k_hat, codes, v, codebook, block_len=L, bias=bias, reduction=reduction,
         initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens, **extra,
@@ -174,6 +192,21 @@ def _read_values(op, codes, S, cu_seqlens, B, T, st):
         if pos and min(pos) < 0:
             raise ValueError(f"{op}: initial_state.pos must be >= 0, got {pos}")
     return cu, pos
+
+
+def _check_rel_bias(op, rel_bias, q, L) -> None:
+    if not (isinstance(rel_bias, (tuple, list)) and len(rel_bias) == 2
+            and all(isinstance(x, torch.Tensor) for x in rel_bias)):
+        raise TypeError(f"{op}: rel_bias must be a pair of tensors (qv, r)")
+    qv, r = rel_bias
+    B, T, H, K = q.shape
+    if tuple(qv.shape) != (B, T, H, K) or tuple(r.shape) != (L + 1, H, K):
+        raise ValueError(f"{op}: rel_bias needs qv [B, T, H, K] = {(B, T, H, K)} and r [L + 1, H, K] = "
+                         f"{(L + 1, H, K)}, got {tuple(qv.shape)} and {tuple(r.shape)}")
+    if qv.dtype != q.dtype or r.dtype != q.dtype:
+        raise TypeError(f"{op}: rel_bias has dtypes {qv.dtype}, {r.dtype}; q has {q.dtype}")
+    if qv.device != q.device or r.device != q.device:
+        raise ValueError(f"{op}: rel_bias must be on q's device {q.device}")
 
 
 def _check_state(op, st, N, H, S, K, V, L, device) -> None:

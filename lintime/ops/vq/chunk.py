@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from lintime.ops.utils import acc_dtype, num_seqs
+from lintime.ops.vq.bias import rel_table, rel_window
 from lintime.ops.vq.state import VQState, _nonzero, block_sums, log_count, merge
 
 
@@ -245,13 +246,14 @@ def call_layout(B: int, T: int, L: int, cu_seqlens, initial_state, host_values, 
 
 def chunk_vq_attention(
     q, k_hat, codes, v, codebook, *, block_len, bias=None, reduction="serial",
-    initial_state=None, output_final_state=False, cu_seqlens=None, host_values=None,
+    initial_state=None, output_final_state=False, cu_seqlens=None, host_values=None, rel_bias=None,
 ):
     """The blockwise form (see the module docstring).  ``host_values``: ``(cu_seqlens, pos)`` as
     Python lists (either ``None`` where absent), when the caller already has them on the host
     (:func:`lintime.ops.vq.vq_attention` reads them in its one device-to-host transfer); without
     them the block count costs one transfer here when ``cu_seqlens`` or a state is given, and
-    none otherwise."""
+    none otherwise.  ``rel_bias`` ``(qv, r)``: the window bias as a relative table (see
+    :func:`lintime.ops.vq_attention`), shifted into the query blocks by :func:`~lintime.ops.vq.bias.rel_window`."""
     B, T, H = q.shape[:3]
     V = v.shape[-1]
     S = codebook.shape[1]
@@ -277,6 +279,8 @@ def chunk_vq_attention(
     s_win = torch.einsum("nihk,njhk->nhij", qc, kw)  # [NQ, H, L, 2L]
     if bias is not None:
         s_win = s_win + lay.qplace(flat(bias).to(dt)).permute(0, 2, 1, 3)
+    elif rel_bias is not None:  # row a of a query block is offset a: the table shifted row by row
+        s_win = s_win + rel_window(lay.qplace(flat(rel_table(*rel_bias)))).to(dt).permute(0, 2, 1, 3)
     causal = torch.ones(L, 2 * L, dtype=torch.bool, device=dev).tril(L)  # key slot j <= L + i
     visible = causal & okw[:, None, None, :]  # [NQ, 1, L, 2L]
     s_win = s_win.masked_fill(~visible, float("-inf"))

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from lintime.ops.custom_op import grad_as, launcher_op
 from lintime.ops.kernel_launch import block, cdiv, check_device, dot_config
+from lintime.ops.vq.bias import rel_table, rel_window
 from lintime.ops.vq.chunk import cache_summaries, call_layout, final_state
 from lintime.ops.vq.state import log_count, scatter_sums
 from lintime.ops.vq.triton.kernels import vq_bwd_key_kernel, vq_bwd_query_kernel, vq_fwd_kernel
@@ -143,7 +144,7 @@ def _key_owners(qblk: Tensor, NB: int) -> tuple[Tensor, Tensor]:
 
 def triton_vq_attention(
     q, k_hat, codes, v, codebook, *, block_len, bias=None, reduction="serial", initial_state=None,
-    output_final_state=False, cu_seqlens=None, host_values=None, launch: VQLaunch | None = None,
+    output_final_state=False, cu_seqlens=None, host_values=None, launch: VQLaunch | None = None, rel_bias=None,
 ):
     """Same arguments and results as :func:`lintime.ops.vq.chunk.chunk_vq_attention` (``host_values`` as
     there), computed by the kernels of :mod:`.kernels`; fp16 / bf16 / fp32 inputs, fp32 scores and sums.
@@ -157,7 +158,7 @@ def triton_vq_attention(
         return chunk_vq_attention(q, k_hat, codes, v, codebook, block_len=block_len, bias=bias,
                                   reduction=reduction, initial_state=initial_state,
                                   output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                  host_values=host_values)
+                                  host_values=host_values, rel_bias=rel_bias)
     check_device("vq_attention", q)
     S = codebook.shape[1]
     L = block_len
@@ -211,6 +212,8 @@ def triton_vq_attention(
     qa, qb = _key_owners(lay.qblk, NB)
     kvalid = lay.kvalid.reshape(NB * L).to(torch.int8)
     bc = None if bias is None else qplace(bias)  # [NQ, L, H, 2L]
+    if rel_bias is not None:  # the relative table [.., H, L + 1] shifted into the window layout (no index tensors)
+        bc = rel_window(qplace(rel_table(*rel_bias)))
     launch = launch or default_launch(K, V, q.dtype)
     o = vq_fwd_op(
         qplace(q), kc.view(NB, L, H, K), vc.view(NB, L, H, V), kvalid, qblk, qa, qb, bc,
