@@ -83,10 +83,16 @@ ANCHOR = "softmax"  # attention solves MQAR: the sanity anchor, scheduled first
 # The softmax anchor as Zoology's attention: one head; RoPE alone (the preset's extra absolute
 # sinusoids delayed the recall phase change from ~300 to ~1700 steps on a CPU check, 2026-11-27).
 FAMILY_CHANGES = {"softmax": {"n_heads": 1, "position": "none"}}
-# the GPU's workers, 16 runs in flight (the last eager sweep: 8 processes of one run each), chosen
-# before a GPU run of this form: four processes share the Triton compiles, four streams each overlap
-CUDA_JOBS = 4
-CUDA_SLOTS = 4
+# the GPU's workers: processes of one run each.  4 processes x 4 runs on streams (H200, 2026-11-27,
+# commit b35ad60) trained 9-11 steps per run in ~117 s (the slots' first steps -- build, Triton
+# compiles, warm-up, capture -- one after the other in each process); 8 eager processes of one run
+# each had kept ~30 ms per step each.  10: more than the 8 that kept the GPU busy eagerly, so that
+# builds, compiles and evaluations of some overlap the steps of others; 16 host CPUs per GPU
+CUDA_JOBS = 10
+CUDA_SLOTS = 1
+# what a run's time share keeps back of the deadline: the workers' start (importing torch and
+# initialising CUDA in 10 processes at once) and the last evaluations (not measured yet: a guess)
+SHARE_RESERVE_S = 20.0
 NOT_RUN = "not run (deadline)"
 KILLED = "killed at the deadline"
 LOST = "lost: a CUDA error in another run of its worker process"
@@ -203,9 +209,11 @@ class Live:
     t0: float
 
 
-def open_run(task: Task, settings: dict, root: str, max_seconds: float | None, data: dict) -> Live:
+def open_run(task: Task, settings: dict, root: str, max_seconds: float | None, data: dict, *,
+             graph: str | None = None, fallback: bool = True) -> Live:
     """Build the run of ``task``; ``data`` holds one :class:`~lintime.training.tasks.MQARData` per
-    setting, shared by the runs of this process (made on first use)."""
+    setting, shared by the runs of this process (made on first use); ``graph`` overrides the
+    settings' step form, ``fallback`` is :class:`~lintime.training.tasks.TaskRun`'s."""
     from lintime.training.tasks import MQARData, TaskRun, TaskTrainConfig
     from lintime.utils.device import pick_device
 
@@ -223,14 +231,14 @@ def open_run(task: Task, settings: dict, root: str, max_seconds: float | None, d
             batch_size=settings.get("rows"),
             epochs=settings["epochs"], lr=task.lr, max_steps=steps, eval_every=settings["eval_every"],
             max_seconds=max_seconds, seed=settings["seed"], device=settings["device"], precision=settings["precision"],
-            graph=settings.get("graph", "auto"),
+            graph=graph or settings.get("graph", "auto"),
         )
         device = pick_device(cfg.device)
         key = MQARData.key_of(cfg, device)
         if key not in data:
             data[key] = MQARData(cfg.mqar, seed=cfg.seed, train_examples=cfg.train_examples,
                                  test_examples=cfg.test_examples, device=device)
-        run = TaskRun(cfg, out=root, name=name, echo=None, plot=False, data=data[key])
+        run = TaskRun(cfg, out=root, name=name, echo=None, plot=False, data=data[key], fallback=fallback)
     except Exception as err:  # a run that cannot be built is recorded, the sweep goes on
         live = Live(None, row, name, t0)
         return close_run(live, settings, root, err)
@@ -251,6 +259,8 @@ def close_run(live: Live, settings: dict, root: str, err: BaseException | None =
             row["diverged"] = "diverged" in str(err)
         if run is not None:
             row["step"] = run.form
+            row.setdefault("steps", run.step)
+            row.update(run.timing)
     except Exception as e:  # saving failed: recorded as the run's error
         row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
     finally:
@@ -277,38 +287,46 @@ def run_task(task: Task, settings: dict, root: str, max_seconds: float | None = 
 
 
 def _poisoned(row: dict) -> bool:
-    """Whether a run's error may have poisoned its process (a CUDA error, out of memory)."""
-    return any(s in row.get("error", "") for s in ("CUDA", "cuda", "out of memory", "illegal"))
+    """Whether a run's error may have poisoned its process (a CUDA error, out of memory, a capture
+    that failed: its process is not trusted with another run)."""
+    return any(s in row.get("error", "") for s in ("CUDA", "cuda", "out of memory", "illegal", "CaptureFailed",
+                                                     "capture"))
 
 
 def _worker(conn, settings: dict, root: str, slots: int) -> None:
-    """A worker process: trains up to ``slots`` runs at once, each on its own CUDA stream (a
-    narrow model's kernels fill a few of the GPU's SMs: runs on separate streams overlap, while
-    the kernels of separate processes take turns on the GPU), advancing them in turn
-    :data:`STEPS_PER_TURN` steps at a time.  Takes ``(id, task, stop_at)`` messages (``stop_at``:
-    the deadline as a ``time.time()``), sends ``(id, record, leave)`` as each run ends; stops at
-    ``None``.  ``leave``: a CUDA error may have poisoned the process, which then sends the records
-    of its other runs and exits (the parent starts a new one)."""
+    """A worker process: trains up to ``slots`` runs at once (1 by default; more: each on its own
+    CUDA stream, advanced in turn :data:`STEPS_PER_TURN` steps at a time).  Takes ``(id, task,
+    stop_at, share, graph)`` messages (``stop_at``: the deadline as a ``time.time()``; ``share``:
+    the run's seconds counted from the end of its first step -- build, compiles and capture not
+    counted -- or None; ``graph``: the step form, None = the settings'), sends ``(id, record,
+    leave)`` as each run ends; stops at ``None``.  ``leave``: a CUDA error or a failed capture may
+    have poisoned the process, which then sends the records of its other runs and exits (the
+    parent starts a new one and retries the run eagerly)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import contextlib
 
     import torch
 
+    import lintime.training.tasks  # noqa: F401  (imported while the parent sends the first task)
+
     torch.set_num_threads(1)
     cuda = torch.cuda.is_available() and not str(settings["device"]).startswith("cpu")
-    streams = [torch.cuda.Stream() if cuda else None for _ in range(slots)]
-    on = lambda slot: torch.cuda.stream(streams[slot]) if cuda else contextlib.nullcontext()  # noqa: E731
+    if cuda:
+        torch.cuda.init()
+    streams = [torch.cuda.Stream() if cuda and slots > 1 else None for _ in range(slots)]
+    on = lambda slot: torch.cuda.stream(streams[slot]) if streams[slot] is not None else contextlib.nullcontext()  # noqa: E731
     data: dict = {}
-    live: dict[int, tuple[int, Live]] = {}
+    live: dict[int, tuple[int, Live, float | None]] = {}
     while True:
         while len(live) < slots and (not live or conn.poll()):  # wait for work only when idle
             msg = conn.recv()
             if msg is None:
                 return
-            tid, task, stop_at = msg
+            tid, task, stop_at, share, graph = msg
             slot = min(set(range(slots)) - set(live))
             with on(slot):
-                lv = open_run(task, settings, root, max(stop_at - time.time(), 1e-3), data)
+                lv = open_run(task, settings, root, max(stop_at - time.time(), 1e-3), data, graph=graph,
+                              fallback=False)
             if lv.run is None:
                 if _poisoned(lv.row):
                     _leave(conn, live)
@@ -316,13 +334,18 @@ def _worker(conn, settings: dict, root: str, slots: int) -> None:
                     return
                 conn.send((tid, lv.row, False))
             else:
-                live[slot] = (tid, lv)
+                live[slot] = (tid, lv, share)
         for slot in list(live):
-            tid, lv = live[slot]
+            tid, lv, share = live[slot]
             with on(slot):
                 err = None
                 try:
-                    done = lv.run.advance(STEPS_PER_TURN)
+                    if lv.run.step == 0:  # the first step alone: the share counts from its end
+                        done = lv.run.advance(1)
+                        if share is not None:
+                            lv.run.limit(share)
+                    else:
+                        done = lv.run.advance(STEPS_PER_TURN if slots > 1 else None)
                 except Exception as e:  # a diverged or failed run is recorded, the others go on
                     done, err = True, e
                 if done:
@@ -337,7 +360,7 @@ def _worker(conn, settings: dict, root: str, slots: int) -> None:
 
 
 def _leave(conn, live: dict) -> None:
-    for tid, lv in live.values():
+    for tid, lv, _ in live.values():
         conn.send((tid, {**lv.row, "error": LOST}, False))
     live.clear()
 
@@ -371,14 +394,20 @@ def sweep_in_process(ladder: Ladder, runner: Callable[[Task, float], dict], dead
 
 
 def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: float, *, min_run_s: float,
-               grace_s: float, slots: int = 1, say=print) -> list[dict]:
+               grace_s: float, slots: int = 1, say=print, share: Callable[[Task], float | None] | None = None
+               ) -> list[dict]:
     """Run the ladder's tasks on ``jobs`` worker processes (spawned: CUDA in each) of ``slots``
     runs each until it is empty or the deadline; the workers' runs stop themselves at the
-    deadline, a worker with a run still going ``grace_s`` after it is killed."""
+    deadline (and after ``share(task)`` seconds of training, when given), a worker with a run
+    still going ``grace_s`` after it is killed.  A worker that leaves (a CUDA error, a failed
+    capture) is replaced by a fresh process, and its run is tried once more there with the plain
+    eager loop (``graph="off"``) unless it ran that way already."""
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
     ctx = mp.get_context("spawn")
+    share = share or (lambda task: None)
+    old: list = []  # processes that left, reaped at the end
 
     def start():
         parent, child = ctx.Pipe()
@@ -388,44 +417,50 @@ def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: f
         return proc, parent
 
     def record(row: dict, task: Task) -> None:
+        if task in failed_first:
+            row["first_try"] = failed_first.pop(task)
         runs.append(row)
         ladder.done(task, row.get("accuracy"), retry=_retry(row))
         say(_progress(row, len(runs)))
 
     def restart(i: int, why: str) -> None:
-        proc = workers[i][0]
-        proc.join(timeout=10)
-        if proc.is_alive():
-            proc.kill()
+        old.append(workers[i][0])
         for task in busy[i].values():
             record({**_task_row(task), "error": why}, task)
         busy[i].clear()
         workers[i] = start()
 
+    def send(i: int, task: Task) -> None:
+        tid = next(ids)
+        left = deadline - time.monotonic()
+        msg = (tid, task, time.time() + left, share(task), "off" if task in eager else None)
+        try:
+            workers[i][1].send(msg)
+        except (BrokenPipeError, OSError):  # it died idle: a new one takes the task
+            restart(i, f"worker died (exit code {workers[i][0].exitcode})")
+            workers[i][1].send(msg)
+        busy[i][tid] = task
+
     workers = [start() for _ in range(jobs)]
     busy: dict[int, dict[int, Task]] = {i: {} for i in range(jobs)}
     runs: list[dict] = []
+    retries: list[Task] = []  # runs to try again eagerly, before the ladder's next
+    eager: set[Task] = set()
+    failed_first: dict[Task, str] = {}  # the error of a retried run's first try
     ids = iter(range(1 << 62))
     while True:
         now = time.monotonic()
         if deadline - now > min_run_s:
-            stop_at = time.time() + (deadline - now)
             # one task per worker in turn, so the cheap and the costly runs spread over the workers
             while any(len(b) < slots for b in busy.values()):
                 task = None
                 for i in range(jobs):
                     if len(busy[i]) >= slots:
                         continue
-                    task = ladder.next()
+                    task = retries.pop(0) if retries else ladder.next()
                     if task is None:
                         break
-                    tid = next(ids)
-                    try:
-                        workers[i][1].send((tid, task, stop_at))
-                    except (BrokenPipeError, OSError):  # it died idle: a new one takes the task
-                        restart(i, f"worker died (exit code {workers[i][0].exitcode})")
-                        workers[i][1].send((tid, task, stop_at))
-                    busy[i][tid] = task
+                    send(i, task)
                 if task is None:
                     break
         if not any(busy.values()):
@@ -444,22 +479,33 @@ def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: f
             try:
                 while busy[i] and conn.poll():
                     tid, row, leave = conn.recv()
-                    record(row, busy[i].pop(tid))
+                    task = busy[i].pop(tid)
+                    if leave and task not in eager:  # retried in a fresh process, eagerly
+                        eager.add(task)
+                        failed_first[task] = row.get("error", "?")
+                        retries.append(task)
+                        say(f"{_progress(row, len(runs))}; retried eagerly in a fresh process")
+                    else:
+                        record(row, task)
                     if leave:
                         restart(i, LOST)
                         break
             except (EOFError, OSError):
-                workers[i][0].join(timeout=5)
                 restart(i, f"worker died (exit code {workers[i][0].exitcode})")
     for proc, conn in workers:
         try:
             conn.send(None)
         except (BrokenPipeError, OSError):
             pass
-    for proc, _ in workers:
-        proc.join(timeout=10)
+    procs = [p for p, _ in workers] + old
+    end = time.monotonic() + 10
+    for proc in procs:
+        proc.join(timeout=max(0.0, end - time.monotonic()))
+    for proc in procs:
         if proc.is_alive():
             proc.kill()
+    for task in retries:  # retries the deadline left unstarted
+        record({**_task_row(task), "error": f"{failed_first.get(task, '?')} (the eager retry did not start)"}, task)
     return runs
 
 
@@ -748,10 +794,55 @@ def write_report(recall_json: Path, passkey_json: Path | None, page: Path) -> st
 # ---------------------------------------------------------------------------------------------- main
 
 
+def time_shares(cells: list[Cell], settings: dict, jobs: int, deadline_s: float) -> tuple[float, float]:
+    """Seconds of training a run may take after its first step, ``(other runs, anchor runs)``: the
+    workers' time to the deadline (less :data:`SHARE_RESERVE_S`) spread over the first rung's runs
+    in proportion to their step budgets (the anchor's larger).  A share binds only where the steps
+    are slower than the deadline allows for the whole first rung; time the shares leave (early
+    stops, fast steps) goes to the later rungs."""
+    steps = settings["steps"] or 1
+    ratio = (settings["anchor_steps"] or steps) / steps
+    units = sum(ratio if c.family == ANCHOR else 1.0 for c in cells)
+    unit = max(1.0, jobs * (deadline_s - SHARE_RESERVE_S) / max(units, 1.0))
+    return unit, unit * ratio
+
+
+def summarize(runs: list[dict], not_run: list[dict], seconds: float) -> dict:
+    """Runs finished / killed / failed, steps per second over the sweep, the step forms."""
+    killed = sum(r.get("error") == KILLED for r in runs)
+    failed = sum("error" in r and r.get("error") != KILLED for r in runs)
+    steps = sum(r.get("steps") or 0 for r in runs)
+    forms: dict[str, int] = {}
+    for r in runs:
+        if r.get("step"):
+            forms[r["step"].split(" (")[0]] = forms.get(r["step"].split(" (")[0], 0) + 1
+    return {"finished": len(runs) - killed - failed, "killed": killed, "failed": failed,
+            "diverged": sum(bool(r.get("diverged")) for r in runs), "not_started": len(not_run),
+            "retried_eagerly": sum("first_try" in r for r in runs), "steps": steps, "seconds": round(seconds, 1),
+            "steps_per_s": round(steps / max(seconds, 1e-9), 1), "step_forms": forms,
+            "capped": sum(r.get("stopped") == "max_seconds" for r in runs)}
+
+
+def summary_line(s: dict) -> str:
+    forms = ", ".join(f"{n} {f}" for f, n in sorted(s["step_forms"].items())) or "none"
+    return (f"summary: {s['finished']} runs finished ({s['capped']} cut by time), {s['killed']} killed, "
+            f"{s['failed']} failed ({s['diverged']} diverged), {s['not_started']} not started, "
+            f"{s['retried_eagerly']} retried eagerly; {s['steps']:,} steps in {s['seconds']:.0f} s = "
+            f"{s['steps_per_s']:.0f} steps/s; step forms: {forms}")
+
+
+def healthy(s: dict) -> bool:
+    """The smoke check's verdict: no run killed at the deadline, no failure but divergences."""
+    return s["killed"] == 0 and s["failed"] == s["diverged"]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", help="folder for recall_sweep.json / .md / .png (and the runs, with --keep-runs)")
     p.add_argument("--tiny", action="store_true", help="a seconds-long CPU check of the script (tiny sizes, one rate)")
+    p.add_argument("--smoke", action="store_true",
+                   help="a ~1-minute GPU self-check (every family at 64/4, widths 64 and 512, 100 steps a run; "
+                        "warms Triton's cache): exit status 1 if a run was killed or failed other than by diverging")
     p.add_argument("--families", default="", help="families to run, comma-separated (default: every registered one)")
     p.add_argument("--widths", default=",".join(map(str, ZOOLOGY_WIDTHS)))
     p.add_argument("--points", default=",".join(f"{T}/{kv}" for T, kv in ZOOLOGY_POINTS), help="seq_len/kv_pairs, ...")
@@ -774,6 +865,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wall-clock budget: runs in flight stop there, the rest are recorded as not run")
     p.add_argument("--grace-s", type=float, default=30.0, help="kill a run still going this long after the deadline")
     p.add_argument("--min-run-s", type=float, default=20.0, help="start no run with less than this left")
+    p.add_argument("--run-seconds", type=float, default=None,
+                   help="training seconds a run may take after its first step (the anchor's: x anchor-steps / steps); "
+                        "default: the workers' time to the deadline shared over the first rung (time_shares); 0 = none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
     p.add_argument("--precision", default="auto", help="auto = bf16 autocast on CUDA, fp32 on a CPU")
@@ -795,6 +889,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.out:
         p.error("--out is required (or --report)")
+    if args.smoke:  # the self-check's values for the options left at their defaults
+        smoke = dict(widths="64,512", points="64/4", lrs="2.2e-3", steps=100, anchor_steps=100, eval_every=50,
+                     test_examples=512, deadline_s=40.0, grace_s=15.0, min_run_s=5.0)
+        for k, v in smoke.items():
+            if getattr(args, k) == p.get_default(k):
+                setattr(args, k, v)
     if args.tiny:  # tiny values for the options left at their defaults
         tiny = dict(widths="16,32", points="16/2", lrs="3e-3", vocab=32, train_examples=64, test_examples=32, epochs=1,
                     device="cpu", steps=0, anchor_steps=0, eval_every=0, rows=0)
@@ -837,8 +937,16 @@ def main(argv: list[str] | None = None) -> int:
           + f", deadline {args.deadline_s:.0f} s", flush=True)
     say = lambda line: print(f"[{time.monotonic() - t0:5.0f} s] {line}", flush=True)  # noqa: E731
     if jobs:
+        if args.run_seconds is None:
+            other, anchor = time_shares(cells, settings, jobs, args.deadline_s)
+        else:
+            other = args.run_seconds or None
+            anchor = other and other * (settings["anchor_steps"] or 1) / (settings["steps"] or 1)
+        share = lambda task: anchor if task.cell.family == ANCHOR else other  # noqa: E731
+        if other:
+            say(f"time share per run after its first step: {other:.0f} s ({anchor:.0f} s for the anchor)")
         runs = sweep_pool(ladder, settings, root, jobs, deadline, min_run_s=args.min_run_s, grace_s=args.grace_s,
-                          slots=args.slots, say=say)
+                          slots=args.slots, say=say, share=share)
     else:
         data: dict = {}  # the examples of each setting, drawn once for all its runs
         runs = sweep_in_process(ladder, lambda task, left: run_task(task, settings, root, left, data), deadline,
@@ -847,11 +955,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.keep_runs:
         shutil.rmtree(root, ignore_errors=True)
     best = best_by_cell(runs, cells)
+    summary = summarize(runs, not_run, time.monotonic() - t0)
     result = {
         **_environment(device), "jobs": jobs, "slots": args.slots if jobs else 1,
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "report", "passkey", "page")},
         "seconds": round(time.monotonic() - t0, 1), "anchor": anchor_verdict(best), "best": best, "runs": runs,
-        "not_run": not_run,
+        "not_run": not_run, "summary": summary,
     }
     (out / "recall_sweep.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     (out / "recall_sweep.md").write_text(table(best) + "\n")
@@ -862,6 +971,11 @@ def main(argv: list[str] | None = None) -> int:
     print(table(best))
     print(f"{len(runs)} runs, {len(not_run)} not run; wrote {out / 'recall_sweep.json'}, recall_sweep.md and "
           f"recall_sweep.png ({result['seconds']:.0f} s)")
+    print(summary_line(summary), flush=True)
+    if args.smoke:
+        ok = healthy(summary)
+        print(f"smoke: {'ok' if ok else 'NOT OK (a run was killed or failed: see recall_sweep.json)'}", flush=True)
+        return 0 if ok else 1
     return 0
 
 

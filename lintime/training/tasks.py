@@ -302,6 +302,10 @@ class MQARData:
         return self._test
 
 
+class CaptureFailed(RuntimeError):
+    """The training step did not capture in a CUDA graph (a :class:`TaskRun` with ``fallback=False``)."""
+
+
 class TaskRun:
     """One task run, stepped from outside: :meth:`advance` trains up to a number of steps (never
     past the next evaluation) and evaluates when it reaches one; it returns True once the run has
@@ -313,18 +317,21 @@ class TaskRun:
     whole step (forward, backward, fused AdamW at a device learning rate) in one CUDA graph, the
     default on CUDA: a tiny model's eager step is hundreds of kernel launches of a few microseconds
     each; ``eager`` -- the same step without the graph (what the captured one is checked against);
-    ``off`` -- the plain loop (the default elsewhere, and where the capture fails).  ``data``: the
-    run's :class:`MQARData` (one is made when None)."""
+    ``off`` -- the plain loop (the default elsewhere, and where the capture fails; ``fallback=False``:
+    a failed capture raises :class:`CaptureFailed` instead, for a caller that would rather retry the
+    run in a fresh process than go on in one whose capture failed).  ``data``: the run's
+    :class:`MQARData` (one is made when None).  :attr:`timing` says where the run's time went."""
 
     def __init__(self, config: TaskTrainConfig, *, out: str | Path = "runs", name: str | None = None,
-                 echo: Callable[[str], None] | None = print, plot: bool = True, data: MQARData | None = None):
+                 echo: Callable[[str], None] | None = print, plot: bool = True, data: MQARData | None = None,
+                 fallback: bool = True):
         from lintime.data import ByteTokenizer
         from lintime.training.graphed import GraphedStep
 
         self.say = say = echo or (lambda line: None)
         self.started = time.perf_counter()
         self.cfg = cfg = config
-        self.plot = plot
+        self.plot, self.fallback = plot, fallback
         task = cfg.mqar
         device = pick_device(cfg.device)
         if cfg.precision not in ("auto", "fp32", "bf16"):
@@ -379,11 +386,18 @@ class TaskRun:
         self.lr = cfg.lr
         self.loss_sum = torch.zeros((), device=device)  # summed on the device: no host read per step
         self.taken = 0
+        self.stop_at = math.inf if cfg.max_seconds is None else self.started + cfg.max_seconds
+        self.timing = {"setup_s": 0.0, "first_step_s": 0.0, "eval_s": 0.0}  # build; warm-up + capture + step 1; tests
         self.t0 = time.perf_counter()
+        self.timing["setup_s"] = round(self.t0 - self.started, 3)
 
     @property
     def done(self) -> bool:
         return self.stopped is not None
+
+    def limit(self, seconds: float) -> None:
+        """Stop (and score) the run ``seconds`` from now, or at the limit already set if sooner."""
+        self.stop_at = min(self.stop_at, time.perf_counter() + seconds)
 
     def _eager_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         for group in self.opt.param_groups:
@@ -411,16 +425,22 @@ class TaskRun:
             if not self.order:  # a new epoch: the fixed batches in a new order
                 self.order = torch.randperm(self.n_batches, generator=self.gen).tolist()
             x, y = self.data.batch(self.order.pop(0) * self.rows, self.rows)
+            first = time.perf_counter() if self.step == 0 else None
             out = self.graphed.step(x, y, self.lr) if self.graphed is not None else None
             if out is None:  # the plain loop, or a capture that failed (no step taken: the eager one takes it)
                 if self.graphed is not None:
+                    if not self.fallback:
+                        raise CaptureFailed(f"the step does not capture in a CUDA graph: {self.graphed.failed}")
                     self.form, self.graphed = f"off (the capture failed: {self.graphed.failed})", None
                 self.loss_sum += self._eager_step(x, y)
             else:
                 self.loss_sum += out.loss + out.aux
             self.step += 1
             self.taken += 1
-            over_time = cfg.max_seconds is not None and time.perf_counter() - self.started >= cfg.max_seconds
+            now = time.perf_counter()
+            if first is not None:
+                self.timing["first_step_s"] = round(now - first, 3)
+            over_time = now >= self.stop_at
             if self.step % self.stage == 0 or self.step >= self.total or over_time:
                 self._evaluate(over_time)
                 break
@@ -432,8 +452,10 @@ class TaskRun:
         mean_loss = float(self.loss_sum) / self.taken
         if not math.isfinite(mean_loss):
             raise ValueError(f"training diverged by step {self.step} (mean loss {mean_loss}); try a lower --lr")
+        t_eval = time.perf_counter()
         res = evaluate_mqar(self.model, cfg.mqar, n_examples=cfg.test_examples, seed=cfg.seed, autocast=self.amp,
                             examples=self.data.test)
+        self.timing["eval_s"] = round(self.timing["eval_s"] + time.perf_counter() - t_eval, 3)
         self.accuracy, self.best = res.accuracy, max(self.best, res.accuracy)
         epoch = self.step / self.n_batches
         row = {"epoch": round(epoch) if self.step % self.n_batches == 0 else round(epoch, 4), "step": self.step,

@@ -131,7 +131,7 @@ def _settings(**kw) -> dict:
     return {**base, **kw}
 
 
-def _run_worker(tasks, slots, settings, root):
+def _run_worker(tasks, slots, settings, root, share=None):
     """``_worker`` in a thread of this process: the tasks sent at once, the records read back."""
     import threading
     import time
@@ -141,7 +141,7 @@ def _run_worker(tasks, slots, settings, root):
     thread = threading.Thread(target=rs._worker, args=(child, settings, str(root), slots), daemon=True)
     thread.start()
     for i, task in enumerate(tasks):
-        parent.send((i, task, time.time() + 60))
+        parent.send((i, task, time.time() + 60, share, None))
     got = {}
     while len(got) < len(tasks):
         assert parent.poll(60), got
@@ -191,6 +191,54 @@ def test_worker_with_a_cuda_error_sends_every_record_and_leaves(tmp_path, monkey
     (ok, ok_leave), (bad, bad_leave) = got[0], got[1]
     assert ok["error"] == rs.LOST and not ok_leave
     assert bad["error"].startswith("RuntimeError: CUDA error") and bad_leave and not bad["diverged"]
+
+
+def test_pool_retries_a_failed_capture_eagerly_in_a_fresh_worker(tmp_path):
+    """``--graph capture`` on a CPU: the step cannot be built (a CUDA graph needs CUDA), which the
+    worker treats as a failed capture -- it sends the record and exits; a fresh worker then trains
+    the run with the plain loop, and the record keeps the first try's error."""
+    assert rs.main(["--tiny", "--widths", "16", "--families", "gla", "--jobs", "1", "--graph", "capture",
+                    "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "recall_sweep.json").read_text())
+    (run,) = data["runs"]
+    assert "error" not in run and run["step"] == "off" and run["steps"] == 1
+    assert run["first_try"].startswith("ValueError: a CUDA graph needs a CUDA model")
+    s = data["summary"]
+    assert (s["finished"], s["killed"], s["failed"], s["retried_eagerly"], s["steps"]) == (1, 0, 0, 1, 1)
+
+
+def test_worker_share_counts_from_the_first_step(tmp_path):
+    """A share of 0 s: the run takes its first step (build, compiles and capture are not counted),
+    then one more before it sees the limit, and is scored there; the record says where its time
+    went."""
+    (task,) = [rs.Task(c, 0, 3e-3) for c in rs.make_cells({"gla": "gla-tiny"}, [(16, 2)], [16])]
+    row, leave = _run_worker([task], 1, _settings(steps=50, eval_every=25), tmp_path, share=0.0)[0]
+    assert not leave and (row["steps"], row["stopped"]) == (2, "max_seconds")
+    assert row["step"] == "off" and all(row[k] >= 0 for k in ("setup_s", "first_step_s", "eval_s", "train_seconds"))
+
+
+def test_time_shares_spread_the_deadline_over_the_first_rung():
+    """Rule: the shares of the first rung's runs add up to the workers' time to the deadline less
+    the reserve, the anchor's in proportion to its step budget."""
+    cells = _cells()  # 4 softmax (anchor) + 4 gla cells
+    settings = {"steps": 1000, "anchor_steps": 3000}
+    other, anchor = rs.time_shares(cells, settings, jobs=5, deadline_s=300.0)
+    assert anchor == pytest.approx(3 * other)
+    assert 4 * other + 4 * anchor == pytest.approx(5 * (300.0 - rs.SHARE_RESERVE_S))
+
+
+def test_summary_counts_and_the_smoke_verdict():
+    runs = [{"steps": 100, "step": "capture", "accuracy": 0.5, "stopped": "max_steps"},
+            {"steps": 40, "step": "off", "accuracy": 0.1, "stopped": "max_seconds", "first_try": "CaptureFailed: x"},
+            {"steps": 9, "step": "capture", "error": "ValueError: training diverged by step 9", "diverged": True},
+            {"error": rs.KILLED}]
+    s = rs.summarize(runs, [{}], 10.0)
+    assert (s["finished"], s["killed"], s["failed"], s["diverged"], s["not_started"]) == (2, 1, 1, 1, 1)
+    assert (s["steps"], s["steps_per_s"], s["capped"], s["retried_eagerly"]) == (149, 14.9, 1, 1)
+    assert s["step_forms"] == {"capture": 2, "off": 1}
+    assert "2 runs finished" in rs.summary_line(s) and "15 steps/s" in rs.summary_line(s)
+    assert not rs.healthy(s) and rs.healthy(rs.summarize(runs[:3], [], 10.0))
+    assert not rs.healthy(rs.summarize(runs[:1] + [{"error": "RuntimeError: CUDA error: x"}], [], 1.0))
 
 
 def test_deadline_before_any_run(tmp_path):
