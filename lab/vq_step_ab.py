@@ -83,7 +83,8 @@ def run(variant: str, preset: str, T: int, steps: int) -> dict:
     med = statistics.median(ms)
     out = {"variant": variant, "preset": preset, "T": T, "rows": rows, "first_loss": round(first, 5),
            "capture_s": round(first_s, 1), "step_ms": round(med, 2), "min_ms": round(min(ms), 2),
-           "tokens_per_s": round(TOKENS / med * 1e3), "peak_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)}
+           "tokens_per_s": round(TOKENS / med * 1e3),
+           "peak_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)}
     del model, step
     torch.cuda.empty_cache()
     return out

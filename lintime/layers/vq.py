@@ -70,8 +70,9 @@ to show the difference is only there).
 
 Decoding state :class:`VQAttentionState`: the op's :class:`~lintime.ops.VQState` (per-code count
 ``[N, H, S]`` and mean value ``[N, H, S, E]`` of the cache, the two-block window of ``k_hat``,
-``v``, codes ``[N, 2L, H, *]``, and ``pos``): constant size in ``T``.  The XL bias counts distances from the state's ``pos``
-(the model's ``positions`` continue from it), so block boundaries agree.  A one-token step
+``v``, codes ``[N, 2L, H, *]``, and ``pos``): constant size in ``T``.  The XL bias counts
+distances from the state's ``pos`` (the model's ``positions`` continue from it), so block
+boundaries agree.  A one-token step
 in eval mode on a *static* state (:meth:`VQAttentionState.with_capacity`, what
 :func:`lintime.layers.base.static_state` makes) on CUDA updates the state in place through
 :func:`lintime.ops.vq_decode_step_` (three fused kernels: attention over window and cache, the
