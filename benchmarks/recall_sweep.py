@@ -30,24 +30,38 @@ Time-boxed for one GPU (issue 31: the sweep in <= 10 minutes; Zoology trains 64 
   2-layer model's step is 300-700 operator calls (CPU profile of every family at width 64,
   2026-11-27), each a kernel of a few microseconds on the GPU, so its launches set its time (the
   last eager sweep, 8 processes on an H200: ~30 ms per step per process, ~300 steps/s in all);
-* ``--jobs`` worker processes (4 on CUDA) of ``--slots`` runs each (4), every run on its own CUDA
-  stream, advanced in turn: a width-64 run's kernels fill a few of the GPU's SMs, and only kernels
-  of one process overlap (the kernels of separate processes take turns on the GPU); the other
-  processes keep the GPU busy while one builds a run, captures its graph, evaluates or compiles a
-  Triton kernel -- the largest host cost: 71 Triton kernels, specialised by head width, so each
-  family's first run at each width compiles some (Triton's cache, ``~/.triton/cache`` or
-  ``TRITON_CACHE_DIR``, is shared by the workers and kept for a later sweep on the same machine).
-  The training examples of each (seq_len, kv_pairs) are drawn once per process and shared by its
-  runs (a 64-row batch costs the host 0.9 ms to draw at T = 64, 6.9 ms at T = 512 on a 2-core CPU:
-  more than a graph step);
-* at ``--deadline-s`` (480) the runs in flight stop and are scored where they are (``stopped:
-  max_seconds``, marked in the table); runs not started are recorded as ``not run (deadline)``.
-  Why 480 s: the first rung is at most 192 000 steps (128 runs x 1000 + 16 anchor runs x 4000),
-  ~200-400 s of GPU time at ~1-2 ms a graph step if no two runs overlapped (estimated from the
-  kernel counts above, not yet measured), less with the streams' overlap and the early stops; the
-  later rungs take what is left, and start-up, the last evaluations and the report keep the whole
-  command under 9 minutes.
+* ``--jobs`` worker processes (10 on CUDA: :data:`CUDA_JOBS`) of one run each: the kernels of
+  separate processes take turns on the GPU, and the other processes keep it busy while one builds
+  a run, compiles its Triton kernels (the largest host cost on a fresh machine; Triton's cache,
+  ``~/.triton/cache`` or ``TRITON_CACHE_DIR``, is shared by the workers and kept for a later
+  sweep: ``--smoke`` fills it for widths 64 and 512), captures its graph or evaluates it.
+  ``--slots`` N > 1 trains N runs per process, each on its own CUDA stream, in turns of
+  :data:`STEPS_PER_TURN` steps -- kept as an option, not the default: the first steps of a
+  process's runs (build, compiles, warm-up, capture) then come one after the other while every
+  run's clock runs (4 x 4 on an H200, 2026-11-27: 9-11 steps per run in ~117 s), each capture
+  synchronises the whole device and empties the allocator's cache under the other slots
+  (``torch.cuda.graph``), and a failed capture costs the process's other runs;
+* a worker whose run meets a CUDA error or whose step does not capture exits (its process is not
+  trusted with another run); a fresh one trains that run again with the plain eager loop (the
+  record keeps the first try's error as ``first_try``), and the later runs of that family and
+  width go eager from the start.  The training examples of each (seq_len, kv_pairs) are drawn
+  once per process and shared by its runs (a 64-row batch costs the host 0.9 ms to draw at
+  T = 64, 6.9 ms at T = 512 on a 2-core CPU: more than a graph step);
+* time: at ``--deadline-s`` (480) the runs in flight stop and are scored where they are
+  (``stopped: max_seconds``, marked in the table); runs not started are recorded as ``not run
+  (deadline)``; and each run's training after its first step (build, compiles and capture not
+  counted) is capped at its share of the workers' time to the deadline, in proportion to its step
+  budget (:func:`time_shares`: 10 workers x (480 - 20) s over 128 runs + 16 anchor runs x 4 =
+  24 s a run, 96 s an anchor run), so that a slow step form still gives every cell its first
+  rung.  Why 480 s and these budgets: the first rung is 192 000 steps (128 runs x 1000 + 16 anchor
+  runs x 4000), 640 s at the eager sweep's ~300 steps/s -- over the deadline, hence the shares --
+  and ~200-400 s at ~1-2 ms a graph step (estimated from the kernel counts above, not yet
+  measured), less with the early stops; start-up, the last evaluations and the report keep the
+  whole command under 8.5 minutes.  Every run's record says its step form, steps, seconds (setup,
+  first step, evaluations, training) and the sweep prints one summary line (finished / killed /
+  failed, steps per second over the sweep), also in the JSON's ``summary``.
 
+    python3 benchmarks/recall_sweep.py --smoke --out out/smoke                 # ~1 min GPU self-check (exit 1: unhealthy)
     python3 benchmarks/recall_sweep.py --out out/recall                        # the GPU sweep (~8.5 min)
     python3 benchmarks/recall_sweep.py --tiny --out /tmp/recall                # seconds on a CPU
     python3 benchmarks/recall_sweep.py --report out/recall/recall_sweep.json \\
@@ -401,7 +415,9 @@ def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: f
     deadline (and after ``share(task)`` seconds of training, when given), a worker with a run
     still going ``grace_s`` after it is killed.  A worker that leaves (a CUDA error, a failed
     capture) is replaced by a fresh process, and its run is tried once more there with the plain
-    eager loop (``graph="off"``) unless it ran that way already."""
+    eager loop (``graph="off"``) unless it ran that way already; after a failed capture the later
+    runs of the same family and width are sent eagerly from the start (their step is the same
+    code: a restart per run would only cost time)."""
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
@@ -433,7 +449,8 @@ def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: f
     def send(i: int, task: Task) -> None:
         tid = next(ids)
         left = deadline - time.monotonic()
-        msg = (tid, task, time.time() + left, share(task), "off" if task in eager else None)
+        plain = task in eager or (task.cell.family, task.cell.d_model) in no_capture
+        msg = (tid, task, time.time() + left, share(task), "off" if plain else None)
         try:
             workers[i][1].send(msg)
         except (BrokenPipeError, OSError):  # it died idle: a new one takes the task
@@ -446,6 +463,7 @@ def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: f
     runs: list[dict] = []
     retries: list[Task] = []  # runs to try again eagerly, before the ladder's next
     eager: set[Task] = set()
+    no_capture: set[tuple] = set()  # (family, width) whose step did not capture
     failed_first: dict[Task, str] = {}  # the error of a retried run's first try
     ids = iter(range(1 << 62))
     while True:
@@ -483,9 +501,14 @@ def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: f
                     if leave and task not in eager:  # retried in a fresh process, eagerly
                         eager.add(task)
                         failed_first[task] = row.get("error", "?")
+                        if "CaptureFailed" in failed_first[task]:
+                            no_capture.add((task.cell.family, task.cell.d_model))
                         retries.append(task)
                         say(f"{_progress(row, len(runs))}; retried eagerly in a fresh process")
                     else:
+                        if row.get("step") == "off" and task not in eager and \
+                                (task.cell.family, task.cell.d_model) in no_capture:
+                            row["step"] = "off (its family did not capture at this width)"
                         record(row, task)
                     if leave:
                         restart(i, LOST)
@@ -891,7 +914,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--out is required (or --report)")
     if args.smoke:  # the self-check's values for the options left at their defaults
         smoke = dict(widths="64,512", points="64/4", lrs="2.2e-3", steps=100, anchor_steps=100, eval_every=50,
-                     test_examples=512, deadline_s=40.0, grace_s=15.0, min_run_s=5.0)
+                     test_examples=512, deadline_s=45.0, grace_s=20.0, min_run_s=10.0)
         for k, v in smoke.items():
             if getattr(args, k) == p.get_default(k):
                 setattr(args, k, v)
