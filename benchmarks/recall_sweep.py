@@ -956,7 +956,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     deadline = t0 + args.deadline_s
     print(f"recall sweep: {len(cells)} cells x up to {len(lrs)} rates, {args.steps or 'Zoology'} steps per run, "
-          f"{jobs or 'no'} worker processes" + (f" of {args.slots} runs each" if jobs else "")
+          f"{jobs or 'no'} worker processes" + (f" of {args.slots} runs each" if jobs and args.slots > 1 else "")
           + f", deadline {args.deadline_s:.0f} s", flush=True)
     say = lambda line: print(f"[{time.monotonic() - t0:5.0f} s] {line}", flush=True)  # noqa: E731
     if jobs:
