@@ -387,7 +387,8 @@ class TaskRun:
         self.loss_sum = torch.zeros((), device=device)  # summed on the device: no host read per step
         self.taken = 0
         self.stop_at = math.inf if cfg.max_seconds is None else self.started + cfg.max_seconds
-        self.timing = {"setup_s": 0.0, "first_step_s": 0.0, "eval_s": 0.0}  # build; warm-up + capture + step 1; tests
+        # seconds: the build; the first step (with the graph's warm-up and capture); the test evaluations
+        self.timing = {"setup_s": 0.0, "first_step_s": 0.0, "eval_s": 0.0}
         self.t0 = time.perf_counter()
         self.timing["setup_s"] = round(self.t0 - self.started, 3)
 

@@ -104,6 +104,29 @@ def test_runs_advanced_in_turn_equal_runs_alone(tmp_path):
         assert [m["loss"] for m in _metrics(a)] == [m["loss"] for m in _metrics(b)]
 
 
+def test_a_failed_capture_falls_back_or_raises(tmp_path, monkeypatch):
+    """A step that does not capture (GraphedStep.step gives None with a reason): by default the run
+    goes on with the plain loop and says so in its form; ``fallback=False`` raises CaptureFailed
+    (the sweep then retries the run in a fresh process) without taking a step."""
+    from lintime.training.graphed import GraphedStep
+    from lintime.training.tasks import CaptureFailed
+
+    def no_capture(self, x, y, lr):
+        self.failed = "operation not permitted when stream is capturing"
+        return None
+
+    monkeypatch.setattr(GraphedStep, "step", no_capture)
+    kw = dict(preset="transformer-pp-tiny", d_model=32, vocab_size=32, seq_len=16, kv_pairs=2, train_examples=64,
+              test_examples=16, batch_size=16, device="cpu", max_steps=4, eval_every=2, graph="eager")
+    run = TaskRun(TaskTrainConfig(**kw), out=tmp_path, name="a", echo=None, plot=False)
+    run.advance(1)
+    assert run.step == 1 and run.form.startswith("off (the capture failed: operation not permitted")
+    strict = TaskRun(TaskTrainConfig(**kw), out=tmp_path, name="b", echo=None, plot=False, fallback=False)
+    with pytest.raises(CaptureFailed, match="not permitted"):
+        strict.advance(1)
+    assert strict.step == 0
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("preset", ["transformer-pp-tiny", "gla-tiny", "vq-tiny"])
 def test_captured_task_step_trains_as_the_eager_one(tmp_path, preset):
