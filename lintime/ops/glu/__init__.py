@@ -48,4 +48,4 @@ def glu_activation(h: torch.Tensor, *, activation: str = "silu", backend: str | 
     return select("glu_activation", backend, impls, flat[None])(h, activation=activation)
 
 
-__all__ = ["ACTIVATIONS", "glu_activation"]
+__all__ = ["glu_activation"]

@@ -1,5 +1,5 @@
 """The gated linear unit activation as PyTorch composites (any device), autograd for the gradients:
-operation for operation what :class:`lintime.layers.ffn.GLU` computed before the op existed (``split``,
+operation for operation what the GLU feed-forward block computed before the op existed (``split``,
 the activation, the product, each rounded in ``h``'s dtype)."""
 
 from __future__ import annotations
