@@ -93,6 +93,7 @@ from lintime.layers.base import BatchState, Mixer, static_state
 from lintime.layers.positional import sinusoid
 from lintime.ops import VQState, normalize, vq_attention, vq_decode_step_
 from lintime.ops.utils import mark_checked
+from lintime.ops.vq.gate import vq_gate
 
 REDUCTIONS = ("serial", "matmul", "assoc")
 COUNT_CLIP = 0.01  # C_s = sum_s / max(count_s, 0.01), the authors' clip
@@ -233,13 +234,14 @@ class VQAttention(Mixer):
 
     # ------------------------------------------------------------------ pieces
     def project(self, x: torch.Tensor):
-        """``x [B, T, d]`` -> ``q, k [B, T, H, K]``, ``v [B, T, H, E]``, ``g [B, T, D_v]`` (Eqs. 8-11)."""
+        """``x [B, T, d]`` -> ``q, k [B, T, H, K]``, ``v [B, T, H, E]`` (Eqs. 8-10) and ``x W_G [B, T, D_v]``, the
+        gate before its SiLU (Eq. 11: :func:`lintime.ops.vq.gate.vq_gate` applies it with the product of Eq. 14)."""
         B, T, _ = x.shape
         H, K, e = self.H, self.K, self.e
         q = _rms(self.q_proj(x).view(B, T, H, K), self.norm_eps) * self.tau**-0.5  # seed Eq. 8
         k, v, g = self.kvg_proj(x).split([H * K, e, e], dim=-1)
         k = _rms(k.view(B, T, H, K), self.norm_eps) * self.tau**-0.5  # seed Eq. 9
-        return q, k, F.silu(v).view(B, T, H, self.E), F.silu(g)  # seed Eqs. 10-11
+        return q, k, F.silu(v).view(B, T, H, self.E), g  # seed Eq. 10 (Eq. 11's SiLU: in vq_gate)
 
     @staticmethod
     def quantize(k: torch.Tensor, codebook: torch.Tensor):
@@ -322,7 +324,7 @@ class VQAttention(Mixer):
                 rel = (qv[:, 0], r)
             o = vq_decode_step_(qu[:, 0], k_hat[:, 0], codes[:, 0], v[:, 0], codebook, state.vq, rel_bias=rel,
                                 backend="triton")
-            return self.out(o.reshape(B, T, self.e) * g), state
+            return self.out(vq_gate(o.reshape(B, T, self.e), g)), state
         # the XL bias as its relative table: the op shifts it into the window (no [T, 2L] index tensors)
         rel = None if self.r_proj is None else self.xl_terms(q)
         o, vq_state = vq_attention(
@@ -333,7 +335,7 @@ class VQAttention(Mixer):
         if self.training and T > 0:
             with _quantisation_range():
                 self.update_codebook(k, codes)  # after the call used the old codebook
-        y = self.out(o.reshape(B, T, self.e) * g)  # seed Eqs. 14-15
+        y = self.out(vq_gate(o.reshape(B, T, self.e), g))  # seed Eqs. 11, 14-15: o * silu(x W_G), W_O
         return y, None if state is None else VQAttentionState(vq_state)
 
     def _fused_step(self, q, v, state, cu_seqlens) -> bool:
