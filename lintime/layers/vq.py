@@ -212,6 +212,7 @@ class VQAttention(Mixer):
             self.r_proj = self.xl_u = self.xl_v = self.sin_drop = None
         self.register_buffer("codebook_count", torch.ones(H, S))
         self.register_buffer("codebook_sum", torch.randn(H, S, K) * self.tau**-0.5)
+        self._memos: dict = {}  # see _memo: derived tensors kept between decoding steps
 
     # ------------------------------------------------------------------ parameters
     @torch.no_grad()
@@ -244,10 +245,11 @@ class VQAttention(Mixer):
         return q, k, F.silu(v).view(B, T, H, self.E), g  # seed Eq. 10 (Eq. 11's SiLU: in vq_gate)
 
     @staticmethod
-    def quantize(k: torch.Tensor, codebook: torch.Tensor):
+    def quantize(k: torch.Tensor, codebook: torch.Tensor, sq_norms: torch.Tensor | None = None):
         """STVQ (seed Eqs. 5-6).  ``k [B, T, H, K]``, ``codebook [H, S, K]`` -> ``codes [B, T, H]``
         (int64), ``k_hat [B, T, H, K]`` (value exactly ``codebook[codes]``, gradient straight to
-        ``k``), ``c_z [B, T, H, K]`` (the codewords, no gradient, in the codebook's dtype)."""
+        ``k``), ``c_z [B, T, H, K]`` (the codewords, no gradient, in the codebook's dtype).
+        ``sq_norms``: ``||codebook||^2 [H, 1, S]`` when the caller keeps it (a decoding step)."""
         B, T, H, K = k.shape
         # the assignment in the codebook's precision, also under autocast (bf16 distances would
         # flip near-ties between calls)
@@ -256,9 +258,13 @@ class VQAttention(Mixer):
             # ||k - c||^2 = ||k||^2 - 2 k.c + ||c||^2; ||k||^2 does not change the argmin.  One GEMM with
             # ||c||^2 added in its epilogue: the [B*T, S] distances are written once and read once by the
             # argmin (vq-base: 2 KB per token and layer each way, fp32)
-            dist = torch.baddbmm(codebook.pow(2).sum(-1)[:, None, :], kf, codebook.transpose(1, 2), alpha=-2.0)
+            c2 = codebook.pow(2).sum(-1)[:, None, :] if sq_norms is None else sq_norms
+            dist = torch.baddbmm(c2, kf, codebook.transpose(1, 2), alpha=-2.0)
             codes = dist.argmin(-1).view(H, B, T).permute(1, 2, 0).contiguous()  # [B, T, H], seed Eq. 5
-            c_z = codebook[torch.arange(H, device=k.device), codes]  # [B, T, H, K]
+            if H == 1:  # one gather, no head index tensor
+                c_z = codebook[0, codes[..., 0]][:, :, None]  # [B, T, 1, K]
+            else:
+                c_z = codebook[torch.arange(H, device=k.device), codes]  # [B, T, H, K]
         # seed Eq. 6, k + sg(c_z - k), written c_z + (k - sg(k)): the same gradient (identity to k)
         # and a forward value that is exactly the codeword, so window and cache agree bit for bit;
         # without a gradient to carry, the codeword itself (two kernels fewer per decoding step)
@@ -291,10 +297,35 @@ class VQAttention(Mixer):
         """``(q + v' [..., H, K], r [L+1, H, K])`` in ``q``'s dtype: the XL bias of distance ``m`` is
         ``(q + v') . r_m`` (see the module docstring)."""
         L, H, K = self.L, self.H, self.K
-        dist = torch.arange(L + 1, device=q.device)
-        sin = self.sin_drop(sinusoid(dist, self.dim, self.r_proj.weight.dtype, self.sin_base))  # [L+1, d]
-        r = self.r_proj(sin).view(L + 1, H, K) * self.tau**-0.5  # r_m, m = 0..L
-        return q + (self.xl_v * self.tau**-0.5).to(q.dtype), r.to(q.dtype)
+        dt = self.r_proj.weight.dtype
+
+        def table():
+            sin = self._memo("sin", (), (q.device, dt), lambda: sinusoid(
+                torch.arange(L + 1, device=q.device), self.dim, dt, self.sin_base), always=True)  # [L+1, d]
+            r = self.r_proj(self.sin_drop(sin)).view(L + 1, H, K) * self.tau**-0.5  # r_m, m = 0..L
+            return r.to(q.dtype)
+
+        r = self._memo("r", (self.r_proj.weight,), (q.device, q.dtype), table)
+        return q + self._scaled(self.xl_v, "xl_v", q), r
+
+    def _scaled(self, p: torch.Tensor, name: str, q: torch.Tensor) -> torch.Tensor:
+        """``tau^-1/2 p`` in ``q``'s dtype (XL's ``u'``, ``v'``)."""
+        return self._memo(name, (p,), (q.device, q.dtype), lambda: (p * self.tau**-0.5).to(q.dtype))
+
+    def _memo(self, name: str, deps, key, fn, always: bool = False) -> torch.Tensor:
+        """``fn()``, kept between calls while it cannot change: in eval mode without a gradient (a decoding step),
+        until one of the tensors ``deps`` changes (version counter) or ``key`` (device, dtype) does; ``always``:
+        ``fn`` depends on ``key`` alone (a constant table; kept in training too).  Saves a decoding step the
+        kernels that would rebuild the relative table, the codebook and the scaled XL biases every token."""
+        if not always and (self.training or torch.is_grad_enabled()):
+            return fn()
+        tag = (key, tuple((id(t), t._version) for t in deps))
+        hit = self._memos.get(name)
+        if hit is not None and hit[0] == tag:
+            return hit[1]
+        val = fn()
+        self._memos[name] = (tag, val)
+        return val
 
     # ------------------------------------------------------------------ mixer protocol
     def forward(
@@ -309,13 +340,16 @@ class VQAttention(Mixer):
         B, T, _ = x.shape
         q, k, v, g = self.project(x)
         with _quantisation_range():
-            codebook = self.codebook()  # [H, S, K], the one this call uses throughout
-            codes, k_hat, c_z = self.quantize(k, codebook)
+            # [H, S, K], the one this call uses throughout (and its squared norms, kept between decoding steps)
+            cb_deps, cb_key = (self.codebook_sum, self.codebook_count), (k.device,)
+            codebook = self._memo("codebook", cb_deps, cb_key, self.codebook)
+            c2 = self._memo("codebook_sq", cb_deps, cb_key, lambda: codebook.pow(2).sum(-1)[:, None, :])
+            codes, k_hat, c_z = self.quantize(k, codebook, c2)
             mark_checked(codes)  # an argmin over this codebook: the op need not read its range back
             if aux_losses is not None and T > 0:
                 commit = self.commit_loss(k, c_z)
                 aux_losses["vq_commit"] = aux_losses["vq_commit"] + commit if "vq_commit" in aux_losses else commit
-        qu = q if self.xl_u is None else q + (self.xl_u * self.tau**-0.5).to(q.dtype)
+        qu = q if self.xl_u is None else q + self._scaled(self.xl_u, "xl_u", q)
         if self._fused_step(qu, v, state, cu_seqlens):  # one token, the static state updated in place
             # the XL bias from its terms inside the step's kernel (distances from the state's positions)
             rel = None

@@ -1,0 +1,60 @@
+"""VQAttention keeps the tensors a decoding step would rebuild every token (the relative table r, the codebook and
+its squared norms, the scaled XL biases) between calls in eval mode without a gradient -- and only while they
+cannot change: an in-place change of a parameter or codebook buffer, training mode or a gradient to carry
+recomputes them."""
+
+import torch
+
+from lintime.layers.vq import VQAttention
+
+
+def _layer():
+    torch.manual_seed(0)
+    layer = VQAttention(16, key_dim=6, value_dim=24, n_codes=5, block_len=4, sin_base=50.0).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_()
+    return layer.eval()
+
+
+def _fresh(layer, x, pos):
+    layer._memos.clear()
+    with torch.no_grad():
+        return layer(x, positions=pos)[0]
+
+
+def test_kept_between_calls_and_recomputed_on_change():
+    layer = _layer()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    pos = torch.arange(9).expand(2, 9)
+    with torch.no_grad():
+        q = layer.project(x)[0]
+        assert layer.xl_terms(q)[1] is layer.xl_terms(q)[1]  # kept
+        y0 = layer(x, positions=pos)[0]
+        for change in (lambda: layer.r_proj.weight.mul_(1.5), lambda: layer.codebook_sum.mul_(-1.0),
+                       lambda: layer.codebook_count.add_(2.0), lambda: layer.xl_u.add_(0.3),
+                       lambda: layer.xl_v.add_(0.3)):
+            change()
+            y = layer(x, positions=pos)[0]
+            assert not torch.equal(y, y0)
+            assert torch.equal(y, _fresh(layer, x, pos))
+            y0 = y
+
+
+def test_not_kept_with_a_gradient_or_in_training():
+    layer = _layer()
+    x = torch.randn(1, 6, 16, dtype=torch.float64)
+    pos = torch.arange(6)[None]
+    with torch.no_grad():
+        layer(x, positions=pos)  # fills the memos
+    y = layer(x, positions=pos)[0]  # eval, gradient enabled: computed, differentiable
+    y.sum().backward()
+    for p in (layer.r_proj.weight, layer.xl_u, layer.xl_v):
+        assert p.grad is not None and p.grad.abs().sum() > 0
+    layer.train()
+    before = layer.codebook_sum.clone()
+    with torch.no_grad():
+        layer(x, positions=pos)  # training mode: the EMA update moves the codebook
+        layer.eval()
+        assert not torch.equal(before, layer.codebook_sum)
+        assert torch.equal(layer(x, positions=pos)[0], _fresh(layer, x, pos))
