@@ -128,6 +128,46 @@ def _quantisation_range():
     return contextlib.nullcontext()
 
 
+class _StraightThrough(torch.autograd.Function):
+    """Seed Eq. 6, ``k + sg(c_z - k)``: the value is exactly the codeword ``c_z`` in ``k``'s dtype (so window and
+    cache agree bit for bit), the gradient the identity to ``k`` -- one cast forward and nothing backward, where
+    ``c_z + (k - sg(k))`` in autograd is three passes over the keys."""
+
+    @staticmethod
+    def forward(ctx, k: torch.Tensor, c_z: torch.Tensor) -> torch.Tensor:
+        return c_z.to(k.dtype) if c_z.dtype != k.dtype else c_z.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+class _CommitLoss(torch.autograd.Function):
+    """Seed Eq. 37 for one layer, ``sum ||k - sg(c_z)||^2 / (B T)``: the difference formed once in at least fp32 (the
+    type promotion of ``k - c_z``: no separate cast of ``k``), its square sum as one dot product; backward one
+    product written in ``k``'s dtype, ``d k = 2 g (k - c_z) / (B T)`` (was cast, subtraction, power, sums, mean and
+    their gradients: about ten passes over the keys)."""
+
+    @staticmethod
+    def forward(ctx, k: torch.Tensor, c_z: torch.Tensor) -> torch.Tensor:
+        d = torch.sub(k, c_z.to(torch.promote_types(torch.promote_types(k.dtype, c_z.dtype), torch.float32)))
+        n = max(k[..., 0, 0].numel(), 1)  # tokens
+        ctx.save_for_backward(d)
+        ctx.n, ctx.k_dtype = n, k.dtype
+        flat = d.reshape(-1)
+        with torch.autocast(k.device.type, enabled=False):  # the sum in d's precision
+            return torch.dot(flat, flat) / n
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        (d,) = ctx.saved_tensors
+        dk = torch.empty(d.shape, dtype=ctx.k_dtype, device=d.device)
+        torch.mul(d, grad * (2.0 / ctx.n), out=dk)
+        return dk, None
+
+
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     """RMS norm with unit gain (seed Eqs. 8-9: "LayerNorms use unit gain and zero bias"), computed
     in at least fp32, returned in ``x``'s dtype: :func:`lintime.ops.normalize` (one fused kernel per
@@ -268,17 +308,15 @@ class VQAttention(Mixer):
         # seed Eq. 6, k + sg(c_z - k), written c_z + (k - sg(k)): the same gradient (identity to k)
         # and a forward value that is exactly the codeword, so window and cache agree bit for bit;
         # without a gradient to carry, the codeword itself (two kernels fewer per decoding step)
-        k_hat = c_z.to(k.dtype)
         if torch.is_grad_enabled() and k.requires_grad:
-            k_hat = k_hat + (k - k.detach())
-        return codes, k_hat, c_z
+            return codes, _StraightThrough.apply(k, c_z), c_z
+        return codes, c_z.to(k.dtype), c_z
 
     @staticmethod
     def commit_loss(k: torch.Tensor, c_z: torch.Tensor) -> torch.Tensor:
         """Seed Eq. 37 for this layer: the mean over tokens of the sum over heads of ``||k - sg(C_z)||^2``, in at
         least fp32 (0-D); its gradient reaches ``k`` only."""
-        kf = k if k.dtype == torch.float64 else k.float()
-        return (kf - c_z.to(kf.dtype)).pow(2).sum((-2, -1)).mean()
+        return _CommitLoss.apply(k, c_z)
 
     @torch.no_grad()
     def update_codebook(self, k: torch.Tensor, codes: torch.Tensor) -> None:

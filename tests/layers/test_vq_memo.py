@@ -1,7 +1,7 @@
 """VQAttention keeps the tensors a decoding step would rebuild every token (the relative table r, the codebook and
 its squared norms, the scaled XL biases) between calls in eval mode without a gradient -- and only while they
 cannot change: an in-place change of a parameter or codebook buffer, training mode or a gradient to carry
-recomputes them."""
+recomputes them.  And the straight-through and commitment-loss functions of the layer."""
 
 import torch
 
@@ -58,3 +58,28 @@ def test_not_kept_with_a_gradient_or_in_training():
         layer.eval()
         assert not torch.equal(before, layer.codebook_sum)
         assert torch.equal(layer(x, positions=pos)[0], _fresh(layer, x, pos))
+
+
+def test_straight_through_and_commit_functions_under_autocast():
+    """The straight-through value is the codeword in k's dtype with the identity gradient; the commitment loss
+    of bf16 keys is formed in fp32 (its value and gradient against the fp64 formula of seed Eq. 37)."""
+    g = torch.Generator().manual_seed(4)
+    k64 = torch.randn(2, 5, 2, 6, generator=g, dtype=torch.float64)
+    c_z = torch.randn(2, 5, 2, 6, generator=g)  # fp32 codewords
+    k = k64.to(torch.bfloat16).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = VQAttention.commit_loss(k, c_z)
+    assert loss.dtype == torch.float32
+    kd = k.detach().double()
+    want = (kd - c_z.double()).pow(2).sum((-2, -1)).mean()
+    assert torch.allclose(loss.double(), want, rtol=1e-6)
+    (dk,) = torch.autograd.grad(loss, k)
+    assert dk.dtype == torch.bfloat16
+    assert torch.allclose(dk.double(), (2 * (kd - c_z.double()) / 10).bfloat16().double(), rtol=1e-2, atol=1e-6)
+    # straight-through: value exactly the codeword (in k's dtype), gradient the identity
+    layer = _layer()
+    kk = torch.randn(1, 4, 1, 6, dtype=torch.float64, requires_grad=True)
+    codes, k_hat, cz = layer.quantize(kk, layer.codebook())
+    assert torch.equal(k_hat.detach(), cz) and k_hat.grad_fn is not None
+    (d,) = torch.autograd.grad((k_hat * 3.0).sum(), kk)
+    assert torch.equal(d, torch.full_like(kk, 3.0))
