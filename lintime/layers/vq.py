@@ -94,6 +94,7 @@ from lintime.layers.positional import sinusoid
 from lintime.ops import VQState, normalize, vq_attention, vq_decode_step_
 from lintime.ops.utils import mark_checked
 from lintime.ops.vq.gate import vq_gate
+from lintime.ops.vq.sums import code_sums
 
 REDUCTIONS = ("serial", "matmul", "assoc")
 COUNT_CLIP = 0.01  # C_s = sum_s / max(count_s, 0.01), the authors' clip
@@ -320,16 +321,16 @@ class VQAttention(Mixer):
 
     @torch.no_grad()
     def update_codebook(self, k: torch.Tensor, codes: torch.Tensor) -> None:
-        """EMA k-means step from the keys of one call (see the module docstring)."""
+        """EMA k-means step from the keys of one call (see the module docstring): the per-code counts and key
+        sums by :func:`lintime.ops.vq.sums.code_sums` (one scatter-add kernel on CUDA), each statistic moved by
+        one ``lerp_`` (``x + (1 - gamma) (new - x)``, the same EMA)."""
         H, S, K = self.H, self.S, self.K
+        flat = codes if H == 1 else codes + S * torch.arange(H, device=codes.device)
+        n, ksum = code_sums(flat.reshape(-1), k.reshape(-1, K), H * S)  # [H*S], [H*S, K] in [0, H*S)
         dt = self.codebook_sum.dtype
-        flat = (codes + S * torch.arange(H, device=codes.device)).reshape(-1)  # [B*T*H] in [0, H*S)
-        n = torch.zeros(H * S, dtype=dt, device=k.device).index_add_(
-            0, flat, torch.ones(flat.shape, dtype=dt, device=k.device))
-        ksum = torch.zeros(H * S, K, dtype=dt, device=k.device).index_add_(0, flat, k.reshape(-1, K).to(dt))
-        g = self.gamma
-        self.codebook_count.mul_(g).add_(n.view(H, S), alpha=1 - g)
-        self.codebook_sum.mul_(g).add_(ksum.view(H, S, K), alpha=1 - g)
+        w = 1 - self.gamma
+        self.codebook_count.lerp_(n.view(H, S).to(dt), w)
+        self.codebook_sum.lerp_(ksum.view(H, S, K).to(dt), w)
 
     def xl_terms(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(q + v' [..., H, K], r [L+1, H, K])`` in ``q``'s dtype: the XL bias of distance ``m`` is

@@ -67,3 +67,21 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.lintime.vq_sums.default,
                           (rows, v.reshape(-1, 20).requires_grad_(), ok, G),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_code_sums_forms_agree(dtype):
+    """The layer's EMA statistics: the scatter-add kernel (bf16 keys read as they are) == index_add in fp32 of the
+    same values, and == the one-hot definition (fp64)."""
+    from lintime.ops.vq.sums import code_sums
+
+    g = torch.Generator().manual_seed(5)
+    rows = torch.randint(0, 9, (53,), generator=g).to(DEV)
+    x = torch.randn(53, 21, generator=g).to(dtype).to(DEV)
+    n_t, s_t = code_sums(rows, x, 9, backend="triton")
+    n_c, s_c = code_sums(rows, x, 9, backend="chunk")
+    onehot = torch.nn.functional.one_hot(rows, 9).double()  # [M, 9]
+    assert n_t.dtype == s_t.dtype == torch.float32
+    assert torch.equal(n_t, n_c) and torch.equal(n_t.double(), onehot.sum(0))
+    assert_exact("sums vs index_add", s_c, s_t)
+    assert_exact("sums vs one-hot", onehot.T @ x.double(), s_t)
