@@ -280,9 +280,16 @@ class VQAttention(Mixer):
         gate before its SiLU (Eq. 11: :func:`lintime.ops.vq.gate.vq_gate` applies it with the product of Eq. 14)."""
         B, T, _ = x.shape
         H, K, e = self.H, self.K, self.e
-        q = _rms(self.q_proj(x).view(B, T, H, K), self.norm_eps) * self.tau**-0.5  # seed Eq. 8
+        if torch.is_grad_enabled():
+            scaled_rms = lambda t: _rms(t, self.norm_eps) * self.tau**-0.5
+        else:  # no gradient (decoding): the scale as the norm's scalar gain, one kernel per norm instead of two
+            gdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+            gain = self._memo("tau_gain", (), (x.device, gdt), lambda: torch.tensor(
+                self.tau**-0.5, dtype=gdt, device=x.device), always=True)
+            scaled_rms = lambda t: normalize(t, gain, kind="scalenorm", eps=self.norm_eps)
+        q = scaled_rms(self.q_proj(x).view(B, T, H, K))  # seed Eq. 8
         k, v, g = self.kvg_proj(x).split([H * K, e, e], dim=-1)
-        k = _rms(k.view(B, T, H, K), self.norm_eps) * self.tau**-0.5  # seed Eq. 9
+        k = scaled_rms(k.view(B, T, H, K))  # seed Eq. 9
         return q, k, F.silu(v).view(B, T, H, self.E), g  # seed Eq. 10 (Eq. 11's SiLU: in vq_gate)
 
     @staticmethod

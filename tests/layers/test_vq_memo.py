@@ -83,3 +83,20 @@ def test_straight_through_and_commit_functions_under_autocast():
     assert torch.equal(k_hat.detach(), cz) and k_hat.grad_fn is not None
     (d,) = torch.autograd.grad((k_hat * 3.0).sum(), kk)
     assert torch.equal(d, torch.full_like(kk, 3.0))
+
+
+def test_no_gradient_path_equals_the_training_formula():
+    """Without a gradient the q / k scale is the norm's scalar gain (one kernel per norm): the same layer output
+    as with a gradient (fp64 exact rule), states included."""
+    from lintime.testing import assert_exact
+
+    layer = _layer()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    pos = torch.arange(9).expand(2, 9)
+    st = layer.init_state(2, "cpu", torch.float64)
+    y_grad, s_grad = layer(x, st, positions=pos)
+    with torch.no_grad():
+        y, s = layer(x, layer.init_state(2, "cpu", torch.float64), positions=pos)
+    assert_exact("y", y_grad.detach(), y)
+    assert_exact("cache_mean", s_grad.vq.cache_mean.detach(), s.vq.cache_mean)
+    assert torch.equal(s_grad.vq.codes, s.vq.codes)
