@@ -100,6 +100,30 @@ def test_fused_step_fp16_half_rule():
         assert torch.equal(ref16.k_hat, fused.k_hat) and torch.equal(ref16.v, fused.v)
 
 
+@pytest.mark.parametrize("splits", [1, 2, 5])
+def test_key_splits_equal_the_composite(splits):
+    """The attention kernel's key splits (flash-decoding: partial softmax sums merged by the combine kernel; 1 =
+    one program walks every key) equal the composite: splits inside the window, inside the cache and across both,
+    with the relative bias, across block ends (fp32, exact rule, interpreter)."""
+    from lintime.ops.vq.triton.decode import triton_decode_step_
+
+    g = torch.Generator().manual_seed(8)
+    H, K, V, S, L = 2, 16, 24, 20, 8  # 2L + S = 36 keys
+    cb = torch.randn(H, S, K, generator=g) * 0.5
+    st = _prefilled(g, H, K, V, S, L, cb, torch.float32)
+    ref, fused = _copy(st), _copy(st)
+    r = torch.randn(L + 1, H, K, generator=g) * 0.3
+    for t in range(6):  # positions 11..16 (a block end at 15) and 5..10 (at 7)
+        q, k_hat, z, v, _ = _tokens(g, 2, 1, H, K, V, S, L, cb, torch.float32)
+        qv = torch.randn(2, H, K, generator=g)
+        args = (q[:, 0], k_hat[:, 0], z[:, 0], v[:, 0], cb)
+        o_ref = vq_decode_step_(*args, ref, rel_bias=(qv, r), backend="recurrent")
+        o = triton_decode_step_(*args, fused, rel_bias=(qv, r), splits=splits)
+        assert_exact(f"splits {splits} token {t} o", o_ref, o)
+        for f in FIELDS:
+            assert_exact(f"splits {splits} token {t} {f}", getattr(ref, f).double(), getattr(fused, f).double())
+
+
 def test_relative_bias_is_the_dense_window_bias():
     """``rel_bias = (qv, r)`` equals passing the dense ``[N, H, 2L]`` bias built position by position from the
     definition (distance ``m = L + pos % L - j`` in ``[0, L]``; fp64 composite), and the fused step with the

@@ -7,7 +7,9 @@ three kernels and the position increment, every one a fixed-shape launch that re
   ``pos >= L``, slots ``[L, L + pos % L]``; the bias added, or formed from a relative table: ``qv . r[m]`` at
   distance ``m``) and the ``S`` codes (``q . codebook + log count``,
   the fp32 running means as values); the token's own slot is scored and read from the registers that hold it
-  (other programs of the row are writing it);
+  (other programs of the row are writing it).  When a step has few programs (small batches) the keys are split
+  over more (flash-decoding): each split's partial softmax sums go to ``vq_decode_combine_kernel``, which merges
+  them into the output;
 * ``vq_decode_merge_kernel`` -- per (sequence, head, code tile), only when the token completes a block and a
   previous block exists (else it returns at once): the previous block's per-code count and value sum (a one-hot
   product, once per ``L`` tokens), merged into the running (count, mean) of the cache (seed Code 2 ``scan_func``);
@@ -22,6 +24,8 @@ Scores, softmax and sums are fp32; the window buffers keep the inputs' dtype, th
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -32,14 +36,18 @@ NEG = tl.constexpr(-1.0e30)  # the running max's start: finite, so a tile with n
 
 
 @triton.jit
-def vq_decode_attn_kernel(q, kn, zn, vn, cb, bias, qv, rt, st_k, st_v, st_z, st_c, st_m, pos, o, L, S,
-                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr,
-                          BK: tl.constexpr, BV: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_REL: tl.constexpr):
-    """Grid ``(N * H, cdiv(V, BV))``.  ``q``, ``kn`` ``[N, H, K]``, ``zn`` ``[N, H]``, ``vn`` ``[N, H, V]``, ``cb``
-    ``[H, S, K]``, ``bias`` ``[N, H, 2L]``, the relative bias ``qv [N, H, K]`` and ``rt [L + 1, H, K]``; state
+def vq_decode_attn_kernel(q, kn, zn, vn, cb, bias, qv, rt, st_k, st_v, st_z, st_c, st_m, pos, o, part_ml, part_o,
+                          L, S, CH, NSPLIT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr,
+                          BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          HAS_REL: tl.constexpr, SPLIT: tl.constexpr):
+    """Grid ``(N * H, cdiv(V, BV), NSPLIT)``.  ``q``, ``kn`` ``[N, H, K]``, ``zn`` ``[N, H]``, ``vn`` ``[N, H, V]``,
+    ``cb`` ``[H, S, K]``, ``bias`` ``[N, H, 2L]``, the relative bias ``qv [N, H, K]`` and ``rt [L + 1, H, K]``; state
     ``st_k [N, 2L, H, K]``, ``st_v [N, 2L, H, V]``, ``st_z [N, 2L, H]``, ``st_c [N, H, S]``, ``st_m [N, H, S, V]``,
-    ``pos [N]``; ``o [N, H, V]`` fp32."""
-    i_nh, i_v = tl.program_id(0), tl.program_id(1)
+    ``pos [N]``; ``o [N, H, V]`` in ``q``'s dtype.  Split ``i`` takes keys ``[i CH, (i + 1) CH)`` of the window
+    slots followed by the codes; with ``SPLIT`` it writes its running max and sum to ``part_ml [N H, NSPLIT, 2]``
+    and its unnormalised sum to ``part_o [N H, NSPLIT, V]`` (fp32) for :func:`vq_decode_combine_kernel`, else
+    ``o``."""
+    i_nh, i_v, i_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n = (i_nh // H).to(tl.int64)
     h = i_nh % H
     p = tl.load(pos + n)
@@ -53,10 +61,14 @@ def vq_decode_attn_kernel(q, kn, zn, vn, cb, bias, qv, rt, st_k, st_v, st_z, st_
     b_kn = tl.load(kn + i_nh * K + o_k, mask=m_k, other=0.0)
     b_vn = tl.load(vn + i_nh * V + o_v, mask=m_v, other=0.0)
     row = n * 2 * L  # the sequence's first window slot
-    tl.store(st_v + ((row + new) * H + h) * V + o_v, b_vn.to(st_v.dtype.element_ty), mask=m_v)
-    if i_v == 0:
-        tl.store(st_k + ((row + new) * H + h) * K + o_k, b_kn.to(st_k.dtype.element_ty), mask=m_k)
-        tl.store(st_z + (row + new) * H + h, tl.load(zn + i_nh).to(st_z.dtype.element_ty))
+    if i_c == 0:
+        tl.store(st_v + ((row + new) * H + h) * V + o_v, b_vn.to(st_v.dtype.element_ty), mask=m_v)
+        if i_v == 0:
+            tl.store(st_k + ((row + new) * H + h) * K + o_k, b_kn.to(st_k.dtype.element_ty), mask=m_k)
+            tl.store(st_z + (row + new) * H + h, tl.load(zn + i_nh).to(st_z.dtype.element_ty))
+    c_lo = i_c * CH  # this split's keys: window slots [w_lo, w_hi), codes [s_lo, s_hi)
+    w_lo, w_hi = tl.minimum(c_lo, 2 * L), tl.minimum(c_lo + CH, 2 * L)
+    s_lo, s_hi = tl.maximum(c_lo - 2 * L, 0), tl.minimum(tl.maximum(c_lo + CH - 2 * L, 0), S)
     s_new = tl.sum(b_q * b_kn.to(tl.float32), 0)
     b_vn = b_vn.to(tl.float32)
     if HAS_REL:
@@ -65,9 +77,9 @@ def vq_decode_attn_kernel(q, kn, zn, vn, cb, bias, qv, rt, st_k, st_v, st_z, st_
     b_mx = tl.full([], NEG, tl.float32)
     b_l = tl.zeros([], tl.float32)
     b_acc = tl.zeros([BV], tl.float32)
-    for j0 in range(0, 2 * L, BN):  # the window (seed Eq. 29-30)
+    for j0 in range(w_lo, w_hi, BN):  # the window (seed Eq. 29-30)
         o_j = j0 + tl.arange(0, BN)
-        m_j = o_j < 2 * L
+        m_j = o_j < w_hi
         vis = m_j & tl.where(o_j < L, p >= L, o_j <= new)
         b_k = tl.load(st_k + ((row + o_j[:, None]) * H + h) * K + o_k[None, :], mask=m_j[:, None] & m_k[None, :],
                       other=0.0).to(tl.float32)  # [BN, BK]
@@ -90,9 +102,9 @@ def vq_decode_attn_kernel(q, kn, zn, vn, cb, bias, qv, rt, st_k, st_v, st_z, st_
         b_acc = b_acc * alpha + tl.sum(b_p[:, None] * b_w, 0)
         b_l = b_l * alpha + tl.sum(b_p, 0)
         b_mx = m_new
-    for s0 in range(0, S, BS):  # the cache (seed Eq. 28, Remark 3.9)
+    for s0 in range(s_lo, s_hi, BS):  # the cache (seed Eq. 28, Remark 3.9)
         o_s = s0 + tl.arange(0, BS)
-        m_s = o_s < S
+        m_s = o_s < s_hi
         b_c = tl.load(st_c + i_nh * S + o_s, mask=m_s, other=0.0)
         b_cb = tl.load(cb + (h * S + o_s[:, None]) * K + o_k[None, :], mask=m_s[:, None] & m_k[None, :],
                        other=0.0).to(tl.float32)  # [BS, BK]
@@ -106,7 +118,31 @@ def vq_decode_attn_kernel(q, kn, zn, vn, cb, bias, qv, rt, st_k, st_v, st_z, st_
         b_acc = b_acc * alpha + tl.sum(b_p[:, None] * b_w, 0)
         b_l = b_l * alpha + tl.sum(b_p, 0)
         b_mx = m_new
-    tl.store(o + i_nh * V + o_v, b_acc / b_l, mask=m_v)  # b_l > 0: the token's own slot is always visible
+    if SPLIT:
+        tl.store(part_o + (i_nh * NSPLIT + i_c) * V + o_v, b_acc, mask=m_v)
+        if i_v == 0:
+            tl.store(part_ml + (i_nh * NSPLIT + i_c) * 2, b_mx)
+            tl.store(part_ml + (i_nh * NSPLIT + i_c) * 2 + 1, b_l)
+    else:  # b_l > 0: the token's own slot is always visible
+        tl.store(o + i_nh * V + o_v, (b_acc / b_l).to(o.dtype.element_ty), mask=m_v)
+
+
+@triton.jit
+def vq_decode_combine_kernel(part_ml, part_o, o, NSPLIT, V: tl.constexpr, BC: tl.constexpr, BV: tl.constexpr):
+    """Grid ``(N * H, cdiv(V, BV))``: the splits' partial softmax sums merged (flash-decoding): ``o = sum_i
+    exp(m_i - M) acc_i / sum_i exp(m_i - M) l_i`` with ``M`` the largest running max; ``BC >= NSPLIT``."""
+    i_nh, i_v = tl.program_id(0), tl.program_id(1)
+    o_c = tl.arange(0, BC)
+    m_c = o_c < NSPLIT
+    b_m = tl.load(part_ml + (i_nh * NSPLIT + o_c) * 2, mask=m_c, other=NEG)
+    b_l = tl.load(part_ml + (i_nh * NSPLIT + o_c) * 2 + 1, mask=m_c, other=0.0)
+    b_w = tl.exp(b_m - tl.max(b_m, 0))  # [BC]; 0 for a split that saw no key (its max is NEG)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    b_a = tl.load(part_o + (i_nh * NSPLIT + o_c[:, None]) * V + o_v[None, :], mask=m_c[:, None] & m_v[None, :],
+                  other=0.0)  # [BC, BV]
+    b_o = tl.sum(b_w[:, None] * b_a, 0) / tl.sum(b_w * b_l, 0)
+    tl.store(o + i_nh * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
 
 
 @triton.jit
@@ -198,9 +234,30 @@ def _tiles(K: int, V: int) -> dict:
     return dict(BN=32, BS=32, BV=min(128, block(V)), BJ=32, BK=block(K), BSM=64, BVM=min(64, block(V)))
 
 
-def triton_decode_step_(q, k_hat, codes, v, codebook, state, bias=None, rel_bias=None) -> torch.Tensor:
+def _splits(programs: int, keys: int, BN: int, device: torch.device) -> tuple[int, int]:
+    """``(CH, NSPLIT)``: how many key chunks (of ``CH``, a multiple of ``BN``) the attention kernel's ``programs``
+    (sequences x heads x value tiles) split the ``2L + S`` keys into so that about two programs per SM run
+    (vq-base at batch 1: 12 programs, 12 splits of 128 keys; at batch 64 none), else each program's online
+    softmax walks every key in sequence; not timed yet.  Under the interpreter, chunks of ``2 BN`` (the tests
+    then cross split boundaries inside the window, the cache and between them)."""
+    if interpreting():
+        ch = 2 * BN
+        return ch, cdiv(keys, ch)
+    want = 2 * _sm_count(device)
+    ns = max(1, min(cdiv(want, max(programs, 1)), cdiv(keys, 4 * BN)))
+    ch = cdiv(cdiv(keys, ns), BN) * BN
+    return ch, cdiv(keys, ch)
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def triton_decode_step_(q, k_hat, codes, v, codebook, state, bias=None, rel_bias=None, splits=None) -> torch.Tensor:
     """:func:`lintime.ops.vq.decode.vq_decode_step_` on the kernels above (arguments checked there; fp16 / bf16 /
-    fp32 inputs with an fp32 cache, keys up to 256 wide: :func:`fusable`)."""
+    fp32 inputs with an fp32 cache, keys up to 256 wide: :func:`fusable`).  ``splits``: the attention's key
+    splits (``None``: :func:`_splits`; 1: one program walks every key, no combine; tests)."""
     N, L2, H, K = state.k_hat.shape
     V, S, L = state.v.shape[-1], state.cache_count.shape[-1], L2 // 2
     check_device("vq_decode_step_", q)
@@ -208,15 +265,24 @@ def triton_decode_step_(q, k_hat, codes, v, codebook, state, bias=None, rel_bias
         if not getattr(state, name).is_contiguous():
             raise ValueError(f"vq_decode_step_: the fused step writes state.{name} in place; it must be contiguous")
     t = _tiles(K, V)
-    o = q.new_empty(N, H, V, dtype=torch.float32)
+    o = q.new_empty(N, H, V)
+    nv = cdiv(V, t["BV"])
+    ch, ns = _splits(N * H * nv, 2 * L + S, t["BN"], q.device) if splits is None else (
+        cdiv(cdiv(2 * L + S, splits), t["BN"]) * t["BN"], splits)
+    ns = cdiv(2 * L + S, ch)
+    part_ml = q.new_empty(N * H, ns, 2, dtype=torch.float32) if ns > 1 else None
+    part_o = q.new_empty(N * H, ns, V, dtype=torch.float32) if ns > 1 else None
     if N * H:
-        vq_decode_attn_kernel[(N * H, cdiv(V, t["BV"]))](
+        vq_decode_attn_kernel[(N * H, nv, ns)](
             q.contiguous(), k_hat.contiguous(), codes.contiguous(), v.contiguous(), codebook.contiguous(),
             None if bias is None else bias.contiguous(), None if rel_bias is None else rel_bias[0].contiguous(),
             None if rel_bias is None else rel_bias[1].contiguous(), state.k_hat, state.v, state.codes,
-            state.cache_count, state.cache_mean, state.pos, o, L, S, H=H, K=K, V=V, BN=t["BN"], BS=t["BS"],
-            BK=t["BK"], BV=t["BV"], HAS_BIAS=bias is not None, HAS_REL=rel_bias is not None,
+            state.cache_count, state.cache_mean, state.pos, o, part_ml, part_o, L, S, ch, ns, H=H, K=K, V=V,
+            BN=t["BN"], BS=t["BS"], BK=t["BK"], BV=t["BV"], HAS_BIAS=bias is not None, HAS_REL=rel_bias is not None,
+            SPLIT=ns > 1,
         )
+        if ns > 1:
+            vq_decode_combine_kernel[(N * H, nv)](part_ml, part_o, o, ns, V=V, BC=block(ns), BV=t["BV"])
         vq_decode_merge_kernel[(N * H, cdiv(S, t["BSM"]))](
             state.codes, state.v, state.cache_count, state.cache_mean, state.pos, L, S, H=H, V=V, BS=t["BSM"],
             BJ=t["BSM"], BV=t["BVM"], num_stages=1, num_warps=8,
@@ -225,4 +291,4 @@ def triton_decode_step_(q, k_hat, codes, v, codebook, state, bias=None, rel_bias
             state.k_hat, state.v, state.codes, state.pos, L, H=H, K=K, V=V, BJ=t["BJ"], BK=t["BK"], BV=t["BV"],
         )
     state.pos.add_(1)
-    return o.to(q.dtype)
+    return o
