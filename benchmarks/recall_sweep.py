@@ -44,7 +44,10 @@ Time-boxed for one GPU (issue 31: the sweep in <= 10 minutes; Zoology trains 64 
 * a worker whose run meets a CUDA error or whose step does not capture exits (its process is not
   trusted with another run); a fresh one trains that run again with the plain eager loop (the
   record keeps the first try's error as ``first_try``), and the later runs of that family and
-  width go eager from the start.  The training examples of each (seq_len, kv_pairs) are drawn
+  width go eager from the start.  A run whose captured step diverges is tried once more eagerly
+  too (a vq run went to NaN by step 9 in the graph on the H200, in the process where gla's
+  capture had failed just before); if the eager one does not diverge, that family and width go
+  eager from then on.  The training examples of each (seq_len, kv_pairs) are drawn
   once per process and shared by its runs (a 64-row batch costs the host 0.9 ms to draw at
   T = 64, 6.9 ms at T = 512 on a 2-core CPU: more than a graph step);
 * time: at ``--deadline-s`` (480) the runs in flight stop and are scored where they are
@@ -61,7 +64,7 @@ Time-boxed for one GPU (issue 31: the sweep in <= 10 minutes; Zoology trains 64 
   first step, evaluations, training) and the sweep prints one summary line (finished / killed /
   failed, steps per second over the sweep), also in the JSON's ``summary``.
 
-    python3 benchmarks/recall_sweep.py --smoke --out out/smoke                 # ~1 min GPU self-check (exit 1: unhealthy)
+    python3 benchmarks/recall_sweep.py --smoke --out out/smoke                 # ~1 min GPU check; exit 1: unhealthy
     python3 benchmarks/recall_sweep.py --out out/recall                        # the GPU sweep (~8.5 min)
     python3 benchmarks/recall_sweep.py --tiny --out /tmp/recall                # seconds on a CPU
     python3 benchmarks/recall_sweep.py --report out/recall/recall_sweep.json \\
@@ -328,7 +331,10 @@ def _worker(conn, settings: dict, root: str, slots: int) -> None:
     if cuda:
         torch.cuda.init()
     streams = [torch.cuda.Stream() if cuda and slots > 1 else None for _ in range(slots)]
-    on = lambda slot: torch.cuda.stream(streams[slot]) if streams[slot] is not None else contextlib.nullcontext()  # noqa: E731
+
+    def on(slot: int):
+        return torch.cuda.stream(streams[slot]) if streams[slot] is not None else contextlib.nullcontext()
+
     data: dict = {}
     live: dict[int, tuple[int, Live, float | None]] = {}
     while True:
@@ -407,6 +413,39 @@ def sweep_in_process(ladder: Ladder, runner: Callable[[Task, float], dict], dead
     return runs
 
 
+class RetryBook:
+    """Which runs are tried again with the plain eager loop, and which (family, width) go eager
+    from the start (see :func:`sweep_pool`)."""
+
+    def __init__(self):
+        self.eager: set[Task] = set()  # runs retried eagerly (once each)
+        self.no_capture: set[tuple] = set()  # (family, width) whose graph step failed
+        self.first: dict[Task, str] = {}  # a retried run's first error
+
+    def plain(self, task: Task) -> bool:
+        """Whether ``task`` is sent with ``graph="off"``."""
+        return task in self.eager or (task.cell.family, task.cell.d_model) in self.no_capture
+
+    def after(self, task: Task, row: dict, leave: bool) -> bool:
+        """Note a finished run (``leave``: its worker left); True: try it again eagerly."""
+        fw = (task.cell.family, task.cell.d_model)
+        captured_nan = bool(row.get("diverged")) and row.get("step") == "capture"
+        if (leave or captured_nan) and task not in self.eager:
+            self.eager.add(task)
+            self.first[task] = row.get("error", "?")
+            if "CaptureFailed" in self.first[task]:
+                self.no_capture.add(fw)
+            return True
+        if "diverged" in self.first.get(task, "") and "accuracy" in row:  # the graph's NaN, not the rate's
+            self.no_capture.add(fw)
+        elif row.get("step") == "off" and fw in self.no_capture and task not in self.eager:
+            row["step"] = "off (its family's graph step failed at this width)"
+        return False
+
+    def first_try(self, task: Task) -> str | None:
+        return self.first.pop(task, None)
+
+
 def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: float, *, min_run_s: float,
                grace_s: float, slots: int = 1, say=print, share: Callable[[Task], float | None] | None = None
                ) -> list[dict]:
@@ -415,9 +454,10 @@ def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: f
     deadline (and after ``share(task)`` seconds of training, when given), a worker with a run
     still going ``grace_s`` after it is killed.  A worker that leaves (a CUDA error, a failed
     capture) is replaced by a fresh process, and its run is tried once more there with the plain
-    eager loop (``graph="off"``) unless it ran that way already; after a failed capture the later
-    runs of the same family and width are sent eagerly from the start (their step is the same
-    code: a restart per run would only cost time)."""
+    eager loop (``graph="off"``) unless it ran that way already; so is a run whose captured step
+    diverged (is it the graph or the rate?).  After a failed capture, or a divergence that the
+    eager retry did not repeat, the later runs of the same family and width are sent eagerly from
+    the start (their step is the same code: a restart per run would only cost time)."""
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
@@ -433,8 +473,9 @@ def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: f
         return proc, parent
 
     def record(row: dict, task: Task) -> None:
-        if task in failed_first:
-            row["first_try"] = failed_first.pop(task)
+        first = book.first_try(task)
+        if first is not None:
+            row["first_try"] = first
         runs.append(row)
         ladder.done(task, row.get("accuracy"), retry=_retry(row))
         say(_progress(row, len(runs)))
@@ -449,8 +490,7 @@ def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: f
     def send(i: int, task: Task) -> None:
         tid = next(ids)
         left = deadline - time.monotonic()
-        plain = task in eager or (task.cell.family, task.cell.d_model) in no_capture
-        msg = (tid, task, time.time() + left, share(task), "off" if plain else None)
+        msg = (tid, task, time.time() + left, share(task), "off" if book.plain(task) else None)
         try:
             workers[i][1].send(msg)
         except (BrokenPipeError, OSError):  # it died idle: a new one takes the task
@@ -462,9 +502,7 @@ def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: f
     busy: dict[int, dict[int, Task]] = {i: {} for i in range(jobs)}
     runs: list[dict] = []
     retries: list[Task] = []  # runs to try again eagerly, before the ladder's next
-    eager: set[Task] = set()
-    no_capture: set[tuple] = set()  # (family, width) whose step did not capture
-    failed_first: dict[Task, str] = {}  # the error of a retried run's first try
+    book = RetryBook()
     ids = iter(range(1 << 62))
     while True:
         now = time.monotonic()
@@ -498,17 +536,10 @@ def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: f
                 while busy[i] and conn.poll():
                     tid, row, leave = conn.recv()
                     task = busy[i].pop(tid)
-                    if leave and task not in eager:  # retried in a fresh process, eagerly
-                        eager.add(task)
-                        failed_first[task] = row.get("error", "?")
-                        if "CaptureFailed" in failed_first[task]:
-                            no_capture.add((task.cell.family, task.cell.d_model))
+                    if book.after(task, row, leave):
                         retries.append(task)
-                        say(f"{_progress(row, len(runs))}; retried eagerly in a fresh process")
+                        say(f"{_progress(row, len(runs))}; retried eagerly")
                     else:
-                        if row.get("step") == "off" and task not in eager and \
-                                (task.cell.family, task.cell.d_model) in no_capture:
-                            row["step"] = "off (its family did not capture at this width)"
                         record(row, task)
                     if leave:
                         restart(i, LOST)
@@ -528,7 +559,7 @@ def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: f
         if proc.is_alive():
             proc.kill()
     for task in retries:  # retries the deadline left unstarted
-        record({**_task_row(task), "error": f"{failed_first.get(task, '?')} (the eager retry did not start)"}, task)
+        record({**_task_row(task), "error": f"{book.first.get(task, '?')} (the eager retry did not start)"}, task)
     return runs
 
 

@@ -297,3 +297,26 @@ def test_page_markers_are_checked():
         rs.replace_block("no markers here", "status", "x")
     text = "a\n" + rs.BEGIN.format(name="s") + "\nold\n" + rs.END.format(name="s") + "\nb\n"
     assert rs.replace_block(text, "s", "new").split("\n")[2] == "new"
+
+
+def test_retry_book_sends_failed_graph_steps_eagerly():
+    """A failed capture: retried eagerly once, and its family and width go eager from the start; a
+    captured step that diverged: retried eagerly once -- a divergence the eager run repeats is the
+    rate's (nothing changes), one it does not is the graph's (that family and width go eager); an
+    eager run that fails is recorded, not retried."""
+    c64, c128, c256 = rs.make_cells({"vq": "vq-tiny"}, [(64, 4)], [64, 128, 256])
+    a, b, c, d = rs.Task(c64, 0, 1e-3), rs.Task(c64, 1, 1e-2), rs.Task(c128, 0, 1e-3), rs.Task(c256, 0, 1e-3)
+    book = rs.RetryBook()
+    assert book.after(a, {"error": "CaptureFailed: the step does not capture", "step": "capture"}, True)
+    assert book.plain(a) and book.plain(b) and not book.plain(c)  # b: the same family and width
+    assert not book.after(a, {"error": "RuntimeError: CUDA error: x", "step": "off"}, True)  # tried eagerly already
+    assert book.first_try(a).startswith("CaptureFailed") and book.first_try(a) is None
+    row_b = {"accuracy": 0.5, "step": "off"}
+    assert not book.after(b, row_b, False) and row_b["step"].startswith("off (its family's graph step failed")
+    nan = {"error": "ValueError: training diverged by step 9 (mean loss nan)", "diverged": True, "step": "capture"}
+    assert book.after(c, dict(nan), False) and book.plain(c)
+    assert not book.after(c, {**nan, "step": "off"}, False)  # diverged eagerly too: the rate's
+    assert not book.plain(rs.Task(c128, 1, 1e-2))
+    assert book.after(d, dict(nan), False) and not book.after(d, {"accuracy": 0.3, "step": "off"}, False)
+    assert book.plain(rs.Task(d.cell, 1, 1e-2))  # the eager run did not diverge: the graph's
+    assert not book.after(rs.Task(c128, 2, 1e-4), {"accuracy": 0.1, "step": "capture"}, False)
