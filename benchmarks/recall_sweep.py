@@ -54,8 +54,8 @@ Time-boxed for one GPU (issue 31: the sweep in <= 10 minutes; Zoology trains 64 
   (``stopped: max_seconds``, marked in the table); runs not started are recorded as ``not run
   (deadline)``; and each run's training after its first step (build, compiles and capture not
   counted) is capped at its share of the workers' time to the deadline, in proportion to its step
-  budget (:func:`time_shares`: 10 workers x (480 - 20) s over 128 runs + 16 anchor runs x 4 =
-  24 s a run, 96 s an anchor run), so that a slow step form still gives every cell its first
+  budget (:func:`time_shares`: 10 workers x (480 - 20) s less 5 s a run, over 128 runs + 16
+  anchor runs x 4 = 20 s a run, 81 s an anchor run), so that a slow step form still gives every cell its first
   rung.  Why 480 s and these budgets: the first rung is 192 000 steps (128 runs x 1000 + 16 anchor
   runs x 4000), 640 s at the eager sweep's ~300 steps/s -- over the deadline, hence the shares --
   and ~200-400 s at ~1-2 ms a graph step (estimated from the kernel counts above, not yet
@@ -110,6 +110,9 @@ CUDA_SLOTS = 1
 # what a run's time share keeps back of the deadline: the workers' start (importing torch and
 # initialising CUDA in 10 processes at once) and the last evaluations (not measured yet: a guess)
 SHARE_RESERVE_S = 20.0
+# a run's seconds outside its share: the build and the first step (warm-up, capture; Triton's
+# compiles when its cache is cold) -- not measured yet (the records' setup_s / first_step_s will say)
+RUN_OVERHEAD_S = 5.0
 NOT_RUN = "not run (deadline)"
 KILLED = "killed at the deadline"
 LOST = "lost: a CUDA error in another run of its worker process"
@@ -850,14 +853,14 @@ def write_report(recall_json: Path, passkey_json: Path | None, page: Path) -> st
 
 def time_shares(cells: list[Cell], settings: dict, jobs: int, deadline_s: float) -> tuple[float, float]:
     """Seconds of training a run may take after its first step, ``(other runs, anchor runs)``: the
-    workers' time to the deadline (less :data:`SHARE_RESERVE_S`) spread over the first rung's runs
-    in proportion to their step budgets (the anchor's larger).  A share binds only where the steps
+    workers' time to the deadline (less :data:`SHARE_RESERVE_S`, and :data:`RUN_OVERHEAD_S` per
+    run) spread over the first rung's runs in proportion to their step budgets (the anchor's larger).  A share binds only where the steps
     are slower than the deadline allows for the whole first rung; time the shares leave (early
     stops, fast steps) goes to the later rungs."""
     steps = settings["steps"] or 1
     ratio = (settings["anchor_steps"] or steps) / steps
     units = sum(ratio if c.family == ANCHOR else 1.0 for c in cells)
-    unit = max(1.0, jobs * (deadline_s - SHARE_RESERVE_S) / max(units, 1.0))
+    unit = max(1.0, (jobs * (deadline_s - SHARE_RESERVE_S) - len(cells) * RUN_OVERHEAD_S) / max(units, 1.0))
     return unit, unit * ratio
 
 

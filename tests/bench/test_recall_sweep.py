@@ -218,13 +218,13 @@ def test_worker_share_counts_from_the_first_step(tmp_path):
 
 
 def test_time_shares_spread_the_deadline_over_the_first_rung():
-    """Rule: the shares of the first rung's runs add up to the workers' time to the deadline less
-    the reserve, the anchor's in proportion to its step budget."""
+    """Rule: the shares of the first rung's runs and their overheads add up to the workers' time
+    to the deadline less the reserve, the anchor's share in proportion to its step budget."""
     cells = _cells()  # 4 softmax (anchor) + 4 gla cells
     settings = {"steps": 1000, "anchor_steps": 3000}
     other, anchor = rs.time_shares(cells, settings, jobs=5, deadline_s=300.0)
     assert anchor == pytest.approx(3 * other)
-    assert 4 * other + 4 * anchor == pytest.approx(5 * (300.0 - rs.SHARE_RESERVE_S))
+    assert 4 * other + 4 * anchor + 8 * rs.RUN_OVERHEAD_S == pytest.approx(5 * (300.0 - rs.SHARE_RESERVE_S))
 
 
 def test_summary_counts_and_the_smoke_verdict():
