@@ -169,6 +169,13 @@ class _CommitLoss(torch.autograd.Function):
         return dk, None
 
 
+def _quantize_kernel(k: torch.Tensor, codebook: torch.Tensor) -> bool:
+    """Whether a decoding step's quantisation runs as one kernel (:mod:`lintime.ops.vq.triton.quantize`): fp16 /
+    bf16 / fp32 keys up to 256 wide, an fp32 codebook."""
+    return k.dtype in (torch.float16, torch.bfloat16, torch.float32) and codebook.dtype == torch.float32 \
+        and k.shape[-1] <= 256
+
+
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     """RMS norm with unit gain (seed Eqs. 8-9: "LayerNorms use unit gain and zero bias"), computed
     in at least fp32, returned in ``x``'s dtype: :func:`lintime.ops.normalize` (one fused kernel per
@@ -385,18 +392,26 @@ class VQAttention(Mixer):
     ) -> tuple[torch.Tensor, VQAttentionState | None]:
         B, T, _ = x.shape
         q, k, v, g = self.project(x)
+        fused = self._fused_step(q, v, state, cu_seqlens)  # one token, the static state updated in place
         with _quantisation_range():
             # [H, S, K], the one this call uses throughout (and its squared norms, kept between decoding steps)
             cb_deps, cb_key = (self.codebook_sum, self.codebook_count), (k.device,)
             codebook = self._memo("codebook", cb_deps, cb_key, self.codebook)
             c2 = self._memo("codebook_sq", cb_deps, cb_key, lambda: codebook.pow(2).sum(-1)[:, None, :])
-            codes, k_hat, c_z = self.quantize(k, codebook, c2)
-            mark_checked(codes)  # an argmin over this codebook: the op need not read its range back
-            if aux_losses is not None and T > 0:
-                commit = self.commit_loss(k, c_z)
-                aux_losses["vq_commit"] = aux_losses["vq_commit"] + commit if "vq_commit" in aux_losses else commit
+            if fused and aux_losses is None and _quantize_kernel(k, codebook):
+                from lintime.ops.vq.triton.quantize import quantize_step  # (Triton: imported on first use)
+
+                codes, k_hat = quantize_step(k[:, 0], codebook, c2)  # one kernel: distances, argmin, codeword
+                codes, k_hat = codes[:, None], k_hat[:, None]
+            else:
+                codes, k_hat, c_z = self.quantize(k, codebook, c2)
+                mark_checked(codes)  # an argmin over this codebook: the op need not read its range back
+                if aux_losses is not None and T > 0:
+                    commit = self.commit_loss(k, c_z)
+                    aux_losses["vq_commit"] = aux_losses["vq_commit"] + commit if "vq_commit" in aux_losses \
+                        else commit
         qu = q if self.xl_u is None else q + self._scaled(self.xl_u, "xl_u", q)
-        if self._fused_step(qu, v, state, cu_seqlens):  # one token, the static state updated in place
+        if fused:
             # the XL bias from its terms inside the step's kernel (distances from the state's positions)
             rel = None
             if self.r_proj is not None:

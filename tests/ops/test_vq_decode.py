@@ -295,3 +295,22 @@ def test_layer_keeps_the_op_path_where_the_fused_step_does_not_apply():
     x.requires_grad_(True)
     _, new = layer(x, static, positions=pos)
     assert new is not static
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_quantize_kernel_equals_the_layer_quantize(dtype):
+    """The decoding step's one-kernel quantisation (distances, first argmin, the codeword in the keys' dtype)
+    equals the layer's PyTorch quantize: codes equal, k_hat bit for bit; two heads, 37 codes (partial tiles)."""
+    pytest.importorskip("triton")
+    from lintime.layers.vq import VQAttention
+    from lintime.ops.vq.triton.quantize import quantize_step
+
+    g = torch.Generator().manual_seed(9)
+    N, H, K, S = 5, 2, 24, 37
+    cb = torch.randn(H, S, K, generator=g)
+    k = (torch.randn(N, 1, H, K, generator=g) * 1.2).to(dtype)
+    codes_ref, k_hat_ref, _ = VQAttention.quantize(k, cb)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    codes, k_hat = quantize_step(k[:, 0].to(dev), cb.to(dev), cb.pow(2).sum(-1)[:, None, :].to(dev))
+    assert torch.equal(codes.cpu(), codes_ref[:, 0]) and codes.dtype == torch.long
+    assert torch.equal(k_hat.cpu(), k_hat_ref[:, 0]) and k_hat.dtype == dtype
