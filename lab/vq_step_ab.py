@@ -6,13 +6,17 @@ one CUDA graph (:func:`lintime.bench.model.graph_step_fn`).  Variants, each from
 
 * ``rel``: the library as it is (the XL bias passed to ``vq_attention`` as its relative table);
 * ``dense_bias``: the layer's former path, the dense ``[B, T, H, 2L]`` bias built position by position (int64
-  distances, masks, a gather: :func:`lintime.ops.vq.bias.dense_rel_bias`) and passed as ``bias``.
+  distances, masks, a gather: :func:`lintime.ops.vq.bias.dense_rel_bias`) and passed as ``bias``;
+* ``old_glue``: ``dense_bias`` and the other former glue -- the op's per-block sums by PyTorch scatter-adds of an
+  fp32 copy of the values (``state.scatter_sums``), the output gate as SiLU then product, the EMA statistics by
+  ``index_add`` (the straight-through / commitment-loss functions stay the new ones).
 
 Median ms of ``--steps`` replays after 3 warm-up steps (each between two device synchronisations), tokens/s, the
 first step's loss (the variants compute the same step: the losses agree to rounding) and the peak memory.  About
-30-50 s on a warm H100 / H200 (two captures of vq-base at 8k).
+40-70 s on a warm H100 / H200 (three captures of vq-base at 8k).
 
-    PYTHONPATH=. python3 lab/vq_step_ab.py [--preset vq-base] [--T 8192] [--variants rel,dense_bias] [--out f.json]
+    PYTHONPATH=. python3 lab/vq_step_ab.py [--preset vq-base] [--T 8192] [--variants rel,dense_bias,old_glue] \
+        [--out f.json]
 """
 
 from __future__ import annotations
@@ -53,6 +57,28 @@ def _dense_bias():
         vq_layer.vq_attention = real
 
 
+@contextlib.contextmanager
+def _old_glue():
+    """:func:`_dense_bias` plus the former per-block sums, output gate and EMA statistics (module globals swapped)."""
+    import functools
+
+    import torch.nn.functional as F
+
+    import lintime.ops.vq.triton.vq as vq_triton
+    from lintime.ops.vq.state import scatter_sums
+    from lintime.ops.vq.sums import code_sums
+
+    saved = (vq_triton.triton_scatter_sums, vq_layer.vq_gate, vq_layer.code_sums)
+    vq_triton.triton_scatter_sums = scatter_sums
+    vq_layer.vq_gate = lambda o, g: o * F.silu(g)
+    vq_layer.code_sums = functools.partial(code_sums, backend="chunk")
+    try:
+        with _dense_bias():
+            yield
+    finally:
+        vq_triton.triton_scatter_sums, vq_layer.vq_gate, vq_layer.code_sums = saved
+
+
 def _timed(step, n: int) -> list[float]:
     ms = []
     for _ in range(n):
@@ -71,7 +97,7 @@ def run(variant: str, preset: str, T: int, steps: int) -> dict:
     model.train()
     rows = TOKENS // T
     batch = random_batch(rows, T, model.config.vocab_size, dev)
-    ctx = _dense_bias() if variant == "dense_bias" else contextlib.nullcontext()
+    ctx = {"dense_bias": _dense_bias, "old_glue": _old_glue}.get(variant, contextlib.nullcontext)()
     with ctx:
         step, _ = graph_step_fn(model, batch, torch.bfloat16)
         torch.cuda.reset_peak_memory_stats(dev)
@@ -94,7 +120,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="vq-base")
     ap.add_argument("--T", type=int, default=8192)
-    ap.add_argument("--variants", default="rel,dense_bias")
+    ap.add_argument("--variants", default="rel,dense_bias,old_glue")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
