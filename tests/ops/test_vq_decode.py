@@ -100,6 +100,7 @@ def test_fused_step_fp16_half_rule():
         assert torch.equal(ref16.k_hat, fused.k_hat) and torch.equal(ref16.v, fused.v)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test (CPU tensors)")
 @pytest.mark.parametrize("splits", [1, 2, 5])
 def test_key_splits_equal_the_composite(splits):
     """The attention kernel's key splits (flash-decoding: partial softmax sums merged by the combine kernel; 1 =
