@@ -198,6 +198,29 @@ def test_fused_step_cuda_bf16_vq_base_shape():
         assert_exact(f"token {t} cache_count", ref16.cache_count, fused.cache_count)
 
 
+@pytest.mark.cuda
+def test_fused_step_cuda_bf16_batch1_relative_bias():
+    """Batch 1 at the vq-base shape with the relative bias: the attention's keys split over many programs (the
+    combine kernel merges them); half rule against the fp64 composite, window and codes equal."""
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(6)
+    H, K, V, S, L = 1, 128, 1536, 512, 512
+    cb = (torch.randn(H, S, K, generator=g) * K**-0.25).to(dev)
+    st = _prefilled(g, H, K, V, S, L, cb.cpu(), torch.bfloat16, lens=(1534,)).to(dev)
+    ref64, ref16, fused = _copy(st, torch.float64), _copy(st), _copy(st)
+    r = (torch.randn(L + 1, H, K, generator=g) * K**-0.5).to(torch.bfloat16).to(dev)
+    for t in range(4):  # completes the block at position 1535
+        q, k_hat, z, v, _ = (x.to(dev) for x in _tokens(g, 1, 1, H, K, V, S, L, cb.cpu(), torch.bfloat16))
+        qv = (torch.randn(1, H, K, generator=g) * 0.5).to(torch.bfloat16).to(dev)
+        args = (q[:, 0], k_hat[:, 0], z[:, 0], v[:, 0])
+        o64 = vq_decode_step_(*(x.double() if x.is_floating_point() else x for x in args), cb.double(), ref64,
+                              rel_bias=(qv.double(), r.double()), backend="recurrent")
+        o16 = vq_decode_step_(*args, cb, ref16, rel_bias=(qv, r), backend="recurrent")
+        o = vq_decode_step_(*args, cb, fused, rel_bias=(qv, r), backend="triton")
+        assert_half_rule(f"token {t} o", o64, o, o16)
+        assert torch.equal(ref16.codes, fused.codes) and torch.equal(ref16.k_hat, fused.k_hat)
+
+
 # ---------------------------------------------------------------------------------------------
 # the layer: a static state takes the fused step in eval mode, in place; other calls keep the op's path
 
