@@ -7,9 +7,8 @@ one CUDA graph (:func:`lintime.bench.model.graph_step_fn`).  Variants, each from
 * ``rel``: the library as it is (the XL bias passed to ``vq_attention`` as its relative table);
 * ``dense_bias``: the layer's former path, the dense ``[B, T, H, 2L]`` bias built position by position (int64
   distances, masks, a gather: :func:`lintime.ops.vq.bias.dense_rel_bias`) and passed as ``bias``;
-* ``old_glue``: ``dense_bias`` and the other former glue -- the op's per-block sums by PyTorch scatter-adds of an
-  fp32 copy of the values (``state.scatter_sums``), the output gate as SiLU then product, the EMA statistics by
-  ``index_add`` (the straight-through / commitment-loss functions stay the new ones).
+* ``old_glue``: ``dense_bias`` and the former output gate, SiLU then product (the straight-through /
+  commitment-loss functions stay the new ones).
 
 Median ms of ``--steps`` replays after 3 warm-up steps (each between two device synchronisations), tokens/s, the
 first step's loss (the variants compute the same step: the losses agree to rounding) and the peak memory.  About
@@ -59,24 +58,16 @@ def _dense_bias():
 
 @contextlib.contextmanager
 def _old_glue():
-    """:func:`_dense_bias` plus the former per-block sums, output gate and EMA statistics (module globals swapped)."""
-    import functools
-
+    """:func:`_dense_bias` plus the former output gate (SiLU then product; module global swapped)."""
     import torch.nn.functional as F
 
-    import lintime.ops.vq.triton.vq as vq_triton
-    from lintime.ops.vq.state import scatter_sums
-    from lintime.ops.vq.sums import code_sums
-
-    saved = (vq_triton.triton_scatter_sums, vq_layer.vq_gate, vq_layer.code_sums)
-    vq_triton.triton_scatter_sums = scatter_sums
+    saved = vq_layer.vq_gate
     vq_layer.vq_gate = lambda o, g: o * F.silu(g)
-    vq_layer.code_sums = functools.partial(code_sums, backend="chunk")
     try:
         with _dense_bias():
             yield
     finally:
-        vq_triton.triton_scatter_sums, vq_layer.vq_gate, vq_layer.code_sums = saved
+        vq_layer.vq_gate = saved
 
 
 def _timed(step, n: int) -> list[float]:

@@ -336,7 +336,7 @@ class VQAttention(Mixer):
     @torch.no_grad()
     def update_codebook(self, k: torch.Tensor, codes: torch.Tensor) -> None:
         """EMA k-means step from the keys of one call (see the module docstring): the per-code counts and key
-        sums by :func:`lintime.ops.vq.sums.code_sums` (one scatter-add kernel on CUDA), each statistic moved by
+        sums by :func:`lintime.ops.vq.sums.code_sums` (two ``index_add``), each statistic moved by
         one ``lerp_`` (``x + (1 - gamma) (new - x)``, the same EMA)."""
         H, S, K = self.H, self.S, self.K
         flat = codes if H == 1 else codes + S * torch.arange(H, device=codes.device)

@@ -31,11 +31,10 @@ from lintime.ops.custom_op import grad_as, launcher_op
 from lintime.ops.kernel_launch import block, cdiv, check_device, dot_config
 from lintime.ops.vq.bias import rel_table, rel_window
 from lintime.ops.vq.chunk import cache_summaries, call_layout, final_state
-from lintime.ops.vq.state import log_count
+from lintime.ops.vq.state import log_count, scatter_sums
 from lintime.ops.vq.triton.kernels import vq_bwd_key_kernel, vq_bwd_query_kernel, vq_fwd_kernel
 from lintime.ops.vq.triton.launch import VQLaunch, default_launch
 from lintime.ops.vq.triton.scan import scan_cache
-from lintime.ops.vq.triton.sums import triton_scatter_sums
 
 _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
@@ -191,9 +190,8 @@ def triton_vq_attention(
         zc = lay.place(flat(codes).long(), bufs(st.codes.long()) if st is not None else None)  # [R, NE, L, H]
     NB = R * NE
     back2 = lay.qblk - 2  # the cache of query block n: blocks <= n - 2 (seed Code 2: pad 2, drop last 2)
-    # [R, NE, H, S], [R, NE, H, S, V] fp32 (per-block sums by the scatter-add kernel of triton/sums.py); "serial":
-    # the scan kernel (the same running count and mean as Code 2), which also writes each query block's cache means
-    # in q's dtype
+    # [R, NE, H, S], [R, NE, H, S, V] fp32 (per-block sums by scatter-adds); "serial": the scan kernel (the same
+    # running count and mean as Code 2), which also writes each query block's cache means in q's dtype
     if reduction == "serial":
         qmap = torch.full((NB,), -1, dtype=torch.int32, device=dev).index_copy(
             0, back2, torch.arange(lay.NQ, dtype=torch.int32, device=dev))
@@ -203,10 +201,10 @@ def triton_vq_attention(
             tot, mean, got["cm"] = scan_cache(first, cnt, sumv, qmap, lay.NQ, output_final_state, q.dtype)
             return tot, mean
 
-        cum_c, cum_m = cache_summaries(lay, zc, vc, st, S, reduction, sums=triton_scatter_sums, reduce=reduce)
+        cum_c, cum_m = cache_summaries(lay, zc, vc, st, S, reduction, sums=scatter_sums, reduce=reduce)
         cache_m = got["cm"]  # [NQ, H, S, V]
     else:
-        cum_c, cum_m = cache_summaries(lay, zc, vc, st, S, reduction, sums=triton_scatter_sums)
+        cum_c, cum_m = cache_summaries(lay, zc, vc, st, S, reduction, sums=scatter_sums)
         cache_m = cum_m.reshape(NB, H, S, V).index_select(0, back2).to(q.dtype)  # [NQ, H, S, V]
     cache_c = cum_c.reshape(NB, H, S).index_select(0, back2)  # [NQ, H, S]
 
