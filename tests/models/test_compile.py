@@ -22,8 +22,6 @@ from lintime.testing import assert_exact
 # (family, packed) -> where the CPU path reads values on the host, which breaks the graph
 CPU_BREAKS = {
     ("gau", False): "ops/gau/chunk.py: nonzero over the tile pairs",
-    ("gla", False): "ops/gla/chunk.py: nonzero in the backward's reversed scan (explain counts the breaks of an "
-                    "autograd.Function's backward; fullgraph=True still compiles its forward)",
     ("vq", False): "ops/utils.py mark_checked (Tensor.is_inference) and ops/vq value reads",
     ("vq", True): "ops/utils.py mark_checked (Tensor.is_inference) and ops/vq value reads",
     ("combiner", True): "layers/combiner.py _token_coords: the pieces' lengths as python ints",
