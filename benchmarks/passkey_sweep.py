@@ -174,11 +174,9 @@ def plot(data: dict, path: Path) -> None:
 def _environment(cuda: bool) -> dict:
     import torch
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False,
-                                cwd=Path(__file__).resolve().parent).stdout.strip()
-    except OSError:
-        commit = ""
+    from lintime.bench.measure import git_commit
+
+    commit = git_commit() or ""  # LINTIME_GIT_COMMIT where the copy's .git is stale (a remote GPU machine)
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
             "device": torch.cuda.get_device_name(0) if cuda else (platform.processor() or "cpu"),
             "torch": torch.__version__}

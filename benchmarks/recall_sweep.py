@@ -675,11 +675,9 @@ def plot(best: list[dict], path: Path) -> None:
 def _environment(device: str) -> dict:
     import torch
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False,
-                                cwd=Path(__file__).resolve().parent).stdout.strip()
-    except OSError:
-        commit = ""
+    from lintime.bench.measure import git_commit
+
+    commit = git_commit() or ""  # LINTIME_GIT_COMMIT where the copy's .git is stale (a remote GPU machine)
     cuda = torch.cuda.is_available() and device != "cpu"
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
             "device": torch.cuda.get_device_name(0) if cuda else (platform.processor() or "cpu"),
