@@ -108,10 +108,12 @@ FAMILY_CHANGES = {"softmax": {"n_heads": 1, "position": "none"}}
 CUDA_JOBS = 10
 CUDA_SLOTS = 1
 # what a run's time share keeps back of the deadline: the workers' start (importing torch and
-# initialising CUDA in 10 processes at once) and the last evaluations (not measured yet: a guess)
+# initialising CUDA in 10 processes at once) and the last evaluations (a guess; the H200 sweep of 2026-11-27 ended
+# 8 s before its deadline with this reserve)
 SHARE_RESERVE_S = 20.0
 # a run's seconds outside its share: the build and the first step (warm-up, capture; Triton's
-# compiles when its cache is cold) -- not measured yet (the records' setup_s / first_step_s will say)
+# compiles when its cache is cold): H200, 2026-11-27, 203 runs: build median 0.34 s (max 6.4), first step
+# median 0.36 s (max 7.7; the cold compiles), so 5 s covers a run but a family's first one
 RUN_OVERHEAD_S = 5.0
 NOT_RUN = "not run (deadline)"
 KILLED = "killed at the deadline"
