@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
+
+from ab import interleaved, line
 
 from lintime.bench.common import build_model, preset_config
 from lintime.bench.model import graph_step_fn, random_batch, train_step_fn
@@ -34,17 +34,6 @@ def set_gate(model, fused: bool) -> None:
     for m in model.modules():
         if isinstance(m, GatedLinearAttention):
             m.fused = fused
-
-
-def _timed(step, n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t) * 1e3)
-    return out
 
 
 def _models(cfg, dev, n: int) -> list:
@@ -76,26 +65,9 @@ def run(T: int, tokens: int, kind: str, rounds: int, dev: torch.device = torch.d
         steps = {mode: graph_step_fn(models[mode], batch, torch.bfloat16)[0] for mode in MODES}
     else:
         steps = dict.fromkeys(MODES, train_step_fn(model, batch, torch.bfloat16)[0])
-    ms = {m: [] for m in MODES}
-    peak = {}
-    for mode, fused in MODES.items():  # warm-up: Triton compiles, the graphs' captures
-        set_gate(models[mode], fused)
-        _timed(steps[mode], 3)
-    for _ in range(rounds):
-        for mode, fused in MODES.items():
-            set_gate(models[mode], fused)
-            torch.cuda.reset_peak_memory_stats()
-            ms[mode] += _timed(steps[mode], 5)
-            peak[mode] = max(peak.get(mode, 0.0), torch.cuda.max_memory_allocated() / 2**30)
-    for mode in MODES:
-        med = statistics.median(ms[mode])
-        row[mode] = {"ms": med, "tok_s": tokens / med * 1e3, "peak_gib": peak[mode], "all_ms": ms[mode]}
+    row.update(interleaved(list(MODES), lambda m: set_gate(models[m], MODES[m]), steps.__getitem__, tokens, rounds))
     row["speedup"] = row["plain"]["ms"] / row["fused"]["ms"]
-    print(f"{PRESET} {kind:5s} T={T:6d}  plain {row['plain']['ms']:7.1f} ms "
-          f"({row['plain']['tok_s'] / 1e3:5.0f}k tok/s, "
-          f"{peak['plain']:.1f} GiB)  fused {row['fused']['ms']:7.1f} ms ({row['fused']['tok_s'] / 1e3:5.0f}k tok/s, "
-          f"{peak['fused']:.1f} GiB)  x{row['speedup']:.3f}  loss {row['loss_plain']:.6f} / {row['loss_fused']:.6f}",
-          flush=True)
+    print(line(f"{PRESET} {kind:5s} T={T:6d}", row), flush=True)
     del models, steps, batch
     torch.cuda.empty_cache()
     return row

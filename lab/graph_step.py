@@ -25,6 +25,7 @@ import time
 import torch
 
 from lintime.bench.common import build_model, preset_config
+from lintime.bench.measure import call_times_ms
 from lintime.bench.model import random_batch
 from lintime.training.graphed import GraphedStep
 from lintime.training.step import forward_backward
@@ -32,17 +33,6 @@ from lintime.training.step import forward_backward
 TOKENS = 32768
 WARMUP, STEPS = 3, 8
 LR, CLIP = 1e-4, 1.0
-
-
-def _timed(step, n: int) -> list[float]:
-    ms = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        ms.append((time.perf_counter() - t0) * 1e3)
-    return ms
 
 
 def run_form(form: str, preset: str, T: int) -> dict:
@@ -73,8 +63,8 @@ def run_form(form: str, preset: str, T: int) -> dict:
     t0 = time.perf_counter()
     first = float(step())  # the graph form captures here (warm-up + capture + the first replay)
     first_s = time.perf_counter() - t0
-    _timed(step, WARMUP - 1)
-    ms = _timed(step, STEPS)
+    call_times_ms(step, WARMUP - 1, dev)
+    ms = call_times_ms(step, STEPS, dev)
     med = statistics.median(ms)
     out = {"form": form, "preset": preset, "T": T, "rows": rows, "first_loss": first, "first_call_s": round(first_s, 2),
            "step_ms": round(med, 2), "min_ms": round(min(ms), 2), "tokens_per_s": round(TOKENS / med * 1e3),

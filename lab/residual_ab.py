@@ -12,25 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
+
+from ab import interleaved, line
 
 from lintime.bench.model import build_model, preset_config, random_batch, train_step_fn
 
 MODES = {"plain": False, "fused": True}
-
-
-def _timed(step, n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t) * 1e3)
-    return out
 
 
 def run(preset: str, T: int, tokens: int, rounds: int, dev: torch.device = torch.device("cuda")) -> dict:
@@ -45,25 +34,10 @@ def run(preset: str, T: int, tokens: int, rounds: int, dev: torch.device = torch
             row[f"loss_{mode}"] = float(model(batch.input_ids, targets=batch.targets))
     model.train()
     step, _ = train_step_fn(model, batch, torch.bfloat16)
-    ms = {m: [] for m in MODES}
-    peak = {}
-    for mode, fused in MODES.items():  # warm-up: Triton compiles of both paths
-        model.backbone.fused = fused
-        _timed(step, 3)
-    for _ in range(rounds):
-        for mode, fused in MODES.items():
-            model.backbone.fused = fused
-            torch.cuda.reset_peak_memory_stats()
-            ms[mode] += _timed(step, 5)
-            peak[mode] = max(peak.get(mode, 0.0), torch.cuda.max_memory_allocated() / 2**30)
-    for mode in MODES:
-        med = statistics.median(ms[mode])
-        row[mode] = {"ms": med, "tok_s": tokens / med * 1e3, "peak_gib": peak[mode], "all_ms": ms[mode]}
+    row.update(interleaved(list(MODES), lambda m: setattr(model.backbone, "fused", MODES[m]), lambda m: step, tokens,
+                           rounds))
     row["speedup"] = row["plain"]["ms"] / row["fused"]["ms"]
-    print(f"{preset:14s} T={T:6d}  plain {row['plain']['ms']:7.1f} ms ({row['plain']['tok_s'] / 1e3:5.0f}k tok/s, "
-          f"{peak['plain']:.1f} GiB)  fused {row['fused']['ms']:7.1f} ms ({row['fused']['tok_s'] / 1e3:5.0f}k tok/s, "
-          f"{peak['fused']:.1f} GiB)  x{row['speedup']:.3f}  loss {row['loss_plain']:.6f} / {row['loss_fused']:.6f}",
-          flush=True)
+    print(line(f"{preset:14s} T={T:6d}", row), flush=True)
     del model, batch, step
     torch.cuda.empty_cache()
     return row

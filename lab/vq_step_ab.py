@@ -30,6 +30,7 @@ import torch
 
 import lintime.layers.vq as vq_layer
 from lintime.bench.common import build_model, preset_config
+from lintime.bench.measure import call_times_ms
 from lintime.bench.model import graph_step_fn, random_batch
 from lintime.ops.vq.bias import dense_rel_bias, token_offsets
 
@@ -70,17 +71,6 @@ def _old_glue():
         vq_layer.vq_gate = saved
 
 
-def _timed(step, n: int) -> list[float]:
-    ms = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        ms.append((time.perf_counter() - t0) * 1e3)
-    return ms
-
-
 def run(variant: str, preset: str, T: int, steps: int) -> dict:
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -95,8 +85,8 @@ def run(variant: str, preset: str, T: int, steps: int) -> dict:
         t0 = time.perf_counter()
         first = step()  # captures
         first_s = time.perf_counter() - t0
-        _timed(step, WARMUP - 1)
-        ms = _timed(step, steps)
+        call_times_ms(step, WARMUP - 1, dev)
+        ms = call_times_ms(step, steps, dev)
     med = statistics.median(ms)
     out = {"variant": variant, "preset": preset, "T": T, "rows": rows, "first_loss": round(first, 5),
            "capture_s": round(first_s, 1), "step_ms": round(med, 2), "min_ms": round(min(ms), 2),
