@@ -26,10 +26,9 @@ class Launch:
 
     # Columns per block and warps per row: Liger-Kernel's cross-entropy launch (one block of up to
     # 32768 columns, 32 warps); with the row kept in registers 0.222 ms per [4096, 32000] bf16 chunk
-    # (two sweeps: 0.258; H200, 2026-11-27, lab/elementwise_ab.py); other launches not tried.
+    # (two sweeps: 0.258; H200, 2026-11-27, lab/elementwise_ab.py at 8ca5a4e); other launches not tried.
     block_v: int = 32768
     num_warps: int = 32
-    reuse_row: bool = True  # a row within one block is read once (False: two sweeps, for A/Bs: lab/elementwise_ab.py)
 
 
 LAUNCH = Launch()
@@ -45,7 +44,7 @@ def triton_rows(z: Tensor, y: Tensor, scale: Tensor, out: Tensor, ignore_index: 
     BV = min(launch.block_v, triton.next_power_of_2(V))
     ce_rows_kernel[(n,)](
         z, y, out, scale, z.stride(0), 0 if scale.dim() == 0 else scale.stride(0), V, ignore_index, float(label_smoothing),
-        BV=BV, SMOOTH=label_smoothing > 0, WANT_GRAD=want_grad, ONE_BLOCK=launch.reuse_row and BV >= V,
+        BV=BV, SMOOTH=label_smoothing > 0, WANT_GRAD=want_grad, ONE_BLOCK=BV >= V,
         num_warps=launch.num_warps,
     )
 
