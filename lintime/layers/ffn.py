@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lintime.ops import glu_activation
+from lintime.ops.glu import ACTIVATIONS as GLU_OP_ACTIVATIONS
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -26,13 +27,6 @@ ACTIVATIONS = {
     "sigmoid": torch.sigmoid,
     "identity": lambda x: x,
 }
-
-
-def glu_activations() -> tuple[str, ...]:
-    """The ``phi_u`` of the GLU variants :func:`lintime.ops.glu_activation` computes (with ``phi_v`` the identity)."""
-    from lintime.ops.glu import ACTIVATIONS
-
-    return ACTIVATIONS
 
 
 def activation(name: str):
@@ -77,10 +71,11 @@ class GLU(nn.Module):
         self.down = nn.Linear(hidden, dim, bias=bias)
         self.drop = nn.Dropout(dropout)
         self.fused = True  # the glu_activation op's fused kernel where it has one; False: its PyTorch form
+        self._op = value_activation == "identity" and activation_name in GLU_OP_ACTIVATIONS  # SwiGLU / GEGLU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.up(x)
-        if self.value_act_name == "identity" and self.act_name in glu_activations():
+        if self._op:
             a = glu_activation(h, activation=self.act_name, backend=None if self.fused else "chunk")
             return self.down(self.drop(a))
         u, v = h.split(self.hidden, dim=-1)

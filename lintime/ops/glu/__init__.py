@@ -41,11 +41,9 @@ def glu_activation(h: torch.Tensor, *, activation: str = "silu", backend: str | 
         raise TypeError(f"glu: h must be a floating tensor, got {getattr(h, 'dtype', type(h).__name__)}")
     if h.dim() < 1 or h.shape[-1] % 2:
         raise ValueError(f"glu: h's last dim must be even (u then v), got shape {tuple(h.shape)}")
-    impls = _IMPLS
     if backend is None and (h.dtype == torch.float64 or torch.compiler.is_compiling()):
         backend = "chunk"
-    flat = h.reshape(-1, h.shape[-1])
-    return select("glu_activation", backend, impls, flat[None])(h, activation=activation)
+    return select("glu_activation", backend, _IMPLS, h)(h, activation=activation)
 
 
 __all__ = ["glu_activation"]
