@@ -36,6 +36,16 @@ NEG = tl.constexpr(-1.0e30)  # the running max's start: finite, so a tile with n
 
 
 @triton.jit
+def _online_softmax(b_mx, b_l, b_acc, b_s, b_w):
+    """One block of keys into the running softmax: scores ``b_s [B]`` (-inf: masked), values ``b_w [B, BV]``;
+    the running max ``b_mx``, denominator ``b_l`` and numerator ``b_acc [BV]`` rescaled to the new max."""
+    m_new = tl.maximum(b_mx, tl.max(b_s, 0))
+    alpha = tl.exp(b_mx - m_new)
+    b_p = tl.exp(b_s - m_new)
+    return m_new, b_l * alpha + tl.sum(b_p, 0), b_acc * alpha + tl.sum(b_p[:, None] * b_w, 0)
+
+
+@triton.jit
 def vq_decode_attn_kernel(q, kn, zn, vn, cb, bias, qv, rt, st_k, st_v, st_z, st_c, st_m, pos, o, part_ml, part_o,
                           L, S, CH, NSPLIT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr,
                           BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -96,12 +106,7 @@ def vq_decode_attn_kernel(q, kn, zn, vn, cb, bias, qv, rt, st_k, st_v, st_z, st_
         b_w = tl.load(st_v + ((row + o_j[:, None]) * H + h) * V + o_v[None, :], mask=m_j[:, None] & m_v[None, :],
                       other=0.0).to(tl.float32)  # [BN, BV]
         b_w = tl.where((o_j == new)[:, None], b_vn[None, :], b_w)
-        m_new = tl.maximum(b_mx, tl.max(b_s, 0))
-        alpha = tl.exp(b_mx - m_new)
-        b_p = tl.exp(b_s - m_new)
-        b_acc = b_acc * alpha + tl.sum(b_p[:, None] * b_w, 0)
-        b_l = b_l * alpha + tl.sum(b_p, 0)
-        b_mx = m_new
+        b_mx, b_l, b_acc = _online_softmax(b_mx, b_l, b_acc, b_s, b_w)
     for s0 in range(s_lo, s_hi, BS):  # the cache (seed Eq. 28, Remark 3.9)
         o_s = s0 + tl.arange(0, BS)
         m_s = o_s < s_hi
@@ -112,12 +117,7 @@ def vq_decode_attn_kernel(q, kn, zn, vn, cb, bias, qv, rt, st_k, st_v, st_z, st_
         b_s = tl.where(m_s & (b_c > 0), b_s, float("-inf"))
         b_w = tl.load(st_m + (i_nh * S + o_s[:, None]) * V + o_v[None, :], mask=m_s[:, None] & m_v[None, :],
                       other=0.0)  # [BS, BV] fp32
-        m_new = tl.maximum(b_mx, tl.max(b_s, 0))
-        alpha = tl.exp(b_mx - m_new)
-        b_p = tl.exp(b_s - m_new)
-        b_acc = b_acc * alpha + tl.sum(b_p[:, None] * b_w, 0)
-        b_l = b_l * alpha + tl.sum(b_p, 0)
-        b_mx = m_new
+        b_mx, b_l, b_acc = _online_softmax(b_mx, b_l, b_acc, b_s, b_w)
     if SPLIT:
         tl.store(part_o + (i_nh * NSPLIT + i_c) * V + o_v, b_acc, mask=m_v)
         if i_v == 0:

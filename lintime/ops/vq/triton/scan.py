@@ -26,19 +26,26 @@ from lintime.ops.kernel_launch import block, cdiv, interpreting
 
 
 @triton.jit
+def _tile(NST, HS: tl.constexpr, V: tl.constexpr, BS: tl.constexpr, BV: tl.constexpr):
+    """This program's layout row ``r``, its ``[BS]`` rows ``o_s`` of ``(h, s)`` (mask ``m_s``) and the ``[BS, BV]``
+    offsets ``o_sv`` (mask ``m_sv``) of its column tile in one block's ``[HS, V]``."""
+    i_t, i_v = tl.program_id(0), tl.program_id(1)
+    r = (i_t // NST).to(tl.int64)
+    o_s = (i_t % NST) * BS + tl.arange(0, BS)
+    m_s = o_s < HS
+    o_v = i_v * BV + tl.arange(0, BV)
+    return r, o_s, m_s, m_s[:, None] & (o_v < V)[None, :], o_s[:, None] * V + o_v[None, :]
+
+
+@triton.jit
 def vq_scan_fwd_kernel(first, cnt, sumv, qmap, tot, mean, cm, NE, NST, HS: tl.constexpr, V: tl.constexpr,
                        BS: tl.constexpr, BV: tl.constexpr, KEEP_MEAN: tl.constexpr):
     """Rows ``[BS]`` of ``(h, s)`` and columns ``[BV]`` of one layout row: ``tot``, ``mean`` ``[R, NE, HS(, V)]``
     (``mean`` only with ``KEEP_MEAN``), and each block's mean in ``cm``'s dtype at ``cm[qmap[block]]`` (the cache
     of the query block two blocks on; ``-1``: none).  Grid ``(R * NST, cdiv(V, BV))``; programs of column tile 0
     write ``tot``."""
-    i_t, i_v = tl.program_id(0), tl.program_id(1)
-    r = (i_t // NST).to(tl.int64)
-    o_s = (i_t % NST) * BS + tl.arange(0, BS)
-    m_s = o_s < HS
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_sv = m_s[:, None] & (o_v < V)[None, :]
-    o_sv = o_s[:, None] * V + o_v[None, :]
+    i_v = tl.program_id(1)
+    r, o_s, m_s, m_sv, o_sv = _tile(NST, HS, V, BS, BV)
     b_c = tl.zeros([BS], tl.float32)
     b_u = tl.zeros([BS, BV], tl.float32)
     for e in range(0, NE):
@@ -61,13 +68,8 @@ def vq_scan_bwd_kernel(first, tot, dmean, qmap, dcm, dsumv, NE, NST, HS: tl.cons
                        BS: tl.constexpr, BV: tl.constexpr, HAS_DMEAN: tl.constexpr, HAS_DCM: tl.constexpr):
     """``dsumv`` ``[R, NE, HS, V]``: the reverse scan of ``(dmean + dcm[qmap]) / tot`` within each sequence.
     Grid as the forward's."""
-    i_t, i_v = tl.program_id(0), tl.program_id(1)
-    r = (i_t // NST).to(tl.int64)
-    o_s = (i_t % NST) * BS + tl.arange(0, BS)
-    m_s = o_s < HS
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_sv = m_s[:, None] & (o_v < V)[None, :]
-    o_sv = o_s[:, None] * V + o_v[None, :]
+    i_v = tl.program_id(1)
+    r, o_s, m_s, m_sv, o_sv = _tile(NST, HS, V, BS, BV)
     b_g = tl.zeros([BS, BV], tl.float32)
     for i in range(0, NE):
         be = r * NE + (NE - 1 - i)
