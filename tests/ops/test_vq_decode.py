@@ -79,16 +79,13 @@ def test_fused_step_equals_the_composite_fp32(bias, H, V):
     assert fused.pos.tolist() == [23, 17]
 
 
-def test_fused_step_fp16_half_rule():
-    """fp16 window buffers and inputs, fp32 cache: the fused output within the half rule of the fp16 composite,
-    both against the fp64 composite from the same (rounded) inputs; the states stay equal to the composite's."""
-    g = torch.Generator().manual_seed(2)
-    H, K, V, S, L = 1, 16, 32, 16, 8
-    cb = torch.randn(H, S, K, generator=g) * 0.5
-    st = _prefilled(g, H, K, V, S, L, cb, torch.float16, lens=(7, 12))
+def _half_steps(g, st, cb, H, K, V, S, L, dtype, steps):
+    """``steps`` tokens of 2 rows from ``st`` (half-precision window, fp32 cache) through the fused step and the
+    composite in ``dtype`` and fp64: the fused output within the half rule, the states equal to the composite's."""
+    dev = st.pos.device
     ref64, ref16, fused = _copy(st, torch.float64), _copy(st), _copy(st)
-    for t in range(12):
-        q, k_hat, z, v, b = _tokens(g, 2, 1, H, K, V, S, L, cb, torch.float16)
+    for t in range(steps):
+        q, k_hat, z, v, b = (x.to(dev) for x in _tokens(g, 2, 1, H, K, V, S, L, cb.cpu(), dtype))
         args = (q[:, 0], k_hat[:, 0], z[:, 0], v[:, 0])
         o64 = vq_decode_step_(*(x.double() if x.is_floating_point() else x for x in args), cb.double(), ref64,
                               bias=b[:, 0].double(), backend="recurrent")
@@ -96,8 +93,18 @@ def test_fused_step_fp16_half_rule():
         o = vq_decode_step_(*args, cb, fused, bias=b[:, 0], backend="triton")
         assert_half_rule(f"token {t} o", o64, o, o16)
         assert torch.equal(ref16.codes, fused.codes) and torch.equal(ref16.pos, fused.pos)
-        assert_exact(f"token {t} cache_count", ref16.cache_count, fused.cache_count)
         assert torch.equal(ref16.k_hat, fused.k_hat) and torch.equal(ref16.v, fused.v)
+        assert_exact(f"token {t} cache_count", ref16.cache_count, fused.cache_count)
+
+
+def test_fused_step_fp16_half_rule():
+    """fp16 window buffers and inputs, fp32 cache: the fused output within the half rule of the fp16 composite,
+    both against the fp64 composite from the same (rounded) inputs; the states stay equal to the composite's."""
+    g = torch.Generator().manual_seed(2)
+    H, K, V, S, L = 1, 16, 32, 16, 8
+    cb = torch.randn(H, S, K, generator=g) * 0.5
+    st = _prefilled(g, H, K, V, S, L, cb, torch.float16, lens=(7, 12))
+    _half_steps(g, st, cb, H, K, V, S, L, torch.float16, 12)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test (CPU tensors)")
@@ -184,18 +191,7 @@ def test_fused_step_cuda_bf16_vq_base_shape():
     H, K, V, S, L = 1, 128, 1536, 512, 512
     cb = (torch.randn(H, S, K, generator=g) * K**-0.25).to(dev)
     st = _prefilled(g, H, K, V, S, L, cb.cpu(), torch.bfloat16, lens=(1533, 700)).to(dev)
-    ref64, ref16, fused = _copy(st, torch.float64), _copy(st), _copy(st)
-    for t in range(6):  # the first row completes its block at position 1535
-        q, k_hat, z, v, b = (x.to(dev) for x in _tokens(g, 2, 1, H, K, V, S, L, cb.cpu(), torch.bfloat16))
-        args = (q[:, 0], k_hat[:, 0], z[:, 0], v[:, 0])
-        o64 = vq_decode_step_(*(x.double() if x.is_floating_point() else x for x in args), cb.double(), ref64,
-                              bias=b[:, 0].double(), backend="recurrent")
-        o16 = vq_decode_step_(*args, cb, ref16, bias=b[:, 0], backend="recurrent")
-        o = vq_decode_step_(*args, cb, fused, bias=b[:, 0], backend="triton")
-        assert_half_rule(f"token {t} o", o64, o, o16)
-        assert torch.equal(ref16.codes, fused.codes) and torch.equal(ref16.pos, fused.pos)
-        assert torch.equal(ref16.k_hat, fused.k_hat) and torch.equal(ref16.v, fused.v)
-        assert_exact(f"token {t} cache_count", ref16.cache_count, fused.cache_count)
+    _half_steps(g, st, cb, H, K, V, S, L, torch.bfloat16, 6)  # the first row completes its block at 1535
 
 
 @pytest.mark.cuda
