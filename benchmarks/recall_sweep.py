@@ -35,12 +35,9 @@ Time-boxed for one GPU (issue 31: the sweep in <= 10 minutes; Zoology trains 64 
   a run, compiles its Triton kernels (the largest host cost on a fresh machine; Triton's cache,
   ``~/.triton/cache`` or ``TRITON_CACHE_DIR``, is shared by the workers and kept for a later
   sweep: ``--smoke`` fills it for widths 64 and 512), captures its graph or evaluates it.
-  ``--slots`` N > 1 trains N runs per process, each on its own CUDA stream, in turns of
-  :data:`STEPS_PER_TURN` steps -- kept as an option, not the default: the first steps of a
-  process's runs (build, compiles, warm-up, capture) then come one after the other while every
-  run's clock runs (4 x 4 on an H200, 2026-11-27: 9-11 steps per run in ~117 s), each capture
-  synchronises the whole device and empties the allocator's cache under the other slots
-  (``torch.cuda.graph``), and a failed capture costs the process's other runs;
+  (Four processes of four runs each on their own CUDA streams were tried on an H200, 2026-11-27: a process's
+  runs took their first steps -- build, compiles, warm-up, capture -- one after the other while every run's
+  clock ran, 9-11 steps per run in ~117 s; one run per process is the design since);
 * a worker whose run meets a CUDA error or whose step does not capture exits (its process is not
   trusted with another run); a fresh one trains that run again with the plain eager loop (the
   record keeps the first try's error as ``first_try``), and the later runs of that family and
@@ -100,13 +97,10 @@ ANCHOR = "softmax"  # attention solves MQAR: the sanity anchor, scheduled first
 # The softmax anchor as Zoology's attention: one head; RoPE alone (the preset's extra absolute
 # sinusoids delayed the recall phase change from ~300 to ~1700 steps on a CPU check, 2026-11-27).
 FAMILY_CHANGES = {"softmax": {"n_heads": 1, "position": "none"}}
-# the GPU's workers: processes of one run each.  4 processes x 4 runs on streams (H200, 2026-11-27,
-# commit b35ad60) trained 9-11 steps per run in ~117 s (the slots' first steps -- build, Triton
-# compiles, warm-up, capture -- one after the other in each process); 8 eager processes of one run
-# each had kept ~30 ms per step each.  10: more than the 8 that kept the GPU busy eagerly, so that
-# builds, compiles and evaluations of some overlap the steps of others; 16 host CPUs per GPU
+# the GPU's workers, processes of one run each: 10, more than the 8 that kept the GPU busy eagerly, so that
+# builds, compiles and evaluations of some overlap the steps of others (16 host CPUs per GPU); H200, 2026-11-27:
+# 204 runs, ~500 graph steps/s over the ten
 CUDA_JOBS = 10
-CUDA_SLOTS = 1
 # what a run's time share keeps back of the deadline: the workers' start (importing torch and
 # initialising CUDA in 10 processes at once) and the last evaluations (a guess; the H200 sweep of 2026-11-27 ended
 # 8 s before its deadline with this reserve)
@@ -117,10 +111,6 @@ SHARE_RESERVE_S = 20.0
 RUN_OVERHEAD_S = 5.0
 NOT_RUN = "not run (deadline)"
 KILLED = "killed at the deadline"
-LOST = "lost: a CUDA error in another run of its worker process"
-# steps a worker gives one run before the next: ~90 launches queued on its stream (a graph step is
-# ~10: batch copies, target count, rate, replay, loss sum), short next to a turn of the others
-STEPS_PER_TURN = 8
 
 
 def family_presets() -> dict[str, str]:
@@ -315,79 +305,42 @@ def _poisoned(row: dict) -> bool:
                                                      "capture"))
 
 
-def _worker(conn, settings: dict, root: str, slots: int) -> None:
-    """A worker process: trains up to ``slots`` runs at once (1 by default; more: each on its own
-    CUDA stream, advanced in turn :data:`STEPS_PER_TURN` steps at a time).  Takes ``(id, task,
-    stop_at, share, graph)`` messages (``stop_at``: the deadline as a ``time.time()``; ``share``:
-    the run's seconds counted from the end of its first step -- build, compiles and capture not
-    counted -- or None; ``graph``: the step form, None = the settings'), sends ``(id, record,
-    leave)`` as each run ends; stops at ``None``.  ``leave``: a CUDA error or a failed capture may
-    have poisoned the process, which then sends the records of its other runs and exits (the
-    parent starts a new one and retries the run eagerly)."""
+def _worker(conn, settings: dict, root: str) -> None:
+    """A worker process: trains one run at a time.  Takes ``(id, task, stop_at, share, graph)`` messages
+    (``stop_at``: the deadline as a ``time.time()``; ``share``: the run's seconds counted from the end of its first
+    step -- build, compiles and capture not counted -- or None; ``graph``: the step form, None = the settings'),
+    sends ``(id, record, leave)`` as each run ends; stops at ``None``.  ``leave``: a CUDA error or a failed capture
+    may have poisoned the process, which then exits (the parent starts a new one and retries the run eagerly)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import contextlib
-
     import torch
 
     import lintime.training.tasks  # noqa: F401  (imported while the parent sends the first task)
 
     torch.set_num_threads(1)
-    cuda = torch.cuda.is_available() and not str(settings["device"]).startswith("cpu")
-    if cuda:
+    if torch.cuda.is_available() and not str(settings["device"]).startswith("cpu"):
         torch.cuda.init()
-    streams = [torch.cuda.Stream() if cuda and slots > 1 else None for _ in range(slots)]
-
-    def on(slot: int):
-        return torch.cuda.stream(streams[slot]) if streams[slot] is not None else contextlib.nullcontext()
-
     data: dict = {}
-    live: dict[int, tuple[int, Live, float | None]] = {}
     while True:
-        while len(live) < slots and (not live or conn.poll()):  # wait for work only when idle
-            msg = conn.recv()
-            if msg is None:
-                return
-            tid, task, stop_at, share, graph = msg
-            slot = min(set(range(slots)) - set(live))
-            with on(slot):
-                lv = open_run(task, settings, root, max(stop_at - time.time(), 1e-3), data, graph=graph,
-                              fallback=False)
-            if lv.run is None:
-                if _poisoned(lv.row):
-                    _leave(conn, live)
-                    conn.send((tid, lv.row, True))
-                    return
-                conn.send((tid, lv.row, False))
-            else:
-                live[slot] = (tid, lv, share)
-        for slot in list(live):
-            tid, lv, share = live[slot]
-            with on(slot):
-                err = None
-                try:
-                    if lv.run.step == 0:  # the first step alone: the share counts from its end
-                        done = lv.run.advance(1)
-                        if share is not None:
-                            lv.run.limit(share)
-                    else:
-                        done = lv.run.advance(STEPS_PER_TURN if slots > 1 else None)
-                except Exception as e:  # a diverged or failed run is recorded, the others go on
-                    done, err = True, e
-                if done:
-                    close_run(lv, settings, root, err)
-            if done:
-                del live[slot]
-                if _poisoned(lv.row):
-                    _leave(conn, live)
-                    conn.send((tid, lv.row, True))
-                    return
-                conn.send((tid, lv.row, False))
-
-
-def _leave(conn, live: dict) -> None:
-    for tid, lv, _ in live.values():
-        conn.send((tid, {**lv.row, "error": LOST}, False))
-    live.clear()
+        msg = conn.recv()
+        if msg is None:
+            return
+        tid, task, stop_at, share, graph = msg
+        lv = open_run(task, settings, root, max(stop_at - time.time(), 1e-3), data, graph=graph, fallback=False)
+        if lv.run is not None:
+            err = None
+            try:
+                done = lv.run.advance(1)  # the first step alone: the share counts from its end
+                if share is not None:
+                    lv.run.limit(share)
+                while not done:
+                    done = lv.run.advance()
+            except Exception as e:  # a diverged or failed run is recorded, the sweep goes on
+                err = e
+            close_run(lv, settings, root, err)
+        leave = _poisoned(lv.row)
+        conn.send((tid, lv.row, leave))
+        if leave:
+            return
 
 
 # ---------------------------------------------------------------------------------------------- the sweep
@@ -452,10 +405,10 @@ class RetryBook:
 
 
 def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: float, *, min_run_s: float,
-               grace_s: float, slots: int = 1, say=print, share: Callable[[Task], float | None] | None = None
+               grace_s: float, say=print, share: Callable[[Task], float | None] | None = None
                ) -> list[dict]:
-    """Run the ladder's tasks on ``jobs`` worker processes (spawned: CUDA in each) of ``slots``
-    runs each until it is empty or the deadline; the workers' runs stop themselves at the
+    """Run the ladder's tasks on ``jobs`` worker processes (spawned: CUDA in each) of one run at a
+    time until it is empty or the deadline; the workers' runs stop themselves at the
     deadline (and after ``share(task)`` seconds of training, when given), a worker with a run
     still going ``grace_s`` after it is killed.  A worker that leaves (a CUDA error, a failed
     capture) is replaced by a fresh process, and its run is tried once more there with the plain
@@ -472,7 +425,7 @@ def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: f
 
     def start():
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(child, settings, root, slots), daemon=True)
+        proc = ctx.Process(target=_worker, args=(child, settings, root), daemon=True)
         proc.start()
         child.close()
         return proc, parent
@@ -513,10 +466,10 @@ def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: f
         now = time.monotonic()
         if deadline - now > min_run_s:
             # one task per worker in turn, so the cheap and the costly runs spread over the workers
-            while any(len(b) < slots for b in busy.values()):
+            while not all(busy.values()):
                 task = None
                 for i in range(jobs):
-                    if len(busy[i]) >= slots:
+                    if busy[i]:
                         continue
                     task = retries.pop(0) if retries else ladder.next()
                     if task is None:
@@ -547,7 +500,7 @@ def sweep_pool(ladder: Ladder, settings: dict, root: str, jobs: int, deadline: f
                     else:
                         record(row, task)
                     if leave:
-                        restart(i, LOST)
+                        restart(i, f"worker left (exit code {workers[i][0].exitcode})")
                         break
             except (EOFError, OSError):
                 restart(i, f"worker died (exit code {workers[i][0].exitcode})")
@@ -723,9 +676,6 @@ def recall_section(data: dict) -> str:
     every = f"every {st['eval_every']} steps" if st.get("eval_every") else "after every epoch"
     if not data.get("jobs"):
         workers = "the runs one after the other in one process"
-    elif data.get("slots", 1) > 1:
-        workers = (f"{data['jobs']} worker processes sharing the GPU, each training {data['slots']} runs at once "
-                   "(one CUDA stream each)")
     else:
         workers = f"{data['jobs']} worker processes sharing the GPU"
     forms: dict[str, int] = {}
@@ -916,8 +866,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=int, default=200, help="steps between test evaluations (early stop)")
     p.add_argument("--jobs", type=int, default=None,
                    help=f"worker processes (default: {CUDA_JOBS} on CUDA, 0 = in this process on a CPU)")
-    p.add_argument("--slots", type=int, default=CUDA_SLOTS,
-                   help="runs trained at once by each worker process, each on its own CUDA stream")
     p.add_argument("--deadline-s", type=float, default=480.0,
                    help="wall-clock budget: runs in flight stop there, the rest are recorded as not run")
     p.add_argument("--grace-s", type=float, default=30.0, help="kill a run still going this long after the deadline")
@@ -964,8 +912,6 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device
     cuda = torch.cuda.is_available() and device in ("auto", "cuda") or device.startswith("cuda")
     jobs = args.jobs if args.jobs is not None else (CUDA_JOBS if cuda else 0)
-    if args.slots < 1:
-        p.error("--slots must be >= 1")
     if not cuda:
         torch.set_num_threads(1)
     presets = family_presets()
@@ -990,8 +936,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     deadline = t0 + args.deadline_s
     print(f"recall sweep: {len(cells)} cells x up to {len(lrs)} rates, {args.steps or 'Zoology'} steps per run, "
-          f"{jobs or 'no'} worker processes" + (f" of {args.slots} runs each" if jobs and args.slots > 1 else "")
-          + f", deadline {args.deadline_s:.0f} s", flush=True)
+          f"{jobs or 'no'} worker processes, deadline {args.deadline_s:.0f} s", flush=True)
     say = lambda line: print(f"[{time.monotonic() - t0:5.0f} s] {line}", flush=True)  # noqa: E731
     if jobs:
         if args.run_seconds is None:
@@ -1003,7 +948,7 @@ def main(argv: list[str] | None = None) -> int:
         if other:
             say(f"time share per run after its first step: {other:.0f} s ({anchor:.0f} s for the anchor)")
         runs = sweep_pool(ladder, settings, root, jobs, deadline, min_run_s=args.min_run_s, grace_s=args.grace_s,
-                          slots=args.slots, say=say, share=share)
+                          say=say, share=share)
     else:
         data: dict = {}  # the examples of each setting, drawn once for all its runs
         runs = sweep_in_process(ladder, lambda task, left: run_task(task, settings, root, left, data), deadline,
@@ -1014,7 +959,7 @@ def main(argv: list[str] | None = None) -> int:
     best = best_by_cell(runs, cells)
     summary = summarize(runs, not_run, time.monotonic() - t0)
     result = {
-        **_environment(device), "jobs": jobs, "slots": args.slots if jobs else 1,
+        **_environment(device), "jobs": jobs,
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "report", "passkey", "page")},
         "seconds": round(time.monotonic() - t0, 1), "anchor": anchor_verdict(best), "best": best, "runs": runs,
         "not_run": not_run, "summary": summary,
