@@ -121,6 +121,33 @@ def test_half_inputs_by_the_half_rule(kind, dtype):
         assert_half_rule(f"{kind} {dtype} {name}", want, got, bb)
 
 
+def _wrapping_rows(D):
+    """Rows per tile ``BM`` under the current launch and a row count past twice programs x ``BM``, no multiple of
+    ``BM`` (every program walks several tiles; the last one's tail is masked)."""
+    from lintime.ops.norm.triton import ops
+
+    BM, G = ops.tiling(1 << 20, D)[1], ops.programs(torch.empty(0, device=DEV), 1 << 20)
+    N = 2 * G * BM + BM // 2 + 1
+    assert ops.tiling(N, D)[1] == BM > 1 and N % BM
+    return N
+
+
+@pytest.mark.parametrize("launch", [{}, {"rows_per_tile": 4}], ids=["default", "bm4"])
+def test_tiles_wrap_with_a_row_tail(launch, monkeypatch):
+    """Many tiles per program and a partial last tile, layernorm with gain and bias: both outputs and every gradient
+    (the stream's own gradient added; ``dw`` / ``db`` summed over tiles and programs) equal the fp64 definition."""
+    from lintime.ops.norm.triton import ops
+
+    monkeypatch.setattr(ops, "LAUNCH", ops.NormLaunch(**launch))
+    D = 40
+    x, r, ds, dh = _inputs((_wrapping_rows(D), D), seed=8)
+    w, b = _params("layernorm", D)
+    ref = _run(*_f64(x, r, w, b, ds, dh), "layernorm", "naive")
+    out = _run(x, r, w, b, ds, dh, "layernorm", "triton")
+    for name, want, got in zip(NAMES, ref, out):
+        assert_exact(f"{launch} {name}", want.float(), got)
+
+
 def test_equals_add_then_normalize_and_no_rows():
     """The op is the two-step composite of the public ops; zero rows give empty results."""
     x, r, _, _ = _inputs((5, 7, 40), seed=5)

@@ -84,6 +84,49 @@ def test_out_dtype_is_the_rounded_fp32_result(kind):
         assert_exact(f"{kind} {backend} dw", dw32, dw)
 
 
+def wrapping_rows(D, device=DEV):
+    """Under the current launch: rows per tile ``BM`` of a long call of width ``D``, and a row count past twice
+    programs x ``BM`` that is no multiple of ``BM`` (every program walks several tiles, the last tile partly past
+    the rows: its tail masked)."""
+    from lintime.ops.norm.triton import ops
+
+    BM = ops.tiling(1 << 20, D)[1]
+    G = ops.programs(torch.empty(0, device=device), 1 << 20)
+    N = 2 * G * BM + BM // 2 + 1
+    assert ops.tiling(N, D)[1] == BM and N > G * BM and (BM == 1 or N % BM)
+    return BM, N
+
+
+@pytest.mark.parametrize("launch", [{}, {"rows_per_tile": 4}, {"rows_per_tile": 1, "elems_per_warp": 256}],
+                         ids=["default", "bm4", "one-row"])
+def test_tiles_wrap_with_a_row_tail(launch, monkeypatch):
+    """Many tiles per program and a partial last tile, layernorm with gain and bias: Triton equals the fp64
+    definition to fp32 exactness, forward and every gradient (``dw`` / ``db`` summed over tiles and programs)."""
+    from lintime.ops.norm.triton import ops
+
+    monkeypatch.setattr(ops, "LAUNCH", ops.NormLaunch(**launch))
+    D = 60
+    BM, N = wrapping_rows(D)
+    assert BM > 1 or launch.get("rows_per_tile") == 1  # the default puts several rows of D = 60 in a tile
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(N, D, generator=g) * 3 + 0.5).to(DEV)
+    dy = torch.randn(N, D, generator=g).to(DEV)
+    w, b = _params("layernorm", D)
+    ref = _run(x.double(), w.double(), b.double(), dy.double(), "layernorm", "naive")
+    out = _run(x, w, b, dy, "layernorm", "triton")
+    for name, r, o in zip(("y", "dx", "dw", "db"), ref, out):
+        assert_exact(f"BM {BM} N {N} {name}", r.float(), o)
+
+
+def test_launch_rejects_tiles_that_are_not_powers_of_two():
+    from lintime.ops.norm.triton.ops import NormLaunch
+
+    with pytest.raises(ValueError, match="rows_per_tile"):
+        NormLaunch(rows_per_tile=3)
+    with pytest.raises(ValueError, match="tile_elems"):
+        NormLaunch(tile_elems=3000)
+
+
 def test_no_weight_and_empty_rows():
     x = torch.randn(0, 32, device=DEV)
     assert normalize(x, kind="rmsnorm", backend="triton").shape == (0, 32)

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from lintime.ops.custom_op import empty_f32, grad_as, launcher_op, none_if_empty
-from lintime.ops.kernel_launch import check_device, interpreting, next_pow2, sm_count
+from lintime.ops.kernel_launch import cdiv, check_device, interpreting, next_pow2, sm_count
 from lintime.ops.norm.triton.kernels import norm_bwd_kernel, norm_fwd_kernel
 
 _OP = "normalize"
@@ -21,23 +21,47 @@ _KIND = {"layernorm": 0, "rmsnorm": 1, "scalenorm": 1}
 
 @dataclasses.dataclass(frozen=True)
 class NormLaunch:
-    """Launch configuration of the norm kernels."""
+    """Launch configuration of the norm kernels: ``G`` persistent programs walk ``[BM, BD]`` tiles of ``BM`` rows
+    (``BD``: ``D`` rounded up to a power of two)."""
 
-    # Persistent programs per SM: enough rows in flight to hide the row loads (arithmetic; the
-    # kernels are bandwidth-bound at one read and one write per row), not yet tuned on a GPU.
-    programs_per_sm: int = 8
+    # Elements of a tile (BM = tile_elems // BD rows, at least 1): several rows per iteration put more bytes in
+    # flight per program than one [BD] row, which left the kernels 2.5-3.5x off bandwidth (H200); not measured yet.
+    tile_elems: int = 4096
+    # BM fixed instead of taken from tile_elems (a power of two; 1: one row per iteration): for A/B runs and tests.
+    rows_per_tile: int | None = None
+    # Tile elements per warp (warps = BM * BD / this, 1 to max_warps): 16 fp32 values per thread; not measured yet.
+    elems_per_warp: int = 512
+    max_warps: int = 16  # a 16384-wide row spread over 512 threads (32 values each) rather than spilled
+    # Persistent programs per SM: 4 programs of 8 warps keep 32 warps per SM resident; not measured yet.
+    programs_per_sm: int = 4
     max_bd: int = 16384  # the widest row held in registers (D up to 16384)
+
+    def __post_init__(self):
+        for name in ("tile_elems", "rows_per_tile", "elems_per_warp", "max_warps"):
+            v = getattr(self, name)
+            if v is not None and (v < 1 or v & (v - 1)):
+                raise ValueError(f"NormLaunch.{name} must be a power of two >= 1, got {v}")
+        if self.programs_per_sm < 1:
+            raise ValueError(f"NormLaunch.programs_per_sm must be >= 1, got {self.programs_per_sm}")
 
 
 LAUNCH = NormLaunch()
 
 
-def _programs(x: Tensor, N: int) -> int:
-    return max(1, min(N, 4 if interpreting() else sm_count(x.device) * LAUNCH.programs_per_sm))
+def tiling(N: int, D: int) -> tuple[int, int, int, int]:
+    """``(BD, BM, num_warps, tiles)`` of a call on ``N`` rows of ``D`` features under :data:`LAUNCH`; ``BM`` is
+    at most ``N`` rounded up to a power of two (a short call masks no more rows than that)."""
+    launch = LAUNCH
+    BD = next_pow2(D)
+    BM = min(launch.rows_per_tile or max(1, launch.tile_elems // BD), next_pow2(N))
+    warps = min(launch.max_warps, max(1, BM * BD // launch.elems_per_warp))
+    return BD, BM, warps, cdiv(N, BM)
 
 
-def _warps(BD: int) -> int:
-    return min(16, max(1, BD // 256))
+def programs(x: Tensor, tiles: int) -> int:
+    """Persistent programs of a call with ``tiles`` tiles: at most :attr:`NormLaunch.programs_per_sm` per SM (4 in
+    all under the interpreter, so small tests walk several tiles per program)."""
+    return max(1, min(tiles, 4 if interpreting() else sm_count(x.device) * LAUNCH.programs_per_sm))
 
 
 def _flags(kind: str, weight: Tensor, bias: Tensor) -> dict:
@@ -50,7 +74,7 @@ def _fwd(x: Tensor, r: Tensor | None, weight: Tensor, bias: Tensor, kind: str, e
     """``(s, y, mean, rstd)``: ``s = x + r`` (an empty tensor without ``r``) and ``y = norm(s)`` (times
     ``silu(z)`` with a gate ``z``)."""
     N, D = x.shape
-    BD = next_pow2(D)
+    BD, BM, warps, tiles = tiling(N, D)
     s = x.new_empty((N, D), dtype=torch.promote_types(x.dtype, r.dtype)) if r is not None else empty_f32(x)
     y = torch.empty((N, D), device=x.device, dtype=out_dtype)
     mean = torch.empty((N,) if kind == "layernorm" else (0,), device=x.device, dtype=torch.float32)
@@ -58,10 +82,10 @@ def _fwd(x: Tensor, r: Tensor | None, weight: Tensor, bias: Tensor, kind: str, e
     if N:
         rr, ss = (x, x) if r is None else (r, s)  # unread without HAS_R
         zz = x if z is None else z  # unread without HAS_GATE
-        norm_fwd_kernel[(_programs(x, N),)](
+        norm_fwd_kernel[(programs(x, tiles),)](
             x, rr, zz, weight, bias, ss, y, mean, rstd, x.stride(0), rr.stride(0), zz.stride(0), ss.stride(0),
-            y.stride(0), N, D, eps, **_flags(kind, weight, bias), HAS_R=r is not None, HAS_GATE=z is not None, BD=BD,
-            num_warps=_warps(BD),
+            y.stride(0), N, D, eps, **_flags(kind, weight, bias), HAS_R=r is not None, HAS_GATE=z is not None, BM=BM,
+            BD=BD, num_warps=warps,
         )
     return s, y, mean, rstd
 
@@ -73,14 +97,14 @@ def _bwd(dy: Tensor, ds: Tensor | None, x: Tensor, weight: Tensor, bias: Tensor,
     ``dr`` (an empty tensor when ``dr_dtype`` is ``None``), the gain / bias gradients (empty when absent) and,
     with a gate ``z``, its gradient ``dz`` (``norm'`` then takes ``dy * silu(z)``; else ``dz`` is empty)."""
     N, D = x.shape
-    BD = next_pow2(D)
+    BD, BM, warps, tiles = tiling(N, D)
     dy = dy if dy.stride(-1) == 1 else dy.contiguous()
     if ds is not None:
         ds = ds if ds.stride(-1) == 1 else ds.contiguous()
     dx = torch.empty((N, D), device=x.device, dtype=dx_dtype)
     dr = empty_f32(x) if dr_dtype is None else torch.empty((N, D), device=x.device, dtype=dr_dtype)
     dz = empty_f32(x) if z is None else torch.empty((N, D), device=x.device, dtype=z.dtype)
-    G = _programs(x, N)
+    G = programs(x, tiles)
     flags = _flags(kind, weight, bias)
     has_w, has_b = flags["HAS_W"], flags["HAS_B"]
     dw_part = torch.empty((G, BD) if has_w else (0,), device=x.device, dtype=torch.float32)
@@ -91,8 +115,8 @@ def _bwd(dy: Tensor, ds: Tensor | None, x: Tensor, weight: Tensor, bias: Tensor,
         norm_bwd_kernel[(G,)](
             x, zz, weight, bias, dy, dss, dx, drr, dzz, mean, rstd, dw_part, db_part,
             x.stride(0), zz.stride(0), dy.stride(0), dss.stride(0), dx.stride(0), drr.stride(0), dzz.stride(0), N, D,
-            **flags, HAS_DS=ds is not None, HAS_DR=dr_dtype is not None, HAS_GATE=z is not None, BD=BD,
-            num_warps=_warps(BD),
+            **flags, HAS_DS=ds is not None, HAS_DR=dr_dtype is not None, HAS_GATE=z is not None, BM=BM,
+            BD=BD, num_warps=warps,
         )
     if has_w:
         dw = dw_part.sum(0)[:D] if N else torch.zeros(D, device=x.device)
