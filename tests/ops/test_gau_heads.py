@@ -47,13 +47,15 @@ def _inputs(B, T, e, s, nh, gating, dtype, *, seed=0, device="cpu", pmin=-300, p
     return cast(h), cast(gamma), cast(beta), pos.to(device), (cast(du), cast(dv), cast(dheads))
 
 
-def _run(backend, h, gamma, beta, pos, grads, *, e, s, gating=True, rope_heads=1, **kw):
+def _run(backend, h, gamma, beta, pos, grads, *, e, s, gating=True, rope_heads=1, split_heads=False, **kw):
     """Outputs and the gradients of h, gamma, beta by name; an output whose gradient is ``None``
     takes no part in the backward (its gradient is zero); a parameter no gradient reaches gets
-    zeros."""
+    zeros.  With ``split_heads`` the heads' gradient ``grads[2]`` is a list of one per head."""
     leaves = [x.detach().clone().requires_grad_() for x in (h, gamma, beta)]
-    u, v, heads = gau_heads(*leaves, pos, e=e, s=s, gating=gating, rope_heads=rope_heads, backend=backend, **kw)
-    outs = [(o, g) for o, g in zip((u, v, heads), grads) if o is not None and g is not None]
+    u, v, heads = gau_heads(*leaves, pos, e=e, s=s, gating=gating, rope_heads=rope_heads, split_heads=split_heads,
+                            backend=backend, **kw)
+    qs, dqs = (heads, grads[2]) if split_heads else ((heads,), (grads[2],))
+    outs = [(o, g) for o, g in zip((u, v, *qs), (*grads[:2], *dqs)) if o is not None and g is not None]
     got = torch.autograd.grad([o for o, _ in outs], leaves, [g for _, g in outs], allow_unused=True)
     got = [torch.zeros_like(x) if d is None else d for x, d in zip(leaves, got)]
     return {k: x for k, x in zip(NAMES, (u, v, heads, *got)) if x is not None}
@@ -229,6 +231,102 @@ def test_opcheck(gating):
     torch.library.opcheck(gau_heads_fwd.op, args)
 
 
+# (T, e, s, nh, gating, rope_heads, the heads with a gradient): 2 x 37 rows cross three backward heads
+# programs (two 16-row blocks each) and two partial-sum column tiles; gating=False is FLASH's v + z call
+SPLIT_CASES = [
+    (37, 20, 12, 4, False, 1, (0, 1, 2, 3)),
+    (37, 5, 12, 6, True, 1, (0, 2, 5)),  # first-to-all, three head gradients (and u's) absent
+    (7, 5, 8, 2, False, 2, (1,)),
+]
+
+
+def _split_id(c):
+    return f"{_id(c[:6])}-d{''.join(map(str, c[6]))}"
+
+
+def _split_inputs(case, dtype, seed=9):
+    """Inputs, the heads' gradients one per head (``None`` unless in ``present``) and their stacked form
+    (zeros for the absent ones); ``u``'s gradient is absent in the gated case."""
+    T, e, s, nh, gating, R, present = case
+    h, g, b, pos, (du, dv, dheads) = _inputs(2, T, e, s, nh, gating, dtype, seed=seed)
+    dqs = [dheads[:, :, n : n + 1].contiguous() if n in present else None for n in range(nh)]
+    stacked = torch.cat([torch.zeros_like(dheads[:, :, :1]) if d is None else d for d in dqs], 2)
+    kw = {"e": e, "s": s, "gating": gating, "rope_heads": R}
+    return h, g, b, pos, None, dv, dqs, stacked, kw
+
+
+@cpu_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=_split_id)
+def test_triton_split_heads_equal_stacked(case, dtype):
+    """``split_heads=True``: contiguous ``[B, T, 1, s]`` heads equal to the stacked heads' slices, and with the
+    heads' gradients as separate tensors (some ``None``) the stacked path's ``dh, dgamma, dbeta`` given their
+    concatenation (zeros for the absent ones) -- bit for bit: the same kernels, only the heads' addresses differ."""
+    h, g, b, pos, du, dv, dqs, stacked, kw = _split_inputs(case, dtype)
+    ref = _run("triton", h, g, b, pos, (du, dv, stacked), **kw)
+    out = _run("triton", h, g, b, pos, (du, dv, dqs), split_heads=True, **kw)
+    heads, nh = out.pop("heads"), g.shape[0]
+    assert isinstance(heads, tuple) and len(heads) == nh
+    for n, q in enumerate(heads):
+        assert q.shape == (*h.shape[:2], 1, kw["s"]) and q.is_contiguous() and q.dtype == dtype
+        assert torch.equal(q, ref["heads"][:, :, n : n + 1]), f"head {n}"
+    assert sorted(out) == sorted(k for k in ref if k != "heads")
+    for name in out:
+        assert torch.equal(out[name], ref[name]), name
+
+
+@pytest.mark.parametrize("backend", ["naive", "chunk"])
+def test_split_heads_other_backends(backend):
+    """The naive and chunk forms give the same tuple (their stacked heads split, contiguous) and, with the heads'
+    gradients split (some ``None``), the stacked path's gradients."""
+    h, g, b, pos, du, dv, dqs, stacked, kw = _split_inputs(SPLIT_CASES[1], torch.float64)
+    ref = _run(backend, h, g, b, pos, (du, dv, stacked), **kw)
+    out = _run(backend, h, g, b, pos, (du, dv, dqs), split_heads=True, **kw)
+    heads = out.pop("heads")
+    assert len(heads) == g.shape[0] and all(q.is_contiguous() for q in heads)
+    assert torch.equal(torch.cat(heads, 2), ref["heads"])
+    for name in out:
+        assert_exact(f"{backend} split {name}", ref[name], out[name])
+
+
+@cpu_only
+def test_torch_compile_split_heads_fullgraph():
+    """``torch.compile(fullgraph=True)`` (aot_eager) traces ``lintime::gau_heads_split_fwd`` / ``_split_bwd``
+    without a graph break and gives the eager results bit for bit, some heads without a gradient."""
+    h, g, b, pos, du, dv, dqs, _, kw = _split_inputs(SPLIT_CASES[0], torch.float32, seed=10)
+    dqs[1] = None
+
+    def f(h, g, b):
+        _, v, heads = gau_heads(h, g, b, pos, split_heads=True, backend="triton", **kw)
+        return v, *heads
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    res = []
+    for fn in (compiled, f):
+        leaves = [x.clone().requires_grad_() for x in (h, g, b)]
+        outs = fn(*leaves)
+        used, dout = zip(*[(o, d) for o, d in zip(outs, (dv, *dqs)) if d is not None])
+        res.append([*outs, *torch.autograd.grad(used, leaves, dout)])
+    for i, (got, want) in enumerate(zip(*res)):
+        assert torch.equal(got, want), i
+
+
+@cpu_only
+def test_opcheck_split_heads():
+    """``torch.library.opcheck`` of the split forward (with its autograd rule) and of the split backward with
+    absent head gradients."""
+    from lintime.ops.heads.triton.heads import gau_heads_split_bwd, gau_heads_split_fwd
+
+    e, s, nh = 5, 8, 3
+    h, g, b, pos, (_, dv, dheads) = _inputs(1, 10, e, s, nh, False, torch.float32, seed=7)
+    args = tuple(x.requires_grad_() for x in (h, g, b)) + (pos, e, s, False, 500.0, 2)
+    torch.library.opcheck(gau_heads_split_fwd.op, args)
+    dqs = [dheads[:, :, 0:1].contiguous(), None, dheads[:, :, 2:3].contiguous(), None, None, None]
+    torch.library.opcheck(gau_heads_split_bwd.op, (None, dv, *dqs, h.detach(), g.detach(), pos, e, s, False, 500.0, 2,
+                                                   True))
+
+
 def test_dispatch_and_errors():
     """CPU tensors go to the chunk form (exactly); bad shapes and options fail naming the argument."""
     h, g, b, pos, _ = _inputs(2, 5, 6, 8, 4, True, torch.float32)
@@ -247,6 +345,11 @@ def test_dispatch_and_errors():
         gau_heads(h, g, b, pos, e=6, s=8, backend="recurrent")
     with pytest.raises(ValueError, match="e must be"):
         gau_heads(h, g, b, pos, e=0, s=8)
+    with pytest.raises(TypeError, match="split_heads"):
+        gau_heads(h, g, b, pos, e=6, s=8, split_heads=1)
+    h7, g7, b7, pos7, _ = _inputs(1, 3, 6, 8, 7, True, torch.float32)
+    with pytest.raises(ValueError, match="at most 6"):
+        gau_heads(h7, g7, b7, pos7, e=6, s=8, split_heads=True)
 
 
 # ------------------------------------------------------------------------ the layers

@@ -14,6 +14,7 @@ from lintime.ops.heads.naive import naive_gau_heads
 from lintime.ops.utils import FLOAT_DTYPES
 
 _IMPLS = {"naive": naive_gau_heads, "chunk": chunk_gau_heads}
+MAX_SPLIT_HEADS = 6  # the fused kernel's head pointer arguments (FLASH with first-to-all has 6 heads)
 
 
 def _load_triton():  # the fused kernels, when Triton is installed (picked automatically for CUDA tensors)
@@ -25,12 +26,13 @@ def _load_triton():  # the fused kernels, when Triton is installed (picked autom
 register_triton(_IMPLS, _load_triton)
 
 
-def _check(op, h, gamma, beta, positions, e, s, gating, rope_base, rope_heads):
+def _check(op, h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, split_heads):
     for name, val in (("e", e), ("s", s), ("rope_heads", rope_heads)):
         if not isinstance(val, Integral) or isinstance(val, bool) or val < 1:
             raise ValueError(f"{op}: {name} must be a positive int, got {val!r}")
-    if not isinstance(gating, bool):
-        raise TypeError(f"{op}: gating must be a bool, got {type(gating).__name__}")
+    for name, val in (("gating", gating), ("split_heads", split_heads)):
+        if not isinstance(val, bool):
+            raise TypeError(f"{op}: {name} must be a bool, got {type(val).__name__}")
     if not isinstance(rope_base, Real) or isinstance(rope_base, bool) or not math.isfinite(rope_base) or rope_base <= 0:
         raise ValueError(f"{op}: rope_base must be a positive finite number, got {rope_base!r}")
     if s % rope_heads or (s // rope_heads) % 2:
@@ -51,6 +53,8 @@ def _check(op, h, gamma, beta, positions, e, s, gating, rope_base, rope_heads):
         raise ValueError(f"{op}: h's last dim must be {'2e' if gating else 'e'} + s = {want}, got {W}")
     if gamma.dim() != 2 or gamma.shape[1] != s or beta.shape != gamma.shape:
         raise ValueError(f"{op}: gamma and beta must both be [nh, s={s}], got {tuple(gamma.shape)} and {tuple(beta.shape)}")
+    if split_heads and gamma.shape[0] > MAX_SPLIT_HEADS:
+        raise ValueError(f"{op}: split_heads takes at most {MAX_SPLIT_HEADS} heads, got nh={gamma.shape[0]}")
     if positions.shape != (B, T) or positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
         raise ValueError(f"{op}: positions must be an int tensor [B, T] = {[B, T]}, got {positions.dtype} {tuple(positions.shape)}")
 
@@ -66,8 +70,9 @@ def gau_heads(
     gating: bool = True,
     rope_base: float = 10000.0,
     rope_heads: int = 1,
+    split_heads: bool = False,
     backend: str | None = None,
-) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | tuple[torch.Tensor, ...]]:
     """The heads of a GAU / FLASH layer from its projection (FLASH seed Codes 6 and 8)::
 
         u, v, z = split(silu(h), [e, e, s])                 # (v, z without gating)
@@ -90,20 +95,24 @@ def gau_heads(
         gating: ``h`` holds ``u`` (GAU Table 1 "no gating": it does not).
         rope_base: RoPE base.
         rope_heads: RoPE groups in ``s``; ``s / rope_heads`` must be even.
+        split_heads: return the heads as ``nh <= 6`` separate contiguous ``[B, T, 1, s]`` tensors (the
+            attention ops' inputs), which the fused kernel writes directly and whose gradients it reads
+            as they are (any of them may be ``None``): no copies either way.
         backend: ``None`` (automatic: ``"triton"`` for CUDA tensors when Triton is installed, else
             ``"chunk"``), ``"naive"`` (textbook, fp32), ``"chunk"`` (PyTorch composite: the
             layers' former eager math) or ``"triton"`` (one fused kernel each way; CPU tensors
             only under ``TRITON_INTERPRET=1``; fp64 goes to ``"chunk"``).
     Returns:
-        ``u [B, T, e]`` (``None`` without gating), ``v [B, T, e]``, ``heads [B, T, nh, s]``: all
+        ``u [B, T, e]`` (``None`` without gating), ``v [B, T, e]``, ``heads [B, T, nh, s]`` (with
+        ``split_heads`` a tuple of ``nh`` ``[B, T, 1, s]``, equal to ``heads[:, :, n : n + 1]``): all
         contiguous, in ``h``'s dtype.  Gradients flow to ``h``, ``gamma`` and ``beta`` (in their
         own dtypes; the fused kernel accumulates ``gamma``'s and ``beta``'s in fp32).
     """
     op = "gau_heads"
-    _check(op, h, gamma, beta, positions, e, s, gating, rope_base, rope_heads)
+    _check(op, h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, split_heads)
     impl = select(op, backend, _IMPLS, h)
     return impl(h, gamma, beta, positions, e=int(e), s=int(s), gating=gating, rope_base=float(rope_base),
-                rope_heads=int(rope_heads))
+                rope_heads=int(rope_heads), split_heads=split_heads)
 
 
 __all__ = ["gau_heads"]

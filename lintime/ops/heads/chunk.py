@@ -23,9 +23,10 @@ def rope_groups(x: torch.Tensor, positions: torch.Tensor, base: float, groups: i
     return rope(xg, positions[..., None, None], base).flatten(-2)  # positions [B, T, 1, 1]
 
 
-def chunk_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=10000.0, rope_heads=1):
+def chunk_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=10000.0, rope_heads=1,
+                    split_heads=False):
     """Same arguments and results as :func:`lintime.ops.heads.naive.naive_gau_heads`; ``u``
-    and ``v`` are contiguous copies of their slices."""
+    and ``v`` (and with ``split_heads`` each head) are contiguous copies of their slices."""
     a = F.silu(h)
     if gating:
         u, v, z = a.split([e, e, s], dim=-1)  # [B, T, e], [B, T, e], [B, T, s]
@@ -33,4 +34,6 @@ def chunk_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=1
         u, (v, z) = None, a.split([e, s], dim=-1)
     q = z[..., None, :] * gamma.to(z.dtype) + beta.to(z.dtype)  # [B, T, nh, s], the layers' ScaleOffset
     heads = rope_groups(q, positions, rope_base, rope_heads)
+    if split_heads:
+        heads = tuple(x.contiguous() for x in heads.split(1, dim=2))  # [B, T, 1, s] each
     return (None if u is None else u.contiguous()), v.contiguous(), heads

@@ -9,14 +9,15 @@ import torch
 from lintime.ops.utils import acc_dtype
 
 
-def naive_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=10000.0, rope_heads=1):
+def naive_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=10000.0, rope_heads=1,
+                    split_heads=False):
     """``u, v, z = split(silu(h))``; ``heads[:, :, n] = rope(z * gamma[n] + beta[n])`` with RoPE
     over each of the ``rope_heads`` groups of ``D = s / rope_heads`` features.
 
     h: ``[B, T, 2e + s]`` (``[B, T, e + s]`` without gating); gamma, beta: ``[nh, s]`` (rounded to
     ``h``'s dtype first, like the layers' ScaleOffset); positions: ``[B, T]`` int.
-    Returns ``u [B, T, e]`` (``None`` without gating), ``v [B, T, e]``, ``heads [B, T, nh, s]`` in
-    ``h``'s dtype.
+    Returns ``u [B, T, e]`` (``None`` without gating), ``v [B, T, e]``, ``heads [B, T, nh, s]`` (with
+    ``split_heads`` a tuple of ``nh`` ``[B, T, 1, s]`` tensors) in ``h``'s dtype.
     """
     dt = acc_dtype(h)
     x = h.to(dt)
@@ -36,6 +37,6 @@ def naive_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=1
         for r in range(rope_heads):  # seed Code 3 on each group, the two-halves layout
             x1, x2 = q[..., r * D : r * D + half], q[..., r * D + half : (r + 1) * D]
             groups += [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
-        heads.append(torch.cat(groups, -1))
-    out = torch.stack(heads, -2).to(h.dtype)  # [B, T, nh, s]
+        heads.append(torch.cat(groups, -1).to(h.dtype))
+    out = tuple(q[:, :, None] for q in heads) if split_heads else torch.stack(heads, -2)  # [B, T, (1 or nh), s]
     return (None if u is None else u.to(h.dtype)), v.to(h.dtype), out

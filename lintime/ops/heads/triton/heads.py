@@ -5,11 +5,13 @@ tensors for ``torch.compile``) tied together by ``register_autograd``, made by
 :func:`lintime.ops.custom_op.launcher_op`: eager calls take the same launchers without the op dispatch.  The public entry is
 :func:`triton_gau_heads`, the ``"triton"`` backend of :func:`lintime.ops.gau_heads`.
 
-Memory traffic is the minimum: the forward reads ``h`` once and writes ``u, v, heads``; the
-backward reads ``h`` and the three output gradients once and writes ``dh`` once, plus the
-``[cdiv(TT, bth), nh, s]`` fp32 partial sums of ``dgamma`` / ``dbeta`` (16 MB for 32k tokens,
-``nh = 4``, ``bth = 8``) that two ``sum`` calls fold, in a fixed order (deterministic).  The
-backward keeps only the inputs ``h``, ``gamma`` and ``positions`` (the activation is recomputed).
+Memory traffic is the minimum: the forward reads ``h`` once and writes ``u, v`` and the heads (one
+``[B, T, nh, s]`` tensor, or with ``split_heads`` ``nh <= 6`` contiguous ``[B, T, 1, s]`` tensors, written
+directly: no copies); the backward reads ``h`` and the output gradients once (the heads' as one tensor or as
+``nh`` separate ones, any of them absent) and writes ``dh`` once, plus ``[cdiv(TT, bth rb), nh, s]`` fp32
+partial sums of ``dgamma`` / ``dbeta`` (``rb`` row blocks per program, summed in registers: 1 MB for 32k
+tokens, ``nh = 4``, ``bth = 8``, ``rb = 16``), which one small kernel folds in a fixed order (deterministic).
+The backward keeps only the inputs ``h``, ``gamma`` and ``positions`` (the activation is recomputed).
 """
 
 from __future__ import annotations
@@ -22,35 +24,44 @@ import torch
 from lintime.ops.heads.triton.kernels import (
     gau_heads_bwd_kernel,
     gau_heads_fwd_kernel,
+    heads_dparams_reduce_kernel,
 )
 from lintime.ops.custom_op import grad_as, launcher_op
 from lintime.ops.kernel_launch import cdiv, check_device, interpreting, next_pow2
 from lintime.ops.utils import rope_inv_freq
 
 
+MAX_SPLIT_HEADS = 6  # the kernels' head pointer arguments (FLASH with first-to-all has 6 heads)
+
+
 @dataclass(frozen=True)
 class HeadsLaunch:
-    """Launch configuration of the heads kernels.  Defaults: the GPU's, measured on an H200 (B * T = 32k, e = 2048,
-    s = 128, nh = 4, bf16, 2026-11-22): forward 0.150 ms (3.85 TB/s; a clone of ``h`` 4.14), backward 0.319 ms."""
+    """Launch configuration of the heads kernels.  Defaults: the GPU's; measured on an H200 (B * T = 32k, e = 2048,
+    s = 128, nh = 4, bf16, 2026-11-22): forward 0.150 ms (3.85 TB/s; a clone of ``h`` 4.14)."""
 
     bt: int = 8  # rows of a u / v tile: long contiguous row segments; 4 x 1024, 16 x 512, 32 x 128 no faster
     be: int = 512  # columns of a u / v tile
-    bth: int = 8  # rows per heads program, which bound the backward: 16 / 32 rows gave 0.37 / 0.40 ms
+    bth: int = 8  # rows per heads block, which bound the backward: 16 / 32 rows gave 0.37 / 0.40 ms against 0.32
     warps: int = 4  # per program; 2 or 8 warps no faster
+    rb: int = 16  # heads blocks per backward heads program: 16x fewer dgamma / dbeta partial rows; not measured yet
+    red_rows: int = 32  # rows x columns of a partial-sum reduction tile (8 programs for nh = 4, s = 128);
+    red_cols: int = 128  # not measured yet
 
 
 def default_launch(device: torch.device) -> HeadsLaunch:
-    """The GPU's :class:`HeadsLaunch`; under the interpreter 16 x 16 tiles and 16-row heads programs, so that small
-    test shapes cross several row blocks and ``u`` / ``v`` tiles, with partial ones."""
+    """The GPU's :class:`HeadsLaunch`; under the interpreter 16 x 16 tiles, 16-row heads blocks, two per backward
+    program, and 2 x 32 reduction tiles, so that small test shapes cross several row blocks, ``u`` / ``v`` tiles
+    and partial-sum rows and columns, with partial ones."""
     if device.type == "cpu" and interpreting():
-        return HeadsLaunch(16, 16, 16, 1)
+        return HeadsLaunch(16, 16, 16, 1, rb=2, red_rows=2, red_cols=32)
     return HeadsLaunch()
 
 
-def _grid(TT, e, gating, cfg: HeadsLaunch):
-    """Heads programs then tile programs (:mod:`.kernels`), and the number of heads programs."""
+def _grid(TT, e, gating, cfg: HeadsLaunch, rows: int):
+    """Heads programs of ``rows`` rows each, then tile programs (:mod:`.kernels`), and the number of heads
+    programs."""
     ne = cdiv(e, cfg.be)
-    nhb = cdiv(TT, cfg.bth)
+    nhb = cdiv(TT, rows)
     return (nhb + cdiv(TT, cfg.bt) * (2 * ne if gating else ne),), nhb
 
 
@@ -66,52 +77,78 @@ def _layout(h, gamma, s, rope_heads):
     return B, T, W, B * T, gamma.shape[0], hd
 
 
-def _fwd_impl(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, cfg: HeadsLaunch | None = None):
-    """The forward launcher: ``(u, v, heads)``, ``u`` an empty tensor without gating."""
+def _head_args(qs: list[torch.Tensor | None], stacked: bool, nh: int, s: int):
+    """The kernels' six head pointers, ``HS``, ``SQ`` and present-gradient mask for the heads (or their
+    gradients) ``qs``: ``[one [B, T, nh, s] tensor]`` when ``stacked``, else ``nh`` separate ``[B, T, 1, s]``
+    tensors, ``None`` for an absent one (all contiguous, at least one present)."""
+    if stacked:
+        return [qs[0]] * MAX_SPLIT_HEADS, s, nh * s, (1 << nh) - 1
+    ref = next(q for q in qs if q is not None)
+    mask = sum(1 << n for n, q in enumerate(qs) if q is not None)
+    return [ref if q is None else q for q in qs] + [ref] * (MAX_SPLIT_HEADS - len(qs)), 0, s, mask
+
+
+def _fwd_impl(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, split,
+              cfg: HeadsLaunch | None = None):
+    """The forward launcher: ``(u, v, heads)`` with ``heads`` one ``[B, T, nh, s]`` tensor, or with ``split`` a
+    list of ``nh`` ``[B, T, 1, s]`` tensors; ``u`` an empty tensor without gating."""
     cfg = cfg or default_launch(h.device)
     B, T, W, TT, nh, hd = _layout(h, gamma, s, rope_heads)
     h, gamma, beta, positions = (x.contiguous() for x in (h, gamma, beta, positions))
     u = h.new_empty(B, T, e) if gating else h.new_empty(0)
     v = h.new_empty(B, T, e)
-    heads = h.new_empty(B, T, nh, s)
+    qs = [h.new_empty(B, T, 1, s) for _ in range(nh)] if split else [h.new_empty(B, T, nh, s)]
     if TT == 0:
-        return u, v, heads
-    grid, _ = _grid(TT, e, gating, cfg)
+        return u, v, (qs if split else qs[0])
+    ptrs, hs, sq, _ = _head_args(qs, not split, nh, s)
+    grid, _ = _grid(TT, e, gating, cfg, cfg.bth)
     gau_heads_fwd_kernel[grid](
-        h, u if gating else v, v, heads, gamma, beta, positions, _inv_freq(hd, rope_base, str(h.device)),
-        TT, e, W,
-        S=s, NH=nh, HD=hd, GATING=gating, BT=cfg.bt, BE=cfg.be, BTH=cfg.bth, BH=next_pow2(s // 2),
+        h, u if gating else v, v, *ptrs, gamma, beta, positions, _inv_freq(hd, rope_base, str(h.device)),
+        TT, e, W, sq,
+        S=s, NH=nh, HD=hd, HS=hs, GATING=gating, BT=cfg.bt, BE=cfg.be, BTH=cfg.bth, BH=next_pow2(s // 2),
         num_warps=cfg.warps,
     )
-    return u, v, heads
+    return u, v, (qs if split else qs[0])
 
 
-def _bwd_impl(du, dv, dheads, h, gamma, positions, e, s, gating, rope_base, rope_heads, need_dparams,
+def _bwd_impl(du, dv, dqs, h, gamma, positions, e, s, gating, rope_base, rope_heads, need_dparams,
               cfg: HeadsLaunch | None = None):
     """The backward launcher: ``dh`` (``h``'s dtype) and, when ``need_dparams``, ``dgamma`` and
-    ``dbeta`` as fp32 ``[nh, s]`` (else empty tensors).  ``None`` gradients count as zero."""
+    ``dbeta`` as fp32 ``[nh, s]`` (else empty tensors).  ``dqs``: the heads' gradient, a tensor
+    ``[B, T, nh, s]`` or a list of ``nh`` ``[B, T, 1, s]`` ones.  ``None`` gradients count as zero."""
     cfg = cfg or default_launch(h.device)
     _, _, W, TT, nh, hd = _layout(h, gamma, s, rope_heads)
     du = du if (gating and du is not None and du.numel()) else None
     h, gamma, positions = (x.contiguous() for x in (h, gamma, positions))
-    du, dv, dheads = (None if x is None else x.contiguous() for x in (du, dv, dheads))
+    du, dv = (None if x is None else x.contiguous() for x in (du, dv))
+    stacked = not isinstance(dqs, (list, tuple))
+    dqs = [None if x is None or x.numel() == 0 else x.contiguous() for x in ([dqs] if stacked else dqs)]
+    has_dq = any(x is not None for x in dqs)
     dh = torch.empty_like(h)
-    need_part = need_dparams and dheads is not None and TT > 0
-    grid, nhb = _grid(TT, e, gating, cfg)
+    need_part = need_dparams and has_dq and TT > 0
+    rows = cfg.bth * cfg.rb
+    grid, nhb = _grid(TT, e, gating, cfg, rows)
     f32 = {"dtype": torch.float32, "device": h.device}
     part = torch.empty(2, nhb, nh, s, **f32) if need_part else torch.empty(1, **f32)
+    if has_dq:
+        ptrs, hs, sq, mask = _head_args(dqs, stacked, nh, s)
+    else:
+        ptrs, hs, sq, mask = [h] * MAX_SPLIT_HEADS, 0, s, 0
     if TT > 0:
         gau_heads_bwd_kernel[grid](
-            h, du if du is not None else h, dv if dv is not None else h, dheads if dheads is not None else h,
+            h, du if du is not None else h, dv if dv is not None else h, *ptrs,
             gamma, positions, _inv_freq(hd, rope_base, str(h.device)), dh, part[0], part[-1],
-            TT, e, W,
-            S=s, NH=nh, HD=hd, GATING=gating, HAS_DU=du is not None, HAS_DV=dv is not None,
-            HAS_DHEADS=dheads is not None, NEED_DP=need_part,
-            BT=cfg.bt, BE=cfg.be, BTH=cfg.bth, BH=next_pow2(s // 2), num_warps=cfg.warps,
+            TT, e, W, sq,
+            S=s, NH=nh, HD=hd, HS=hs, GATING=gating, HAS_DU=du is not None, HAS_DV=dv is not None,
+            HAS_DQ=mask, NEED_DP=need_part, BT=cfg.bt, BE=cfg.be, BTH=cfg.bth, RB=cfg.rb, BH=next_pow2(s // 2),
+            NHP=next_pow2(nh), num_warps=cfg.warps,
         )
     # (separate tensors, not views of one: a custom op's outputs may not alias each other)
     if need_part:
-        dgamma, dbeta = part[0].sum(0), part[1].sum(0)
+        dgamma, dbeta = torch.empty(nh, s, **f32), torch.empty(nh, s, **f32)
+        heads_dparams_reduce_kernel[(cdiv(nh * s, cfg.red_cols), 2)](
+            part, dgamma, dbeta, nhb, nh * s, BR=cfg.red_rows, BC=cfg.red_cols, num_warps=cfg.warps,
+        )
     elif need_dparams:  # no gradient reaches the heads
         dgamma, dbeta = torch.zeros(nh, s, **f32), torch.zeros(nh, s, **f32)
     else:
@@ -129,9 +166,26 @@ def _fwd_fake(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads):
     return u, h.new_empty(B, T, e), h.new_empty(B, T, gamma.shape[0], s)
 
 
-def _bwd_fake(du, dv, dheads, h, gamma, positions, e, s, gating, rope_base, rope_heads, need_dparams):
+def _split_fwd_fake(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads):
+    B, T, _ = h.shape
+    u = h.new_empty(B, T, e) if gating else h.new_empty(0)
+    nh = gamma.shape[0]
+    qs = [h.new_empty(B, T, 1, s) if n < nh else h.new_empty(0) for n in range(MAX_SPLIT_HEADS)]
+    return u, h.new_empty(B, T, e), *qs
+
+
+def _dparams_fake(h, gamma, need_dparams):
     shape = tuple(gamma.shape) if need_dparams else (0,)
     return (torch.empty_like(h), h.new_empty(shape, dtype=torch.float32), h.new_empty(shape, dtype=torch.float32))
+
+
+def _bwd_fake(du, dv, dheads, h, gamma, positions, e, s, gating, rope_base, rope_heads, need_dparams):
+    return _dparams_fake(h, gamma, need_dparams)
+
+
+def _split_bwd_fake(du, dv, dq0, dq1, dq2, dq3, dq4, dq5, h, gamma, positions, e, s, gating, rope_base, rope_heads,
+                    need_dparams):
+    return _dparams_fake(h, gamma, need_dparams)
 
 
 @launcher_op("gau_heads_bwd", fake=_bwd_fake)
@@ -144,6 +198,20 @@ def gau_heads_bwd(
     return _bwd_impl(du, dv, dheads, h, gamma, positions, e, s, gating, rope_base, rope_heads, need_dparams)
 
 
+@launcher_op("gau_heads_split_bwd", fake=_split_bwd_fake)
+def gau_heads_split_bwd(
+    du: torch.Tensor | None, dv: torch.Tensor | None,
+    dq0: torch.Tensor | None, dq1: torch.Tensor | None, dq2: torch.Tensor | None,
+    dq3: torch.Tensor | None, dq4: torch.Tensor | None, dq5: torch.Tensor | None,
+    h: torch.Tensor, gamma: torch.Tensor, positions: torch.Tensor,
+    e: int, s: int, gating: bool, rope_base: float, rope_heads: int, need_dparams: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`gau_heads_bwd` with the heads' gradient as ``nh`` separate ``[B, T, 1, s]`` tensors (those of
+    heads ``>= nh`` are ignored)."""
+    dqs = [dq0, dq1, dq2, dq3, dq4, dq5][: gamma.shape[0]]
+    return _bwd_impl(du, dv, dqs, h, gamma, positions, e, s, gating, rope_base, rope_heads, need_dparams)
+
+
 def _setup(ctx, inputs, output):
     h, gamma, beta, positions, e, s, gating, rope_base, rope_heads = inputs
     ctx.save_for_backward(h, gamma, positions)
@@ -151,13 +219,13 @@ def _setup(ctx, inputs, output):
     ctx.param_dtypes = (gamma.dtype, beta.dtype)
 
 
-def _backward(ctx, du, dv, dheads):
-    """Backward of ``lintime::gau_heads_fwd`` (through ``lintime::gau_heads_bwd`` when traced, the launcher in
-    eager calls: :meth:`lintime.ops.custom_op.LauncherOp.for_ctx`)."""
+def _input_grads(ctx, launcher, du, dv, *dqs):
+    """The gradients of ``h, gamma, beta`` (``None`` for the other inputs) through ``launcher`` (the bwd op when
+    traced, its launcher in eager calls: :meth:`lintime.ops.custom_op.LauncherOp.for_ctx`)."""
     h, gamma, positions = ctx.saved_tensors
-    du, dv, dheads = (grad_as(d, h.dtype) for d in (du, dv, dheads))
+    du, dv, *dqs = (grad_as(d, h.dtype) for d in (du, dv, *dqs))
     need_dparams = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-    dh, dgamma, dbeta = gau_heads_bwd.for_ctx(ctx)(du, dv, dheads, h, gamma, positions, *ctx.args, need_dparams)
+    dh, dgamma, dbeta = launcher.for_ctx(ctx)(du, dv, *dqs, h, gamma, positions, *ctx.args, need_dparams)
     if not ctx.needs_input_grad[0]:
         dh = None
     dgamma = dgamma.to(ctx.param_dtypes[0]) if ctx.needs_input_grad[1] else None
@@ -165,15 +233,38 @@ def _backward(ctx, du, dv, dheads):
     return dh, dgamma, dbeta, None, None, None, None, None, None
 
 
+def _backward(ctx, du, dv, dheads):
+    """Backward of ``lintime::gau_heads_fwd``."""
+    return _input_grads(ctx, gau_heads_bwd, du, dv, dheads)
+
+
+def _split_backward(ctx, du, dv, *dqs):
+    """Backward of ``lintime::gau_heads_split_fwd``: the heads' gradients go to the kernel as they are."""
+    return _input_grads(ctx, gau_heads_split_bwd, du, dv, *dqs)
+
+
 @launcher_op("gau_heads_fwd", fake=_fwd_fake, backward=_backward, setup_context=_setup)
 def gau_heads_fwd(
     h: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, positions: torch.Tensor,
     e: int, s: int, gating: bool, rope_base: float, rope_heads: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _fwd_impl(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads)
+    return _fwd_impl(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, False)
 
 
-def triton_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=10000.0, rope_heads=1):
+@launcher_op("gau_heads_split_fwd", fake=_split_fwd_fake, backward=_split_backward, setup_context=_setup)
+def gau_heads_split_fwd(
+    h: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, positions: torch.Tensor,
+    e: int, s: int, gating: bool, rope_base: float, rope_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+           torch.Tensor]:
+    """``u, v`` and six head slots: heads ``0 .. nh - 1`` as ``[B, T, 1, s]`` tensors, empty tensors after them
+    (a custom op has a fixed number of outputs)."""
+    u, v, qs = _fwd_impl(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, True)
+    return u, v, *qs, *(h.new_empty(0) for _ in range(MAX_SPLIT_HEADS - len(qs)))
+
+
+def triton_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=10000.0, rope_heads=1,
+                     split_heads=False):
     """Fused GAU / FLASH heads: same arguments and results as
     :func:`lintime.ops.heads.naive.naive_gau_heads`; fp16 / bf16 / fp32 ``h`` (fp64 goes to the
     PyTorch composite), computed in fp32 and rounded once to ``h``'s dtype."""
@@ -181,8 +272,12 @@ def triton_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=
         from lintime.ops.heads.chunk import chunk_gau_heads
 
         return chunk_gau_heads(h, gamma, beta, positions, e=e, s=s, gating=gating, rope_base=rope_base,
-                               rope_heads=rope_heads)
+                               rope_heads=rope_heads, split_heads=split_heads)
     check_device("gau_heads", h)
     args = (h, gamma, beta, positions, int(e), int(s), bool(gating), float(rope_base), int(rope_heads))
-    u, v, heads = gau_heads_fwd(*args)  # the op when traced, an autograd Function or the launcher in eager calls
+    # the op when traced, an autograd Function or the launcher in eager calls
+    if split_heads:
+        u, v, *qs = gau_heads_split_fwd(*args)
+        return (u if gating else None), v, tuple(qs[: gamma.shape[0]])
+    u, v, heads = gau_heads_fwd(*args)
     return (u if gating else None), v, heads

@@ -15,6 +15,13 @@ The heads program works on half-columns ``j < S / 2``: ``j`` is feature ``i = j 
 ``j // HD``, whose two halves sit at ``c1 = (j // HD) D + i`` and ``c2 = c1 + HD`` -- so the
 rotation pairs ``(x1, x2)`` are two ``[BTH, BH]`` tiles and one ``cos / sin`` tile serves every
 head.  Everything is computed in fp32 registers and rounded once, when stored.
+
+Head ``n``'s rows (``heads`` or its gradient) start at ``q<n> + n HS`` with row stride ``SQ``: one stacked
+``[TT, NH, S]`` tensor passes it as every ``q<n>`` with ``HS = S, SQ = NH S``; ``NH <= 6`` separate
+``[TT, 1, S]`` tensors pass ``HS = 0, SQ = S`` (Triton has no pointer lists: six arguments, picked at
+compile time by :func:`_pick`).  A backward heads program walks ``RB`` blocks of ``BTH`` rows and keeps its
+``dgamma`` / ``dbeta`` partial sums in registers (``[NHP, BH]`` tiles, head ``n`` in row ``n``) until it stores
+them once; :func:`heads_dparams_reduce_kernel` folds those rows.
 """
 
 from __future__ import annotations
@@ -28,6 +35,24 @@ def _silu_grad(x):
     """``d silu / dx = sig(x) (1 + x (1 - sig(x)))`` (PyTorch's silu backward), fp32."""
     sg = 1.0 / (1.0 + tl.exp(-x))
     return sg * (1.0 + x * (1.0 - sg))
+
+
+@triton.jit
+def _pick(n: tl.constexpr, q0, q1, q2, q3, q4, q5):
+    """``q<n>`` for a compile-time ``n`` (``q5`` for ``n >= 5``)."""
+    if n == 0:
+        p = q0
+    elif n == 1:
+        p = q1
+    elif n == 2:
+        p = q2
+    elif n == 3:
+        p = q3
+    elif n == 4:
+        p = q4
+    else:
+        p = q5
+    return p
 
 
 @triton.jit
@@ -74,15 +99,15 @@ def _rope_layout(freq, p_pos, i_r, TT, S: tl.constexpr, HD: tl.constexpr, BTH: t
 
 @triton.jit
 def gau_heads_fwd_kernel(
-    h, u, v, heads, gamma, beta, p_pos, freq,
-    TT, E, W,
-    S: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, GATING: tl.constexpr,
+    h, u, v, q0, q1, q2, q3, q4, q5, gamma, beta, p_pos, freq,
+    TT, E, W, SQ,
+    S: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, HS: tl.constexpr, GATING: tl.constexpr,
     BT: tl.constexpr, BE: tl.constexpr, BTH: tl.constexpr, BH: tl.constexpr,
 ):
-    """``u, v = silu(h[:, :GE])`` split, ``heads[:, n] = rope(silu(z) gamma[n] + beta[n])`` (gamma and
-    beta rounded to ``h``'s dtype, ScaleOffset's rule).  ``u`` is unused without ``GATING``."""
+    """``u, v = silu(h[:, :GE])`` split, head ``n = rope(silu(z) gamma[n] + beta[n])`` (gamma and beta
+    rounded to ``h``'s dtype, ScaleOffset's rule) at ``q<n> + n HS``.  ``u`` is unused without ``GATING``."""
     pid = tl.program_id(0)
-    DT = heads.dtype.element_ty
+    DT = v.dtype.element_ty
     NHB = tl.cdiv(TT, BTH)
     if pid < NHB:  # z and the heads
         o_t, c1, c2, m_j, m_h, b_cos, b_sin = _rope_layout(freq, p_pos, pid, TT, S, HD, BTH, BH)
@@ -98,7 +123,7 @@ def gau_heads_fwd_kernel(
             b_b2 = tl.load(beta + n * S + c2, mask=m_j, other=0.).to(DT).to(tl.float32)
             b_q1 = b_z1 * b_g1[None, :] + b_b1[None, :]  # scale + offset (seed Code 6)
             b_q2 = b_z2 * b_g2[None, :] + b_b2[None, :]
-            p_o = heads + (o_t[:, None] * NH + n) * S
+            p_o = _pick(n, q0, q1, q2, q3, q4, q5) + n * HS + o_t[:, None] * SQ
             tl.store(p_o + c1[None, :], (b_q1 * b_cos - b_q2 * b_sin).to(DT), mask=m_h)
             tl.store(p_o + c2[None, :], (b_q2 * b_cos + b_q1 * b_sin).to(DT), mask=m_h)
     else:  # a u or v tile: silu
@@ -113,51 +138,67 @@ def gau_heads_fwd_kernel(
 
 @triton.jit
 def gau_heads_bwd_kernel(
-    h, du, dv, dheads, gamma, p_pos, freq, dh, dgamma_part, dbeta_part,
-    TT, E, W,
-    S: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, GATING: tl.constexpr,
-    HAS_DU: tl.constexpr, HAS_DV: tl.constexpr, HAS_DHEADS: tl.constexpr, NEED_DP: tl.constexpr,
-    BT: tl.constexpr, BE: tl.constexpr, BTH: tl.constexpr, BH: tl.constexpr,
+    h, du, dv, dq0, dq1, dq2, dq3, dq4, dq5, gamma, p_pos, freq, dh, dgamma_part, dbeta_part,
+    TT, E, W, SQ,
+    S: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, HS: tl.constexpr, GATING: tl.constexpr,
+    HAS_DU: tl.constexpr, HAS_DV: tl.constexpr, HAS_DQ: tl.constexpr, NEED_DP: tl.constexpr,
+    BT: tl.constexpr, BE: tl.constexpr, BTH: tl.constexpr, RB: tl.constexpr, BH: tl.constexpr,
+    NHP: tl.constexpr,
 ):
-    """``dh`` in one pass (absent output gradients count as zero) and, with ``NEED_DP``, each heads
-    program's partial sums of ``dgamma`` and ``dbeta`` (``[NH, S]`` fp32 at row ``pid`` of
-    ``dgamma_part`` / ``dbeta_part``; the caller sums them: deterministic).
+    """``dh`` in one pass (absent output gradients count as zero: bit ``n`` of ``HAS_DQ`` says whether head
+    ``n``'s gradient ``dq<n> + n HS`` exists) and, with ``NEED_DP``, each heads program's partial sums of
+    ``dgamma`` and ``dbeta`` over its ``RB BTH`` rows (``[NH, S]`` fp32 at row ``pid`` of ``dgamma_part`` /
+    ``dbeta_part``; :func:`heads_dparams_reduce_kernel` folds them: deterministic).
 
     The heads' backward: un-rotate (``dq1 = do1 cos + do2 sin``, ``dq2 = do2 cos - do1 sin``), then
     ``dgamma[n] += dq silu(z)``, ``dbeta[n] += dq``, ``d silu(z) = sum_n dq gamma[n]``."""
     pid = tl.program_id(0)
     DT = dh.dtype.element_ty
-    NHB = tl.cdiv(TT, BTH)
+    NHB = tl.cdiv(TT, BTH * RB)
     if pid < NHB:
-        o_t, c1, c2, m_j, m_h, b_cos, b_sin = _rope_layout(freq, p_pos, pid, TT, S, HD, BTH, BH)
-        p_z = h + o_t[:, None] * W + (W - S)
-        b_z1 = tl.load(p_z + c1[None, :], mask=m_h, other=0.).to(tl.float32)
-        b_z2 = tl.load(p_z + c2[None, :], mask=m_h, other=0.).to(tl.float32)
-        b_ds1 = tl.zeros([BTH, BH], dtype=tl.float32)  # d silu(z)
-        b_ds2 = tl.zeros([BTH, BH], dtype=tl.float32)
-        if HAS_DHEADS:
+        o_n = tl.arange(0, NHP)
+        b_g1p = tl.zeros([NHP, BH], dtype=tl.float32)  # this program's partial sums, head n in row n
+        b_g2p = tl.zeros([NHP, BH], dtype=tl.float32)
+        b_b1p = tl.zeros([NHP, BH], dtype=tl.float32)
+        b_b2p = tl.zeros([NHP, BH], dtype=tl.float32)
+        for i_b in range(RB):
+            o_t, c1, c2, m_j, m_h, b_cos, b_sin = _rope_layout(freq, p_pos, pid * RB + i_b, TT, S, HD, BTH, BH)
+            p_z = h + o_t[:, None] * W + (W - S)
+            b_z1 = tl.load(p_z + c1[None, :], mask=m_h, other=0.).to(tl.float32)
+            b_z2 = tl.load(p_z + c2[None, :], mask=m_h, other=0.).to(tl.float32)
+            b_ds1 = tl.zeros([BTH, BH], dtype=tl.float32)  # d silu(z)
+            b_ds2 = tl.zeros([BTH, BH], dtype=tl.float32)
             b_s1 = b_z1 / (1.0 + tl.exp(-b_z1))
             b_s2 = b_z2 / (1.0 + tl.exp(-b_z2))
             for n in tl.static_range(NH):
-                p_d = dheads + (o_t[:, None] * NH + n) * S
-                b_do1 = tl.load(p_d + c1[None, :], mask=m_h, other=0.).to(tl.float32)
-                b_do2 = tl.load(p_d + c2[None, :], mask=m_h, other=0.).to(tl.float32)
-                b_dq1 = b_do1 * b_cos + b_do2 * b_sin  # the transposed rotation
-                b_dq2 = b_do2 * b_cos - b_do1 * b_sin
-                b_g1 = tl.load(gamma + n * S + c1, mask=m_j, other=0.).to(DT).to(tl.float32)
-                b_g2 = tl.load(gamma + n * S + c2, mask=m_j, other=0.).to(DT).to(tl.float32)
-                b_ds1 += b_dq1 * b_g1[None, :]
-                b_ds2 += b_dq2 * b_g2[None, :]
-                if NEED_DP:  # padding rows hold dq = 0
-                    p_g = dgamma_part + (pid.to(tl.int64) * NH + n) * S
-                    p_b = dbeta_part + (pid.to(tl.int64) * NH + n) * S
-                    tl.store(p_g + c1, tl.sum(b_dq1 * b_s1, 0), mask=m_j)
-                    tl.store(p_g + c2, tl.sum(b_dq2 * b_s2, 0), mask=m_j)
-                    tl.store(p_b + c1, tl.sum(b_dq1, 0), mask=m_j)
-                    tl.store(p_b + c2, tl.sum(b_dq2, 0), mask=m_j)
-        p_dz = dh + o_t[:, None] * W + (W - S)
-        tl.store(p_dz + c1[None, :], (b_ds1 * _silu_grad(b_z1)).to(DT), mask=m_h)
-        tl.store(p_dz + c2[None, :], (b_ds2 * _silu_grad(b_z2)).to(DT), mask=m_h)
+                if (HAS_DQ >> n) & 1:
+                    p_d = _pick(n, dq0, dq1, dq2, dq3, dq4, dq5) + n * HS + o_t[:, None] * SQ
+                    b_do1 = tl.load(p_d + c1[None, :], mask=m_h, other=0.).to(tl.float32)
+                    b_do2 = tl.load(p_d + c2[None, :], mask=m_h, other=0.).to(tl.float32)
+                    b_dq1 = b_do1 * b_cos + b_do2 * b_sin  # the transposed rotation
+                    b_dq2 = b_do2 * b_cos - b_do1 * b_sin
+                    b_g1 = tl.load(gamma + n * S + c1, mask=m_j, other=0.).to(DT).to(tl.float32)
+                    b_g2 = tl.load(gamma + n * S + c2, mask=m_j, other=0.).to(DT).to(tl.float32)
+                    b_ds1 += b_dq1 * b_g1[None, :]
+                    b_ds2 += b_dq2 * b_g2[None, :]
+                    if NEED_DP:  # padding rows hold dq = 0
+                        m_n = (o_n == n)[:, None]
+                        b_g1p += tl.where(m_n, tl.sum(b_dq1 * b_s1, 0)[None, :], 0.)
+                        b_g2p += tl.where(m_n, tl.sum(b_dq2 * b_s2, 0)[None, :], 0.)
+                        b_b1p += tl.where(m_n, tl.sum(b_dq1, 0)[None, :], 0.)
+                        b_b2p += tl.where(m_n, tl.sum(b_dq2, 0)[None, :], 0.)
+            p_dz = dh + o_t[:, None] * W + (W - S)
+            tl.store(p_dz + c1[None, :], (b_ds1 * _silu_grad(b_z1)).to(DT), mask=m_h)
+            tl.store(p_dz + c2[None, :], (b_ds2 * _silu_grad(b_z2)).to(DT), mask=m_h)
+        if NEED_DP:
+            o_j = tl.arange(0, BH)
+            c1 = (o_j // HD) * (2 * HD) + o_j % HD
+            o_p = (pid.to(tl.int64) * NH + o_n[:, None]) * S
+            m_p = (o_n < NH)[:, None] & (o_j < S // 2)[None, :]
+            tl.store(dgamma_part + o_p + c1[None, :], b_g1p, mask=m_p)
+            tl.store(dgamma_part + o_p + (c1 + HD)[None, :], b_g2p, mask=m_p)
+            tl.store(dbeta_part + o_p + c1[None, :], b_b1p, mask=m_p)
+            tl.store(dbeta_part + o_p + (c1 + HD)[None, :], b_b2p, mask=m_p)
     else:  # a u or v tile
         is_v, o_h, o_o, m_e = _tile(pid, NHB, TT, E, W, GATING, BT, BE)
         b_dy = tl.zeros([BT, BE], dtype=tl.float32)
@@ -169,3 +210,24 @@ def gau_heads_bwd_kernel(
                 b_dy = tl.load(du + o_o, mask=m_e, other=0.).to(tl.float32)
         b_x = tl.load(h + o_h, mask=m_e, other=0.).to(tl.float32)
         tl.store(dh + o_h, (b_dy * _silu_grad(b_x)).to(DT), mask=m_e)
+
+
+@triton.jit
+def heads_dparams_reduce_kernel(part, dgamma, dbeta, P, C, BR: tl.constexpr, BC: tl.constexpr):
+    """``dgamma = sum_p part[0, p]``, ``dbeta = sum_p part[1, p]`` over the ``P`` partial rows of ``C = NH S``
+    fp32 columns: program ``(i_c, i_k)`` sums columns ``i_c BC ..`` of ``part[i_k]`` in a fixed order
+    (deterministic, no atomics)."""
+    i_c, i_k = tl.program_id(0), tl.program_id(1)
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    p_k = part + i_k.to(tl.int64) * P * C
+    b_acc = tl.zeros([BR, BC], dtype=tl.float32)
+    for i_r in range(0, P, BR):
+        o_r = i_r + tl.arange(0, BR)
+        b_acc += tl.load(p_k + o_r[:, None].to(tl.int64) * C + o_c[None, :], mask=(o_r < P)[:, None] & m_c[None, :],
+                         other=0.)
+    b_s = tl.sum(b_acc, 0)
+    if i_k == 0:
+        tl.store(dgamma + o_c, b_s, mask=m_c)
+    else:
+        tl.store(dbeta + o_c, b_s, mask=m_c)
