@@ -388,14 +388,14 @@ def main(argv=None) -> list[dict]:
     from lintime.bench.measure import environment
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--presets", default="vq-base,flash-base,gla-base")
+    ap.add_argument("--presets", default="vq-base,flash-base,gla-base", help="lintime presets (anchors are skipped)")
     ap.add_argument("--contexts", default="4k,32k", help="prompt lengths L before the profiled steps, e.g. 4k,32k")
     ap.add_argument("--batch", type=int, default=1, help="sequences decoded together (one prompt replicated)")
     ap.add_argument("--replays", type=int, default=50, help="graph replays timed, back to back, and profiled (each)")
     ap.add_argument("--eager-steps", type=int, default=3, help="eager steps timed, and profiled")
     ap.add_argument("--top", type=int, default=15, help="kernels and CPU ops printed per case (CPU ops kept)")
     ap.add_argument("--kernels", type=int, default=60, help="kernels kept per case in the JSON, largest first (0: all)")
-    ap.add_argument("--device", default="auto")
+    ap.add_argument("--device", default="auto", help="auto (CUDA when available), cuda, cpu (a check: eager only)")
     ap.add_argument("--dtype", default="auto", help="autocast: auto (bf16 on CUDA, none on CPU), bf16, fp16, fp32")
     ap.add_argument("--out", default="profile_decode_out")
     args = ap.parse_args(argv)
