@@ -244,25 +244,22 @@ def _split_id(c):
     return f"{_id(c[:6])}-d{''.join(map(str, c[6]))}"
 
 
-def _split_inputs(case, dtype, seed=9):
+def _split_inputs(case, dtype, seed=9, device="cpu"):
     """Inputs, the heads' gradients one per head (``None`` unless in ``present``) and their stacked form
     (zeros for the absent ones); ``u``'s gradient is absent in the gated case."""
     T, e, s, nh, gating, R, present = case
-    h, g, b, pos, (du, dv, dheads) = _inputs(2, T, e, s, nh, gating, dtype, seed=seed)
+    h, g, b, pos, (du, dv, dheads) = _inputs(2, T, e, s, nh, gating, dtype, seed=seed, device=device)
     dqs = [dheads[:, :, n : n + 1].contiguous() if n in present else None for n in range(nh)]
     stacked = torch.cat([torch.zeros_like(dheads[:, :, :1]) if d is None else d for d in dqs], 2)
     kw = {"e": e, "s": s, "gating": gating, "rope_heads": R}
     return h, g, b, pos, None, dv, dqs, stacked, kw
 
 
-@cpu_only
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("case", SPLIT_CASES, ids=_split_id)
-def test_triton_split_heads_equal_stacked(case, dtype):
+def _check_split_equals_stacked(case, dtype, device="cpu"):
     """``split_heads=True``: contiguous ``[B, T, 1, s]`` heads equal to the stacked heads' slices, and with the
     heads' gradients as separate tensors (some ``None``) the stacked path's ``dh, dgamma, dbeta`` given their
     concatenation (zeros for the absent ones) -- bit for bit: the same kernels, only the heads' addresses differ."""
-    h, g, b, pos, du, dv, dqs, stacked, kw = _split_inputs(case, dtype)
+    h, g, b, pos, du, dv, dqs, stacked, kw = _split_inputs(case, dtype, device=device)
     ref = _run("triton", h, g, b, pos, (du, dv, stacked), **kw)
     out = _run("triton", h, g, b, pos, (du, dv, dqs), split_heads=True, **kw)
     heads, nh = out.pop("heads"), g.shape[0]
@@ -273,6 +270,13 @@ def test_triton_split_heads_equal_stacked(case, dtype):
     assert sorted(out) == sorted(k for k in ref if k != "heads")
     for name in out:
         assert torch.equal(out[name], ref[name]), name
+
+
+@cpu_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=_split_id)
+def test_triton_split_heads_equal_stacked(case, dtype):
+    _check_split_equals_stacked(case, dtype)
 
 
 @pytest.mark.parametrize("backend", ["naive", "chunk"])
@@ -469,6 +473,16 @@ def test_cuda_fp32_exact_odd_sizes_large_positions():
     ref, out = _run("naive", h, g, b, pos, grads, **kw), _run("triton", h, g, b, pos, grads, **kw)
     for name in ref:
         assert_exact(f"cuda fp32 {name}", ref[name], out[name])
+
+
+@cuda
+@needs_cuda
+@pytest.mark.parametrize("case", [(4096, 1536, 128, 4, False, 1, (0, 1, 2, 3)),
+                                  (1037, 300, 96, 6, True, 2, (0, 1, 3, 5))], ids=_split_id)
+def test_cuda_split_heads_equal_stacked(case):
+    """``split_heads`` on the compiled kernels, bf16: FLASH's ``v, z`` call at its real size (e = 1536, s = 128,
+    nh = 4), and an odd gated first-to-all shape with absent head gradients -- bit for bit the stacked path."""
+    _check_split_equals_stacked(case, torch.bfloat16, device="cuda")
 
 
 @cuda

@@ -27,11 +27,9 @@ from lintime.ops.heads.triton.kernels import (
     heads_dparams_reduce_kernel,
 )
 from lintime.ops.custom_op import grad_as, launcher_op
+from lintime.ops.heads import MAX_SPLIT_HEADS
 from lintime.ops.kernel_launch import cdiv, check_device, interpreting, next_pow2
 from lintime.ops.utils import rope_inv_freq
-
-
-MAX_SPLIT_HEADS = 6  # the kernels' head pointer arguments (FLASH with first-to-all has 6 heads)
 
 
 @dataclass(frozen=True)
