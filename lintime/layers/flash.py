@@ -11,7 +11,9 @@ The layer (the block owns the pre-norm and the residual)::
     a = mixed_chunk_attention(qq, kq, ql, kl, v)                    # seed Eqs. 6-8, docs/design/contract.md §2.3
     y = dense(u * a)                                                # seed Section 3.2, O_g
 
-The first three lines are one call of :func:`lintime.ops.gau_heads` (a fused kernel on CUDA).
+``dense(x)`` runs as two products (:func:`lintime.layers._split_linear.split_linear`, one parameter): the ``u``
+part goes to the gate, ``silu(u) * a`` in one pass each way (:func:`lintime.ops.gated_activation`); the ``v, z``
+part to :func:`lintime.ops.gau_heads` (silu, the heads and RoPE: one fused kernel on CUDA).
 
 Inside a chunk ``a`` is ``sum_j relu(q.k * scale + b[i-j])^2 v_j`` with the chunk-local Toeplitz
 bias (seed Code 4, ``max_len = C``: a direct table below 512, RoPE-built from 512); across chunks
@@ -52,7 +54,8 @@ from lintime.layers.attention import KVCache
 from lintime.layers.base import BatchState, Mixer, static_state
 from lintime.layers.gau import ScaleOffset, heads_backend, longest_sequence
 from lintime.layers.positional import ToeplitzRelativeBias
-from lintime.ops import MixedChunkState, gau_heads, mixed_chunk_attention, mixed_chunk_decode_step_
+from lintime.layers._split_linear import split_linear
+from lintime.ops import MixedChunkState, gated_activation, gau_heads, mixed_chunk_attention, mixed_chunk_decode_step_
 from lintime.ops.utils import chunk_layout
 
 LINEAR_NORMS = ("tokens", "chunk", "none")
@@ -209,8 +212,10 @@ class FLASH(Mixer):
         e, s = self.e, self.s
         if self._fused_step(x, state, cu_seqlens):
             return self._decode_step_(x, state, positions), state
-        # silu, split, the scale + offset heads and RoPE: one fused op ([B, T, e] x 2, [B, T, 4 or 6, s])
-        u, v, heads = gau_heads(self.proj(x), self.heads.gamma, self.heads.beta, positions, e=e, s=s,
+        # dense(x) as its gate part and its v, z part; silu of v, z, the scale + offset heads and RoPE: one fused
+        # op ([B, T, e], [B, T, 4 or 6, s]); silu of the gate part is taken by the gate below
+        hu, hvz = split_linear(x, self.proj.weight, self.proj.bias, e)
+        _, v, heads = gau_heads(hvz, self.heads.gamma, self.heads.beta, positions, e=e, s=s, gating=False,
                                 rope_base=self.rope_base,
                                 backend=heads_backend(self.backend) if self.fused else "chunk")
         parts = _SplitHeads.apply(heads)  # [B, T, 1, s] each, contiguous
@@ -239,7 +244,8 @@ class FLASH(Mixer):
                 o_f, new_state.fta = self._fta_cached(qf, kf, v, state.fta, cu_seqlens)
                 a = a + o_f
         # squeeze, not a[:, :, 0]: select's backward is a zero fill + a copy of the whole gradient
-        return self.out(u * a.squeeze(2)), new_state
+        gated = gated_activation(hu, a.squeeze(2), backend=None if self.fused else "chunk")  # silu(u) * a, one pass
+        return self.out(gated), new_state
 
     def _fused_step(self, x, state, cu_seqlens) -> bool:
         """Whether this call is a one-token step that :meth:`_decode_step_` takes: a static state, no

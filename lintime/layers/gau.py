@@ -11,7 +11,10 @@ The layer (the block owns the pre-norm and the residual, see :mod:`lintime.layer
     a       = attention(q, k, v)                        # seed Eq. 5, below
     y       = dense(u * a)                              # seed Eq. 3
 
-The first three lines are one call of :func:`lintime.ops.gau_heads` (a fused kernel on CUDA).
+The first three lines are one call of :func:`lintime.ops.gau_heads` (a fused kernel on CUDA) on the ``v, z`` part
+of ``dense(x)``; with gating the ``u`` part is its own product (one parameter,
+:func:`lintime.layers._split_linear.split_linear`) and the gate ``silu(u) * a`` one pass each way
+(:func:`lintime.ops.gated_activation`).
 
 Attention (``rel_bias`` ``b`` = Toeplitz bias, seed Code 4; ``N_i`` the normaliser)::
 
@@ -38,7 +41,8 @@ from lintime.layers._rows import append_kv, bias_diagonals, dense_attention, emp
 from lintime.layers.attention import KVCache
 from lintime.layers.base import Mixer
 from lintime.layers.positional import ToeplitzRelativeBias
-from lintime.ops import gau_attention, gau_heads
+from lintime.layers._split_linear import split_linear
+from lintime.ops import gated_activation, gau_attention, gau_heads
 from lintime.ops.utils import chunk_layout
 
 KERNELS = ("relu2", "softmax")
@@ -260,10 +264,16 @@ class GAU(Mixer):
     ) -> tuple[torch.Tensor, KVCache | None]:
         B, T, _ = x.shape
         H, e, s = self.n_heads, self.e, self.s
-        # silu, split, the scale + offset heads and RoPE per attention head: one fused op
-        u, v, qk = gau_heads(self.proj(x), self.qk.gamma, self.qk.beta, positions, e=e, s=s, gating=self.gating,
-                             rope_base=self.rope_base, rope_heads=H,
-                             backend=heads_backend(self.backend) if self.fused else "chunk")
+        # silu, split, the scale + offset heads and RoPE per attention head: one fused op; with gating the gate's
+        # part of dense(x) is its own product, its silu taken by the gate below (as in FLASH)
+        hb = heads_backend(self.backend) if self.fused else "chunk"
+        if self.gating:
+            hu, hvz = split_linear(x, self.proj.weight, self.proj.bias, e)
+            _, v, qk = gau_heads(hvz, self.qk.gamma, self.qk.beta, positions, e=e, s=s, gating=False,
+                                 rope_base=self.rope_base, rope_heads=H, backend=hb)
+        else:
+            _, v, qk = gau_heads(self.proj(x), self.qk.gamma, self.qk.beta, positions, e=e, s=s, gating=False,
+                                 rope_base=self.rope_base, rope_heads=H, backend=hb)
         q, k = (qk[:, :, i].reshape(B, T, H, s // H) for i in range(2))  # [B, T, H, s/H] views
         v = v.reshape(B, T, H, e // H)
         if state is None:
@@ -271,7 +281,9 @@ class GAU(Mixer):
         else:
             a, new_state = self._cached(q, k, v, state, positions, cu_seqlens)
         a = a.reshape(B, T, e)
-        return self.out(u * a if self.gating else a), new_state
+        if self.gating:
+            a = gated_activation(hu, a, backend=None if self.fused else "chunk")  # silu(u) * a, one pass each way
+        return self.out(a), new_state
 
     def init_state(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> KVCache:
         H = self.n_heads

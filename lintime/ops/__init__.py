@@ -25,6 +25,7 @@ _EXPORTS = {
     "vq_decode_step_": "vq",
     "gau_heads": "heads",
     "glu_activation": "glu",
+    "gated_activation": "glu",
     "linear_cross_entropy": "cross_entropy",
     "normalize": "norm",
     "add_normalize": "norm",

@@ -5,7 +5,7 @@ half-precision rule; the GLU layer's fused path against its PyTorch form."""
 import pytest
 import torch
 
-from lintime.ops import glu_activation
+from lintime.ops import gated_activation, glu_activation
 from lintime.testing import assert_exact, assert_half_rule
 
 CUDA = torch.cuda.is_available()
@@ -117,5 +117,112 @@ def test_cuda_gla_base_size_bf16(act):
     ref = _run(h, dy, act, "chunk")
     out = _run(h, dy, act, None)
     for name, a, b in zip(("y", "dh"), ref, out):
+        torch.testing.assert_close(b.float(), a.float(), rtol=2**-6, atol=2**-6 * a.float().abs().max().item(),
+                                   msg=name)
+
+
+# ------------------------------------------------------------------ gated_activation: act(u) * v of two tensors
+def _gated_inputs(shape, seed=11, device=DEV, wide=0, dtype=torch.float32):
+    """``(U, V, dy, wide)``: ``u = U[..., wide:]`` and ``v = V[..., :e]`` of ``shape``; with ``wide > 0`` both are
+    column slices of wider tensors (row-strided views, as the FLASH gate's ``u`` part of a projection can be)."""
+    g = torch.Generator().manual_seed(seed)
+    U = torch.randn(*shape[:-1], shape[-1] + wide, generator=g) * 2
+    V = torch.randn(*shape[:-1], shape[-1] + wide, generator=g)
+    dy = torch.randn(shape, generator=g)
+    return U.to(device, dtype), V.to(device, dtype), dy.to(device, dtype), wide
+
+
+def _run_gated(U, V, dy, wide, act, backend, dtype=None):
+    """``y, du, dv`` of ``gated_activation(U[..., wide:], V[..., :e])`` (the views themselves are passed)."""
+    dtype = dtype or U.dtype
+    U, V = U.detach().to(dtype).requires_grad_(), V.detach().to(dtype).requires_grad_()
+    e = U.shape[-1] - wide
+    u, v = U[..., wide:], V[..., :e]
+    assert wide == 0 or not (u.is_contiguous() or v.is_contiguous())
+    y = gated_activation(u, v, activation=act, backend=backend)
+    y.backward(dy.to(y.dtype))
+    return y, U.grad[..., wide:], V.grad[..., :e]
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("shape, wide", [((1, 1), 0), ((37, 42), 5), ((3, 5, 1030), 0), ((2, 9, 70), 3)])
+def test_gated_fp32_forms_agree_with_fp64_definition(act, shape, wide):
+    """fp32 chunk and Triton equal the fp64 definition ``act(u) * v`` to fp32 exactness: output and both
+    gradients, contiguous inputs and row-strided views."""
+    U, V, dy, w = _gated_inputs(shape, wide=wide)
+    ref = _run_gated(U, V, dy, w, act, "naive", torch.float64)
+    for backend in ("chunk", "triton"):
+        out = _run_gated(U, V, dy, w, act, backend)
+        for name, want, got in zip(("y", "du", "dv"), ref, out):
+            assert got.dtype == torch.float32 and got.shape == want.shape, (backend, name)
+            assert_exact(f"{backend} {act} {name}", want, got)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.cuda)])
+def test_gated_half_inputs_by_the_half_rule(act, dtype):
+    U, V, dy, w = _gated_inputs((45, 100), seed=12, wide=4)
+    ref = _run_gated(U, V, dy, w, act, "naive", torch.float64)
+    base = _run_gated(U, V, dy, w, act, "chunk", dtype)
+    out = _run_gated(U, V, dy, w, act, "triton", dtype)
+    for name, r, b, o in zip(("y", "du", "dv"), ref, base, out):
+        assert o.dtype == dtype
+        assert_half_rule(f"{act} {name}", r, o, b)
+
+
+def test_gated_mixed_dtypes_keep_each_gradient_in_its_own():
+    """fp16 ``u`` and fp32 ``v``: the output in the promoted dtype (fp32), ``du`` fp16, ``dv`` fp32; the values
+    those of the fp32 computation rounded once."""
+    g = torch.Generator().manual_seed(13)
+    u64, v64, dy64 = (torch.randn(13, 24, generator=g, dtype=torch.float64) for _ in range(3))
+    u64 = u64.half().double()
+    runs = []
+    for ut, vt, backend in ((torch.float64, torch.float64, "naive"), (torch.float16, torch.float32, "triton")):
+        u = u64.to(DEV, ut).detach().clone().requires_grad_()
+        v = v64.to(DEV, vt).detach().clone().requires_grad_()
+        y = gated_activation(u, v, activation="silu", backend=backend)
+        y.backward(dy64.to(DEV, y.dtype))
+        runs.append((y, u.grad, v.grad))
+    ref, out = runs
+    assert [t.dtype for t in out] == [torch.float32, torch.float16, torch.float32]
+    assert_exact("y", ref[0], out[0])
+    assert_exact("dv", ref[2], out[2])
+    torch.testing.assert_close(out[1].double(), ref[1], rtol=2**-10, atol=1e-3 * ref[1].abs().max().item())
+
+
+def test_gated_equals_the_layers_former_math_and_errors():
+    """On the CPU the automatic backend is the chunk form, bit for bit ``silu(u) * v``; empty inputs; bad
+    arguments raise."""
+    U, V, dy, _ = _gated_inputs((7, 16), seed=14, device="cpu")
+    assert torch.equal(gated_activation(U, V), torch.nn.functional.silu(U) * V)
+    assert torch.equal(gated_activation(U, V, activation="gelu"), torch.nn.functional.gelu(U) * V)
+    for backend in ("chunk", "triton"):
+        y, du, dv = _run_gated(U[:0].to(DEV), V[:0].to(DEV), dy[:0].to(DEV), 0, "silu", backend)
+        assert y.shape == du.shape == dv.shape == (0, 16)
+    with pytest.raises(ValueError, match="one shape"):
+        gated_activation(torch.randn(3, 4), torch.randn(3, 5))
+    with pytest.raises(ValueError, match="activation"):
+        gated_activation(torch.randn(3, 4), torch.randn(3, 4), activation="relu")
+    with pytest.raises(TypeError, match="floating"):
+        gated_activation(torch.randn(3, 4), torch.ones(3, 4, dtype=torch.long))
+
+
+def test_gated_custom_ops_pass_opcheck():
+    """Schema, fake tensors, autograd registration and AOT dispatch of ``lintime::gated_*``."""
+    from lintime.ops.glu.triton import ops as glu_ops  # noqa: F401  (registers the ops)
+
+    U, V, dy, _ = _gated_inputs((6, 32), seed=15)
+    torch.library.opcheck(torch.ops.lintime.gated_fwd, (U.clone().requires_grad_(), V.clone().requires_grad_(), 0))
+    torch.library.opcheck(torch.ops.lintime.gated_bwd, (dy, U, V, 1))
+
+
+@pytest.mark.cuda
+def test_cuda_flash_base_gate_bf16():
+    """The flash-base gate (32771 rows of 1536, ``u`` a view of a wider projection) in bf16 against the PyTorch
+    form: within two bf16 roundings (the kernel rounds once, the composite after each step)."""
+    U, V, dy, w = _gated_inputs((32771, 1536), seed=16, wide=128, dtype=torch.bfloat16)
+    ref = _run_gated(U, V, dy, w, "silu", "chunk")
+    out = _run_gated(U, V, dy, w, "silu", None)
+    for name, a, b in zip(("y", "du", "dv"), ref, out):
         torch.testing.assert_close(b.float(), a.float(), rtol=2**-6, atol=2**-6 * a.float().abs().max().item(),
                                    msg=name)

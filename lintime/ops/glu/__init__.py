@@ -1,15 +1,17 @@
 """Gated linear unit activation (FLASH seed Eq. 1-2, Shazeer 2020): ``act(u) * v`` from the fused
-up-projection ``h = [u, v]`` of a GLU feed-forward block (SwiGLU: silu, GEGLU: gelu)."""
+up-projection ``h = [u, v]`` of a GLU feed-forward block (SwiGLU: silu, GEGLU: gelu), and the same product of two
+tensors, :func:`gated_activation` (the GAU / FLASH gate ``silu(dense(x)) * attention``, seed Eq. 3)."""
 
 from __future__ import annotations
 
 import torch
 
 from lintime.ops.dispatch import register_triton, select
-from lintime.ops.glu.chunk import torch_glu
-from lintime.ops.glu.naive import naive_glu
+from lintime.ops.glu.chunk import torch_gated, torch_glu
+from lintime.ops.glu.naive import naive_gated, naive_glu
 
 _IMPLS = {"naive": naive_glu, "chunk": torch_glu}
+_GATED_IMPLS = {"naive": naive_gated, "chunk": torch_gated}
 ACTIVATIONS = ("silu", "gelu")
 
 
@@ -19,7 +21,14 @@ def _load_triton():  # the fused kernels, picked automatically for CUDA tensors 
     return triton_glu
 
 
+def _load_triton_gated():
+    from lintime.ops.glu.triton import triton_gated
+
+    return triton_gated
+
+
 register_triton(_IMPLS, _load_triton)
+register_triton(_GATED_IMPLS, _load_triton_gated)
 
 
 def glu_activation(h: torch.Tensor, *, activation: str = "silu", backend: str | None = None) -> torch.Tensor:
@@ -46,4 +55,34 @@ def glu_activation(h: torch.Tensor, *, activation: str = "silu", backend: str | 
     return select("glu_activation", backend, _IMPLS, h)(h, activation=activation)
 
 
-__all__ = ["glu_activation"]
+def gated_activation(u: torch.Tensor, v: torch.Tensor, *, activation: str = "silu",
+                     backend: str | None = None) -> torch.Tensor:
+    """``act(u) * v`` for two tensors of one shape: the GAU / FLASH gate (``u`` the pre-activation of the gate's
+    projection, ``v`` the attention output), one pass each way on CUDA.
+
+    Args:
+        u: ``[..., e]`` pre-activation; fp16 / bf16 / fp32 / fp64.  Row-strided views (unit last stride) are read in
+            place.
+        v: ``[..., e]`` of ``u``'s shape, any floating dtype.
+        activation: ``"silu"`` or ``"gelu"`` (the erf form).
+        backend: as for :func:`glu_activation` (``None``: ``"triton"`` for CUDA tensors when Triton is installed,
+            except fp64 and while ``torch.compile`` traces; else ``"chunk"``).
+    Returns:
+        ``[..., e]`` in the promoted dtype of ``u`` and ``v``; gradients flow to both, each in its own dtype.
+    """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"gated_activation: activation must be one of {ACTIVATIONS}, got {activation!r}")
+    for name, x in (("u", u), ("v", v)):
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(f"gated_activation: {name} must be a floating tensor, got "
+                            f"{getattr(x, 'dtype', type(x).__name__)}")
+    if u.shape != v.shape:
+        raise ValueError(f"gated_activation: u and v must have one shape, got {tuple(u.shape)} and {tuple(v.shape)}")
+    if u.dim() < 1:
+        raise ValueError("gated_activation: u and v need at least one dimension")
+    if backend is None and (torch.float64 in (u.dtype, v.dtype) or torch.compiler.is_compiling()):
+        backend = "chunk"
+    return select("gated_activation", backend, _GATED_IMPLS, u)(u, v, activation=activation)
+
+
+__all__ = ["gated_activation", "glu_activation"]

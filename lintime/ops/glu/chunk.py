@@ -14,3 +14,9 @@ def torch_glu(h: torch.Tensor, *, activation: str = "silu") -> torch.Tensor:
     """Same arguments and result as :func:`lintime.ops.glu.naive.naive_glu`."""
     u, v = h.split(h.shape[-1] // 2, dim=-1)
     return _ACTS[activation](u) * v
+
+
+def torch_gated(u: torch.Tensor, v: torch.Tensor, *, activation: str = "silu") -> torch.Tensor:
+    """Same arguments and result as :func:`lintime.ops.glu.naive.naive_gated`: what the FLASH / GAU layers computed
+    before the op existed (``act(u) * v``, each step rounded in the inputs' dtype)."""
+    return _ACTS[activation](u) * v

@@ -24,3 +24,11 @@ def naive_glu(h: torch.Tensor, *, activation: str = "silu") -> torch.Tensor:
     e = h.shape[-1] // 2
     x = h.to(acc_dtype(h))
     return (_act(x[..., :e], activation) * x[..., e:]).to(h.dtype)
+
+
+def naive_gated(u: torch.Tensor, v: torch.Tensor, *, activation: str = "silu") -> torch.Tensor:
+    """``y = act(u) * v`` for ``u, v`` of one shape, in fp32 (fp64 if either is), rounded once to the promoted
+    dtype of ``u`` and ``v``."""
+    out = torch.promote_types(u.dtype, v.dtype)
+    acc = acc_dtype(u.new_empty(0, dtype=out))
+    return (_act(u.to(acc), activation) * v.to(acc)).to(out)

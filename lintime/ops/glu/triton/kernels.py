@@ -1,7 +1,9 @@
-"""Triton kernels of :func:`lintime.ops.glu_activation`: ``y = act(u) * v`` from ``h = [u, v]`` (``[N, 2E]``
-rows), and its backward ``dh = [dy * v * act'(u), dy * act(u)]``, one pass each way over ``BN x BE`` tiles (grid
-``(cdiv(N, BN) * cdiv(E, BE),)``, row-major).  Everything in fp32 registers, rounded once when stored; the
-backward recomputes ``act(u)`` from ``h`` (nothing else is saved).
+"""Triton kernels of :func:`lintime.ops.glu_activation` and :func:`lintime.ops.gated_activation`: ``y = act(u) * v``
+over ``[N, E]`` rows and its backward ``du = dy * v * act'(u)``, ``dv = dy * act(u)``, one pass each way over
+``BN x BE`` tiles (grid ``(cdiv(N, BN) * cdiv(E, BE),)``, row-major).  ``u``, ``v`` and their gradients are any
+row-strided ``[N, E]`` views (a GLU block's ``h = [u, v]``: both halves of one ``[N, 2E]`` tensor, row stride ``2E``;
+the FLASH gate: two tensors).  Everything in fp32 registers, rounded once when stored; the backward recomputes
+``act(u)`` (nothing else is saved).
 
 Activations (``ACT``): 0 silu ``u sig(u)``, 1 gelu (erf) ``u Phi(u)``.
 """
@@ -29,28 +31,25 @@ def _tile(pid, N, E, BN: tl.constexpr, BE: tl.constexpr):
     NE = tl.cdiv(E, BE)
     o_n = (pid // NE).to(tl.int64) * BN + tl.arange(0, BN)
     o_e = (pid % NE) * BE + tl.arange(0, BE)
-    return o_n, o_e, (o_n < N)[:, None] & (o_e < E)[None, :]
+    return o_n[:, None], o_e[None, :], (o_n < N)[:, None] & (o_e < E)[None, :]
 
 
 @triton.jit
-def glu_fwd_kernel(h, y, N, E, ACT: tl.constexpr, BN: tl.constexpr, BE: tl.constexpr):
+def glu_fwd_kernel(u, v, y, su, sv, sy, N, E, ACT: tl.constexpr, BN: tl.constexpr, BE: tl.constexpr):
     o_n, o_e, m = _tile(tl.program_id(0), N, E, BN, BE)
-    p_u = h + o_n[:, None] * (2 * E) + o_e[None, :]
-    b_u = tl.load(p_u, mask=m, other=0.).to(tl.float32)
-    b_v = tl.load(p_u + E, mask=m, other=0.).to(tl.float32)
+    b_u = tl.load(u + o_n * su + o_e, mask=m, other=0.).to(tl.float32)
+    b_v = tl.load(v + o_n * sv + o_e, mask=m, other=0.).to(tl.float32)
     b_a, _ = _act_and_grad(b_u, ACT)
-    tl.store(y + o_n[:, None] * E + o_e[None, :], (b_a * b_v).to(y.dtype.element_ty), mask=m)
+    tl.store(y + o_n * sy + o_e, (b_a * b_v).to(y.dtype.element_ty), mask=m)
 
 
 @triton.jit
-def glu_bwd_kernel(dy, h, dh, N, E, ACT: tl.constexpr, BN: tl.constexpr, BE: tl.constexpr):
+def glu_bwd_kernel(dy, u, v, du, dv, sdy, su, sv, sdu, sdv, N, E, ACT: tl.constexpr, BN: tl.constexpr,
+                   BE: tl.constexpr):
     o_n, o_e, m = _tile(tl.program_id(0), N, E, BN, BE)
-    p_u = h + o_n[:, None] * (2 * E) + o_e[None, :]
-    b_u = tl.load(p_u, mask=m, other=0.).to(tl.float32)
-    b_v = tl.load(p_u + E, mask=m, other=0.).to(tl.float32)
-    b_dy = tl.load(dy + o_n[:, None] * E + o_e[None, :], mask=m, other=0.).to(tl.float32)
+    b_u = tl.load(u + o_n * su + o_e, mask=m, other=0.).to(tl.float32)
+    b_v = tl.load(v + o_n * sv + o_e, mask=m, other=0.).to(tl.float32)
+    b_dy = tl.load(dy + o_n * sdy + o_e, mask=m, other=0.).to(tl.float32)
     b_a, b_da = _act_and_grad(b_u, ACT)
-    p_d = dh + o_n[:, None] * (2 * E) + o_e[None, :]
-    DT = dh.dtype.element_ty
-    tl.store(p_d, (b_dy * b_v * b_da).to(DT), mask=m)
-    tl.store(p_d + E, (b_dy * b_a).to(DT), mask=m)
+    tl.store(du + o_n * sdu + o_e, (b_dy * b_v * b_da).to(du.dtype.element_ty), mask=m)
+    tl.store(dv + o_n * sdv + o_e, (b_dy * b_a).to(dv.dtype.element_ty), mask=m)

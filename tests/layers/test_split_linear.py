@@ -1,0 +1,70 @@
+"""split_linear: one dense layer as two products (the GAU / FLASH ``dense(x)``) equals ``F.linear`` split in two,
+forward and every gradient (fp64 gradcheck), with and without bias, either part unused; under autocast the
+products run in the autocast dtype and the gradients come back in the parameters' / input's dtypes."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lintime.layers._split_linear import split_linear
+from lintime.testing import assert_exact
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_equals_f_linear_split_and_gradcheck(bias):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(11, generator=g, dtype=torch.float64, requires_grad=True) if bias else None
+    y1, y2 = split_linear(x, w, b, 4)
+    ref = F.linear(x, w, b)
+    assert y1.shape == (2, 5, 4) and y2.shape == (2, 5, 7) and y1.is_contiguous() and y2.is_contiguous()
+    assert_exact("y", ref, torch.cat([y1, y2], -1))
+    assert torch.autograd.gradcheck(lambda *a: split_linear(*a, 4), (x, w, b))
+
+
+def test_one_part_unused_and_frozen_weight():
+    """Only the second part reaches the loss: its gradients are F.linear's; a frozen weight gets none."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(7, 6, generator=g, requires_grad=True)
+    lin = torch.nn.Linear(6, 9)
+    _, y2 = split_linear(x, lin.weight, lin.bias, 3)
+    y2.square().sum().backward()
+    got = (x.grad.clone(), lin.weight.grad.clone(), lin.bias.grad.clone())
+    x.grad = None
+    lin.zero_grad()
+    F.linear(x, lin.weight, lin.bias)[:, 3:].square().sum().backward()
+    for name, a, b in zip(("dx", "dw", "db"), (x.grad, lin.weight.grad, lin.bias.grad), got):
+        assert_exact(name, a.double(), b)
+    lin.weight.requires_grad_(False)
+    x.grad = None
+    split_linear(x, lin.weight, lin.bias, 3)[0].sum().backward()
+    assert lin.weight.grad is not None and x.grad is not None  # the earlier grad stays, x gets its own
+
+
+def test_autocast_dtypes_and_values():
+    """Under CPU bf16 autocast: bf16 parts equal to F.linear's under autocast; fp32 gradients for fp32 x and
+    parameters, within two bf16 roundings of F.linear's (dx is two products added)."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(16, 32, generator=g, requires_grad=True)
+    lin = torch.nn.Linear(32, 24)
+    dy = torch.randn(16, 24, generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y1, y2 = split_linear(x, lin.weight, lin.bias, 10)
+        ref = lin(x)
+    assert y1.dtype == y2.dtype == torch.bfloat16
+    assert torch.equal(torch.cat([y1, y2], -1), ref)
+    grads = []
+    for y in (torch.cat([y1, y2], -1), ref):
+        x.grad = None
+        lin.zero_grad()
+        y.float().mul(dy).sum().backward(retain_graph=True)
+        grads.append((x.grad.clone(), lin.weight.grad.clone(), lin.bias.grad.clone()))
+    for name, a, b in zip(("dx", "dw", "db"), *grads):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=2**-7, atol=2**-7 * b.abs().max().item(), msg=name)
+
+
+def test_bad_split_raises():
+    with pytest.raises(ValueError, match="n must be"):
+        split_linear(torch.randn(2, 3), torch.randn(4, 3), None, 4)
