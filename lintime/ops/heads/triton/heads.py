@@ -1,6 +1,7 @@
 """GAU / FLASH heads on one fused Triton kernel each way (see :mod:`.kernels`).
 
-``lintime::gau_heads_fwd`` / ``lintime::gau_heads_bwd`` are ``torch.library`` custom ops (fake
+``lintime::gau_heads_fwd`` / ``lintime::gau_heads_bwd`` (the heads as one tensor) and
+``lintime::gau_heads_split_fwd`` / ``_split_bwd`` (as ``nh`` tensors) are ``torch.library`` custom ops (fake
 tensors for ``torch.compile``) tied together by ``register_autograd``, made by
 :func:`lintime.ops.custom_op.launcher_op`: eager calls take the same launchers without the op dispatch.  The public entry is
 :func:`triton_gau_heads`, the ``"triton"`` backend of :func:`lintime.ops.gau_heads`.
@@ -39,7 +40,7 @@ class HeadsLaunch:
 
     bt: int = 8  # rows of a u / v tile: long contiguous row segments; 4 x 1024, 16 x 512, 32 x 128 no faster
     be: int = 512  # columns of a u / v tile
-    bth: int = 8  # rows per heads block, which bound the backward: 16 / 32 rows gave 0.37 / 0.40 ms against 0.32
+    bth: int = 8  # rows per heads block: 16 / 32 gave a 0.37 / 0.40 ms backward against 0.32 (one block a program)
     warps: int = 4  # per program; 2 or 8 warps no faster
     rb: int = 16  # heads blocks per backward heads program: 16x fewer dgamma / dbeta partial rows; not measured yet
     red_rows: int = 32  # rows x columns of a partial-sum reduction tile (8 programs for nh = 4, s = 128);
