@@ -85,26 +85,6 @@ class FLASHState(BatchState):
         return FLASHState(static_state(self.mc, capacity), static_state(self.fta, capacity), static=True)
 
 
-class _SplitHeads(torch.autograd.Function):
-    """``[B, T, n, s]`` -> ``n`` contiguous ``[B, T, 1, s]`` tensors (the attention ops take contiguous
-    inputs: the same copies slicing would make there); the backward writes the ``n`` gradients into
-    one ``[B, T, n, s]`` tensor with one ``cat``, where autograd's slices would zero-fill, copy and
-    add ``n`` full-size gradients (fills, copies and adds were ~0.2 ms of device time in a profile of
-    the layer's fwd+bwd at 32k tokens, H200: ``lab/profile_flash_layer.py``)."""
-
-    @staticmethod
-    def forward(ctx, heads):
-        ctx.set_materialize_grads(False)
-        return tuple(heads[:, :, i : i + 1].contiguous() for i in range(heads.shape[2]))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        ref = next((g for g in grads if g is not None), None)
-        if ref is None:
-            return None
-        return torch.cat([g if g is not None else torch.zeros_like(ref) for g in grads], dim=2)
-
-
 class FLASH(Mixer):
     """FLASH layer, seed Code 8 (see the module docstring for the math).
 
@@ -213,13 +193,12 @@ class FLASH(Mixer):
         if self._fused_step(x, state, cu_seqlens):
             return self._decode_step_(x, state, positions), state
         # dense(x) as its gate part and its v, z part; silu of v, z, the scale + offset heads and RoPE: one fused
-        # op ([B, T, e], [B, T, 4 or 6, s]); silu of the gate part is taken by the gate below
+        # op (v [B, T, e] and 4 or 6 heads [B, T, 1, s]); silu of the gate part is taken by the gate below
         hu, hvz = split_linear(x, self.proj.weight, self.proj.bias, e)
-        _, v, heads = gau_heads(hvz, self.heads.gamma, self.heads.beta, positions, e=e, s=s, gating=False,
-                                rope_base=self.rope_base,
+        _, v, parts = gau_heads(hvz, self.heads.gamma, self.heads.beta, positions, e=e, s=s, gating=False,
+                                rope_base=self.rope_base, split_heads=True,
                                 backend=heads_backend(self.backend) if self.fused else "chunk")
-        parts = _SplitHeads.apply(heads)  # [B, T, 1, s] each, contiguous
-        qq, kq, ql, kl = parts[:4]
+        qq, kq, ql, kl = parts[:4]  # [B, T, 1, s] each, contiguous (the attention ops take contiguous inputs)
         v = v[:, :, None]  # [B, T, 1, e]
         scale, diag = self._quad_scale_and_bias()
         kwargs = dict(chunk_size=self.chunk_size, causal=self.causal, rel_bias=diag, scale=scale,
