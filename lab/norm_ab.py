@@ -38,13 +38,14 @@ from lintime.ops.norm.triton import ops as norm_ops  # noqa: E402
 from lintime.ops.norm.triton.ops import NormLaunch  # noqa: E402
 
 # The launches compared.  "one-row": one [BD] row per iteration, BD / 256 warps, 8 programs per SM (the kernels'
-# launch before tiles); "default": NormLaunch(); the rest vary one knob of it at a time
+# launch before tiles); "one-row-fit": the same with the grid sized to what the SMs hold at once (no second wave);
+# "default": NormLaunch(); the rest vary its tile
 CONFIGS = {
     "one-row": NormLaunch(rows_per_tile=1, elems_per_warp=256, programs_per_sm=8),
+    "one-row-fit": NormLaunch(rows_per_tile=1, elems_per_warp=256),
     "default": NormLaunch(),
     "tile2048": NormLaunch(tile_elems=2048),
     "tile8192": NormLaunch(tile_elems=8192, elems_per_warp=1024),
-    "warps4-p8": NormLaunch(elems_per_warp=1024, programs_per_sm=8),
 }
 
 # (name, op, kind, N, D)
@@ -129,14 +130,22 @@ def check(outs, ref_outs) -> dict:
     return dict(max_rel=max(rels), ok=all(oks), bitwise=equal)
 
 
-def with_launch(cfg: NormLaunch, fn):
-    """``fn()`` with the norm ops launched under ``cfg`` (graphs captured there keep it)."""
-    saved = norm_ops.LAUNCH
-    norm_ops.LAUNCH = cfg
+def with_launch(cfg: NormLaunch, fn, grids: list | None = None):
+    """``fn()`` with the norm ops launched under ``cfg`` (graphs captured there keep it); ``grids`` gets
+    ``[BM, num_warps, programs]`` of every launch (``x`` ``tiles``: as :func:`norm_ops._programs` takes them)."""
+    saved, programs = norm_ops.LAUNCH, norm_ops._programs
+
+    def recorded(kernel, args, meta, x, tiles):
+        G = programs(kernel, args, meta, x, tiles)
+        if grids is not None:
+            grids.append([meta["BM"], meta["num_warps"], G])
+        return G
+
+    norm_ops.LAUNCH, norm_ops._programs = cfg, recorded
     try:
         return fn()
     finally:
-        norm_ops.LAUNCH = saved
+        norm_ops.LAUNCH, norm_ops._programs = saved, programs
 
 
 def smoke(names: list[str]) -> int:
@@ -146,9 +155,10 @@ def smoke(names: list[str]) -> int:
         case = Case(name, op, kind, N // 256 + 3, SMOKE_SHAPES[D], torch.float32, "cpu")
         ref = with_launch(CONFIGS["default"], case.fwdbwd)
         for cfg_name in names:
-            res = check(with_launch(CONFIGS[cfg_name], case.fwdbwd), ref)
+            launches: list = []
+            res = check(with_launch(CONFIGS[cfg_name], case.fwdbwd, launches), ref)
             bad += not res["ok"]
-            print(f"{name:28s} {cfg_name:10s} {res}")
+            print(f"{name:28s} {cfg_name:11s} {launches} {res}")
     return bad
 
 
@@ -179,12 +189,16 @@ def main() -> None:
     # capture: per launch, per case, the two graphs (the Triton compiles happen here)
     graphs: dict[tuple[str, str, str], torch.cuda.CUDAGraph] = {}
     outputs: dict[tuple[str, str, str], tuple] = {}
+    grids: dict[tuple[str, str], list] = {}  # (config, case) -> [BM, warps, programs] of the fwd and the bwd launch
     captured = []
     for cfg_name in sorted(names, key=lambda n: n not in ("one-row", "default")):  # the key pair first
         if cfg_name not in ("one-row", "default") and time.perf_counter() - t0 > 0.6 * args.budget:
             print(f"budget: {cfg_name} skipped", flush=True)
             continue
         for case in cases:
+            launches: list = []
+            with_launch(CONFIGS[cfg_name], case.fwdbwd, launches)  # compiles; records the grids
+            grids[cfg_name, case.name] = launches
             for mode in ("fwd", "fwdbwd"):
                 g, out = with_launch(CONFIGS[cfg_name], lambda: capture_graph(getattr(case, mode)))
                 graphs[cfg_name, case.name, mode], outputs[cfg_name, case.name, mode] = g, out
@@ -205,7 +219,8 @@ def main() -> None:
     rows, failed = [], []
     for case in cases:
         for cfg_name in captured:
-            row = dict(case=case.name, shape=[case.N, case.D], stream=args.stream, config=cfg_name)
+            row = dict(case=case.name, shape=[case.N, case.D], stream=args.stream, config=cfg_name,
+                       fwd_bwd_grids=grids[cfg_name, case.name])
             for mode in ("fwd", "fwdbwd"):
                 key = (cfg_name, case.name, mode)
                 graphs[key].replay()
@@ -223,14 +238,15 @@ def main() -> None:
                 row["fwd_x"] = round(base["fwd_ms"] / row["fwd_ms"], 3)
                 row["fwdbwd_x"] = round(base["fwdbwd_ms"] / row["fwdbwd_ms"], 3)
             rows.append(row)
-    print(f"{'case':28s} {'launch':10s} {'fwd ms':>8s} {'GB/s':>6s} {'x':>6s} {'fwd+bwd':>8s} {'GB/s':>6s} {'x':>6s}  "
-          "check (max rel vs default)")
+    print(f"{'case':28s} {'launch':11s} {'fwd ms':>8s} {'GB/s':>6s} {'x':>6s} {'fwd+bwd':>8s} {'GB/s':>6s} {'x':>6s}  "
+          f"{'BM/warps/G fwd bwd':21s} check (max rel vs default)")
     for r in rows:
         chk = "bitwise" if r["fwd_check"]["bitwise"] and r["fwdbwd_check"]["bitwise"] else (
             f"{max(r['fwd_check']['max_rel'], r['fwdbwd_check']['max_rel']):.1e}"
             + ("" if r["fwd_check"]["ok"] and r["fwdbwd_check"]["ok"] else " FAIL"))
-        print(f"{r['case']:28s} {r['config']:10s} {r['fwd_ms']:8.4f} {r['fwd_gbs']:6.0f} {r.get('fwd_x', 1.0):6.2f} "
-              f"{r['fwdbwd_ms']:8.4f} {r['fwdbwd_gbs']:6.0f} {r.get('fwdbwd_x', 1.0):6.2f}  {chk}")
+        grid = " ".join("/".join(map(str, g)) for g in r["fwd_bwd_grids"])
+        print(f"{r['case']:28s} {r['config']:11s} {r['fwd_ms']:8.4f} {r['fwd_gbs']:6.0f} {r.get('fwd_x', 1.0):6.2f} "
+              f"{r['fwdbwd_ms']:8.4f} {r['fwdbwd_gbs']:6.0f} {r.get('fwdbwd_x', 1.0):6.2f}  {grid:21s} {chk}")
     env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, commit=git_commit(),
                sms=torch.cuda.get_device_properties(0).multi_processor_count, seconds=round(time.perf_counter() - t0))
     configs = {n: dataclasses.asdict(CONFIGS[n]) for n in captured}

@@ -122,11 +122,12 @@ def test_half_inputs_by_the_half_rule(kind, dtype):
 
 
 def _wrapping_rows(D):
-    """Rows per tile ``BM`` under the current launch and a row count past twice programs x ``BM``, no multiple of
-    ``BM`` (every program walks several tiles; the last one's tail is masked)."""
+    """Rows per tile ``BM`` under the current launch and a row count past twice the most programs x ``BM``, no
+    multiple of ``BM`` (every program walks several tiles; the last one's tail is masked)."""
     from lintime.ops.norm.triton import ops
 
-    BM, G = ops.tiling(1 << 20, D)[1], ops.programs(torch.empty(0, device=DEV), 1 << 20)
+    _, BM, warps, _ = ops.tiling(1 << 20, D)
+    G = ops.max_programs(torch.empty(0, device=DEV), warps)
     N = 2 * G * BM + BM // 2 + 1
     assert ops.tiling(N, D)[1] == BM > 1 and N % BM
     return N

@@ -6,8 +6,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
+import triton
 from torch import Tensor
 
 from lintime.ops.custom_op import empty_f32, grad_as, launcher_op, none_if_empty
@@ -32,8 +34,9 @@ class NormLaunch:
     # Tile elements per warp (warps = BM * BD / this, 1 to max_warps): 16 fp32 values per thread; not measured yet.
     elems_per_warp: int = 512
     max_warps: int = 16  # a 16384-wide row spread over 512 threads (32 values each) rather than spilled
-    # Persistent programs per SM: 4 programs of 8 warps keep 32 warps per SM resident; not measured yet.
-    programs_per_sm: int = 4
+    # Persistent programs per SM; None: as many as one SM holds at once by the compiled kernel's registers, threads
+    # and shared memory (one wave: no SM ends on a lone program of a second); not measured yet.
+    programs_per_sm: int | None = None
     max_bd: int = 16384  # the widest row held in registers (D up to 16384)
 
     def __post_init__(self):
@@ -41,7 +44,7 @@ class NormLaunch:
             v = getattr(self, name)
             if v is not None and (v < 1 or v & (v - 1)):
                 raise ValueError(f"NormLaunch.{name} must be a power of two >= 1, got {v}")
-        if self.programs_per_sm < 1:
+        if self.programs_per_sm is not None and self.programs_per_sm < 1:
             raise ValueError(f"NormLaunch.programs_per_sm must be >= 1, got {self.programs_per_sm}")
 
 
@@ -58,10 +61,55 @@ def tiling(N: int, D: int) -> tuple[int, int, int, int]:
     return BD, BM, warps, cdiv(N, BM)
 
 
-def programs(x: Tensor, tiles: int) -> int:
-    """Persistent programs of a call with ``tiles`` tiles: at most :attr:`NormLaunch.programs_per_sm` per SM (4 in
-    all under the interpreter, so small tests walk several tiles per program)."""
-    return max(1, min(tiles, 4 if interpreting() else sm_count(x.device) * LAUNCH.programs_per_sm))
+def max_programs(x: Tensor, warps: int) -> int:
+    """The most persistent programs of ``warps`` warps a launch on ``x``'s device takes: 4 under the interpreter
+    (small tests walk several tiles per program), else SMs x :attr:`NormLaunch.programs_per_sm` or, without it, SMs x
+    the programs whose threads one SM holds."""
+    if interpreting():
+        return 4
+    if LAUNCH.programs_per_sm is not None:
+        return sm_count(x.device) * LAUNCH.programs_per_sm
+    return sm_count(x.device) * max(1, _threads_per_sm(x.device) // (32 * warps))
+
+
+def _programs(kernel, args: tuple, meta: dict, x: Tensor, tiles: int) -> int:
+    """Persistent programs of a launch ``kernel[grid](*args, **meta)`` of ``tiles`` tiles (``meta`` holds
+    ``num_warps``): :func:`max_programs`, or, where :attr:`NormLaunch.programs_per_sm` is ``None`` on CUDA, SMs x
+    the programs of the compiled kernel one SM holds at once (:func:`_resident`); never more than ``tiles``."""
+    if interpreting() or LAUNCH.programs_per_sm is not None:
+        return max(1, min(tiles, max_programs(x, meta["num_warps"])))
+    return max(1, min(tiles, sm_count(x.device) * _resident(kernel, args, meta, x.device)))
+
+
+_RESIDENT: dict[tuple, int] = {}  # (kernel, device, argument dtypes, constexprs and warps) -> programs per SM
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@functools.cache
+def _threads_per_sm(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(_device_index(device)).max_threads_per_multi_processor
+
+
+def _resident(kernel, args: tuple, meta: dict, device: torch.device) -> int:
+    """Programs of ``kernel`` compiled for ``args`` / ``meta`` that one SM holds at once: the least of its register
+    file over the registers of a program (allocated per warp in 256-register units), its threads over a program's,
+    and its shared memory over a program's (the occupancy rule of Triton's fused-softmax tutorial).  Compiled by
+    ``warmup`` on the first call of a specialisation (the launch that follows reuses the compile), then cached."""
+    key = (kernel, device, tuple(a.dtype if isinstance(a, Tensor) else None for a in args), tuple(sorted(meta.items())))
+    fit = _RESIDENT.get(key)
+    if fit is None:
+        compiled = kernel.warmup(*args, grid=(1,), **meta)
+        compiled._init_handles()  # loads the binary: fills n_regs
+        props = triton.runtime.driver.active.utils.get_device_properties(_device_index(device))
+        warps = meta["num_warps"]
+        warp_regs = -(-compiled.n_regs * 32 // 256) * 256
+        fit = min(props["max_num_regs"] // warp_regs // warps, _threads_per_sm(device) // (32 * warps),
+                  props["max_shared_mem"] // max(1, compiled.metadata.shared))
+        fit = _RESIDENT[key] = max(1, fit)
+    return fit
 
 
 def _flags(kind: str, weight: Tensor, bias: Tensor) -> dict:
@@ -82,11 +130,11 @@ def _fwd(x: Tensor, r: Tensor | None, weight: Tensor, bias: Tensor, kind: str, e
     if N:
         rr, ss = (x, x) if r is None else (r, s)  # unread without HAS_R
         zz = x if z is None else z  # unread without HAS_GATE
-        norm_fwd_kernel[(programs(x, tiles),)](
-            x, rr, zz, weight, bias, ss, y, mean, rstd, x.stride(0), rr.stride(0), zz.stride(0), ss.stride(0),
-            y.stride(0), N, D, eps, **_flags(kind, weight, bias), HAS_R=r is not None, HAS_GATE=z is not None, BM=BM,
-            BD=BD, num_warps=warps,
-        )
+        args = (x, rr, zz, weight, bias, ss, y, mean, rstd, x.stride(0), rr.stride(0), zz.stride(0), ss.stride(0),
+                y.stride(0), N, D, eps)
+        meta = dict(**_flags(kind, weight, bias), HAS_R=r is not None, HAS_GATE=z is not None, BM=BM, BD=BD,
+                    num_warps=warps)
+        norm_fwd_kernel[(_programs(norm_fwd_kernel, args, meta, x, tiles),)](*args, **meta)
     return s, y, mean, rstd
 
 
@@ -104,20 +152,23 @@ def _bwd(dy: Tensor, ds: Tensor | None, x: Tensor, weight: Tensor, bias: Tensor,
     dx = torch.empty((N, D), device=x.device, dtype=dx_dtype)
     dr = empty_f32(x) if dr_dtype is None else torch.empty((N, D), device=x.device, dtype=dr_dtype)
     dz = empty_f32(x) if z is None else torch.empty((N, D), device=x.device, dtype=z.dtype)
-    G = programs(x, tiles)
     flags = _flags(kind, weight, bias)
     has_w, has_b = flags["HAS_W"], flags["HAS_B"]
+    dss, drr = (dx if ds is None else ds), (dx if dr_dtype is None else dr)  # unread / unwritten without the flag
+    zz, dzz = (x, dx) if z is None else (z, dz)
+
+    def args(dw_part, db_part):
+        return (x, zz, weight, bias, dy, dss, dx, drr, dzz, mean, rstd, dw_part, db_part, x.stride(0), zz.stride(0),
+                dy.stride(0), dss.stride(0), dx.stride(0), drr.stride(0), dzz.stride(0), N, D)
+
+    meta = dict(**flags, HAS_DS=ds is not None, HAS_DR=dr_dtype is not None, HAS_GATE=z is not None, BM=BM, BD=BD,
+                num_warps=warps)
+    # the partials' rows depend on the grid: the fp32 `rstd` stands in for them while the grid is chosen
+    G = _programs(norm_bwd_kernel, args(rstd, rstd), meta, x, tiles) if N else 1
     dw_part = torch.empty((G, BD) if has_w else (0,), device=x.device, dtype=torch.float32)
     db_part = torch.empty((G, BD) if has_b else (0,), device=x.device, dtype=torch.float32)
     if N:
-        dss, drr = (dx if ds is None else ds), (dx if dr_dtype is None else dr)  # unread / unwritten without the flag
-        zz, dzz = (x, dx) if z is None else (z, dz)
-        norm_bwd_kernel[(G,)](
-            x, zz, weight, bias, dy, dss, dx, drr, dzz, mean, rstd, dw_part, db_part,
-            x.stride(0), zz.stride(0), dy.stride(0), dss.stride(0), dx.stride(0), drr.stride(0), dzz.stride(0), N, D,
-            **flags, HAS_DS=ds is not None, HAS_DR=dr_dtype is not None, HAS_GATE=z is not None, BM=BM,
-            BD=BD, num_warps=warps,
-        )
+        norm_bwd_kernel[(G,)](*args(dw_part, db_part), **meta)
     if has_w:
         dw = dw_part.sum(0)[:D] if N else torch.zeros(D, device=x.device)
         dw = (dw.sum() if kind == "scalenorm" else dw).to(weight.dtype)
