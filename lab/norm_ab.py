@@ -37,15 +37,18 @@ from lintime.ops import add_normalize, gated_normalize, normalize  # noqa: E402
 from lintime.ops.norm.triton import ops as norm_ops  # noqa: E402
 from lintime.ops.norm.triton.ops import NormLaunch  # noqa: E402
 
-# The launches compared.  "one-row": one [BD] row per iteration, BD / 256 warps, 8 programs per SM (the kernels'
-# launch before tiles); "one-row-fit": the same with the grid sized to what the SMs hold at once (no second wave);
-# "default": NormLaunch(); the rest vary its tile
+# The launches compared, in the order they are captured (a spent budget skips the last).  "one-row": one [BD] row
+# per iteration, BD / 256 warps, 8 programs per SM (the kernels' launch before tiles); "one-row-fit": the same with
+# the grid sized to what the SMs hold at once (no second wave); "default": NormLaunch(); the rest vary its tile and
+# warps (ptxas, sm_90, offline: default bwd 99-128 registers -> 2 programs of 8 warps per SM; "warps4": 160-245
+# registers -> 2-3 programs of 4 warps, more elements per register)
 CONFIGS = {
     "one-row": NormLaunch(rows_per_tile=1, elems_per_warp=256, programs_per_sm=8),
-    "one-row-fit": NormLaunch(rows_per_tile=1, elems_per_warp=256),
     "default": NormLaunch(),
-    "tile2048": NormLaunch(tile_elems=2048),
+    "one-row-fit": NormLaunch(rows_per_tile=1, elems_per_warp=256),
+    "warps4": NormLaunch(elems_per_warp=1024),
     "tile8192": NormLaunch(tile_elems=8192, elems_per_warp=1024),
+    "tile2048": NormLaunch(tile_elems=2048),
 }
 
 # (name, op, kind, N, D)
@@ -174,7 +177,10 @@ def main() -> None:
                     "round started, past it")
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes, checks only")
     args = ap.parse_args()
-    names = [c for c in args.configs.split(",") if c]
+    asked = [c for c in args.configs.split(",") if c]
+    if set(asked) - set(CONFIGS):
+        ap.error(f"unknown --configs {sorted(set(asked) - set(CONFIGS))}; known: {list(CONFIGS)}")
+    names = [c for c in CONFIGS if c in asked]
     if "default" not in names:  # the reference of every check
         names.insert(0, "default")
     if args.smoke:
@@ -191,7 +197,7 @@ def main() -> None:
     outputs: dict[tuple[str, str, str], tuple] = {}
     grids: dict[tuple[str, str], list] = {}  # (config, case) -> [BM, warps, programs] of the fwd and the bwd launch
     captured = []
-    for cfg_name in sorted(names, key=lambda n: n not in ("one-row", "default")):  # the key pair first
+    for cfg_name in names:
         if cfg_name not in ("one-row", "default") and time.perf_counter() - t0 > 0.6 * args.budget:
             print(f"budget: {cfg_name} skipped", flush=True)
             continue

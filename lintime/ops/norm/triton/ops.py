@@ -81,16 +81,20 @@ def _programs(kernel, args: tuple, meta: dict, x: Tensor, tiles: int) -> int:
     return max(1, min(tiles, sm_count(x.device) * _resident(kernel, args, meta, x.device)))
 
 
-_RESIDENT: dict[tuple, int] = {}  # (kernel, device, argument dtypes, constexprs and warps) -> programs per SM
+_RESIDENT: dict[tuple, int] = {}  # (kernel, device index, tensor dtypes, constexprs and warps) -> programs per SM
 
 
 def _device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-@functools.cache
 def _threads_per_sm(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(_device_index(device)).max_threads_per_multi_processor
+    return _max_threads(_device_index(device))
+
+
+@functools.cache
+def _max_threads(index: int) -> int:
+    return torch.cuda.get_device_properties(index).max_threads_per_multi_processor
 
 
 def _resident(kernel, args: tuple, meta: dict, device: torch.device) -> int:
@@ -98,12 +102,13 @@ def _resident(kernel, args: tuple, meta: dict, device: torch.device) -> int:
     file over the registers of a program (allocated per warp in 256-register units), its threads over a program's,
     and its shared memory over a program's (the occupancy rule of Triton's fused-softmax tutorial).  Compiled by
     ``warmup`` on the first call of a specialisation (the launch that follows reuses the compile), then cached."""
-    key = (kernel, device, tuple(a.dtype if isinstance(a, Tensor) else None for a in args), tuple(sorted(meta.items())))
+    index = _device_index(device)
+    key = (kernel, index, *(a.dtype for a in args if isinstance(a, Tensor)), *meta.values())
     fit = _RESIDENT.get(key)
     if fit is None:
         compiled = kernel.warmup(*args, grid=(1,), **meta)
         compiled._init_handles()  # loads the binary: fills n_regs
-        props = triton.runtime.driver.active.utils.get_device_properties(_device_index(device))
+        props = triton.runtime.driver.active.utils.get_device_properties(index)
         warps = meta["num_warps"]
         warp_regs = -(-compiled.n_regs * 32 // 256) * 256
         fit = min(props["max_num_regs"] // warp_regs // warps, _threads_per_sm(device) // (32 * warps),
