@@ -33,7 +33,7 @@ class NormLaunch:
     rows_per_tile: int | None = None
     # Tile elements per warp (warps = BM * BD / this, 1 to max_warps): 16 fp32 values per thread; not measured yet.
     elems_per_warp: int = 512
-    max_warps: int = 16  # a 16384-wide row spread over 512 threads (32 values each) rather than spilled
+    max_warps: int = 16  # the widest program: 512 threads, 32 values each of a 16384-wide row (as the one-row launch)
     # Persistent programs per SM; None: as many as one SM holds at once by the compiled kernel's registers, threads
     # and shared memory (one wave: no SM ends on a lone program of a second); not measured yet.
     programs_per_sm: int | None = None
