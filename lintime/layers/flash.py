@@ -54,7 +54,7 @@ from lintime.layers.attention import KVCache
 from lintime.layers.base import BatchState, Mixer, static_state
 from lintime.layers.gau import ScaleOffset, heads_backend, longest_sequence
 from lintime.layers.positional import ToeplitzRelativeBias
-from lintime.layers._split_linear import split_linear
+from lintime.layers._split_linear import dense, split_linear
 from lintime.ops import MixedChunkState, gated_activation, gau_heads, mixed_chunk_attention, mixed_chunk_decode_step_
 from lintime.ops.utils import chunk_layout
 
@@ -224,7 +224,7 @@ class FLASH(Mixer):
                 a = a + o_f
         # squeeze, not a[:, :, 0]: select's backward is a zero fill + a copy of the whole gradient
         gated = gated_activation(hu, a.squeeze(2), backend=None if self.fused else "chunk")  # silu(u) * a, one pass
-        return self.out(gated), new_state
+        return dense(gated, self.out.weight, self.out.bias), new_state
 
     def _fused_step(self, x, state, cu_seqlens) -> bool:
         """Whether this call is a one-token step that :meth:`_decode_step_` takes: a static state, no

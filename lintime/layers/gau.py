@@ -41,7 +41,7 @@ from lintime.layers._rows import append_kv, bias_diagonals, dense_attention, emp
 from lintime.layers.attention import KVCache
 from lintime.layers.base import Mixer
 from lintime.layers.positional import ToeplitzRelativeBias
-from lintime.layers._split_linear import split_linear
+from lintime.layers._split_linear import dense, split_linear
 from lintime.ops import gated_activation, gau_attention, gau_heads
 from lintime.ops.utils import chunk_layout
 
@@ -283,7 +283,7 @@ class GAU(Mixer):
         a = a.reshape(B, T, e)
         if self.gating:
             a = gated_activation(hu, a, backend=None if self.fused else "chunk")  # silu(u) * a, one pass each way
-        return self.out(a), new_state
+        return dense(a, self.out.weight, self.out.bias), new_state
 
     def init_state(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> KVCache:
         H = self.n_heads

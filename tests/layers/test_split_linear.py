@@ -68,3 +68,21 @@ def test_autocast_dtypes_and_values():
 def test_bad_split_raises():
     with pytest.raises(ValueError, match="n must be"):
         split_linear(torch.randn(2, 3), torch.randn(4, 3), None, 4)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_dense_equals_f_linear_and_gradcheck(bias):
+    """dense (the bias gradient as a GEMV) is F.linear: values and every gradient (fp64 gradcheck); under CPU bf16
+    autocast its output equals F.linear's bit for bit."""
+    from lintime.layers._split_linear import dense
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 4, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(5, generator=g, dtype=torch.float64, requires_grad=True) if bias else None
+    assert_exact("y", F.linear(x, w, b), dense(x, w, b))
+    assert torch.autograd.gradcheck(dense, (x, w, b))
+    lin = torch.nn.Linear(6, 5, bias=bias)
+    xf = torch.randn(7, 6, generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(dense(xf, lin.weight, lin.bias), lin(xf))

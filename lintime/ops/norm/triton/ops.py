@@ -26,13 +26,18 @@ class NormLaunch:
     """Launch configuration of the norm kernels: ``G`` persistent programs walk ``[BM, BD]`` tiles of ``BM`` rows
     (``BD``: ``D`` rounded up to a power of two)."""
 
-    # Elements of a tile (BM = tile_elems // BD rows, at least 1): several rows per iteration put more bytes in
-    # flight per program than one [BD] row, which left the kernels 2.5-3.5x off bandwidth (H200); not measured yet.
-    tile_elems: int = 4096
+    # Elements of a tile (BM = tile_elems // BD rows, at least 1): 2048 was the fastest of one row, 2048, 4096 and
+    # 8192 for fwd and fwd+bwd at [32768, 768] bf16 (add / gated, layernorm / rmsnorm; 1.1-1.2x one row; H200, 2026-11-27).
+    tile_elems: int = 2048
     # BM fixed instead of taken from tile_elems (a power of two; 1: one row per iteration): for A/B runs and tests.
     rows_per_tile: int | None = None
-    # Tile elements per warp (warps = BM * BD / this, 1 to max_warps): 16 fp32 values per thread; not measured yet.
+    # Below this row width (BD) the backward walks one row per iteration: gated rmsnorm at [131072, 192] bf16 fwd+bwd
+    # 0.141 ms one row (1 warp) vs 0.250 in 8-row tiles (H200, 2026-11-27).
+    backward_tiles_from: int = 512
+    # Tile elements per warp (warps = BM * BD / this, 1 to max_warps): the tile2048 launch above (4 warps at D = 768).
     elems_per_warp: int = 512
+    # A one-row program's elements per warp: 4 warps for a 1024-wide row, 1 for a 256-wide one (the launch measured).
+    row_elems_per_warp: int = 256
     max_warps: int = 16  # the widest program: 512 threads, 32 values each of a 16384-wide row (as the one-row launch)
     # Persistent programs per SM; None: as many as one SM holds at once by the compiled kernel's registers, threads
     # and shared memory (one wave: no SM ends on a lone program of a second); not measured yet.
@@ -40,7 +45,8 @@ class NormLaunch:
     max_bd: int = 16384  # the widest row held in registers (D up to 16384)
 
     def __post_init__(self):
-        for name in ("tile_elems", "rows_per_tile", "elems_per_warp", "max_warps"):
+        for name in ("tile_elems", "rows_per_tile", "backward_tiles_from", "elems_per_warp", "row_elems_per_warp",
+                     "max_warps"):
             v = getattr(self, name)
             if v is not None and (v < 1 or v & (v - 1)):
                 raise ValueError(f"NormLaunch.{name} must be a power of two >= 1, got {v}")
@@ -51,13 +57,20 @@ class NormLaunch:
 LAUNCH = NormLaunch()
 
 
-def tiling(N: int, D: int) -> tuple[int, int, int, int]:
-    """``(BD, BM, num_warps, tiles)`` of a call on ``N`` rows of ``D`` features under :data:`LAUNCH`; ``BM`` is
-    at most ``N`` rounded up to a power of two (a short call masks no more rows than that)."""
+def tiling(N: int, D: int, backward: bool = False) -> tuple[int, int, int, int]:
+    """``(BD, BM, num_warps, tiles)`` of a forward (or ``backward``) call on ``N`` rows of ``D`` features under
+    :data:`LAUNCH`; ``BM`` is at most ``N`` rounded up to a power of two (a short call masks no more rows than that)."""
     launch = LAUNCH
     BD = next_pow2(D)
-    BM = min(launch.rows_per_tile or max(1, launch.tile_elems // BD), next_pow2(N))
-    warps = min(launch.max_warps, max(1, BM * BD // launch.elems_per_warp))
+    if launch.rows_per_tile is not None:
+        BM = launch.rows_per_tile
+    elif backward and BD < launch.backward_tiles_from:
+        BM = 1
+    else:
+        BM = max(1, launch.tile_elems // BD)
+    BM = min(BM, next_pow2(N))
+    per_warp = launch.row_elems_per_warp if BM == 1 else launch.elems_per_warp
+    warps = min(launch.max_warps, max(1, BM * BD // per_warp))
     return BD, BM, warps, cdiv(N, BM)
 
 
@@ -150,7 +163,7 @@ def _bwd(dy: Tensor, ds: Tensor | None, x: Tensor, weight: Tensor, bias: Tensor,
     ``dr`` (an empty tensor when ``dr_dtype`` is ``None``), the gain / bias gradients (empty when absent) and,
     with a gate ``z``, its gradient ``dz`` (``norm'`` then takes ``dy * silu(z)``; else ``dz`` is empty)."""
     N, D = x.shape
-    BD, BM, warps, tiles = tiling(N, D)
+    BD, BM, warps, tiles = tiling(N, D, backward=True)
     dy = dy if dy.stride(-1) == 1 else dy.contiguous()
     if ds is not None:
         ds = ds if ds.stride(-1) == 1 else ds.contiguous()
