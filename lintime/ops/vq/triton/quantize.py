@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.kernel_launch import block, check_device, interpreting
+from lintime.ops.kernel_launch import block, check_device, interpreting, next_pow2
 
 
 @triton.jit
@@ -44,13 +44,19 @@ def vq_quantize_kernel(k, cb, c2, codes, k_hat, S, H: tl.constexpr, K: tl.conste
 def quantize_step(k: torch.Tensor, codebook: torch.Tensor, sq_norms: torch.Tensor):
     """``k`` ``[N, H, K]``, ``codebook`` ``[H, S, K]`` fp32, ``sq_norms`` ``||codebook||^2`` (``H * S`` values, fp32)
     -> ``codes [N, H]`` (int64, the first nearest codeword) and ``k_hat [N, H, K]`` (that codeword in ``k``'s
-    dtype).  No gradient.  Tiles: 32 codes per step (16 under the interpreter), not timed yet."""
+    dtype).  No gradient.  Tiles of ``BS`` codes x ``K`` (16 codes under the interpreter): a step is latency-bound
+    (one program per sequence and head walks the whole codebook), so wide tiles of 16k elements (128 codes at K = 128,
+    8 warps) take 4 steps for 512 codes where 32-code tiles took 16 -- 29 us per layer and token with 32-code tiles in
+    vq-base's decode profile (H200, 2026-11-27, ``benchmarks/profile_decode.py``)."""
     check_device("quantize_step", k)
     N, H, K = k.shape
     S = codebook.shape[1]
     codes = torch.empty(N, H, dtype=torch.long, device=k.device)
     k_hat = torch.empty_like(k)
+    BK = block(K)
+    BS = 16 if interpreting() else min(next_pow2(S), max(32, 16384 // BK))
+    warps = 4 if interpreting() else max(4, min(8, BS * BK // 2048))
     if N * H:
         vq_quantize_kernel[(N * H,)](k.contiguous(), codebook.contiguous(), sq_norms.contiguous(), codes, k_hat, S,
-                                    H=H, K=K, BS=16 if interpreting() else 32, BK=block(K))
+                                    H=H, K=K, BS=BS, BK=BK, num_warps=warps)
     return codes, k_hat
