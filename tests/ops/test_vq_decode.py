@@ -317,10 +317,13 @@ def test_layer_keeps_the_op_path_where_the_fused_step_does_not_apply():
     assert new is not static
 
 
+@pytest.mark.parametrize("splits", [None, 1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_quantize_kernel_equals_the_layer_quantize(dtype):
-    """The decoding step's one-kernel quantisation (distances, first argmin, the codeword in the keys' dtype)
-    equals the layer's PyTorch quantize: codes equal, k_hat bit for bit; two heads, 37 codes (partial tiles)."""
+def test_quantize_kernel_equals_the_layer_quantize(dtype, splits):
+    """The decoding step's quantisation kernels (distances, first argmin, the codeword in the keys' dtype) equal
+    the layer's PyTorch quantize: codes equal, k_hat bit for bit; two heads, 37 codes (partial tiles), the codes
+    walked by one program or split over 3 and merged (a tie between splits keeps the first index: a copy of an
+    earlier codeword placed later)."""
     pytest.importorskip("triton")
     from lintime.layers.vq import VQAttention
     from lintime.ops.vq.triton.quantize import quantize_step
@@ -330,7 +333,9 @@ def test_quantize_kernel_equals_the_layer_quantize(dtype):
     cb = torch.randn(H, S, K, generator=g)
     k = (torch.randn(N, 1, H, K, generator=g) * 1.2).to(dtype)
     codes_ref, k_hat_ref, _ = VQAttention.quantize(k, cb)
+    cb[:, 30] = cb[torch.arange(H), codes_ref[0, 0]]  # the first sequence's nearest, again in the last split
+    codes_ref, k_hat_ref, _ = VQAttention.quantize(k, cb)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    codes, k_hat = quantize_step(k[:, 0].to(dev), cb.to(dev), cb.pow(2).sum(-1)[:, None, :].to(dev))
+    codes, k_hat = quantize_step(k[:, 0].to(dev), cb.to(dev), cb.pow(2).sum(-1)[:, None, :].to(dev), splits)
     assert torch.equal(codes.cpu(), codes_ref[:, 0]) and codes.dtype == torch.long
     assert torch.equal(k_hat.cpu(), k_hat_ref[:, 0]) and k_hat.dtype == dtype

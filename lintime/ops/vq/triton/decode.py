@@ -236,15 +236,16 @@ def _tiles(K: int, V: int) -> dict:
 
 def _splits(programs: int, keys: int, BN: int, device: torch.device) -> tuple[int, int]:
     """``(CH, NSPLIT)``: how many key chunks (of ``CH``, a multiple of ``BN``) the attention kernel's ``programs``
-    (sequences x heads x value tiles) split the ``2L + S`` keys into so that about two programs per SM run
-    (vq-base at batch 1: 12 programs, 12 splits of 128 keys; at batch 64 none), else each program's online
-    softmax walks every key in sequence; not timed yet.  Under the interpreter, chunks of ``2 BN`` (the tests
-    then cross split boundaries inside the window, the cache and between them)."""
+    (sequences x heads x value tiles) split the ``2L + S`` keys into so that about four programs per SM run, each
+    walking at least two key tiles (vq-base at batch 1: 12 programs, 24 splits of 64 keys; at batch 64 none).  A
+    program's tiles are a chain of dependent loads: with 12 splits of 128 keys the kernel took 18 us per layer and
+    token (vq-base's decode profile, H200, 2026-11-27).  Under the interpreter, chunks of ``2 BN`` (the tests then
+    cross split boundaries inside the window, the cache and between them)."""
     if interpreting():
         ch = 2 * BN
         return ch, cdiv(keys, ch)
-    want = 2 * _sm_count(device)
-    ns = max(1, min(cdiv(want, max(programs, 1)), cdiv(keys, 4 * BN)))
+    want = 4 * _sm_count(device)
+    ns = max(1, min(cdiv(want, max(programs, 1)), cdiv(keys, 2 * BN)))
     ch = cdiv(cdiv(keys, ns), BN) * BN
     return ch, cdiv(keys, ch)
 
