@@ -111,6 +111,7 @@ def test_cpu_breaks_name_families():
     assert set(TRITON_FAMILIES) <= families
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test (CPU tensors)")
 @pytest.mark.parametrize("name", [n for n in FAMILY_TINY_PRESETS if get_preset(n).family in TRITON_FAMILIES])
 def test_triton_paths_packed(name, monkeypatch):
     """The packed training forward with the ops' Triton paths (as on CUDA; the interpreter here): no graph break

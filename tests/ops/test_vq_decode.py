@@ -61,6 +61,7 @@ def test_composite_equals_the_op_on_one_token():
             assert_exact(f"token {t} {f}", getattr(ref, f).double(), getattr(mine, f).double())
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test (CPU tensors)")
 @pytest.mark.parametrize("bias, H, V", [(True, 2, 16), (False, 1, 24)])
 def test_fused_step_equals_the_composite_fp32(bias, H, V):
     g = torch.Generator().manual_seed(1)
@@ -97,6 +98,7 @@ def _half_steps(g, st, cb, H, K, V, S, L, dtype, steps):
         assert_exact(f"token {t} cache_count", ref16.cache_count, fused.cache_count)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test (CPU tensors)")
 def test_fused_step_fp16_half_rule():
     """fp16 window buffers and inputs, fp32 cache: the fused output within the half rule of the fp16 composite,
     both against the fp64 composite from the same (rounded) inputs; the states stay equal to the composite's."""
@@ -132,6 +134,7 @@ def test_key_splits_equal_the_composite(splits):
             assert_exact(f"splits {splits} token {t} {f}", getattr(ref, f).double(), getattr(fused, f).double())
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test (CPU tensors)")
 def test_relative_bias_is_the_dense_window_bias():
     """``rel_bias = (qv, r)`` equals passing the dense ``[N, H, 2L]`` bias built position by position from the
     definition (distance ``m = L + pos % L - j`` in ``[0, L]``; fp64 composite), and the fused step with the
@@ -237,6 +240,7 @@ def _set_backend(model, backend):
         blk.mixer.backend = backend
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test (CPU tensors)")
 @pytest.mark.parametrize("autocast", [False, True])
 def test_static_decoding_takes_the_fused_step_and_gives_the_eager_tokens(autocast):
     """Greedy decoding of 2 rows through ``StaticDecoder`` with the fused step (interpreter) against the eager
@@ -293,6 +297,7 @@ def test_static_decoding_takes_the_fused_step_and_gives_the_eager_tokens(autocas
     assert dec.state.offset.tolist() == [ids.shape[1] + steps] * 2
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test (CPU tensors)")
 def test_layer_keeps_the_op_path_where_the_fused_step_does_not_apply():
     """A non-static state, the CPU without backend='triton', training mode (the EMA update) and gradients take
     the op's path: a new state object."""
