@@ -31,7 +31,7 @@ import torch
 
 from lintime.bench.measure import call_times_ms, git_commit, median_ms
 from lintime.ops import gau_heads
-from lintime.ops.heads.triton.heads import _bwd_impl, default_launch
+from lintime.ops.heads.triton.heads import _bwd_impl, _fwd_impl, default_launch
 
 
 class _SplitHeads(torch.autograd.Function):
@@ -71,6 +71,8 @@ def main() -> None:
     ap.add_argument("--nh", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--rbs", default="1,4,16,64", help="HeadsLaunch.rb values of the backward-launcher table")
+    ap.add_argument("--configs", default="", help="HeadsLaunch variants for the backward-launcher table instead of "
+                    "--rbs: ';'-separated 'field=value,...' (e.g. 'rb=16;rb=8,bth=16;bt=16,warps=8')")
     ap.add_argument("--out", default="heads_split_ab.json")
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny fp32 shape, checks only")
     a = ap.parse_args()
@@ -130,8 +132,11 @@ def main() -> None:
     hd = h.detach()
     bwd_rows = []
     ref = None
-    for rb in [int(x) for x in a.rbs.split(",")]:
-        cfg = replace(cfg0, rb=rb)
+    variants = [dict(kv.split("=") for kv in c.split(",")) for c in a.configs.split(";") if c] or \
+        [{"rb": x} for x in a.rbs.split(",")]
+    for var in variants:
+        cfg = replace(cfg0, **{k: int(v) for k, v in var.items()})
+        rb = cfg.rb
 
         def bwd(cfg=cfg):
             return _bwd_impl(None, dv, dqs, hd, gamma.detach(), pos, e, s, False, 10000.0, 1, True, cfg=cfg)
@@ -139,10 +144,14 @@ def main() -> None:
         out = bwd()
         ref = ref or out
         diff = max(float(((x - y).abs().max() / y.abs().max().clamp_min(1e-30))) for x, y in zip(out[1:], ref[1:]))
-        row = dict(case="bwd launcher", rb=rb, partial_rows=-(-T // (cfg.bth * rb)), dh_equal=bool(torch.equal(out[0],
-                   ref[0])), dparams_max_rel_diff=diff)
+        row = dict(case="bwd launcher", rb=rb, config=",".join(f"{k}={v}" for k, v in var.items()),
+                   partial_rows=-(-T // (cfg.bth * rb)), dh_equal=bool(torch.equal(out[0], ref[0])),
+                   dparams_max_rel_diff=diff)
         if not a.smoke:
             row["dev_ms"] = round(statistics.median(median_ms(bwd, warmup=5, rep=20) for _ in range(a.rounds)), 4)
+            fw = lambda cfg=cfg: _fwd_impl(hd, gamma.detach(), beta.detach(), pos, e, s, False, 10000.0, 1,  # noqa
+                                            True, cfg=cfg)
+            row["fwd_ms"] = round(median_ms(fw, warmup=5, rep=20), 4)
         bwd_rows.append(row)
     if not a.smoke:  # the former fold: two torch.sum(0) over one partial row per 8-row block
         part = torch.randn(2, -(-T // cfg0.bth), nh, s, device=dev)
@@ -150,9 +159,9 @@ def main() -> None:
         bwd_rows.append(dict(case="former torch.sum fold", partial_rows=part.shape[1], dev_ms=round(ms, 4)))
     print(f"\n{'backward launcher':22s} {'partial rows':>12s} {'device ms':>10s}  dh equal  dparams rel diff")
     for row in bwd_rows:
-        label = f"rb={row['rb']}" if "rb" in row else row["case"]
+        label = row.get("config") or row["case"]
         print(f"{label:22s} {row['partial_rows']:12d} {row.get('dev_ms', float('nan')):10.4f}  "
-              f"{str(row.get('dh_equal', '')):8s}  {row.get('dparams_max_rel_diff', '')}")
+              f"{str(row.get('dh_equal', '')):8s}  {row.get('dparams_max_rel_diff', '')}  fwd {row.get('fwd_ms', '')}")
 
     env = dict(device=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (smoke)", torch=torch.__version__,
                commit=git_commit(), dtype=str(dt), tokens=T, e=e, s=s, nh=nh, gating=False)
