@@ -42,9 +42,12 @@ class HeadsLaunch:
     be: int = 512  # columns of a u / v tile
     bth: int = 8  # rows per heads block: 16 / 32 gave a 0.37 / 0.40 ms backward against 0.32 (one block a program)
     warps: int = 4  # per program; 2 or 8 warps no faster
-    rb: int = 16  # heads blocks per backward heads program: 16x fewer dgamma / dbeta partial rows; not measured yet
-    red_rows: int = 32  # rows x columns of a partial-sum reduction tile (8 programs for nh = 4, s = 128);
-    red_cols: int = 128  # not measured yet
+    # heads blocks per backward heads program (16x fewer dgamma / dbeta partial rows): backward 0.186 ms against
+    # 0.190-0.42 for rb 1-32 with 128-512-row fold tiles, bth 16-64, 16-32-row / 256-1024-column tiles and 8 warps
+    # (at most 4 % faster: bt 32 x be 256), 32k tokens, e 1536, nh 4, bf16, H200, 2026-11-27 (lab/heads_split_ab.py)
+    rb: int = 16
+    red_rows: int = 32  # rows x columns of a partial-sum reduction tile (8 programs for nh = 4, s = 128)
+    red_cols: int = 128
 
 
 def default_launch(device: torch.device) -> HeadsLaunch:
