@@ -121,27 +121,17 @@ def test_half_inputs_by_the_half_rule(kind, dtype):
         assert_half_rule(f"{kind} {dtype} {name}", want, got, bb)
 
 
-def _wrapping_rows(D):
-    """Rows per tile ``BM`` under the current launch and a row count past twice the most programs x ``BM``, no
-    multiple of ``BM`` (every program walks several tiles; the last one's tail is masked)."""
-    from lintime.ops.norm.triton import ops
-
-    _, BM, warps, _ = ops.tiling(1 << 20, D)
-    G = ops.max_programs(torch.empty(0, device=DEV), warps)
-    N = 2 * G * BM + BM // 2 + 1
-    assert ops.tiling(N, D)[1] == BM > 1 and N % BM
-    return N
-
-
 @pytest.mark.parametrize("launch", [{}, {"rows_per_tile": 4}], ids=["default", "bm4"])
-def test_tiles_wrap_with_a_row_tail(launch, monkeypatch):
+def test_tiles_wrap_with_a_row_tail(launch, monkeypatch, norm_wrapping_rows):
     """Many tiles per program and a partial last tile, layernorm with gain and bias: both outputs and every gradient
     (the stream's own gradient added; ``dw`` / ``db`` summed over tiles and programs) equal the fp64 definition."""
     from lintime.ops.norm.triton import ops
 
     monkeypatch.setattr(ops, "LAUNCH", ops.NormLaunch(**launch))
     D = 40
-    x, r, ds, dh = _inputs((_wrapping_rows(D), D), seed=8)
+    BM, rows = norm_wrapping_rows(D)
+    assert BM > 1  # several rows of D = 40 in a tile
+    x, r, ds, dh = _inputs((rows, D), seed=8)
     w, b = _params("layernorm", D)
     ref = _run(*_f64(x, r, w, b, ds, dh), "layernorm", "naive")
     out = _run(x, r, w, b, ds, dh, "layernorm", "triton")

@@ -121,28 +121,18 @@ def test_autocast_mix_fp32_rows_half_gate(kind):
     _mix_check(kind, (29, 96), torch.float16, seed=4)
 
 
-def _wrapping_rows(D):
-    """Rows per tile ``BM`` under the current launch and a row count past twice the most programs x ``BM``, no
-    multiple of ``BM`` (every program walks several tiles; the last one's tail is masked)."""
-    from lintime.ops.norm.triton import ops
-
-    _, BM, warps, _ = ops.tiling(1 << 20, D)
-    G = ops.max_programs(torch.empty(0, device=DEV), warps)
-    N = 2 * G * BM + BM // 2 + 1
-    assert ops.tiling(N, D)[1] == BM > 1 and N % BM
-    return N
-
-
 @pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
 @pytest.mark.parametrize("launch", [{}, {"rows_per_tile": 4}], ids=["default", "bm4"])
-def test_tiles_wrap_with_a_row_tail(kind, launch, monkeypatch):
+def test_tiles_wrap_with_a_row_tail(kind, launch, monkeypatch, norm_wrapping_rows):
     """Many tiles per program and a partial last tile at GLA's head width: the result and every gradient (``dw`` /
     ``db`` summed over tiles and programs) equal the fp64 definition to fp32 exactness."""
     from lintime.ops.norm.triton import ops
 
     monkeypatch.setattr(ops, "LAUNCH", ops.NormLaunch(**launch))
     D = 192
-    x, z, dy = _inputs((_wrapping_rows(D), D), seed=10)
+    BM, rows = norm_wrapping_rows(D)
+    assert BM > 1  # several rows of D = 192 in a forward tile
+    x, z, dy = _inputs((rows, D), seed=10)
     w, b = _params(kind, D)
     ref = _run(*_f64(x, z, w, b, dy), kind, "naive")
     out = _run(x, z, w, b, dy, kind, "triton")

@@ -84,32 +84,19 @@ def test_out_dtype_is_the_rounded_fp32_result(kind):
         assert_exact(f"{kind} {backend} dw", dw32, dw)
 
 
-def wrapping_rows(D, device=DEV):
-    """Under the current launch: rows per tile ``BM`` of a long call of width ``D``, and a row count past twice the
-    most programs x ``BM`` that is no multiple of ``BM`` (every program walks several tiles, the last tile partly past
-    the rows: its tail masked)."""
-    from lintime.ops.norm.triton import ops
-
-    _, BM, warps, _ = ops.tiling(1 << 20, D)
-    G = ops.max_programs(torch.empty(0, device=device), warps)
-    N = 2 * G * BM + BM // 2 + 1
-    assert ops.tiling(N, D)[1] == BM and N > G * BM and (BM == 1 or N % BM)
-    return BM, N
-
-
 LAUNCHES = {"default": {}, "bm4": {"rows_per_tile": 4},
             "one-row": {"rows_per_tile": 1, "elems_per_warp": 256, "programs_per_sm": 8}}
 
 
 @pytest.mark.parametrize("launch", LAUNCHES.values(), ids=LAUNCHES.keys())
-def test_tiles_wrap_with_a_row_tail(launch, monkeypatch):
+def test_tiles_wrap_with_a_row_tail(launch, monkeypatch, norm_wrapping_rows):
     """Many tiles per program and a partial last tile, layernorm with gain and bias: Triton equals the fp64
     definition to fp32 exactness, forward and every gradient (``dw`` / ``db`` summed over tiles and programs)."""
     from lintime.ops.norm.triton import ops
 
     monkeypatch.setattr(ops, "LAUNCH", ops.NormLaunch(**launch))
     D = 60
-    BM, N = wrapping_rows(D)
+    BM, N = norm_wrapping_rows(D)
     assert BM > 1 or launch.get("rows_per_tile") == 1  # the default puts several rows of D = 60 in a tile
     g = torch.Generator().manual_seed(7)
     x = (torch.randn(N, D, generator=g) * 3 + 0.5).to(DEV)
