@@ -32,73 +32,47 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return x.dtype
 
 
-class _SplitLinear(torch.autograd.Function):
+class _Linear(torch.autograd.Function):
+    """``F.linear`` whose output rows ``[0, n)`` and ``[n, m)`` of the weight are two products and two outputs
+    (``n = 0``: one product, one output); the bias gradient as a GEMV (:func:`_bias_grad`)."""
+
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, n: int):
         dt = _compute_dtype(x)
         x2 = x.reshape(-1, x.shape[-1]).to(dt)
         w = weight.to(dt)
         b = None if bias is None else bias.to(dt)
+        parts = [(0, n), (n, w.shape[0])] if n else [(0, w.shape[0])]
         with torch.autocast(x.device.type, enabled=False):
-            if b is None:
-                y1, y2 = x2 @ w[:n].t(), x2 @ w[n:].t()
-            else:
-                y1, y2 = torch.addmm(b[:n], x2, w[:n].t()), torch.addmm(b[n:], x2, w[n:].t())
+            ys = [x2 @ w[i:j].t() if b is None else torch.addmm(b[i:j], x2, w[i:j].t()) for i, j in parts]
         ctx.save_for_backward(x2, w)
-        ctx.n, ctx.has_bias, ctx.x_shape = n, bias is not None, x.shape
+        ctx.parts, ctx.has_bias, ctx.x_shape = parts, bias is not None, x.shape
         ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
-        lead = x.shape[:-1]
-        return y1.view(*lead, n), y2.view(*lead, w.shape[0] - n)
+        return tuple(y.view(*x.shape[:-1], j - i) for y, (i, j) in zip(ys, parts))
 
     @staticmethod
-    def backward(ctx, g1: Tensor | None, g2: Tensor | None):
+    def backward(ctx, *grads: Tensor | None):
         x2, w = ctx.saved_tensors
-        n = ctx.n
         x_dt, w_dt, b_dt = ctx.dtypes
-        m, rows = x2.shape[0], w.shape[0]
-        g1 = x2.new_zeros(m, n) if g1 is None else g1.reshape(m, n).to(x2.dtype)
-        g2 = x2.new_zeros(m, rows - n) if g2 is None else g2.reshape(m, rows - n).to(x2.dtype)
+        m = x2.shape[0]
+        gs = [x2.new_zeros(m, j - i) if g is None else g.reshape(m, j - i).to(x2.dtype)
+              for g, (i, j) in zip(grads, ctx.parts)]
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = g1 @ w[:n]
-            dx.addmm_(g2, w[n:])  # accumulated in the product's epilogue: no separate add of two [m, d] tensors
+            dx = gs[0] @ w[slice(*ctx.parts[0])]
+            for g, (i, j) in zip(gs[1:], ctx.parts[1:]):
+                dx.addmm_(g, w[i:j])  # accumulated in the product's epilogue: no separate add of two [m, d] tensors
             dx = dx.view(ctx.x_shape).to(x_dt)
         if ctx.needs_input_grad[1]:
-            dw = torch.cat([g1.t() @ x2, g2.t() @ x2]).to(w_dt)
+            dw = torch.cat([g.t() @ x2 for g in gs]).to(w_dt)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = torch.cat([_bias_grad(g1), _bias_grad(g2)]).to(b_dt)
+            db = torch.cat([_bias_grad(g) for g in gs]).to(b_dt)
         return dx, dw, db, None
-
-
-class _Dense(torch.autograd.Function):
-    """``F.linear`` with the bias gradient as a GEMV (:func:`_bias_grad`); the products as autocast runs them."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None):
-        dt = _compute_dtype(x)
-        x2 = x.reshape(-1, x.shape[-1]).to(dt)
-        w = weight.to(dt)
-        with torch.autocast(x.device.type, enabled=False):
-            y = x2 @ w.t() if bias is None else torch.addmm(bias.to(dt), x2, w.t())
-        ctx.save_for_backward(x2, w)
-        ctx.has_bias, ctx.x_shape = bias is not None, x.shape
-        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
-        return y.view(*x.shape[:-1], w.shape[0])
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        x2, w = ctx.saved_tensors
-        x_dt, w_dt, b_dt = ctx.dtypes
-        g = g.reshape(-1, w.shape[0]).to(x2.dtype)
-        dx = (g @ w).view(ctx.x_shape).to(x_dt) if ctx.needs_input_grad[0] else None
-        dw = (g.t() @ x2).to(w_dt) if ctx.needs_input_grad[1] else None
-        db = _bias_grad(g).to(b_dt) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return dx, dw, db
 
 
 def dense(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``F.linear(x, weight, bias)`` (autocast as ``F.linear``) whose backward takes the bias gradient as a GEMV."""
-    return _Dense.apply(x, weight, bias)
+    return _Linear.apply(x, weight, bias, 0)[0]
 
 
 def split_linear(x: Tensor, weight: Tensor, bias: Tensor | None, n: int) -> tuple[Tensor, Tensor]:
@@ -106,8 +80,7 @@ def split_linear(x: Tensor, weight: Tensor, bias: Tensor | None, n: int) -> tupl
     ``F.linear(x, weight, bias).split([n, m - n], -1)`` as two contiguous tensors."""
     if not 0 < n < weight.shape[0]:
         raise ValueError(f"split_linear: n must be in (0, {weight.shape[0]}), got {n}")
-    y1, y2 = _SplitLinear.apply(x, weight, bias, n)
-    return y1, y2
+    return _Linear.apply(x, weight, bias, n)
 
 
 __all__ = ["dense", "split_linear"]
