@@ -1,7 +1,7 @@
-"""One token's vector quantisation (seed Eq. 5, and Eq. 6's forward value) in one kernel for a decoding step:
-``vq_quantize_kernel`` -- per (sequence, head), the distances ``||c_s||^2 - 2 k . c_s`` to every codeword in fp32
+"""One token's vector quantisation (seed Eq. 5, and Eq. 6's forward value) for a decoding step:
+``vq_quantize_kernel`` -- per (sequence, head) and chunk of the codes, the distances ``||c_s||^2 - 2 k . c_s`` to every codeword in fp32
 (``||k||^2`` does not change the argmin), their first minimum and that codeword written as ``k_hat`` in ``k``'s
-dtype.  Replaces the layer's cast, distance GEMM, argmin, gather and cast (five launches per layer and token).
+dtype (merged over the chunks by ``vq_quantize_pick_kernel``).  Replaces the layer's cast, distance GEMM, argmin, gather and cast (five launches per layer and token).
 Inference only: no gradient, no commitment loss or EMA statistics (training runs the layer's PyTorch path)."""
 
 from __future__ import annotations
@@ -14,20 +14,35 @@ from lintime.ops.kernel_launch import block, cdiv, check_device, interpreting, n
 
 
 @triton.jit
-def vq_quantize_kernel(k, cb, c2, codes, k_hat, S, H: tl.constexpr, K: tl.constexpr, BS: tl.constexpr,
-                       BK: tl.constexpr):
-    """Grid ``(N * H,)``.  ``k`` ``[N, H, K]``, ``cb`` ``[H, S, K]`` fp32, ``c2`` ``[H, S]`` fp32 (``||c||^2``);
-    writes ``codes`` ``[N, H]`` (int64) and ``k_hat`` ``[N, H, K]``."""
-    i_nh = tl.program_id(0)
+def _store_code(cb, codes, k_hat, i_nh, h, best_i, S, K: tl.constexpr, BK: tl.constexpr):
+    """``codes[i_nh] = best_i`` and its codeword as ``k_hat[i_nh]`` in ``k_hat``'s dtype."""
+    tl.store(codes + i_nh, best_i.to(tl.int64))
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    b_z = tl.load(cb + (h * S + best_i) * K + o_k, mask=m_k, other=0.0)
+    tl.store(k_hat + i_nh * K + o_k, b_z.to(k_hat.dtype.element_ty), mask=m_k)
+
+
+@triton.jit
+def vq_quantize_kernel(k, cb, c2, codes, k_hat, part_d, part_i, S, CH, NSPLIT, H: tl.constexpr, K: tl.constexpr,
+                       BS: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr):
+    """Grid ``(N * H, NSPLIT)``.  ``k`` ``[N, H, K]``, ``cb`` ``[H, S, K]`` fp32, ``c2`` ``[H, S]`` fp32
+    (``||c||^2``).  Program ``(i_nh, i_c)`` finds the first nearest of codes ``[i_c CH, (i_c + 1) CH)``; with
+    ``SPLIT`` its distance goes to ``part_d [N H, NSPLIT]`` (fp32) and its index to ``part_i`` (int32) for
+    :func:`vq_quantize_pick_kernel`, else (one chunk, all codes) it writes ``codes`` ``[N, H]`` (int64) and
+    ``k_hat`` ``[N, H, K]``."""
+    i_nh, i_c = tl.program_id(0), tl.program_id(1)
     h = i_nh % H
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     b_k = tl.load(k + i_nh * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+    lo = i_c * CH
+    hi = tl.minimum(S, lo + CH)
     best = tl.full([], float("inf"), tl.float32)
-    best_i = tl.zeros([], tl.int32)
-    for s0 in range(0, S, BS):
+    best_i = tl.zeros([], tl.int32) + lo  # all distances inf: the chunk's first code, as torch.argmin
+    for s0 in range(lo, hi, BS):
         o_s = s0 + tl.arange(0, BS)
-        m_s = o_s < S
+        m_s = o_s < hi
         b_c = tl.load(cb + (h * S + o_s[:, None]) * K + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
         b_d = tl.load(c2 + h * S + o_s, mask=m_s, other=0.0) - 2.0 * tl.sum(b_c * b_k[None, :], 1)
         b_d = tl.where(m_s, b_d, float("inf"))
@@ -36,37 +51,11 @@ def vq_quantize_kernel(k, cb, c2, codes, k_hat, S, H: tl.constexpr, K: tl.conste
         better = d_min < best  # strictly: an earlier tile keeps a tie
         best_i = tl.where(better, i_min, best_i)
         best = tl.where(better, d_min, best)
-    tl.store(codes + i_nh, best_i.to(tl.int64))
-    b_z = tl.load(cb + (h * S + best_i) * K + o_k, mask=m_k, other=0.0)
-    tl.store(k_hat + i_nh * K + o_k, b_z.to(k_hat.dtype.element_ty), mask=m_k)
-
-
-@triton.jit
-def vq_quantize_part_kernel(k, cb, c2, part_d, part_i, S, CH, NSPLIT, H: tl.constexpr, K: tl.constexpr,
-                            BS: tl.constexpr, BK: tl.constexpr):
-    """Grid ``(N * H, NSPLIT)``: the first nearest of codes ``[i_c CH, (i_c + 1) CH)`` -- its distance to
-    ``part_d [N H, NSPLIT]`` (fp32) and its index to ``part_i`` (int32); a split past ``S`` writes ``inf``."""
-    i_nh, i_c = tl.program_id(0), tl.program_id(1)
-    h = i_nh % H
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    b_k = tl.load(k + i_nh * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-    best = tl.full([], float("inf"), tl.float32)
-    best_i = tl.zeros([], tl.int32) + S
-    hi = tl.minimum(S, (i_c + 1) * CH)
-    for s0 in range(i_c * CH, hi, BS):
-        o_s = s0 + tl.arange(0, BS)
-        m_s = o_s < hi
-        b_c = tl.load(cb + (h * S + o_s[:, None]) * K + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
-        b_d = tl.load(c2 + h * S + o_s, mask=m_s, other=0.0) - 2.0 * tl.sum(b_c * b_k[None, :], 1)
-        b_d = tl.where(m_s, b_d, float("inf"))
-        d_min = tl.min(b_d, 0)
-        i_min = tl.min(tl.where(b_d == d_min, o_s, S), 0)
-        better = d_min < best
-        best_i = tl.where(better, i_min, best_i)
-        best = tl.where(better, d_min, best)
-    tl.store(part_d + i_nh * NSPLIT + i_c, best)
-    tl.store(part_i + i_nh * NSPLIT + i_c, best_i)
+    if SPLIT:
+        tl.store(part_d + i_nh * NSPLIT + i_c, best)
+        tl.store(part_i + i_nh * NSPLIT + i_c, best_i)
+    else:
+        _store_code(cb, codes, k_hat, i_nh, h, best_i, S, K, BK)
 
 
 @triton.jit
@@ -75,19 +64,12 @@ def vq_quantize_pick_kernel(part_d, part_i, cb, codes, k_hat, S, NSPLIT, H: tl.c
     """Grid ``(N * H,)``: the splits' first nearest merged (the least distance; among equal ones the least index,
     as ``torch.argmin``), written as ``codes`` and its codeword as ``k_hat``."""
     i_nh = tl.program_id(0)
-    h = i_nh % H
     o_c = tl.arange(0, BC)
     m_c = o_c < NSPLIT
     b_d = tl.load(part_d + i_nh * NSPLIT + o_c, mask=m_c, other=float("inf"))
     b_i = tl.load(part_i + i_nh * NSPLIT + o_c, mask=m_c, other=S)
-    d_min = tl.min(b_d, 0)
-    best_i = tl.min(tl.where(b_d == d_min, b_i, S), 0)
-    best_i = tl.minimum(best_i, S - 1)  # only when every distance is NaN / inf: torch's argmin then gives an index too
-    tl.store(codes + i_nh, best_i.to(tl.int64))
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    b_z = tl.load(cb + (h * S + best_i) * K + o_k, mask=m_k, other=0.0)
-    tl.store(k_hat + i_nh * K + o_k, b_z.to(k_hat.dtype.element_ty), mask=m_k)
+    best_i = tl.min(tl.where(b_d == tl.min(b_d, 0), b_i, S), 0)
+    _store_code(cb, codes, k_hat, i_nh, i_nh % H, best_i, S, K, BK)
 
 
 def quantize_step(k: torch.Tensor, codebook: torch.Tensor, sq_norms: torch.Tensor, splits: int | None = None):
@@ -98,7 +80,7 @@ def quantize_step(k: torch.Tensor, codebook: torch.Tensor, sq_norms: torch.Tenso
     A step is latency-bound: with few sequences one program per (sequence, head) walking the whole codebook took
     29 us per layer and token with 32-code tiles, 20 us with 128-code tiles (vq-base's decode profile, H200,
     2026-11-27, ``benchmarks/profile_decode.py``).  So the codes are split over about two programs per SM
-    (``vq_quantize_part_kernel``, 32-code chunks at batch 1) and a second kernel merges the splits' minima
+    (``vq_quantize_kernel``, 32-code chunks at batch 1) and a second kernel merges the splits' minima
     (flash-decoding's split, for an argmin); with enough sequences one kernel walks all codes in 16k-element tiles.
     ``splits``: the number of code chunks (``None``: that rule; 1: the one kernel; tests)."""
     check_device("quantize_step", k)
@@ -112,17 +94,18 @@ def quantize_step(k: torch.Tensor, codebook: torch.Tensor, sq_norms: torch.Tenso
     BK = block(K)
     if splits is None:
         splits = 1 if interpreting() else max(1, min(cdiv(S, 32), cdiv(2 * sm_count(k.device), N * H)))
-    if splits == 1:
-        BS = 16 if interpreting() else min(next_pow2(S), max(32, 16384 // BK))
-        warps = 4 if interpreting() else max(4, min(8, BS * BK // 2048))
-        vq_quantize_kernel[(N * H,)](k, codebook, sq_norms, codes, k_hat, S, H=H, K=K, BS=BS, BK=BK, num_warps=warps)
-        return codes, k_hat
-    CH = cdiv(S, splits)
-    BS = min(next_pow2(CH), 16 if interpreting() else max(32, 8192 // BK))
-    part_d = torch.empty(N * H, splits, dtype=torch.float32, device=k.device)
-    part_i = torch.empty(N * H, splits, dtype=torch.int32, device=k.device)
-    vq_quantize_part_kernel[(N * H, splits)](k, codebook, sq_norms, part_d, part_i, S, CH, splits, H=H, K=K, BS=BS,
-                                             BK=BK)
-    vq_quantize_pick_kernel[(N * H,)](part_d, part_i, codebook, codes, k_hat, S, splits, H=H, K=K,
-                                      BC=max(2, next_pow2(splits)), BK=BK)
+    if splits == 1:  # one program walks every code in wide tiles
+        CH, BS = S, 16 if interpreting() else min(next_pow2(S), max(32, 16384 // BK))
+        part_d = part_i = None
+    else:
+        CH = cdiv(S, splits)
+        BS = min(next_pow2(CH), 16 if interpreting() else max(32, 8192 // BK))
+        part_d = torch.empty(N * H, splits, dtype=torch.float32, device=k.device)
+        part_i = torch.empty(N * H, splits, dtype=torch.int32, device=k.device)
+    warps = 4 if interpreting() else max(4, min(8, BS * BK // 2048))
+    vq_quantize_kernel[(N * H, splits)](k, codebook, sq_norms, codes, k_hat, part_d, part_i, S, CH, splits, H=H, K=K,
+                                        BS=BS, BK=BK, SPLIT=splits > 1, num_warps=warps)
+    if splits > 1:
+        vq_quantize_pick_kernel[(N * H,)](part_d, part_i, codebook, codes, k_hat, S, splits, H=H, K=K,
+                                          BC=max(2, next_pow2(splits)), BK=BK)
     return codes, k_hat
