@@ -16,9 +16,6 @@ import dataclasses
 import pytest
 import torch
 
-from lintime.generation import decode_one_token, prefill
-from lintime.generation.static import StaticDecoder
-from lintime.layers.base import copy_state_
 from lintime.layers.flash import FLASH, FLASHState
 from lintime.models import CausalLM, get_preset
 from lintime.ops import MixedChunkState, gau_heads, mixed_chunk_attention, mixed_chunk_decode_step_
@@ -156,48 +153,21 @@ def _tiny_flash():
     return CausalLM(cfg).eval()
 
 
-def _set_backend(model, backend):
-    for blk in model.backbone.blocks:
-        blk.mixer.backend = backend
-
-
 @cpu_only
-def test_static_decoding_through_the_fused_step_gives_the_eager_tokens():
+def test_static_decoding_through_the_fused_step_gives_the_eager_tokens(eager_and_static_decode):
     m = _tiny_flash()
     ids = torch.tensor([[3, 14, 15, 9, 26], [5, 35, 8, 9, 7]])
     steps = 7  # positions 5..11: both rows complete a chunk twice (C = 4)
     with torch.no_grad():
-        logits, state = prefill(m, ids)
-        tok, st, eager, eager_logits = logits.argmax(-1), state, [], []
-        for _ in range(steps):  # eager: the recurrent form, a new state per step
-            lg, st = decode_one_token(m, tok, st)
-            tok = lg.argmax(-1)
-            eager.append(tok)
-            eager_logits.append(lg)
-        dec = StaticDecoder(m, state, capacity=ids.shape[1] + steps)
-        assert all(isinstance(s, FLASHState) and s.static for s in dec.state.layers)
-        _set_backend(m, "triton")  # the fused step through the interpreter
-        try:
-            tok, fused, fused_logits = logits.argmax(-1), [], []
-            for t in range(steps):
-                if t == 0:  # what StaticDecoder.step does, with a look at the state the model returns
-                    lg, new = decode_one_token(m, tok, dec.state)
-                    assert all(a is b for a, b in zip(new.layers, dec.state.layers))  # in place, returned as is
-                    copy_state_(dec.state, new)
-                else:
-                    lg = dec.step(tok)
-                tok = lg.argmax(-1)
-                fused.append(tok)
-                fused_logits.append(lg)
-        finally:
-            _set_backend(m, None)
-    assert torch.equal(torch.stack(eager, 1), torch.stack(fused, 1))
-    assert_exact("logits", torch.stack(eager_logits), torch.stack(fused_logits))
+        eager, eager_logits, fused, fused_logits, dec = eager_and_static_decode(m, ids, steps)
+    assert all(isinstance(s, FLASHState) for s in dec.state.layers)
+    assert torch.equal(eager, fused)
+    assert_exact("logits", eager_logits, fused_logits)
     assert dec.state.offset.tolist() == [ids.shape[1] + steps] * 2
 
 
 @cpu_only
-def test_static_decoding_under_autocast_takes_the_fused_step():
+def test_static_decoding_under_autocast_takes_the_fused_step(eager_and_static_decode):
     """fp32 weights under fp16 autocast (how `lintime bench model` decodes): the state's buffers are fp16, the step
     runs the fused op in fp16 (every layer, every step) and gives the eager autocast tokens and logits."""
     m = _tiny_flash()
@@ -205,31 +175,16 @@ def test_static_decoding_under_autocast_takes_the_fused_step():
     steps = 7
     calls = []
     real = FLASH._decode_step_
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
-        logits, state = prefill(m, ids)
-        assert state.layers[0].mc.v.dtype == torch.float16
-        tok, st, eager, eager_logits = logits.argmax(-1), state, [], []
-        for _ in range(steps):
-            lg, st = decode_one_token(m, tok, st)
-            tok = lg.argmax(-1)
-            eager.append(tok)
-            eager_logits.append(lg)
-        dec = StaticDecoder(m, state, capacity=ids.shape[1] + steps)
-        _set_backend(m, "triton")
-        FLASH._decode_step_ = lambda self, *a: calls.append(1) or real(self, *a)
-        try:
-            tok, fused, fused_logits = logits.argmax(-1), [], []
-            for _ in range(steps):
-                lg = dec.step(tok)
-                tok = lg.argmax(-1)
-                fused.append(tok)
-                fused_logits.append(lg)
-        finally:
-            FLASH._decode_step_ = real
-            _set_backend(m, None)
+    FLASH._decode_step_ = lambda self, *a: calls.append(1) or real(self, *a)  # only the static path calls it
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+            eager, eager_logits, fused, fused_logits, dec = eager_and_static_decode(m, ids, steps)
+    finally:
+        FLASH._decode_step_ = real
+    assert dec.state.layers[0].mc.v.dtype == torch.float16
     assert len(calls) == steps * len(m.backbone.blocks)
-    assert torch.equal(torch.stack(eager, 1), torch.stack(fused, 1))
-    assert_exact("logits", torch.stack(eager_logits).float(), torch.stack(fused_logits).float())
+    assert torch.equal(eager, fused)
+    assert_exact("logits", eager_logits.float(), fused_logits.float())
 
 
 @cpu_only

@@ -235,14 +235,9 @@ def _tiny_vq():
     return CausalLM(cfg).eval()
 
 
-def _set_backend(model, backend):
-    for blk in model.backbone.blocks:
-        blk.mixer.backend = backend
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test (CPU tensors)")
 @pytest.mark.parametrize("autocast", [False, True])
-def test_static_decoding_takes_the_fused_step_and_gives_the_eager_tokens(autocast):
+def test_static_decoding_takes_the_fused_step_and_gives_the_eager_tokens(autocast, eager_and_static_decode):
     """Greedy decoding of 2 rows through ``StaticDecoder`` with the fused step (interpreter) against the eager
     decoding (the op's recurrent form, a new state per token): tokens equal, logits by the exact rule; every layer
     of every step took the fused op and returned the state it was given.  ``autocast``: fp32 weights under fp16
@@ -250,8 +245,6 @@ def test_static_decoding_takes_the_fused_step_and_gives_the_eager_tokens(autocas
     (summed in different orders) to fp16, so the logits' rule is fp16's: 2^-10 relative RMS."""
     import contextlib
 
-    from lintime.generation import StaticDecoder, decode_one_token, prefill
-    from lintime.layers.base import copy_state_
     from lintime.layers.vq import VQAttention
 
     m = _tiny_vq()
@@ -259,37 +252,16 @@ def test_static_decoding_takes_the_fused_step_and_gives_the_eager_tokens(autocas
     steps = 9  # positions 5..13: two block ends (L = 4), the cache in use
     calls = []
     real = VQAttention._fused_step
+    VQAttention._fused_step = lambda self, *a: real(self, *a) and not calls.append(1)  # counts the fused steps
     ctx = torch.autocast("cpu", dtype=torch.float16) if autocast else contextlib.nullcontext()
-    with torch.no_grad(), ctx:
-        logits, state = prefill(m, ids)
-        tok, st, eager, eager_logits = logits.argmax(-1), state, [], []
-        for _ in range(steps):
-            lg, st = decode_one_token(m, tok, st)
-            tok = lg.argmax(-1)
-            eager.append(tok)
-            eager_logits.append(lg)
-        dec = StaticDecoder(m, state, capacity=ids.shape[1] + steps)
-        assert all(s.static for s in dec.state.layers)
-        _set_backend(m, "triton")
-        VQAttention._fused_step = lambda self, *a: real(self, *a) and not calls.append(1)
-        try:
-            tok, fused, fused_logits = logits.argmax(-1), [], []
-            for t in range(steps):
-                if t == 0:
-                    lg, new = decode_one_token(m, tok, dec.state)
-                    assert all(a is b for a, b in zip(new.layers, dec.state.layers))  # in place, returned as is
-                    copy_state_(dec.state, new)
-                else:
-                    lg = dec.step(tok)
-                tok = lg.argmax(-1)
-                fused.append(tok)
-                fused_logits.append(lg)
-        finally:
-            VQAttention._fused_step = real
-            _set_backend(m, None)
+    try:
+        with torch.no_grad(), ctx:
+            eager, ref, fused, out, dec = eager_and_static_decode(m, ids, steps)
+    finally:
+        VQAttention._fused_step = real
     assert len(calls) == steps * len(m.backbone.blocks)
-    assert torch.equal(torch.stack(eager, 1), torch.stack(fused, 1))
-    ref, out = torch.stack(eager_logits).float(), torch.stack(fused_logits).float()
+    assert torch.equal(eager, fused)
+    ref, out = ref.float(), out.float()
     if autocast:  # both compute in fp32 and round the attention output to fp16: a few ulps (2^-11) apart
         assert_close("logits", ref, out, 2.0**-10)
     else:
