@@ -266,14 +266,10 @@ class GAU(Mixer):
         H, e, s = self.n_heads, self.e, self.s
         # silu, split, the scale + offset heads and RoPE per attention head: one fused op; with gating the gate's
         # part of dense(x) is its own product, its silu taken by the gate below (as in FLASH)
-        hb = heads_backend(self.backend) if self.fused else "chunk"
-        if self.gating:
-            hu, hvz = split_linear(x, self.proj.weight, self.proj.bias, e)
-            _, v, qk = gau_heads(hvz, self.qk.gamma, self.qk.beta, positions, e=e, s=s, gating=False,
-                                 rope_base=self.rope_base, rope_heads=H, backend=hb)
-        else:
-            _, v, qk = gau_heads(self.proj(x), self.qk.gamma, self.qk.beta, positions, e=e, s=s, gating=False,
-                                 rope_base=self.rope_base, rope_heads=H, backend=hb)
+        hu, hvz = split_linear(x, self.proj.weight, self.proj.bias, e) if self.gating else (None, self.proj(x))
+        _, v, qk = gau_heads(hvz, self.qk.gamma, self.qk.beta, positions, e=e, s=s, gating=False,
+                             rope_base=self.rope_base, rope_heads=H,
+                             backend=heads_backend(self.backend) if self.fused else "chunk")
         q, k = (qk[:, :, i].reshape(B, T, H, s // H) for i in range(2))  # [B, T, H, s/H] views
         v = v.reshape(B, T, H, e // H)
         if state is None:
