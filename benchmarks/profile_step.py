@@ -74,7 +74,8 @@ _RULES = (
                       "relu2bwd", "glafwd", "glabwd", "glarecurrent", "glasegsummary", "linearfwdkernel",
                       "linearbwd", "linearrecurrent",
                       # Transformer-VQ: the custom ops, their eager autograd nodes, the kernels
-                      "lintime::vq", "eagervq", "vqfwdkernel", "vqbwdquerykernel", "vqbwdkeykernel",
+                      "lintime::vq", "eagervq", "vqprobskernel", "vqpvkernel", "vqdpkernel", "vqdeltakernel",
+                      "vqbwdkeykernel",
                       "vqscanfwdkernel", "vqscanbwdkernel")),
     ("norms", ("layernorm", "rmsnorm", "groupnorm", "lintime::normalize", "lintime::addnorm", "normfwdkernel",
                "normbwdkernel", "addnormfwd", "addnormbwd")),

@@ -31,23 +31,22 @@ import torch  # noqa: E402
 from lintime.ops.vq.triton import triton_vq_attention  # noqa: E402
 from lintime.ops.vq.triton.launch import default_launch  # noqa: E402
 
-# (name, overrides of the default launch); fields: bm bn bv warps_fwd | bm_q bn_q bv_q warps_q | bn_k bi_k bd_k
-# warps_k | stages.  One axis at a time (the forward's tiles do not change the backward kernels and the reverse), so
-# the best forward and the best backward combine; "combined" is one such guess, timed as a whole
+# (name, overrides of the default launch); fields: bm_p bn_p warps_p (probabilities) | bm_o bd_o bk_o warps_o
+# (P [v; mean], dS [k; codebook]) | bm_d bn_d bk_d warps_d (dS) | bn_k bi_k bd_k warps_k (dv, dk) | stages.  One axis
+# at a time (each kernel's tiles change only that kernel)
 VARIANTS = [
     ("default", {}),
-    ("fwd bv256", dict(bv=256)),
-    ("fwd bm128", dict(bm=128)),
-    ("fwd bm128 bn32", dict(bm=128, bn=32)),
-    ("fwd bm128 bn32 bv256", dict(bm=128, bn=32, bv=256)),
-    ("stages3", dict(stages=3)),
-    ("bwdq bv64", dict(bv_q=64)),
-    ("bwdq bn64 bv64", dict(bn_q=64, bv_q=64)),
-    ("bwdq bm128", dict(bm_q=128)),
-    ("bwdq bm32 bn64 bv64 w4", dict(bm_q=32, bn_q=64, bv_q=64, warps_q=4)),
-    ("bwdk bn128 w8", dict(bn_k=128, warps_k=8)),
-    ("bwdk bi32 bd64", dict(bi_k=32, bd_k=64)),
-    ("combined", dict(bm=128, bn=32, bv=256, bn_q=64, bv_q=64, bn_k=128, warps_k=8)),
+    ("probs bm128 w8", dict(bm_p=128, warps_p=8)),
+    ("probs bn32", dict(bn_p=32)),
+    ("pv bd256", dict(bd_o=256)),
+    ("pv bm64 w4", dict(bm_o=64, warps_o=4)),
+    ("pv bk32", dict(bk_o=32)),
+    ("dp bn64 w4", dict(bn_d=64, warps_d=4)),
+    ("dp bn256", dict(bn_d=256)),
+    ("dp bk32", dict(bk_d=32)),
+    ("stages2", dict(stages=2)),
+    ("stages4", dict(stages=4)),
+    ("key bn64 bi32", dict(bn_k=64, bi_k=32)),
 ]
 
 

@@ -43,12 +43,12 @@ _LAYER = "lintime/layers/vq.py(241): forward"
     (("vq_quantisation", "aten::index_add_", "indexFuncLargeIndex"), (), "quantisation"),
     (("aten::linear", "aten::addmm", "nvjet_tst_128x256"), (_LAYER,), "GEMMs"),  # the layer's projections
     (("aten::silu", "vectorized_elementwise_kernel"), (_LAYER,), "elementwise"),
-    (("vq_fwd_kernel",), (), "attention op"),  # unlinked, by the kernel's name
+    (("vq_pv_kernel",), (), "attention op"),  # unlinked, by the kernel's name
     (("autograd::engine::evaluate_function: Eager_vq_fwdBackward", "Eager_vq_fwdBackward", "aten::einsum",
       "aten::bmm", "nvjet_tst_64x64"), (), "attention op"),  # the cache's gradients in the op's backward
-    (("vq_bwd_query_kernel",), (), "attention op"),
+    (("vq_dp_kernel",), (), "attention op"),
     (("vq_scan_bwd_kernel",), (), "attention op"),
-    (("lintime::vq_fwd", "vq_fwd_kernel"), (), "attention op"),
+    (("lintime::vq_fwd", "vq_pv_kernel"), (), "attention op"),
     (("Optimizer.step#AdamW.step", "aten::_fused_adamw_", "multi_tensor_apply_kernel"),
      ("torch/optim/adamw.py(100): step",), "optimizer"),
 ])
@@ -69,8 +69,8 @@ def test_replayed_kernels_split_by_the_eager_body(ps):
     reference = [P(("aten::argmin", "argmin_k"), 2.0, ("lintime/layers/vq.py(1): quantize",)),
                  P(("aten::add", "add_k"), 3.0, ("lintime/layers/vq.py(2): commit_loss",)),
                  P(("aten::add", "add_k"), 1.0, ()),
-                 P(("vq_fwd_kernel",), 5.0)]
-    replay = [P(("argmin_k",), 4.0), P(("add_k",), 8.0), P(("vq_fwd_kernel",), 10.0), P(("gemm_new",), 1.0)]
+                 P(("vq_pv_kernel",), 5.0)]
+    replay = [P(("argmin_k",), 4.0), P(("add_k",), 8.0), P(("vq_pv_kernel",), 10.0), P(("gemm_new",), 1.0)]
     out = ps.breakdown(ps.replayed(replay, reference), busy_us=23.0, step_ms=0.023, steps=1)
     assert out["quantisation"] == pytest.approx((4.0 + 6.0) / 1e3)
     assert out["elementwise"] == pytest.approx(2.0 / 1e3)

@@ -265,9 +265,9 @@ def test_custom_ops_pass_opcheck():
     utils = ("test_schema", "test_faketensor", "test_autograd_registration")
     torch.library.opcheck(torch.ops.lintime.vq_fwd, (*[x.requires_grad_() if x.is_floating_point() else x
                                                        for x in args], L, launch), test_utils=utils)
-    o, lse = torch.ops.lintime.vq_fwd(*[x.detach() for x in args], L, launch)
-    torch.library.opcheck(torch.ops.lintime.vq_bwd, (r(1, L, H, V), *[x.detach() for x in args], o, lse, L, launch),
-                          test_utils=utils)
+    o, pw, pc = torch.ops.lintime.vq_fwd(*[x.detach() for x in args], L, launch)
+    torch.library.opcheck(torch.ops.lintime.vq_bwd, (r(1, L, H, V), *[x.detach() for x in args], o, pw, pc, L,
+                                                     launch), test_utils=utils)
     first = torch.tensor([[1, 0, 0, 1, 0]], dtype=torch.int8)
     cnt, sumv = torch.randint(0, 3, (1, 5, H, S), generator=g).float(), r(1, 5, H, S, V)
     qmap = torch.tensor([-1, 1, -1, 0, -1], dtype=torch.int32)
@@ -293,6 +293,30 @@ def test_scatter_sums_equal_block_sums():
     (c0, s0), (c1, s1) = block_sums(codes, v, valid, 9), scatter_sums(codes, v, valid, 9)
     assert torch.equal(c0, c1) and (c1[..., 7:] == 0).all()
     assert_exact("scatter sums", s0, s1)
+
+
+@cuda
+@pytest.mark.parametrize("H", [1, 2])
+def test_cuda_onehot_sums_equal_block_sums(H):
+    """Half values on CUDA take the one-hot product (fp32 accumulation): counts equal, sums within fp32 rounding of
+    the fp64 one-hot sums of the same values, and the values' gradient is each valid slot's row of the incoming
+    gradient rounded once to bf16 (zero for an empty slot)."""
+    from lintime.ops.vq.state import block_sums, scatter_sums
+
+    g = torch.Generator().manual_seed(2)
+    codes = torch.randint(0, 37, (3, 4, 64, H), generator=g)
+    valid = torch.rand(3, 4, 64, generator=g) > 0.3
+    v = (torch.randn(3, 4, 64, H, 96, generator=g) * valid[..., None, None]).bfloat16()
+    vg = v.cuda().requires_grad_()
+    c1, s1 = scatter_sums(codes.cuda(), vg, valid.cuda(), 40)
+    c0, s0 = block_sums(codes, v.double(), valid, 40)
+    assert s1.dtype == torch.float32 and torch.equal(c1.cpu(), c0.float())
+    assert_exact("one-hot sums", s0, s1.cpu())
+    w = torch.randn(s1.shape, generator=g)
+    (dv,) = torch.autograd.grad((s1 * w.cuda()).sum(), vg)
+    heads = torch.arange(H).expand_as(codes)
+    want = w[torch.arange(3)[:, None, None, None], torch.arange(4)[None, :, None, None], heads, codes]
+    assert torch.equal(dv.cpu(), (want * valid[..., None, None]).bfloat16())
 
 
 def test_block_summary_masks_empty_slots():

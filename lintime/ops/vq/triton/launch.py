@@ -13,22 +13,24 @@ from lintime.ops.launch_tables import LaunchConfig
 
 @dataclass(frozen=True)
 class VQLaunch(LaunchConfig):
-    """Tiles and launch settings of :mod:`.kernels`.  The field defaults are tiles that ptxas (Triton 3.9, sm_90)
-    compiles without spilling registers at the vq-base shape (``K = 128, V = 1536, L = S = 512``, bf16), 2026-11-27;
-    :func:`default_launch` picks the measured faster launch for half inputs."""
+    """Tiles and launch settings of :mod:`.kernels`.  The field defaults are the fp32 tiles; :func:`default_launch`
+    picks larger ones for half inputs."""
 
-    bm: int = 64  # forward: query rows per program
-    bn: int = 64  # forward: window columns / cache codes per step
-    bv: int = 128  # forward: value columns per program (the score tile is recomputed per value tile)
-    warps_fwd: int = 8  # 224 registers, no spill (4 warps: 255 registers and 248 B of spills)
-    bm_q: int = 64  # backward query kernel: query rows per program
-    bn_q: int = 32  # backward query kernel: columns per step (64 with bv_q 64: 368 B of spills at 8 warps)
-    bv_q: int = 32  # backward query kernel: V step of do . v^T
-    warps_q: int = 8  # 239 registers, no spill
+    bm_p: int = 64  # probabilities: query rows per program
+    bn_p: int = 64  # probabilities: window columns / cache codes per step
+    warps_p: int = 4
+    bm_o: int = 64  # P [v; mean] and dS [k; codebook]: query rows per program
+    bd_o: int = 64  # ... output columns per program
+    bk_o: int = 32  # ... window columns / codes per step
+    warps_o: int = 4
+    bm_d: int = 64  # dS: query rows per program
+    bn_d: int = 64  # dS: window columns / codes per program
+    bk_d: int = 32  # dS: value columns per step of do . v^T
+    warps_d: int = 4
     bn_k: int = 64  # backward key kernel: key rows per program
-    bi_k: int = 64  # backward key kernel: query rows per step
-    bd_k: int = 128  # backward key kernel: output columns per program
-    warps_k: int = 4  # 236 registers, no spill
+    bi_k: int = 32  # backward key kernel: query rows per step
+    bd_k: int = 64  # backward key kernel: output columns per program
+    warps_k: int = 8
     stages: int = 2
 
 
@@ -44,14 +46,10 @@ def default_launch(K: int, V: int, dtype: torch.dtype) -> VQLaunch:
 @functools.lru_cache(maxsize=64)
 def _default_launch(K: int, V: int, dtype: torch.dtype, interp: bool) -> VQLaunch:
     if interp:
-        return VQLaunch(bm=16, bn=16, bv=16, warps_fwd=1, bm_q=16, bn_q=16, bv_q=16, warps_q=1, bn_k=16, bi_k=16,
-                        bd_k=16, warps_k=1, stages=1)
+        return VQLaunch(bm_p=16, bn_p=16, warps_p=1, bm_o=16, bd_o=16, bk_o=16, warps_o=1, bm_d=16, bn_d=16,
+                        bk_d=16, warps_d=1, bn_k=16, bi_k=16, bd_k=16, warps_k=1, stages=1)
     if dtype == torch.float32:
-        # fp32 tiles (IEEE products): half-size tiles; ptxas still spills (fwd 440 B, query kernel 2.7 KB at
-        # K = 128, sm_90, 2026-11-27) -- the fp32 path is for exactness, not speed
-        return VQLaunch(bn=32, bv=min(64, block(V)), bm_q=32, bd_k=min(64, block(max(K, V))), bi_k=32, warps_k=8)
-    # half inputs: the fastest launch of lab/vq_launch_ab.py at vq-base (fwd+bwd at 32k tokens with the bias:
-    # 5.20 ms against 9.93 ms for the spill-free tiles, outputs and gradients within 5.3e-3 of them; H200, bf16,
-    # 2026-11-27, lab/results/vq_launch_ab.json)
-    return VQLaunch(bm=128, bn=32, bv=min(256, block(V)), bn_q=64, bv_q=64, bn_k=128, warps_k=8,
-                    bd_k=min(128, block(max(K, V))))
+        return VQLaunch()  # the exact path (IEEE products), not the fast one: not tuned
+    # half inputs: matrix-product tiles of 128 x 128 x 64 (not measured yet at this layout)
+    return VQLaunch(bm_o=128, bd_o=128, bk_o=64, warps_o=8, bm_d=128, bn_d=128, bk_d=64, warps_d=8, bn_k=128,
+                    bi_k=64, bd_k=min(128, block(max(K, V))), stages=3)

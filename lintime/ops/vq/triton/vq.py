@@ -6,17 +6,18 @@ What runs where:
 * PyTorch (the chunked form's code, :mod:`lintime.ops.vq.chunk`): the block layout, the per-block cache
   summaries ``(count, mean)`` of blocks ``<= n - 2`` through the chosen ``reduction`` (O(blocks * S * V), with
   autograd from the means to ``v`` and the initial state), the final state;
-* ``vq_fwd_kernel``: per query tile, head and value tile, one online softmax over the window columns (causal,
-  bias) and the cache codes (``q . codebook + log count``, per-code means as values); saves the row
-  log-sum-exp;
-* backward: ``vq_bwd_query_kernel`` recomputes ``P`` from the log-sum-exp (FlashAttention-2) and writes ``P``
-  and ``dS`` (``[T, 2L + S]`` per head, the size of the chunked form's scores, never ``T x T``), the bias
-  gradient (``dS`` of the window) and ``dq``; ``vq_bwd_key_kernel`` folds the window's ``P^T do`` and ``dS^T q``
-  into ``dv`` / ``dk`` of each key block (its own block's queries and the next block's, fp32 accumulation);
-  the cache's ``d mean = P^T do`` per block, ``d codebook = dS^T q`` over all blocks and ``d log count`` are
+* forward: ``vq_probs_kernel`` writes the probabilities ``P`` of every window column (causal, bias) and cache
+  code (``q . codebook + log count``) -- ``[T, 2L + S]`` per head, the chunked form's score size, never
+  ``T x T`` -- and ``vq_pv_kernel`` forms ``o = P [v_window; mean]`` as a tiled matrix product;
+* backward: ``vq_delta_kernel`` takes ``rowsum(do o)``, ``vq_dp_kernel`` the score gradients
+  ``dS = P (do [v_window; mean]^T - rowsum(do o))`` (the window's part is the bias gradient), ``vq_pv_kernel``
+  ``dq = dS [k_window; codebook]``; ``vq_bwd_key_kernel`` folds the window's ``P^T do`` and ``dS^T q`` into
+  ``dv`` / ``dk`` of each key block (its own block's queries and the next block's, fp32 accumulation); the
+  cache's ``d mean = P^T do`` per block, ``d codebook = dS^T q`` over all blocks and ``d log count`` are
   matmuls / sums in PyTorch.
 
-No per-token ``[S, V]`` tensor and no ``T x T`` tensor is made.
+No per-token ``[S, V]`` tensor and no ``T x T`` tensor is made.  ``P`` is saved for the backward (the input
+dtype, ``[T, 2L + S]`` per head).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from lintime.ops.kernel_launch import block, cdiv, check_device, dot_config
 from lintime.ops.vq.bias import rel_table, rel_window
 from lintime.ops.vq.chunk import cache_summaries, call_layout, final_state
 from lintime.ops.vq.state import log_count, scatter_sums
-from lintime.ops.vq.triton.kernels import vq_bwd_key_kernel, vq_bwd_query_kernel, vq_fwd_kernel
+from lintime.ops.vq.triton.kernels import (vq_bwd_key_kernel, vq_delta_kernel, vq_dp_kernel, vq_probs_kernel,
+                                           vq_pv_kernel)
 from lintime.ops.vq.triton.launch import VQLaunch, default_launch
 from lintime.ops.vq.triton.scan import scan_cache
 
@@ -41,52 +43,69 @@ _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl
 
 def _fwd_fake(q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, L, launch):
     NQ, _, H, _ = q.shape
-    return q.new_empty(NQ, L, H, v.shape[-1]), q.new_empty(NQ, L, H, dtype=torch.float32)
+    return (q.new_empty(NQ, L, H, v.shape[-1]), q.new_empty(NQ, L, H, 2 * L), q.new_empty(NQ, L, H, cb.shape[1]))
+
+
+def _pv(aw, ac, x, y, qblk, L: int, y_block_stride: int, cfg: VQLaunch):
+    """``A [x_window; y]`` (:func:`vq_pv_kernel`): ``aw [NQ, L, H, 2L]``, ``ac [NQ, L, H, S]``, ``x [NB, L, H, D]``,
+    ``y`` ``[.., H, S, D]`` at ``y_block_stride`` elements per query block; returns ``[NQ, L, H, D]``."""
+    NQ, _, H, S = ac.shape
+    D = x.shape[-1]
+    out = aw.new_empty(NQ, L, H, D)
+    BD = min(cfg.bd_o, block(D))
+    NQT = cdiv(L, cfg.bm_o)
+    vq_pv_kernel[(NQ * NQT, cdiv(D, BD), H)](
+        aw, ac, x, y, qblk, out, L, S, NQT, y_block_stride, H=H, D=D, BM=cfg.bm_o, BD=BD, BK=cfg.bk_o,
+        PREC=dot_config(aw.dtype)[1], num_warps=cfg.warps_o, num_stages=cfg.stages,
+    )
+    return out
 
 
 def vq_fwd(q, k, v, kvalid, qblk, bias, cb, logc, cm, L: int, cfg: VQLaunch):
-    """Forward launcher: ``o [NQ, L, H, V]`` and ``lse [NQ, L, H]`` (fp32); arguments as in :mod:`.kernels`."""
+    """Forward launcher: ``o [NQ, L, H, V]`` and the probabilities ``pw [NQ, L, H, 2L]``, ``pc [NQ, L, H, S]`` (the
+    input dtype, saved for the backward); arguments as in :mod:`.kernels`."""
     NQ, _, H, K = q.shape
-    V = v.shape[-1]
     S = cb.shape[1]
-    o = q.new_empty(NQ, L, H, V)
-    lse = q.new_empty(NQ, L, H, dtype=torch.float32)
-    BV = min(cfg.bv, block(V))
-    NQT = cdiv(L, cfg.bm)
-    if NQ > 0:
-        vq_fwd_kernel[(NQ * NQT, cdiv(V, BV), H)](
-            q, k, v, kvalid, qblk, bias, cb, logc, cm, o, lse, L, S, NQT, H=H, K=K, V=V, BM=cfg.bm, BN=cfg.bn,
-            BK=block(K), BV=BV, HAS_BIAS=bias is not None, DT=_TL[q.dtype], PREC=dot_config(q.dtype)[1],
-            num_warps=cfg.warps_fwd, num_stages=cfg.stages,
-        )
-    return o, lse
+    pw = q.new_empty(NQ, L, H, 2 * L)
+    pc = q.new_empty(NQ, L, H, S)
+    if NQ == 0:
+        return q.new_empty(0, L, H, v.shape[-1]), pw, pc
+    NQT = cdiv(L, cfg.bm_p)
+    vq_probs_kernel[(NQ * NQT, H)](
+        q, k, kvalid, qblk, bias, cb, logc, pw, pc, L, S, NQT, H=H, K=K, BM=cfg.bm_p, BN=cfg.bn_p, BK=block(K),
+        HAS_BIAS=bias is not None, PREC=dot_config(q.dtype)[1], num_warps=cfg.warps_p, num_stages=cfg.stages,
+    )
+    return _pv(pw, pc, v, cm, qblk, L, H * S * v.shape[-1], cfg), pw, pc
 
 
-def _bwd_fake(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, lse, L, launch):
+def _bwd_fake(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L, launch):
     db = torch.empty_like(bias) if bias is not None else q.new_empty(0)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), db, torch.empty_like(cb),
             torch.empty_like(logc), torch.empty_like(cm))
 
 
-def vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, lse, L: int, cfg: VQLaunch):
+def vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L: int, cfg: VQLaunch):
     """Backward launcher: ``dq, dk, dv, dbias (empty without a bias), dcb, dlogc, dcm``."""
     NQ, _, H, K = q.shape
     NB = k.shape[0]
     V = v.shape[-1]
     S = cb.shape[1]
-    DT, PREC = _TL[q.dtype], dot_config(q.dtype)[1]
-    dq = torch.empty_like(q)
-    pw = q.new_empty(NQ, L, H, 2 * L)
-    dsw = q.new_empty(NQ, L, H, 2 * L)
-    pc = q.new_empty(NQ, L, H, S)
-    dsc = q.new_empty(NQ, L, H, S)
+    PREC = dot_config(q.dtype)[1]
+    dsw = torch.empty_like(pw)
+    dsc = torch.empty_like(pc)
     if NQ > 0:
-        NQT = cdiv(L, cfg.bm_q)
-        vq_bwd_query_kernel[(NQ * NQT, H)](
-            q, k, v, kvalid, qblk, bias, cb, logc, cm, o, do, lse, dq, pw, dsw, pc, dsc, L, S, NQT, H=H, K=K,
-            V=V, BM=cfg.bm_q, BN=cfg.bn_q, BK=block(K), BV=min(cfg.bv_q, block(V)), HAS_BIAS=bias is not None,
-            DT=DT, PREC=PREC, num_warps=cfg.warps_q, num_stages=cfg.stages,
+        delta = q.new_empty(NQ, L, H, dtype=torch.float32)
+        R = NQ * L * H
+        vq_delta_kernel[(cdiv(R, 32),)](do, o, delta, R, D=V, BR=32, BD=min(128, block(V)), num_warps=4)
+        NQT = cdiv(L, cfg.bm_d)
+        NWT = cdiv(2 * L, cfg.bn_d)
+        vq_dp_kernel[(NQ * NQT, NWT + cdiv(S, cfg.bn_d), H)](
+            do, v, cm, qblk, pw, pc, delta, dsw, dsc, L, S, NQT, NWT, H * S * V, H=H, D=V, BM=cfg.bm_d,
+            BN=cfg.bn_d, BK=min(cfg.bk_d, block(V)), PREC=PREC, num_warps=cfg.warps_d, num_stages=cfg.stages,
         )
+        dq = _pv(dsw, dsc, k, cb, qblk, L, 0, cfg)
+    else:
+        dq = torch.empty_like(q)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     NJT = cdiv(L, cfg.bn_k)
     for a, x, out in ((dsw, q, dk), (pw, do, dv)):
@@ -106,31 +125,31 @@ def vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, lse, L: int
 
 @launcher_op("vq_bwd", fake=_bwd_fake)
 def vq_bwd_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, kvalid: Tensor, qblk: Tensor, qa: Tensor, qb: Tensor,
-              bias: Optional[Tensor], cb: Tensor, logc: Tensor, cm: Tensor, o: Tensor, lse: Tensor, L: int,
+              bias: Optional[Tensor], cb: Tensor, logc: Tensor, cm: Tensor, o: Tensor, pw: Tensor, pc: Tensor, L: int,
               launch: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    return vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, lse, L, VQLaunch.of(launch))
+    return vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L, VQLaunch.of(launch))
 
 
 def _setup(ctx, inputs, output):
     q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, L, launch = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, lse)
+    o, pw, pc = output
+    ctx.save_for_backward(q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc)
     ctx.L, ctx.launch = L, launch
 
 
 def _backward(ctx, do, *_unused):
-    q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, lse = ctx.saved_tensors
+    q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc = ctx.saved_tensors
     do = grad_as(do, q.dtype).contiguous()
     dq, dk, dv, db, dcb, dlogc, dcm = vq_bwd_op.for_ctx(ctx)(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm,
-                                                             o, lse, ctx.L, ctx.launch)
+                                                             o, pw, pc, ctx.L, ctx.launch)
     return dq, dk, dv, None, None, None, None, (db if bias is not None else None), dcb, dlogc, dcm, None, None
 
 
 @launcher_op("vq_fwd", fake=_fwd_fake, backward=_backward, setup_context=_setup, outputs=1)
 def vq_fwd_op(q: Tensor, k: Tensor, v: Tensor, kvalid: Tensor, qblk: Tensor, qa: Tensor, qb: Tensor,
               bias: Optional[Tensor], cb: Tensor, logc: Tensor, cm: Tensor, L: int,
-              launch: list[int]) -> tuple[Tensor, Tensor]:
-    """``o`` (the op returns the log-sum-exp too, saved for the backward)."""
+              launch: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+    """``o`` (the op returns the probabilities too, saved for the backward)."""
     return vq_fwd(q, k, v, kvalid, qblk, bias, cb, logc, cm, L, VQLaunch.of(launch))
 
 
