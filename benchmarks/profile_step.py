@@ -42,7 +42,7 @@ On CPU (``--device cpu``: a check of the tool, not a measurement worth reading) 
 PyTorch op's own CPU time is categorised the same way, and host gaps are the profiled steps' time outside any op
 (Python).  Prints one table and writes ``<out>/profile_step.json``: ``{"env", "settings", "rows": [{"preset", "T",
 "rows", "tokens", "status", "step_ms", "profiled_step_ms", "basis_ms", "busy_ms", "categories": {name: ms per
-step}, "top": [[kernel, ms per step, category], ...]}]}`` (``basis_ms``: the wall time the gaps are taken from).
+step}, "top": [[kernel, ms per step, category, where], ...]}]}`` (``basis_ms``: the wall time the gaps are taken from).
 """
 
 from __future__ import annotations
@@ -231,12 +231,14 @@ def breakdown(pieces: list[Piece], busy_us: float, step_ms: float, steps: int) -
 
 
 def top_kernels(pieces: list[Piece], steps: int, n: int = 20) -> list[list]:
-    """The ``n`` largest kernels (CUDA) or ops (CPU) by time per step: ``[name, ms, category]`` (one
-    entry per name and category: an ``mm`` inside the fused loss is not the projections' ``mm``)."""
-    acc: dict[tuple[str, str], list] = {}
+    """The ``n`` largest kernels (CUDA) or ops (CPU) by time per step: ``[name, ms, category, where]``, one entry
+    per name, category and call site (``where``: the innermost ``lintime/`` Python frame of an eager piece, empty
+    for a replayed one; an ``mm`` inside the fused loss is not the projections' ``mm``)."""
+    acc: dict[tuple[str, str, str], list] = {}
     for p in pieces:
         cat = p.cat()
-        row = acc.setdefault((p.frames[-1], cat), [p.frames[-1], 0.0, cat])
+        where = next((f for f in reversed(p.py) if "lintime/" in f), "")
+        row = acc.setdefault((p.frames[-1], cat, where), [p.frames[-1], 0.0, cat, where])
         row[1] += p.us / 1e3 / steps
     return sorted(acc.values(), key=lambda r: -r[1])[:n]
 
@@ -319,7 +321,7 @@ def profile_case(name: str, T: int, args, device: torch.device, amp) -> dict:
     # step's own wall time; on CPU the profiler inflates every op's time, so against the profiled steps'
     row["basis_ms"] = row["step_ms"] if device.type == "cuda" else row["profiled_step_ms"]
     row["categories"] = breakdown(pieces, busy, row["basis_ms"], args.steps)
-    row["top"] = top_kernels(pieces, args.steps)
+    row["top"] = top_kernels(pieces, args.steps, args.top)
     return row
 
 
@@ -354,6 +356,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto", help="autocast: auto (bf16 on CUDA, none on CPU), bf16, fp16, fp32")
     ap.add_argument("--out", default="profile_step_out")
+    ap.add_argument("--top", type=int, default=20, help="kernels listed per row in the JSON (largest first)")
     args = ap.parse_args(argv)
     s = bm.make_settings(presets=args.presets, contexts=args.contexts, tokens_per_batch=args.tokens_per_batch,
                          steps=args.steps, warmup=args.warmup, dtype=args.dtype, device=args.device, parts="train")

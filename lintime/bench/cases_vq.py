@@ -18,6 +18,11 @@ SDPA -- ``T (T + 1) / 2`` causal pairs per head, ``4 x 128`` flops each.  ``extr
 ``extra.all_kernels_ms``: device time of the ``vq_*`` Triton kernels / of every kernel in one forward +
 backward (torch.profiler), so the PyTorch bookkeeping's share is visible.
 
+Two times per configuration, as in the linear / GLA cases: eager (``fwd_ms``, ``fwdbwd_ms``: host launch overhead
+included -- the op's block layout and cache bookkeeping are PyTorch calls) and CUDA-graph replay
+(``extra.fwd_graph_ms``, ``extra.fwdbwd_graph_ms``: device time, what the graph-captured training step sees);
+``extra.speedup_fwdbwd_vs_sdpa`` / ``extra.speedup_fwdbwd_graph_vs_sdpa`` on the Triton rows.
+
 Run: ``lintime bench ops --cases vq --out DIR`` (CUDA only; ``--quick``: T = 2k, 8k, 32k).
 """
 
@@ -26,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from lintime.bench import Result
-from lintime.bench.measure import fwd_fwdbwd_ms
+from lintime.bench.measure import fwd_fwdbwd_graph_ms, fwd_fwdbwd_ms
 
 TOKENS = 32 * 1024
 TS = (2048, 4096, 8192, 16384, 32768)
@@ -87,7 +92,7 @@ def case_vq(results, quick=False, Ts=TS, tokens=TOKENS, impls=("triton", "chunk"
             inputs = [q, v, bias, codebook]
             try:
                 fwd, fb = fwd_fwdbwd_ms(f, inputs)
-                extra = {}
+                extra = dict(zip(("fwd_graph_ms", "fwdbwd_graph_ms"), fwd_fwdbwd_graph_ms(f, inputs)))
                 if impl == "triton":
                     try:  # the split is a diagnostic: a profiler failure must not cost the times
                         extra["vq_kernels_ms"], extra["all_kernels_ms"] = _kernel_ms(f, inputs)
@@ -108,8 +113,14 @@ def case_vq(results, quick=False, Ts=TS, tokens=TOKENS, impls=("triton", "chunk"
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
         fwd, fb = fwd_fwdbwd_ms(sdpa, [qs, ks, vs])
+        extra = dict(zip(("fwd_graph_ms", "fwdbwd_graph_ms"), fwd_fwdbwd_graph_ms(sdpa, [qs, ks, vs])))
         results.append(Result("vq", f"sdpa_h{SDPA_HEADS}_d128", T, B, {"H": SDPA_HEADS, "D": 128, "causal": True},
-                              fwd, fb, flops_fwdbwd=sdpa_flops(T, B)))
-        print(f"vq             sdpa     T={T:6d} B={B:3d}  fwd {fwd:.3f}  fwd+bwd {fb:.3f}", flush=True)
+                              fwd, fb, flops_fwdbwd=sdpa_flops(T, B), extra=extra))
+        print(f"vq             sdpa     T={T:6d} B={B:3d}  fwd {fwd:.3f}  fwd+bwd {fb:.3f}  {extra}", flush=True)
+        for r in results:  # the Triton row of this T against the anchor
+            if r.case == "vq" and r.impl == "triton" and r.T == T and r.fwdbwd_ms:
+                r.extra["speedup_fwdbwd_vs_sdpa"] = fb / r.fwdbwd_ms
+                if r.extra.get("fwdbwd_graph_ms") and extra.get("fwdbwd_graph_ms"):
+                    r.extra["speedup_fwdbwd_graph_vs_sdpa"] = extra["fwdbwd_graph_ms"] / r.extra["fwdbwd_graph_ms"]
         del qs, ks, vs
         torch.cuda.empty_cache()
