@@ -1,11 +1,13 @@
-"""One dense layer whose output is consumed as two separate tensors: ``x W[:n]^T + b[:n]`` and ``x W[n:]^T + b[n:]``.
+"""One dense layer whose output is consumed as separate tensors: ``x W[:n]^T + b[:n]``, ``x W[n:]^T + b[n:]`` (or
+more parts).
 
 The GAU / FLASH layers' ``dense(x)`` (seed Code 6 / 8 ``uv``) feeds two fused ops that each read their own columns:
 the gate (``silu(u) * a``, :func:`lintime.ops.gated_activation`) and the heads op (``silu`` of ``v, z`` and the
 scale + offset heads, :func:`lintime.ops.gau_heads`).  Computing the two parts as two products lets each op's
 backward write its gradient as its own contiguous tensor; the backward here then takes both without assembling
 them: ``dx = du W[:n] + dv W[n:]`` (the second product accumulated into the first's output), ``dW`` and ``db`` the
-two parts' gradients stacked.  The parameters stay one ``nn.Linear`` (one weight, one bias: the checkpoint layout
+two parts' gradients stacked.  The Transformer-VQ layer's ``x [W_K; W_V; W_G]`` is three parts the same way (the
+value SiLU and the op read ``v``, the gate kernel ``g``: contiguous, so each pass is a vectorised one).  The parameters stay one ``nn.Linear`` (one weight, one bias: the checkpoint layout
 and the decode step's single product are unchanged).
 
 Under autocast the products run in the autocast dtype as ``F.linear`` would (``x``, ``W`` and ``b`` cast once; the
@@ -33,16 +35,15 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
 
 
 class _Linear(torch.autograd.Function):
-    """``F.linear`` whose output rows ``[0, n)`` and ``[n, m)`` of the weight are two products and two outputs
-    (``n = 0``: one product, one output); the bias gradient as a GEMV (:func:`_bias_grad`)."""
+    """``F.linear`` whose weight rows ``parts`` (``((0, n1), (n1, n2), ..)``, covering every row in order) are one
+    product and one output each; the bias gradient as a GEMV (:func:`_bias_grad`)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, n: int):
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, parts: tuple):
         dt = _compute_dtype(x)
         x2 = x.reshape(-1, x.shape[-1]).to(dt)
         w = weight.to(dt)
         b = None if bias is None else bias.to(dt)
-        parts = [(0, n), (n, w.shape[0])] if n else [(0, w.shape[0])]
         with torch.autocast(x.device.type, enabled=False):
             ys = [x2 @ w[i:j].t() if b is None else torch.addmm(b[i:j], x2, w[i:j].t()) for i, j in parts]
         ctx.save_for_backward(x2, w)
@@ -72,15 +73,25 @@ class _Linear(torch.autograd.Function):
 
 def dense(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``F.linear(x, weight, bias)`` (autocast as ``F.linear``) whose backward takes the bias gradient as a GEMV."""
-    return _Linear.apply(x, weight, bias, 0)[0]
+    return _Linear.apply(x, weight, bias, ((0, weight.shape[0]),))[0]
 
 
-def split_linear(x: Tensor, weight: Tensor, bias: Tensor | None, n: int) -> tuple[Tensor, Tensor]:
-    """``(x W[:n]^T + b[:n], x W[n:]^T + b[n:])`` for ``x [..., d]``, ``weight [m, d]``, ``bias [m]`` or ``None``:
-    ``F.linear(x, weight, bias).split([n, m - n], -1)`` as two contiguous tensors."""
-    if not 0 < n < weight.shape[0]:
-        raise ValueError(f"split_linear: n must be in (0, {weight.shape[0]}), got {n}")
-    return _Linear.apply(x, weight, bias, n)
+def split_linear(x: Tensor, weight: Tensor, bias: Tensor | None, n) -> tuple[Tensor, ...]:
+    """``F.linear(x, weight, bias).split(sizes, -1)`` as contiguous tensors, one product each, for ``x [..., d]``,
+    ``weight [m, d]``, ``bias [m]`` or ``None``: ``n`` an int gives ``sizes = [n, m - n]``, a sequence of positive
+    ints summing to ``m`` is ``sizes`` itself."""
+    m = weight.shape[0]
+    if isinstance(n, int):
+        if not 0 < n < m:
+            raise ValueError(f"split_linear: n must be in (0, {m}), got {n}")
+        n = (n, m - n)
+    sizes = [int(z) for z in n]
+    if len(sizes) < 2 or any(z <= 0 for z in sizes) or sum(sizes) != m:
+        raise ValueError(f"split_linear: sizes must be two or more positive ints summing to {m}, got {list(n)}")
+    bounds = [0]
+    for z in sizes:
+        bounds.append(bounds[-1] + z)
+    return _Linear.apply(x, weight, bias, tuple(zip(bounds[:-1], bounds[1:])))
 
 
 __all__ = ["dense", "split_linear"]

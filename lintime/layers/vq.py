@@ -89,6 +89,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from lintime.layers._split_linear import split_linear
 from lintime.layers.base import BatchState, Mixer, static_state
 from lintime.layers.positional import sinusoid
 from lintime.ops import VQState, normalize, vq_attention, vq_decode_step_
@@ -295,7 +296,10 @@ class VQAttention(Mixer):
                 self.tau**-0.5, dtype=gdt, device=x.device), always=True)
             scaled_rms = lambda t: normalize(t, gain, kind="scalenorm", eps=self.norm_eps)
         q = scaled_rms(self.q_proj(x).view(B, T, H, K))  # seed Eq. 8
-        k, v, g = self.kvg_proj(x).split([H * K, e, e], dim=-1)
+        if torch.is_grad_enabled():  # three contiguous outputs, each part's gradient its own tensor (no split / cat)
+            k, v, g = split_linear(x, self.kvg_proj.weight, self.kvg_proj.bias, (H * K, e, e))
+        else:  # a decoding step: one product
+            k, v, g = self.kvg_proj(x).split([H * K, e, e], dim=-1)
         k = scaled_rms(k.view(B, T, H, K))  # seed Eq. 9
         return q, k, F.silu(v).view(B, T, H, self.E), g  # seed Eq. 10 (Eq. 11's SiLU: in vq_gate)
 

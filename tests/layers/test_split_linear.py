@@ -23,6 +23,20 @@ def test_equals_f_linear_split_and_gradcheck(bias):
     assert torch.autograd.gradcheck(lambda *a: split_linear(*a, 4), (x, w, b))
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_three_parts_equal_f_linear_split_and_gradcheck(bias):
+    """Sizes as a sequence (the Transformer-VQ layer's k, v, g): F.linear split in three, forward and every
+    gradient (fp64 gradcheck), each part contiguous."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 4, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(12, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(12, generator=g, dtype=torch.float64, requires_grad=True) if bias else None
+    ys = split_linear(x, w, b, (2, 6, 4))
+    assert [y.shape[-1] for y in ys] == [2, 6, 4] and all(y.is_contiguous() for y in ys)
+    assert_exact("y", F.linear(x, w, b), torch.cat(ys, -1))
+    assert torch.autograd.gradcheck(lambda *a: split_linear(*a, (2, 6, 4)), (x, w, b))
+
+
 def test_one_part_unused_and_frozen_weight():
     """Only the second part reaches the loss: its gradients are F.linear's; a frozen weight gets none."""
     g = torch.Generator().manual_seed(1)
@@ -68,6 +82,9 @@ def test_autocast_dtypes_and_values():
 def test_bad_split_raises():
     with pytest.raises(ValueError, match="n must be"):
         split_linear(torch.randn(2, 3), torch.randn(4, 3), None, 4)
+    for sizes in ((1, 2), (4,), (2, 0, 2), (3, 2)):
+        with pytest.raises(ValueError, match="sizes must be"):
+            split_linear(torch.randn(2, 3), torch.randn(4, 3), None, sizes)
 
 
 @pytest.mark.parametrize("bias", [True, False])

@@ -196,10 +196,10 @@ def _onehot_sums(codes: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, S: i
     *lead, L, H = codes.shape
     V = v.shape[-1]
     G = codes[..., 0, 0].numel()
-    hot = (codes.reshape(G, L, H).transpose(1, 2)[:, :, None, :]
-           == torch.arange(S, device=codes.device)[:, None]) & valid.reshape(G, 1, 1, L)  # [G, H, S, L]
+    hot = torch.zeros(G, H, S, L, dtype=v.dtype, device=v.device)  # [G, H, S, L]: one zero fill and one scatter
+    hot.scatter_(2, codes.reshape(G, L, H).transpose(1, 2)[:, :, None, :],
+                 valid.reshape(G, 1, 1, L).expand(G, H, 1, L).to(v.dtype))
     cnt = hot.sum(-1, dtype=torch.float32)
-    hot = hot.to(v.dtype)
     vf = v.reshape(G, L, H, V)
     parts = [_OneHotSums.apply(hot[:, h], vf[:, :, h]) for h in range(H)]
     sumv = parts[0].unsqueeze(1) if H == 1 else torch.stack(parts, 1)  # [G, H, S, V]
