@@ -313,17 +313,24 @@ class VQAttention(Mixer):
         # the assignment in the codebook's precision, also under autocast (bf16 distances would
         # flip near-ties between calls)
         with torch.no_grad(), torch.autocast(k.device.type, enabled=False):
-            kf = k.to(codebook.dtype).permute(2, 0, 1, 3).reshape(H, B * T, K)  # a view for H = 1
-            # ||k - c||^2 = ||k||^2 - 2 k.c + ||c||^2; ||k||^2 does not change the argmin.  One GEMM with
-            # ||c||^2 added in its epilogue: the [B*T, S] distances are written once and read once by the
-            # argmin (vq-base: 2 KB per token and layer each way, fp32)
+            # ||k - c||^2 = ||k||^2 - 2 k.c + ||c||^2; ||k||^2 does not change the argmin
             c2 = codebook.pow(2).sum(-1)[:, None, :] if sq_norms is None else sq_norms
-            dist = torch.baddbmm(c2, kf, codebook.transpose(1, 2), alpha=-2.0)
-            codes = dist.argmin(-1).view(H, B, T).permute(1, 2, 0).contiguous()  # [B, T, H], seed Eq. 5
-            if H == 1:  # one gather, no head index tensor
-                c_z = codebook[0, codes[..., 0]][:, :, None]  # [B, T, 1, K]
+            # CUDA: one kernel for the distances, argmin and codeword (vq-base's training step: 5.6 ms of
+            # quantisation, 2.3 of it the fp32 distance GEMM on the CUDA cores, H200, 2026-11-27); elsewhere one
+            # GEMM with ||c||^2 added in its epilogue, the [B*T, S] distances written once and read once by the argmin
+            if k.is_cuda and _quantize_kernel(k, codebook):
+                from lintime.ops.vq.triton.quantize import assign_codes  # (Triton: imported on first use)
+
+                codes, c_z = assign_codes(k.reshape(B * T, H, K), codebook, c2)
+                codes, c_z = codes.view(B, T, H), c_z.view(B, T, H, K)
             else:
-                c_z = codebook[torch.arange(H, device=k.device), codes]  # [B, T, H, K]
+                kf = k.to(codebook.dtype).permute(2, 0, 1, 3).reshape(H, B * T, K)  # a view for H = 1
+                dist = torch.baddbmm(c2, kf, codebook.transpose(1, 2), alpha=-2.0)
+                codes = dist.argmin(-1).view(H, B, T).permute(1, 2, 0).contiguous()  # [B, T, H], seed Eq. 5
+                if H == 1:  # one gather, no head index tensor
+                    c_z = codebook[0, codes[..., 0]][:, :, None]  # [B, T, 1, K]
+                else:
+                    c_z = codebook[torch.arange(H, device=k.device), codes]  # [B, T, H, K]
         # seed Eq. 6, k + sg(c_z - k), written c_z + (k - sg(k)): the same gradient (identity to k)
         # and a forward value that is exactly the codeword, so window and cache agree bit for bit;
         # without a gradient to carry, the codeword itself (two kernels fewer per decoding step)

@@ -126,6 +126,18 @@ def test_rel_window_is_its_definition():
     assert torch.equal(d, want_d)
 
 
+@pytest.mark.parametrize("L", [5, 7])  # L + 1 = 6 pads to 8; 8 needs no padding
+def test_padded_table_is_the_table_then_zeros(L):
+    from lintime.ops.vq.bias import rel_table, rel_table_padded
+
+    g = torch.Generator().manual_seed(1)
+    qv = torch.randn(2, 3, 2, 4, generator=g, dtype=torch.float64)
+    r = torch.randn(L + 1, 2, 4, generator=g, dtype=torch.float64)
+    out = rel_table_padded(qv, r)
+    assert out.shape[-1] % 8 == 0 and out.shape[-1] >= L + 1
+    assert torch.equal(out[..., :L + 1], rel_table(qv, r)) and (out[..., L + 1:] == 0).all()
+
+
 def _cuda_inputs(B, T, H, K, V, S, L, dtype, seed):
     inp = _inputs(B, T, H, K, V, S, L, dtype, seed=seed)
     g = torch.Generator().manual_seed(seed)

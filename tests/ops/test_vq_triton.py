@@ -264,10 +264,10 @@ def test_custom_ops_pass_opcheck():
     args = [q, k, v, kvalid, qblk, qa, qb, r(1, L, H, 2 * L), cb, logc, cm]
     utils = ("test_schema", "test_faketensor", "test_autograd_registration")
     torch.library.opcheck(torch.ops.lintime.vq_fwd, (*[x.requires_grad_() if x.is_floating_point() else x
-                                                       for x in args], L, launch), test_utils=utils)
-    o, pw, pc = torch.ops.lintime.vq_fwd(*[x.detach() for x in args], L, launch)
+                                                       for x in args], L, False, launch), test_utils=utils)
+    o, pw, pc = torch.ops.lintime.vq_fwd(*[x.detach() for x in args], L, False, launch)
     torch.library.opcheck(torch.ops.lintime.vq_bwd, (r(1, L, H, V), *[x.detach() for x in args], o, pw, pc, L,
-                                                     launch), test_utils=utils)
+                                                     False, launch), test_utils=utils)
     first = torch.tensor([[1, 0, 0, 1, 0]], dtype=torch.int8)
     cnt, sumv = torch.randint(0, 3, (1, 5, H, S), generator=g).float(), r(1, 5, H, S, V)
     qmap = torch.tensor([-1, 1, -1, 0, -1], dtype=torch.int32)

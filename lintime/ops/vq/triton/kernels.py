@@ -32,17 +32,24 @@ NEG = tl.constexpr(-1.0e30)  # running-max start: finite, so a tile with every s
 
 
 @triton.jit
-def _window_scores(b_q, k, kvalid, bias_rows, o_i, m_i, o_j, o_k, m_k, L, H: tl.constexpr, K: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, PREC: tl.constexpr):
+def _window_scores(b_q, k, kvalid, bias_rows, o_i, m_i, o_j, o_k, m_k, L, TB, H: tl.constexpr, K: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, REL: tl.constexpr, PREC: tl.constexpr):
     """Scores ``[BM, BN]`` of the query tile against window columns ``o_j`` (bias added, causal limit and empty
-    slots ``-inf``); ``k`` / ``kvalid`` point at the window's first slot, ``bias_rows`` at the tile's bias row 0."""
+    slots ``-inf``); ``k`` / ``kvalid`` point at the window's first slot, ``bias_rows`` at the block's bias row 0:
+    the window bias (``TB = 2L`` columns a row), or with ``REL`` the relative table (``TB`` columns a row, column
+    ``c`` of row ``a`` at ``c - a`` for ``0 <= c - a <= L``, zero elsewhere)."""
     m_j = o_j < 2 * L
     ok = (tl.load(kvalid + o_j, mask=m_j, other=0) != 0) & m_j
     b_k = tl.load(k + o_j[:, None] * (H * K) + o_k[None, :], mask=m_j[:, None] & m_k[None, :], other=0.0)
     s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
     if HAS_BIAS:
-        s += tl.load(bias_rows + o_i[:, None] * (H * 2 * L) + o_j[None, :], mask=m_i[:, None] & m_j[None, :],
-                     other=0.0).to(tl.float32)
+        if REL:
+            t = o_j[None, :] - o_i[:, None]
+            s += tl.load(bias_rows + o_i[:, None] * (H * TB) + t, mask=m_i[:, None] & (t >= 0) & (t <= L),
+                         other=0.0).to(tl.float32)
+        else:
+            s += tl.load(bias_rows + o_i[:, None] * (H * TB) + o_j[None, :], mask=m_i[:, None] & m_j[None, :],
+                         other=0.0).to(tl.float32)
     return tl.where((o_j[None, :] <= L + o_i[:, None]) & ok[None, :], s, float("-inf"))
 
 
@@ -58,9 +65,9 @@ def _code_scores(b_q, cb, logc, o_c, o_k, m_k, S, K: tl.constexpr, PREC: tl.cons
 @triton.jit
 def vq_probs_kernel(
     q, k, kvalid, qblk, bias, cb, logc, pw, pc,
-    L, S, NQT,
+    L, S, NQT, TB,
     H: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    HAS_BIAS: tl.constexpr, PREC: tl.constexpr,
+    HAS_BIAS: tl.constexpr, REL: tl.constexpr, PREC: tl.constexpr,
 ):
     """The probabilities of query rows ``i0 ..`` of one query block: a first pass over the window columns (up to
     the tile's causal limit) and the cache codes takes the row max and sum (online, fp32), a second recomputes the
@@ -81,7 +88,7 @@ def vq_probs_kernel(
     k += (w0 * H + i_h) * K
     kvalid += w0
     if HAS_BIAS:
-        bias += tq * W
+        bias += tq * TB
     logc += (n * H + i_h) * S
     cb += i_h * S * K
     b_q = tl.load(q + o_i[:, None] * (H * K) + o_k[None, :], mask=m_i[:, None] & m_k[None, :], other=0.0)
@@ -89,7 +96,8 @@ def vq_probs_kernel(
     b_l = tl.zeros([BM], tl.float32)
     hi = tl.minimum(W, L + i0 + BM)  # causal: no row of the tile sees a column >= L + i0 + BM
     for j0 in range(0, hi, BN):
-        s = _window_scores(b_q, k, kvalid, bias, o_i, m_i, j0 + o_n, o_k, m_k, L, H, K, HAS_BIAS, PREC)
+        s = _window_scores(b_q, k, kvalid, bias, o_i, m_i, j0 + o_n, o_k, m_k, L, TB, H, K, HAS_BIAS, REL,
+                               PREC)
         m_new = tl.maximum(b_m, tl.max(s, 1))
         b_l = b_l * tl.exp(b_m - m_new) + tl.sum(tl.exp(s - m_new[:, None]), 1)
         b_m = m_new
@@ -105,7 +113,8 @@ def vq_probs_kernel(
         o_j = j0 + o_n
         m_w = m_i[:, None] & (o_j < W)[None, :]
         if j0 < hi:
-            s = _window_scores(b_q, k, kvalid, bias, o_i, m_i, o_j, o_k, m_k, L, H, K, HAS_BIAS, PREC)
+            s = _window_scores(b_q, k, kvalid, bias, o_i, m_i, o_j, o_k, m_k, L, TB, H, K, HAS_BIAS, REL,
+                               PREC)
             p = tl.exp(s - lse[:, None])
         else:
             p = tl.zeros([BM, BN], tl.float32)
@@ -180,16 +189,18 @@ def _do_xt(do, xr, x_stride, o_i, m_i, o_j, m_j, D: tl.constexpr, H: tl.constexp
 
 @triton.jit
 def vq_dp_kernel(
-    do, x, y, qblk, pw, pc, delta, dsw, dsc,
-    L, S, NQT, NWT, YB,
-    H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
+    do, x, y, qblk, pw, pc, delta, dsw, dsc, dtab,
+    L, S, NQT, NWT, YB, TB,
+    H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, REL: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """Score gradients of query rows ``i0 ..`` of one query block and one ``BN``-wide column tile:
     ``dS = P (do . x^T - delta)`` with ``delta = rowsum(do o)`` (FlashAttention-2's ``D``), fp32 ``do . x^T`` over
     all of ``D`` (``V``).  Column tiles ``0 .. NWT - 1`` are window columns (``x`` = the window's values, rows of
     ``[NB, L, H, D]``; tiles past the query tile's causal limit are written as zeros), the rest cache codes (``x``
     = the block's per-code means ``y``, block stride ``YB``).  ``P`` is read from ``pw`` / ``pc`` (the forward's).
-    Grid ``(NQ * NQT, NWT + cdiv(S, BN), H)``."""
+    With ``REL`` the window's ``dS`` is also written into ``dtab``, the relative table's gradient (``TB`` columns a
+    row; every column ``<= L`` of a row lies in a computed tile).  Grid ``(NQ * NQT, NWT + cdiv(S, BN), H)``."""
     i_t, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n = (i_t // NQT).to(tl.int64)
     i0 = (i_t % NQT) * BM
@@ -209,6 +220,10 @@ def vq_dp_kernel(
             dp = _do_xt(do, x + (w0 * H + i_h) * D, H * D, o_i, m_i, o_j, o_j < W, D, H, BM, BN, BK, PREC)
             p = tl.load(pw + o_w, mask=m_w, other=0.0).to(tl.float32)
             ds = p * (dp - b_delta[:, None])
+            if REL:  # the relative table's gradient: column c of row a is its column c - a (each written once)
+                t = o_j[None, :] - o_i[:, None]
+                tl.store(dtab + tq * TB + o_i[:, None] * (H * TB) + t, ds.to(dtab.dtype.element_ty),
+                         mask=m_w & (t >= 0) & (t <= L))
         else:
             ds = tl.zeros([BM, BN], tl.float32)
         tl.store(dsw + o_w, ds.to(dsw.dtype.element_ty), mask=m_w)

@@ -2,7 +2,12 @@
 ``vq_quantize_kernel`` -- per (sequence, head) and chunk of the codes, the distances ``||c_s||^2 - 2 k . c_s`` to every codeword in fp32
 (``||k||^2`` does not change the argmin), their first minimum and that codeword written as ``k_hat`` in ``k``'s
 dtype (merged over the chunks by ``vq_quantize_pick_kernel``).  Replaces the layer's cast, distance GEMM, argmin, gather and cast (five launches per layer and token).
-Inference only: no gradient, no commitment loss or EMA statistics (training runs the layer's PyTorch path)."""
+Inference only: no gradient, no commitment loss or EMA statistics.
+
+``vq_assign_kernel`` is the many-token form (a training call, a prefill): per tile of rows and head, the distances to
+the codebook as tensor-core products in three TF32 passes (``tf32x3``: about fp32's accuracy), the running first
+minimum over the code tiles, and the nearest codeword gathered in fp32 -- where the PyTorch path is a cast, an fp32
+GEMM on the CUDA cores, the ``[N, S]`` distances written and read by an argmin, and a gather."""
 
 from __future__ import annotations
 
@@ -109,3 +114,53 @@ def quantize_step(k: torch.Tensor, codebook: torch.Tensor, sq_norms: torch.Tenso
         vq_quantize_pick_kernel[(N * H,)](part_d, part_i, codebook, codes, k_hat, S, splits, H=H, K=K,
                                           BC=max(2, next_pow2(splits)), BK=BK)
     return codes, k_hat
+
+
+@triton.jit
+def vq_assign_kernel(k, cb, c2, codes, cz, N, S, H: tl.constexpr, K: tl.constexpr, BM: tl.constexpr,
+                     BS: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """Grid ``(cdiv(N, BM), H)``.  ``k`` ``[N, H, K]`` (any float dtype, read as fp32), ``cb`` ``[H, S, K]`` fp32,
+    ``c2`` ``[H, S]`` fp32 (``||c||^2``) -> ``codes`` ``[N, H]`` int64 (the first nearest code: the least distance
+    ``||c||^2 - 2 k . c``, then the least index, as ``torch.argmin``) and ``cz`` ``[N, H, K]`` fp32 (its codeword)."""
+    i_m, h = tl.program_id(0), tl.program_id(1)
+    o_m = i_m.to(tl.int64) * BM + tl.arange(0, BM)
+    m_m = o_m < N
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    b_k = tl.load(k + (o_m[:, None] * H + h) * K + o_k[None, :], mask=m_m[:, None] & m_k[None, :],
+                  other=0.0).to(tl.float32)
+    best = tl.full([BM], float("inf"), tl.float32)
+    best_i = tl.zeros([BM], tl.int32)
+    for s0 in range(0, S, BS):
+        o_s = s0 + tl.arange(0, BS)
+        m_s = o_s < S
+        b_c = tl.load(cb + (h * S + o_s[:, None]) * K + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
+        d = tl.load(c2 + h * S + o_s, mask=m_s, other=0.0)[None, :] - 2.0 * tl.dot(b_k, tl.trans(b_c),
+                                                                                   input_precision=PREC)
+        d = tl.where(m_s[None, :], d, float("inf"))
+        d_min = tl.min(d, 1)
+        i_min = tl.min(tl.where(d == d_min[:, None], o_s[None, :], S), 1)
+        better = d_min < best  # strictly: an earlier tile keeps a tie
+        best_i = tl.where(better, i_min, best_i)
+        best = tl.where(better, d_min, best)
+    tl.store(codes + o_m * H + h, best_i.to(tl.int64), mask=m_m)
+    b_z = tl.load(cb + (h * S + best_i[:, None]) * K + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
+    tl.store(cz + (o_m[:, None] * H + h) * K + o_k[None, :], b_z, mask=m_m[:, None] & m_k[None, :])
+
+
+def assign_codes(k: torch.Tensor, codebook: torch.Tensor, sq_norms: torch.Tensor):
+    """``k`` ``[N, H, K]``, ``codebook`` ``[H, S, K]`` fp32, ``sq_norms`` ``||codebook||^2`` (``H * S`` values, fp32)
+    -> ``codes [N, H]`` (int64, the first nearest codeword) and ``c_z [N, H, K]`` (that codeword, fp32), by
+    :func:`vq_assign_kernel`.  No gradient."""
+    check_device("assign_codes", k)
+    N, H, K = k.shape
+    S = codebook.shape[1]
+    codes = torch.empty(N, H, dtype=torch.long, device=k.device)
+    c_z = torch.empty(N, H, K, dtype=torch.float32, device=k.device)
+    if N * H:
+        interp = interpreting()
+        BM, BS = (16, 16) if interp else (64, 64)
+        vq_assign_kernel[(cdiv(N, BM), H)](
+            k.contiguous(), codebook.contiguous(), sq_norms.contiguous(), codes, c_z, N, S, H=H, K=K, BM=BM, BS=BS,
+            BK=block(K), PREC="ieee" if interp else "tf32x3", num_warps=4)
+    return codes, c_z

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from lintime.ops.custom_op import grad_as, launcher_op
 from lintime.ops.kernel_launch import block, cdiv, check_device, dot_config
-from lintime.ops.vq.bias import rel_table, rel_window
+from lintime.ops.vq.bias import rel_table_padded
 from lintime.ops.vq.chunk import cache_summaries, call_layout, final_state
 from lintime.ops.vq.state import log_count, scatter_sums
 from lintime.ops.vq.triton.kernels import (vq_bwd_key_kernel, vq_delta_kernel, vq_dp_kernel, vq_probs_kernel,
@@ -41,7 +41,7 @@ from lintime.ops.vq.triton.scan import scan_cache
 _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
-def _fwd_fake(q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, L, launch):
+def _fwd_fake(q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, L, rel, launch):
     NQ, _, H, _ = q.shape
     return (q.new_empty(NQ, L, H, v.shape[-1]), q.new_empty(NQ, L, H, 2 * L), q.new_empty(NQ, L, H, cb.shape[1]))
 
@@ -61,9 +61,10 @@ def _pv(aw, ac, x, y, qblk, L: int, y_block_stride: int, cfg: VQLaunch):
     return out
 
 
-def vq_fwd(q, k, v, kvalid, qblk, bias, cb, logc, cm, L: int, cfg: VQLaunch):
+def vq_fwd(q, k, v, kvalid, qblk, bias, cb, logc, cm, L: int, rel: bool, cfg: VQLaunch):
     """Forward launcher: ``o [NQ, L, H, V]`` and the probabilities ``pw [NQ, L, H, 2L]``, ``pc [NQ, L, H, S]`` (the
-    input dtype, saved for the backward); arguments as in :mod:`.kernels`."""
+    input dtype, saved for the backward); arguments as in :mod:`.kernels`; ``rel``: ``bias`` is the relative table
+    ``[NQ, L, H, TB]`` (:func:`lintime.ops.vq.bias.rel_table_padded`), not the window bias."""
     NQ, _, H, K = q.shape
     S = cb.shape[1]
     pw = q.new_empty(NQ, L, H, 2 * L)
@@ -72,20 +73,22 @@ def vq_fwd(q, k, v, kvalid, qblk, bias, cb, logc, cm, L: int, cfg: VQLaunch):
         return q.new_empty(0, L, H, v.shape[-1]), pw, pc
     NQT = cdiv(L, cfg.bm_p)
     vq_probs_kernel[(NQ * NQT, H)](
-        q, k, kvalid, qblk, bias, cb, logc, pw, pc, L, S, NQT, H=H, K=K, BM=cfg.bm_p, BN=cfg.bn_p, BK=block(K),
-        HAS_BIAS=bias is not None, PREC=dot_config(q.dtype)[1], num_warps=cfg.warps_p, num_stages=cfg.stages,
+        q, k, kvalid, qblk, bias, cb, logc, pw, pc, L, S, NQT, 2 * L if bias is None else bias.shape[-1], H=H, K=K,
+        BM=cfg.bm_p, BN=cfg.bn_p, BK=block(K), HAS_BIAS=bias is not None, REL=rel, PREC=dot_config(q.dtype)[1],
+        num_warps=cfg.warps_p, num_stages=cfg.stages,
     )
     return _pv(pw, pc, v, cm, qblk, L, H * S * v.shape[-1], cfg), pw, pc
 
 
-def _bwd_fake(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L, launch):
+def _bwd_fake(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L, rel, launch):
     db = torch.empty_like(bias) if bias is not None else q.new_empty(0)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), db, torch.empty_like(cb),
             torch.empty_like(logc), torch.empty_like(cm))
 
 
-def vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L: int, cfg: VQLaunch):
-    """Backward launcher: ``dq, dk, dv, dbias (empty without a bias), dcb, dlogc, dcm``."""
+def vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L: int, rel: bool, cfg: VQLaunch):
+    """Backward launcher: ``dq, dk, dv, dbias (empty without a bias; the relative table's with ``rel``), dcb, dlogc,
+    dcm``."""
     NQ, _, H, K = q.shape
     NB = k.shape[0]
     V = v.shape[-1]
@@ -93,6 +96,10 @@ def vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L: 
     PREC = dot_config(q.dtype)[1]
     dsw = torch.empty_like(pw)
     dsc = torch.empty_like(pc)
+    dtab = None
+    if rel:  # columns past L (the table's alignment padding) are no kernel's: zero
+        dtab = torch.empty_like(bias)
+        dtab[..., L + 1:].zero_()
     if NQ > 0:
         delta = q.new_empty(NQ, L, H, dtype=torch.float32)
         R = NQ * L * H
@@ -100,8 +107,9 @@ def vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L: 
         NQT = cdiv(L, cfg.bm_d)
         NWT = cdiv(2 * L, cfg.bn_d)
         vq_dp_kernel[(NQ * NQT, NWT + cdiv(S, cfg.bn_d), H)](
-            do, v, cm, qblk, pw, pc, delta, dsw, dsc, L, S, NQT, NWT, H * S * V, H=H, D=V, BM=cfg.bm_d,
-            BN=cfg.bn_d, BK=min(cfg.bk_d, block(V)), PREC=PREC, num_warps=cfg.warps_d, num_stages=cfg.stages,
+            do, v, cm, qblk, pw, pc, delta, dsw, dsc, dtab, L, S, NQT, NWT, H * S * V, 0 if dtab is None else
+            dtab.shape[-1], H=H, D=V, BM=cfg.bm_d, BN=cfg.bn_d, BK=min(cfg.bk_d, block(V)), REL=rel, PREC=PREC,
+            num_warps=cfg.warps_d, num_stages=cfg.stages,
         )
         dq = _pv(dsw, dsc, k, cb, qblk, L, 0, cfg)
     else:
@@ -119,38 +127,38 @@ def vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L: 
         dcm = torch.einsum("nihs,nihv->nhsv", pc, do)  # [NQ, H, S, V]
         dcb = torch.einsum("nihs,nihk->hsk", dsc, q)  # [H, S, K], every block's cache together
     dlogc = dsc.sum(1, dtype=torch.float32)  # [NQ, H, S]
-    db = dsw if bias is not None else q.new_empty(0)
+    db = q.new_empty(0) if bias is None else dtab if rel else dsw
     return dq, dk, dv, db, dcb.to(cb.dtype), dlogc, dcm.to(cm.dtype)
 
 
 @launcher_op("vq_bwd", fake=_bwd_fake)
 def vq_bwd_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, kvalid: Tensor, qblk: Tensor, qa: Tensor, qb: Tensor,
               bias: Optional[Tensor], cb: Tensor, logc: Tensor, cm: Tensor, o: Tensor, pw: Tensor, pc: Tensor, L: int,
-              launch: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    return vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L, VQLaunch.of(launch))
+              rel: bool, launch: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L, rel, VQLaunch.of(launch))
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, L, launch = inputs
+    q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, L, rel, launch = inputs
     o, pw, pc = output
     ctx.save_for_backward(q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc)
-    ctx.L, ctx.launch = L, launch
+    ctx.L, ctx.rel, ctx.launch = L, rel, launch
 
 
 def _backward(ctx, do, *_unused):
     q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc = ctx.saved_tensors
     do = grad_as(do, q.dtype).contiguous()
     dq, dk, dv, db, dcb, dlogc, dcm = vq_bwd_op.for_ctx(ctx)(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm,
-                                                             o, pw, pc, ctx.L, ctx.launch)
-    return dq, dk, dv, None, None, None, None, (db if bias is not None else None), dcb, dlogc, dcm, None, None
+                                                             o, pw, pc, ctx.L, ctx.rel, ctx.launch)
+    return dq, dk, dv, None, None, None, None, (db if bias is not None else None), dcb, dlogc, dcm, None, None, None
 
 
 @launcher_op("vq_fwd", fake=_fwd_fake, backward=_backward, setup_context=_setup, outputs=1)
 def vq_fwd_op(q: Tensor, k: Tensor, v: Tensor, kvalid: Tensor, qblk: Tensor, qa: Tensor, qb: Tensor,
-              bias: Optional[Tensor], cb: Tensor, logc: Tensor, cm: Tensor, L: int,
+              bias: Optional[Tensor], cb: Tensor, logc: Tensor, cm: Tensor, L: int, rel: bool,
               launch: list[int]) -> tuple[Tensor, Tensor, Tensor]:
     """``o`` (the op returns the probabilities too, saved for the backward)."""
-    return vq_fwd(q, k, v, kvalid, qblk, bias, cb, logc, cm, L, VQLaunch.of(launch))
+    return vq_fwd(q, k, v, kvalid, qblk, bias, cb, logc, cm, L, rel, VQLaunch.of(launch))
 
 
 def _key_owners(qblk: Tensor, NB: int) -> tuple[Tensor, Tensor]:
@@ -231,12 +239,13 @@ def triton_vq_attention(
     qa, qb = _key_owners(lay.qblk, NB)
     kvalid = lay.kvalid.reshape(NB * L).to(torch.int8)
     bc = None if bias is None else qplace(bias)  # [NQ, L, H, 2L]
-    if rel_bias is not None:  # the relative table [.., H, L + 1] shifted into the window layout (no index tensors)
-        bc = rel_window(qplace(rel_table(*rel_bias)))
+    if rel_bias is not None:  # the relative table [.., H, L + 1 (padded)]: the kernels shift it into the window
+        bc = qplace(rel_table_padded(*rel_bias))
     launch = launch or default_launch(K, V, q.dtype)
     o = vq_fwd_op(
         qplace(q), kc.view(NB, L, H, K), vc.view(NB, L, H, V), kvalid, qblk, qa, qb, bc,
-        codebook.to(q.dtype).contiguous(), log_count(cache_c).float(), cache_m, L, launch.to_ints(),
+        codebook.to(q.dtype).contiguous(), log_count(cache_c).float(), cache_m, L, rel_bias is not None,
+        launch.to_ints(),
     )[0]  # [NQ, L, H, V]
     o = o.view(B, T, H, V) if q_dense else o.reshape(lay.NQ * L, H, V).index_select(0, lay.dest_q).view(B, T, H, V)
 
