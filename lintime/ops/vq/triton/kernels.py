@@ -189,18 +189,16 @@ def _do_xt(do, xr, x_stride, o_i, m_i, o_j, m_j, D: tl.constexpr, H: tl.constexp
 
 @triton.jit
 def vq_dp_kernel(
-    do, x, y, qblk, pw, pc, delta, dsw, dsc, dtab,
-    L, S, NQT, NWT, YB, TB,
-    H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, REL: tl.constexpr,
-    PREC: tl.constexpr,
+    do, x, y, qblk, pw, pc, delta, dsw, dsc,
+    L, S, NQT, NWT, YB,
+    H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
 ):
     """Score gradients of query rows ``i0 ..`` of one query block and one ``BN``-wide column tile:
     ``dS = P (do . x^T - delta)`` with ``delta = rowsum(do o)`` (FlashAttention-2's ``D``), fp32 ``do . x^T`` over
     all of ``D`` (``V``).  Column tiles ``0 .. NWT - 1`` are window columns (``x`` = the window's values, rows of
     ``[NB, L, H, D]``; tiles past the query tile's causal limit are written as zeros), the rest cache codes (``x``
     = the block's per-code means ``y``, block stride ``YB``).  ``P`` is read from ``pw`` / ``pc`` (the forward's).
-    With ``REL`` the window's ``dS`` is also written into ``dtab``, the relative table's gradient (``TB`` columns a
-    row; every column ``<= L`` of a row lies in a computed tile).  Grid ``(NQ * NQT, NWT + cdiv(S, BN), H)``."""
+    Grid ``(NQ * NQT, NWT + cdiv(S, BN), H)``."""
     i_t, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n = (i_t // NQT).to(tl.int64)
     i0 = (i_t % NQT) * BM
@@ -220,10 +218,6 @@ def vq_dp_kernel(
             dp = _do_xt(do, x + (w0 * H + i_h) * D, H * D, o_i, m_i, o_j, o_j < W, D, H, BM, BN, BK, PREC)
             p = tl.load(pw + o_w, mask=m_w, other=0.0).to(tl.float32)
             ds = p * (dp - b_delta[:, None])
-            if REL:  # the relative table's gradient: column c of row a is its column c - a (each written once)
-                t = o_j[None, :] - o_i[:, None]
-                tl.store(dtab + tq * TB + o_i[:, None] * (H * TB) + t, ds.to(dtab.dtype.element_ty),
-                         mask=m_w & (t >= 0) & (t <= L))
         else:
             ds = tl.zeros([BM, BN], tl.float32)
         tl.store(dsw + o_w, ds.to(dsw.dtype.element_ty), mask=m_w)
@@ -235,6 +229,20 @@ def vq_dp_kernel(
         m_s = m_i[:, None] & m_c[None, :]
         p = tl.load(pc + o_s, mask=m_s, other=0.0).to(tl.float32)
         tl.store(dsc + o_s, (p * (dp - b_delta[:, None])).to(dsc.dtype.element_ty), mask=m_s)
+
+
+@triton.jit
+def vq_rel_grad_kernel(dsw, dtab, R, L, TB, H: tl.constexpr, BR: tl.constexpr, BT: tl.constexpr):
+    """The relative table's gradient from the window's: ``dtab[r, t] = dsw[r, a + t]`` for ``t <= L`` (row ``r`` of
+    ``[NQ * L * H]`` at offset ``a = (r // H) % L`` in its block), 0 for the alignment columns ``L < t < TB``.
+    Grid ``(cdiv(R, BR), cdiv(TB, BT))``."""
+    o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    o_t = tl.program_id(1) * BT + tl.arange(0, BT)
+    m_r = o_r < R
+    a = (o_r // H) % L
+    m = m_r[:, None] & (o_t <= L)[None, :]
+    g = tl.load(dsw + o_r[:, None] * (2 * L) + a[:, None] + o_t[None, :], mask=m, other=0.0)
+    tl.store(dtab + o_r[:, None] * TB + o_t[None, :], g, mask=m_r[:, None] & (o_t < TB)[None, :])
 
 
 @triton.jit

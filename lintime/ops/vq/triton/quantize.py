@@ -148,10 +148,11 @@ def vq_assign_kernel(k, cb, c2, codes, cz, N, S, H: tl.constexpr, K: tl.constexp
     tl.store(cz + (o_m[:, None] * H + h) * K + o_k[None, :], b_z, mask=m_m[:, None] & m_k[None, :])
 
 
-def assign_codes(k: torch.Tensor, codebook: torch.Tensor, sq_norms: torch.Tensor):
+def assign_codes(k: torch.Tensor, codebook: torch.Tensor, sq_norms: torch.Tensor, tiles: tuple | None = None):
     """``k`` ``[N, H, K]``, ``codebook`` ``[H, S, K]`` fp32, ``sq_norms`` ``||codebook||^2`` (``H * S`` values, fp32)
     -> ``codes [N, H]`` (int64, the first nearest codeword) and ``c_z [N, H, K]`` (that codeword, fp32), by
-    :func:`vq_assign_kernel`.  No gradient."""
+    :func:`vq_assign_kernel`.  No gradient.  ``tiles``: ``(rows, codes, warps)`` per program (``None``: the
+    default; ``lab/vq_assign_ab.py``)."""
     check_device("assign_codes", k)
     N, H, K = k.shape
     S = codebook.shape[1]
@@ -159,8 +160,8 @@ def assign_codes(k: torch.Tensor, codebook: torch.Tensor, sq_norms: torch.Tensor
     c_z = torch.empty(N, H, K, dtype=torch.float32, device=k.device)
     if N * H:
         interp = interpreting()
-        BM, BS = (16, 16) if interp else (64, 64)
+        BM, BS, warps = (16, 16, 1) if interp else tiles or (64, 64, 4)  # not tuned yet
         vq_assign_kernel[(cdiv(N, BM), H)](
             k.contiguous(), codebook.contiguous(), sq_norms.contiguous(), codes, c_z, N, S, H=H, K=K, BM=BM, BS=BS,
-            BK=block(K), PREC="ieee" if interp else "tf32x3", num_warps=4)
+            BK=block(K), PREC="ieee" if interp else "tf32x3", num_warps=warps)
     return codes, c_z

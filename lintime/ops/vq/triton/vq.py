@@ -34,7 +34,7 @@ from lintime.ops.vq.bias import rel_table_padded
 from lintime.ops.vq.chunk import cache_summaries, call_layout, final_state
 from lintime.ops.vq.state import log_count, scatter_sums
 from lintime.ops.vq.triton.kernels import (vq_bwd_key_kernel, vq_delta_kernel, vq_dp_kernel, vq_probs_kernel,
-                                           vq_pv_kernel)
+                                           vq_pv_kernel, vq_rel_grad_kernel)
 from lintime.ops.vq.triton.launch import VQLaunch, default_launch
 from lintime.ops.vq.triton.scan import scan_cache
 
@@ -96,10 +96,6 @@ def vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L: 
     PREC = dot_config(q.dtype)[1]
     dsw = torch.empty_like(pw)
     dsc = torch.empty_like(pc)
-    dtab = None
-    if rel:  # columns past L (the table's alignment padding) are no kernel's: zero
-        dtab = torch.empty_like(bias)
-        dtab[..., L + 1:].zero_()
     if NQ > 0:
         delta = q.new_empty(NQ, L, H, dtype=torch.float32)
         R = NQ * L * H
@@ -107,9 +103,8 @@ def vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L: 
         NQT = cdiv(L, cfg.bm_d)
         NWT = cdiv(2 * L, cfg.bn_d)
         vq_dp_kernel[(NQ * NQT, NWT + cdiv(S, cfg.bn_d), H)](
-            do, v, cm, qblk, pw, pc, delta, dsw, dsc, dtab, L, S, NQT, NWT, H * S * V, 0 if dtab is None else
-            dtab.shape[-1], H=H, D=V, BM=cfg.bm_d, BN=cfg.bn_d, BK=min(cfg.bk_d, block(V)), REL=rel, PREC=PREC,
-            num_warps=cfg.warps_d, num_stages=cfg.stages,
+            do, v, cm, qblk, pw, pc, delta, dsw, dsc, L, S, NQT, NWT, H * S * V, H=H, D=V, BM=cfg.bm_d,
+            BN=cfg.bn_d, BK=min(cfg.bk_d, block(V)), PREC=PREC, num_warps=cfg.warps_d, num_stages=cfg.stages,
         )
         dq = _pv(dsw, dsc, k, cb, qblk, L, 0, cfg)
     else:
@@ -127,7 +122,13 @@ def vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L: 
         dcm = torch.einsum("nihs,nihv->nhsv", pc, do)  # [NQ, H, S, V]
         dcb = torch.einsum("nihs,nihk->hsk", dsc, q)  # [H, S, K], every block's cache together
     dlogc = dsc.sum(1, dtype=torch.float32)  # [NQ, H, S]
-    db = q.new_empty(0) if bias is None else dtab if rel else dsw
+    db = q.new_empty(0) if bias is None else dsw
+    if rel:  # the relative table's gradient: its column t of row a is window column a + t
+        db = torch.empty_like(bias)
+        TB = bias.shape[-1]
+        if db.numel():
+            vq_rel_grad_kernel[(cdiv(NQ * L * H, 32), cdiv(TB, 128))](dsw, db, NQ * L * H, L, TB, H=H, BR=32,
+                                                                       BT=min(128, block(TB)), num_warps=4)
     return dq, dk, dv, db, dcb.to(cb.dtype), dlogc, dcm.to(cm.dtype)
 
 
