@@ -295,6 +295,21 @@ def test_scatter_sums_equal_block_sums():
     assert_exact("scatter sums", s0, s1)
 
 
+@cpu_only
+def test_sum_grad_kernel_is_the_row_gather():
+    """``lintime::vq_sum_grad`` (the one-hot sums' backward on CUDA) through the interpreter: each valid slot's
+    row of the gradient at its code, zero for an empty slot (fp32 output: exact)."""
+    from lintime.ops.vq.triton.scan import vq_sum_grad_op
+
+    g = torch.Generator().manual_seed(3)
+    G, L, H, S, V = 3, 7, 2, 5, 20
+    grad = torch.randn(G, H, S, V, generator=g)
+    codes = torch.randint(0, S, (G, L, H), generator=g)
+    valid = (torch.rand(G, L, generator=g) > 0.3).to(torch.int8)
+    want = grad[torch.arange(G)[:, None, None], torch.arange(H)[None, None, :], codes] * valid[..., None, None]
+    assert torch.equal(vq_sum_grad_op(grad, codes, valid, torch.float32), want)
+
+
 @cuda
 @pytest.mark.parametrize("H", [1, 2])
 def test_cuda_onehot_sums_equal_block_sums(H):

@@ -175,19 +175,25 @@ def scatter_sums(codes: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, S: i
 
 
 class _OneHotSums(torch.autograd.Function):
-    """``onehot [G, S, L] @ v [G, L, V]`` with fp32 output (the tensor cores' fp32 accumulation of half inputs,
-    one rounding); the gradient to ``v`` is ``onehot^T @ grad`` in ``v``'s dtype -- each slot's row of the
-    gradient, as the scatter-add's gather gives it (one 1 per slot: exact)."""
+    """Per head, ``onehot [G, S, L] @ v [G, L, V]`` with fp32 output (the tensor cores' fp32 accumulation of half
+    inputs, one rounding); the gradient to ``v`` is each valid slot's row of the incoming gradient, rounded once to
+    ``v``'s dtype, as the scatter-add's gather gives it (``lintime::vq_sum_grad``, one read of the rows it needs,
+    where ``onehot^T @ grad`` first casts all of ``grad``)."""
 
     @staticmethod
-    def forward(ctx, onehot, v):
-        ctx.save_for_backward(onehot)
-        return torch.bmm(onehot, v, out_dtype=torch.float32)
+    def forward(ctx, hot, v, codes, valid):
+        ctx.save_for_backward(codes, valid)
+        ctx.v_dtype = v.dtype
+        G, H, S, L = hot.shape
+        parts = [torch.bmm(hot[:, h], v[:, :, h], out_dtype=torch.float32) for h in range(H)]
+        return parts[0].unsqueeze(1) if H == 1 else torch.stack(parts, 1)  # [G, H, S, V]
 
     @staticmethod
     def backward(ctx, grad):
-        (onehot,) = ctx.saved_tensors
-        return None, torch.bmm(onehot.transpose(1, 2), grad.to(onehot.dtype))
+        from lintime.ops.vq.triton.scan import vq_sum_grad_op  # (Triton: imported on first use)
+
+        codes, valid = ctx.saved_tensors
+        return None, vq_sum_grad_op(grad.contiguous(), codes, valid, ctx.v_dtype), None, None
 
 
 def _onehot_sums(codes: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, S: int):
@@ -196,13 +202,12 @@ def _onehot_sums(codes: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, S: i
     *lead, L, H = codes.shape
     V = v.shape[-1]
     G = codes[..., 0, 0].numel()
+    cg = codes.reshape(G, L, H)
+    vd = valid.reshape(G, L).to(torch.int8)
     hot = torch.zeros(G, H, S, L, dtype=v.dtype, device=v.device)  # [G, H, S, L]: one zero fill and one scatter
-    hot.scatter_(2, codes.reshape(G, L, H).transpose(1, 2)[:, :, None, :],
-                 valid.reshape(G, 1, 1, L).expand(G, H, 1, L).to(v.dtype))
+    hot.scatter_(2, cg.transpose(1, 2)[:, :, None, :], vd.view(G, 1, 1, L).expand(G, H, 1, L).to(v.dtype))
     cnt = hot.sum(-1, dtype=torch.float32)
-    vf = v.reshape(G, L, H, V)
-    parts = [_OneHotSums.apply(hot[:, h], vf[:, :, h]) for h in range(H)]
-    sumv = parts[0].unsqueeze(1) if H == 1 else torch.stack(parts, 1)  # [G, H, S, V]
+    sumv = _OneHotSums.apply(hot, v.reshape(G, L, H, V), cg.contiguous(), vd)
     return cnt.view(*lead, H, S), sumv.view(*lead, H, S, V)
 
 

@@ -209,3 +209,41 @@ def scan_serial(first: Tensor, cnt: Tensor, sumv: Tensor) -> tuple[Tensor, Tenso
     qmap = torch.full((first.numel(),), -1, dtype=torch.int32, device=first.device)
     tot, mean, _ = scan_cache(first, cnt, sumv, qmap, 0, True, sumv.dtype)
     return tot, mean
+
+
+@triton.jit
+def vq_sum_grad_kernel(grad, codes, valid, dv, R, L, S, H: tl.constexpr, V: tl.constexpr, BR: tl.constexpr,
+                       BV: tl.constexpr):
+    """The values' gradient of per-code block sums: slot row ``r = (g L + l) H + h`` gets row ``codes[r]`` of its
+    block and head of ``grad`` ``[G, H, S, V]`` (fp32) in ``dv``'s dtype, an empty slot (``valid``) zero.
+    Grid ``(cdiv(R, BR), cdiv(V, BV))``."""
+    o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    m_r = o_r < R
+    o_v = tl.program_id(1) * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    c = tl.load(codes + o_r, mask=m_r, other=0)
+    ok = tl.load(valid + o_r // H, mask=m_r, other=0) != 0
+    src = ((o_r // (L * H) * H + o_r % H) * S + c) * V
+    x = tl.load(grad + src[:, None] + o_v[None, :], mask=(m_r & ok)[:, None] & m_v[None, :], other=0.0)
+    tl.store(dv + o_r[:, None] * V + o_v[None, :], x.to(dv.dtype.element_ty), mask=m_r[:, None] & m_v[None, :])
+
+
+def _sum_grad_fake(grad, codes, valid, dtype):
+    return grad.new_empty(*codes.shape, grad.shape[-1], dtype=dtype)
+
+
+@launcher_op("vq_sum_grad", fake=_sum_grad_fake)
+def vq_sum_grad_op(grad: Tensor, codes: Tensor, valid: Tensor, dtype: torch.dtype) -> Tensor:
+    """``dv [G, L, H, V]`` in ``dtype`` from ``grad [G, H, S, V]`` (fp32), ``codes [G, L, H]`` (int64), ``valid
+    [G, L]`` (int8): the gradient of ``sum[g, h, s] = sum over the valid slots l with codes[g, l, h] = s of v[g, l, h]``
+    -- a gather of one fp32 row per slot, rounded once (where the one-hot product's backward casts all of ``grad``
+    and multiplies)."""
+    G, L, H = codes.shape
+    S, V = grad.shape[-2:]
+    dv = grad.new_empty(G, L, H, V, dtype=dtype)
+    R = G * L * H
+    if R:
+        BR, BV = (16, 16) if interpreting() else (16, min(256, block(V)))
+        vq_sum_grad_kernel[(cdiv(R, BR), cdiv(V, BV))](grad, codes, valid, dv, R, L, S, H=H, V=V, BR=BR, BV=BV,
+                                                       num_warps=4)
+    return dv
