@@ -100,6 +100,8 @@ def chunked_forward(rows: Callable, x: Tensor, weight: Tensor, bias: Optional[Te
             torch.mm(z, w, out=dx[s:e])
             if acc == x.dtype:
                 dw.addmm_(z.t(), x_c)
+            elif x.is_cuda:  # the product accumulated into the fp32 sum in the GEMM's epilogue: no [V, d] add pass
+                dw = torch.addmm(dw, z.t(), x_c, out_dtype=acc)
             else:
                 dw += z.t() @ x_c  # the product in x's dtype, the sum over chunks in fp32
             if bias is not None:
