@@ -87,14 +87,13 @@ import dataclasses
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from lintime.layers._split_linear import split_linear
 from lintime.layers.base import BatchState, Mixer, static_state
 from lintime.layers.positional import sinusoid
 from lintime.ops import VQState, normalize, vq_attention, vq_decode_step_
 from lintime.ops.utils import mark_checked
-from lintime.ops.vq.gate import vq_gate
+from lintime.ops.vq.gate import vq_gate, vq_value_silu
 from lintime.ops.vq.sums import code_sums
 
 REDUCTIONS = ("serial", "matmul", "assoc")
@@ -301,7 +300,7 @@ class VQAttention(Mixer):
         else:  # a decoding step: one product
             k, v, g = self.kvg_proj(x).split([H * K, e, e], dim=-1)
         k = scaled_rms(k.view(B, T, H, K))  # seed Eq. 9
-        return q, k, F.silu(v).view(B, T, H, self.E), g  # seed Eq. 10 (Eq. 11's SiLU: in vq_gate)
+        return q, k, vq_value_silu(v).view(B, T, H, self.E), g  # seed Eq. 10 (Eq. 11's SiLU: in vq_gate)
 
     @staticmethod
     def quantize(k: torch.Tensor, codebook: torch.Tensor, sq_norms: torch.Tensor | None = None):

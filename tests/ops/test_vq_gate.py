@@ -59,3 +59,41 @@ def test_opcheck():
     wide = torch.randn(5, 26, generator=g).to(DEV)
     torch.library.opcheck(torch.ops.lintime.vq_gate.default, (o, wide[:, 6:].requires_grad_()),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_value_silu_equals_the_composite_with_a_strided_gradient(dtype):
+    """The values' SiLU (vq_value_silu, Triton): value and gradient equal F.silu's, the incoming gradient a strided
+    slice of a padded layout (rows of each sequence after two empty blocks, as vq_attention's gradient arrives);
+    fp32 exact, fp16 by the half rule."""
+    from lintime.ops.vq.gate import vq_value_silu
+
+    g = torch.Generator().manual_seed(3)
+    B, T, E, pad = 3, 10, 37, 4
+    z = (torch.randn(B, T, E, generator=g, dtype=torch.float64) * 2).to(DEV)
+    lay_w = torch.randn(B, pad + T, E, generator=g, dtype=torch.float64).to(DEV)
+
+    def run(backend, dt):
+        zz = z.to(dt).requires_grad_()
+        y = vq_value_silu(zz, backend=backend)
+        buf = torch.cat([y.new_zeros(B, pad, E), y], 1)  # the layout: its gradient to y is a strided slice
+        (dz,) = torch.autograd.grad((buf.double() * lay_w).sum(), zz)
+        return y, dz
+
+    ref, out = run("chunk", torch.float64), run("triton", dtype)
+    assert out[0].dtype == out[1].dtype == dtype
+    if dtype == torch.float32:
+        for name, a, b in zip(("y", "dz"), ref, out):
+            assert_exact(name, a, b)
+    else:
+        base = run("chunk", dtype)
+        for name, a, b, c in zip(("y", "dz"), ref, out, base):
+            assert_half_rule(name, a, b, c)
+
+
+def test_value_silu_opcheck():
+    from lintime.ops.vq.triton.gate import vq_silu_op  # noqa: F401  (registers the op)
+
+    z = torch.randn(2, 5, 20, generator=torch.Generator().manual_seed(4)).to(DEV).requires_grad_()
+    torch.library.opcheck(torch.ops.lintime.vq_silu.default, (z,),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))

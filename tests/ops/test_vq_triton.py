@@ -258,10 +258,11 @@ def test_custom_ops_pass_opcheck():
     q, k, v = r(1, L, H, K), r(3, L, H, K), r(3, L, H, V)
     kvalid = torch.tensor([0] * L + [1] * (2 * L), dtype=torch.int8)
     qblk, qa, qb = (torch.tensor(x, dtype=torch.int32) for x in ([2], [-1, -1, 0], [-1, 0, -1]))
+    pvalid = torch.tensor([1], dtype=torch.int8)
     cb, cm = r(H, S, K), r(1, H, S, V)
     logc = torch.tensor([[[0.0, float("-inf"), 1.0, 0.5, float("-inf")]]])
     launch = default_launch(K, V, torch.float32).to_ints()
-    args = [q, k, v, kvalid, qblk, qa, qb, r(1, L, H, 2 * L), cb, logc, cm]
+    args = [q, k, v, kvalid, qblk, pvalid, qa, qb, r(1, L, H, 2 * L), cb, logc, cm]
     utils = ("test_schema", "test_faketensor", "test_autograd_registration")
     torch.library.opcheck(torch.ops.lintime.vq_fwd, (*[x.requires_grad_() if x.is_floating_point() else x
                                                        for x in args], L, False, launch), test_utils=utils)
@@ -316,14 +317,15 @@ def test_cuda_onehot_sums_equal_block_sums(H):
     """Half values on CUDA take the one-hot product (fp32 accumulation): counts equal, sums within fp32 rounding of
     the fp64 one-hot sums of the same values, and the values' gradient is each valid slot's row of the incoming
     gradient rounded once to bf16 (zero for an empty slot)."""
-    from lintime.ops.vq.state import block_sums, scatter_sums
+    from lintime.ops.vq.state import block_sums
+    from lintime.ops.vq.triton.scan import block_sums_cuda
 
     g = torch.Generator().manual_seed(2)
     codes = torch.randint(0, 37, (3, 4, 64, H), generator=g)
     valid = torch.rand(3, 4, 64, generator=g) > 0.3
     v = (torch.randn(3, 4, 64, H, 96, generator=g) * valid[..., None, None]).bfloat16()
     vg = v.cuda().requires_grad_()
-    c1, s1 = scatter_sums(codes.cuda(), vg, valid.cuda(), 40)
+    c1, s1 = block_sums_cuda(codes.cuda(), vg, valid.cuda(), 40)
     c0, s0 = block_sums(codes, v.double(), valid, 40)
     assert s1.dtype == torch.float32 and torch.equal(c1.cpu(), c0.float())
     assert_exact("one-hot sums", s0, s1.cpu())

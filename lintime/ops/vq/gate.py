@@ -1,5 +1,6 @@
-"""The Transformer-VQ layer's output gate ``o * silu(g_pre)`` (seed Eq. 11, ``g = phi_g(x W_G)`` with SiLU, App. C;
-Eq. 14, the gated output before ``W_O``): one function, the PyTorch composite or one Triton kernel each way."""
+"""The Transformer-VQ layer's SiLUs: the output gate ``o * silu(g_pre)`` (seed Eq. 11, ``g = phi_g(x W_G)`` with
+SiLU, App. C; Eq. 14, the gated output before ``W_O``), one function, the PyTorch composite or one Triton kernel each
+way; and the values' ``silu(x W_V)`` (Eq. 10), whose backward reads the op's strided gradient in place."""
 
 from __future__ import annotations
 
@@ -39,3 +40,30 @@ def vq_gate(o: torch.Tensor, g_pre: torch.Tensor, *, backend: str | None = None)
                             or torch.compiler.is_compiling()):
         backend = "chunk"
     return select("vq_gate", backend, _IMPLS, o.reshape(1, -1))(o, g_pre)
+
+
+_SILU_IMPLS = {"chunk": torch.nn.functional.silu}
+
+
+def _load_triton_silu():
+    from lintime.ops.vq.triton.gate import triton_vq_silu
+
+    return triton_vq_silu
+
+
+register_triton(_SILU_IMPLS, _load_triton_silu)
+
+
+def vq_value_silu(v_pre: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
+    """``silu(v_pre)`` for ``v_pre [B, ..., E]`` (seed Eq. 10).  Its gradient comes back from ``vq_attention`` as a
+    strided slice of the op's block layout (two empty blocks before each row); PyTorch's SiLU backward takes its
+    non-vectorised path on such a tensor (2.6 of vq-base's 82 ms training step, H200, 2026-11-27), the Triton
+    backward reads the rows where they lie.
+
+    ``backend``: ``None`` (automatic: ``"triton"`` for CUDA tensors in fp16 / bf16 / fp32 that need a gradient when
+    Triton is installed and ``torch.compile`` is not tracing, else ``"chunk"``), ``"chunk"`` (``F.silu``) or
+    ``"triton"`` (CPU tensors only under ``TRITON_INTERPRET=1``)."""
+    if backend is None and (not v_pre.requires_grad or v_pre.dtype not in (torch.float16, torch.bfloat16, torch.float32)
+                            or v_pre.dim() < 2 or torch.compiler.is_compiling()):
+        backend = "chunk"
+    return select("vq_value_silu", backend, _SILU_IMPLS, v_pre.reshape(1, -1))(v_pre)

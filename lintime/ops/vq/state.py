@@ -155,13 +155,8 @@ def scatter_sums(codes: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, S: i
     empty (as the block layout and a canonical state's window leave them: their values are added as the zeros
     they are, no mask pass; their counts are not); returns ``count [..., H, S]``, ``sum [..., H, S, V]`` in the
     accumulation dtype (fp32 for half ``v``, converted row by row as it is added: no fp32 copy of ``v`` is kept;
-    atomic adds on CUDA: the order of a sum's terms is not fixed).
-
-    Half ``v`` on CUDA takes the one-hot product instead, on the tensor cores with fp32 accumulation
-    (:class:`_OneHotSums`): the fp32 atomic adds of ``[T, V]`` values cost more there than its O(L * S * V) flops
-    (vq-base's training step: 6.0 ms of 135 in ``index_add``, H200, 2026-11-27)."""
-    if v.is_cuda and v.dtype in (torch.float16, torch.bfloat16):
-        return _onehot_sums(codes, v, valid, S)
+    atomic adds on CUDA: the order of a sum's terms is not fixed).  The Triton path's training calls take
+    :func:`lintime.ops.vq.triton.scan.block_sums_cuda` instead."""
     *lead, L, H = codes.shape
     V = v.shape[-1]
     G = codes[..., 0, 0].numel()  # groups (blocks)
@@ -171,43 +166,6 @@ def scatter_sums(codes: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, S: i
     ones = valid[..., None].expand(codes.shape).reshape(-1).to(dt)
     cnt = v.new_zeros(G * H * S, dtype=dt).index_add(0, rows, ones)
     sumv = v.new_zeros(G * H * S, V, dtype=dt).index_add(0, rows, v.reshape(-1, V).to(dt))
-    return cnt.view(*lead, H, S), sumv.view(*lead, H, S, V)
-
-
-class _OneHotSums(torch.autograd.Function):
-    """Per head, ``onehot [G, S, L] @ v [G, L, V]`` with fp32 output (the tensor cores' fp32 accumulation of half
-    inputs, one rounding); the gradient to ``v`` is each valid slot's row of the incoming gradient, rounded once to
-    ``v``'s dtype, as the scatter-add's gather gives it (``lintime::vq_sum_grad``, one read of the rows it needs,
-    where ``onehot^T @ grad`` first casts all of ``grad``)."""
-
-    @staticmethod
-    def forward(ctx, hot, v, codes, valid):
-        ctx.save_for_backward(codes, valid)
-        ctx.v_dtype = v.dtype
-        G, H, S, L = hot.shape
-        parts = [torch.bmm(hot[:, h], v[:, :, h], out_dtype=torch.float32) for h in range(H)]
-        return parts[0].unsqueeze(1) if H == 1 else torch.stack(parts, 1)  # [G, H, S, V]
-
-    @staticmethod
-    def backward(ctx, grad):
-        from lintime.ops.vq.triton.scan import vq_sum_grad_op  # (Triton: imported on first use)
-
-        codes, valid = ctx.saved_tensors
-        return None, vq_sum_grad_op(grad.contiguous(), codes, valid, ctx.v_dtype), None, None
-
-
-def _onehot_sums(codes: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, S: int):
-    """:func:`scatter_sums` for half ``v`` on CUDA: per head, the masked one-hot ``[G, S, L]`` of the codes times
-    the values (empty slots are not in the one-hot)."""
-    *lead, L, H = codes.shape
-    V = v.shape[-1]
-    G = codes[..., 0, 0].numel()
-    cg = codes.reshape(G, L, H)
-    vd = valid.reshape(G, L).to(torch.int8)
-    hot = torch.zeros(G, H, S, L, dtype=v.dtype, device=v.device)  # [G, H, S, L]: one zero fill and one scatter
-    hot.scatter_(2, cg.transpose(1, 2)[:, :, None, :], vd.view(G, 1, 1, L).expand(G, H, 1, L).to(v.dtype))
-    cnt = hot.sum(-1, dtype=torch.float32)
-    sumv = _OneHotSums.apply(hot, v.reshape(G, L, H, V), cg.contiguous(), vd)
     return cnt.view(*lead, H, S), sumv.view(*lead, H, S, V)
 
 

@@ -100,3 +100,59 @@ def triton_vq_gate(o: Tensor, g_pre: Tensor) -> Tensor:
     if g2.stride(-1) != 1:
         g2 = g2.contiguous()
     return vq_gate_op(o.reshape(-1, E).contiguous(), g2).view(o.shape)
+
+
+@triton.jit
+def vq_silu_bwd_kernel(dy, z, dz, R, M, stride_a, stride_m, E: tl.constexpr, BM: tl.constexpr, BE: tl.constexpr):
+    """``dz = dy * sigmoid(z) (1 + z (1 - sigmoid(z)))`` for ``R`` rows of ``E`` (``z``, ``dz`` contiguous); ``dy`` row
+    ``r`` at ``(r // M) stride_a + (r % M) stride_m``.  Grid ``(cdiv(R, BM), cdiv(E, BE))``."""
+    i_m, i_e = tl.program_id(0), tl.program_id(1)
+    o_m = (i_m * BM + tl.arange(0, BM)).to(tl.int64)
+    o_e = i_e * BE + tl.arange(0, BE)
+    m = (o_m < R)[:, None] & (o_e < E)[None, :]
+    rows = (o_m // M) * stride_a + (o_m % M) * stride_m
+    b_dy = tl.load(dy + rows[:, None] + o_e[None, :], mask=m, other=0.0).to(tl.float32)
+    b_z = tl.load(z + o_m[:, None] * E + o_e[None, :], mask=m, other=0.0).to(tl.float32)
+    b_s = tl.sigmoid(b_z)
+    tl.store(dz + o_m[:, None] * E + o_e[None, :], (b_dy * b_s * (1.0 + b_z * (1.0 - b_s))).to(dz.dtype.element_ty),
+             mask=m)
+
+
+@launcher_op("vq_silu_bwd", fake=lambda dy, z: torch.empty_like(z))
+def vq_silu_bwd_op(dy: Tensor, z: Tensor) -> Tensor:
+    """``dz`` (``z``'s shape ``[A, M, E]``, contiguous) from ``dy`` ``[A, M, E]`` with unit stride in ``E`` and rows of
+    any stride within and across its first dimension (the block layout's slice of the values' gradient)."""
+    A, M, E = z.shape
+    dz = torch.empty_like(z)
+    BM, BE = _tiles(E)
+    if A * M > 0:
+        vq_silu_bwd_kernel[(cdiv(A * M, BM), cdiv(E, BE))](dy, z, dz, A * M, M, dy.stride(0), dy.stride(1), E=E, BM=BM,
+                                                           BE=BE)
+    return dz
+
+
+def _silu_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+
+
+def _silu_backward(ctx, dy):
+    if dy is None:
+        return None
+    (z,) = ctx.saved_tensors
+    dy = grad_as(dy, z.dtype)
+    if dy.stride(-1) != 1:
+        dy = dy.contiguous()
+    return vq_silu_bwd_op.for_ctx(ctx)(dy, z)
+
+
+@launcher_op("vq_silu", fake=lambda z: torch.empty_like(z), backward=_silu_backward, setup_context=_silu_setup)
+def vq_silu_op(z: Tensor) -> Tensor:
+    """``silu(z)`` for ``z`` ``[A, M, E]`` contiguous (PyTorch's vectorised kernel); the backward reads a strided
+    incoming gradient in place (:func:`vq_silu_bwd_op`)."""
+    return torch.nn.functional.silu(z)
+
+
+def triton_vq_silu(z: Tensor) -> Tensor:
+    """``silu(z)`` for ``z [A, ..., E]`` (``A`` the first dimension); the gradient by :func:`vq_silu_bwd_kernel`."""
+    A, E = z.shape[0], z.shape[-1]
+    return vq_silu_op(z.contiguous().view(A, -1, E)).view(z.shape)

@@ -14,6 +14,8 @@ window columns.  Every tensor is in the block layout of the chunked form:
   its per-code mean values;
 * ``pw`` / ``pc`` ``[NQ, L, H, W]`` / ``[NQ, L, H, S]`` the probabilities of the window columns / cache codes
   (``dsw`` / ``dsc`` their score gradients), zero where a row does not see the column;
+* ``pvalid`` ``[NQ]`` int8: whether query block ``n``'s previous block holds a key (a sequence's first block has
+  none: its window columns ``[0, L)`` are skipped, their probabilities and score gradients written as zeros);
 * ``o`` ``[NQ, L, H, V]``, ``delta`` ``[NQ, L, H]`` fp32.
 
 A query row ``i`` of block ``n`` sees window column ``j`` when ``j <= L + i`` and the key slot holds a
@@ -64,7 +66,7 @@ def _code_scores(b_q, cb, logc, o_c, o_k, m_k, S, K: tl.constexpr, PREC: tl.cons
 
 @triton.jit
 def vq_probs_kernel(
-    q, k, kvalid, qblk, bias, cb, logc, pw, pc,
+    q, k, kvalid, qblk, pvalid, bias, cb, logc, pw, pc,
     L, S, NQT, TB,
     H: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     HAS_BIAS: tl.constexpr, REL: tl.constexpr, PREC: tl.constexpr,
@@ -95,7 +97,8 @@ def vq_probs_kernel(
     b_m = tl.full([BM], NEG, tl.float32)
     b_l = tl.zeros([BM], tl.float32)
     hi = tl.minimum(W, L + i0 + BM)  # causal: no row of the tile sees a column >= L + i0 + BM
-    for j0 in range(0, hi, BN):
+    lo = tl.where(tl.load(pvalid + n) != 0, 0, (L // BN) * BN)  # an empty previous block: its columns are masked
+    for j0 in range(lo, hi, BN):
         s = _window_scores(b_q, k, kvalid, bias, o_i, m_i, j0 + o_n, o_k, m_k, L, TB, H, K, HAS_BIAS, REL,
                                PREC)
         m_new = tl.maximum(b_m, tl.max(s, 1))
@@ -112,7 +115,7 @@ def vq_probs_kernel(
     for j0 in range(0, W, BN):
         o_j = j0 + o_n
         m_w = m_i[:, None] & (o_j < W)[None, :]
-        if j0 < hi:
+        if (j0 >= lo) & (j0 < hi):
             s = _window_scores(b_q, k, kvalid, bias, o_i, m_i, o_j, o_k, m_k, L, TB, H, K, HAS_BIAS, REL,
                                PREC)
             p = tl.exp(s - lse[:, None])
@@ -128,7 +131,7 @@ def vq_probs_kernel(
 
 @triton.jit
 def vq_pv_kernel(
-    aw, ac, x, y, qblk, out,
+    aw, ac, x, y, qblk, pvalid, out,
     L, S, NQT, YB,
     H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -154,7 +157,8 @@ def vq_pv_kernel(
     y += n * YB + i_h * S * D
     acc = tl.zeros([BM, BD], tl.float32)
     hi = tl.minimum(W, L + i0 + BM)
-    for j0 in range(0, hi, BK):
+    lo = tl.where(tl.load(pvalid + n) != 0, 0, (L // BK) * BK)  # an empty previous block: A is zero there
+    for j0 in range(lo, hi, BK):
         o_j = j0 + o_b
         m_j = o_j < W
         b_a = tl.load(aw + o_i[:, None] * (H * W) + o_j[None, :], mask=m_i[:, None] & m_j[None, :], other=0.0)
@@ -189,14 +193,15 @@ def _do_xt(do, xr, x_stride, o_i, m_i, o_j, m_j, D: tl.constexpr, H: tl.constexp
 
 @triton.jit
 def vq_dp_kernel(
-    do, x, y, qblk, pw, pc, delta, dsw, dsc,
+    do, x, y, qblk, pvalid, pw, pc, delta, dsw, dsc,
     L, S, NQT, NWT, YB,
     H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
 ):
     """Score gradients of query rows ``i0 ..`` of one query block and one ``BN``-wide column tile:
     ``dS = P (do . x^T - delta)`` with ``delta = rowsum(do o)`` (FlashAttention-2's ``D``), fp32 ``do . x^T`` over
     all of ``D`` (``V``).  Column tiles ``0 .. NWT - 1`` are window columns (``x`` = the window's values, rows of
-    ``[NB, L, H, D]``; tiles past the query tile's causal limit are written as zeros), the rest cache codes (``x``
+    ``[NB, L, H, D]``; tiles past the query tile's causal limit, and tiles of an empty previous block, are written
+    as zeros), the rest cache codes (``x``
     = the block's per-code means ``y``, block stride ``YB``).  ``P`` is read from ``pw`` / ``pc`` (the forward's).
     Grid ``(NQ * NQT, NWT + cdiv(S, BN), H)``."""
     i_t, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -213,7 +218,7 @@ def vq_dp_kernel(
         o_j = i_c * BN + o_n
         m_w = m_i[:, None] & (o_j < W)[None, :]
         o_w = tq * W + o_i[:, None] * (H * W) + o_j[None, :]
-        if i_c * BN < L + i0 + BM:
+        if (i_c * BN < L + i0 + BM) & ((i_c * BN + BN > L) | (tl.load(pvalid + n) != 0)):
             w0 = (tl.load(qblk + n).to(tl.int64) - 1) * L
             dp = _do_xt(do, x + (w0 * H + i_h) * D, H * D, o_i, m_i, o_j, o_j < W, D, H, BM, BN, BK, PREC)
             p = tl.load(pw + o_w, mask=m_w, other=0.0).to(tl.float32)

@@ -32,21 +32,21 @@ from lintime.ops.custom_op import grad_as, launcher_op
 from lintime.ops.kernel_launch import block, cdiv, check_device, dot_config
 from lintime.ops.vq.bias import rel_table_padded
 from lintime.ops.vq.chunk import cache_summaries, call_layout, final_state
-from lintime.ops.vq.state import log_count, scatter_sums
+from lintime.ops.vq.state import log_count
 from lintime.ops.vq.triton.kernels import (vq_bwd_key_kernel, vq_delta_kernel, vq_dp_kernel, vq_probs_kernel,
                                            vq_pv_kernel, vq_rel_grad_kernel)
 from lintime.ops.vq.triton.launch import VQLaunch, default_launch
-from lintime.ops.vq.triton.scan import scan_cache
+from lintime.ops.vq.triton.scan import block_sums_cuda, scan_cache
 
 _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
-def _fwd_fake(q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, L, rel, launch):
+def _fwd_fake(q, k, v, kvalid, qblk, pvalid, qa, qb, bias, cb, logc, cm, L, rel, launch):
     NQ, _, H, _ = q.shape
     return (q.new_empty(NQ, L, H, v.shape[-1]), q.new_empty(NQ, L, H, 2 * L), q.new_empty(NQ, L, H, cb.shape[1]))
 
 
-def _pv(aw, ac, x, y, qblk, L: int, y_block_stride: int, cfg: VQLaunch):
+def _pv(aw, ac, x, y, qblk, pvalid, L: int, y_block_stride: int, cfg: VQLaunch):
     """``A [x_window; y]`` (:func:`vq_pv_kernel`): ``aw [NQ, L, H, 2L]``, ``ac [NQ, L, H, S]``, ``x [NB, L, H, D]``,
     ``y`` ``[.., H, S, D]`` at ``y_block_stride`` elements per query block; returns ``[NQ, L, H, D]``."""
     NQ, _, H, S = ac.shape
@@ -55,13 +55,13 @@ def _pv(aw, ac, x, y, qblk, L: int, y_block_stride: int, cfg: VQLaunch):
     BD = min(cfg.bd_o, block(D))
     NQT = cdiv(L, cfg.bm_o)
     vq_pv_kernel[(NQ * NQT, cdiv(D, BD), H)](
-        aw, ac, x, y, qblk, out, L, S, NQT, y_block_stride, H=H, D=D, BM=cfg.bm_o, BD=BD, BK=cfg.bk_o,
+        aw, ac, x, y, qblk, pvalid, out, L, S, NQT, y_block_stride, H=H, D=D, BM=cfg.bm_o, BD=BD, BK=cfg.bk_o,
         PREC=dot_config(aw.dtype)[1], num_warps=cfg.warps_o, num_stages=cfg.stages,
     )
     return out
 
 
-def vq_fwd(q, k, v, kvalid, qblk, bias, cb, logc, cm, L: int, rel: bool, cfg: VQLaunch):
+def vq_fwd(q, k, v, kvalid, qblk, pvalid, bias, cb, logc, cm, L: int, rel: bool, cfg: VQLaunch):
     """Forward launcher: ``o [NQ, L, H, V]`` and the probabilities ``pw [NQ, L, H, 2L]``, ``pc [NQ, L, H, S]`` (the
     input dtype, saved for the backward); arguments as in :mod:`.kernels`; ``rel``: ``bias`` is the relative table
     ``[NQ, L, H, TB]`` (:func:`lintime.ops.vq.bias.rel_table_padded`), not the window bias."""
@@ -73,20 +73,21 @@ def vq_fwd(q, k, v, kvalid, qblk, bias, cb, logc, cm, L: int, rel: bool, cfg: VQ
         return q.new_empty(0, L, H, v.shape[-1]), pw, pc
     NQT = cdiv(L, cfg.bm_p)
     vq_probs_kernel[(NQ * NQT, H)](
-        q, k, kvalid, qblk, bias, cb, logc, pw, pc, L, S, NQT, 2 * L if bias is None else bias.shape[-1], H=H, K=K,
+        q, k, kvalid, qblk, pvalid, bias, cb, logc, pw, pc, L, S, NQT, 2 * L if bias is None else bias.shape[-1], H=H, K=K,
         BM=cfg.bm_p, BN=cfg.bn_p, BK=block(K), HAS_BIAS=bias is not None, REL=rel, PREC=dot_config(q.dtype)[1],
         num_warps=cfg.warps_p, num_stages=cfg.stages,
     )
-    return _pv(pw, pc, v, cm, qblk, L, H * S * v.shape[-1], cfg), pw, pc
+    return _pv(pw, pc, v, cm, qblk, pvalid, L, H * S * v.shape[-1], cfg), pw, pc
 
 
-def _bwd_fake(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L, rel, launch):
+def _bwd_fake(do, q, k, v, kvalid, qblk, pvalid, qa, qb, bias, cb, logc, cm, o, pw, pc, L, rel, launch):
     db = torch.empty_like(bias) if bias is not None else q.new_empty(0)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), db, torch.empty_like(cb),
             torch.empty_like(logc), torch.empty_like(cm))
 
 
-def vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L: int, rel: bool, cfg: VQLaunch):
+def vq_bwd(do, q, k, v, kvalid, qblk, pvalid, qa, qb, bias, cb, logc, cm, o, pw, pc, L: int, rel: bool,
+           cfg: VQLaunch):
     """Backward launcher: ``dq, dk, dv, dbias (empty without a bias; the relative table's with ``rel``), dcb, dlogc,
     dcm``."""
     NQ, _, H, K = q.shape
@@ -103,10 +104,10 @@ def vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L: 
         NQT = cdiv(L, cfg.bm_d)
         NWT = cdiv(2 * L, cfg.bn_d)
         vq_dp_kernel[(NQ * NQT, NWT + cdiv(S, cfg.bn_d), H)](
-            do, v, cm, qblk, pw, pc, delta, dsw, dsc, L, S, NQT, NWT, H * S * V, H=H, D=V, BM=cfg.bm_d,
+            do, v, cm, qblk, pvalid, pw, pc, delta, dsw, dsc, L, S, NQT, NWT, H * S * V, H=H, D=V, BM=cfg.bm_d,
             BN=cfg.bn_d, BK=min(cfg.bk_d, block(V)), PREC=PREC, num_warps=cfg.warps_d, num_stages=cfg.stages,
         )
-        dq = _pv(dsw, dsc, k, cb, qblk, L, 0, cfg)
+        dq = _pv(dsw, dsc, k, cb, qblk, pvalid, L, 0, cfg)
     else:
         dq = torch.empty_like(q)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
@@ -133,41 +134,46 @@ def vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L: 
 
 
 @launcher_op("vq_bwd", fake=_bwd_fake)
-def vq_bwd_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, kvalid: Tensor, qblk: Tensor, qa: Tensor, qb: Tensor,
+def vq_bwd_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, kvalid: Tensor, qblk: Tensor, pvalid: Tensor, qa: Tensor,
+              qb: Tensor,
               bias: Optional[Tensor], cb: Tensor, logc: Tensor, cm: Tensor, o: Tensor, pw: Tensor, pc: Tensor, L: int,
               rel: bool, launch: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    return vq_bwd(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc, L, rel, VQLaunch.of(launch))
+    return vq_bwd(do, q, k, v, kvalid, qblk, pvalid, qa, qb, bias, cb, logc, cm, o, pw, pc, L, rel,
+                  VQLaunch.of(launch))
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, L, rel, launch = inputs
+    q, k, v, kvalid, qblk, pvalid, qa, qb, bias, cb, logc, cm, L, rel, launch = inputs
     o, pw, pc = output
-    ctx.save_for_backward(q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc)
+    ctx.save_for_backward(q, k, v, kvalid, qblk, pvalid, qa, qb, bias, cb, logc, cm, o, pw, pc)
     ctx.L, ctx.rel, ctx.launch = L, rel, launch
 
 
 def _backward(ctx, do, *_unused):
-    q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm, o, pw, pc = ctx.saved_tensors
+    q, k, v, kvalid, qblk, pvalid, qa, qb, bias, cb, logc, cm, o, pw, pc = ctx.saved_tensors
     do = grad_as(do, q.dtype).contiguous()
-    dq, dk, dv, db, dcb, dlogc, dcm = vq_bwd_op.for_ctx(ctx)(do, q, k, v, kvalid, qblk, qa, qb, bias, cb, logc, cm,
-                                                             o, pw, pc, ctx.L, ctx.rel, ctx.launch)
-    return dq, dk, dv, None, None, None, None, (db if bias is not None else None), dcb, dlogc, dcm, None, None, None
+    dq, dk, dv, db, dcb, dlogc, dcm = vq_bwd_op.for_ctx(ctx)(do, q, k, v, kvalid, qblk, pvalid, qa, qb, bias, cb,
+                                                             logc, cm, o, pw, pc, ctx.L, ctx.rel, ctx.launch)
+    return (dq, dk, dv, None, None, None, None, None, (db if bias is not None else None), dcb, dlogc, dcm, None, None,
+            None)
 
 
 @launcher_op("vq_fwd", fake=_fwd_fake, backward=_backward, setup_context=_setup, outputs=1)
-def vq_fwd_op(q: Tensor, k: Tensor, v: Tensor, kvalid: Tensor, qblk: Tensor, qa: Tensor, qb: Tensor,
+def vq_fwd_op(q: Tensor, k: Tensor, v: Tensor, kvalid: Tensor, qblk: Tensor, pvalid: Tensor, qa: Tensor, qb: Tensor,
               bias: Optional[Tensor], cb: Tensor, logc: Tensor, cm: Tensor, L: int, rel: bool,
               launch: list[int]) -> tuple[Tensor, Tensor, Tensor]:
     """``o`` (the op returns the probabilities too, saved for the backward)."""
-    return vq_fwd(q, k, v, kvalid, qblk, bias, cb, logc, cm, L, rel, VQLaunch.of(launch))
+    return vq_fwd(q, k, v, kvalid, qblk, pvalid, bias, cb, logc, cm, L, rel, VQLaunch.of(launch))
 
 
-def _key_owners(qblk: Tensor, NB: int) -> tuple[Tensor, Tensor]:
+def _key_owners(qblk: Tensor, NB: int, blk_ok: Tensor) -> tuple[Tensor, Tensor]:
     """``qa [NB]``: the query block at each flat block (-1: none); ``qb [NB]``: the query block right after it
-    (the next block, whose window's first half it is; -1: none -- a pseudo-block, a row end)."""
+    (the next block, whose window's first half it is; -1: none -- a pseudo-block, a row end).  A block without a
+    key (``blk_ok`` false) gets -1 in both: its gradients are zero, written without a product."""
     idx = torch.arange(qblk.numel(), dtype=torch.int32, device=qblk.device)  # qblk: int64 [NQ]
     qa = torch.full((NB + 1,), -1, dtype=torch.int32, device=qblk.device).index_copy(0, qblk, idx)
-    return qa[:NB], qa[1:]
+    none = torch.full_like(qa[:NB], -1)
+    return torch.where(blk_ok, qa[:NB], none), torch.where(blk_ok, qa[1:], none)
 
 
 def triton_vq_attention(
@@ -229,22 +235,24 @@ def triton_vq_attention(
             tot, mean, got["cm"] = scan_cache(first, cnt, sumv, qmap, lay.NQ, output_final_state, q.dtype)
             return tot, mean
 
-        cum_c, cum_m = cache_summaries(lay, zc, vc, st, S, reduction, sums=scatter_sums, reduce=reduce)
+        cum_c, cum_m = cache_summaries(lay, zc, vc, st, S, reduction, sums=block_sums_cuda, reduce=reduce)
         cache_m = got["cm"]  # [NQ, H, S, V]
     else:
-        cum_c, cum_m = cache_summaries(lay, zc, vc, st, S, reduction, sums=scatter_sums)
+        cum_c, cum_m = cache_summaries(lay, zc, vc, st, S, reduction, sums=block_sums_cuda)
         cache_m = cum_m.reshape(NB, H, S, V).index_select(0, back2).to(q.dtype)  # [NQ, H, S, V]
     cache_c = cum_c.reshape(NB, H, S).index_select(0, back2)  # [NQ, H, S]
 
     qblk = lay.qblk.to(torch.int32)
-    qa, qb = _key_owners(lay.qblk, NB)
+    blk_ok = lay.kvalid.reshape(NB, L).any(1)  # blocks that hold a key (no query sees an empty one's slots)
+    qa, qb = _key_owners(lay.qblk, NB, blk_ok)
+    pvalid = blk_ok.index_select(0, lay.qblk - 1).to(torch.int8)  # [NQ]: the previous block holds a key
     kvalid = lay.kvalid.reshape(NB * L).to(torch.int8)
     bc = None if bias is None else qplace(bias)  # [NQ, L, H, 2L]
     if rel_bias is not None:  # the relative table [.., H, L + 1 (padded)]: the kernels shift it into the window
         bc = qplace(rel_table_padded(*rel_bias))
     launch = launch or default_launch(K, V, q.dtype)
     o = vq_fwd_op(
-        qplace(q), kc.view(NB, L, H, K), vc.view(NB, L, H, V), kvalid, qblk, qa, qb, bc,
+        qplace(q), kc.view(NB, L, H, K), vc.view(NB, L, H, V), kvalid, qblk, pvalid, qa, qb, bc,
         codebook.to(q.dtype).contiguous(), log_count(cache_c).float(), cache_m, L, rel_bias is not None,
         launch.to_ints(),
     )[0]  # [NQ, L, H, V]
