@@ -35,52 +35,57 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
 
 
 class _Linear(torch.autograd.Function):
-    """``F.linear`` whose weight rows ``parts`` (``((0, n1), (n1, n2), ..)``, covering every row in order) are one
-    product and one output each; the bias gradient as a GEMV (:func:`_bias_grad`)."""
+    """``F.linear`` of one input through one or more weights, each weight's rows ``parts`` (``((0, n1), (n1, n2),
+    ..)``, covering every row in order) one product and one output each; ``dx`` summed over every part in the
+    products' epilogues (no separate add of ``[m, d]`` tensors), the bias gradient as a GEMV (:func:`_bias_grad`).
+    ``spec``: per weight ``(parts, has_bias)``; ``params``: each weight, then its bias when it has one."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, parts: tuple):
+    def forward(ctx, x: Tensor, spec: tuple, *params: Tensor):
         dt = _compute_dtype(x)
         x2 = x.reshape(-1, x.shape[-1]).to(dt)
-        w = weight.to(dt)
-        b = None if bias is None else bias.to(dt)
+        ws, bs, i = [], [], 0
+        for _, has_bias in spec:
+            ws.append(params[i].to(dt))
+            bs.append(params[i + 1].to(dt) if has_bias else None)
+            i += 1 + has_bias
+        ys = []
         with torch.autocast(x.device.type, enabled=False):
-            ys = [x2 @ w[i:j].t() if b is None else torch.addmm(b[i:j], x2, w[i:j].t()) for i, j in parts]
-        ctx.save_for_backward(x2, w)
-        ctx.parts, ctx.has_bias, ctx.x_shape = parts, bias is not None, x.shape
-        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
-        return tuple(y.view(*x.shape[:-1], j - i) for y, (i, j) in zip(ys, parts))
+            for w, b, (parts, _) in zip(ws, bs, spec):
+                ys += [x2 @ w[i:j].t() if b is None else torch.addmm(b[i:j], x2, w[i:j].t()) for i, j in parts]
+        ctx.save_for_backward(x2, *ws)
+        ctx.spec, ctx.x_shape, ctx.x_dtype = spec, x.shape, x.dtype
+        ctx.dtypes = tuple(p.dtype for p in params)
+        return tuple(y.view(*x.shape[:-1], y.shape[-1]) for y in ys)
 
     @staticmethod
     def backward(ctx, *grads: Tensor | None):
-        x2, w = ctx.saved_tensors
-        x_dt, w_dt, b_dt = ctx.dtypes
+        x2, *ws = ctx.saved_tensors
         m = x2.shape[0]
-        gs = [x2.new_zeros(m, j - i) if g is None else g.reshape(m, j - i).to(x2.dtype)
-              for g, (i, j) in zip(grads, ctx.parts)]
-        dx = dw = db = None
-        if ctx.needs_input_grad[0]:
-            dx = gs[0] @ w[slice(*ctx.parts[0])]
-            for g, (i, j) in zip(gs[1:], ctx.parts[1:]):
-                dx.addmm_(g, w[i:j])  # accumulated in the product's epilogue: no separate add of two [m, d] tensors
-            dx = dx.view(ctx.x_shape).to(x_dt)
-        if ctx.needs_input_grad[1]:
-            dw = torch.cat([g.t() @ x2 for g in gs]).to(w_dt)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = torch.cat([_bias_grad(g) for g in gs]).to(b_dt)
-        return dx, dw, db, None
+        need = ctx.needs_input_grad  # (x, spec, *params)
+        dx, out, k, pi = None, [], 0, 0
+        for w, (parts, has_bias) in zip(ws, ctx.spec):
+            gs = [x2.new_zeros(m, j - i) if g is None else g.reshape(m, j - i).to(x2.dtype)
+                  for g, (i, j) in zip(grads[k:k + len(parts)], parts)]
+            k += len(parts)
+            if need[0]:
+                for g, (i, j) in zip(gs, parts):
+                    if dx is None:
+                        dx = g @ w[i:j]
+                    else:
+                        dx.addmm_(g, w[i:j])  # accumulated in the product's epilogue
+            out.append(torch.cat([g.t() @ x2 for g in gs]).to(ctx.dtypes[pi]) if need[2 + pi] else None)
+            pi += 1
+            if has_bias:
+                out.append(torch.cat([_bias_grad(g) for g in gs]).to(ctx.dtypes[pi]) if need[2 + pi] else None)
+                pi += 1
+        if dx is not None:
+            dx = dx.view(ctx.x_shape).to(ctx.x_dtype)
+        return (dx, None, *out)
 
 
-def dense(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``F.linear(x, weight, bias)`` (autocast as ``F.linear``) whose backward takes the bias gradient as a GEMV."""
-    return _Linear.apply(x, weight, bias, ((0, weight.shape[0]),))[0]
-
-
-def split_linear(x: Tensor, weight: Tensor, bias: Tensor | None, n) -> tuple[Tensor, ...]:
-    """``F.linear(x, weight, bias).split(sizes, -1)`` as contiguous tensors, one product each, for ``x [..., d]``,
-    ``weight [m, d]``, ``bias [m]`` or ``None``: ``n`` an int gives ``sizes = [n, m - n]``, a sequence of positive
-    ints summing to ``m`` is ``sizes`` itself."""
-    m = weight.shape[0]
+def _bounds(m: int, n) -> tuple:
+    """``n`` (an int: two parts ``[n, m - n]``; a sequence: the sizes) as row ranges of an ``m``-row weight."""
     if isinstance(n, int):
         if not 0 < n < m:
             raise ValueError(f"split_linear: n must be in (0, {m}), got {n}")
@@ -91,7 +96,34 @@ def split_linear(x: Tensor, weight: Tensor, bias: Tensor | None, n) -> tuple[Ten
     bounds = [0]
     for z in sizes:
         bounds.append(bounds[-1] + z)
-    return _Linear.apply(x, weight, bias, tuple(zip(bounds[:-1], bounds[1:])))
+    return tuple(zip(bounds[:-1], bounds[1:]))
 
 
-__all__ = ["dense", "split_linear"]
+def _apply(x: Tensor, layers) -> tuple[Tensor, ...]:
+    """``layers``: ``(weight, bias or None, parts)`` triples."""
+    spec = tuple((parts, b is not None) for _, b, parts in layers)
+    params = [t for w, b, _ in layers for t in ((w,) if b is None else (w, b))]
+    return _Linear.apply(x, spec, *params)
+
+
+def dense(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``F.linear(x, weight, bias)`` (autocast as ``F.linear``) whose backward takes the bias gradient as a GEMV."""
+    return _apply(x, [(weight, bias, ((0, weight.shape[0]),))])[0]
+
+
+def split_linear(x: Tensor, weight: Tensor, bias: Tensor | None, n) -> tuple[Tensor, ...]:
+    """``F.linear(x, weight, bias).split(sizes, -1)`` as contiguous tensors, one product each, for ``x [..., d]``,
+    ``weight [m, d]``, ``bias [m]`` or ``None``: ``n`` an int gives ``sizes = [n, m - n]``, a sequence of positive
+    ints summing to ``m`` is ``sizes`` itself."""
+    return _apply(x, [(weight, bias, _bounds(weight.shape[0], n))])
+
+
+def multi_linear(x: Tensor, layers) -> tuple[Tensor, ...]:
+    """Several dense layers of one input, ``layers`` = ``(weight, bias or None, n)`` each (``n`` as in
+    :func:`split_linear`, or ``None``: one output), their outputs in order as contiguous tensors: the backward sums
+    every part's ``dx`` in the products' epilogues instead of autograd adding one ``[..., d]`` gradient per layer
+    (the Transformer-VQ layer's ``W_Q`` and ``[W_K; W_V; W_G]``)."""
+    return _apply(x, [(w, b, ((0, w.shape[0]),) if n is None else _bounds(w.shape[0], n)) for w, b, n in layers])
+
+
+__all__ = ["dense", "multi_linear", "split_linear"]

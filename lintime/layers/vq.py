@@ -88,7 +88,7 @@ import dataclasses
 import torch
 import torch.nn as nn
 
-from lintime.layers._split_linear import split_linear
+from lintime.layers._split_linear import multi_linear
 from lintime.layers.base import BatchState, Mixer, static_state
 from lintime.layers.positional import sinusoid
 from lintime.ops import VQState, normalize, vq_attention, vq_decode_step_
@@ -294,11 +294,14 @@ class VQAttention(Mixer):
             gain = self._memo("tau_gain", (), (x.device, gdt), lambda: torch.tensor(
                 self.tau**-0.5, dtype=gdt, device=x.device), always=True)
             scaled_rms = lambda t: normalize(t, gain, kind="scalenorm", eps=self.norm_eps)
-        q = scaled_rms(self.q_proj(x).view(B, T, H, K))  # seed Eq. 8
-        if torch.is_grad_enabled():  # three contiguous outputs, each part's gradient its own tensor (no split / cat)
-            k, v, g = split_linear(x, self.kvg_proj.weight, self.kvg_proj.bias, (H * K, e, e))
-        else:  # a decoding step: one product
+        if torch.is_grad_enabled():  # four contiguous outputs, each part's gradient its own tensor (no split / cat),
+            # dx summed in the products' epilogues
+            qp, k, v, g = multi_linear(x, [(self.q_proj.weight, self.q_proj.bias, None),
+                                           (self.kvg_proj.weight, self.kvg_proj.bias, (H * K, e, e))])
+        else:  # a decoding step: two products
+            qp = self.q_proj(x)
             k, v, g = self.kvg_proj(x).split([H * K, e, e], dim=-1)
+        q = scaled_rms(qp.view(B, T, H, K))  # seed Eq. 8
         k = scaled_rms(k.view(B, T, H, K))  # seed Eq. 9
         return q, k, vq_value_silu(v).view(B, T, H, self.E), g  # seed Eq. 10 (Eq. 11's SiLU: in vq_gate)
 

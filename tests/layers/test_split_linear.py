@@ -37,6 +37,25 @@ def test_three_parts_equal_f_linear_split_and_gradcheck(bias):
     assert torch.autograd.gradcheck(lambda *a: split_linear(*a, (2, 6, 4)), (x, w, b))
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_multi_linear_equals_each_f_linear_and_gradcheck(bias):
+    """Two weights of one input (the Transformer-VQ layer's W_Q and [W_K; W_V; W_G]): each output equals its
+    F.linear (split), forward and every gradient (fp64 gradcheck; dx sums every part)."""
+    from lintime.layers._split_linear import multi_linear
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    w1 = torch.randn(4, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    w2 = torch.randn(7, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    b2 = torch.randn(7, generator=g, dtype=torch.float64, requires_grad=True) if bias else None
+    ys = multi_linear(x, [(w1, None, None), (w2, b2, (3, 4))])
+    assert [y.shape[-1] for y in ys] == [4, 3, 4] and all(y.is_contiguous() for y in ys)
+    assert_exact("y", torch.cat([F.linear(x, w1), F.linear(x, w2, b2)], -1), torch.cat(ys, -1))
+    params = (x, w1, w2) if b2 is None else (x, w1, w2, b2)
+    fn = (lambda x, w1, w2, b2=None: multi_linear(x, [(w1, None, None), (w2, b2, (3, 4))]))
+    assert torch.autograd.gradcheck(fn, params)
+
+
 def test_one_part_unused_and_frozen_weight():
     """Only the second part reaches the loss: its gradients are F.linear's; a frozen weight gets none."""
     g = torch.Generator().manual_seed(1)
