@@ -232,8 +232,9 @@ def breakdown(pieces: list[Piece], busy_us: float, step_ms: float, steps: int) -
 
 def top_kernels(pieces: list[Piece], steps: int, n: int = 20) -> list[list]:
     """The ``n`` largest kernels (CUDA) or ops (CPU) by time per step: ``[name, ms, category, where]``, one entry
-    per name, category and call site (``where``: the innermost ``lintime/`` Python frame of an eager piece, empty
-    for a replayed one; an ``mm`` inside the fused loss is not the projections' ``mm``)."""
+    per name, category and call site (``where``: the innermost ``lintime/`` Python frame the profiler linked to the
+    piece -- on CUDA kernels it links none, so ``where`` is empty there; an ``mm`` inside the fused loss is not the
+    projections' ``mm``)."""
     acc: dict[tuple[str, str, str], list] = {}
     for p in pieces:
         cat = p.cat()
