@@ -309,6 +309,8 @@ def test_sum_grad_kernel_is_the_row_gather():
     valid = (torch.rand(G, L, generator=g) > 0.3).to(torch.int8)
     want = grad[torch.arange(G)[:, None, None], torch.arange(H)[None, None, :], codes] * valid[..., None, None]
     assert torch.equal(vq_sum_grad_op(grad, codes, valid, torch.float32), want)
+    torch.library.opcheck(torch.ops.lintime.vq_sum_grad.default, (grad, codes, valid, torch.float16),
+                          test_utils=("test_schema", "test_faketensor"))
 
 
 @cuda
