@@ -6,9 +6,10 @@ the gate (``silu(u) * a``, :func:`lintime.ops.gated_activation`) and the heads o
 scale + offset heads, :func:`lintime.ops.gau_heads`).  Computing the two parts as two products lets each op's
 backward write its gradient as its own contiguous tensor; the backward here then takes both without assembling
 them: ``dx = du W[:n] + dv W[n:]`` (the second product accumulated into the first's output), ``dW`` and ``db`` the
-two parts' gradients stacked.  The Transformer-VQ layer's ``x [W_K; W_V; W_G]`` is three parts the same way (the
-value SiLU and the op read ``v``, the gate kernel ``g``: contiguous, so each pass is a vectorised one).  The parameters stay one ``nn.Linear`` (one weight, one bias: the checkpoint layout
-and the decode step's single product are unchanged).
+two parts' gradients stacked.  The parameters stay one ``nn.Linear`` (one weight, one bias: the checkpoint layout
+and the decode step's single product are unchanged).  :func:`multi_linear` does the same for several layers of one
+input: the Transformer-VQ layer's ``W_Q`` and ``[W_K; W_V; W_G]`` (four contiguous outputs; the value SiLU and the op
+read ``v``, the gate kernel ``g``; one ``dx``).
 
 Under autocast the products run in the autocast dtype as ``F.linear`` would (``x``, ``W`` and ``b`` cast once; the
 gradients of ``W`` / ``b`` / ``x`` returned in their own dtypes).

@@ -1,7 +1,8 @@
 """One token's vector quantisation (seed Eq. 5, and Eq. 6's forward value) for a decoding step:
-``vq_quantize_kernel`` -- per (sequence, head) and chunk of the codes, the distances ``||c_s||^2 - 2 k . c_s`` to every codeword in fp32
-(``||k||^2`` does not change the argmin), their first minimum and that codeword written as ``k_hat`` in ``k``'s
-dtype (merged over the chunks by ``vq_quantize_pick_kernel``).  Replaces the layer's cast, distance GEMM, argmin, gather and cast (five launches per layer and token).
+``vq_quantize_kernel`` -- per (sequence, head) and chunk of the codes, the distances ``||c_s||^2 - 2 k . c_s`` to
+every codeword in fp32 (``||k||^2`` does not change the argmin), their first minimum and that codeword written as
+``k_hat`` in ``k``'s dtype (merged over the chunks by ``vq_quantize_pick_kernel``).  Replaces the layer's cast,
+distance GEMM, argmin, gather and cast (five launches per layer and token).
 Inference only: no gradient, no commitment loss or EMA statistics.
 
 ``vq_assign_kernel`` is the many-token form (a training call, a prefill): per tile of rows and head, the distances to

@@ -73,8 +73,8 @@ def vq_fwd(q, k, v, kvalid, qblk, pvalid, bias, cb, logc, cm, L: int, rel: bool,
         return q.new_empty(0, L, H, v.shape[-1]), pw, pc
     NQT = cdiv(L, cfg.bm_p)
     vq_probs_kernel[(NQ * NQT, H)](
-        q, k, kvalid, qblk, pvalid, bias, cb, logc, pw, pc, L, S, NQT, 2 * L if bias is None else bias.shape[-1], H=H, K=K,
-        BM=cfg.bm_p, BN=cfg.bn_p, BK=block(K), HAS_BIAS=bias is not None, REL=rel, PREC=dot_config(q.dtype)[1],
+        q, k, kvalid, qblk, pvalid, bias, cb, logc, pw, pc, L, S, NQT, 2 * L if bias is None else bias.shape[-1], H=H,
+        K=K, BM=cfg.bm_p, BN=cfg.bn_p, BK=block(K), HAS_BIAS=bias is not None, REL=rel, PREC=dot_config(q.dtype)[1],
         num_warps=cfg.warps_p, num_stages=cfg.stages,
     )
     return _pv(pw, pc, v, cm, qblk, pvalid, L, H * S * v.shape[-1], cfg), pw, pc
