@@ -42,7 +42,7 @@ On CPU (``--device cpu``: a check of the tool, not a measurement worth reading) 
 PyTorch op's own CPU time is categorised the same way, and host gaps are the profiled steps' time outside any op
 (Python).  Prints one table and writes ``<out>/profile_step.json``: ``{"env", "settings", "rows": [{"preset", "T",
 "rows", "tokens", "status", "step_ms", "profiled_step_ms", "basis_ms", "busy_ms", "categories": {name: ms per
-step}, "top": [[kernel, ms per step, category, where], ...]}]}`` (``basis_ms``: the wall time the gaps are taken from).
+step}, "top": [[kernel, ms per step, category], ...]}]}`` (``basis_ms``: the wall time the gaps are taken from).
 """
 
 from __future__ import annotations
@@ -231,15 +231,12 @@ def breakdown(pieces: list[Piece], busy_us: float, step_ms: float, steps: int) -
 
 
 def top_kernels(pieces: list[Piece], steps: int, n: int = 20) -> list[list]:
-    """The ``n`` largest kernels (CUDA) or ops (CPU) by time per step: ``[name, ms, category, where]``, one entry
-    per name, category and call site (``where``: the innermost ``lintime/`` Python frame the profiler linked to the
-    piece -- on CUDA kernels it links none, so ``where`` is empty there; an ``mm`` inside the fused loss is not the
-    projections' ``mm``)."""
-    acc: dict[tuple[str, str, str], list] = {}
+    """The ``n`` largest kernels (CUDA) or ops (CPU) by time per step: ``[name, ms, category]`` (one
+    entry per name and category: an ``mm`` inside the fused loss is not the projections' ``mm``)."""
+    acc: dict[tuple[str, str], list] = {}
     for p in pieces:
         cat = p.cat()
-        where = next((f for f in reversed(p.py) if "lintime/" in f), "")
-        row = acc.setdefault((p.frames[-1], cat, where), [p.frames[-1], 0.0, cat, where])
+        row = acc.setdefault((p.frames[-1], cat), [p.frames[-1], 0.0, cat])
         row[1] += p.us / 1e3 / steps
     return sorted(acc.values(), key=lambda r: -r[1])[:n]
 

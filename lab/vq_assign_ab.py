@@ -27,7 +27,7 @@ def main():
     k = (torch.randn(N, H, K, generator=g) * K**-0.5).cuda().bfloat16()
     cb = (torch.randn(H, S, K, generator=g) * K**-0.5).cuda()
     c2 = cb.pow(2).sum(-1)[:, None, :]
-    ref_codes, _, _ = VQAttention.quantize(k.view(1, N, H, K).cpu().cuda(), cb, c2)  # CUDA: the kernel itself
+    ref_codes, _, _ = VQAttention.quantize(k.view(1, N, H, K), cb, c2)  # CUDA keys: the layer takes the kernel
     with torch.no_grad():
         dist = torch.baddbmm(c2, k.float().permute(1, 0, 2), cb.transpose(1, 2), alpha=-2.0)
         torch_codes = dist.argmin(-1).view(H, N).t()

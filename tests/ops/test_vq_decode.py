@@ -294,26 +294,35 @@ def test_layer_keeps_the_op_path_where_the_fused_step_does_not_apply():
     assert new is not static
 
 
+def _quantize_case(seed, N, tie_code, dtype):
+    """Keys ``[N, 1, 2, 24]`` in ``dtype`` and a ``[2, 37, 24]`` codebook (partial tiles) whose code ``tie_code``
+    repeats the first key's nearest codeword (a tie, placed later); the PyTorch quantize's results on them and
+    ``(k, codebook, ||codebook||^2)`` on the test device."""
+    from lintime.layers.vq import VQAttention
+
+    g = torch.Generator().manual_seed(seed)
+    H, K, S = 2, 24, 37
+    cb = torch.randn(H, S, K, generator=g)
+    k = (torch.randn(N, 1, H, K, generator=g) * 1.2).to(dtype)
+    codes_ref, _, _ = VQAttention.quantize(k, cb)
+    cb[:, tie_code] = cb[torch.arange(H), codes_ref[0, 0]]
+    ref = VQAttention.quantize(k, cb)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    return ref, (k[:, 0].to(dev), cb.to(dev), cb.pow(2).sum(-1)[:, None, :].to(dev))
+
+
 @pytest.mark.parametrize("splits", [None, 1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_quantize_kernel_equals_the_layer_quantize(dtype, splits):
     """The decoding step's quantisation kernels (distances, first argmin, the codeword in the keys' dtype) equal
     the layer's PyTorch quantize: codes equal, k_hat bit for bit; two heads, 37 codes (partial tiles), the codes
     walked by one program or split over 3 and merged (a tie between splits keeps the first index: a copy of an
-    earlier codeword placed later)."""
+    earlier codeword placed later, in the last split)."""
     pytest.importorskip("triton")
-    from lintime.layers.vq import VQAttention
     from lintime.ops.vq.triton.quantize import quantize_step
 
-    g = torch.Generator().manual_seed(9)
-    N, H, K, S = 5, 2, 24, 37
-    cb = torch.randn(H, S, K, generator=g)
-    k = (torch.randn(N, 1, H, K, generator=g) * 1.2).to(dtype)
-    codes_ref, k_hat_ref, _ = VQAttention.quantize(k, cb)
-    cb[:, 30] = cb[torch.arange(H), codes_ref[0, 0]]  # the first sequence's nearest, again in the last split
-    codes_ref, k_hat_ref, _ = VQAttention.quantize(k, cb)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    codes, k_hat = quantize_step(k[:, 0].to(dev), cb.to(dev), cb.pow(2).sum(-1)[:, None, :].to(dev), splits)
+    (codes_ref, k_hat_ref, _), args = _quantize_case(9, 5, 30, dtype)
+    codes, k_hat = quantize_step(*args, splits)
     assert torch.equal(codes.cpu(), codes_ref[:, 0]) and codes.dtype == torch.long
     assert torch.equal(k_hat.cpu(), k_hat_ref[:, 0]) and k_hat.dtype == dtype
 
@@ -325,17 +334,9 @@ def test_assign_kernel_equals_the_pytorch_quantize(dtype):
     two heads, 70 rows and 37 codes (partial tiles), a tie across code tiles keeps the first index.  The CPU runs
     it through the interpreter; on CUDA it is the compiled kernel with TF32x3 products."""
     pytest.importorskip("triton")
-    from lintime.layers.vq import VQAttention
     from lintime.ops.vq.triton.quantize import assign_codes
 
-    g = torch.Generator().manual_seed(10)
-    N, H, K, S = 70, 2, 24, 37
-    cb = torch.randn(H, S, K, generator=g)
-    k = (torch.randn(N, 1, H, K, generator=g) * 1.2).to(dtype)
-    codes_ref, _, _ = VQAttention.quantize(k, cb)
-    cb[:, 33] = cb[torch.arange(H), codes_ref[0, 0]]  # the first row's nearest, again in the last code tile
-    codes_ref, _, cz_ref = VQAttention.quantize(k, cb)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    codes, c_z = assign_codes(k[:, 0].to(dev), cb.to(dev), cb.pow(2).sum(-1)[:, None, :].to(dev))
+    (codes_ref, _, cz_ref), args = _quantize_case(10, 70, 33, dtype)
+    codes, c_z = assign_codes(*args)
     assert codes.dtype == torch.long and c_z.dtype == torch.float32
     assert torch.equal(codes.cpu(), codes_ref[:, 0]) and torch.equal(c_z.cpu(), cz_ref[:, 0])

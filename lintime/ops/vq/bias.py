@@ -44,10 +44,13 @@ def rel_window(qr: torch.Tensor) -> torch.Tensor:
     return _RelWindow.apply(qr)
 
 
-def rel_table(qv: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    """``qv [..., H, K]``, ``r [L + 1, H, K]`` -> ``[..., H, L + 1]``: ``qv . r[L - j]`` at ``j`` (distance ``L - j``),
-    the table :func:`rel_window` shifts."""
-    return torch.einsum("...hk,mhk->...hm", qv, r.flip(0))
+def rel_table(qv: torch.Tensor, r: torch.Tensor, pad: int = 0) -> torch.Tensor:
+    """``qv [..., H, K]``, ``r [L + 1, H, K]`` -> ``[..., H, L + 1 + pad]``: ``qv . r[L - j]`` at ``j`` (distance
+    ``L - j``), the table :func:`rel_window` shifts, then ``pad`` zero columns."""
+    rf = r.flip(0)
+    if pad:
+        rf = torch.cat([rf, r.new_zeros(pad, *r.shape[1:])])
+    return torch.einsum("...hk,mhk->...hm", qv, rf)
 
 
 def rel_table_padded(qv: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
@@ -55,10 +58,7 @@ def rel_table_padded(qv: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     rows then start 16-byte aligned, so cuBLAS runs its aligned kernels in both directions (the unpadded ``L + 1 =
     513``-wide product ran misaligned kernels: about 2.5 of vq-base's 90 ms training step, H200, 2026-11-27).  The
     Triton kernels read it as the relative table (``REL``): column ``c`` of row ``a`` is ``table[a, c - a]``."""
-    L1, H, K = r.shape
-    pad = -L1 % 8
-    rp = torch.cat([r.flip(0), r.new_zeros(pad, H, K)]) if pad else r.flip(0)
-    return torch.einsum("...hk,mhk->...hm", qv, rp)
+    return rel_table(qv, r, -r.shape[0] % 8)
 
 
 def dense_rel_bias(qv: torch.Tensor, r: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,24 @@ NEG = tl.constexpr(-1.0e30)  # running-max start: finite, so a tile with every s
 
 
 @triton.jit
+def _query_tile(i_t, i_h, NQT, L, H: tl.constexpr, BM: tl.constexpr):
+    """Program ``i_t``'s query block ``n`` (int64), its tile's first row ``i0``, rows ``o_i`` (mask ``m_i``) and the
+    block's first query row ``tq`` in rows of ``[*, H]``."""
+    n = (i_t // NQT).to(tl.int64)
+    i0 = (i_t % NQT) * BM
+    o_i = i0 + tl.arange(0, BM)
+    return n, i0, o_i, o_i < L, n * L * H + i_h
+
+
+@triton.jit
+def _window_span(pvalid, n, i0, L, BM: tl.constexpr, B: tl.constexpr):
+    """``(lo, hi)``: the window columns query tile ``i0`` of block ``n`` walks in steps of ``B`` -- up to its causal
+    limit (no row of the tile sees a column ``>= L + i0 + BM``), from the block boundary's step when the previous
+    block holds no key (``pvalid[n] == 0``: those columns are masked)."""
+    return tl.where(tl.load(pvalid + n) != 0, 0, (L // B) * B), tl.minimum(2 * L, L + i0 + BM)
+
+
+@triton.jit
 def _window_scores(b_q, k, kvalid, bias_rows, o_i, m_i, o_j, o_k, m_k, L, TB, H: tl.constexpr, K: tl.constexpr,
                    HAS_BIAS: tl.constexpr, REL: tl.constexpr, PREC: tl.constexpr):
     """Scores ``[BM, BN]`` of the query tile against window columns ``o_j`` (bias added, causal limit and empty
@@ -75,17 +93,13 @@ def vq_probs_kernel(
     the tile's causal limit) and the cache codes takes the row max and sum (online, fp32), a second recomputes the
     scores and writes ``P = exp(s - lse)`` into ``pw`` / ``pc`` in their dtype, zeros past the causal limit.
     Grid ``(NQ * NQT, H)``."""
-    i_t, i_h = tl.program_id(0), tl.program_id(1)
-    n = (i_t // NQT).to(tl.int64)
-    i0 = (i_t % NQT) * BM
+    i_h = tl.program_id(1)
+    n, i0, o_i, m_i, tq = _query_tile(tl.program_id(0), i_h, NQT, L, H, BM)
     w0 = (tl.load(qblk + n).to(tl.int64) - 1) * L  # first key slot of the window
     W = 2 * L
-    o_i = i0 + tl.arange(0, BM)
-    m_i = o_i < L
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     o_n = tl.arange(0, BN)
-    tq = n * L * H + i_h  # first query row of the block, in rows of [*, H]
     q += tq * K
     k += (w0 * H + i_h) * K
     kvalid += w0
@@ -96,8 +110,7 @@ def vq_probs_kernel(
     b_q = tl.load(q + o_i[:, None] * (H * K) + o_k[None, :], mask=m_i[:, None] & m_k[None, :], other=0.0)
     b_m = tl.full([BM], NEG, tl.float32)
     b_l = tl.zeros([BM], tl.float32)
-    hi = tl.minimum(W, L + i0 + BM)  # causal: no row of the tile sees a column >= L + i0 + BM
-    lo = tl.where(tl.load(pvalid + n) != 0, 0, (L // BN) * BN)  # an empty previous block: its columns are masked
+    lo, hi = _window_span(pvalid, n, i0, L, BM, BN)
     for j0 in range(lo, hi, BN):
         s = _window_scores(b_q, k, kvalid, bias, o_i, m_i, j0 + o_n, o_k, m_k, L, TB, H, K, HAS_BIAS, REL,
                                PREC)
@@ -140,24 +153,19 @@ def vq_pv_kernel(
     (codes, the rows of ``y [.., H, S, D]`` at block stride ``YB`` -- 0 for the shared codebook), fp32
     accumulation, one rounding.  Forward ``o = P [v; mean]``; backward ``dq = dS [k; codebook]``.
     Grid ``(NQ * NQT, cdiv(D, BD), H)``."""
-    i_t, i_d, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n = (i_t // NQT).to(tl.int64)
-    i0 = (i_t % NQT) * BM
+    i_d, i_h = tl.program_id(1), tl.program_id(2)
+    n, i0, o_i, m_i, tq = _query_tile(tl.program_id(0), i_h, NQT, L, H, BM)
     w0 = (tl.load(qblk + n).to(tl.int64) - 1) * L
     W = 2 * L
-    o_i = i0 + tl.arange(0, BM)
-    m_i = o_i < L
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
     o_b = tl.arange(0, BK)
-    tq = n * L * H + i_h
     aw += tq * W
     ac += tq * S
     x += (w0 * H + i_h) * D
     y += n * YB + i_h * S * D
     acc = tl.zeros([BM, BD], tl.float32)
-    hi = tl.minimum(W, L + i0 + BM)
-    lo = tl.where(tl.load(pvalid + n) != 0, 0, (L // BK) * BK)  # an empty previous block: A is zero there
+    lo, hi = _window_span(pvalid, n, i0, L, BM, BK)  # A is zero before lo and past hi
     for j0 in range(lo, hi, BK):
         o_j = j0 + o_b
         m_j = o_j < W
@@ -204,21 +212,18 @@ def vq_dp_kernel(
     as zeros), the rest cache codes (``x``
     = the block's per-code means ``y``, block stride ``YB``).  ``P`` is read from ``pw`` / ``pc`` (the forward's).
     Grid ``(NQ * NQT, NWT + cdiv(S, BN), H)``."""
-    i_t, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n = (i_t // NQT).to(tl.int64)
-    i0 = (i_t % NQT) * BM
+    i_c, i_h = tl.program_id(1), tl.program_id(2)
+    n, i0, o_i, m_i, tq = _query_tile(tl.program_id(0), i_h, NQT, L, H, BM)
     W = 2 * L
-    o_i = i0 + tl.arange(0, BM)
-    m_i = o_i < L
     o_n = tl.arange(0, BN)
-    tq = n * L * H + i_h
     do += tq * D
     b_delta = tl.load(delta + tq + o_i * H, mask=m_i, other=0.0)
     if i_c < NWT:
         o_j = i_c * BN + o_n
         m_w = m_i[:, None] & (o_j < W)[None, :]
         o_w = tq * W + o_i[:, None] * (H * W) + o_j[None, :]
-        if (i_c * BN < L + i0 + BM) & ((i_c * BN + BN > L) | (tl.load(pvalid + n) != 0)):
+        lo, hi = _window_span(pvalid, n, i0, L, BM, BN)
+        if (i_c * BN >= lo) & (i_c * BN < hi):
             w0 = (tl.load(qblk + n).to(tl.int64) - 1) * L
             dp = _do_xt(do, x + (w0 * H + i_h) * D, H * D, o_i, m_i, o_j, o_j < W, D, H, BM, BN, BK, PREC)
             p = tl.load(pw + o_w, mask=m_w, other=0.0).to(tl.float32)

@@ -260,8 +260,7 @@ class _OneHotSums(torch.autograd.Function):
     def forward(ctx, hot, v, codes, valid):
         ctx.save_for_backward(codes, valid)
         ctx.v_dtype = v.dtype
-        G, H, S, L = hot.shape
-        parts = [torch.bmm(hot[:, h], v[:, :, h], out_dtype=torch.float32) for h in range(H)]
+        parts = [torch.bmm(hot[:, h], v[:, :, h], out_dtype=torch.float32) for h in range(hot.shape[1])]
         return parts[0].unsqueeze(1) if H == 1 else torch.stack(parts, 1)  # [G, H, S, V]
 
     @staticmethod

@@ -172,8 +172,7 @@ def _key_owners(qblk: Tensor, NB: int, blk_ok: Tensor) -> tuple[Tensor, Tensor]:
     key (``blk_ok`` false) gets -1 in both: its gradients are zero, written without a product."""
     idx = torch.arange(qblk.numel(), dtype=torch.int32, device=qblk.device)  # qblk: int64 [NQ]
     qa = torch.full((NB + 1,), -1, dtype=torch.int32, device=qblk.device).index_copy(0, qblk, idx)
-    none = torch.full_like(qa[:NB], -1)
-    return torch.where(blk_ok, qa[:NB], none), torch.where(blk_ok, qa[1:], none)
+    return qa[:NB].masked_fill(~blk_ok, -1), qa[1:].masked_fill(~blk_ok, -1)
 
 
 def triton_vq_attention(
