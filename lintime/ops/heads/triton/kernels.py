@@ -19,9 +19,9 @@ head.  Everything is computed in fp32 registers and rounded once, when stored.
 Head ``n``'s rows (``heads`` or its gradient) start at ``q<n> + n HS`` with row stride ``SQ``: one stacked
 ``[TT, NH, S]`` tensor passes it as every ``q<n>`` with ``HS = S, SQ = NH S``; ``NH <= 6`` separate
 ``[TT, 1, S]`` tensors pass ``HS = 0, SQ = S`` (Triton has no pointer lists: six arguments, picked at
-compile time by :func:`_pick`).  A backward heads program walks ``RB`` blocks of ``BTH`` rows and keeps its
-``dgamma`` / ``dbeta`` partial sums in registers (``[NHP, BH]`` tiles, head ``n`` in row ``n``) until it stores
-them once; :func:`heads_dparams_reduce_kernel` folds those rows.
+compile time by :func:`_pick`).  A backward heads program walks ``RB`` blocks of ``BTH`` rows and keeps the
+per-row terms of ``dgamma`` / ``dbeta`` in registers (``[NHP, BTH, BH]`` tiles, head ``n`` in plane ``n``), sums
+them over rows once and stores one partial row; :func:`heads_dparams_reduce_kernel` folds those rows.
 """
 
 from __future__ import annotations
@@ -156,11 +156,13 @@ def gau_heads_bwd_kernel(
     DT = dh.dtype.element_ty
     NHB = tl.cdiv(TT, BTH * RB)
     if pid < NHB:
-        o_n = tl.arange(0, NHP)
-        b_g1p = tl.zeros([NHP, BH], dtype=tl.float32)  # this program's partial sums, head n in row n
-        b_g2p = tl.zeros([NHP, BH], dtype=tl.float32)
-        b_b1p = tl.zeros([NHP, BH], dtype=tl.float32)
-        b_b2p = tl.zeros([NHP, BH], dtype=tl.float32)
+        o_n = tl.arange(0, NHP)[:, None, None]
+        # this program's per-row products, head n in plane n, summed over rows once after the loop (a row reduction
+        # per head and block inside the loop made the heads programs, not the bandwidth, the kernel's limit)
+        b_g1p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
+        b_g2p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
+        b_b1p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
+        b_b2p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
         for i_b in range(RB):
             o_t, c1, c2, m_j, m_h, b_cos, b_sin = _rope_layout(freq, p_pos, pid * RB + i_b, TT, S, HD, BTH, BH)
             p_z = h + o_t[:, None] * W + (W - S)
@@ -182,23 +184,24 @@ def gau_heads_bwd_kernel(
                     b_ds1 += b_dq1 * b_g1[None, :]
                     b_ds2 += b_dq2 * b_g2[None, :]
                     if NEED_DP:  # padding rows hold dq = 0
-                        m_n = (o_n == n)[:, None]
-                        b_g1p += tl.where(m_n, tl.sum(b_dq1 * b_s1, 0)[None, :], 0.)
-                        b_g2p += tl.where(m_n, tl.sum(b_dq2 * b_s2, 0)[None, :], 0.)
-                        b_b1p += tl.where(m_n, tl.sum(b_dq1, 0)[None, :], 0.)
-                        b_b2p += tl.where(m_n, tl.sum(b_dq2, 0)[None, :], 0.)
+                        m_n = o_n == n
+                        b_g1p += tl.where(m_n, (b_dq1 * b_s1)[None, :, :], 0.)
+                        b_g2p += tl.where(m_n, (b_dq2 * b_s2)[None, :, :], 0.)
+                        b_b1p += tl.where(m_n, b_dq1[None, :, :], 0.)
+                        b_b2p += tl.where(m_n, b_dq2[None, :, :], 0.)
             p_dz = dh + o_t[:, None] * W + (W - S)
             tl.store(p_dz + c1[None, :], (b_ds1 * _silu_grad(b_z1)).to(DT), mask=m_h)
             tl.store(p_dz + c2[None, :], (b_ds2 * _silu_grad(b_z2)).to(DT), mask=m_h)
         if NEED_DP:
             o_j = tl.arange(0, BH)
+            o_m = tl.arange(0, NHP)[:, None]
             c1 = (o_j // HD) * (2 * HD) + o_j % HD
-            o_p = (pid.to(tl.int64) * NH + o_n[:, None]) * S
-            m_p = (o_n < NH)[:, None] & (o_j < S // 2)[None, :]
-            tl.store(dgamma_part + o_p + c1[None, :], b_g1p, mask=m_p)
-            tl.store(dgamma_part + o_p + (c1 + HD)[None, :], b_g2p, mask=m_p)
-            tl.store(dbeta_part + o_p + c1[None, :], b_b1p, mask=m_p)
-            tl.store(dbeta_part + o_p + (c1 + HD)[None, :], b_b2p, mask=m_p)
+            o_p = (pid.to(tl.int64) * NH + o_m) * S
+            m_p = (o_m < NH) & (o_j < S // 2)[None, :]
+            tl.store(dgamma_part + o_p + c1[None, :], tl.sum(b_g1p, 1), mask=m_p)
+            tl.store(dgamma_part + o_p + (c1 + HD)[None, :], tl.sum(b_g2p, 1), mask=m_p)
+            tl.store(dbeta_part + o_p + c1[None, :], tl.sum(b_b1p, 1), mask=m_p)
+            tl.store(dbeta_part + o_p + (c1 + HD)[None, :], tl.sum(b_b2p, 1), mask=m_p)
     else:  # a u or v tile
         is_v, o_h, o_o, m_e = _tile(pid, NHB, TT, E, W, GATING, BT, BE)
         b_dy = tl.zeros([BT, BE], dtype=tl.float32)
