@@ -52,7 +52,7 @@ import torch.nn as nn
 from lintime.layers._rows import append_kv, dense_attention, empty_cache, from_rows, step_backend, to_rows
 from lintime.layers.attention import KVCache
 from lintime.layers.base import BatchState, Mixer, static_state
-from lintime.layers.gau import ScaleOffset, heads_backend, longest_sequence
+from lintime.layers.gau import ScaleOffset, heads_backend, longest_sequence, proj_bias_parts
 from lintime.layers.positional import ToeplitzRelativeBias
 from lintime.layers._split_linear import dense, split_linear
 from lintime.ops import MixedChunkState, gated_activation, gau_heads, mixed_chunk_attention, mixed_chunk_decode_step_
@@ -193,10 +193,12 @@ class FLASH(Mixer):
         if self._fused_step(x, state, cu_seqlens):
             return self._decode_step_(x, state, positions), state
         # dense(x) as its gate part and its v, z part; silu of v, z, the scale + offset heads and RoPE: one fused
-        # op (v [B, T, e] and 4 or 6 heads [B, T, 1, s]); silu of the gate part is taken by the gate below
-        hu, hvz = split_linear(x, self.proj.weight, self.proj.bias, e)
+        # op (v [B, T, e] and 4 or 6 heads [B, T, 1, s]); silu of the gate part is taken by the gate below.  Fused,
+        # the two ops add dense's bias (its gradient comes out of their backward kernels, no pass over du, dv, dz)
+        b_u, b_vz = proj_bias_parts(self.proj.bias, e, self.fused)
+        hu, hvz = split_linear(x, self.proj.weight, None if self.fused else self.proj.bias, e)
         _, v, parts = gau_heads(hvz, self.heads.gamma, self.heads.beta, positions, e=e, s=s, gating=False,
-                                rope_base=self.rope_base, split_heads=True,
+                                rope_base=self.rope_base, split_heads=True, bias=b_vz,
                                 backend=heads_backend(self.backend) if self.fused else "chunk")
         qq, kq, ql, kl = parts[:4]  # [B, T, 1, s] each, contiguous (the attention ops take contiguous inputs)
         v = v[:, :, None]  # [B, T, 1, e]
@@ -223,7 +225,8 @@ class FLASH(Mixer):
                 o_f, new_state.fta = self._fta_cached(qf, kf, v, state.fta, cu_seqlens)
                 a = a + o_f
         # squeeze, not a[:, :, 0]: select's backward is a zero fill + a copy of the whole gradient
-        gated = gated_activation(hu, a.squeeze(2), backend=None if self.fused else "chunk")  # silu(u) * a, one pass
+        gated = gated_activation(hu, a.squeeze(2), bias=b_u,  # silu(u) * a, one pass
+                                 backend=None if self.fused else "chunk")
         return dense(gated, self.out.weight, self.out.bias), new_state
 
     def _fused_step(self, x, state, cu_seqlens) -> bool:

@@ -85,6 +85,16 @@ def heads_backend(backend: str | None) -> str | None:
     return backend if backend in ("naive", "chunk", "triton") else None
 
 
+def proj_bias_parts(bias: torch.Tensor | None, e: int, fold: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The input projection's bias as the gate's part ``bias[:e]`` and the heads op's part ``bias[e:]`` (``e = 0``:
+    no gate), when ``fold`` (the fused path: the ops add it, and their backward kernels give its gradient as
+    column sums they already hold in registers: 78 us a layer of bias GEMVs at flash-base, 32k tokens, H200,
+    2026-11-27, ``lab/flash_elementwise_time.py``); else ``(None, None)`` (the product adds it)."""
+    if not fold or bias is None:
+        return None, None
+    return (bias[:e] if e else None), bias[e:]
+
+
 def longest_sequence(T: int, cu_seqlens: torch.Tensor | None) -> int:
     """Length of the longest sequence of a ``[B, T]`` batch or a packed one (host int)."""
     if cu_seqlens is None:
@@ -265,10 +275,14 @@ class GAU(Mixer):
         B, T, _ = x.shape
         H, e, s = self.n_heads, self.e, self.s
         # silu, split, the scale + offset heads and RoPE per attention head: one fused op; with gating the gate's
-        # part of dense(x) is its own product, its silu taken by the gate below (as in FLASH)
-        hu, hvz = split_linear(x, self.proj.weight, self.proj.bias, e) if self.gating else (None, self.proj(x))
+        # part of dense(x) is its own product, its silu taken by the gate below (as in FLASH).  Fused, the two ops
+        # add dense's bias (its gradient comes out of their backward kernels)
+        b_u, b_vz = proj_bias_parts(self.proj.bias, e if self.gating else 0, self.fused)
+        bias = None if self.fused else self.proj.bias
+        hu, hvz = (split_linear(x, self.proj.weight, bias, e) if self.gating
+                   else (None, dense(x, self.proj.weight, bias)))
         _, v, qk = gau_heads(hvz, self.qk.gamma, self.qk.beta, positions, e=e, s=s, gating=False,
-                             rope_base=self.rope_base, rope_heads=H,
+                             rope_base=self.rope_base, rope_heads=H, bias=b_vz,
                              backend=heads_backend(self.backend) if self.fused else "chunk")
         q, k = (qk[:, :, i].reshape(B, T, H, s // H) for i in range(2))  # [B, T, H, s/H] views
         v = v.reshape(B, T, H, e // H)
@@ -278,7 +292,7 @@ class GAU(Mixer):
             a, new_state = self._cached(q, k, v, state, positions, cu_seqlens)
         a = a.reshape(B, T, e)
         if self.gating:
-            a = gated_activation(hu, a, backend=None if self.fused else "chunk")  # silu(u) * a, one pass each way
+            a = gated_activation(hu, a, bias=b_u, backend=None if self.fused else "chunk")  # silu(u) * a, one pass
         return dense(a, self.out.weight, self.out.bias), new_state
 
     def init_state(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> KVCache:

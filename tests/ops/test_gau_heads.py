@@ -1,6 +1,6 @@
 """gau_heads (silu, split, scale + offset heads, RoPE): naive <-> chunk <-> triton for the outputs
-``u, v, heads`` and the gradients of ``h``, ``gamma`` and ``beta``; the layers (FLASH, GAU) against
-their math written out by hand.
+``u, v, heads`` and the gradients of ``h``, ``gamma``, ``beta`` and the optional ``bias`` (added before the
+activation); the layers (FLASH, GAU) against their math written out by hand.
 
 Chain of trust: the naive form (the rotation written out per head and RoPE group, fp32 / fp64) is
 the reference; the chunk form (the layers' former eager math) must match it in fp64 and fp32; the
@@ -29,7 +29,13 @@ triton = pytest.importorskip("triton")
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
-NAMES = ("u", "v", "heads", "dh", "dgamma", "dbeta")
+NAMES = ("u", "v", "heads", "dh", "dgamma", "dbeta", "dbias")
+
+
+def _bias(h, seed=0):
+    """A bias for ``h``'s columns, ``h``'s dtype and device (fp64 drawn, O(1): it moves silu's operating point)."""
+    g = torch.Generator().manual_seed(100 + seed)
+    return torch.randn(h.shape[-1], generator=g, dtype=torch.float64).to(h.device, h.dtype)
 
 
 def _inputs(B, T, e, s, nh, gating, dtype, *, seed=0, device="cpu", pmin=-300, pmax=100_000):
@@ -47,13 +53,14 @@ def _inputs(B, T, e, s, nh, gating, dtype, *, seed=0, device="cpu", pmin=-300, p
     return cast(h), cast(gamma), cast(beta), pos.to(device), (cast(du), cast(dv), cast(dheads))
 
 
-def _run(backend, h, gamma, beta, pos, grads, *, e, s, gating=True, rope_heads=1, split_heads=False, **kw):
-    """Outputs and the gradients of h, gamma, beta by name; an output whose gradient is ``None``
-    takes no part in the backward (its gradient is zero); a parameter no gradient reaches gets
+def _run(backend, h, gamma, beta, pos, grads, *, e, s, gating=True, rope_heads=1, split_heads=False, bias=None,
+         **kw):
+    """Outputs and the gradients of h, gamma, beta (and bias, when given) by name; an output whose gradient is
+    ``None`` takes no part in the backward (its gradient is zero); a parameter no gradient reaches gets
     zeros.  With ``split_heads`` the heads' gradient ``grads[2]`` is a list of one per head."""
-    leaves = [x.detach().clone().requires_grad_() for x in (h, gamma, beta)]
-    u, v, heads = gau_heads(*leaves, pos, e=e, s=s, gating=gating, rope_heads=rope_heads, split_heads=split_heads,
-                            backend=backend, **kw)
+    leaves = [x.detach().clone().requires_grad_() for x in (h, gamma, beta, *(() if bias is None else (bias,)))]
+    u, v, heads = gau_heads(*leaves[:3], pos, e=e, s=s, gating=gating, rope_heads=rope_heads,
+                            split_heads=split_heads, bias=None if bias is None else leaves[3], backend=backend, **kw)
     qs, dqs = (heads, grads[2]) if split_heads else ((heads,), (grads[2],))
     outs = [(o, g) for o, g in zip((u, v, *qs), (*grads[:2], *dqs)) if o is not None and g is not None]
     got = torch.autograd.grad([o for o, _ in outs], leaves, [g for _, g in outs], allow_unused=True)
@@ -79,11 +86,12 @@ def _id(c):
     return f"T{T}-e{e}-s{s}-nh{nh}-{'gate' if gating else 'nogate'}-R{R}"
 
 
-def _check_exact_vs_naive(backend, case, dtype, seed):
-    """Outputs and the gradients of h, gamma, beta of ``backend`` against the naive form, exact rule."""
+def _check_exact_vs_naive(backend, case, dtype, seed, with_bias=False):
+    """Outputs and the gradients of h, gamma, beta (and bias) of ``backend`` against the naive form, exact
+    rule."""
     T, e, s, nh, gating, R = case
     h, g, b, pos, grads = _inputs(2, T, e, s, nh, gating, dtype, seed=seed)
-    kw = {"e": e, "s": s, "gating": gating, "rope_heads": R}
+    kw = {"e": e, "s": s, "gating": gating, "rope_heads": R, "bias": _bias(h, seed) if with_bias else None}
     ref, out = _run("naive", h, g, b, pos, grads, **kw), _run(backend, h, g, b, pos, grads, **kw)
     assert sorted(ref) == sorted(out)
     for name in ref:
@@ -94,8 +102,25 @@ def _check_exact_vs_naive(backend, case, dtype, seed):
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_chunk_matches_naive(case, dtype):
-    _check_exact_vs_naive("chunk", case, dtype, seed=0)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+def test_chunk_matches_naive(case, dtype, with_bias):
+    _check_exact_vs_naive("chunk", case, dtype, seed=0, with_bias=with_bias)
+
+
+def test_bias_is_added_before_the_activation():
+    """``bias`` = adding it to ``h`` first (fp64, every backend that runs here): the same outputs, and the bias's
+    gradient is the column sums of ``h``'s gradient (the pre-activation's), summed independently here."""
+    case = CASES[0]
+    T, e, s, nh, gating, R = case
+    h, g, b, pos, grads = _inputs(2, T, e, s, nh, gating, torch.float64, seed=4)
+    bias = _bias(h, 4)
+    kw = {"e": e, "s": s, "gating": gating, "rope_heads": R}
+    for backend in ("naive", "chunk"):
+        ref = _run(backend, h + bias, g, b, pos, grads, **kw)
+        out = _run(backend, h, g, b, pos, grads, bias=bias, **kw)
+        for name in ref:
+            torch.testing.assert_close(out[name], ref[name], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(out["dbias"], ref["dh"].sum((0, 1)), rtol=1e-12, atol=1e-12)
 
 
 def test_naive_is_the_formula():
@@ -126,26 +151,46 @@ cpu_only = pytest.mark.skipif(CUDA, reason="interpreter tests: the CUDA tests be
 
 @cpu_only
 @pytest.mark.parametrize("case", CASES, ids=_id)
-def test_triton_matches_naive_fp32(case):
-    _check_exact_vs_naive("triton", case, torch.float32, seed=1)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+def test_triton_matches_naive_fp32(case, with_bias):
+    _check_exact_vs_naive("triton", case, torch.float32, seed=1, with_bias=with_bias)
+
+
+@cpu_only
+def test_triton_frozen_bias():
+    """A bias that needs no gradient is still added (forward and the recomputed activation of the backward); no
+    partial column sums are made and the other gradients are unchanged."""
+    T, e, s, nh, gating, R = CASES[3]
+    h, g, b, pos, grads = _inputs(2, T, e, s, nh, gating, torch.float32, seed=13)
+    bias = _bias(h, 13)
+    kw = {"e": e, "s": s, "gating": gating, "rope_heads": R}
+    ref = _run("naive", h, g, b, pos, grads, bias=bias, **kw)
+    leaves = [x.clone().requires_grad_() for x in (h, g, b)]
+    u, v, heads = gau_heads(*leaves, pos, bias=bias, backend="triton", **kw)
+    got = torch.autograd.grad([v, heads], leaves, [grads[1], grads[2]])
+    for name, x in zip(("v", "heads", "dh", "dgamma", "dbeta"), (v, heads, *got)):
+        assert_exact(f"frozen bias {name}", ref[name], x)
 
 
 @cpu_only
 @pytest.mark.parametrize("case", [CASES[1], CASES[3]], ids=_id)
-def test_triton_fp16_half_rule(case):
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+def test_triton_fp16_half_rule(case, with_bias):
     T, e, s, nh, gating, R = case
     h, g, b, pos, grads = _inputs(2, T, e, s, nh, gating, torch.float64, seed=2, pmax=5000)
     _check_half_rule(h, g, b, pos, grads, {"e": e, "s": s, "gating": gating, "rope_heads": R}, torch.float16,
-                     f"triton fp16 {_id(case)}")
+                     f"triton fp16 {_id(case)}", bias=_bias(h, 2) if with_bias else None)
 
 
-def _check_half_rule(h, g, b, pos, grads, kw, dtype, label):
+def _check_half_rule(h, g, b, pos, grads, kw, dtype, label, bias=None):
     """Triton on ``dtype`` inputs against the fp64 naive form, with the ``dtype`` naive form as the
-    half-precision rule's baseline; outputs and gradients keep ``dtype``."""
-    ref = _run("naive", h, g, b, pos, grads, **kw)
+    half-precision rule's baseline; outputs and gradients keep ``dtype``.  ``bias`` (fp64) goes in as ``dtype``."""
+    ref = _run("naive", h, g, b, pos, grads, bias=bias, **kw)
     half = [x.to(dtype) for x in (h, g, b)]
+    hb = None if bias is None else bias.to(dtype)
     hgrads = [None if x is None else x.to(dtype) for x in grads]
-    base, out = _run("naive", *half, pos, hgrads, **kw), _run("triton", *half, pos, hgrads, **kw)
+    base = _run("naive", *half, pos, hgrads, bias=hb, **kw)
+    out = _run("triton", *half, pos, hgrads, bias=hb, **kw)
     for name in ref:
         assert out[name].dtype == dtype
         assert_half_rule(f"{label} {name}", ref[name], out[name], base[name])
@@ -158,11 +203,12 @@ def test_triton_autocast_dtypes():
     them the same way, by the half-precision rule."""
     kw = {"e": 20, "s": 12, "rope_heads": 1}
     h, g, b, pos, grads = _inputs(1, 21, 20, 12, 4, True, torch.float64, seed=3, pmax=3000)
-    ref = _run("naive", h, g.half().double(), b.half().double(), pos, grads, **kw)
+    bias = _bias(h, 3)
+    ref = _run("naive", h, g.half().double(), b.half().double(), pos, grads, bias=bias.half().double(), **kw)
     hgrads = [x.half() for x in grads]
-    base = _run("naive", h.half(), g.float(), b.float(), pos, hgrads, **kw)
-    out = _run("triton", h.half(), g.float(), b.float(), pos, hgrads, **kw)
-    assert out["dgamma"].dtype == out["dbeta"].dtype == torch.float32
+    base = _run("naive", h.half(), g.float(), b.float(), pos, hgrads, bias=bias.float(), **kw)
+    out = _run("triton", h.half(), g.float(), b.float(), pos, hgrads, bias=bias.float(), **kw)
+    assert out["dgamma"].dtype == out["dbeta"].dtype == out["dbias"].dtype == torch.float32
     for name in ref:
         assert out[name].dtype == base[name].dtype
         if out[name].dtype == torch.float16:
@@ -227,8 +273,9 @@ def test_opcheck(gating):
 
     e, s = 5, 8
     h, g, b, pos, _ = _inputs(1, 10, e, s, 2, gating, torch.float32, seed=7)
-    args = tuple(x.requires_grad_() for x in (h, g, b)) + (pos, e, s, gating, 500.0, 2)
-    torch.library.opcheck(gau_heads_fwd.op, args)
+    for bias in (None, _bias(h).requires_grad_()):
+        args = tuple(x.requires_grad_() for x in (h, g, b)) + (pos, bias, e, s, gating, 500.0, 2)
+        torch.library.opcheck(gau_heads_fwd.op, args)
 
 
 # (T, e, s, nh, gating, rope_heads, the heads with a gradient): 2 x 37 rows cross three backward heads
@@ -244,22 +291,23 @@ def _split_id(c):
     return f"{_id(c[:6])}-d{''.join(map(str, c[6]))}"
 
 
-def _split_inputs(case, dtype, seed=9, device="cpu"):
+def _split_inputs(case, dtype, seed=9, device="cpu", with_bias=False):
     """Inputs, the heads' gradients one per head (``None`` unless in ``present``) and their stacked form
     (zeros for the absent ones); ``u``'s gradient is absent in the gated case."""
     T, e, s, nh, gating, R, present = case
     h, g, b, pos, (du, dv, dheads) = _inputs(2, T, e, s, nh, gating, dtype, seed=seed, device=device)
     dqs = [dheads[:, :, n : n + 1].contiguous() if n in present else None for n in range(nh)]
     stacked = torch.cat([torch.zeros_like(dheads[:, :, :1]) if d is None else d for d in dqs], 2)
-    kw = {"e": e, "s": s, "gating": gating, "rope_heads": R}
+    kw = {"e": e, "s": s, "gating": gating, "rope_heads": R, "bias": _bias(h, seed) if with_bias else None}
     return h, g, b, pos, None, dv, dqs, stacked, kw
 
 
-def _check_split_equals_stacked(case, dtype, device="cpu"):
+def _check_split_equals_stacked(case, dtype, device="cpu", with_bias=False):
     """``split_heads=True``: contiguous ``[B, T, 1, s]`` heads equal to the stacked heads' slices, and with the
-    heads' gradients as separate tensors (some ``None``) the stacked path's ``dh, dgamma, dbeta`` given their
-    concatenation (zeros for the absent ones) -- bit for bit: the same kernels, only the heads' addresses differ."""
-    h, g, b, pos, du, dv, dqs, stacked, kw = _split_inputs(case, dtype, device=device)
+    heads' gradients as separate tensors (some ``None``) the stacked path's ``dh, dgamma, dbeta`` (and ``dbias``)
+    given their concatenation (zeros for the absent ones) -- bit for bit: the same kernels, only the heads'
+    addresses differ."""
+    h, g, b, pos, du, dv, dqs, stacked, kw = _split_inputs(case, dtype, device=device, with_bias=with_bias)
     ref = _run("triton", h, g, b, pos, (du, dv, stacked), **kw)
     out = _run("triton", h, g, b, pos, (du, dv, dqs), split_heads=True, **kw)
     heads, nh = out.pop("heads"), g.shape[0]
@@ -275,8 +323,26 @@ def _check_split_equals_stacked(case, dtype, device="cpu"):
 @cpu_only
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=_split_id)
-def test_triton_split_heads_equal_stacked(case, dtype):
-    _check_split_equals_stacked(case, dtype)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+def test_triton_split_heads_equal_stacked(case, dtype, with_bias):
+    _check_split_equals_stacked(case, dtype, with_bias=with_bias)
+
+
+@cpu_only
+def test_triton_split_heads_bias_matches_naive():
+    """FLASH's call (split heads, no gating, a bias, some head gradients absent) against the naive form: every
+    output and gradient at the fp32 exact rule -- the bias's gradient from the kernels' partial column sums (two
+    row groups of 32 rows, ``u`` / ``v`` and ``z`` columns) folded."""
+    h, g, b, pos, du, dv, dqs, _, kw = _split_inputs(SPLIT_CASES[0], torch.float32, seed=14, with_bias=True)
+    dqs[2] = None
+    ref = _run("naive", h, g, b, pos, (du, dv, dqs), split_heads=True, **kw)
+    out = _run("triton", h, g, b, pos, (du, dv, dqs), split_heads=True, **kw)
+    for name in ref:
+        if name == "heads":
+            for n, (x, y) in enumerate(zip(ref[name], out[name])):
+                assert_exact(f"head {n}", x, y)
+        else:
+            assert_exact(f"split bias {name}", ref[name], out[name])
 
 
 @pytest.mark.parametrize("backend", ["naive", "chunk"])
@@ -324,11 +390,14 @@ def test_opcheck_split_heads():
 
     e, s, nh = 5, 8, 3
     h, g, b, pos, (_, dv, dheads) = _inputs(1, 10, e, s, nh, False, torch.float32, seed=7)
-    args = tuple(x.requires_grad_() for x in (h, g, b)) + (pos, e, s, False, 500.0, 2)
-    torch.library.opcheck(gau_heads_split_fwd.op, args)
+    bias = _bias(h)
+    for bb in (None, bias.clone().requires_grad_()):
+        args = tuple(x.requires_grad_() for x in (h, g, b)) + (pos, bb, e, s, False, 500.0, 2)
+        torch.library.opcheck(gau_heads_split_fwd.op, args)
     dqs = [dheads[:, :, 0:1].contiguous(), None, dheads[:, :, 2:3].contiguous(), None, None, None]
-    torch.library.opcheck(gau_heads_split_bwd.op, (None, dv, *dqs, h.detach(), g.detach(), pos, e, s, False, 500.0, 2,
-                                                   True))
+    for bb, need_db in ((None, False), (bias, True), (bias, False)):
+        torch.library.opcheck(gau_heads_split_bwd.op, (None, dv, *dqs, h.detach(), g.detach(), pos, bb, e, s, False,
+                                                       500.0, 2, True, need_db))
 
 
 def test_dispatch_and_errors():
@@ -354,6 +423,12 @@ def test_dispatch_and_errors():
     h7, g7, b7, pos7, _ = _inputs(1, 3, 6, 8, 7, True, torch.float32)
     with pytest.raises(ValueError, match="at most 6"):
         gau_heads(h7, g7, b7, pos7, e=6, s=8, split_heads=True)
+    with pytest.raises(ValueError, match="bias must be \\[W\\]"):
+        gau_heads(h, g, b, pos, e=6, s=8, bias=torch.zeros(h.shape[-1] - 1))
+    with pytest.raises(TypeError, match="bias must be a floating"):
+        gau_heads(h, g, b, pos, e=6, s=8, bias=torch.zeros(h.shape[-1], dtype=torch.int64))
+    with pytest.raises(TypeError, match="bias must be a torch.Tensor"):
+        gau_heads(h, g, b, pos, e=6, s=8, bias=[0.0] * h.shape[-1])
 
 
 # ------------------------------------------------------------------------ the layers
@@ -387,7 +462,8 @@ def test_flash_layer_equals_its_math_by_hand(first_to_all):
     x.requires_grad_()
     y, _ = layer(x, positions=pos)
     e, s = layer.e, layer.s
-    u, v, z = F.silu(layer.proj(x)).split([e, e, s], dim=-1)
+    # the fused path: the product without its bias, which the heads op and the gate add before their silu
+    u, v, z = F.silu(F.linear(x, layer.proj.weight) + layer.proj.bias).split([e, e, s], dim=-1)
     heads = apply_rope(z[..., None, :] * layer.heads.gamma + layer.heads.beta, pos, layer.rope_base)
     scale, diag = layer._quad_scale_and_bias()
     a, _ = mixed_chunk_attention(*(heads[:, :, i : i + 1] for i in range(4)), v[:, :, None], chunk_size=6,
@@ -417,7 +493,7 @@ def test_gau_layer_equals_its_math_by_hand(n_heads, gating):
     y, _ = layer(x, positions=pos)
     B, T, _ = x.shape
     e, s, H = layer.e, layer.s, n_heads
-    a = F.silu(layer.proj(x))
+    a = F.silu(F.linear(x, layer.proj.weight) + layer.proj.bias)  # the bias added by the ops (the fused path)
     u, v, z = a.split([e, e, s], -1) if gating else (None, *a.split([e, s], -1))
     q, k = (z * layer.qk.gamma[i] + layer.qk.beta[i] for i in range(2))
     q, k = (apply_rope(t.reshape(B, T, H, s // H), pos, layer.rope_base) for t in (q, k))
@@ -459,13 +535,14 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @cuda
 @needs_cuda
 @pytest.mark.parametrize("nh, gating, rope_heads", [(4, True, 1), (6, True, 1), (2, True, 1), (2, False, 2)])
-def test_cuda_real_size_bf16_half_rule(nh, gating, rope_heads):
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+def test_cuda_real_size_bf16_half_rule(nh, gating, rope_heads, with_bias):
     """FLASH / GAU shapes (e = 2048, s = 128) at T = 4096, bf16, against the fp64 naive form; the
     bf16 naive form is the half-precision rule's baseline."""
     B, T, e, s = 1, 4096, 2048, 128
     h, g, b, pos, grads = _inputs(B, T, e, s, nh, gating, torch.float64, seed=11, device="cuda", pmin=0, pmax=T)
     _check_half_rule(h, g, b, pos, grads, {"e": e, "s": s, "gating": gating, "rope_heads": rope_heads},
-                     torch.bfloat16, f"cuda bf16 nh={nh}")
+                     torch.bfloat16, f"cuda bf16 nh={nh}", bias=_bias(h, 11) if with_bias else None)
 
 
 @cuda
@@ -475,7 +552,7 @@ def test_cuda_fp32_exact_odd_sizes_large_positions():
     groups) with positions up to 1e6 (angles far outside [-pi, pi]: an approximate sin / cos fails)."""
     h, g, b, pos, grads = _inputs(3, 1037, 300, 96, 6, True, torch.float32, seed=12, device="cuda",
                                   pmin=-1000, pmax=1_000_000)
-    kw = {"e": 300, "s": 96, "rope_heads": 2}
+    kw = {"e": 300, "s": 96, "rope_heads": 2, "bias": _bias(h, 12)}
     ref, out = _run("naive", h, g, b, pos, grads, **kw), _run("triton", h, g, b, pos, grads, **kw)
     for name in ref:
         assert_exact(f"cuda fp32 {name}", ref[name], out[name])
@@ -487,8 +564,9 @@ def test_cuda_fp32_exact_odd_sizes_large_positions():
                                   (1037, 300, 96, 6, True, 2, (0, 1, 3, 5))], ids=_split_id)
 def test_cuda_split_heads_equal_stacked(case):
     """``split_heads`` on the compiled kernels, bf16: FLASH's ``v, z`` call at its real size (e = 1536, s = 128,
-    nh = 4), and an odd gated first-to-all shape with absent head gradients -- bit for bit the stacked path."""
-    _check_split_equals_stacked(case, torch.bfloat16, device="cuda")
+    nh = 4, with its bias), and an odd gated first-to-all shape with absent head gradients -- bit for bit the
+    stacked path."""
+    _check_split_equals_stacked(case, torch.bfloat16, device="cuda", with_bias=not case[4])
 
 
 @cuda

@@ -1,12 +1,16 @@
 """glu_activation (a GLU block's ``act(u) * v``): naive (fp64 definition) <-> chunk (PyTorch composite) <-> Triton
 (interpreter on CPU, compiled on CUDA), the output and the gradient of ``h``, silu and gelu, odd sizes, the
-half-precision rule; the GLU layer's fused path against its PyTorch form."""
+half-precision rule; the GLU layer's fused path against its PyTorch form.  gated_activation (two tensors), with and
+without a bias: the same chain, every gradient (the bias's too), the custom ops, the argument checks."""
+
+import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from lintime.ops import gated_activation, glu_activation
-from lintime.testing import assert_exact, assert_half_rule
+from lintime.testing import assert_close, assert_exact, assert_half_rule
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -132,16 +136,18 @@ def _gated_inputs(shape, seed=11, device=DEV, wide=0, dtype=torch.float32):
     return U.to(device, dtype), V.to(device, dtype), dy.to(device, dtype), wide
 
 
-def _run_gated(U, V, dy, wide, act, backend, dtype=None):
-    """``y, du, dv`` of ``gated_activation(U[..., wide:], V[..., :e])`` (the views themselves are passed)."""
+def _run_gated(U, V, dy, wide, act, backend, dtype=None, bias=None):
+    """``y, du, dv`` of ``gated_activation(U[..., wide:], V[..., :e])`` (the views themselves are passed), then
+    ``dbias`` (in ``bias``'s dtype) when a ``bias`` is given."""
     dtype = dtype or U.dtype
     U, V = U.detach().to(dtype).requires_grad_(), V.detach().to(dtype).requires_grad_()
+    b = None if bias is None else bias.detach().clone().requires_grad_()
     e = U.shape[-1] - wide
     u, v = U[..., wide:], V[..., :e]
     assert wide == 0 or not (u.is_contiguous() or v.is_contiguous())
-    y = gated_activation(u, v, activation=act, backend=backend)
+    y = gated_activation(u, v, activation=act, bias=b, backend=backend)
     y.backward(dy.to(y.dtype))
-    return y, U.grad[..., wide:], V.grad[..., :e]
+    return (y, U.grad[..., wide:], V.grad[..., :e]) + (() if b is None else (b.grad,))
 
 
 @pytest.mark.parametrize("act", ACTS)
@@ -212,8 +218,10 @@ def test_gated_custom_ops_pass_opcheck():
     from lintime.ops.glu.triton import ops as glu_ops  # noqa: F401  (registers the ops)
 
     U, V, dy, _ = _gated_inputs((6, 32), seed=15)
-    torch.library.opcheck(torch.ops.lintime.gated_fwd, (U.clone().requires_grad_(), V.clone().requires_grad_(), 0))
-    torch.library.opcheck(torch.ops.lintime.gated_bwd, (dy, U, V, 1))
+    torch.library.opcheck(torch.ops.lintime.gated_fwd,
+                          (U.clone().requires_grad_(), V.clone().requires_grad_(), 0, None))
+    torch.library.opcheck(torch.ops.lintime.gated_bwd, (dy, U, V, 1, None))
+    torch.library.opcheck(torch.ops.lintime.gated_bwd, (dy, U, V, 1))  # bias defaults to None
 
 
 @pytest.mark.cuda
@@ -226,3 +234,189 @@ def test_cuda_flash_base_gate_bf16():
     for name, a, b in zip(("y", "du", "dv"), ref, out):
         torch.testing.assert_close(b.float(), a.float(), rtol=2**-6, atol=2**-6 * a.float().abs().max().item(),
                                    msg=name)
+
+
+# ------------------------------------------------------------------ gated_activation with a bias: act(u + b) * v
+# (rows, width), strided: 77 and 100 rows are several of the interpreter's backward programs with a bias (2 row tiles
+# of 16 each) with a partial last one, 45 and 37 columns end on a partial tile
+BIAS_CASES = [((1, 1), 0), ((77, 45), 5), ((2, 50, 37), 3), ((3, 5, 1030), 0)]
+
+
+def _gate_bias(e, seed, device=DEV):
+    return torch.randn(e, generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+@pytest.mark.skipif(CUDA, reason="the CUDA launch's 128-row programs: test_cuda_flash_base_gate_bias")
+def test_gated_bias_cases_cross_the_interpreter_tiles():
+    """The bias cases reach what the kernel's bias path handles apart under the launch they run with: several
+    partial-sum rows (programs of ``bn rb`` rows) with a partial last one, several row tiles in a program, a partial
+    column tile."""
+    from lintime.ops.glu.triton.ops import default_launch
+
+    cfg = default_launch(torch.device(DEV))
+    rows = [math.prod(shape[:-1]) for shape, _ in BIAS_CASES]
+    assert cfg.rb > 1
+    assert any(n > 2 * cfg.bn * cfg.rb and n % (cfg.bn * cfg.rb) for n in rows)
+    assert any(shape[-1] > cfg.be and shape[-1] % cfg.be for shape, _ in BIAS_CASES)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("shape, wide", BIAS_CASES)
+def test_gated_bias_fp32_forms_agree_with_fp64_definition(act, shape, wide):
+    """``act(u + b) * v``: fp32 naive, chunk and Triton equal the fp64 definition to fp32 exactness, the output and
+    the gradients of ``u``, ``v`` and ``b``; contiguous inputs and row-strided views."""
+    U, V, dy, w = _gated_inputs(shape, seed=21, wide=wide)
+    b = _gate_bias(shape[-1], seed=22)
+    ref = _run_gated(U, V, dy, w, act, "naive", torch.float64, bias=b.double())
+    for backend in ("naive", "chunk", "triton"):
+        out = _run_gated(U, V, dy, w, act, backend, bias=b)
+        for name, want, got in zip(("y", "du", "dv", "dbias"), ref, out):
+            assert got.dtype == torch.float32 and got.shape == want.shape, (backend, name)
+            assert_exact(f"{backend} {act} {name}", want, got)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.cuda)])
+def test_gated_bias_half_inputs_with_an_fp32_bias(act, dtype):
+    """Half ``u``, ``v`` and an fp32 bias (autocast: fp32 parameters, half activations).  The output, ``du`` and
+    ``dv`` of naive and Triton by the half rule, the chunk form the base.  ``dbias`` is fp32, and naive and the
+    kernel sum the unrounded fp32 ``du``: both equal the fp64 definition of the half inputs (the bias rounded to
+    half) to fp32 exactness, which a sum of ``du`` rounded to half first misses by far.  The chunk form rounds ``du``
+    and its sum to half (a biased projection under autocast did): within two half roundings of it."""
+    U, V, dy, w = _gated_inputs((77, 45), seed=23, wide=4)
+    b = _gate_bias(45, seed=24)
+    ref = _run_gated(U, V, dy, w, act, "naive", torch.float64, bias=b.double())
+    ref_rounded = _run_gated(U.to(dtype), V.to(dtype), dy.to(dtype), w, act, "naive", torch.float64,
+                             bias=b.to(dtype).double())
+    base = _run_gated(U, V, dy, w, act, "chunk", dtype, bias=b)
+    for backend in ("naive", "triton"):
+        out = _run_gated(U, V, dy, w, act, backend, dtype, bias=b)
+        for name, r, bs, o in zip(("y", "du", "dv"), ref, base, out):
+            assert o.dtype == dtype
+            assert_half_rule(f"{backend} {act} {name}", r, o, bs)
+        assert out[3].dtype == torch.float32
+        assert_exact(f"{backend} {act} dbias", ref_rounded[3], out[3])
+    rounded_sum = ref_rounded[1].to(dtype).double().sum(0)  # what summing du after its rounding gives
+    with pytest.raises(AssertionError):
+        assert_exact("dbias from half du", ref_rounded[3], rounded_sum)
+    assert base[3].dtype == torch.float32
+    assert_close(f"chunk {act} dbias", ref_rounded[3], base[3], torch.finfo(dtype).eps)
+
+
+def test_gated_bias_keeps_its_own_dtype():
+    """fp16 ``u``, fp32 ``v``, an fp64 bias (rounded to fp16 in the forward): the output fp32, ``du`` fp16, ``dv``
+    fp32, ``dbias`` fp64 holding the fp32 sum; values those of the fp32 computation."""
+    g = torch.Generator().manual_seed(28)
+    u64, v64, dy64 = (torch.randn(41, 24, generator=g, dtype=torch.float64) for _ in range(3))
+    b64 = torch.randn(24, generator=g, dtype=torch.float64)
+    u64 = u64.half().double()
+    runs = []
+    for ut, vt, bias, backend in ((torch.float64, torch.float64, b64.half().double(), "naive"),
+                                  (torch.float16, torch.float32, b64, "triton")):
+        u = u64.to(DEV, ut).detach().clone().requires_grad_()
+        v = v64.to(DEV, vt).detach().clone().requires_grad_()
+        b = bias.to(DEV).detach().clone().requires_grad_()
+        y = gated_activation(u, v, activation="gelu", bias=b, backend=backend)
+        y.backward(dy64.to(DEV, y.dtype))
+        runs.append((y, u.grad, v.grad, b.grad))
+    ref, out = runs
+    assert [t.dtype for t in out] == [torch.float32, torch.float16, torch.float32, torch.float64]
+    for i, name in ((0, "y"), (2, "dv"), (3, "dbias")):
+        assert_exact(name, ref[i], out[i].float())
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_gated_bias_gradient_is_the_row_sum_of_the_preactivation_gradient(act):
+    """``dbias`` is the gradient of ``u + b`` summed over every row (all leading dims): the Triton ``dbias`` against
+    its own ``du`` summed in fp64, and that ``du`` against autograd of PyTorch's own activation of ``u + b`` in fp64
+    (none of the op's forms)."""
+    U, V, dy, w = _gated_inputs((3, 29, 45), seed=26)
+    b = _gate_bias(45, seed=27)
+    _, du, _, db = _run_gated(U, V, dy, w, act, "triton", bias=b)
+    assert_exact(f"{act} dbias = du summed", du.double().sum((0, 1)), db)
+    pre = (U.double() + b.double()).requires_grad_()
+    ({"silu": F.silu, "gelu": F.gelu}[act](pre) * V.double()).backward(dy.double())
+    assert_exact(f"{act} du", pre.grad, du)
+    assert_exact(f"{act} dbias", pre.grad.sum((0, 1)), db)
+
+
+@pytest.mark.parametrize("backend", ["naive", "chunk", "triton"])
+def test_gated_bias_none_zero_and_no_rows(backend):
+    """``bias=None`` is the call without a bias, and a zero bias changes nothing: the output and the gradients of
+    ``u``, ``v`` equal the unbiased call's (in the kernel bit for bit: the bias path, ``rb`` row tiles a program,
+    computes each element as the plain one; PyTorch's forms may round ``act`` of the strided ``u`` and of the
+    contiguous ``u + 0`` apart), its gradient the row sums of ``du``.  No rows: a zero bias gradient."""
+    U, V, dy, w = _gated_inputs((77, 45), seed=25, wide=3)
+    u, v = U[..., w:], V[..., :45]
+    assert torch.equal(gated_activation(u, v, backend=backend), gated_activation(u, v, bias=None, backend=backend))
+    plain = _run_gated(U, V, dy, w, "silu", backend)
+    zero = _run_gated(U, V, dy, w, "silu", backend, bias=torch.zeros(45, device=DEV))
+    for name, a, b in zip(("y", "du", "dv"), plain, zero):
+        assert_exact(name, a.double(), b)
+        if backend == "triton":
+            assert torch.equal(a, b), name
+    assert_exact("dbias", plain[1].double().sum(0), zero[3])
+    y, du, dv, db = _run_gated(*_gated_inputs((0, 45), seed=29), "silu", backend, bias=_gate_bias(45, seed=29))
+    assert y.shape == du.shape == dv.shape == (0, 45)
+    assert torch.equal(db, torch.zeros(45, device=DEV))
+
+
+def test_gated_bias_gradient_alone_or_frozen():
+    """Only the bias needs a gradient: the one it gets with ``u`` and ``v`` needing theirs.  A frozen bias: none,
+    and ``u``, ``v`` get theirs."""
+    U, V, dy, _ = _gated_inputs((37, 20), seed=30)
+    b = _gate_bias(20, seed=31)
+    _, du, dv, db = _run_gated(U, V, dy, 0, "silu", "triton", bias=b)
+    alone = b.clone().requires_grad_()
+    gated_activation(U, V, bias=alone, backend="triton").backward(dy)
+    assert torch.equal(alone.grad, db)
+    u, v = U.clone().requires_grad_(), V.clone().requires_grad_()
+    gated_activation(u, v, bias=b, backend="triton").backward(dy)
+    assert b.grad is None and torch.equal(u.grad, du) and torch.equal(v.grad, dv)
+
+
+def test_gated_bias_custom_ops_pass_opcheck():
+    """``lintime::gated_fwd`` / ``gated_bwd`` with a bias: schema, fake tensors, autograd registration (the bias's
+    gradient too) and AOT dispatch; fp32 and half ``u`` with an fp32 bias, several partial-sum rows."""
+    from lintime.ops.glu.triton import ops as glu_ops  # noqa: F401  (registers the ops)
+
+    U, V, dy, _ = _gated_inputs((37, 20), seed=32)
+    b = _gate_bias(20, seed=33)
+    for u in (U, U.half()):
+        args = (u.clone().requires_grad_(), V.clone().requires_grad_(), 0, b.clone().requires_grad_())
+        torch.library.opcheck(torch.ops.lintime.gated_fwd, args)
+        torch.library.opcheck(torch.ops.lintime.gated_bwd, (dy.to(args[0].dtype), u, V, 1, b))
+
+
+def test_gated_bias_bad_arguments_raise():
+    u, v = torch.randn(3, 4), torch.randn(3, 4)
+    for bad in (torch.randn(5), torch.randn(1, 4), torch.randn(())):
+        with pytest.raises(ValueError, match="bias must have shape"):
+            gated_activation(u, v, bias=bad)
+    with pytest.raises(TypeError, match="bias must be a floating tensor"):
+        gated_activation(u, v, bias=torch.ones(4, dtype=torch.long))
+    with pytest.raises(TypeError, match="bias must be a floating tensor"):
+        gated_activation(u, v, bias=[0.0] * 4)
+    meta = torch.zeros(4, device="meta")
+    with pytest.raises(ValueError, match="bias must be on u's device"):
+        gated_activation(u, v, bias=meta)
+    from lintime.ops.glu.triton import triton_gated  # the backend's own check, for callers past the public op
+
+    with pytest.raises(ValueError, match="one device"):
+        triton_gated(u.to(DEV), v.to(DEV), bias=meta)
+
+
+@pytest.mark.cuda
+def test_cuda_flash_base_gate_bias_bf16():
+    """The flash-base gate with its bias (32771 rows of 1536: 257 partial-sum rows of the GPU launch, the last
+    partial) in bf16 with an fp32 bias: ``y``, ``du``, ``dv`` within two bf16 roundings of the PyTorch form,
+    ``dbias`` the fp64 definition of the bf16 inputs to fp32 exactness."""
+    U, V, dy, w = _gated_inputs((32771, 1536), seed=34, wide=128, dtype=torch.bfloat16)
+    b = _gate_bias(1536, seed=35)
+    ref = _run_gated(U, V, dy, w, "silu", "chunk", bias=b)
+    out = _run_gated(U, V, dy, w, "silu", None, bias=b)
+    for name, a, c in zip(("y", "du", "dv"), ref, out):
+        torch.testing.assert_close(c.float(), a.float(), rtol=2**-6, atol=2**-6 * a.float().abs().max().item(),
+                                   msg=name)
+    exact = _run_gated(U, V, dy, w, "silu", "naive", torch.float64, bias=b.bfloat16().double())
+    assert_exact("dbias", exact[3], out[3])

@@ -55,24 +55,28 @@ def glu_activation(h: torch.Tensor, *, activation: str = "silu", backend: str | 
     return select("glu_activation", backend, _IMPLS, h)(h, activation=activation)
 
 
-def gated_activation(u: torch.Tensor, v: torch.Tensor, *, activation: str = "silu",
+def gated_activation(u: torch.Tensor, v: torch.Tensor, *, activation: str = "silu", bias: torch.Tensor | None = None,
                      backend: str | None = None) -> torch.Tensor:
-    """``act(u) * v`` for two tensors of one shape: the GAU / FLASH gate (``u`` the pre-activation of the gate's
-    projection, ``v`` the attention output), one pass each way on CUDA.
+    """``act(u + bias) * v`` for two tensors of one shape: the GAU / FLASH gate (``u`` the pre-activation of the
+    gate's projection, ``v`` the attention output), one pass each way on CUDA.
 
     Args:
         u: ``[..., e]`` pre-activation; fp16 / bf16 / fp32 / fp64.  Row-strided views (unit last stride) are read in
             place.
         v: ``[..., e]`` of ``u``'s shape, any floating dtype.
         activation: ``"silu"`` or ``"gelu"`` (the erf form).
+        bias: ``None`` or ``[e]``, any floating dtype, on ``u``'s device: the projection's bias, rounded to ``u``'s
+            dtype and added before the activation (a projection run without its bias lets this op add it, and the
+            bias gradient -- the pre-activation's gradient summed over rows -- comes out of the gate's backward).
         backend: as for :func:`glu_activation` (``None``: ``"triton"`` for CUDA tensors when Triton is installed,
             except fp64 and while ``torch.compile`` traces; else ``"chunk"``).
     Returns:
-        ``[..., e]`` in the promoted dtype of ``u`` and ``v``; gradients flow to both, each in its own dtype.
+        ``[..., e]`` in the promoted dtype of ``u`` and ``v``; gradients flow to ``u``, ``v`` and ``bias``, each in
+        its own dtype.
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"gated_activation: activation must be one of {ACTIVATIONS}, got {activation!r}")
-    for name, x in (("u", u), ("v", v)):
+    for name, x in [("u", u), ("v", v)] + ([("bias", bias)] if bias is not None else []):
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise TypeError(f"gated_activation: {name} must be a floating tensor, got "
                             f"{getattr(x, 'dtype', type(x).__name__)}")
@@ -80,9 +84,15 @@ def gated_activation(u: torch.Tensor, v: torch.Tensor, *, activation: str = "sil
         raise ValueError(f"gated_activation: u and v must have one shape, got {tuple(u.shape)} and {tuple(v.shape)}")
     if u.dim() < 1:
         raise ValueError("gated_activation: u and v need at least one dimension")
+    if bias is not None:
+        if bias.shape != u.shape[-1:]:
+            raise ValueError(f"gated_activation: bias must have shape (e,) = {tuple(u.shape[-1:])}, got "
+                             f"{tuple(bias.shape)}")
+        if bias.device != u.device:
+            raise ValueError(f"gated_activation: bias must be on u's device, got {bias.device} and {u.device}")
     if backend is None and (torch.float64 in (u.dtype, v.dtype) or torch.compiler.is_compiling()):
         backend = "chunk"
-    return select("gated_activation", backend, _GATED_IMPLS, u)(u, v, activation=activation)
+    return select("gated_activation", backend, _GATED_IMPLS, u)(u, v, activation=activation, bias=bias)
 
 
 __all__ = ["gated_activation", "glu_activation"]

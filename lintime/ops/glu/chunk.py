@@ -16,7 +16,11 @@ def torch_glu(h: torch.Tensor, *, activation: str = "silu") -> torch.Tensor:
     return _ACTS[activation](u) * v
 
 
-def torch_gated(u: torch.Tensor, v: torch.Tensor, *, activation: str = "silu") -> torch.Tensor:
+def torch_gated(u: torch.Tensor, v: torch.Tensor, *, activation: str = "silu",
+                bias: torch.Tensor | None = None) -> torch.Tensor:
     """Same arguments and result as :func:`lintime.ops.glu.naive.naive_gated`: what the FLASH / GAU layers computed
-    before the op existed (``act(u) * v``, each step rounded in the inputs' dtype)."""
+    before the op existed (``act(u) * v``, each step rounded in the inputs' dtype; ``u + bias.to(u.dtype)`` in
+    ``u``'s dtype, as a biased projection's output was, and ``bias``'s gradient summed in it)."""
+    if bias is not None:
+        u = u + bias.to(u.dtype)
     return _ACTS[activation](u) * v

@@ -26,9 +26,16 @@ def naive_glu(h: torch.Tensor, *, activation: str = "silu") -> torch.Tensor:
     return (_act(x[..., :e], activation) * x[..., e:]).to(h.dtype)
 
 
-def naive_gated(u: torch.Tensor, v: torch.Tensor, *, activation: str = "silu") -> torch.Tensor:
-    """``y = act(u) * v`` for ``u, v`` of one shape, in fp32 (fp64 if either is), rounded once to the promoted
-    dtype of ``u`` and ``v``."""
+def naive_gated(u: torch.Tensor, v: torch.Tensor, *, activation: str = "silu",
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``y = act(u + bias) * v`` for ``u, v`` of one shape (``bias [e]`` or ``None``), in fp32 (fp64 if ``u`` or
+    ``v`` is), rounded once to the promoted dtype of ``u`` and ``v``.  ``bias`` is rounded to ``u``'s dtype first
+    (what a projection's output would hold); its gradient, the row sums of the pre-activation's, is summed in the
+    compute precision and rounded once to ``bias``'s dtype (the rounding passes it through)."""
     out = torch.promote_types(u.dtype, v.dtype)
     acc = acc_dtype(u.new_empty(0, dtype=out))
-    return (_act(u.to(acc), activation) * v.to(acc)).to(out)
+    x = u.to(acc)
+    if bias is not None:
+        b = bias.to(acc)
+        x = x + (b + (bias.to(u.dtype).to(acc) - b).detach())  # the value rounded to u's dtype, the gradient not
+    return (_act(x, activation) * v.to(acc)).to(out)

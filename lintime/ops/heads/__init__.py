@@ -26,7 +26,7 @@ def _load_triton():  # the fused kernels, when Triton is installed (picked autom
 register_triton(_IMPLS, _load_triton)
 
 
-def _check(op, h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, split_heads):
+def _check(op, h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, split_heads, bias):
     for name, val in (("e", e), ("s", s), ("rope_heads", rope_heads)):
         if not isinstance(val, Integral) or isinstance(val, bool) or val < 1:
             raise ValueError(f"{op}: {name} must be a positive int, got {val!r}")
@@ -57,6 +57,15 @@ def _check(op, h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, s
         raise ValueError(f"{op}: split_heads takes at most {MAX_SPLIT_HEADS} heads, got nh={gamma.shape[0]}")
     if positions.shape != (B, T) or positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
         raise ValueError(f"{op}: positions must be an int tensor [B, T] = {[B, T]}, got {positions.dtype} {tuple(positions.shape)}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError(f"{op}: bias must be a torch.Tensor or None, got {type(bias).__name__}")
+        if bias.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{op}: bias must be a floating tensor, got {bias.dtype}")
+        if bias.device != h.device:
+            raise ValueError(f"{op}: bias is on {bias.device}, h on {h.device}")
+        if bias.shape != (W,):
+            raise ValueError(f"{op}: bias must be [W] = [{W}] (h's last dim), got {tuple(bias.shape)}")
 
 
 def gau_heads(
@@ -71,11 +80,12 @@ def gau_heads(
     rope_base: float = 10000.0,
     rope_heads: int = 1,
     split_heads: bool = False,
+    bias: torch.Tensor | None = None,
     backend: str | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | tuple[torch.Tensor, ...]]:
     """The heads of a GAU / FLASH layer from its projection (FLASH seed Codes 6 and 8)::
 
-        u, v, z = split(silu(h), [e, e, s])                 # (v, z without gating)
+        u, v, z = split(silu(h + bias), [e, e, s])          # (v, z without gating; no bias: 0)
         heads[:, :, n] = rope(z * gamma[n] + beta[n])       # n = 0 .. nh - 1
 
     RoPE (seed Code 3, two-halves layout ``[x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin]``,
@@ -98,6 +108,11 @@ def gau_heads(
         split_heads: return the heads as ``nh <= 6`` separate contiguous ``[B, T, 1, s]`` tensors (the
             attention ops' inputs), which the fused kernel writes directly and whose gradients it reads
             as they are (any of them may be ``None``): no copies either way.
+        bias: ``None`` or ``[W]`` (``W = h.shape[-1]``), the input projection's bias, any float dtype: rounded to
+            ``h``'s dtype and added before the activation (in fp32 in the fused kernel, in ``h``'s dtype in
+            ``"chunk"``, as the product's epilogue rounds).  A layer that runs its projection without the bias
+            and passes it here gets the bias gradient from the fused backward's registers (the column sums of
+            the pre-activation's gradient) instead of a separate pass over that gradient.
         backend: ``None`` (automatic: ``"triton"`` for CUDA tensors when Triton is installed, else
             ``"chunk"``), ``"naive"`` (textbook, fp32), ``"chunk"`` (PyTorch composite: the
             layers' former eager math) or ``"triton"`` (one fused kernel each way; CPU tensors
@@ -105,14 +120,14 @@ def gau_heads(
     Returns:
         ``u [B, T, e]`` (``None`` without gating), ``v [B, T, e]``, ``heads [B, T, nh, s]`` (with
         ``split_heads`` a tuple of ``nh`` ``[B, T, 1, s]``, equal to ``heads[:, :, n : n + 1]``): all
-        contiguous, in ``h``'s dtype.  Gradients flow to ``h``, ``gamma`` and ``beta`` (in their
-        own dtypes; the fused kernel accumulates ``gamma``'s and ``beta``'s in fp32).
+        contiguous, in ``h``'s dtype.  Gradients flow to ``h``, ``gamma``, ``beta`` and ``bias`` (in their
+        own dtypes; the fused kernel accumulates ``gamma``'s, ``beta``'s and ``bias``'s in fp32).
     """
     op = "gau_heads"
-    _check(op, h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, split_heads)
+    _check(op, h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, split_heads, bias)
     impl = select(op, backend, _IMPLS, h)
     return impl(h, gamma, beta, positions, e=int(e), s=int(s), gating=gating, rope_base=float(rope_base),
-                rope_heads=int(rope_heads), split_heads=split_heads)
+                rope_heads=int(rope_heads), split_heads=split_heads, bias=bias)
 
 
 __all__ = ["gau_heads"]

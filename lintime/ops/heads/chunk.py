@@ -24,10 +24,11 @@ def rope_groups(x: torch.Tensor, positions: torch.Tensor, base: float, groups: i
 
 
 def chunk_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=10000.0, rope_heads=1,
-                    split_heads=False):
+                    split_heads=False, bias=None):
     """Same arguments and results as :func:`lintime.ops.heads.naive.naive_gau_heads`; ``u``
-    and ``v`` (and with ``split_heads`` each head) are contiguous copies of their slices."""
-    a = F.silu(h)
+    and ``v`` (and with ``split_heads`` each head) are contiguous copies of their slices; the bias is added in
+    ``h``'s dtype (as a product's epilogue rounds it)."""
+    a = F.silu(h if bias is None else h + bias.to(h.dtype))
     if gating:
         u, v, z = a.split([e, e, s], dim=-1)  # [B, T, e], [B, T, e], [B, T, s]
     else:

@@ -10,17 +10,18 @@ from lintime.ops.utils import acc_dtype
 
 
 def naive_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=10000.0, rope_heads=1,
-                    split_heads=False):
-    """``u, v, z = split(silu(h))``; ``heads[:, :, n] = rope(z * gamma[n] + beta[n])`` with RoPE
+                    split_heads=False, bias=None):
+    """``u, v, z = split(silu(h + bias))``; ``heads[:, :, n] = rope(z * gamma[n] + beta[n])`` with RoPE
     over each of the ``rope_heads`` groups of ``D = s / rope_heads`` features.
 
     h: ``[B, T, 2e + s]`` (``[B, T, e + s]`` without gating); gamma, beta: ``[nh, s]`` (rounded to
-    ``h``'s dtype first, like the layers' ScaleOffset); positions: ``[B, T]`` int.
+    ``h``'s dtype first, like the layers' ScaleOffset); positions: ``[B, T]`` int; bias: ``None`` or ``[W]``
+    (rounded to ``h``'s dtype first, added in the compute precision).
     Returns ``u [B, T, e]`` (``None`` without gating), ``v [B, T, e]``, ``heads [B, T, nh, s]`` (with
     ``split_heads`` a tuple of ``nh`` ``[B, T, 1, s]`` tensors) in ``h``'s dtype.
     """
     dt = acc_dtype(h)
-    x = h.to(dt)
+    x = h.to(dt) if bias is None else h.to(dt) + bias.to(h.dtype).to(dt)
     a = x * torch.sigmoid(x)  # silu (seed Code 6)
     u = a[..., :e] if gating else None
     v = a[..., e : 2 * e] if gating else a[..., :e]

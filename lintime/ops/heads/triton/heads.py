@@ -12,7 +12,10 @@ directly: no copies); the backward reads ``h`` and the output gradients once (th
 ``nh`` separate ones, any of them absent) and writes ``dh`` once, plus ``[cdiv(TT, bth rb), nh, s]`` fp32
 partial sums of ``dgamma`` / ``dbeta`` (``rb`` row blocks per program, summed in registers: 1 MB for 32k
 tokens, ``nh = 4``, ``bth = 8``, ``rb = 16``), which one small kernel folds in a fixed order (deterministic).
-The backward keeps only the inputs ``h``, ``gamma`` and ``positions`` (the activation is recomputed).
+With a ``bias`` (the projection's, added by the kernels: the product runs without it) the backward also writes
+``[cdiv(TT, bth rb), W]`` fp32 partial column sums of ``dh`` (1.7 MB at ``W = 1664``), folded by the same kernel:
+the bias gradient without reading ``dh`` again.  The backward keeps only the inputs ``h``, ``gamma``,
+``positions`` and ``bias`` (the activation is recomputed).
 """
 
 from __future__ import annotations
@@ -59,12 +62,12 @@ def default_launch(device: torch.device) -> HeadsLaunch:
     return HeadsLaunch()
 
 
-def _grid(TT, e, gating, cfg: HeadsLaunch, rows: int):
-    """Heads programs of ``rows`` rows each, then tile programs (:mod:`.kernels`), and the number of heads
-    programs."""
+def _grid(TT, e, gating, cfg: HeadsLaunch, rows: int, tile_rows: int):
+    """Heads programs of ``rows`` rows each, then tile programs of ``tile_rows`` rows each (:mod:`.kernels`), and
+    the number of heads programs."""
     ne = cdiv(e, cfg.be)
     nhb = cdiv(TT, rows)
-    return (nhb + cdiv(TT, cfg.bt) * (2 * ne if gating else ne),), nhb
+    return (nhb + cdiv(TT, tile_rows) * (2 * ne if gating else ne),), nhb
 
 
 @functools.lru_cache(maxsize=32)
@@ -90,38 +93,44 @@ def _head_args(qs: list[torch.Tensor | None], stacked: bool, nh: int, s: int):
     return [ref if q is None else q for q in qs] + [ref] * (MAX_SPLIT_HEADS - len(qs)), 0, s, mask
 
 
-def _fwd_impl(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, split,
+def _fwd_impl(h, gamma, beta, positions, bias, e, s, gating, rope_base, rope_heads, split,
               cfg: HeadsLaunch | None = None):
     """The forward launcher: ``(u, v, heads)`` with ``heads`` one ``[B, T, nh, s]`` tensor, or with ``split`` a
-    list of ``nh`` ``[B, T, 1, s]`` tensors; ``u`` an empty tensor without gating."""
+    list of ``nh`` ``[B, T, 1, s]`` tensors; ``u`` an empty tensor without gating.  ``bias``: ``[W]`` or
+    ``None``."""
     cfg = cfg or default_launch(h.device)
     B, T, W, TT, nh, hd = _layout(h, gamma, s, rope_heads)
     h, gamma, beta, positions = (x.contiguous() for x in (h, gamma, beta, positions))
+    bias = None if bias is None else bias.contiguous()
     u = h.new_empty(B, T, e) if gating else h.new_empty(0)
     v = h.new_empty(B, T, e)
     qs = [h.new_empty(B, T, 1, s) for _ in range(nh)] if split else [h.new_empty(B, T, nh, s)]
     if TT == 0:
         return u, v, (qs if split else qs[0])
     ptrs, hs, sq, _ = _head_args(qs, not split, nh, s)
-    grid, _ = _grid(TT, e, gating, cfg, cfg.bth)
+    grid, _ = _grid(TT, e, gating, cfg, cfg.bth, cfg.bt)
     gau_heads_fwd_kernel[grid](
-        h, u if gating else v, v, *ptrs, gamma, beta, positions, _inv_freq(hd, rope_base, str(h.device)),
-        TT, e, W, sq,
-        S=s, NH=nh, HD=hd, HS=hs, GATING=gating, BT=cfg.bt, BE=cfg.be, BTH=cfg.bth, BH=next_pow2(s // 2),
+        h, h if bias is None else bias, u if gating else v, v, *ptrs, gamma, beta, positions,
+        _inv_freq(hd, rope_base, str(h.device)), TT, e, W, sq,
+        S=s, NH=nh, HD=hd, HS=hs, GATING=gating, HAS_BIAS=bias is not None, BT=cfg.bt, BE=cfg.be, BTH=cfg.bth,
+        BH=next_pow2(s // 2),
         num_warps=cfg.warps,
     )
     return u, v, (qs if split else qs[0])
 
 
 def _bwd_impl(du, dv, dqs, h, gamma, positions, e, s, gating, rope_base, rope_heads, need_dparams,
-              cfg: HeadsLaunch | None = None):
-    """The backward launcher: ``dh`` (``h``'s dtype) and, when ``need_dparams``, ``dgamma`` and
-    ``dbeta`` as fp32 ``[nh, s]`` (else empty tensors).  ``dqs``: the heads' gradient, a tensor
-    ``[B, T, nh, s]`` or a list of ``nh`` ``[B, T, 1, s]`` ones.  ``None`` gradients count as zero."""
+              cfg: HeadsLaunch | None = None, bias: torch.Tensor | None = None, need_dbias: bool = True):
+    """The backward launcher: ``dh`` (``h``'s dtype), when ``need_dparams`` ``dgamma`` and ``dbeta`` as fp32
+    ``[nh, s]``, when ``bias`` is given and ``need_dbias`` ``dbias`` as fp32 ``[W]`` (else empty tensors).
+    ``dqs``: the heads' gradient, a tensor ``[B, T, nh, s]`` or a list of ``nh`` ``[B, T, 1, s]`` ones.  ``None``
+    gradients count as zero."""
     cfg = cfg or default_launch(h.device)
     _, _, W, TT, nh, hd = _layout(h, gamma, s, rope_heads)
     du = du if (gating and du is not None and du.numel()) else None
     h, gamma, positions = (x.contiguous() for x in (h, gamma, positions))
+    bias = None if bias is None else bias.contiguous()
+    need_db = bias is not None and need_dbias
     du, dv = (None if x is None else x.contiguous() for x in (du, dv))
     stacked = not isinstance(dqs, (list, tuple))
     dqs = [None if x is None or x.numel() == 0 else x.contiguous() for x in ([dqs] if stacked else dqs)]
@@ -129,20 +138,24 @@ def _bwd_impl(du, dv, dqs, h, gamma, positions, e, s, gating, rope_base, rope_he
     dh = torch.empty_like(h)
     need_part = need_dparams and has_dq and TT > 0
     rows = cfg.bth * cfg.rb
-    grid, nhb = _grid(TT, e, gating, cfg, rows)
+    if rows % cfg.bt:
+        raise ValueError(f"HeadsLaunch: bth * rb = {rows} must be a multiple of bt = {cfg.bt}")
+    grid, nhb = _grid(TT, e, gating, cfg, rows, rows)
     f32 = {"dtype": torch.float32, "device": h.device}
     part = torch.empty(2, nhb, nh, s, **f32) if need_part else torch.empty(1, **f32)
+    part_db = torch.empty(nhb, W, **f32) if need_db and TT > 0 else part
     if has_dq:
         ptrs, hs, sq, mask = _head_args(dqs, stacked, nh, s)
     else:
         ptrs, hs, sq, mask = [h] * MAX_SPLIT_HEADS, 0, s, 0
     if TT > 0:
         gau_heads_bwd_kernel[grid](
-            h, du if du is not None else h, dv if dv is not None else h, *ptrs,
-            gamma, positions, _inv_freq(hd, rope_base, str(h.device)), dh, part[0], part[-1],
+            h, h if bias is None else bias, du if du is not None else h, dv if dv is not None else h, *ptrs,
+            gamma, positions, _inv_freq(hd, rope_base, str(h.device)), dh, part[0], part[-1], part_db,
             TT, e, W, sq,
             S=s, NH=nh, HD=hd, HS=hs, GATING=gating, HAS_DU=du is not None, HAS_DV=dv is not None,
-            HAS_DQ=mask, NEED_DP=need_part, BT=cfg.bt, BE=cfg.be, BTH=cfg.bth, RB=cfg.rb, BH=next_pow2(s // 2),
+            HAS_DQ=mask, NEED_DP=need_part, HAS_BIAS=bias is not None, NEED_DB=need_db,
+            BT=cfg.bt, BE=cfg.be, BTH=cfg.bth, RB=cfg.rb, TR=rows // cfg.bt, BH=next_pow2(s // 2),
             NHP=next_pow2(nh), num_warps=cfg.warps,
         )
     # (separate tensors, not views of one: a custom op's outputs may not alias each other)
@@ -155,20 +168,27 @@ def _bwd_impl(du, dv, dqs, h, gamma, positions, e, s, gating, rope_base, rope_he
         dgamma, dbeta = torch.zeros(nh, s, **f32), torch.zeros(nh, s, **f32)
     else:
         dgamma, dbeta = h.new_empty(0, dtype=torch.float32), h.new_empty(0, dtype=torch.float32)
-    return dh, dgamma, dbeta
+    if need_db and TT > 0:
+        dbias = torch.empty(W, **f32)
+        heads_dparams_reduce_kernel[(cdiv(W, cfg.red_cols), 1)](
+            part_db, dbias, dbias, nhb, W, BR=cfg.red_rows, BC=cfg.red_cols, num_warps=cfg.warps,
+        )
+    else:
+        dbias = torch.zeros(W, **f32) if need_db else h.new_empty(0, dtype=torch.float32)
+    return dh, dgamma, dbeta, dbias
 
 
 # ---------------------------------------------------------------------------------------------
 # custom ops (torch.compile) and the eager Function
 
 
-def _fwd_fake(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads):
+def _fwd_fake(h, gamma, beta, positions, bias, e, s, gating, rope_base, rope_heads):
     B, T, _ = h.shape
     u = h.new_empty(B, T, e) if gating else h.new_empty(0)
     return u, h.new_empty(B, T, e), h.new_empty(B, T, gamma.shape[0], s)
 
 
-def _split_fwd_fake(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads):
+def _split_fwd_fake(h, gamma, beta, positions, bias, e, s, gating, rope_base, rope_heads):
     B, T, _ = h.shape
     u = h.new_empty(B, T, e) if gating else h.new_empty(0)
     nh = gamma.shape[0]
@@ -176,28 +196,33 @@ def _split_fwd_fake(h, gamma, beta, positions, e, s, gating, rope_base, rope_hea
     return u, h.new_empty(B, T, e), *qs
 
 
-def _dparams_fake(h, gamma, need_dparams):
+def _dparams_fake(h, gamma, bias, need_dparams, need_dbias):
     shape = tuple(gamma.shape) if need_dparams else (0,)
-    return (torch.empty_like(h), h.new_empty(shape, dtype=torch.float32), h.new_empty(shape, dtype=torch.float32))
+    f32 = {"dtype": torch.float32}
+    db = h.new_empty((h.shape[-1],) if bias is not None and need_dbias else (0,), **f32)
+    return torch.empty_like(h), h.new_empty(shape, **f32), h.new_empty(shape, **f32), db
 
 
-def _bwd_fake(du, dv, dheads, h, gamma, positions, e, s, gating, rope_base, rope_heads, need_dparams):
-    return _dparams_fake(h, gamma, need_dparams)
+def _bwd_fake(du, dv, dheads, h, gamma, positions, bias, e, s, gating, rope_base, rope_heads, need_dparams,
+              need_dbias):
+    return _dparams_fake(h, gamma, bias, need_dparams, need_dbias)
 
 
-def _split_bwd_fake(du, dv, dq0, dq1, dq2, dq3, dq4, dq5, h, gamma, positions, e, s, gating, rope_base, rope_heads,
-                    need_dparams):
-    return _dparams_fake(h, gamma, need_dparams)
+def _split_bwd_fake(du, dv, dq0, dq1, dq2, dq3, dq4, dq5, h, gamma, positions, bias, e, s, gating, rope_base,
+                    rope_heads, need_dparams, need_dbias):
+    return _dparams_fake(h, gamma, bias, need_dparams, need_dbias)
 
 
 @launcher_op("gau_heads_bwd", fake=_bwd_fake)
 def gau_heads_bwd(
     du: torch.Tensor | None, dv: torch.Tensor | None, dheads: torch.Tensor | None,
-    h: torch.Tensor, gamma: torch.Tensor, positions: torch.Tensor,
-    e: int, s: int, gating: bool, rope_base: float, rope_heads: int, need_dparams: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``dh``, and ``dgamma, dbeta`` in fp32 (empty tensors unless ``need_dparams``)."""
-    return _bwd_impl(du, dv, dheads, h, gamma, positions, e, s, gating, rope_base, rope_heads, need_dparams)
+    h: torch.Tensor, gamma: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor | None,
+    e: int, s: int, gating: bool, rope_base: float, rope_heads: int, need_dparams: bool, need_dbias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``dh``, ``dgamma, dbeta`` in fp32 (empty tensors unless ``need_dparams``) and ``dbias`` in fp32 (an empty
+    tensor unless ``bias`` is given and ``need_dbias``)."""
+    return _bwd_impl(du, dv, dheads, h, gamma, positions, e, s, gating, rope_base, rope_heads, need_dparams,
+                     bias=bias, need_dbias=need_dbias)
 
 
 @launcher_op("gau_heads_split_bwd", fake=_split_bwd_fake)
@@ -205,34 +230,37 @@ def gau_heads_split_bwd(
     du: torch.Tensor | None, dv: torch.Tensor | None,
     dq0: torch.Tensor | None, dq1: torch.Tensor | None, dq2: torch.Tensor | None,
     dq3: torch.Tensor | None, dq4: torch.Tensor | None, dq5: torch.Tensor | None,
-    h: torch.Tensor, gamma: torch.Tensor, positions: torch.Tensor,
-    e: int, s: int, gating: bool, rope_base: float, rope_heads: int, need_dparams: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    h: torch.Tensor, gamma: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor | None,
+    e: int, s: int, gating: bool, rope_base: float, rope_heads: int, need_dparams: bool, need_dbias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`gau_heads_bwd` with the heads' gradient as ``nh`` separate ``[B, T, 1, s]`` tensors (those of
     heads ``>= nh`` are ignored)."""
     dqs = [dq0, dq1, dq2, dq3, dq4, dq5][: gamma.shape[0]]
-    return _bwd_impl(du, dv, dqs, h, gamma, positions, e, s, gating, rope_base, rope_heads, need_dparams)
+    return _bwd_impl(du, dv, dqs, h, gamma, positions, e, s, gating, rope_base, rope_heads, need_dparams,
+                     bias=bias, need_dbias=need_dbias)
 
 
 def _setup(ctx, inputs, output):
-    h, gamma, beta, positions, e, s, gating, rope_base, rope_heads = inputs
-    ctx.save_for_backward(h, gamma, positions)
+    h, gamma, beta, positions, bias, e, s, gating, rope_base, rope_heads = inputs
+    ctx.save_for_backward(h, gamma, positions, bias)
     ctx.args = (e, s, gating, rope_base, rope_heads)
-    ctx.param_dtypes = (gamma.dtype, beta.dtype)
+    ctx.param_dtypes = (gamma.dtype, beta.dtype, None if bias is None else bias.dtype)
 
 
 def _input_grads(ctx, launcher, du, dv, *dqs):
-    """The gradients of ``h, gamma, beta`` (``None`` for the other inputs) through ``launcher`` (the bwd op when
-    traced, its launcher in eager calls: :meth:`lintime.ops.custom_op.LauncherOp.for_ctx`)."""
-    h, gamma, positions = ctx.saved_tensors
+    """The gradients of ``h, gamma, beta, bias`` (``None`` for the other inputs) through ``launcher`` (the bwd op
+    when traced, its launcher in eager calls: :meth:`lintime.ops.custom_op.LauncherOp.for_ctx`)."""
+    h, gamma, positions, bias = ctx.saved_tensors
     du, dv, *dqs = (grad_as(d, h.dtype) for d in (du, dv, *dqs))
-    need_dparams = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-    dh, dgamma, dbeta = launcher.for_ctx(ctx)(du, dv, *dqs, h, gamma, positions, *ctx.args, need_dparams)
-    if not ctx.needs_input_grad[0]:
-        dh = None
-    dgamma = dgamma.to(ctx.param_dtypes[0]) if ctx.needs_input_grad[1] else None
-    dbeta = dbeta.to(ctx.param_dtypes[1]) if ctx.needs_input_grad[2] else None
-    return dh, dgamma, dbeta, None, None, None, None, None, None
+    need = ctx.needs_input_grad
+    need_dparams, need_dbias = need[1] or need[2], bias is not None and need[4]
+    dh, dgamma, dbeta, dbias = launcher.for_ctx(ctx)(du, dv, *dqs, h, gamma, positions, bias, *ctx.args,
+                                                     need_dparams, need_dbias)
+    dh = dh if need[0] else None
+    dgamma = dgamma.to(ctx.param_dtypes[0]) if need[1] else None
+    dbeta = dbeta.to(ctx.param_dtypes[1]) if need[2] else None
+    dbias = dbias.to(ctx.param_dtypes[2]) if need_dbias else None
+    return dh, dgamma, dbeta, None, dbias, None, None, None, None, None
 
 
 def _backward(ctx, du, dv, dheads):
@@ -247,26 +275,26 @@ def _split_backward(ctx, du, dv, *dqs):
 
 @launcher_op("gau_heads_fwd", fake=_fwd_fake, backward=_backward, setup_context=_setup)
 def gau_heads_fwd(
-    h: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, positions: torch.Tensor,
+    h: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor | None,
     e: int, s: int, gating: bool, rope_base: float, rope_heads: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _fwd_impl(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, False)
+    return _fwd_impl(h, gamma, beta, positions, bias, e, s, gating, rope_base, rope_heads, False)
 
 
 @launcher_op("gau_heads_split_fwd", fake=_split_fwd_fake, backward=_split_backward, setup_context=_setup)
 def gau_heads_split_fwd(
-    h: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, positions: torch.Tensor,
+    h: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor | None,
     e: int, s: int, gating: bool, rope_base: float, rope_heads: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
            torch.Tensor]:
     """``u, v`` and six head slots: heads ``0 .. nh - 1`` as ``[B, T, 1, s]`` tensors, empty tensors after them
     (a custom op has a fixed number of outputs)."""
-    u, v, qs = _fwd_impl(h, gamma, beta, positions, e, s, gating, rope_base, rope_heads, True)
+    u, v, qs = _fwd_impl(h, gamma, beta, positions, bias, e, s, gating, rope_base, rope_heads, True)
     return u, v, *qs, *(h.new_empty(0) for _ in range(MAX_SPLIT_HEADS - len(qs)))
 
 
 def triton_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=10000.0, rope_heads=1,
-                     split_heads=False):
+                     split_heads=False, bias=None):
     """Fused GAU / FLASH heads: same arguments and results as
     :func:`lintime.ops.heads.naive.naive_gau_heads`; fp16 / bf16 / fp32 ``h`` (fp64 goes to the
     PyTorch composite), computed in fp32 and rounded once to ``h``'s dtype."""
@@ -274,9 +302,9 @@ def triton_gau_heads(h, gamma, beta, positions, *, e, s, gating=True, rope_base=
         from lintime.ops.heads.chunk import chunk_gau_heads
 
         return chunk_gau_heads(h, gamma, beta, positions, e=e, s=s, gating=gating, rope_base=rope_base,
-                               rope_heads=rope_heads, split_heads=split_heads)
+                               rope_heads=rope_heads, split_heads=split_heads, bias=bias)
     check_device("gau_heads", h)
-    args = (h, gamma, beta, positions, int(e), int(s), bool(gating), float(rope_base), int(rope_heads))
+    args = (h, gamma, beta, positions, bias, int(e), int(s), bool(gating), float(rope_base), int(rope_heads))
     # the op when traced, an autograd Function or the launcher in eager calls
     if split_heads:
         u, v, *qs = gau_heads_split_fwd(*args)

@@ -9,7 +9,9 @@ One 1-D grid of two kinds of programs: first ``NHB = cdiv(TT, BTH)`` *heads* pro
 ones, scheduled first so that none is left for the tail), each owning the ``z`` columns of its rows
 and every head; then ``cdiv(TT, BT) * (NU + NE)`` *tile* programs, row-major over ``NU`` ``u``
 tiles (``NU = NE = cdiv(E, BE)`` with gating, 0 without) and ``NE`` ``v`` tiles.  Every element of
-``h`` is read by exactly one program, once.
+``h`` is read by exactly one program, once.  The backward's programs own ``RB BTH`` rows each: a heads program
+``RB`` blocks of ``BTH`` rows, a tile program ``TR`` tiles of ``BT`` rows (``TR BT = RB BTH``), so that the
+column sums of ``dh`` (the bias gradient) need one partial row per row group.
 
 The heads program works on half-columns ``j < S / 2``: ``j`` is feature ``i = j % HD`` of group
 ``j // HD``, whose two halves sit at ``c1 = (j // HD) D + i`` and ``c2 = c1 + HD`` -- so the
@@ -19,7 +21,9 @@ head.  Everything is computed in fp32 registers and rounded once, when stored.
 Head ``n``'s rows (``heads`` or its gradient) start at ``q<n> + n HS`` with row stride ``SQ``: one stacked
 ``[TT, NH, S]`` tensor passes it as every ``q<n>`` with ``HS = S, SQ = NH S``; ``NH <= 6`` separate
 ``[TT, 1, S]`` tensors pass ``HS = 0, SQ = S`` (Triton has no pointer lists: six arguments, picked at
-compile time by :func:`_pick`).  A backward heads program walks ``RB`` blocks of ``BTH`` rows and keeps the
+compile time by :func:`_pick`).  ``bias`` (optional, ``[W]``): the projection's bias, added by the kernels
+(rounded to ``h``'s dtype, then in fp32) instead of the product's epilogue, so that its gradient comes from
+the backward's registers.  A backward heads program walks ``RB`` blocks of ``BTH`` rows and keeps the
 per-row terms of ``dgamma`` / ``dbeta`` in registers (``[NHP, BTH, BH]`` tiles, head ``n`` in plane ``n``), sums
 them over rows once and stores one partial row; :func:`heads_dparams_reduce_kernel` folds those rows.
 """
@@ -35,6 +39,12 @@ def _silu_grad(x):
     """``d silu / dx = sig(x) (1 + x (1 - sig(x)))`` (PyTorch's silu backward), fp32."""
     sg = 1.0 / (1.0 + tl.exp(-x))
     return sg * (1.0 + x * (1.0 - sg))
+
+
+@triton.jit
+def _bias(bias, cols, mask, DT: tl.constexpr):
+    """``bias[cols]`` rounded to ``DT`` (the projection's dtype), as fp32."""
+    return tl.load(bias + cols, mask=mask, other=0.).to(DT).to(tl.float32)
 
 
 @triton.jit
@@ -56,26 +66,34 @@ def _pick(n: tl.constexpr, q0, q1, q2, q3, q4, q5):
 
 
 @triton.jit
-def _tile(pid, NHB, TT, E, W, GATING: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr):
-    """The ``u`` / ``v`` tile of tile program ``pid``: whether it is ``v``, the offsets of its
-    elements in ``h [TT, W]`` and in ``u`` / ``v [TT, E]``, and their mask."""
+def _tile_of(q, E, GATING: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr, TR: tl.constexpr):
+    """Tile program ``q`` (counted from the first tile program): whether its tile is ``v``, its first row
+    (``TR`` row tiles of ``BT`` rows from there), its columns in ``h [TT, W]`` and in ``u`` / ``v [TT, E]``,
+    and their mask."""
     NE = tl.cdiv(E, BE)
     if GATING:
         NU = NE
     else:
         NU = 0
-    q = pid - NHB
     i_r, i_c = q // (NU + NE), q % (NU + NE)  # row-major (column-major measured no faster)
     is_v = i_c >= NU
-    o_t = i_r.to(tl.int64) * BT + tl.arange(0, BT)
     o_e = (i_c - is_v.to(tl.int32) * NU) * BE + tl.arange(0, BE)
     if GATING:
         c0 = is_v.to(tl.int32) * E  # v's columns follow u's
     else:
         c0 = 0
-    o_h = o_t[:, None] * W + (c0 + o_e)[None, :]
+    return is_v, i_r.to(tl.int64) * (BT * TR), c0 + o_e, o_e, o_e < E
+
+
+@triton.jit
+def _tile(pid, NHB, TT, E, W, GATING: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr):
+    """The ``u`` / ``v`` tile of tile program ``pid`` (one row tile): whether it is ``v``, the offsets of its
+    elements in ``h [TT, W]`` and in ``u`` / ``v [TT, E]``, their mask and their ``h`` columns."""
+    is_v, r0, o_c, o_e, m_c = _tile_of(pid - NHB, E, GATING, BT, BE, 1)
+    o_t = r0 + tl.arange(0, BT)
+    o_h = o_t[:, None] * W + o_c[None, :]
     o_o = o_t[:, None] * E + o_e[None, :]
-    return is_v, o_h, o_o, (o_t < TT)[:, None] & (o_e < E)[None, :]
+    return is_v, o_h, o_o, (o_t < TT)[:, None] & m_c[None, :], o_c
 
 
 @triton.jit
@@ -99,13 +117,15 @@ def _rope_layout(freq, p_pos, i_r, TT, S: tl.constexpr, HD: tl.constexpr, BTH: t
 
 @triton.jit
 def gau_heads_fwd_kernel(
-    h, u, v, q0, q1, q2, q3, q4, q5, gamma, beta, p_pos, freq,
+    h, bias, u, v, q0, q1, q2, q3, q4, q5, gamma, beta, p_pos, freq,
     TT, E, W, SQ,
     S: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, HS: tl.constexpr, GATING: tl.constexpr,
-    BT: tl.constexpr, BE: tl.constexpr, BTH: tl.constexpr, BH: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr, BTH: tl.constexpr, BH: tl.constexpr,
 ):
     """``u, v = silu(h[:, :GE])`` split, head ``n = rope(silu(z) gamma[n] + beta[n])`` (gamma and beta
-    rounded to ``h``'s dtype, ScaleOffset's rule) at ``q<n> + n HS``.  ``u`` is unused without ``GATING``."""
+    rounded to ``h``'s dtype, ScaleOffset's rule) at ``q<n> + n HS``.  ``u`` is unused without ``GATING``.
+    With ``HAS_BIAS`` every ``h`` element is ``h + bias[column]`` (``bias`` rounded to ``h``'s dtype, added in
+    fp32)."""
     pid = tl.program_id(0)
     DT = v.dtype.element_ty
     NHB = tl.cdiv(TT, BTH)
@@ -114,6 +134,9 @@ def gau_heads_fwd_kernel(
         p_z = h + o_t[:, None] * W + (W - S)
         b_z1 = tl.load(p_z + c1[None, :], mask=m_h, other=0.).to(tl.float32)
         b_z2 = tl.load(p_z + c2[None, :], mask=m_h, other=0.).to(tl.float32)
+        if HAS_BIAS:
+            b_z1 += _bias(bias, W - S + c1, m_j, DT)[None, :]
+            b_z2 += _bias(bias, W - S + c2, m_j, DT)[None, :]
         b_z1 = b_z1 / (1.0 + tl.exp(-b_z1))  # silu (seed Code 6)
         b_z2 = b_z2 / (1.0 + tl.exp(-b_z2))
         for n in tl.static_range(NH):
@@ -127,8 +150,10 @@ def gau_heads_fwd_kernel(
             tl.store(p_o + c1[None, :], (b_q1 * b_cos - b_q2 * b_sin).to(DT), mask=m_h)
             tl.store(p_o + c2[None, :], (b_q2 * b_cos + b_q1 * b_sin).to(DT), mask=m_h)
     else:  # a u or v tile: silu
-        is_v, o_h, o_o, m_e = _tile(pid, NHB, TT, E, W, GATING, BT, BE)
+        is_v, o_h, o_o, m_e, o_c = _tile(pid, NHB, TT, E, W, GATING, BT, BE)
         b_x = tl.load(h + o_h, mask=m_e, other=0.).to(tl.float32)
+        if HAS_BIAS:
+            b_x += _bias(bias, o_c, o_c < W, DT)[None, :]
         b_y = (b_x / (1.0 + tl.exp(-b_x))).to(DT)
         if is_v:
             tl.store(v + o_o, b_y, mask=m_e)
@@ -138,17 +163,21 @@ def gau_heads_fwd_kernel(
 
 @triton.jit
 def gau_heads_bwd_kernel(
-    h, du, dv, dq0, dq1, dq2, dq3, dq4, dq5, gamma, p_pos, freq, dh, dgamma_part, dbeta_part,
+    h, bias, du, dv, dq0, dq1, dq2, dq3, dq4, dq5, gamma, p_pos, freq, dh, dgamma_part, dbeta_part, dbias_part,
     TT, E, W, SQ,
     S: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, HS: tl.constexpr, GATING: tl.constexpr,
     HAS_DU: tl.constexpr, HAS_DV: tl.constexpr, HAS_DQ: tl.constexpr, NEED_DP: tl.constexpr,
-    BT: tl.constexpr, BE: tl.constexpr, BTH: tl.constexpr, RB: tl.constexpr, BH: tl.constexpr,
+    HAS_BIAS: tl.constexpr, NEED_DB: tl.constexpr,
+    BT: tl.constexpr, BE: tl.constexpr, BTH: tl.constexpr, RB: tl.constexpr, TR: tl.constexpr, BH: tl.constexpr,
     NHP: tl.constexpr,
 ):
     """``dh`` in one pass (absent output gradients count as zero: bit ``n`` of ``HAS_DQ`` says whether head
     ``n``'s gradient ``dq<n> + n HS`` exists) and, with ``NEED_DP``, each heads program's partial sums of
     ``dgamma`` and ``dbeta`` over its ``RB BTH`` rows (``[NH, S]`` fp32 at row ``pid`` of ``dgamma_part`` /
-    ``dbeta_part``; :func:`heads_dparams_reduce_kernel` folds them: deterministic).
+    ``dbeta_part``; :func:`heads_dparams_reduce_kernel` folds them: deterministic).  ``HAS_BIAS``: the forward
+    added ``bias`` (recomputed here); ``NEED_DB``: the column sums of ``dh`` (fp32, before rounding) over each
+    group of ``RB BTH`` rows go to row ``g`` of ``dbias_part [G, W]``: heads program ``g`` writes the ``z``
+    columns, tile programs (``TR`` row tiles of ``BT`` rows each, ``TR BT = RB BTH``) the others.
 
     The heads' backward: un-rotate (``dq1 = do1 cos + do2 sin``, ``dq2 = do2 cos - do1 sin``), then
     ``dgamma[n] += dq silu(z)``, ``dbeta[n] += dq``, ``d silu(z) = sum_n dq gamma[n]``."""
@@ -163,11 +192,16 @@ def gau_heads_bwd_kernel(
         b_g2p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
         b_b1p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
         b_b2p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
+        b_db1 = tl.zeros([BTH, BH], dtype=tl.float32)  # d bias of the z columns, per row
+        b_db2 = tl.zeros([BTH, BH], dtype=tl.float32)
         for i_b in range(RB):
             o_t, c1, c2, m_j, m_h, b_cos, b_sin = _rope_layout(freq, p_pos, pid * RB + i_b, TT, S, HD, BTH, BH)
             p_z = h + o_t[:, None] * W + (W - S)
             b_z1 = tl.load(p_z + c1[None, :], mask=m_h, other=0.).to(tl.float32)
             b_z2 = tl.load(p_z + c2[None, :], mask=m_h, other=0.).to(tl.float32)
+            if HAS_BIAS:
+                b_z1 += _bias(bias, W - S + c1, m_j, DT)[None, :]
+                b_z2 += _bias(bias, W - S + c2, m_j, DT)[None, :]
             b_ds1 = tl.zeros([BTH, BH], dtype=tl.float32)  # d silu(z)
             b_ds2 = tl.zeros([BTH, BH], dtype=tl.float32)
             b_s1 = b_z1 / (1.0 + tl.exp(-b_z1))
@@ -189,30 +223,60 @@ def gau_heads_bwd_kernel(
                         b_g2p += tl.where(m_n, (b_dq2 * b_s2)[None, :, :], 0.)
                         b_b1p += tl.where(m_n, b_dq1[None, :, :], 0.)
                         b_b2p += tl.where(m_n, b_dq2[None, :, :], 0.)
+            b_dz1 = b_ds1 * _silu_grad(b_z1)  # padding rows: 0
+            b_dz2 = b_ds2 * _silu_grad(b_z2)
             p_dz = dh + o_t[:, None] * W + (W - S)
-            tl.store(p_dz + c1[None, :], (b_ds1 * _silu_grad(b_z1)).to(DT), mask=m_h)
-            tl.store(p_dz + c2[None, :], (b_ds2 * _silu_grad(b_z2)).to(DT), mask=m_h)
+            tl.store(p_dz + c1[None, :], b_dz1.to(DT), mask=m_h)
+            tl.store(p_dz + c2[None, :], b_dz2.to(DT), mask=m_h)
+            if NEED_DB:
+                b_db1 += b_dz1
+                b_db2 += b_dz2
+        o_j = tl.arange(0, BH)
+        c1 = (o_j // HD) * (2 * HD) + o_j % HD
         if NEED_DP:
-            o_j = tl.arange(0, BH)
             o_m = tl.arange(0, NHP)[:, None]
-            c1 = (o_j // HD) * (2 * HD) + o_j % HD
             o_p = (pid.to(tl.int64) * NH + o_m) * S
             m_p = (o_m < NH) & (o_j < S // 2)[None, :]
             tl.store(dgamma_part + o_p + c1[None, :], tl.sum(b_g1p, 1), mask=m_p)
             tl.store(dgamma_part + o_p + (c1 + HD)[None, :], tl.sum(b_g2p, 1), mask=m_p)
             tl.store(dbeta_part + o_p + c1[None, :], tl.sum(b_b1p, 1), mask=m_p)
             tl.store(dbeta_part + o_p + (c1 + HD)[None, :], tl.sum(b_b2p, 1), mask=m_p)
-    else:  # a u or v tile
-        is_v, o_h, o_o, m_e = _tile(pid, NHB, TT, E, W, GATING, BT, BE)
-        b_dy = tl.zeros([BT, BE], dtype=tl.float32)
-        if is_v:
-            if HAS_DV:
-                b_dy = tl.load(dv + o_o, mask=m_e, other=0.).to(tl.float32)
-        else:
-            if HAS_DU:
-                b_dy = tl.load(du + o_o, mask=m_e, other=0.).to(tl.float32)
-        b_x = tl.load(h + o_h, mask=m_e, other=0.).to(tl.float32)
-        tl.store(dh + o_h, (b_dy * _silu_grad(b_x)).to(DT), mask=m_e)
+        if NEED_DB:
+            p_b = dbias_part + pid.to(tl.int64) * W + (W - S)
+            tl.store(p_b + c1, tl.sum(b_db1, 0), mask=o_j < S // 2)
+            tl.store(p_b + c1 + HD, tl.sum(b_db2, 0), mask=o_j < S // 2)
+    else:  # a u or v column tile over TR row tiles
+        q = pid - NHB
+        is_v, r0, o_c, o_e, m_c = _tile_of(q, E, GATING, BT, BE, TR)
+        if HAS_BIAS:
+            b_b = _bias(bias, o_c, m_c, DT)[None, :]
+        b_db = tl.zeros([BT, BE], dtype=tl.float32)  # d bias, per row
+        for i_r in range(TR):
+            o_t = r0 + i_r * BT + tl.arange(0, BT)
+            m_e = (o_t < TT)[:, None] & m_c[None, :]
+            o_o = o_t[:, None] * E + o_e[None, :]
+            b_dy = tl.zeros([BT, BE], dtype=tl.float32)
+            if is_v:
+                if HAS_DV:
+                    b_dy = tl.load(dv + o_o, mask=m_e, other=0.).to(tl.float32)
+            else:
+                if HAS_DU:
+                    b_dy = tl.load(du + o_o, mask=m_e, other=0.).to(tl.float32)
+            o_h = o_t[:, None] * W + o_c[None, :]
+            b_x = tl.load(h + o_h, mask=m_e, other=0.).to(tl.float32)
+            if HAS_BIAS:
+                b_x += b_b
+            b_d = b_dy * _silu_grad(b_x)  # masked elements: 0
+            tl.store(dh + o_h, b_d.to(DT), mask=m_e)
+            if NEED_DB:
+                b_db += b_d
+        if NEED_DB:
+            NE = tl.cdiv(E, BE)
+            if GATING:
+                i_g = q // (2 * NE)
+            else:
+                i_g = q // NE
+            tl.store(dbias_part + i_g.to(tl.int64) * W + o_c, tl.sum(b_db, 0), mask=m_c)
 
 
 @triton.jit
