@@ -7,9 +7,7 @@ the backward reads them and ``dy`` once and writes ``dh [N, 2E]`` (the split's g
 concatenation) or ``du`` and ``dv``.  ``lintime::gated_fwd`` / ``gated_bwd`` are the two-tensor form, with an
 optional bias ``b [E]`` added to ``u`` before the activation: its gradient, the column sums of ``du``, comes out of
 the same backward pass as ``cdiv(N, bn rb)`` fp32 partial rows (``rb`` row tiles per program, :mod:`.kernels`), folded
-by ``part.sum(0)``: one small launch in a fixed order (PyTorch's reductions use no atomics: deterministic), no fold
-kernel of our own to keep and tune: 15 us for ``256 x 1536`` (32k rows of 1536), a Triton fold 9-19 us by tile and
-22-60 us for 1024 rows where ``torch.sum`` stays at 13 (H200, graph replay, 2026-11-27).
+by :func:`lintime.ops.fold.fold_rows` (one launch, fixed order: deterministic).
 """
 
 from __future__ import annotations
@@ -20,6 +18,7 @@ import torch
 from torch import Tensor
 
 from lintime.ops.custom_op import empty_f32, grad_as, launcher_op
+from lintime.ops.fold import fold_rows
 from lintime.ops.glu.triton.kernels import glu_bwd_kernel, glu_fwd_kernel
 from lintime.ops.kernel_launch import cdiv, check_device, interpreting
 
@@ -86,7 +85,7 @@ def _launch_bwd(dy: Tensor, u: Tensor, v: Tensor, du: Tensor, dv: Tensor, act: i
     if N and E:
         glu_bwd_kernel[(P * cdiv(E, cfg.be),)](dy, u, v, du, dv, bias, part, *strides, N, E, ACT=act, HAS_BIAS=True,
                                                BN=cfg.bn, BE=cfg.be, RB=cfg.rb, num_warps=cfg.warps)
-    return part.sum(0)  # zeros for N = 0
+    return fold_rows([part])[0]  # zeros for N = 0
 
 
 # ---------------------------------------------------------------- glu_activation: h = [u, v], one tensor

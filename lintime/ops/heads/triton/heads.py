@@ -11,9 +11,10 @@ Memory traffic is the minimum: the forward reads ``h`` once and writes ``u, v`` 
 directly: no copies); the backward reads ``h`` and the output gradients once (the heads' as one tensor or as
 ``nh`` separate ones, any of them absent) and writes ``dh`` once, plus ``[cdiv(TT, bth rb), nh, s]`` fp32
 partial sums of ``dgamma`` / ``dbeta`` (``rb`` row blocks per program, summed in registers: 1 MB for 32k
-tokens, ``nh = 4``, ``bth = 8``, ``rb = 16``), which one small kernel folds in a fixed order (deterministic).
+tokens, ``nh = 4``, ``bth = 8``, ``rb = 16``), which :func:`lintime.ops.fold.fold_rows` folds in a fixed order
+(deterministic).
 With a ``bias`` (the projection's, added by the kernels: the product runs without it) the backward also writes
-``[cdiv(TT, bth rb), W]`` fp32 partial column sums of ``dh`` (1.7 MB at ``W = 1664``), folded by the same kernel:
+``[cdiv(TT, bth rb), W]`` fp32 partial column sums of ``dh`` (1.7 MB at ``W = 1664``), folded in the same launch:
 the bias gradient without reading ``dh`` again.  The backward keeps only the inputs ``h``, ``gamma``,
 ``positions`` and ``bias`` (the activation is recomputed).
 """
@@ -25,10 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
+from lintime.ops.fold import fold_rows
 from lintime.ops.heads.triton.kernels import (
     gau_heads_bwd_kernel,
+    gau_heads_bwd_tiles_kernel,
     gau_heads_fwd_kernel,
-    heads_dparams_reduce_kernel,
 )
 from lintime.ops.custom_op import grad_as, launcher_op
 from lintime.ops.heads import MAX_SPLIT_HEADS
@@ -45,29 +47,24 @@ class HeadsLaunch:
     be: int = 512  # columns of a u / v tile
     bth: int = 8  # rows per heads block: 16 / 32 gave a 0.37 / 0.40 ms backward against 0.32 (one block a program)
     warps: int = 4  # per program; 2 or 8 warps no faster
-    # heads blocks per backward heads program (16x fewer dgamma / dbeta partial rows): backward 0.186 ms against
-    # 0.190-0.42 for rb 1-32 with 128-512-row fold tiles, bth 16-64, 16-32-row / 256-1024-column tiles and 8 warps
-    # (at most 4 % faster: bt 32 x be 256), 32k tokens, e 1536, nh 4, bf16, H200, 2026-11-27 (lab/heads_split_ab.py)
+    # heads blocks per backward heads program, and bt-row tiles per backward tile program (rb bth / bt): the rows of
+    # one partial row of dgamma, dbeta and the bias gradient.  PENDING MEASUREMENT (lab/heads_bwd_sweep.py)
     rb: int = 16
-    red_rows: int = 32  # rows x columns of a partial-sum reduction tile (8 programs for nh = 4, s = 128)
-    red_cols: int = 128
 
 
 def default_launch(device: torch.device) -> HeadsLaunch:
-    """The GPU's :class:`HeadsLaunch`; under the interpreter 16 x 16 tiles, 16-row heads blocks, two per backward
-    program, and 2 x 32 reduction tiles, so that small test shapes cross several row blocks, ``u`` / ``v`` tiles
-    and partial-sum rows and columns, with partial ones."""
+    """The GPU's :class:`HeadsLaunch`; under the interpreter 16 x 16 tiles and 16-row heads blocks, two per backward
+    program, so that small test shapes cross several row blocks, ``u`` / ``v`` tiles and partial-sum rows, with
+    partial ones."""
     if device.type == "cpu" and interpreting():
-        return HeadsLaunch(16, 16, 16, 1, rb=2, red_rows=2, red_cols=32)
+        return HeadsLaunch(16, 16, 16, 1, rb=2)
     return HeadsLaunch()
 
 
-def _grid(TT, e, gating, cfg: HeadsLaunch, rows: int, tile_rows: int):
-    """Heads programs of ``rows`` rows each, then tile programs of ``tile_rows`` rows each (:mod:`.kernels`), and
-    the number of heads programs."""
+def _fwd_grid(TT, e, gating, cfg: HeadsLaunch):
+    """The forward's grid: heads programs of ``bth`` rows, then tile programs of ``bt`` rows (:mod:`.kernels`)."""
     ne = cdiv(e, cfg.be)
-    nhb = cdiv(TT, rows)
-    return (nhb + cdiv(TT, tile_rows) * (2 * ne if gating else ne),), nhb
+    return (cdiv(TT, cfg.bth) + cdiv(TT, cfg.bt) * (2 * ne if gating else ne),)
 
 
 @functools.lru_cache(maxsize=32)
@@ -108,7 +105,7 @@ def _fwd_impl(h, gamma, beta, positions, bias, e, s, gating, rope_base, rope_hea
     if TT == 0:
         return u, v, (qs if split else qs[0])
     ptrs, hs, sq, _ = _head_args(qs, not split, nh, s)
-    grid, _ = _grid(TT, e, gating, cfg, cfg.bth, cfg.bt)
+    grid = _fwd_grid(TT, e, gating, cfg)
     gau_heads_fwd_kernel[grid](
         h, h if bias is None else bias, u if gating else v, v, *ptrs, gamma, beta, positions,
         _inv_freq(hd, rope_base, str(h.device)), TT, e, W, sq,
@@ -140,41 +137,40 @@ def _bwd_impl(du, dv, dqs, h, gamma, positions, e, s, gating, rope_base, rope_he
     rows = cfg.bth * cfg.rb
     if rows % cfg.bt:
         raise ValueError(f"HeadsLaunch: bth * rb = {rows} must be a multiple of bt = {cfg.bt}")
-    grid, nhb = _grid(TT, e, gating, cfg, rows, rows)
+    nhb, ne = cdiv(TT, rows), cdiv(e, cfg.be)
     f32 = {"dtype": torch.float32, "device": h.device}
-    part = torch.empty(2, nhb, nh, s, **f32) if need_part else torch.empty(1, **f32)
+    part = torch.empty(2, nhb, nh * s, **f32) if need_part else torch.empty(1, **f32)
     part_db = torch.empty(nhb, W, **f32) if need_db and TT > 0 else part
     if has_dq:
         ptrs, hs, sq, mask = _head_args(dqs, stacked, nh, s)
     else:
         ptrs, hs, sq, mask = [h] * MAX_SPLIT_HEADS, 0, s, 0
     if TT > 0:
-        gau_heads_bwd_kernel[grid](
-            h, h if bias is None else bias, du if du is not None else h, dv if dv is not None else h, *ptrs,
-            gamma, positions, _inv_freq(hd, rope_base, str(h.device)), dh, part[0], part[-1], part_db,
-            TT, e, W, sq,
-            S=s, NH=nh, HD=hd, HS=hs, GATING=gating, HAS_DU=du is not None, HAS_DV=dv is not None,
-            HAS_DQ=mask, NEED_DP=need_part, HAS_BIAS=bias is not None, NEED_DB=need_db,
-            BT=cfg.bt, BE=cfg.be, BTH=cfg.bth, RB=cfg.rb, TR=rows // cfg.bt, BH=next_pow2(s // 2),
-            NHP=next_pow2(nh), num_warps=cfg.warps,
+        b = h if bias is None else bias
+        gau_heads_bwd_kernel[(nhb,)](
+            h, b, *ptrs, gamma, positions, _inv_freq(hd, rope_base, str(h.device)), dh, part[0], part[-1], part_db,
+            TT, W, sq,
+            S=s, NH=nh, HD=hd, HS=hs, HAS_DQ=mask, NEED_DP=need_part, HAS_BIAS=bias is not None, NEED_DB=need_db,
+            BTH=cfg.bth, RB=cfg.rb, BH=next_pow2(s // 2), NHP=next_pow2(nh), num_warps=cfg.warps,
         )
-    # (separate tensors, not views of one: a custom op's outputs may not alias each other)
+        gau_heads_bwd_tiles_kernel[(nhb * (2 * ne if gating else ne),)](
+            h, b, du if du is not None else h, dv if dv is not None else h, dh, part_db, TT, e, W,
+            GATING=gating, HAS_DU=du is not None, HAS_DV=dv is not None, HAS_BIAS=bias is not None, NEED_DB=need_db,
+            BT=cfg.bt, BE=cfg.be, TR=rows // cfg.bt, num_warps=cfg.warps,
+        )
+    # the partial rows folded in one launch (separate outputs: a custom op's outputs may not alias each other)
+    folds = ([part[0], part[1]] if need_part else []) + ([part_db] if need_db and TT > 0 else [])
+    sums = fold_rows(folds) if folds else []
     if need_part:
-        dgamma, dbeta = torch.empty(nh, s, **f32), torch.empty(nh, s, **f32)
-        heads_dparams_reduce_kernel[(cdiv(nh * s, cfg.red_cols), 2)](
-            part, dgamma, dbeta, nhb, nh * s, BR=cfg.red_rows, BC=cfg.red_cols, num_warps=cfg.warps,
-        )
+        dgamma, dbeta = sums[0].view(nh, s), sums[1].view(nh, s)
     elif need_dparams:  # no gradient reaches the heads
         dgamma, dbeta = torch.zeros(nh, s, **f32), torch.zeros(nh, s, **f32)
     else:
         dgamma, dbeta = h.new_empty(0, dtype=torch.float32), h.new_empty(0, dtype=torch.float32)
-    if need_db and TT > 0:
-        dbias = torch.empty(W, **f32)
-        heads_dparams_reduce_kernel[(cdiv(W, cfg.red_cols), 1)](
-            part_db, dbias, dbias, nhb, W, BR=cfg.red_rows, BC=cfg.red_cols, num_warps=cfg.warps,
-        )
+    if need_db:
+        dbias = sums[-1] if TT > 0 else torch.zeros(W, **f32)
     else:
-        dbias = torch.zeros(W, **f32) if need_db else h.new_empty(0, dtype=torch.float32)
+        dbias = h.new_empty(0, dtype=torch.float32)
     return dh, dgamma, dbeta, dbias
 
 

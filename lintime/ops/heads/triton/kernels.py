@@ -9,9 +9,10 @@ One 1-D grid of two kinds of programs: first ``NHB = cdiv(TT, BTH)`` *heads* pro
 ones, scheduled first so that none is left for the tail), each owning the ``z`` columns of its rows
 and every head; then ``cdiv(TT, BT) * (NU + NE)`` *tile* programs, row-major over ``NU`` ``u``
 tiles (``NU = NE = cdiv(E, BE)`` with gating, 0 without) and ``NE`` ``v`` tiles.  Every element of
-``h`` is read by exactly one program, once.  The backward's programs own ``RB BTH`` rows each: a heads program
-``RB`` blocks of ``BTH`` rows, a tile program ``TR`` tiles of ``BT`` rows (``TR BT = RB BTH``), so that the
-column sums of ``dh`` (the bias gradient) need one partial row per row group.
+``h`` is read by exactly one program, once.  The backward runs the two kinds as two kernels (one grid would give
+the streaming tile programs the heads programs' register count, and their occupancy): heads programs of ``RB``
+blocks of ``BTH`` rows, tile programs of ``TR`` tiles of ``BT`` rows (``TR BT = RB BTH``, so that the column sums
+of ``dh``, the bias gradient, need one partial row per row group).
 
 The heads program works on half-columns ``j < S / 2``: ``j`` is feature ``i = j % HD`` of group
 ``j // HD``, whose two halves sit at ``c1 = (j // HD) D + i`` and ``c2 = c1 + HD`` -- so the
@@ -25,7 +26,7 @@ compile time by :func:`_pick`).  ``bias`` (optional, ``[W]``): the projection's 
 (rounded to ``h``'s dtype, then in fp32) instead of the product's epilogue, so that its gradient comes from
 the backward's registers.  A backward heads program walks ``RB`` blocks of ``BTH`` rows and keeps the
 per-row terms of ``dgamma`` / ``dbeta`` in registers (``[NHP, BTH, BH]`` tiles, head ``n`` in plane ``n``), sums
-them over rows once and stores one partial row; :func:`heads_dparams_reduce_kernel` folds those rows.
+them over rows once and stores one partial row; :func:`lintime.ops.fold.fold_rows` folds those rows.
 """
 
 from __future__ import annotations
@@ -163,138 +164,126 @@ def gau_heads_fwd_kernel(
 
 @triton.jit
 def gau_heads_bwd_kernel(
-    h, bias, du, dv, dq0, dq1, dq2, dq3, dq4, dq5, gamma, p_pos, freq, dh, dgamma_part, dbeta_part, dbias_part,
-    TT, E, W, SQ,
-    S: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, HS: tl.constexpr, GATING: tl.constexpr,
-    HAS_DU: tl.constexpr, HAS_DV: tl.constexpr, HAS_DQ: tl.constexpr, NEED_DP: tl.constexpr,
-    HAS_BIAS: tl.constexpr, NEED_DB: tl.constexpr,
-    BT: tl.constexpr, BE: tl.constexpr, BTH: tl.constexpr, RB: tl.constexpr, TR: tl.constexpr, BH: tl.constexpr,
-    NHP: tl.constexpr,
+    h, bias, dq0, dq1, dq2, dq3, dq4, dq5, gamma, p_pos, freq, dh, dgamma_part, dbeta_part, dbias_part,
+    TT, W, SQ,
+    S: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, HS: tl.constexpr,
+    HAS_DQ: tl.constexpr, NEED_DP: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DB: tl.constexpr,
+    BTH: tl.constexpr, RB: tl.constexpr, BH: tl.constexpr, NHP: tl.constexpr,
 ):
-    """``dh`` in one pass (absent output gradients count as zero: bit ``n`` of ``HAS_DQ`` says whether head
-    ``n``'s gradient ``dq<n> + n HS`` exists) and, with ``NEED_DP``, each heads program's partial sums of
-    ``dgamma`` and ``dbeta`` over its ``RB BTH`` rows (``[NH, S]`` fp32 at row ``pid`` of ``dgamma_part`` /
-    ``dbeta_part``; :func:`heads_dparams_reduce_kernel` folds them: deterministic).  ``HAS_BIAS``: the forward
-    added ``bias`` (recomputed here); ``NEED_DB``: the column sums of ``dh`` (fp32, before rounding) over each
-    group of ``RB BTH`` rows go to row ``g`` of ``dbias_part [G, W]``: heads program ``g`` writes the ``z``
-    columns, tile programs (``TR`` row tiles of ``BT`` rows each, ``TR BT = RB BTH``) the others.
+    """The heads' part of ``dh`` (the ``z`` columns; absent head gradients count as zero: bit ``n`` of ``HAS_DQ``
+    says whether head ``n``'s gradient ``dq<n> + n HS`` exists), one program per ``RB`` blocks of ``BTH`` rows,
+    and with ``NEED_DP`` the program's partial sums of ``dgamma`` and ``dbeta`` (``[NH, S]`` fp32 at row ``pid`` of
+    ``dgamma_part`` / ``dbeta_part``).  ``HAS_BIAS``: the forward added ``bias`` (recomputed here); ``NEED_DB``:
+    the program's column sums of ``dz`` (fp32, before rounding) go to the ``z`` columns of row ``pid`` of
+    ``dbias_part [G, W]``.  Partial rows are folded by :func:`lintime.ops.fold.fold_rows` (deterministic).
 
     The heads' backward: un-rotate (``dq1 = do1 cos + do2 sin``, ``dq2 = do2 cos - do1 sin``), then
-    ``dgamma[n] += dq silu(z)``, ``dbeta[n] += dq``, ``d silu(z) = sum_n dq gamma[n]``."""
+    ``dgamma[n] += dq silu(z)``, ``dbeta[n] += dq``, ``d silu(z) = sum_n dq gamma[n]``.  A kernel of its own (not
+    programs of the tile kernel's grid, as in the forward): its registers would cap the streaming tile programs'
+    occupancy."""
     pid = tl.program_id(0)
     DT = dh.dtype.element_ty
-    NHB = tl.cdiv(TT, BTH * RB)
-    if pid < NHB:
-        o_n = tl.arange(0, NHP)[:, None, None]
-        # this program's per-row products, head n in plane n, summed over rows once after the loop (a row reduction
-        # per head and block inside the loop made the heads programs, not the bandwidth, the kernel's limit)
-        b_g1p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
-        b_g2p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
-        b_b1p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
-        b_b2p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
-        b_db1 = tl.zeros([BTH, BH], dtype=tl.float32)  # d bias of the z columns, per row
-        b_db2 = tl.zeros([BTH, BH], dtype=tl.float32)
-        for i_b in range(RB):
-            o_t, c1, c2, m_j, m_h, b_cos, b_sin = _rope_layout(freq, p_pos, pid * RB + i_b, TT, S, HD, BTH, BH)
-            p_z = h + o_t[:, None] * W + (W - S)
-            b_z1 = tl.load(p_z + c1[None, :], mask=m_h, other=0.).to(tl.float32)
-            b_z2 = tl.load(p_z + c2[None, :], mask=m_h, other=0.).to(tl.float32)
-            if HAS_BIAS:
-                b_z1 += _bias(bias, W - S + c1, m_j, DT)[None, :]
-                b_z2 += _bias(bias, W - S + c2, m_j, DT)[None, :]
-            b_ds1 = tl.zeros([BTH, BH], dtype=tl.float32)  # d silu(z)
-            b_ds2 = tl.zeros([BTH, BH], dtype=tl.float32)
-            b_s1 = b_z1 / (1.0 + tl.exp(-b_z1))
-            b_s2 = b_z2 / (1.0 + tl.exp(-b_z2))
-            for n in tl.static_range(NH):
-                if (HAS_DQ >> n) & 1:
-                    p_d = _pick(n, dq0, dq1, dq2, dq3, dq4, dq5) + n * HS + o_t[:, None] * SQ
-                    b_do1 = tl.load(p_d + c1[None, :], mask=m_h, other=0.).to(tl.float32)
-                    b_do2 = tl.load(p_d + c2[None, :], mask=m_h, other=0.).to(tl.float32)
-                    b_dq1 = b_do1 * b_cos + b_do2 * b_sin  # the transposed rotation
-                    b_dq2 = b_do2 * b_cos - b_do1 * b_sin
-                    b_g1 = tl.load(gamma + n * S + c1, mask=m_j, other=0.).to(DT).to(tl.float32)
-                    b_g2 = tl.load(gamma + n * S + c2, mask=m_j, other=0.).to(DT).to(tl.float32)
-                    b_ds1 += b_dq1 * b_g1[None, :]
-                    b_ds2 += b_dq2 * b_g2[None, :]
-                    if NEED_DP:  # padding rows hold dq = 0
-                        m_n = o_n == n
-                        b_g1p += tl.where(m_n, (b_dq1 * b_s1)[None, :, :], 0.)
-                        b_g2p += tl.where(m_n, (b_dq2 * b_s2)[None, :, :], 0.)
-                        b_b1p += tl.where(m_n, b_dq1[None, :, :], 0.)
-                        b_b2p += tl.where(m_n, b_dq2[None, :, :], 0.)
-            b_dz1 = b_ds1 * _silu_grad(b_z1)  # padding rows: 0
-            b_dz2 = b_ds2 * _silu_grad(b_z2)
-            p_dz = dh + o_t[:, None] * W + (W - S)
-            tl.store(p_dz + c1[None, :], b_dz1.to(DT), mask=m_h)
-            tl.store(p_dz + c2[None, :], b_dz2.to(DT), mask=m_h)
-            if NEED_DB:
-                b_db1 += b_dz1
-                b_db2 += b_dz2
-        o_j = tl.arange(0, BH)
-        c1 = (o_j // HD) * (2 * HD) + o_j % HD
-        if NEED_DP:
-            o_m = tl.arange(0, NHP)[:, None]
-            o_p = (pid.to(tl.int64) * NH + o_m) * S
-            m_p = (o_m < NH) & (o_j < S // 2)[None, :]
-            tl.store(dgamma_part + o_p + c1[None, :], tl.sum(b_g1p, 1), mask=m_p)
-            tl.store(dgamma_part + o_p + (c1 + HD)[None, :], tl.sum(b_g2p, 1), mask=m_p)
-            tl.store(dbeta_part + o_p + c1[None, :], tl.sum(b_b1p, 1), mask=m_p)
-            tl.store(dbeta_part + o_p + (c1 + HD)[None, :], tl.sum(b_b2p, 1), mask=m_p)
-        if NEED_DB:
-            p_b = dbias_part + pid.to(tl.int64) * W + (W - S)
-            tl.store(p_b + c1, tl.sum(b_db1, 0), mask=o_j < S // 2)
-            tl.store(p_b + c1 + HD, tl.sum(b_db2, 0), mask=o_j < S // 2)
-    else:  # a u or v column tile over TR row tiles
-        q = pid - NHB
-        is_v, r0, o_c, o_e, m_c = _tile_of(q, E, GATING, BT, BE, TR)
+    o_n = tl.arange(0, NHP)[:, None, None]
+    # this program's per-row products, head n in plane n, summed over rows once after the loop
+    b_g1p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
+    b_g2p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
+    b_b1p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
+    b_b2p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
+    b_db1 = tl.zeros([BTH, BH], dtype=tl.float32)  # d bias of the z columns, per row
+    b_db2 = tl.zeros([BTH, BH], dtype=tl.float32)
+    for i_b in range(RB):
+        o_t, c1, c2, m_j, m_h, b_cos, b_sin = _rope_layout(freq, p_pos, pid * RB + i_b, TT, S, HD, BTH, BH)
+        p_z = h + o_t[:, None] * W + (W - S)
+        b_z1 = tl.load(p_z + c1[None, :], mask=m_h, other=0.).to(tl.float32)
+        b_z2 = tl.load(p_z + c2[None, :], mask=m_h, other=0.).to(tl.float32)
         if HAS_BIAS:
-            b_b = _bias(bias, o_c, m_c, DT)[None, :]
-        b_db = tl.zeros([BT, BE], dtype=tl.float32)  # d bias, per row
-        for i_r in range(TR):
-            o_t = r0 + i_r * BT + tl.arange(0, BT)
-            m_e = (o_t < TT)[:, None] & m_c[None, :]
-            o_o = o_t[:, None] * E + o_e[None, :]
-            b_dy = tl.zeros([BT, BE], dtype=tl.float32)
-            if is_v:
-                if HAS_DV:
-                    b_dy = tl.load(dv + o_o, mask=m_e, other=0.).to(tl.float32)
-            else:
-                if HAS_DU:
-                    b_dy = tl.load(du + o_o, mask=m_e, other=0.).to(tl.float32)
-            o_h = o_t[:, None] * W + o_c[None, :]
-            b_x = tl.load(h + o_h, mask=m_e, other=0.).to(tl.float32)
-            if HAS_BIAS:
-                b_x += b_b
-            b_d = b_dy * _silu_grad(b_x)  # masked elements: 0
-            tl.store(dh + o_h, b_d.to(DT), mask=m_e)
-            if NEED_DB:
-                b_db += b_d
+            b_z1 += _bias(bias, W - S + c1, m_j, DT)[None, :]
+            b_z2 += _bias(bias, W - S + c2, m_j, DT)[None, :]
+        b_ds1 = tl.zeros([BTH, BH], dtype=tl.float32)  # d silu(z)
+        b_ds2 = tl.zeros([BTH, BH], dtype=tl.float32)
+        b_s1 = b_z1 / (1.0 + tl.exp(-b_z1))
+        b_s2 = b_z2 / (1.0 + tl.exp(-b_z2))
+        for n in tl.static_range(NH):
+            if (HAS_DQ >> n) & 1:
+                p_d = _pick(n, dq0, dq1, dq2, dq3, dq4, dq5) + n * HS + o_t[:, None] * SQ
+                b_do1 = tl.load(p_d + c1[None, :], mask=m_h, other=0.).to(tl.float32)
+                b_do2 = tl.load(p_d + c2[None, :], mask=m_h, other=0.).to(tl.float32)
+                b_dq1 = b_do1 * b_cos + b_do2 * b_sin  # the transposed rotation
+                b_dq2 = b_do2 * b_cos - b_do1 * b_sin
+                b_g1 = tl.load(gamma + n * S + c1, mask=m_j, other=0.).to(DT).to(tl.float32)
+                b_g2 = tl.load(gamma + n * S + c2, mask=m_j, other=0.).to(DT).to(tl.float32)
+                b_ds1 += b_dq1 * b_g1[None, :]
+                b_ds2 += b_dq2 * b_g2[None, :]
+                if NEED_DP:  # padding rows hold dq = 0
+                    m_n = o_n == n
+                    b_g1p += tl.where(m_n, (b_dq1 * b_s1)[None, :, :], 0.)
+                    b_g2p += tl.where(m_n, (b_dq2 * b_s2)[None, :, :], 0.)
+                    b_b1p += tl.where(m_n, b_dq1[None, :, :], 0.)
+                    b_b2p += tl.where(m_n, b_dq2[None, :, :], 0.)
+        b_dz1 = b_ds1 * _silu_grad(b_z1)  # padding rows: 0
+        b_dz2 = b_ds2 * _silu_grad(b_z2)
+        p_dz = dh + o_t[:, None] * W + (W - S)
+        tl.store(p_dz + c1[None, :], b_dz1.to(DT), mask=m_h)
+        tl.store(p_dz + c2[None, :], b_dz2.to(DT), mask=m_h)
         if NEED_DB:
-            NE = tl.cdiv(E, BE)
-            if GATING:
-                i_g = q // (2 * NE)
-            else:
-                i_g = q // NE
-            tl.store(dbias_part + i_g.to(tl.int64) * W + o_c, tl.sum(b_db, 0), mask=m_c)
+            b_db1 += b_dz1
+            b_db2 += b_dz2
+    o_j = tl.arange(0, BH)
+    c1 = (o_j // HD) * (2 * HD) + o_j % HD
+    if NEED_DP:
+        o_m = tl.arange(0, NHP)[:, None]
+        o_p = (pid.to(tl.int64) * NH + o_m) * S
+        m_p = (o_m < NH) & (o_j < S // 2)[None, :]
+        tl.store(dgamma_part + o_p + c1[None, :], tl.sum(b_g1p, 1), mask=m_p)
+        tl.store(dgamma_part + o_p + (c1 + HD)[None, :], tl.sum(b_g2p, 1), mask=m_p)
+        tl.store(dbeta_part + o_p + c1[None, :], tl.sum(b_b1p, 1), mask=m_p)
+        tl.store(dbeta_part + o_p + (c1 + HD)[None, :], tl.sum(b_b2p, 1), mask=m_p)
+    if NEED_DB:
+        p_b = dbias_part + pid.to(tl.int64) * W + (W - S)
+        tl.store(p_b + c1, tl.sum(b_db1, 0), mask=o_j < S // 2)
+        tl.store(p_b + c1 + HD, tl.sum(b_db2, 0), mask=o_j < S // 2)
 
 
 @triton.jit
-def heads_dparams_reduce_kernel(part, dgamma, dbeta, P, C, BR: tl.constexpr, BC: tl.constexpr):
-    """``dgamma = sum_p part[0, p]``, ``dbeta = sum_p part[1, p]`` over the ``P`` partial rows of ``C = NH S``
-    fp32 columns: program ``(i_c, i_k)`` sums columns ``i_c BC ..`` of ``part[i_k]`` in a fixed order
-    (deterministic, no atomics)."""
-    i_c, i_k = tl.program_id(0), tl.program_id(1)
-    o_c = i_c * BC + tl.arange(0, BC)
-    m_c = o_c < C
-    p_k = part + i_k.to(tl.int64) * P * C
-    b_acc = tl.zeros([BR, BC], dtype=tl.float32)
-    for i_r in range(0, P, BR):
-        o_r = i_r + tl.arange(0, BR)
-        b_acc += tl.load(p_k + o_r[:, None].to(tl.int64) * C + o_c[None, :], mask=(o_r < P)[:, None] & m_c[None, :],
-                         other=0.)
-    b_s = tl.sum(b_acc, 0)
-    if i_k == 0:
-        tl.store(dgamma + o_c, b_s, mask=m_c)
-    else:
-        tl.store(dbeta + o_c, b_s, mask=m_c)
+def gau_heads_bwd_tiles_kernel(
+    h, bias, du, dv, dh, dbias_part,
+    TT, E, W,
+    GATING: tl.constexpr, HAS_DU: tl.constexpr, HAS_DV: tl.constexpr, HAS_BIAS: tl.constexpr,
+    NEED_DB: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr, TR: tl.constexpr,
+):
+    """The ``u`` / ``v`` part of ``dh``: program ``q`` owns one ``BE``-column tile of ``u`` or ``v`` over ``TR``
+    tiles of ``BT`` rows (row-major over the ``NU + NE`` column tiles; an absent gradient counts as zero).
+    ``NEED_DB``: the column sums of ``dh`` (fp32, before rounding) over the program's rows go to row ``q // (NU +
+    NE)`` of ``dbias_part [G, W]`` (``TR BT`` = the heads kernel's ``RB BTH``: one partial row per row group)."""
+    q = tl.program_id(0)
+    DT = dh.dtype.element_ty
+    is_v, r0, o_c, o_e, m_c = _tile_of(q, E, GATING, BT, BE, TR)
+    if HAS_BIAS:
+        b_b = _bias(bias, o_c, m_c, DT)[None, :]
+    b_db = tl.zeros([BT, BE], dtype=tl.float32)  # d bias, per row
+    for i_r in range(TR):
+        o_t = r0 + i_r * BT + tl.arange(0, BT)
+        m_e = (o_t < TT)[:, None] & m_c[None, :]
+        o_o = o_t[:, None] * E + o_e[None, :]
+        b_dy = tl.zeros([BT, BE], dtype=tl.float32)
+        if is_v:
+            if HAS_DV:
+                b_dy = tl.load(dv + o_o, mask=m_e, other=0.).to(tl.float32)
+        else:
+            if HAS_DU:
+                b_dy = tl.load(du + o_o, mask=m_e, other=0.).to(tl.float32)
+        o_h = o_t[:, None] * W + o_c[None, :]
+        b_x = tl.load(h + o_h, mask=m_e, other=0.).to(tl.float32)
+        if HAS_BIAS:
+            b_x += b_b
+        b_d = b_dy * _silu_grad(b_x)  # masked elements: 0
+        tl.store(dh + o_h, b_d.to(DT), mask=m_e)
+        if NEED_DB:
+            b_db += b_d
+    if NEED_DB:
+        NE = tl.cdiv(E, BE)
+        if GATING:
+            i_g = q // (2 * NE)
+        else:
+            i_g = q // NE
+        tl.store(dbias_part + i_g.to(tl.int64) * W + o_c, tl.sum(b_db, 0), mask=m_c)
