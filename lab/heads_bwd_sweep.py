@@ -1,6 +1,6 @@
 """Launch sweep of the FLASH projection's backward pieces with the bias folded in, at flash-base's shape (32k tokens,
-e = 1536, s = 128, nh = 4, bf16, split heads, no gating): the heads op's backward (``HeadsLaunch``: ``rb`` heads
-blocks / tile-program row tiles per partial row, ``bt x be`` tiles, warps) and the gate's backward with a bias
+e = 1536, s = 128, nh = 4, bf16, split heads, no gating): the heads op's backward (``HeadsLaunch``: ``bth``-row
+heads blocks, ``rb`` of them per heads program, ``tr`` row tiles of ``bt x be`` per tile program, warps) and the gate's backward with a bias
 (``GLULaunch.rb``).  Device ms by graph replay (median); every variant's outputs compared with the default's
 (``dh`` / ``du`` bit for bit, the fp32 sums by their largest relative difference: the fold order moves with ``rb``).
 
@@ -19,8 +19,9 @@ import lintime.ops.glu.triton.ops as glu_ops
 from lintime.bench.measure import git_commit, graph_ms
 from lintime.ops.heads.triton.heads import _bwd_impl, default_launch
 
-HEADS = ["", "rb=4", "rb=8", "rb=32", "bt=16", "bt=16,rb=8", "be=1024", "bt=4,be=1024", "warps=8", "rb=8,warps=8"]
-GATE = [16, 4, 8, 32, 64]
+HEADS = ["", "rb=8", "rb=4", "rb=2", "bth=16,rb=8", "bth=16,rb=4", "bth=16,rb=2", "bth=32,rb=4", "bth=32,rb=2",
+         "bth=32,rb=1", "bth=64,rb=1", "tr=8", "tr=32", "tr=4", "bt=4,be=1024", "bt=16,tr=8", "warps=8"]
+GATE = [16, 8, 32]
 
 
 def _cfg(base, spec: str):

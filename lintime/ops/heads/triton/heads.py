@@ -47,9 +47,10 @@ class HeadsLaunch:
     be: int = 512  # columns of a u / v tile
     bth: int = 8  # rows per heads block: 16 / 32 gave a 0.37 / 0.40 ms backward against 0.32 (one block a program)
     warps: int = 4  # per program; 2 or 8 warps no faster
-    # heads blocks per backward heads program, and bt-row tiles per backward tile program (rb bth / bt): the rows of
-    # one partial row of dgamma, dbeta and the bias gradient.  PENDING MEASUREMENT (lab/heads_bwd_sweep.py)
+    # heads blocks per backward heads program (its rows: one partial row of dgamma, dbeta, the z columns' bias).
+    # PENDING MEASUREMENT (lab/heads_bwd_sweep.py)
     rb: int = 16
+    tr: int = 16  # bt-row tiles per backward tile program (one partial row of the u, v columns' bias). PENDING
 
 
 def default_launch(device: torch.device) -> HeadsLaunch:
@@ -57,7 +58,7 @@ def default_launch(device: torch.device) -> HeadsLaunch:
     program, so that small test shapes cross several row blocks, ``u`` / ``v`` tiles and partial-sum rows, with
     partial ones."""
     if device.type == "cpu" and interpreting():
-        return HeadsLaunch(16, 16, 16, 1, rb=2)
+        return HeadsLaunch(16, 16, 16, 1, rb=2, tr=2)
     return HeadsLaunch()
 
 
@@ -134,13 +135,11 @@ def _bwd_impl(du, dv, dqs, h, gamma, positions, e, s, gating, rope_base, rope_he
     has_dq = any(x is not None for x in dqs)
     dh = torch.empty_like(h)
     need_part = need_dparams and has_dq and TT > 0
-    rows = cfg.bth * cfg.rb
-    if rows % cfg.bt:
-        raise ValueError(f"HeadsLaunch: bth * rb = {rows} must be a multiple of bt = {cfg.bt}")
-    nhb, ne = cdiv(TT, rows), cdiv(e, cfg.be)
+    nhb, ntb, ne = cdiv(TT, cfg.bth * cfg.rb), cdiv(TT, cfg.bt * cfg.tr), cdiv(e, cfg.be)
     f32 = {"dtype": torch.float32, "device": h.device}
     part = torch.empty(2, nhb, nh * s, **f32) if need_part else torch.empty(1, **f32)
-    part_db = torch.empty(nhb, W, **f32) if need_db and TT > 0 else part
+    part_z = torch.empty(nhb, s, **f32) if need_db else part  # the bias gradient's partial rows: z columns
+    part_t = torch.empty(ntb, W - s, **f32) if need_db else part  # u, v columns
     if has_dq:
         ptrs, hs, sq, mask = _head_args(dqs, stacked, nh, s)
     else:
@@ -148,30 +147,30 @@ def _bwd_impl(du, dv, dqs, h, gamma, positions, e, s, gating, rope_base, rope_he
     if TT > 0:
         b = h if bias is None else bias
         gau_heads_bwd_kernel[(nhb,)](
-            h, b, *ptrs, gamma, positions, _inv_freq(hd, rope_base, str(h.device)), dh, part[0], part[-1], part_db,
+            h, b, *ptrs, gamma, positions, _inv_freq(hd, rope_base, str(h.device)), dh, part[0], part[-1], part_z,
             TT, W, sq,
             S=s, NH=nh, HD=hd, HS=hs, HAS_DQ=mask, NEED_DP=need_part, HAS_BIAS=bias is not None, NEED_DB=need_db,
             BTH=cfg.bth, RB=cfg.rb, BH=next_pow2(s // 2), NHP=next_pow2(nh), num_warps=cfg.warps,
         )
-        gau_heads_bwd_tiles_kernel[(nhb * (2 * ne if gating else ne),)](
-            h, b, du if du is not None else h, dv if dv is not None else h, dh, part_db, TT, e, W,
+        gau_heads_bwd_tiles_kernel[(ntb * (2 * ne if gating else ne),)](
+            h, b, du if du is not None else h, dv if dv is not None else h, dh, part_t, TT, e, W, s,
             GATING=gating, HAS_DU=du is not None, HAS_DV=dv is not None, HAS_BIAS=bias is not None, NEED_DB=need_db,
-            BT=cfg.bt, BE=cfg.be, TR=rows // cfg.bt, num_warps=cfg.warps,
+            BT=cfg.bt, BE=cfg.be, TR=cfg.tr, num_warps=cfg.warps,
         )
     # the partial rows folded in one launch (separate outputs: a custom op's outputs may not alias each other)
-    folds = ([part[0], part[1]] if need_part else []) + ([part_db] if need_db and TT > 0 else [])
-    sums = fold_rows(folds) if folds else []
+    dgamma, dbeta = (torch.empty(nh, s, **f32), torch.empty(nh, s, **f32)) if need_part else (None, None)
+    dbias = torch.empty(W, **f32) if need_db else None
+    parts, outs = [], []
     if need_part:
-        dgamma, dbeta = sums[0].view(nh, s), sums[1].view(nh, s)
-    elif need_dparams:  # no gradient reaches the heads
-        dgamma, dbeta = torch.zeros(nh, s, **f32), torch.zeros(nh, s, **f32)
-    else:
-        dgamma, dbeta = h.new_empty(0, dtype=torch.float32), h.new_empty(0, dtype=torch.float32)
+        parts, outs = [part[0], part[1]], [dgamma.view(-1), dbeta.view(-1)]
     if need_db:
-        dbias = sums[-1] if TT > 0 else torch.zeros(W, **f32)
-    else:
-        dbias = h.new_empty(0, dtype=torch.float32)
-    return dh, dgamma, dbeta, dbias
+        parts, outs = parts + [part_t, part_z], outs + [dbias[: W - s], dbias[W - s:]]
+    if parts:
+        fold_rows(parts, outs)
+    if not need_part:
+        shape = (nh, s) if need_dparams else (0,)  # need_dparams: no gradient reaches the heads
+        dgamma, dbeta = torch.zeros(shape, **f32), torch.zeros(shape, **f32)
+    return dh, dgamma, dbeta, (dbias if need_db else h.new_empty(0, dtype=torch.float32))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ and every head; then ``cdiv(TT, BT) * (NU + NE)`` *tile* programs, row-major ove
 tiles (``NU = NE = cdiv(E, BE)`` with gating, 0 without) and ``NE`` ``v`` tiles.  Every element of
 ``h`` is read by exactly one program, once.  The backward runs the two kinds as two kernels (one grid would give
 the streaming tile programs the heads programs' register count, and their occupancy): heads programs of ``RB``
-blocks of ``BTH`` rows, tile programs of ``TR`` tiles of ``BT`` rows (``TR BT = RB BTH``, so that the column sums
-of ``dh``, the bias gradient, need one partial row per row group).
+blocks of ``BTH`` rows, tile programs of ``TR`` tiles of ``BT`` rows, each storing one partial row of its column
+sums (``dgamma``, ``dbeta``, the bias gradient) per program and column range.
 
 The heads program works on half-columns ``j < S / 2``: ``j`` is feature ``i = j % HD`` of group
 ``j // HD``, whose two halves sit at ``c1 = (j // HD) D + i`` and ``c2 = c1 + HD`` -- so the
@@ -24,9 +24,9 @@ Head ``n``'s rows (``heads`` or its gradient) start at ``q<n> + n HS`` with row 
 ``[TT, 1, S]`` tensors pass ``HS = 0, SQ = S`` (Triton has no pointer lists: six arguments, picked at
 compile time by :func:`_pick`).  ``bias`` (optional, ``[W]``): the projection's bias, added by the kernels
 (rounded to ``h``'s dtype, then in fp32) instead of the product's epilogue, so that its gradient comes from
-the backward's registers.  A backward heads program walks ``RB`` blocks of ``BTH`` rows and keeps the
-per-row terms of ``dgamma`` / ``dbeta`` in registers (``[NHP, BTH, BH]`` tiles, head ``n`` in plane ``n``), sums
-them over rows once and stores one partial row; :func:`lintime.ops.fold.fold_rows` folds those rows.
+the backward's registers.  A backward heads program walks ``RB`` blocks of ``BTH`` rows and keeps its
+``dgamma`` / ``dbeta`` / bias partial sums in registers (``[NHP, BH]`` tiles, head ``n`` in row ``n``) until it
+stores them once; :func:`lintime.ops.fold.fold_rows` folds those rows.
 """
 
 from __future__ import annotations
@@ -174,8 +174,8 @@ def gau_heads_bwd_kernel(
     says whether head ``n``'s gradient ``dq<n> + n HS`` exists), one program per ``RB`` blocks of ``BTH`` rows,
     and with ``NEED_DP`` the program's partial sums of ``dgamma`` and ``dbeta`` (``[NH, S]`` fp32 at row ``pid`` of
     ``dgamma_part`` / ``dbeta_part``).  ``HAS_BIAS``: the forward added ``bias`` (recomputed here); ``NEED_DB``:
-    the program's column sums of ``dz`` (fp32, before rounding) go to the ``z`` columns of row ``pid`` of
-    ``dbias_part [G, W]``.  Partial rows are folded by :func:`lintime.ops.fold.fold_rows` (deterministic).
+    the program's column sums of ``dz`` (fp32, before rounding) go to row ``pid`` of ``dbias_part [G, S]`` (the
+    ``z`` columns' bias).  Partial rows are folded by :func:`lintime.ops.fold.fold_rows` (deterministic).
 
     The heads' backward: un-rotate (``dq1 = do1 cos + do2 sin``, ``dq2 = do2 cos - do1 sin``), then
     ``dgamma[n] += dq silu(z)``, ``dbeta[n] += dq``, ``d silu(z) = sum_n dq gamma[n]``.  A kernel of its own (not
@@ -183,14 +183,13 @@ def gau_heads_bwd_kernel(
     occupancy."""
     pid = tl.program_id(0)
     DT = dh.dtype.element_ty
-    o_n = tl.arange(0, NHP)[:, None, None]
-    # this program's per-row products, head n in plane n, summed over rows once after the loop
-    b_g1p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
-    b_g2p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
-    b_b1p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
-    b_b2p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
-    b_db1 = tl.zeros([BTH, BH], dtype=tl.float32)  # d bias of the z columns, per row
-    b_db2 = tl.zeros([BTH, BH], dtype=tl.float32)
+    o_n = tl.arange(0, NHP)
+    b_g1p = tl.zeros([NHP, BH], dtype=tl.float32)  # this program's partial sums, head n in row n
+    b_g2p = tl.zeros([NHP, BH], dtype=tl.float32)
+    b_b1p = tl.zeros([NHP, BH], dtype=tl.float32)
+    b_b2p = tl.zeros([NHP, BH], dtype=tl.float32)
+    b_db1 = tl.zeros([BH], dtype=tl.float32)  # d bias of the z columns
+    b_db2 = tl.zeros([BH], dtype=tl.float32)
     for i_b in range(RB):
         o_t, c1, c2, m_j, m_h, b_cos, b_sin = _rope_layout(freq, p_pos, pid * RB + i_b, TT, S, HD, BTH, BH)
         p_z = h + o_t[:, None] * W + (W - S)
@@ -215,46 +214,45 @@ def gau_heads_bwd_kernel(
                 b_ds1 += b_dq1 * b_g1[None, :]
                 b_ds2 += b_dq2 * b_g2[None, :]
                 if NEED_DP:  # padding rows hold dq = 0
-                    m_n = o_n == n
-                    b_g1p += tl.where(m_n, (b_dq1 * b_s1)[None, :, :], 0.)
-                    b_g2p += tl.where(m_n, (b_dq2 * b_s2)[None, :, :], 0.)
-                    b_b1p += tl.where(m_n, b_dq1[None, :, :], 0.)
-                    b_b2p += tl.where(m_n, b_dq2[None, :, :], 0.)
+                    m_n = (o_n == n)[:, None]
+                    b_g1p += tl.where(m_n, tl.sum(b_dq1 * b_s1, 0)[None, :], 0.)
+                    b_g2p += tl.where(m_n, tl.sum(b_dq2 * b_s2, 0)[None, :], 0.)
+                    b_b1p += tl.where(m_n, tl.sum(b_dq1, 0)[None, :], 0.)
+                    b_b2p += tl.where(m_n, tl.sum(b_dq2, 0)[None, :], 0.)
         b_dz1 = b_ds1 * _silu_grad(b_z1)  # padding rows: 0
         b_dz2 = b_ds2 * _silu_grad(b_z2)
         p_dz = dh + o_t[:, None] * W + (W - S)
         tl.store(p_dz + c1[None, :], b_dz1.to(DT), mask=m_h)
         tl.store(p_dz + c2[None, :], b_dz2.to(DT), mask=m_h)
         if NEED_DB:
-            b_db1 += b_dz1
-            b_db2 += b_dz2
+            b_db1 += tl.sum(b_dz1, 0)
+            b_db2 += tl.sum(b_dz2, 0)
     o_j = tl.arange(0, BH)
     c1 = (o_j // HD) * (2 * HD) + o_j % HD
     if NEED_DP:
-        o_m = tl.arange(0, NHP)[:, None]
-        o_p = (pid.to(tl.int64) * NH + o_m) * S
-        m_p = (o_m < NH) & (o_j < S // 2)[None, :]
-        tl.store(dgamma_part + o_p + c1[None, :], tl.sum(b_g1p, 1), mask=m_p)
-        tl.store(dgamma_part + o_p + (c1 + HD)[None, :], tl.sum(b_g2p, 1), mask=m_p)
-        tl.store(dbeta_part + o_p + c1[None, :], tl.sum(b_b1p, 1), mask=m_p)
-        tl.store(dbeta_part + o_p + (c1 + HD)[None, :], tl.sum(b_b2p, 1), mask=m_p)
+        o_p = (pid.to(tl.int64) * NH + o_n[:, None]) * S
+        m_p = (o_n < NH)[:, None] & (o_j < S // 2)[None, :]
+        tl.store(dgamma_part + o_p + c1[None, :], b_g1p, mask=m_p)
+        tl.store(dgamma_part + o_p + (c1 + HD)[None, :], b_g2p, mask=m_p)
+        tl.store(dbeta_part + o_p + c1[None, :], b_b1p, mask=m_p)
+        tl.store(dbeta_part + o_p + (c1 + HD)[None, :], b_b2p, mask=m_p)
     if NEED_DB:
-        p_b = dbias_part + pid.to(tl.int64) * W + (W - S)
-        tl.store(p_b + c1, tl.sum(b_db1, 0), mask=o_j < S // 2)
-        tl.store(p_b + c1 + HD, tl.sum(b_db2, 0), mask=o_j < S // 2)
+        p_b = dbias_part + pid.to(tl.int64) * S
+        tl.store(p_b + c1, b_db1, mask=o_j < S // 2)
+        tl.store(p_b + c1 + HD, b_db2, mask=o_j < S // 2)
 
 
 @triton.jit
 def gau_heads_bwd_tiles_kernel(
     h, bias, du, dv, dh, dbias_part,
-    TT, E, W,
+    TT, E, W, S,
     GATING: tl.constexpr, HAS_DU: tl.constexpr, HAS_DV: tl.constexpr, HAS_BIAS: tl.constexpr,
     NEED_DB: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr, TR: tl.constexpr,
 ):
     """The ``u`` / ``v`` part of ``dh``: program ``q`` owns one ``BE``-column tile of ``u`` or ``v`` over ``TR``
     tiles of ``BT`` rows (row-major over the ``NU + NE`` column tiles; an absent gradient counts as zero).
     ``NEED_DB``: the column sums of ``dh`` (fp32, before rounding) over the program's rows go to row ``q // (NU +
-    NE)`` of ``dbias_part [G, W]`` (``TR BT`` = the heads kernel's ``RB BTH``: one partial row per row group)."""
+    NE)`` of ``dbias_part [G, W - S]`` (the ``u``, ``v`` columns' bias)."""
     q = tl.program_id(0)
     DT = dh.dtype.element_ty
     is_v, r0, o_c, o_e, m_c = _tile_of(q, E, GATING, BT, BE, TR)
@@ -286,4 +284,4 @@ def gau_heads_bwd_tiles_kernel(
             i_g = q // (2 * NE)
         else:
             i_g = q // NE
-        tl.store(dbias_part + i_g.to(tl.int64) * W + o_c, tl.sum(b_db, 0), mask=m_c)
+        tl.store(dbias_part + i_g.to(tl.int64) * (W - S) + o_c, tl.sum(b_db, 0), mask=m_c)
