@@ -19,8 +19,8 @@ import lintime.ops.glu.triton.ops as glu_ops
 from lintime.bench.measure import git_commit, graph_ms
 from lintime.ops.heads.triton.heads import _bwd_impl, default_launch
 
-HEADS = ["", "rb=8", "rb=4", "rb=2", "bth=16,rb=8", "bth=16,rb=4", "bth=16,rb=2", "bth=32,rb=4", "bth=32,rb=2",
-         "bth=32,rb=1", "bth=64,rb=1", "tr=8", "tr=32", "tr=4", "bt=4,be=1024", "bt=16,tr=8", "warps=8"]
+HEADS = ["", "rb=8", "rb=4", "rb=2", "rb=1", "bth=16,rb=8", "bth=16,rb=4", "bth=16,rb=2", "bth=16,rb=1",
+         "bth=32,rb=2", "bth=32,rb=1", "rb=4,tr=32", "tr=32"]
 GATE = [16, 8, 32]
 
 

@@ -24,9 +24,9 @@ Head ``n``'s rows (``heads`` or its gradient) start at ``q<n> + n HS`` with row 
 ``[TT, 1, S]`` tensors pass ``HS = 0, SQ = S`` (Triton has no pointer lists: six arguments, picked at
 compile time by :func:`_pick`).  ``bias`` (optional, ``[W]``): the projection's bias, added by the kernels
 (rounded to ``h``'s dtype, then in fp32) instead of the product's epilogue, so that its gradient comes from
-the backward's registers.  A backward heads program walks ``RB`` blocks of ``BTH`` rows and keeps its
-``dgamma`` / ``dbeta`` / bias partial sums in registers (``[NHP, BH]`` tiles, head ``n`` in row ``n``) until it
-stores them once; :func:`lintime.ops.fold.fold_rows` folds those rows.
+the backward's registers.  A backward heads program walks ``RB`` blocks of ``BTH`` rows and keeps the per-row
+terms of ``dgamma`` / ``dbeta`` / the bias in registers (``[NHP, BTH, BH]`` tiles, head ``n`` in plane ``n``),
+sums them over rows once and stores one partial row; :func:`lintime.ops.fold.fold_rows` folds those rows.
 """
 
 from __future__ import annotations
@@ -183,13 +183,15 @@ def gau_heads_bwd_kernel(
     occupancy."""
     pid = tl.program_id(0)
     DT = dh.dtype.element_ty
-    o_n = tl.arange(0, NHP)
-    b_g1p = tl.zeros([NHP, BH], dtype=tl.float32)  # this program's partial sums, head n in row n
-    b_g2p = tl.zeros([NHP, BH], dtype=tl.float32)
-    b_b1p = tl.zeros([NHP, BH], dtype=tl.float32)
-    b_b2p = tl.zeros([NHP, BH], dtype=tl.float32)
-    b_db1 = tl.zeros([BH], dtype=tl.float32)  # d bias of the z columns
-    b_db2 = tl.zeros([BH], dtype=tl.float32)
+    o_n = tl.arange(0, NHP)[:, None, None]
+    # this program's per-row terms, head n in plane n, summed over rows once after the loop: row sums per block
+    # and head inside the loop took 0.240 ms a call against 0.163 (lab/heads_bwd_sweep.py, H200, 2026-11-27)
+    b_g1p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
+    b_g2p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
+    b_b1p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
+    b_b2p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
+    b_db1 = tl.zeros([BTH, BH], dtype=tl.float32)  # d bias of the z columns, per row
+    b_db2 = tl.zeros([BTH, BH], dtype=tl.float32)
     for i_b in range(RB):
         o_t, c1, c2, m_j, m_h, b_cos, b_sin = _rope_layout(freq, p_pos, pid * RB + i_b, TT, S, HD, BTH, BH)
         p_z = h + o_t[:, None] * W + (W - S)
@@ -214,32 +216,33 @@ def gau_heads_bwd_kernel(
                 b_ds1 += b_dq1 * b_g1[None, :]
                 b_ds2 += b_dq2 * b_g2[None, :]
                 if NEED_DP:  # padding rows hold dq = 0
-                    m_n = (o_n == n)[:, None]
-                    b_g1p += tl.where(m_n, tl.sum(b_dq1 * b_s1, 0)[None, :], 0.)
-                    b_g2p += tl.where(m_n, tl.sum(b_dq2 * b_s2, 0)[None, :], 0.)
-                    b_b1p += tl.where(m_n, tl.sum(b_dq1, 0)[None, :], 0.)
-                    b_b2p += tl.where(m_n, tl.sum(b_dq2, 0)[None, :], 0.)
+                    m_n = o_n == n
+                    b_g1p += tl.where(m_n, (b_dq1 * b_s1)[None, :, :], 0.)
+                    b_g2p += tl.where(m_n, (b_dq2 * b_s2)[None, :, :], 0.)
+                    b_b1p += tl.where(m_n, b_dq1[None, :, :], 0.)
+                    b_b2p += tl.where(m_n, b_dq2[None, :, :], 0.)
         b_dz1 = b_ds1 * _silu_grad(b_z1)  # padding rows: 0
         b_dz2 = b_ds2 * _silu_grad(b_z2)
         p_dz = dh + o_t[:, None] * W + (W - S)
         tl.store(p_dz + c1[None, :], b_dz1.to(DT), mask=m_h)
         tl.store(p_dz + c2[None, :], b_dz2.to(DT), mask=m_h)
         if NEED_DB:
-            b_db1 += tl.sum(b_dz1, 0)
-            b_db2 += tl.sum(b_dz2, 0)
+            b_db1 += b_dz1
+            b_db2 += b_dz2
     o_j = tl.arange(0, BH)
     c1 = (o_j // HD) * (2 * HD) + o_j % HD
     if NEED_DP:
-        o_p = (pid.to(tl.int64) * NH + o_n[:, None]) * S
-        m_p = (o_n < NH)[:, None] & (o_j < S // 2)[None, :]
-        tl.store(dgamma_part + o_p + c1[None, :], b_g1p, mask=m_p)
-        tl.store(dgamma_part + o_p + (c1 + HD)[None, :], b_g2p, mask=m_p)
-        tl.store(dbeta_part + o_p + c1[None, :], b_b1p, mask=m_p)
-        tl.store(dbeta_part + o_p + (c1 + HD)[None, :], b_b2p, mask=m_p)
+        o_m = tl.arange(0, NHP)[:, None]
+        o_p = (pid.to(tl.int64) * NH + o_m) * S
+        m_p = (o_m < NH) & (o_j < S // 2)[None, :]
+        tl.store(dgamma_part + o_p + c1[None, :], tl.sum(b_g1p, 1), mask=m_p)
+        tl.store(dgamma_part + o_p + (c1 + HD)[None, :], tl.sum(b_g2p, 1), mask=m_p)
+        tl.store(dbeta_part + o_p + c1[None, :], tl.sum(b_b1p, 1), mask=m_p)
+        tl.store(dbeta_part + o_p + (c1 + HD)[None, :], tl.sum(b_b2p, 1), mask=m_p)
     if NEED_DB:
         p_b = dbias_part + pid.to(tl.int64) * S
-        tl.store(p_b + c1, b_db1, mask=o_j < S // 2)
-        tl.store(p_b + c1 + HD, b_db2, mask=o_j < S // 2)
+        tl.store(p_b + c1, tl.sum(b_db1, 0), mask=o_j < S // 2)
+        tl.store(p_b + c1 + HD, tl.sum(b_db2, 0), mask=o_j < S // 2)
 
 
 @triton.jit
