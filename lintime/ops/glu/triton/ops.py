@@ -35,9 +35,10 @@ class GLULaunch:
     bn: int = 8
     be: int = 512
     warps: int = 4
-    # row tiles per backward program with a bias (cdiv(N, bn rb) partial rows of dbias); not yet measured: the heads
-    # backward's value for the same pattern (lintime/ops/heads/triton/heads.py)
-    rb: int = 16
+    # row tiles per backward program with a bias (cdiv(N, bn rb) partial rows of dbias): 0.138-0.141 ms against
+    # 0.142 (16), 0.145-0.147 (8), 0.157 (4), 0.177 (64); 0.123 without a bias, whose GEMV took 0.040 (32k x 1536
+    # bf16, H200, 2026-11-27, lab/heads_bwd_sweep.py)
+    rb: int = 32
 
 
 def default_launch(device: torch.device) -> GLULaunch:
