@@ -35,7 +35,6 @@ from lintime.ops.heads.triton.kernels import (
 from lintime.ops.custom_op import grad_as, launcher_op
 from lintime.ops.heads import MAX_SPLIT_HEADS
 from lintime.ops.kernel_launch import cdiv, check_device, interpreting, next_pow2
-from lintime.ops.streams import on_side, side_stream
 from lintime.ops.utils import rope_inv_freq
 
 
@@ -48,12 +47,10 @@ class HeadsLaunch:
     be: int = 512  # columns of a u / v tile
     bth: int = 8  # rows per heads block: 16 / 32 gave a 0.37 / 0.40 ms backward against 0.32 (one block a program)
     warps: int = 4  # per program; 2 or 8 warps no faster
-    # heads blocks per backward heads program (its rows: one partial row of dgamma, dbeta, the z columns' bias) and
-    # bt-row tiles per backward tile program (one partial row of the u, v columns' bias): the backward with a bias
-    # 0.162 ms against 0.167-0.196 for rb 1-8, 0.161-0.189 for 16-row blocks, 0.163-0.256 for tr 4-32, one stream
-    # (32k tokens, e 1536, s 128, nh 4, bf16, H200, 2026-11-27, lab/heads_bwd_sweep.py)
+    # heads blocks per backward heads program (its rows: one partial row of dgamma, dbeta, the z columns' bias).
+    # PENDING MEASUREMENT (lab/heads_bwd_sweep.py)
     rb: int = 16
-    tr: int = 16
+    tr: int = 16  # bt-row tiles per backward tile program (one partial row of the u, v columns' bias). PENDING
 
 
 def default_launch(device: torch.device) -> HeadsLaunch:
@@ -149,25 +146,17 @@ def _bwd_impl(du, dv, dqs, h, gamma, positions, e, s, gating, rope_base, rope_he
         ptrs, hs, sq, mask = [h] * MAX_SPLIT_HEADS, 0, s, 0
     if TT > 0:
         b = h if bias is None else bias
-        # captured in a CUDA graph, the latency-bound heads kernel runs beside the bandwidth-bound tile kernel on a
-        # second stream (eager calls keep one stream: the fork and join cost host time)
-        side = side_stream(h.device) if h.device.type == "cuda" and torch.cuda.is_current_stream_capturing() else None
-        cur = side.fork() if side is not None else None
+        gau_heads_bwd_kernel[(nhb,)](
+            h, b, *ptrs, gamma, positions, _inv_freq(hd, rope_base, str(h.device)), dh, part[0], part[-1], part_z,
+            TT, W, sq,
+            S=s, NH=nh, HD=hd, HS=hs, HAS_DQ=mask, NEED_DP=need_part, HAS_BIAS=bias is not None, NEED_DB=need_db,
+            BTH=cfg.bth, RB=cfg.rb, BH=next_pow2(s // 2), NHP=next_pow2(nh), num_warps=cfg.warps,
+        )
         gau_heads_bwd_tiles_kernel[(ntb * (2 * ne if gating else ne),)](
             h, b, du if du is not None else h, dv if dv is not None else h, dh, part_t, TT, e, W, s,
             GATING=gating, HAS_DU=du is not None, HAS_DV=dv is not None, HAS_BIAS=bias is not None, NEED_DB=need_db,
             BT=cfg.bt, BE=cfg.be, TR=cfg.tr, num_warps=cfg.warps,
         )
-        with on_side(side, cur):
-            gau_heads_bwd_kernel[(nhb,)](
-                h, b, *ptrs, gamma, positions, _inv_freq(hd, rope_base, str(h.device)), dh, part[0], part[-1],
-                part_z, TT, W, sq,
-                S=s, NH=nh, HD=hd, HS=hs, HAS_DQ=mask, NEED_DP=need_part, HAS_BIAS=bias is not None,
-                NEED_DB=need_db, BTH=cfg.bth, RB=cfg.rb, BH=next_pow2(s // 2), NHP=next_pow2(nh),
-                num_warps=cfg.warps,
-            )
-        if side is not None:
-            side.join(cur)
     # the partial rows folded in one launch (separate outputs: a custom op's outputs may not alias each other)
     dgamma, dbeta = (torch.empty(nh, s, **f32), torch.empty(nh, s, **f32)) if need_part else (None, None)
     dbias = torch.empty(W, **f32) if need_db else None
