@@ -122,3 +122,29 @@ def test_dense_equals_f_linear_and_gradcheck(bias):
     xf = torch.randn(7, 6, generator=g)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(dense(xf, lin.weight, lin.bias), lin(xf))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_autocast_weight_grad_in_fp32():
+    """CUDA bf16 autocast, fp32 parameters: the weight gradient of each part comes from the product's fp32 output
+    (no rounding to bf16), so it matches the fp64 product of the same bf16 operands to fp32 accumulation accuracy --
+    closer than F.linear's bf16-rounded one; dx and db agree with F.linear's within bf16's rule."""
+    g = torch.Generator(device="cuda").manual_seed(4)
+    x = torch.randn(4096, 256, generator=g, device="cuda", requires_grad=True)
+    lin = torch.nn.Linear(256, 704).cuda()
+    dy = torch.randn(4096, 704, generator=g, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        ys = split_linear(x, lin.weight, lin.bias, (192, 512))
+        ref = lin(x)
+    grads = []
+    for y in (torch.cat(ys, -1), ref):
+        x.grad = None
+        lin.zero_grad()
+        y.float().mul(dy).sum().backward(retain_graph=True)
+        grads.append((x.grad.clone(), lin.weight.grad.clone(), lin.bias.grad.clone()))
+    exact = dy.bfloat16().double().t() @ x.detach().bfloat16().double()  # the bf16 operands' product, fp64
+    err = lambda a: ((a.double() - exact).abs().max() / exact.abs().max()).item()  # noqa: E731
+    assert err(grads[0][1]) <= 1e-5 < err(grads[1][1])
+    for name, a, b in zip(("dx", "db"), (grads[0][0], grads[0][2]), (grads[1][0], grads[1][2])):
+        torch.testing.assert_close(a, b, rtol=2**-7, atol=2**-7 * b.abs().max().item(), msg=name)

@@ -13,6 +13,7 @@ import triton
 from torch import Tensor
 
 from lintime.ops.custom_op import empty_f32, grad_as, launcher_op, none_if_empty
+from lintime.ops.fold import fold_rows
 from lintime.ops.kernel_launch import cdiv, check_device, interpreting, next_pow2, sm_count
 from lintime.ops.norm.triton.kernels import norm_bwd_kernel, norm_fwd_kernel
 
@@ -187,13 +188,14 @@ def _bwd(dy: Tensor, ds: Tensor | None, x: Tensor, weight: Tensor, bias: Tensor,
     db_part = torch.empty((G, BD) if has_b else (0,), device=x.device, dtype=torch.float32)
     if N:
         norm_bwd_kernel[(G,)](*args(dw_part, db_part), **meta)
+    # the programs' partial rows folded in one launch (fixed order: deterministic)
+    sums = fold_rows([p for p, need in ((dw_part, has_w), (db_part, has_b)) if need]) if N and (has_w or has_b) else []
     if has_w:
-        dw = dw_part.sum(0)[:D] if N else torch.zeros(D, device=x.device)
+        dw = sums[0][:D] if N else torch.zeros(D, device=x.device)
         dw = (dw.sum() if kind == "scalenorm" else dw).to(weight.dtype)
     else:
         dw = torch.empty_like(weight)
-    db = (db_part.sum(0)[:D] if N else torch.zeros(D, device=x.device)).to(bias.dtype) if has_b \
-        else torch.empty_like(bias)
+    db = (sums[-1][:D] if N else torch.zeros(D, device=x.device)).to(bias.dtype) if has_b else torch.empty_like(bias)
     return dx, dr, dw, db, dz
 
 
