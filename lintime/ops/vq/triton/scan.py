@@ -260,7 +260,8 @@ class _OneHotSums(torch.autograd.Function):
     def forward(ctx, hot, v, codes, valid):
         ctx.save_for_backward(codes, valid)
         ctx.v_dtype = v.dtype
-        parts = [torch.bmm(hot[:, h], v[:, :, h], out_dtype=torch.float32) for h in range(hot.shape[1])]
+        H = hot.shape[1]
+        parts = [torch.bmm(hot[:, h], v[:, :, h], out_dtype=torch.float32) for h in range(H)]
         return parts[0].unsqueeze(1) if H == 1 else torch.stack(parts, 1)  # [G, H, S, V]
 
     @staticmethod
