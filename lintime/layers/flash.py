@@ -13,7 +13,10 @@ The layer (the block owns the pre-norm and the residual)::
 
 ``dense(x)`` runs as two products (:func:`lintime.layers._split_linear.split_linear`, one parameter): the ``u``
 part goes to the gate, ``silu(u) * a`` in one pass each way (:func:`lintime.ops.gated_activation`); the ``v, z``
-part to :func:`lintime.ops.gau_heads` (silu, the heads and RoPE: one fused kernel on CUDA).
+part to :func:`lintime.ops.gau_heads` (silu, the heads and RoPE: one fused kernel on CUDA).  On the fused path
+(``fused``, the default) the products run without dense's bias and the two ops add it (``bias[:e]`` the gate,
+``bias[e:]`` the heads op), so its gradient comes out of their backward kernels; ``fused = False`` keeps it in the
+products (the unfused reference of the fused curve).
 
 Inside a chunk ``a`` is ``sum_j relu(q.k * scale + b[i-j])^2 v_j`` with the chunk-local Toeplitz
 bias (seed Code 4, ``max_len = C``: a direct table below 512, RoPE-built from 512); across chunks

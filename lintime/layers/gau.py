@@ -14,7 +14,8 @@ The layer (the block owns the pre-norm and the residual, see :mod:`lintime.layer
 The first three lines are one call of :func:`lintime.ops.gau_heads` (a fused kernel on CUDA) on the ``v, z`` part
 of ``dense(x)``; with gating the ``u`` part is its own product (one parameter,
 :func:`lintime.layers._split_linear.split_linear`) and the gate ``silu(u) * a`` one pass each way
-(:func:`lintime.ops.gated_activation`).
+(:func:`lintime.ops.gated_activation`).  On the fused path the products run without dense's bias, which the two
+ops add (:func:`proj_bias_parts`), so its gradient comes out of their backward kernels.
 
 Attention (``rel_bias`` ``b`` = Toeplitz bias, seed Code 4; ``N_i`` the normaliser)::
 
@@ -88,8 +89,8 @@ def heads_backend(backend: str | None) -> str | None:
 def proj_bias_parts(bias: torch.Tensor | None, e: int, fold: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The input projection's bias as the gate's part ``bias[:e]`` and the heads op's part ``bias[e:]`` (``e = 0``:
     no gate), when ``fold`` (the fused path: the ops add it, and their backward kernels give its gradient as
-    column sums they already hold in registers: 78 us a layer of bias GEMVs at flash-base, 32k tokens, H200,
-    2026-11-27, ``lab/flash_elementwise_time.py``); else ``(None, None)`` (the product adds it)."""
+    column sums they already hold in registers: the two bias GEMVs took 81 us a layer at flash-base, 32k tokens,
+    H200, 2026-11-27, ``lab/flash_elementwise_time.py``); else ``(None, None)`` (the product adds it)."""
     if not fold or bias is None:
         return None, None
     return (bias[:e] if e else None), bias[e:]
