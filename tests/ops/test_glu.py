@@ -246,7 +246,7 @@ def _gate_bias(e, seed, device=DEV):
     return torch.randn(e, generator=torch.Generator().manual_seed(seed)).to(device)
 
 
-@pytest.mark.skipif(CUDA, reason="the CUDA launch's 128-row programs: test_cuda_flash_base_gate_bias")
+@pytest.mark.skipif(CUDA, reason="the CUDA launch's 256-row programs: test_cuda_flash_base_gate_bias")
 def test_gated_bias_cases_cross_the_interpreter_tiles():
     """The bias cases reach what the kernel's bias path handles apart under the launch they run with: several
     partial-sum rows (programs of ``bn rb`` rows) with a partial last one, several row tiles in a program, a partial
@@ -408,8 +408,8 @@ def test_gated_bias_bad_arguments_raise():
 
 @pytest.mark.cuda
 def test_cuda_flash_base_gate_bias_bf16():
-    """The flash-base gate with its bias (32771 rows of 1536: 257 partial-sum rows of the GPU launch, the last
-    partial) in bf16 with an fp32 bias: ``y``, ``du``, ``dv`` within two bf16 roundings of the PyTorch form,
+    """The flash-base gate with its bias (32771 rows of 1536: 129 partial-sum rows of the GPU launch's 256-row
+    programs, the last partial) in bf16 with an fp32 bias: ``y``, ``du``, ``dv`` within two bf16 roundings of the PyTorch form,
     ``dbias`` the fp64 definition of the bf16 inputs to fp32 exactness."""
     U, V, dy, w = _gated_inputs((32771, 1536), seed=34, wide=128, dtype=torch.bfloat16)
     b = _gate_bias(1536, seed=35)
