@@ -198,8 +198,8 @@ class FLASH(Mixer):
         # dense(x) as its gate part and its v, z part; silu of v, z, the scale + offset heads and RoPE: one fused
         # op (v [B, T, e] and 4 or 6 heads [B, T, 1, s]); silu of the gate part is taken by the gate below.  Fused,
         # the two ops add dense's bias (its gradient comes out of their backward kernels, no pass over du, dv, dz)
-        b_u, b_vz = proj_bias_parts(self.proj.bias, e, self.fused)
-        hu, hvz = split_linear(x, self.proj.weight, None if self.fused else self.proj.bias, e)
+        bias, b_u, b_vz = proj_bias_parts(self.proj.bias, e, self.fused)
+        hu, hvz = split_linear(x, self.proj.weight, bias, e)
         _, v, parts = gau_heads(hvz, self.heads.gamma, self.heads.beta, positions, e=e, s=s, gating=False,
                                 rope_base=self.rope_base, split_heads=True, bias=b_vz,
                                 backend=heads_backend(self.backend) if self.fused else "chunk")

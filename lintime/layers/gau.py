@@ -86,14 +86,15 @@ def heads_backend(backend: str | None) -> str | None:
     return backend if backend in ("naive", "chunk", "triton") else None
 
 
-def proj_bias_parts(bias: torch.Tensor | None, e: int, fold: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The input projection's bias as the gate's part ``bias[:e]`` and the heads op's part ``bias[e:]`` (``e = 0``:
-    no gate), when ``fold`` (the fused path: the ops add it, and their backward kernels give its gradient as
-    column sums they already hold in registers: the two bias GEMVs took 81 us a layer at flash-base, 32k tokens,
-    H200, 2026-11-27, ``lab/flash_elementwise_time.py``); else ``(None, None)`` (the product adds it)."""
+def proj_bias_parts(bias: torch.Tensor | None, e: int, fold: bool) -> tuple[torch.Tensor | None, ...]:
+    """The input projection's bias split by who adds it: ``(the product's, the gate's, the heads op's)``.  When
+    ``fold`` (the fused path) the ops add it, the gate ``bias[:e]`` (``e = 0``: no gate) and the heads op ``bias[e:]``,
+    and their backward kernels give its gradient as column sums they already hold in registers (the two bias GEMVs
+    took 81 us a layer at flash-base, 32k tokens, H200, 2026-11-27, ``lab/flash_elementwise_time.py``); else the
+    product adds it: ``(bias, None, None)``."""
     if not fold or bias is None:
-        return None, None
-    return (bias[:e] if e else None), bias[e:]
+        return bias, None, None
+    return None, (bias[:e] if e else None), bias[e:]
 
 
 def longest_sequence(T: int, cu_seqlens: torch.Tensor | None) -> int:
@@ -278,8 +279,7 @@ class GAU(Mixer):
         # silu, split, the scale + offset heads and RoPE per attention head: one fused op; with gating the gate's
         # part of dense(x) is its own product, its silu taken by the gate below (as in FLASH).  Fused, the two ops
         # add dense's bias (its gradient comes out of their backward kernels)
-        b_u, b_vz = proj_bias_parts(self.proj.bias, e if self.gating else 0, self.fused)
-        bias = None if self.fused else self.proj.bias
+        bias, b_u, b_vz = proj_bias_parts(self.proj.bias, e if self.gating else 0, self.fused)
         hu, hvz = (split_linear(x, self.proj.weight, bias, e) if self.gating
                    else (None, dense(x, self.proj.weight, bias)))
         _, v, qk = gau_heads(hvz, self.qk.gamma, self.qk.beta, positions, e=e, s=s, gating=False,

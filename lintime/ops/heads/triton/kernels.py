@@ -43,9 +43,22 @@ def _silu_grad(x):
 
 
 @triton.jit
-def _bias(bias, cols, mask, DT: tl.constexpr):
-    """``bias[cols]`` rounded to ``DT`` (the projection's dtype), as fp32."""
-    return tl.load(bias + cols, mask=mask, other=0.).to(DT).to(tl.float32)
+def _rounded(row, cols, mask, DT: tl.constexpr):
+    """``row[cols]`` of a parameter (``gamma``, ``beta``, ``bias``) rounded to ``DT`` (``h``'s dtype), as fp32."""
+    return tl.load(row + cols, mask=mask, other=0.).to(DT).to(tl.float32)
+
+
+@triton.jit
+def _z_halves(h, bias, o_t, c1, c2, m_j, m_h, W, S: tl.constexpr, HAS_BIAS: tl.constexpr, DT: tl.constexpr):
+    """The rows ``o_t`` of ``z``'s pre-activation (``h``'s last ``S`` columns, plus the bias's), as the two fp32
+    ``[BTH, BH]`` halves ``c1``, ``c2`` of :func:`_rope_layout`."""
+    p_z = h + o_t[:, None] * W + (W - S)
+    b_z1 = tl.load(p_z + c1[None, :], mask=m_h, other=0.).to(tl.float32)
+    b_z2 = tl.load(p_z + c2[None, :], mask=m_h, other=0.).to(tl.float32)
+    if HAS_BIAS:
+        b_z1 += _rounded(bias, W - S + c1, m_j, DT)[None, :]
+        b_z2 += _rounded(bias, W - S + c2, m_j, DT)[None, :]
+    return b_z1, b_z2
 
 
 @triton.jit
@@ -67,10 +80,10 @@ def _pick(n: tl.constexpr, q0, q1, q2, q3, q4, q5):
 
 
 @triton.jit
-def _tile_of(q, E, GATING: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr, TR: tl.constexpr):
-    """Tile program ``q`` (counted from the first tile program): whether its tile is ``v``, its first row
-    (``TR`` row tiles of ``BT`` rows from there), its columns in ``h [TT, W]`` and in ``u`` / ``v [TT, E]``,
-    and their mask."""
+def _tile_of(q, E, GATING: tl.constexpr, BE: tl.constexpr):
+    """Tile program ``q`` (counted from the first tile program): whether its tile is ``v``, its row group ``i_r``
+    (int64: the index of its rows' block, in the caller's unit), its columns in ``h [TT, W]`` and in ``u`` / ``v [TT,
+    E]``, and their mask."""
     NE = tl.cdiv(E, BE)
     if GATING:
         NU = NE
@@ -83,15 +96,15 @@ def _tile_of(q, E, GATING: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr, TR:
         c0 = is_v.to(tl.int32) * E  # v's columns follow u's
     else:
         c0 = 0
-    return is_v, i_r.to(tl.int64) * (BT * TR), c0 + o_e, o_e, o_e < E
+    return is_v, i_r.to(tl.int64), c0 + o_e, o_e, o_e < E
 
 
 @triton.jit
 def _tile(pid, NHB, TT, E, W, GATING: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr):
     """The ``u`` / ``v`` tile of tile program ``pid`` (one row tile): whether it is ``v``, the offsets of its
     elements in ``h [TT, W]`` and in ``u`` / ``v [TT, E]``, their mask and their ``h`` columns."""
-    is_v, r0, o_c, o_e, m_c = _tile_of(pid - NHB, E, GATING, BT, BE, 1)
-    o_t = r0 + tl.arange(0, BT)
+    is_v, i_r, o_c, o_e, m_c = _tile_of(pid - NHB, E, GATING, BE)
+    o_t = i_r * BT + tl.arange(0, BT)
     o_h = o_t[:, None] * W + o_c[None, :]
     o_o = o_t[:, None] * E + o_e[None, :]
     return is_v, o_h, o_o, (o_t < TT)[:, None] & m_c[None, :], o_c
@@ -132,19 +145,14 @@ def gau_heads_fwd_kernel(
     NHB = tl.cdiv(TT, BTH)
     if pid < NHB:  # z and the heads
         o_t, c1, c2, m_j, m_h, b_cos, b_sin = _rope_layout(freq, p_pos, pid, TT, S, HD, BTH, BH)
-        p_z = h + o_t[:, None] * W + (W - S)
-        b_z1 = tl.load(p_z + c1[None, :], mask=m_h, other=0.).to(tl.float32)
-        b_z2 = tl.load(p_z + c2[None, :], mask=m_h, other=0.).to(tl.float32)
-        if HAS_BIAS:
-            b_z1 += _bias(bias, W - S + c1, m_j, DT)[None, :]
-            b_z2 += _bias(bias, W - S + c2, m_j, DT)[None, :]
+        b_z1, b_z2 = _z_halves(h, bias, o_t, c1, c2, m_j, m_h, W, S, HAS_BIAS, DT)
         b_z1 = b_z1 / (1.0 + tl.exp(-b_z1))  # silu (seed Code 6)
         b_z2 = b_z2 / (1.0 + tl.exp(-b_z2))
         for n in tl.static_range(NH):
-            b_g1 = tl.load(gamma + n * S + c1, mask=m_j, other=0.).to(DT).to(tl.float32)
-            b_g2 = tl.load(gamma + n * S + c2, mask=m_j, other=0.).to(DT).to(tl.float32)
-            b_b1 = tl.load(beta + n * S + c1, mask=m_j, other=0.).to(DT).to(tl.float32)
-            b_b2 = tl.load(beta + n * S + c2, mask=m_j, other=0.).to(DT).to(tl.float32)
+            b_g1 = _rounded(gamma + n * S, c1, m_j, DT)
+            b_g2 = _rounded(gamma + n * S, c2, m_j, DT)
+            b_b1 = _rounded(beta + n * S, c1, m_j, DT)
+            b_b2 = _rounded(beta + n * S, c2, m_j, DT)
             b_q1 = b_z1 * b_g1[None, :] + b_b1[None, :]  # scale + offset (seed Code 6)
             b_q2 = b_z2 * b_g2[None, :] + b_b2[None, :]
             p_o = _pick(n, q0, q1, q2, q3, q4, q5) + n * HS + o_t[:, None] * SQ
@@ -154,7 +162,7 @@ def gau_heads_fwd_kernel(
         is_v, o_h, o_o, m_e, o_c = _tile(pid, NHB, TT, E, W, GATING, BT, BE)
         b_x = tl.load(h + o_h, mask=m_e, other=0.).to(tl.float32)
         if HAS_BIAS:
-            b_x += _bias(bias, o_c, o_c < W, DT)[None, :]
+            b_x += _rounded(bias, o_c, o_c < W, DT)[None, :]
         b_y = (b_x / (1.0 + tl.exp(-b_x))).to(DT)
         if is_v:
             tl.store(v + o_o, b_y, mask=m_e)
@@ -194,12 +202,7 @@ def gau_heads_bwd_kernel(
     b_db2 = tl.zeros([BTH, BH], dtype=tl.float32)
     for i_b in range(RB):
         o_t, c1, c2, m_j, m_h, b_cos, b_sin = _rope_layout(freq, p_pos, pid * RB + i_b, TT, S, HD, BTH, BH)
-        p_z = h + o_t[:, None] * W + (W - S)
-        b_z1 = tl.load(p_z + c1[None, :], mask=m_h, other=0.).to(tl.float32)
-        b_z2 = tl.load(p_z + c2[None, :], mask=m_h, other=0.).to(tl.float32)
-        if HAS_BIAS:
-            b_z1 += _bias(bias, W - S + c1, m_j, DT)[None, :]
-            b_z2 += _bias(bias, W - S + c2, m_j, DT)[None, :]
+        b_z1, b_z2 = _z_halves(h, bias, o_t, c1, c2, m_j, m_h, W, S, HAS_BIAS, DT)
         b_ds1 = tl.zeros([BTH, BH], dtype=tl.float32)  # d silu(z)
         b_ds2 = tl.zeros([BTH, BH], dtype=tl.float32)
         b_s1 = b_z1 / (1.0 + tl.exp(-b_z1))
@@ -211,8 +214,8 @@ def gau_heads_bwd_kernel(
                 b_do2 = tl.load(p_d + c2[None, :], mask=m_h, other=0.).to(tl.float32)
                 b_dq1 = b_do1 * b_cos + b_do2 * b_sin  # the transposed rotation
                 b_dq2 = b_do2 * b_cos - b_do1 * b_sin
-                b_g1 = tl.load(gamma + n * S + c1, mask=m_j, other=0.).to(DT).to(tl.float32)
-                b_g2 = tl.load(gamma + n * S + c2, mask=m_j, other=0.).to(DT).to(tl.float32)
+                b_g1 = _rounded(gamma + n * S, c1, m_j, DT)
+                b_g2 = _rounded(gamma + n * S, c2, m_j, DT)
                 b_ds1 += b_dq1 * b_g1[None, :]
                 b_ds2 += b_dq2 * b_g2[None, :]
                 if NEED_DP:  # padding rows hold dq = 0
@@ -258,12 +261,12 @@ def gau_heads_bwd_tiles_kernel(
     NE)`` of ``dbias_part [G, W - S]`` (the ``u``, ``v`` columns' bias)."""
     q = tl.program_id(0)
     DT = dh.dtype.element_ty
-    is_v, r0, o_c, o_e, m_c = _tile_of(q, E, GATING, BT, BE, TR)
+    is_v, i_g, o_c, o_e, m_c = _tile_of(q, E, GATING, BE)
     if HAS_BIAS:
-        b_b = _bias(bias, o_c, m_c, DT)[None, :]
+        b_b = _rounded(bias, o_c, m_c, DT)[None, :]
     b_db = tl.zeros([BT, BE], dtype=tl.float32)  # d bias, per row
     for i_r in range(TR):
-        o_t = r0 + i_r * BT + tl.arange(0, BT)
+        o_t = (i_g * TR + i_r) * BT + tl.arange(0, BT)
         m_e = (o_t < TT)[:, None] & m_c[None, :]
         o_o = o_t[:, None] * E + o_e[None, :]
         b_dy = tl.zeros([BT, BE], dtype=tl.float32)
@@ -282,9 +285,4 @@ def gau_heads_bwd_tiles_kernel(
         if NEED_DB:
             b_db += b_d
     if NEED_DB:
-        NE = tl.cdiv(E, BE)
-        if GATING:
-            i_g = q // (2 * NE)
-        else:
-            i_g = q // NE
-        tl.store(dbias_part + i_g.to(tl.int64) * (W - S) + o_c, tl.sum(b_db, 0), mask=m_c)
+        tl.store(dbias_part + i_g * (W - S) + o_c, tl.sum(b_db, 0), mask=m_c)
