@@ -150,7 +150,7 @@ def _bwd_impl(du, dv, dqs, h, gamma, positions, e, s, gating, rope_base, rope_he
             h, b, *ptrs, gamma, positions, _inv_freq(hd, rope_base, str(h.device)), dh, part[0], part[-1], part_z,
             TT, W, sq,
             S=s, NH=nh, HD=hd, HS=hs, HAS_DQ=mask, NEED_DP=need_part, HAS_BIAS=bias is not None, NEED_DB=need_db,
-            BTH=cfg.bth, RB=cfg.rb, BH=next_pow2(s // 2), NHP=next_pow2(nh), num_warps=cfg.warps,
+            BTH=cfg.bth, RB=cfg.rb, BH=next_pow2(s // 2), num_warps=cfg.warps,
         )
         gau_heads_bwd_tiles_kernel[(ntb * (2 * ne if gating else ne),)](
             h, b, du if du is not None else h, dv if dv is not None else h, dh, part_t, TT, e, W, s,

@@ -25,8 +25,8 @@ Head ``n``'s rows (``heads`` or its gradient) start at ``q<n> + n HS`` with row 
 compile time by :func:`_pick`).  ``bias`` (optional, ``[W]``): the projection's bias, added by the kernels
 (rounded to ``h``'s dtype, then in fp32) instead of the product's epilogue, so that its gradient comes from
 the backward's registers.  A backward heads program walks ``RB`` blocks of ``BTH`` rows and keeps the per-row
-terms of ``dgamma`` / ``dbeta`` / the bias in registers (``[NHP, BTH, BH]`` tiles, head ``n`` in plane ``n``),
-sums them over rows once and stores one partial row; :func:`lintime.ops.fold.fold_rows` folds those rows.
+terms of ``dgamma`` / ``dbeta`` / the bias in registers (``[BTH, BH]`` tiles, one per head, half and quantity:
+:func:`_add_at`), sums them over rows once and stores one partial row; :func:`lintime.ops.fold.fold_rows` folds those rows.
 """
 
 from __future__ import annotations
@@ -77,6 +77,26 @@ def _pick(n: tl.constexpr, q0, q1, q2, q3, q4, q5):
     else:
         p = q5
     return p
+
+
+@triton.jit
+def _add_at(n: tl.constexpr, x, a0, a1, a2, a3, a4, a5):
+    """``a<n> += x`` for a compile-time ``n`` (``a5`` for ``n >= 5``), the six returned: per-head accumulators in
+    registers (Triton has no indexed register tensors; a head-masked update of one ``[NH, ...]`` tile costs ``NH``
+    times the work)."""
+    if n == 0:
+        a0 += x
+    elif n == 1:
+        a1 += x
+    elif n == 2:
+        a2 += x
+    elif n == 3:
+        a3 += x
+    elif n == 4:
+        a4 += x
+    else:
+        a5 += x
+    return a0, a1, a2, a3, a4, a5
 
 
 @triton.jit
@@ -176,7 +196,7 @@ def gau_heads_bwd_kernel(
     TT, W, SQ,
     S: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, HS: tl.constexpr,
     HAS_DQ: tl.constexpr, NEED_DP: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DB: tl.constexpr,
-    BTH: tl.constexpr, RB: tl.constexpr, BH: tl.constexpr, NHP: tl.constexpr,
+    BTH: tl.constexpr, RB: tl.constexpr, BH: tl.constexpr,
 ):
     """The heads' part of ``dh`` (the ``z`` columns; absent head gradients count as zero: bit ``n`` of ``HAS_DQ``
     says whether head ``n``'s gradient ``dq<n> + n HS`` exists), one program per ``RB`` blocks of ``BTH`` rows,
@@ -191,15 +211,16 @@ def gau_heads_bwd_kernel(
     occupancy."""
     pid = tl.program_id(0)
     DT = dh.dtype.element_ty
-    o_n = tl.arange(0, NHP)[:, None, None]
-    # this program's per-row terms, head n in plane n, summed over rows once after the loop: row sums per block
-    # and head inside the loop took 0.240 ms a call against 0.163 (lab/heads_bwd_sweep.py, H200, 2026-11-27)
-    b_g1p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
-    b_g2p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
-    b_b1p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
-    b_b2p = tl.zeros([NHP, BTH, BH], dtype=tl.float32)
-    b_db1 = tl.zeros([BTH, BH], dtype=tl.float32)  # d bias of the z columns, per row
-    b_db2 = tl.zeros([BTH, BH], dtype=tl.float32)
+    # this program's per-row terms of dgamma / dbeta, one [BTH, BH] tile per head, half and quantity, summed over
+    # rows once after the loop (row sums per block inside the loop: 0.240 ms a call against 0.163; one [NHP, BTH,
+    # BH] tile per quantity updated through a head mask: PENDING, lab/heads_bwd_ab.py)
+    z = tl.zeros([BTH, BH], dtype=tl.float32)
+    g1_0, g1_1, g1_2, g1_3, g1_4, g1_5 = z, z, z, z, z, z  # dq1 silu(z1) of head n (dgamma, first halves)
+    g2_0, g2_1, g2_2, g2_3, g2_4, g2_5 = z, z, z, z, z, z
+    b1_0, b1_1, b1_2, b1_3, b1_4, b1_5 = z, z, z, z, z, z  # dq1 of head n (dbeta)
+    b2_0, b2_1, b2_2, b2_3, b2_4, b2_5 = z, z, z, z, z, z
+    b_db1 = z  # d bias of the z columns, per row
+    b_db2 = z
     for i_b in range(RB):
         o_t, c1, c2, m_j, m_h, b_cos, b_sin = _rope_layout(freq, p_pos, pid * RB + i_b, TT, S, HD, BTH, BH)
         b_z1, b_z2 = _z_halves(h, bias, o_t, c1, c2, m_j, m_h, W, S, HAS_BIAS, DT)
@@ -219,11 +240,10 @@ def gau_heads_bwd_kernel(
                 b_ds1 += b_dq1 * b_g1[None, :]
                 b_ds2 += b_dq2 * b_g2[None, :]
                 if NEED_DP:  # padding rows hold dq = 0
-                    m_n = o_n == n
-                    b_g1p += tl.where(m_n, (b_dq1 * b_s1)[None, :, :], 0.)
-                    b_g2p += tl.where(m_n, (b_dq2 * b_s2)[None, :, :], 0.)
-                    b_b1p += tl.where(m_n, b_dq1[None, :, :], 0.)
-                    b_b2p += tl.where(m_n, b_dq2[None, :, :], 0.)
+                    g1_0, g1_1, g1_2, g1_3, g1_4, g1_5 = _add_at(n, b_dq1 * b_s1, g1_0, g1_1, g1_2, g1_3, g1_4, g1_5)
+                    g2_0, g2_1, g2_2, g2_3, g2_4, g2_5 = _add_at(n, b_dq2 * b_s2, g2_0, g2_1, g2_2, g2_3, g2_4, g2_5)
+                    b1_0, b1_1, b1_2, b1_3, b1_4, b1_5 = _add_at(n, b_dq1, b1_0, b1_1, b1_2, b1_3, b1_4, b1_5)
+                    b2_0, b2_1, b2_2, b2_3, b2_4, b2_5 = _add_at(n, b_dq2, b2_0, b2_1, b2_2, b2_3, b2_4, b2_5)
         b_dz1 = b_ds1 * _silu_grad(b_z1)  # padding rows: 0
         b_dz2 = b_ds2 * _silu_grad(b_z2)
         p_dz = dh + o_t[:, None] * W + (W - S)
@@ -234,18 +254,18 @@ def gau_heads_bwd_kernel(
             b_db2 += b_dz2
     o_j = tl.arange(0, BH)
     c1 = (o_j // HD) * (2 * HD) + o_j % HD
+    m_j = o_j < S // 2
     if NEED_DP:
-        o_m = tl.arange(0, NHP)[:, None]
-        o_p = (pid.to(tl.int64) * NH + o_m) * S
-        m_p = (o_m < NH) & (o_j < S // 2)[None, :]
-        tl.store(dgamma_part + o_p + c1[None, :], tl.sum(b_g1p, 1), mask=m_p)
-        tl.store(dgamma_part + o_p + (c1 + HD)[None, :], tl.sum(b_g2p, 1), mask=m_p)
-        tl.store(dbeta_part + o_p + c1[None, :], tl.sum(b_b1p, 1), mask=m_p)
-        tl.store(dbeta_part + o_p + (c1 + HD)[None, :], tl.sum(b_b2p, 1), mask=m_p)
+        for n in tl.static_range(NH):  # heads without a gradient store their zeros
+            o_p = (pid.to(tl.int64) * NH + n) * S
+            tl.store(dgamma_part + o_p + c1, tl.sum(_pick(n, g1_0, g1_1, g1_2, g1_3, g1_4, g1_5), 0), mask=m_j)
+            tl.store(dgamma_part + o_p + c1 + HD, tl.sum(_pick(n, g2_0, g2_1, g2_2, g2_3, g2_4, g2_5), 0), mask=m_j)
+            tl.store(dbeta_part + o_p + c1, tl.sum(_pick(n, b1_0, b1_1, b1_2, b1_3, b1_4, b1_5), 0), mask=m_j)
+            tl.store(dbeta_part + o_p + c1 + HD, tl.sum(_pick(n, b2_0, b2_1, b2_2, b2_3, b2_4, b2_5), 0), mask=m_j)
     if NEED_DB:
         p_b = dbias_part + pid.to(tl.int64) * S
-        tl.store(p_b + c1, tl.sum(b_db1, 0), mask=o_j < S // 2)
-        tl.store(p_b + c1 + HD, tl.sum(b_db2, 0), mask=o_j < S // 2)
+        tl.store(p_b + c1, tl.sum(b_db1, 0), mask=m_j)
+        tl.store(p_b + c1 + HD, tl.sum(b_db2, 0), mask=m_j)
 
 
 @triton.jit
