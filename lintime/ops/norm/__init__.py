@@ -7,7 +7,9 @@ fp32 residual stream and one bf16 write per norm instead of the composite's eigh
 the backward is one pass too (``dx`` and the per-feature partial sums of ``dweight`` / ``dbias``).
 Statistics are always fp32 (fp64 for fp64 inputs).  :func:`add_normalize` also reads the branch output,
 writes the new residual stream, and adds the stream's gradient in its backward pass: the separate add
-passes of ``x = x + y`` (forward, and the gradient sum and cast backward) disappear.
+passes of ``x = x + y`` (forward, and the gradient sum and cast backward) disappear; its ``branch_bias`` adds the
+branch's own bias in the same pass (a projection run without it), its gradient the column sums the backward pass
+already walks (no GEMV over the branch's gradient).
 :func:`gated_normalize` multiplies the normalised row by ``silu(gate)`` in the same pass (GLA's head norm and
 output gate), and splits the gradient between the gate and the norm in the backward's.
 """
@@ -79,6 +81,15 @@ def _check_pair(op: str, x: torch.Tensor, name: str, t) -> None:
         raise ValueError(f"{op}: {name} is on {t.device}, x on {x.device}")
 
 
+def _check_branch_bias(op: str, x: torch.Tensor, t) -> None:
+    """``branch_bias``: a floating ``[D]`` tensor on ``x``'s device (any floating dtype)."""
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point() or tuple(t.shape) != (x.shape[-1],):
+        got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{op}: branch_bias must be a floating tensor of shape ({x.shape[-1]},), got {got}")
+    if t.device != x.device:
+        raise ValueError(f"{op}: branch_bias is on {t.device}, x on {x.device}")
+
+
 def _traced_backend(backend: str | None) -> str | None:
     """The automatic backend of the two-input fused ops while ``torch.compile`` traces: their PyTorch form, which
     inductor fuses itself (the Triton custom ops' joint graph failed inductor's functional-graph check on CUDA:
@@ -136,33 +147,48 @@ def add_normalize(
     weight: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     *,
+    branch_bias: torch.Tensor | None = None,
     kind: str = "layernorm",
     eps: float = 1e-5,
     out_dtype: torch.dtype | None = None,
     backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A pre-norm block's residual add and the norm after it: ``s = x + branch``, ``(s, normalize(s))``.
+    """A pre-norm block's residual add and the norm after it: ``s = x + branch``, ``(s, normalize(s))``; with
+    ``branch_bias``, ``s = x + (branch + branch_bias)``: the branch's own bias (a projection run without it) added
+    in the same pass, its gradient the column sums the backward pass already walks.
 
     Args:
         x: ``[..., D]`` the residual stream (fp32 under autocast).
         branch: ``[..., D]`` the sub-layer output added to it (the autocast dtype under autocast).
+        branch_bias: ``None`` or ``[D]``, any floating dtype, on ``x``'s device (the FLASH / GAU output
+            projection's fp32 bias).  The rule: ``branch_bias`` is rounded to ``branch``'s dtype, then
+            ``x + (branch + branch_bias)`` is computed in fp32 (fp64 if ``x`` or ``branch`` is fp64) and rounded
+            once to the sum's dtype.  Its gradient is the column sums of ``branch``'s gradient, accumulated in
+            fp32 (fp64) from the values before they are rounded to ``branch``'s dtype, rounded once to
+            ``branch_bias``'s dtype.
         weight, bias, kind, eps, backend: as for :func:`normalize`.
         out_dtype: the normalised result's dtype (default: the sum's).
     Returns:
-        ``s [..., D]`` in ``torch.promote_types(x.dtype, branch.dtype)`` (what ``x + branch`` gives) and
-        ``normalize(s) [..., D]`` in ``out_dtype``.  Gradients flow to ``x`` and ``branch`` (each in its
-        own dtype: the sum of ``s``'s gradient and the norm's), ``weight`` and ``bias``.
+        ``s [..., D]`` in ``torch.promote_types(x.dtype, branch.dtype)`` (what ``x + branch`` gives;
+        ``branch_bias``'s dtype does not enter) and ``normalize(s) [..., D]`` in ``out_dtype``.  Gradients flow to
+        ``x`` and ``branch`` (each in its own dtype: the sum of ``s``'s gradient and the norm's), ``branch_bias``,
+        ``weight`` and ``bias``.
     """
-    _check("add_normalize", x, weight, bias, kind)
-    _check_pair("add_normalize", x, "branch", branch)
+    op = "add_normalize"
+    _check(op, x, weight, bias, kind)
+    _check_pair(op, x, "branch", branch)
+    if branch_bias is not None:
+        _check_branch_bias(op, x, branch_bias)
     D = x.shape[-1]
     s_dtype = torch.promote_types(x.dtype, branch.dtype)
     out_dtype = s_dtype if out_dtype is None else out_dtype
     backend = _traced_backend(backend)
-    impls = _impls(_ADD_IMPLS, backend, x.dtype, branch.dtype, out_dtype)
+    extra = () if branch_bias is None else (branch_bias.dtype,)
+    impls = _impls(_ADD_IMPLS, backend, x.dtype, branch.dtype, out_dtype, *extra)
     x2 = x.reshape(-1, D)
-    impl = select("add_normalize", backend, impls, x2[None])
-    s, y = impl(x2, branch.reshape(-1, D), weight, bias, kind=kind, eps=float(eps), out_dtype=out_dtype)
+    impl = select(op, backend, impls, x2[None])
+    s, y = impl(x2, branch.reshape(-1, D), weight, bias, kind=kind, eps=float(eps), out_dtype=out_dtype,
+                branch_bias=branch_bias)
     return s.view(x.shape), y.view(x.shape)
 
 

@@ -23,10 +23,18 @@ def torch_normalize(x, weight, bias, *, kind, eps, out_dtype):
     return y.to(out_dtype)
 
 
-def torch_add_normalize(x, r, weight, bias, *, kind, eps, out_dtype):
+def torch_add_normalize(x, r, weight, bias, *, kind, eps, out_dtype, branch_bias=None):
     """Same arguments and results as :func:`lintime.ops.norm.add_normalize` on ``x, r [N, D]``: the residual
-    add of a pre-norm block (type promotion as ``x + r``) and then :func:`torch_normalize`."""
-    s = x + r
+    add of a pre-norm block (type promotion as ``x + r``) and then :func:`torch_normalize`.  With ``branch_bias``:
+    ``x + (r + branch_bias rounded to r's dtype)`` in fp32 (fp64 if ``x`` or ``r`` is), rounded once; the bias's
+    gradient summed in that precision (the op's rule, :func:`lintime.ops.norm.add_normalize`)."""
+    if branch_bias is None:
+        s = x + r
+    else:
+        acc = torch.float64 if torch.float64 in (x.dtype, r.dtype) else torch.float32
+        c = branch_bias.to(acc)
+        c = c + (branch_bias.to(r.dtype).to(acc) - c).detach()  # rounded value, unrounded gradient
+        s = (x.to(acc) + (r.to(acc) + c)).to(torch.promote_types(x.dtype, r.dtype))
     return s, torch_normalize(s, weight, bias, kind=kind, eps=eps, out_dtype=out_dtype)
 
 

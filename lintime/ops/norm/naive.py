@@ -24,10 +24,20 @@ def naive_normalize(x, weight, bias, *, kind, eps, out_dtype):
     return y.to(out_dtype)
 
 
-def naive_add_normalize(x, r, weight, bias, *, kind, eps, out_dtype):
+def naive_add_normalize(x, r, weight, bias, *, kind, eps, out_dtype, branch_bias=None):
     """Same arguments and results as :func:`lintime.ops.norm.add_normalize` on ``x, r [N, D]``: the sum in
-    the promoted dtype of ``x`` and ``r``, then :func:`naive_normalize` of it."""
-    s = x.to(torch.promote_types(x.dtype, r.dtype)) + r
+    the promoted dtype of ``x`` and ``r``, then :func:`naive_normalize` of it.  With ``branch_bias [D]`` the sum is
+    ``x + (r + branch_bias)`` in fp32 (fp64 if ``x`` or ``r`` is), ``branch_bias``'s value rounded to ``r``'s dtype
+    first, the result rounded once; its gradient (the rows' sum of the sum's) passes the rounding in that
+    precision and is rounded once to ``branch_bias``'s dtype."""
+    s_dtype = torch.promote_types(x.dtype, r.dtype)
+    if branch_bias is None:
+        s = x.to(s_dtype) + r
+    else:
+        acc = torch.float64 if torch.float64 in (x.dtype, r.dtype) else torch.float32
+        c = branch_bias.to(acc)
+        c = c + (branch_bias.to(r.dtype).to(acc) - c).detach()  # the value rounded to r's dtype, the gradient not
+        s = (x.to(acc) + (r.to(acc) + c)).to(s_dtype)
     return s, naive_normalize(s, weight, bias, kind=kind, eps=eps, out_dtype=out_dtype)
 
 

@@ -12,7 +12,9 @@ one write per element); the row tail of the last tile is masked.  ``KIND``: 0 la
 ``HAS_R`` (add_normalize): the row normalised is ``s = x + r`` (``R`` the branch output added to the
 residual stream ``X``), rounded to ``S``'s dtype and written there; the backward then adds the
 stream's own gradient ``DS`` (``HAS_DS``) to the norm's and writes the sum to ``DX`` in the stream's
-dtype and, when the branch's dtype differs (``HAS_DR``), to ``DR`` in the branch's.
+dtype and, when the branch's dtype differs (``HAS_DR``), to ``DR`` in the branch's.  ``HAS_RB``: the branch's
+bias ``RB [D]`` (rounded to ``R``'s dtype) is added to ``r`` in fp32 first, ``s = x + (r + rb)``; the backward
+(``HAS_DRB``) sums that same fp32 gradient over each program's rows into ``DRB [G, BD]`` (like ``DW`` / ``DB``).
 
 ``HAS_GATE`` (gated_normalize): the normalised row ``n`` leaves multiplied by ``silu(z)`` (``Z`` the gate, read
 in the same pass); the backward writes ``dz = dy n silu'(z)`` to ``DZ`` and runs the norm's backward on
@@ -49,10 +51,10 @@ def _tile(i_t, N, m_d, BM: tl.constexpr):
 
 @triton.jit
 def norm_fwd_kernel(
-    X, R, Z, W, B, S, Y, MEAN, RSTD,
+    X, R, RB, Z, W, B, S, Y, MEAN, RSTD,
     stride_x, stride_r, stride_z, stride_s, stride_y, N, D, eps,
     KIND: tl.constexpr, HAS_W: tl.constexpr, W_SCALAR: tl.constexpr, HAS_B: tl.constexpr, HAS_R: tl.constexpr,
-    HAS_GATE: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
+    HAS_RB: tl.constexpr, HAS_GATE: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
 ):
     i_p = tl.program_id(0)
     G = tl.num_programs(0)
@@ -61,11 +63,15 @@ def norm_fwd_kernel(
     b_w = _gain(W, o_d, m_d, HAS_W, W_SCALAR)  # [1, BD]
     if HAS_B:
         b_b = tl.load(B + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+    if HAS_RB:  # the branch's bias as the branch's dtype holds it
+        b_rb = tl.load(RB + o_d, mask=m_d, other=0.0).to(R.dtype.element_ty).to(tl.float32)[None, :]
     for i_t in range(i_p, tl.cdiv(N, BM), G):
         o_m, m_m, m = _tile(i_t, N, m_d, BM)
         b_x = tl.load(X + o_m[:, None] * stride_x + o_d[None, :], mask=m, other=0.0).to(tl.float32)  # [BM, BD]
         if HAS_R:
             b_r = tl.load(R + o_m[:, None] * stride_r + o_d[None, :], mask=m, other=0.0).to(tl.float32)
+            if HAS_RB:
+                b_r = b_r + b_rb
             # the stream as stored (rounded to its dtype) is what the norm reads, as in `s = x + r; norm(s)`
             b_s = (b_x + b_r).to(S.dtype.element_ty)
             tl.store(S + o_m[:, None] * stride_s + o_d[None, :], b_s, mask=m)
@@ -90,14 +96,15 @@ def norm_fwd_kernel(
 
 @triton.jit
 def norm_bwd_kernel(
-    X, Z, W, B, DY, DS, DX, DR, DZ, MEAN, RSTD, DW, DB,
+    X, Z, W, B, DY, DS, DX, DR, DZ, MEAN, RSTD, DW, DB, DRB,
     stride_x, stride_z, stride_dy, stride_ds, stride_dx, stride_dr, stride_dz, N, D,
     KIND: tl.constexpr, HAS_W: tl.constexpr, W_SCALAR: tl.constexpr, HAS_B: tl.constexpr, HAS_DS: tl.constexpr,
-    HAS_DR: tl.constexpr, HAS_GATE: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
+    HAS_DR: tl.constexpr, HAS_DRB: tl.constexpr, HAS_GATE: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
 ):
     """``dx = rstd (g - mean(g) - xhat mean(g xhat))`` for layernorm, ``rstd (g - xhat mean(g xhat))``
     otherwise, with ``g = dy * weight`` (plus ``ds`` with ``HAS_DS``); ``DW [G, BD]`` / ``DB [G, BD]``
-    get each program's sums of ``dy * xhat`` / ``dy`` over its rows.  With ``HAS_GATE``, ``dy`` is first
+    get each program's sums of ``dy * xhat`` / ``dy`` over its rows, ``DRB [G, BD]`` (``HAS_DRB``) those of ``dx``
+    itself in fp32 (the branch bias's gradient).  With ``HAS_GATE``, ``dy`` is first
     split into the gate's gradient and the norm's ``dy * silu(z)``.  Rows past ``N`` load ``dy = 0`` and
     add nothing to the sums."""
     i_p = tl.program_id(0)
@@ -107,6 +114,7 @@ def norm_bwd_kernel(
     b_w = _gain(W, o_d, m_d, HAS_W, W_SCALAR)  # [1, BD]
     b_dw = tl.zeros([BD], dtype=tl.float32)
     b_db = tl.zeros([BD], dtype=tl.float32)
+    b_drb = tl.zeros([BD], dtype=tl.float32)
     if HAS_B:  # read by the gated backward only
         b_b = tl.load(B + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
     for i_t in range(i_p, tl.cdiv(N, BM), G):
@@ -145,7 +153,11 @@ def norm_bwd_kernel(
             b_dw += tl.sum(b_dy * b_xhat, 0)
         if HAS_B:
             b_db += tl.sum(b_dy, 0)
+        if HAS_DRB:  # rows past N hold dx = 0 (dy, ds loaded as 0); columns past D are not folded
+            b_drb += tl.sum(b_dx, 0)
     if HAS_W:
         tl.store(DW + i_p * BD + o_d, b_dw)
     if HAS_B:
         tl.store(DB + i_p * BD + o_d, b_db)
+    if HAS_DRB:
+        tl.store(DRB + i_p * BD + o_d, b_drb)

@@ -137,9 +137,10 @@ def _flags(kind: str, weight: Tensor, bias: Tensor) -> dict:
 
 
 def _fwd(x: Tensor, r: Tensor | None, weight: Tensor, bias: Tensor, kind: str, eps: float,
-         out_dtype: torch.dtype, z: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(s, y, mean, rstd)``: ``s = x + r`` (an empty tensor without ``r``) and ``y = norm(s)`` (times
-    ``silu(z)`` with a gate ``z``)."""
+         out_dtype: torch.dtype, z: Tensor | None = None,
+         rb: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(s, y, mean, rstd)``: ``s = x + r`` (an empty tensor without ``r``; ``x + (r + rb)`` with the branch's bias
+    ``rb``) and ``y = norm(s)`` (times ``silu(z)`` with a gate ``z``)."""
     N, D = x.shape
     BD, BM, warps, tiles = tiling(N, D)
     s = x.new_empty((N, D), dtype=torch.promote_types(x.dtype, r.dtype)) if r is not None else empty_f32(x)
@@ -149,20 +150,23 @@ def _fwd(x: Tensor, r: Tensor | None, weight: Tensor, bias: Tensor, kind: str, e
     if N:
         rr, ss = (x, x) if r is None else (r, s)  # unread without HAS_R
         zz = x if z is None else z  # unread without HAS_GATE
-        args = (x, rr, zz, weight, bias, ss, y, mean, rstd, x.stride(0), rr.stride(0), zz.stride(0), ss.stride(0),
-                y.stride(0), N, D, eps)
-        meta = dict(**_flags(kind, weight, bias), HAS_R=r is not None, HAS_GATE=z is not None, BM=BM, BD=BD,
-                    num_warps=warps)
+        rbb = x if rb is None else rb  # unread without HAS_RB
+        args = (x, rr, rbb, zz, weight, bias, ss, y, mean, rstd, x.stride(0), rr.stride(0), zz.stride(0),
+                ss.stride(0), y.stride(0), N, D, eps)
+        meta = dict(**_flags(kind, weight, bias), HAS_R=r is not None, HAS_RB=rb is not None, HAS_GATE=z is not None,
+                    BM=BM, BD=BD, num_warps=warps)
         norm_fwd_kernel[(_programs(norm_fwd_kernel, args, meta, x, tiles),)](*args, **meta)
     return s, y, mean, rstd
 
 
 def _bwd(dy: Tensor, ds: Tensor | None, x: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor,
-         kind: str, dx_dtype: torch.dtype, dr_dtype: torch.dtype | None,
-         z: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``(dx, dr, dw, db, dz)``: ``dx = ds + norm'(dy)`` in ``dx_dtype``, the same values in ``dr_dtype`` as
-    ``dr`` (an empty tensor when ``dr_dtype`` is ``None``), the gain / bias gradients (empty when absent) and,
-    with a gate ``z``, its gradient ``dz`` (``norm'`` then takes ``dy * silu(z)``; else ``dz`` is empty)."""
+         kind: str, dx_dtype: torch.dtype, dr_dtype: torch.dtype | None, z: Tensor | None = None,
+         rb: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(dx, dr, dw, db, dz, drb)``: ``dx = ds + norm'(dy)`` in ``dx_dtype``, the same values in ``dr_dtype`` as
+    ``dr`` (an empty tensor when ``dr_dtype`` is ``None``), the gain / bias gradients (empty when absent), with a
+    gate ``z`` its gradient ``dz`` (``norm'`` then takes ``dy * silu(z)``; else ``dz`` is empty) and, with a branch
+    bias ``rb``, its gradient ``drb``: the column sums of ``dx`` in fp32 before its rounding, in ``rb``'s dtype
+    (else empty)."""
     N, D = x.shape
     BD, BM, warps, tiles = tiling(N, D, backward=True)
     dy = dy if dy.stride(-1) == 1 else dy.contiguous()
@@ -172,31 +176,37 @@ def _bwd(dy: Tensor, ds: Tensor | None, x: Tensor, weight: Tensor, bias: Tensor,
     dr = empty_f32(x) if dr_dtype is None else torch.empty((N, D), device=x.device, dtype=dr_dtype)
     dz = empty_f32(x) if z is None else torch.empty((N, D), device=x.device, dtype=z.dtype)
     flags = _flags(kind, weight, bias)
-    has_w, has_b = flags["HAS_W"], flags["HAS_B"]
+    has_w, has_b, has_rb = flags["HAS_W"], flags["HAS_B"], rb is not None
     dss, drr = (dx if ds is None else ds), (dx if dr_dtype is None else dr)  # unread / unwritten without the flag
     zz, dzz = (x, dx) if z is None else (z, dz)
 
-    def args(dw_part, db_part):
-        return (x, zz, weight, bias, dy, dss, dx, drr, dzz, mean, rstd, dw_part, db_part, x.stride(0), zz.stride(0),
-                dy.stride(0), dss.stride(0), dx.stride(0), drr.stride(0), dzz.stride(0), N, D)
+    def args(dw_part, db_part, drb_part):
+        return (x, zz, weight, bias, dy, dss, dx, drr, dzz, mean, rstd, dw_part, db_part, drb_part, x.stride(0),
+                zz.stride(0), dy.stride(0), dss.stride(0), dx.stride(0), drr.stride(0), dzz.stride(0), N, D)
 
-    meta = dict(**flags, HAS_DS=ds is not None, HAS_DR=dr_dtype is not None, HAS_GATE=z is not None, BM=BM, BD=BD,
-                num_warps=warps)
+    meta = dict(**flags, HAS_DS=ds is not None, HAS_DR=dr_dtype is not None, HAS_DRB=has_rb, HAS_GATE=z is not None,
+                BM=BM, BD=BD, num_warps=warps)
     # the partials' rows depend on the grid: the fp32 `rstd` stands in for them while the grid is chosen
-    G = _programs(norm_bwd_kernel, args(rstd, rstd), meta, x, tiles) if N else 1
-    dw_part = torch.empty((G, BD) if has_w else (0,), device=x.device, dtype=torch.float32)
-    db_part = torch.empty((G, BD) if has_b else (0,), device=x.device, dtype=torch.float32)
+    G = _programs(norm_bwd_kernel, args(rstd, rstd, rstd), meta, x, tiles) if N else 1
+    parts = [torch.empty((G, BD) if need else (0,), device=x.device, dtype=torch.float32)
+             for need in (has_w, has_b, has_rb)]  # dw, db, drb
     if N:
-        norm_bwd_kernel[(G,)](*args(dw_part, db_part), **meta)
+        norm_bwd_kernel[(G,)](*args(*parts), **meta)
     # the programs' partial rows folded in one launch (fixed order: deterministic)
-    sums = fold_rows([p for p, need in ((dw_part, has_w), (db_part, has_b)) if need]) if N and (has_w or has_b) else []
+    live = [p for p, need in zip(parts, (has_w, has_b, has_rb)) if need]
+    sums = iter(fold_rows(live) if N and live else [])
+
+    def column_sums(need: bool, like: Tensor) -> Tensor:
+        if not need:
+            return torch.empty_like(like)
+        return next(sums)[:D] if N else torch.zeros(D, device=x.device)
+
+    dw = column_sums(has_w, weight)
     if has_w:
-        dw = sums[0][:D] if N else torch.zeros(D, device=x.device)
         dw = (dw.sum() if kind == "scalenorm" else dw).to(weight.dtype)
-    else:
-        dw = torch.empty_like(weight)
-    db = (sums[-1][:D] if N else torch.zeros(D, device=x.device)).to(bias.dtype) if has_b else torch.empty_like(bias)
-    return dx, dr, dw, db, dz
+    db = column_sums(has_b, bias).to(bias.dtype)
+    drb = empty_f32(x) if rb is None else column_sums(True, rb).to(rb.dtype)
+    return dx, dr, dw, db, dz, drb
 
 
 def _params(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -223,7 +233,7 @@ def _bwd_fake(dy, x, weight, bias, mean, rstd, kind):
 @launcher_op("normalize_bwd", fake=_bwd_fake)
 def normalize_bwd(dy: Tensor, x: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor,
                   kind: str) -> tuple[Tensor, Tensor, Tensor]:
-    dx, _, dw, db, _ = _bwd(dy, None, x, weight, bias, mean, rstd, kind, x.dtype, None)
+    dx, _, dw, db, _, _ = _bwd(dy, None, x, weight, bias, mean, rstd, kind, x.dtype, None)
     return dx, dw, db
 
 
@@ -266,21 +276,26 @@ def triton_normalize(x, weight, bias, *, kind, eps, out_dtype):
 # ------------------------------------------------------------------------------------------ add_normalize
 
 
-def _add_bwd_fake(dy, ds, s, weight, bias, mean, rstd, kind, x_dtype, r_dtype):
+def _add_bwd_fake(dy, ds, s, weight, bias, rbias, mean, rstd, kind, x_dtype, r_dtype):
     dr = s.new_empty(s.shape, dtype=r_dtype) if r_dtype != x_dtype else s.new_empty(0, dtype=torch.float32)
-    return s.new_empty(s.shape, dtype=x_dtype), dr, torch.empty_like(weight), torch.empty_like(bias)
+    return (s.new_empty(s.shape, dtype=x_dtype), dr, torch.empty_like(weight), torch.empty_like(bias),
+            torch.empty_like(rbias))
 
 
 @launcher_op("add_normalize_bwd", fake=_add_bwd_fake)
-def add_normalize_bwd(dy: Tensor, ds: Tensor, s: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor,
-                      kind: str, x_dtype: torch.dtype, r_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def add_normalize_bwd(dy: Tensor, ds: Tensor, s: Tensor, weight: Tensor, bias: Tensor, rbias: Tensor, mean: Tensor,
+                      rstd: Tensor, kind: str, x_dtype: torch.dtype,
+                      r_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``ds`` empty: no gradient reached the sum itself.  ``dr`` is empty when ``r_dtype == x_dtype`` (the
-    caller uses ``dx`` for both: an op's outputs may not alias)."""
+    caller uses ``dx`` for both: an op's outputs may not alias).  ``rbias`` (the branch's bias, read for its
+    dtype) empty: none, and its gradient is empty too."""
     dr_dtype = None if r_dtype == x_dtype else r_dtype
-    return _bwd(dy, none_if_empty(ds), s, weight, bias, mean, rstd, kind, x_dtype, dr_dtype)[:4]
+    dx, dr, dw, db, _, drb = _bwd(dy, none_if_empty(ds), s, weight, bias, mean, rstd, kind, x_dtype, dr_dtype,
+                                  rb=none_if_empty(rbias))
+    return dx, dr, dw, db, drb
 
 
-def _add_fwd_fake(x, r, weight, bias, kind, eps, out_dtype):
+def _add_fwd_fake(x, r, weight, bias, rbias, kind, eps, out_dtype):
     N = x.shape[0]
     s = x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, r.dtype))
     mean = x.new_empty((N,) if kind == "layernorm" else (0,), dtype=torch.float32)
@@ -288,38 +303,46 @@ def _add_fwd_fake(x, r, weight, bias, kind, eps, out_dtype):
 
 
 def _add_setup(ctx, inputs, output):
-    x, r, weight, bias, kind, _, out_dtype = inputs
+    x, r, weight, bias, rbias, kind, _, out_dtype = inputs
     s, _, mean, rstd = output
-    ctx.save_for_backward(s, weight, bias, mean, rstd)
+    ctx.save_for_backward(s, weight, bias, rbias, mean, rstd)
     ctx.kind, ctx.out_dtype, ctx.x_dtype, ctx.r_dtype = kind, out_dtype, x.dtype, r.dtype
 
 
 def _add_backward(ctx, ds, dy, *_):
-    s, weight, bias, mean, rstd = ctx.saved_tensors
-    if dy is None:  # only the sum was used: the gradient passes straight to x and r
-        return (None if ds is None else ds.to(ctx.x_dtype), None if ds is None else ds.to(ctx.r_dtype),
-                None, None, None, None, None)
+    s, weight, bias, rbias, mean, rstd = ctx.saved_tensors
+    want_rb = ctx.needs_input_grad[4] and rbias.numel() > 0
+    if dy is None:  # only the sum was used: the gradient passes straight to x and r (and its column sums to rbias)
+        if ds is None:
+            return (None,) * 8
+        drb = ds.sum(0, dtype=torch.float32).to(rbias.dtype) if want_rb else None
+        return ds.to(ctx.x_dtype), ds.to(ctx.r_dtype), None, None, drb, None, None, None
     ds = empty_f32(s) if ds is None else grad_as(ds, s.dtype)
-    dx, dr, dw, db = add_normalize_bwd.for_ctx(ctx)(grad_as(dy, ctx.out_dtype), ds, s, weight, bias, mean, rstd,
-                                                    ctx.kind, ctx.x_dtype, ctx.r_dtype)
+    dx, dr, dw, db, drb = add_normalize_bwd.for_ctx(ctx)(grad_as(dy, ctx.out_dtype), ds, s, weight, bias, rbias,
+                                                         mean, rstd, ctx.kind, ctx.x_dtype, ctx.r_dtype)
     return (dx, dx if ctx.r_dtype == ctx.x_dtype else dr, none_if_empty(dw) if ctx.needs_input_grad[2] else None,
-            none_if_empty(db) if ctx.needs_input_grad[3] else None, None, None, None)
+            none_if_empty(db) if ctx.needs_input_grad[3] else None, drb if want_rb else None, None, None, None)
 
 
 @launcher_op("add_normalize_fwd", fake=_add_fwd_fake, backward=_add_backward, setup_context=_add_setup, outputs=2)
-def add_normalize_fwd(x: Tensor, r: Tensor, weight: Tensor, bias: Tensor, kind: str, eps: float,
+def add_normalize_fwd(x: Tensor, r: Tensor, weight: Tensor, bias: Tensor, rbias: Tensor, kind: str, eps: float,
                       out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return _fwd(x, r, weight, bias, kind, eps, out_dtype)
+    """``rbias``: the branch's bias ``[D]`` (an empty tensor: none)."""
+    return _fwd(x, r, weight, bias, kind, eps, out_dtype, rb=none_if_empty(rbias))
 
 
-def triton_add_normalize(x, r, weight, bias, *, kind, eps, out_dtype):
+def triton_add_normalize(x, r, weight, bias, *, kind, eps, out_dtype, branch_bias=None):
     """Same arguments and results as :func:`lintime.ops.norm.add_normalize` on ``x, r [N, D]`` (fp16, bf16 or
-    fp32 in and out, ``D`` up to :attr:`NormLaunch.max_bd`)."""
+    fp32 in and out and ``branch_bias``, ``D`` up to :attr:`NormLaunch.max_bd`)."""
     op = "add_normalize"
     x = _check(x, out_dtype, op)
     r = _check(r, out_dtype, op)
+    if branch_bias is not None and branch_bias.dtype not in DTYPES:
+        raise TypeError(f"{op}: backend 'triton' takes an fp16, bf16 or fp32 branch_bias, got {branch_bias.dtype}")
     w, b = _params(x, weight, bias)
-    return add_normalize_fwd(x, r, w, b, kind, eps, out_dtype)
+    rb = empty_f32(x) if branch_bias is None else (branch_bias if branch_bias.stride(0) == 1 else
+                                                   branch_bias.contiguous())
+    return add_normalize_fwd(x, r, w, b, rb, kind, eps, out_dtype)
 
 
 # ---------------------------------------------------------------------------------------- gated_normalize
@@ -332,7 +355,7 @@ def _gated_bwd_fake(dy, x, z, weight, bias, mean, rstd, kind):
 @launcher_op("gated_normalize_bwd", fake=_gated_bwd_fake)
 def gated_normalize_bwd(dy: Tensor, x: Tensor, z: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor,
                         kind: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    dx, _, dw, db, dz = _bwd(dy, None, x, weight, bias, mean, rstd, kind, x.dtype, None, z=z)
+    dx, _, dw, db, dz, _ = _bwd(dy, None, x, weight, bias, mean, rstd, kind, x.dtype, None, z=z)
     return dx, dz, dw, db
 
 
