@@ -35,6 +35,11 @@ A mixer is a subclass of :class:`Mixer` (an ``nn.Module``) with::
   stored on the module.
 * ``init_state(batch_size, device, dtype)`` returns the empty state (nothing consumed) for
   ``batch_size`` sequences.
+* ``deferrable_bias() -> Tensor | None`` (optional, default ``None``): the output projection's bias ``[d_model]``
+  when the mixer can leave adding it to the caller.  A fused block (:class:`lintime.models.backbone.Block`) that
+  gets one calls ``forward(..., defer_bias=True)``, receives ``y`` without it, and hands the bias to the norm that
+  adds ``y`` to the stream (:func:`lintime.ops.add_normalize`'s ``branch_bias``), whose backward kernel gives its
+  gradient.  Only a mixer that offers a bias takes the ``defer_bias`` keyword (FLASH, GAU).
 
 State protocol
 --------------
@@ -202,6 +207,11 @@ class Mixer(nn.Module, ABC):
         """Names (relative to this module) of parameters to exclude from weight decay, on top
         of the model-wide rule (every 0-D / 1-D parameter: norms, biases, scalar scales)."""
         return set()
+
+    def deferrable_bias(self) -> torch.Tensor | None:
+        """The output projection's bias ``[d_model]`` if this mixer can return ``y`` without it (``forward``'s
+        ``defer_bias=True``) for the caller to add, else ``None`` (the default: the mixer adds its own)."""
+        return None
 
 
 def num_seqs(batch_size: int, cu_seqlens: torch.Tensor | None) -> int:

@@ -16,7 +16,9 @@ part goes to the gate, ``silu(u) * a`` in one pass each way (:func:`lintime.ops.
 part to :func:`lintime.ops.gau_heads` (silu, the heads and RoPE: one fused kernel on CUDA).  On the fused path
 (``fused``, the default) the products run without dense's bias and the two ops add it (``bias[:e]`` the gate,
 ``bias[e:]`` the heads op), so its gradient comes out of their backward kernels; ``fused = False`` keeps it in the
-products (the unfused reference of the fused curve).
+products (the unfused reference of the fused curve).  Likewise ``out``'s bias: on the fused path the layer offers it
+(:meth:`FLASH.deferrable_bias`) and a fused block calls it with ``defer_bias=True`` and lets the next norm add it
+(:func:`lintime.ops.add_normalize`'s ``branch_bias``), whose backward kernel gives its gradient.
 
 Inside a chunk ``a`` is ``sum_j relu(q.k * scale + b[i-j])^2 v_j`` with the chunk-local Toeplitz
 bias (seed Code 4, ``max_len = C``: a direct table below 512, RoPE-built from 512); across chunks
@@ -51,6 +53,7 @@ import dataclasses
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from lintime.layers._rows import append_kv, dense_attention, empty_cache, from_rows, step_backend, to_rows
 from lintime.layers.attention import KVCache
@@ -190,11 +193,15 @@ class FLASH(Mixer):
         positions: torch.Tensor,
         cu_seqlens: torch.Tensor | None = None,
         aux_losses: dict[str, torch.Tensor] | None = None,
+        defer_bias: bool = False,
     ) -> tuple[torch.Tensor, FLASHState | None]:
+        """``defer_bias``: return ``y`` without ``out``'s bias (:meth:`deferrable_bias`; the block's next norm adds
+        it), on every path."""
         B, T, _ = x.shape
         e, s = self.e, self.s
+        out_bias = None if defer_bias else self.out.bias
         if self._fused_step(x, state, cu_seqlens):
-            return self._decode_step_(x, state, positions), state
+            return self._decode_step_(x, state, positions, out_bias), state
         # dense(x) as its gate part and its v, z part; silu of v, z, the scale + offset heads and RoPE: one fused
         # op (v [B, T, e] and 4 or 6 heads [B, T, 1, s]); silu of the gate part is taken by the gate below.  Fused,
         # the two ops add dense's bias (its gradient comes out of their backward kernels, no pass over du, dv, dz)
@@ -230,7 +237,12 @@ class FLASH(Mixer):
         # squeeze, not a[:, :, 0]: select's backward is a zero fill + a copy of the whole gradient
         gated = gated_activation(hu, a.squeeze(2), bias=b_u,  # silu(u) * a, one pass
                                  backend=None if self.fused else "chunk")
-        return dense(gated, self.out.weight, self.out.bias), new_state
+        return dense(gated, self.out.weight, out_bias), new_state
+
+    def deferrable_bias(self) -> torch.Tensor | None:
+        """``out``'s bias on the fused path (``fused``), for the fused block's next norm to add: its gradient then
+        comes out of the norm's backward kernel instead of a GEMV over the output gradient."""
+        return self.out.bias if self.fused else None
 
     def _fused_step(self, x, state, cu_seqlens) -> bool:
         """Whether this call is a one-token step that :meth:`_decode_step_` takes: a static state, no
@@ -245,15 +257,16 @@ class FLASH(Mixer):
         step_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else self.proj.weight.dtype
         return state.mc.v.dtype == step_dtype
 
-    def _decode_step_(self, x, state: FLASHState, positions) -> torch.Tensor:
-        """One token per sequence, ``state`` updated in place: ``[B, 1, d] -> [B, 1, d]``."""
+    def _decode_step_(self, x, state: FLASHState, positions, out_bias) -> torch.Tensor:
+        """One token per sequence, ``state`` updated in place: ``[B, 1, d] -> [B, 1, d]`` (``out_bias``: the bias
+        added by ``out``, ``None`` when deferred)."""
         B = x.shape[0]
         scale, diag = self._quad_scale_and_bias()
         h = self.proj(x).view(B, -1)  # under autocast in the autocast dtype, like the state's buffers
         y = mixed_chunk_decode_step_(h, self.heads.gamma, self.heads.beta,
                                      positions.reshape(B), state.mc, rel_bias=diag, scale=scale,
                                      linear_norm=self.linear_norm, rope_base=self.rope_base, backend="triton")
-        return self.out(y.view(B, 1, self.e))
+        return F.linear(y.view(B, 1, self.e), self.out.weight, out_bias)
 
     def init_state(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> FLASHState:
         mc = MixedChunkState.zeros(batch_size, self.chunk_size, 1, self.s, self.e, dtype=dtype, device=device)

@@ -15,7 +15,8 @@ The first three lines are one call of :func:`lintime.ops.gau_heads` (a fused ker
 of ``dense(x)``; with gating the ``u`` part is its own product (one parameter,
 :func:`lintime.layers._split_linear.split_linear`) and the gate ``silu(u) * a`` one pass each way
 (:func:`lintime.ops.gated_activation`).  On the fused path the products run without dense's bias, which the two
-ops add (:func:`proj_bias_parts`), so its gradient comes out of their backward kernels.
+ops add (:func:`proj_bias_parts`), so its gradient comes out of their backward kernels; ``out``'s bias is left to
+the fused block's next norm the same way (:meth:`GAU.deferrable_bias`, ``forward``'s ``defer_bias``).
 
 Attention (``rel_bias`` ``b`` = Toeplitz bias, seed Code 4; ``N_i`` the normaliser)::
 
@@ -273,7 +274,10 @@ class GAU(Mixer):
         positions: torch.Tensor,
         cu_seqlens: torch.Tensor | None = None,
         aux_losses: dict[str, torch.Tensor] | None = None,
+        defer_bias: bool = False,
     ) -> tuple[torch.Tensor, KVCache | None]:
+        """``defer_bias``: return ``y`` without ``out``'s bias (:meth:`deferrable_bias`; the block's next norm adds
+        it)."""
         B, T, _ = x.shape
         H, e, s = self.n_heads, self.e, self.s
         # silu, split, the scale + offset heads and RoPE per attention head: one fused op; with gating the gate's
@@ -294,7 +298,12 @@ class GAU(Mixer):
         a = a.reshape(B, T, e)
         if self.gating:
             a = gated_activation(hu, a, bias=b_u, backend=None if self.fused else "chunk")  # silu(u) * a, one pass
-        return dense(a, self.out.weight, self.out.bias), new_state
+        return dense(a, self.out.weight, None if defer_bias else self.out.bias), new_state
+
+    def deferrable_bias(self) -> torch.Tensor | None:
+        """``out``'s bias on the fused path (``fused``), for the fused block's next norm to add (its gradient out of
+        the norm's backward kernel, :func:`lintime.ops.add_normalize`)."""
+        return self.out.bias if self.fused else None
 
     def init_state(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> KVCache:
         H = self.n_heads

@@ -45,12 +45,15 @@ class Norm(nn.Module):
         return normalize(x, *self.params(), kind=self.kind, eps=self.eps, out_dtype=_out_dtype(x),
                          backend=_backend(self.fused))
 
-    def add_forward(self, x: torch.Tensor, branch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_forward(self, x: torch.Tensor, branch: torch.Tensor,
+                    branch_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(x + branch, self(x + branch))``: a pre-norm block's residual add and this norm, one pass per direction
-        (the sum in ``x + branch``'s dtype, the result in the dtype :meth:`forward` gives for it)."""
+        (the sum in ``x + branch``'s dtype, the result in the dtype :meth:`forward` gives for it).  ``branch_bias``
+        ``[D]``: the branch's bias, left out of it by its mixer (:meth:`lintime.layers.Mixer.deferrable_bias`) and
+        added here, ``x + (branch + branch_bias)`` (the rule of :func:`lintime.ops.add_normalize`)."""
         out_dtype = _out_dtype(x, torch.promote_types(x.dtype, branch.dtype))
-        return add_normalize(x, branch, *self.params(), kind=self.kind, eps=self.eps, out_dtype=out_dtype,
-                             backend=_backend(self.fused))
+        return add_normalize(x, branch, *self.params(), branch_bias=branch_bias, kind=self.kind, eps=self.eps,
+                             out_dtype=out_dtype, backend=_backend(self.fused))
 
     def gated_forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """``self(x) * silu(gate)`` (``gate`` of ``x``'s shape) in one pass per direction, rounded once to the dtype

@@ -65,7 +65,10 @@ class Block(nn.Module):
     the norm that reads its result (:meth:`lintime.layers.norms.Norm.add_forward`): the mixer's output is added
     by the FFN norm, and the block's last output is handed on unadded (``branch``) for the next block's mixer norm
     or the final norm to add.  The function is the same; the fp32 add passes over the stream (forward, and the
-    gradient sums and casts backward) disappear.
+    gradient sums and casts backward) disappear.  With ``defer_bias`` too, a mixer that offers its output
+    projection's bias (:meth:`lintime.layers.Mixer.deferrable_bias`: FLASH, GAU) returns its output without it and
+    the bias travels with the branch (``branch_bias``) to the norm that adds the branch, whose backward kernel gives
+    its gradient (no GEMV over the output gradient).
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int, *, causal: bool):
@@ -84,23 +87,32 @@ class Block(nn.Module):
             self.ffn_norm = self.ffn = None
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x, state=None, *, positions, cu_seqlens=None, aux_losses=None, branch=None, fuse=False):
-        """``x [B, T, d]`` -> ``(x, branch, state)``: the residual stream is ``x + branch`` (``branch [B, T, d]``
-        with ``fuse``, else ``None`` and ``x`` is the stream).  ``branch``: the previous block's unadded output."""
+    def forward(self, x, state=None, *, positions, cu_seqlens=None, aux_losses=None, branch=None, branch_bias=None,
+                fuse=False, defer_bias=False):
+        """``x [B, T, d]`` -> ``(x, branch, branch_bias, state)``: the residual stream is ``x + (branch +
+        branch_bias)`` (``branch [B, T, d]`` with ``fuse``, else ``None`` and ``x`` is the stream; ``branch_bias
+        [d]`` or ``None``).  ``branch``, ``branch_bias``: the previous block's unadded output and its bias.
+        ``defer_bias`` (with ``fuse``): take the mixer's output without its bias where it offers one."""
         if branch is None:
             h = self.mixer_norm(x)
         else:
-            x, h = self.mixer_norm.add_forward(x, branch)
-        y, state = self.mixer(h, state, positions=positions, cu_seqlens=cu_seqlens, aux_losses=aux_losses)
+            x, h = self.mixer_norm.add_forward(x, branch, branch_bias)
+        # dropout between the mixer and its add would drop the bias with the output: defer only without it
+        y_bias = self.mixer.deferrable_bias() if fuse and defer_bias and not self._dropping() else None
+        kw = {} if y_bias is None else {"defer_bias": True}
+        y, state = self.mixer(h, state, positions=positions, cu_seqlens=cu_seqlens, aux_losses=aux_losses, **kw)
         y = self.drop(y)
         if self.ffn is not None:
             if fuse:
-                x, h = self.ffn_norm.add_forward(x, y)
+                x, h = self.ffn_norm.add_forward(x, y, y_bias)
             else:
                 x = x + y
                 h = self.ffn_norm(x)
-            y = self.drop(self.ffn(h))
-        return (x, y, state) if fuse else (x + y, None, state)
+            y, y_bias = self.drop(self.ffn(h)), None
+        return (x, y, y_bias, state) if fuse else (x + y, None, None, state)
+
+    def _dropping(self) -> bool:
+        return self.training and self.drop.p > 0
 
 
 class Backbone(nn.Module):
@@ -122,6 +134,10 @@ class Backbone(nn.Module):
         # each residual add inside the norm after it (Block); False: the plain adds.  Dropout between a branch and
         # its add keeps the plain path while training.
         self.fused = True
+        # with the fused adds, FLASH / GAU's output bias added by the next norm too (Block); False: by the mixers.
+        # An FSDP2 unit that frees its gathered parameters after its forward would free the bias before the next
+        # block reads it: lintime.training.parallel.wrap_model turns this off then.
+        self.defer_bias = True
 
     def fuses_residual(self) -> bool:
         """Whether this call takes the blocks' fused form: :attr:`fused`, and no dropout active."""
@@ -161,17 +177,18 @@ class Backbone(nn.Module):
         x = self.drop(x)
         layer_states = [None] * len(self.blocks) if state is None else state.layers
         new_states = []
-        fuse, branch = self.fuses_residual(), None
+        fuse, branch, branch_bias = self.fuses_residual(), None, None
         for block, s in zip(self.blocks, layer_states):
-            x, branch, s = block(x, s, positions=positions, cu_seqlens=cu_seqlens, aux_losses=aux_losses,
-                                 branch=branch, fuse=fuse)
+            x, branch, branch_bias, s = block(x, s, positions=positions, cu_seqlens=cu_seqlens, aux_losses=aux_losses,
+                                              branch=branch, branch_bias=branch_bias, fuse=fuse,
+                                              defer_bias=self.defer_bias)
             new_states.append(s)
         if branch is None:
             x = self.norm(x)
         elif isinstance(self.norm, Norm):
-            x = self.norm.add_forward(x, branch)[1]
-        else:
-            x = x + branch
+            x = self.norm.add_forward(x, branch, branch_bias)[1]
+        else:  # no final norm: the plain adds
+            x = x + (branch if branch_bias is None else branch + branch_bias.to(branch.dtype))
 
         if state is None:
             return x, None

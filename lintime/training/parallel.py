@@ -181,7 +181,9 @@ def wrap_model(model: nn.Module, env: DistEnv, parallel: str, autocast: torch.dt
     gradients in fp32).  ``reshard_after_forward``: free a unit's gathered parameters after its
     forward and gather them again in the backward (``False``: keep them from forward to backward,
     no all-gather in the backward, one more bf16 copy of the model per rank).  The last unit is
-    never resharded (the backward starts with it), nor the root (FSDP2's rule).  ``prefetch``: the
+    never resharded (the backward starts with it), nor the root (FSDP2's rule).  Where a unit is
+    resharded, the mixers add their output bias themselves (``Backbone.defer_bias = False``: the next
+    unit's norm would read it after its unit freed it).  ``prefetch``: the
     root's and each unit's forward issue the next unit's all-gather (FSDP2 otherwise issues it when
     the host reaches the next unit: a host-bound step then waits for it).  ``none``: the model itself.
     Returns the module to call; ``model`` keeps its names (for FSDP it *is* the returned module,
@@ -206,6 +208,9 @@ def wrap_model(model: nn.Module, env: DistEnv, parallel: str, autocast: torch.dt
     kw = {"mp_policy": mp} if mp is not None else {}
     blocks = list(model.backbone.blocks)
     groups = [blocks[i : i + blocks_per_unit] for i in range(0, len(blocks), blocks_per_unit)]
+    if reshard_after_forward and len(groups) > 1:
+        # a unit's output bias would be read by the next unit's norm after the unit freed its gathered parameters
+        model.backbone.defer_bias = False
     units = []
     for i, group in enumerate(groups):
         last = i == len(groups) - 1
