@@ -11,7 +11,7 @@ targets, ``eps`` the label smoothing.  One program per row, two sweeps over the 
 so the chunk's logits buffer becomes the gradient of ``scale * loss`` with respect to the logits,
 in place.  ``scale`` is read at ``scale_ptr + row * scale_stride`` (stride 0: one scalar).  When one
 block holds the whole row (``V <= BV``, ``ONE_BLOCK``) sweep 2 reuses sweep 1's registers: the row is
-read once instead of twice, and its softmax is ``exp(z_j - m) / s`` from sweep 1's exponentials.
+read once instead of twice.
 """
 
 from __future__ import annotations
@@ -35,12 +35,11 @@ def ce_rows_kernel(
     sz = 0.0
     if ONE_BLOCK:
         o_v = tl.arange(0, BV)
-        b_row = tl.load(p_z + o_v, mask=o_v < V, other=float("-inf")).to(tl.float32)
+        b_row = tl.load(p_z + o_v, mask=o_v < V, other=float("-inf")).to(tl.float32)  # kept for sweep 2
         m = tl.max(b_row, 0)
+        s = tl.sum(tl.exp(b_row - m), 0)
         if SMOOTH:
             sz = tl.sum(tl.where(o_v < V, b_row, 0.0), 0)
-        b_row = tl.exp(b_row - m)  # kept for sweep 2: one exp per logit, not two
-        s = tl.sum(b_row, 0)
     else:
         b_row = tl.zeros([BV], dtype=tl.float32)  # unused
         for v0 in range(0, V, BV):
@@ -62,9 +61,9 @@ def ce_rows_kernel(
     if WANT_GRAD:
         b_s = tl.load(scale + i_n * scale_stride).to(tl.float32)
         b_s = tl.where(valid, b_s, 0.0)
-        if ONE_BLOCK:  # sweep 1's registers hold exp(z - m): softmax = exp(z - m) / s
+        if ONE_BLOCK:  # sweep 1's registers hold the row
             o_v = tl.arange(0, BV)
-            b_g = b_row * (1.0 / s) - tl.where(o_v == b_y, 1.0 - eps, 0.0)
+            b_g = tl.exp(b_row - lse) - tl.where(o_v == b_y, 1.0 - eps, 0.0)
             if SMOOTH:
                 b_g -= eps / V
             tl.store(p_z + o_v, (b_s * b_g).to(z.dtype.element_ty), mask=o_v < V)
