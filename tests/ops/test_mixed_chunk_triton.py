@@ -419,12 +419,10 @@ def test_torch_compile_traces_the_custom_ops():
 
 
 @cpu_only
-@pytest.mark.parametrize("case", ["causal", "causal-packed", "noncausal"])
-def test_opcheck(case):
+@pytest.mark.parametrize("causal", [True, False])
+def test_opcheck(causal):
     """``torch.library.opcheck``: schema, fake tensors, autograd registration and AOT tracing of
-    ``lintime::mixed_chunk_fwd`` (causal: with an initial kv and count, 3 chunks in 2-chunk segments, so the
-    segment starts are an output; causal packed: sequences of 1 and 2 chunks, one segment each, under a shape bound
-    that allows several: the starts output is zeros; non-causal: packed)."""
+    ``lintime::mixed_chunk_fwd`` (causal: with an initial kv and count; non-causal: packed)."""
     from lintime.ops.mixed_chunk.triton.mixed_chunk import mixed_chunk_fwd
 
     C, S, E = 8, 8, 12
@@ -432,15 +430,9 @@ def test_opcheck(case):
     xs = [x.requires_grad_() for x in xs]
     rb.requires_grad_()
     launch = default_launch(S, E, torch.float32, C).to_ints()
-    if case == "causal":
+    if causal:
         kv0 = torch.randn(1, 1, S, E, requires_grad=True)
         args = (*xs, rb, kv0, torch.tensor([8]), None, C, True, 1 / C, "tokens", launch)
-        assert mixed_chunk_fwd(*args)[4].shape[0] > 0
-    elif case == "causal-packed":
-        cu = torch.tensor([0, 7, 20], dtype=torch.int32)
-        args = (*xs, rb, None, None, cu, C, True, 1 / C, "tokens", launch)
-        start = mixed_chunk_fwd(*args)[4]
-        assert start.shape[0] > 0 and not start.any()
     else:
         cu = torch.tensor([0, 7, 20], dtype=torch.int32)
         args = (*xs, rb, None, None, cu, C, False, 1 / C, "chunk", launch)

@@ -63,7 +63,7 @@ def chunk_state_kernel(
     ``1 / N``, chunks from last to first.  The walk starts from zero, or with ``HAS_INIT`` from its
     sequence's fp32 state in ``INIT [N, H, S, E]`` (one segment per sequence); with ``STORE`` it writes
     the state entering every chunk (``HOUT [NC, H, S, E]``: segment-local when the sequence has
-    several segments, see :func:`seg_start_kernel`); it always writes the state after the segment
+    several segments, see :func:`seg_fix_kernel`); it always writes the state after the segment
     (``TOT``).
 
     With ``TMA`` the whole ``BT``-token steps of a chunk load ``X`` and ``Y`` through the tensor
@@ -288,15 +288,12 @@ def _scores_tile(
 
 @triton.jit
 def mc_gemm_kernel(
-    A, Y, L, ST, DA, DY, DL, DST, W, ST_IDX, START, CH_SEG, OUT, CH_START, CH_LEN,
+    A, Y, L, ST, DA, DY, DL, DST, W, ST_IDX, OUT, CH_START, CH_LEN,
     S, E, H, C, NMT,
     BG: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
     TRANS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr, TMA: tl.constexpr,
-    HAS_START: tl.constexpr,
 ):
-    """``OUT[rows, E tile] = w_c L[rows] ST[idx_c] + A_c[rows, :] Y`` (``TRANS``: ``A_c^T``).  ``HAS_START``: the
-    states are segment-local, the start of chunk ``c``'s segment (``START[CH_SEG[c]]``) is added to each tile
-    (:func:`_global_state`).
+    """``OUT[rows, E tile] = w_c L[rows] ST[idx_c] + A_c[rows, :] Y`` (``TRANS``: ``A_c^T``).
 
     Forward: ``L = q_lin, ST = H, w = wq, Y = v`` gives ``o``; backward with ``TRANS``:
     ``L = k_lin, ST = G, w = wf, Y = do`` gives ``dv``.  Grid ``(E tiles, NC * NMT, H)``.
@@ -331,8 +328,6 @@ def mc_gemm_kernel(
             b_l = tl.load(L + rows_m[:, None] * S + s0 + o_k[None, :], mask=m_m[:, None] & m_s[None, :], other=0.0)
             b_st = tl.load(p_st + (s0 + o_k)[:, None] * E + o_e[None, :], mask=m_s[:, None] & m_e[None, :],
                            other=0.0)
-        if HAS_START:
-            b_st = _global_state(b_st, START, CH_SEG, c, i_h, s0 + o_k, o_e, (s0 + o_k) < S, m_e, S, E, H, SDT)
         acc = tl.dot(b_l.to(SDT), b_st.to(SDT), acc, input_precision=PREC)
     acc = acc * w
     # quadratic part (seed Eq. 6): A's masked entries are stored zeros
@@ -402,14 +397,13 @@ def _dp_tile(
 
 @triton.jit
 def _dlin_tile(
-    DO, V, HS, GS, WQ, WF, ST_IDX, HSTART, GSTART, CH_SEG, DQL, DKL, DDO, DV, DHS, DGS, c, cs, cl, m0, i_s, i_h,
+    DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, DDO, DV, DHS, DGS, c, cs, cl, m0, i_s, i_h,
     S, E, H,
     BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
-    TMA: tl.constexpr, HAS_START: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """``dq_lin = wq do H_c^T``, ``dk_lin = wf v G_c^T`` for the row tile ``m0`` of chunk ``c`` and ``S``
-    tile ``i_s`` (reduction over all of ``E``).  ``HAS_START``: ``H`` and ``G`` are segment-local, their
-    segments' starts ``HSTART`` / ``GSTART`` added to each tile (:func:`_global_state`)."""
+    tile ``i_s`` (reduction over all of ``E``)."""
     if m0 < cl:
         o_m = m0 + tl.arange(0, BG)
         m_m = o_m < cl
@@ -430,10 +424,6 @@ def _dlin_tile(
                 b_v = DV.load([r_m, i_h * E + e0])
                 b_h = DHS.load([r_s, e0])
                 b_g = DGS.load([r_s, e0])
-                if HAS_START:
-                    m_e = (e0 + o_e) < E
-                    b_h = _global_state(b_h, HSTART, CH_SEG, c, i_h, o_s, e0 + o_e, m_s, m_e, S, E, H, SDT)
-                    b_g = _global_state(b_g, GSTART, CH_SEG, c, i_h, o_s, e0 + o_e, m_s, m_e, S, E, H, SDT)
                 b_dql = tl.dot(b_do.to(SDT), tl.trans(b_h.to(SDT)), b_dql, input_precision=PREC)
                 b_dkl = tl.dot(b_v.to(SDT), tl.trans(b_g.to(SDT)), b_dkl, input_precision=PREC)
         else:
@@ -445,9 +435,6 @@ def _dlin_tile(
                 b_v = tl.load(V + rows_m[:, None] * E + e0 + o_e[None, :], mask=m_me, other=0.0)
                 b_h = tl.load(p_h + o_s[:, None] * E + e0 + o_e[None, :], mask=m_se, other=0.0)
                 b_g = tl.load(p_g + o_s[:, None] * E + e0 + o_e[None, :], mask=m_se, other=0.0)
-                if HAS_START:
-                    b_h = _global_state(b_h, HSTART, CH_SEG, c, i_h, o_s, e0 + o_e, m_s, m_e, S, E, H, SDT)
-                    b_g = _global_state(b_g, GSTART, CH_SEG, c, i_h, o_s, e0 + o_e, m_s, m_e, S, E, H, SDT)
                 b_dql = tl.dot(b_do.to(SDT), tl.trans(b_h.to(SDT)), b_dql, input_precision=PREC)
                 b_dkl = tl.dot(b_v.to(SDT), tl.trans(b_g.to(SDT)), b_dkl, input_precision=PREC)
         wq = tl.load(WQ + c)
@@ -460,12 +447,11 @@ def _dlin_tile(
 
 @triton.jit
 def mc_dred_kernel(
-    QQ, KQ, V, DO, DS, BIAS, HS, GS, WQ, WF, ST_IDX, HSTART, GSTART, CH_SEG, DQL, DKL, CH_START, CH_LEN, DDO, DV,
-    DHS, DGS,
+    QQ, KQ, V, DO, DS, BIAS, HS, GS, WQ, WF, ST_IDX, DQL, DKL, CH_START, CH_LEN, DDO, DV, DHS, DGS,
     scale, S, E, H, C, LB, NMT,
     BG: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr, SDT: tl.constexpr,
-    TMA: tl.constexpr, HAS_START: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """The backward's two reductions over ``E`` in one launch, ``dS`` (:func:`_dp_tile`) and ``dq_lin,
     dk_lin`` (:func:`_dlin_tile`): grid ``(NMT + S tiles, NC * NMT, H)``; program ``j < NMT`` of a row
@@ -485,8 +471,8 @@ def mc_dred_kernel(
         _dp_tile(QQ, KQ, V, DO, DS, BIAS, DDO, DV, c, cs, cl, m0, j * BG, i_h,
                  scale, S, E, H, C, LB, BG, BS, BE, CAUSAL, HAS_BIAS, PREC, TMA)
     else:
-        _dlin_tile(DO, V, HS, GS, WQ, WF, ST_IDX, HSTART, GSTART, CH_SEG, DQL, DKL, DDO, DV, DHS, DGS, c, cs, cl, m0,
-                   j - NMT, i_h, S, E, H, BG, BS, BE, PREC, SDT, TMA, HAS_START)
+        _dlin_tile(DO, V, HS, GS, WQ, WF, ST_IDX, DQL, DKL, DDO, DV, DHS, DGS, c, cs, cl, m0, j - NMT, i_h,
+                   S, E, H, BG, BS, BE, PREC, SDT, TMA)
 
 
 @triton.jit
@@ -546,17 +532,17 @@ def mc_dqk_kernel(
 
 
 @triton.jit
-def seg_start_kernel(
-    TOT, INIT, FINAL, START, SEG_SEQ, SEQ_PTR,
+def seg_fix_kernel(
+    HOUT, TOT, INIT, FINAL, SEG_FIRST, SEG_N, SEG_SEQ, SEQ_PTR,
     S, E, H,
     BS: tl.constexpr, BE: tl.constexpr, REVERSE: tl.constexpr, HAS_INIT: tl.constexpr,
 ):
-    """The start of every segment of a walk from zero at every segment (``chunk_state_kernel`` with ``STORE``):
-    ``START[g]`` (fp32) = the initial state + the totals of the sequence's segments walked before ``g``; the last
-    segment (in walk order) also writes the sequence's final state.  The per-chunk states stay segment-local: their
-    readers (:func:`mc_gemm_kernel`, :func:`_dlin_tile`) add the start of the chunk's segment to each state tile they
-    load (:func:`_global_state`), so no pass rewrites the states (an in-place fix-up pass took 1.4 ms of a
-    flash-base step at 32k tokens in one sequence, H200, 2026-11-27).  Grid ``(S tiles * E tiles, segments, H)``."""
+    """Turn segment-local per-chunk states into global ones: ``HOUT[c] += start(segment)``, where
+    ``start`` = the initial state + the totals of the sequence's segments walked before this one;
+    the last segment (in walk order) also writes the sequence's final state.  With the walk from
+    zero at every segment (``chunk_state_kernel`` with ``STORE``) this gives the states entering every
+    chunk in two passes.  Grid ``(S tiles * E tiles, segments, H)``.  Bound by its memory traffic (every state
+    but the first segment's read and written): ~3.4 TB/s at 32k tokens in one sequence on an H200."""
     i_se, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NE = tl.cdiv(E, BE)
     i_s, i_e = i_se // NE, i_se % NE
@@ -578,7 +564,13 @@ def seg_start_kernel(
         hi = i_g
     for g in range(lo, hi):
         b_st += tl.load(TOT + (g * H + i_h).to(tl.int64) * S * E + o_se, mask=m_se, other=0.0)
-    tl.store(START + (i_g.to(tl.int64) * H + i_h) * S * E + o_se, b_st, mask=m_se)
+    if HAS_INIT or hi > lo:
+        c0 = tl.load(SEG_FIRST + i_g)
+        nc = tl.load(SEG_N + i_g)
+        for i in range(nc):
+            p = HOUT + ((c0 + i).to(tl.int64) * H + i_h) * S * E + o_se
+            b_h = tl.load(p, mask=m_se, other=0.0).to(tl.float32)
+            tl.store(p, (b_h + b_st).to(HOUT.dtype.element_ty), mask=m_se)
     if REVERSE:
         last = i_g == g0
     else:
@@ -586,14 +578,3 @@ def seg_start_kernel(
     if last:
         b_tot = tl.load(TOT + (i_g.to(tl.int64) * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
         tl.store(FINAL + (i_n.to(tl.int64) * H + i_h) * S * E + o_se, b_st + b_tot, mask=m_se)
-
-
-@triton.jit
-def _global_state(b_st, START, CH_SEG, c, i_h, o_r, o_c, m_r, m_c, S, E, H, SDT: tl.constexpr):
-    """A loaded tile of a chunk's segment-local state (rows ``o_r`` of ``S``, columns ``o_c`` of ``E``) made global:
-    the start of the chunk's segment (``START``, fp32, :func:`seg_start_kernel`) added in fp32, rounded once to the
-    states' dtype ``SDT`` (as a state written whole would have been)."""
-    seg = tl.load(CH_SEG + c).to(tl.int64)
-    b_0 = tl.load(START + (seg * H + i_h) * S * E + o_r[:, None] * E + o_c[None, :], mask=m_r[:, None] & m_c[None, :],
-                  other=0.0)
-    return (b_st.to(tl.float32) + b_0).to(SDT)

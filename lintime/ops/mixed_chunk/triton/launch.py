@@ -47,8 +47,8 @@ class MixedChunkLaunch(LaunchConfig):
     warps_walk: int = 4  # 8 warps: 0.655 / 0.746 vs 0.655 / 0.752 ms at 2k / 32k, no gain (2026-11-22)
     # chunks per segment of the state walk, 0: by shape (:func:`.plan.seg_chunks`, measured at 4k-16k, 2026-11-22)
     seg_chunks: int = 0
-    # rows of the segment-start kernel's [fix_bs, be_state] tiles (chosen for the in-place fix-up pass it replaced;
-    # it now moves ~1/16 of that pass's bytes: not re-measured)
+    # rows of the start fix-up's [fix_bs, be_state] tiles; 64: 0.6529 / 0.6620 vs 0.6499 / 0.6584 ms at 16k / 32k
+    # (2026-11-26)
     fix_bs: int = 32
     # whole-tile TMA loads where the device and shape allow (:func:`.plan.tma_shapes`); pointer loads: 0.89 / 0.99
     # vs 0.74 / 0.84 ms at 2k / 32k (2026-11-22)

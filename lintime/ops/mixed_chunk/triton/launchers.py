@@ -6,9 +6,8 @@ Kernel sequence (:mod:`.kernels`), causal forward::
     chunk_state_kernel  the state entering every chunk, H [NC, H, S, E] (SDT), and the final kv:
                         one walk per sequence when that fills the GPU; otherwise a walk from zero
                         per segment gives segment-local states and segment totals, and
-    seg_start_kernel    each segment's start (initial state + earlier totals, fp32) and the final kv; the
-                        states' readers add their segment's start to every tile they load (no pass over
-                        the states); the walk's launch also runs A's programs: A [NC, H, C, C] =
+    seg_fix_kernel      adds each segment's start (initial state + earlier totals) to its states;
+                        the walk's launch also runs A's programs: A [NC, H, C, C] =
                         relu(scale q_quad k_quad^T + b)^2, causal-masked
     mc_gemm_kernel      o = wq q_lin H_c + A_c v
 
@@ -37,10 +36,10 @@ from lintime.ops.mixed_chunk.triton.kernels import (
     mc_dqk_kernel,
     mc_dred_kernel,
     mc_gemm_kernel,
-    seg_start_kernel,
+    seg_fix_kernel,
 )
 from lintime.ops.mixed_chunk.triton.launch import MixedChunkLaunch
-from lintime.ops.mixed_chunk.triton.plan import Plan, plan_of, sdt_torch, start_rows, tma_shapes, walk_launch, weights
+from lintime.ops.mixed_chunk.triton.plan import Plan, plan_of, sdt_torch, tma_shapes, walk_launch, weights
 from lintime.ops.kernel_launch import cdiv, dot_config, next_pow2
 from lintime.ops.state_passing import seg_scan_kernel
 from lintime.ops.tma import tma_descriptors
@@ -101,14 +100,11 @@ def _scan(tot, plan: Plan, *, H, S, E, reverse):
     return final
 
 
-def states(x, y, w, plan: Plan, cfg, *, H, C, reverse, init, causal, sdt, tma, scores=None, start_rows=0):
+def states(x, y, w, plan: Plan, cfg, *, H, C, reverse, init, causal, sdt, tma, scores=None):
     """Per-chunk states of the walk direction and the per-sequence result.
 
-    Causal: ``(ST [NC_alloc, H, S, E] in sdt, the state entering each chunk; START; FINAL [N, H, S, E]
-    fp32)``; ``START`` is ``None`` where ``ST`` holds the global states, else ``[NSEG_alloc, H, S, E]`` fp32, the
-    start of every segment, which ``ST``'s segment-local states need added (``start_rows``: at least this many
-    rows, zero past the segments: the custom op's output shape).  Non-causal: ``(ST [N, H, S, E] in sdt, None,
-    FINAL)``, each sequence's total.
+    Causal: ``(ST [NC_alloc, H, S, E] in sdt, the state entering each chunk; FINAL [N, H, S, E]
+    fp32)``.  Non-causal: ``(ST [N, H, S, E] in sdt, FINAL)``, each sequence's total.
     """
     S, E = x.shape[-1], y.shape[-1]
     f32 = {"dtype": torch.float32, "device": x.device}
@@ -117,7 +113,7 @@ def states(x, y, w, plan: Plan, cfg, *, H, C, reverse, init, causal, sdt, tma, s
         _walk(x, y, w, plan, cfg, tma=tma, H=H, C=C, reverse=reverse, store=False, hout=tot, tot=tot,
               scores=scores)
         final = _scan(tot, plan, H=H, S=S, E=E, reverse=reverse)
-        return final.to(sdt), None, final
+        return final.to(sdt), final
     hout = torch.empty(plan.NC_alloc, H, S, E, dtype=sdt, device=x.device)
     if plan.NC_alloc > plan.NC:
         hout[plan.NC :].zero_()  # the shape bound's slack rows (packed calls)
@@ -127,7 +123,7 @@ def states(x, y, w, plan: Plan, cfg, *, H, C, reverse, init, causal, sdt, tma, s
         final = torch.empty(plan.N, H, S, E, **f32)
         _walk(x, y, w, plan, cfg, tma=tma, H=H, C=C, reverse=reverse, store=True, hout=hout, tot=final, init=init,
               scores=scores)
-        return hout, None, final
+        return hout, final
     tot = torch.empty(max(plan.NSEG, 1), H, S, E, **f32)
     final = init.clone() if init is not None else torch.zeros(plan.N, H, S, E, **f32)  # (empty sequences)
     if plan.one_segment:
@@ -136,46 +132,39 @@ def states(x, y, w, plan: Plan, cfg, *, H, C, reverse, init, causal, sdt, tma, s
               scores=scores)
         if plan.NSEG > 0:
             final.index_copy_(0, plan.seg_seq.long(), tot[: plan.NSEG])
-        return hout, None, final
-    # one walk from zero at every segment writes segment-local states and totals; one launch writes each
-    # segment's start (init + the totals walked before it) and the final states; the states' readers add the starts
+        return hout, final
+    # one walk from zero at every segment writes segment-local states and totals; one pass adds each
+    # segment's start (init + the totals walked before it) and writes the final states
     _walk(x, y, w, plan, cfg, tma=tma, H=H, C=C, reverse=reverse, store=True, hout=hout, tot=tot, scores=scores)
-    start = torch.empty(max(plan.NSEG_alloc, start_rows), H, S, E, **f32)
-    if start.shape[0] > plan.NSEG:
-        start[plan.NSEG :].zero_()  # the bound's slack rows
     if plan.NSEG > 0:
         BS, BE = min(cfg.fix_bs, cfg.bs_state), cfg.be_state
-        seg_start_kernel[(cdiv(S, BS) * cdiv(E, BE), plan.NSEG, H)](
-            tot, init if init is not None else tot, final, start, plan.seg_seq, plan.seq_ptr, S, E, H,
-            BS=BS, BE=BE, REVERSE=reverse, HAS_INIT=init is not None, num_warps=4,
+        seg_fix_kernel[(cdiv(S, BS) * cdiv(E, BE), plan.NSEG, H)](
+            hout, tot, init if init is not None else tot, final, plan.seg_first, plan.seg_n, plan.seg_seq,
+            plan.seq_ptr, S, E, H, BS=BS, BE=BE, REVERSE=reverse, HAS_INIT=init is not None, num_warps=4,
         )
-    return hout, start, final
+    return hout, final
 
 
 def gemm(ts, w, idx, out, plan: Plan, cfg: MixedChunkLaunch, *, tma, S, E, H, C, NMT, BE, trans, causal, PREC, SDT,
-         warps, start=None):
+         warps):
     """The output GEMM (``ts = (a, v, q_lin, H)``) or the dV GEMM (``trans``; ``(a, do, k_lin, G)``, ``A``'s tiles
-    read transposed), through TMA descriptors (``tma``, where aligned) or pointers; ``start``: the segment starts of
-    segment-local states (:func:`states`)."""
+    read transposed), through TMA descriptors (``tma``, where aligned) or pointers."""
     a, y, lin, st = ts
     BG, BK = cfg.bg, cfg.bk
     NT = y.shape[0] * y.shape[1]
     d = tma_descriptors((a, a.shape[0] * H * C, (BK, BG) if trans else (BG, BK)), (y, NT, (BK, BE)),
                         (lin, NT, (BG, BK)), (st, st.shape[0] * H * S, (BK, BE))) if tma else None
     mc_gemm_kernel[(cdiv(E, BE), plan.NC * NMT, H)](
-        *ts, *(d or ts), w, idx, start if start is not None else w, plan.ch_seg, out, plan.ch_start, plan.ch_len,
-        S, E, H, C, NMT, BG=BG, BE=BE, BK=BK, TRANS=trans, CAUSAL=causal, PREC=PREC, SDT=SDT, TMA=d is not None,
-        HAS_START=start is not None, num_warps=warps, num_stages=cfg.stages,
+        *ts, *(d or ts), w, idx, out, plan.ch_start, plan.ch_len, S, E, H, C, NMT, BG=BG, BE=BE, BK=BK,
+        TRANS=trans, CAUSAL=causal, PREC=PREC, SDT=SDT, TMA=d is not None, num_warps=warps, num_stages=cfg.stages,
     )
 
 
 def fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm,
-              cfg: MixedChunkLaunch, zero_a: bool, sized_start: bool = False):
-    """The forward launcher (``lintime::mixed_chunk_fwd`` and the eager path): ``(o, final kv, A, H, START)``.
-    ``zero_a``: zero the entries of ``A`` no kernel writes (an op output must be fully defined; the eager path,
-    which never hands ``A`` out, leaves them: the kernels never read them).  ``START``: the segment starts that
-    ``H``'s segment-local states need (:func:`states`), for the backward; ``None`` where ``H`` is global, or with
-    ``sized_start`` (the custom op) a tensor of :func:`.plan.start_rows` rows, zero where unused."""
+              cfg: MixedChunkLaunch, zero_a: bool):
+    """The forward launcher (``lintime::mixed_chunk_fwd`` and the eager path).  ``zero_a``: zero the
+    entries of ``A`` no kernel writes (an op output must be fully defined; the eager path, which
+    never hands ``A`` out, leaves them: the kernels never read them)."""
     B, T, H, S = qq.shape
     E = v.shape[-1]
     C = chunk_size
@@ -195,25 +184,19 @@ def fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, c
     NMT = cdiv(C, BG)
     # A's programs run in the state walk's launch, filling the SMs its last programs leave idle
     job = _ScoresJob(qq, kq, a, bias, float(scale), C, LB, NMT, BG, cfg.bs, bool(causal), plan.NC * NMT * NMT * H)
-    rows = start_rows(B, T, H, S, E, C, causal, cu_seqlens, cfg, qq.device) if sized_start else 0
-    st, start, final = states(kl, v, wf, plan, cfg, H=H, C=C, reverse=False, init=kv0 if causal else None,
-                              causal=causal, sdt=sdt_torch(qq.dtype), tma=tma, scores=job, start_rows=rows)
+    st, final = states(kl, v, wf, plan, cfg, H=H, C=C, reverse=False, init=kv0 if causal else None, causal=causal,
+                       sdt=sdt_torch(qq.dtype), tma=tma, scores=job)
     if plan.NC > 0:
         gemm((a, v, ql, st), wq, plan.ch_id if causal else plan.ch_seq, o, plan, cfg, tma=tma, S=S, E=E, H=H, C=C,
-              NMT=NMT, BE=cfg.be_fwd, trans=False, causal=causal, PREC=PREC, SDT=SDT, warps=cfg.warps_fwd,
-              start=start)
+              NMT=NMT, BE=cfg.be_fwd, trans=False, causal=causal, PREC=PREC, SDT=SDT, warps=cfg.warps_fwd)
     if not causal:
         final = qq.new_empty(0, dtype=torch.float32)
-    if sized_start and start is None:
-        start = torch.zeros(rows, H, S, E, dtype=torch.float32, device=qq.device) if rows else qq.new_empty(
-            0, dtype=torch.float32)
-    return o, final, a, st, start
+    return o, final, a, st
 
 
-def bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, st_start, chunk_size, causal, scale,
+def bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, chunk_size, causal, scale,
               linear_norm, need_db, has_kv0, cfg: MixedChunkLaunch):
-    """The backward launcher (``lintime::mixed_chunk_bwd`` and the eager path); ``st, st_start``: the forward's
-    ``H`` and ``START`` (:func:`fwd_impl`)."""
+    """The backward launcher (``lintime::mixed_chunk_bwd`` and the eager path)."""
     B, T, H, S = qq.shape
     E = v.shape[-1]
     C = chunk_size
@@ -245,10 +228,8 @@ def bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, st
     # Every tensor the second stream touches is allocated above on the calling stream and lives until the join below,
     # so the caching allocator needs no record_stream.  Under the interpreter (CPU tensors) the launches run in order.
     side = _side_stream(dev) if dev.type == "cuda" and torch.cuda.is_current_stream_capturing() else None
-    gst, gstart, gfinal = states(ql, do, wq, plan, cfg, H=H, C=C, reverse=True, init=init, causal=causal,
-                                 sdt=sdt_torch(qq.dtype), tma=tma)
-    # segment-local H and G (the forward and the backward walk the same segments): their readers add the starts
-    hstart = st_start if gstart is not None else None
+    gst, gfinal = states(ql, do, wq, plan, cfg, H=H, C=C, reverse=True, init=init, causal=causal,
+                         sdt=sdt_torch(qq.dtype), tma=tma)
     if plan.NC > 0:
         rows = plan.NC * NMT
         NT = B * T
@@ -258,7 +239,7 @@ def bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, st
 
         def dv_gemm():  # dV = wf Kl G + A^T dO
             gemm((a, do, kl, gst), wf, idx, dv, plan, cfg, tma=tma, S=S, E=E, H=H, C=C, NMT=NMT, BE=cfg.be_dv,
-                 trans=True, causal=causal, PREC=PREC, SDT=SDT, warps=cfg.warps_bwd, start=gstart)
+                 trans=True, causal=causal, PREC=PREC, SDT=SDT, warps=cfg.warps_bwd)
 
         def reductions():  # dS, dq_lin, dk_lin (one launch), then dq_quad, dk_quad and the bias gradient
             dr = None
@@ -267,10 +248,10 @@ def bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, st
                                      (st, st.shape[0] * H * S, (cfg.bs, cfg.be_red)),
                                      (gst, gst.shape[0] * H * S, (cfg.bs, cfg.be_red)))
             mc_dred_kernel[(NMTR + cdiv(S, cfg.bs), plan.NC * NMTR, H)](
-                qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, *((hstart, gstart) if gstart is not None else (wq, wq)),
-                plan.ch_seg, dql, dkl, plan.ch_start, plan.ch_len, *(dr or (do, v, st, gst)),
+                qq, kq, v, do, ds, b_ptr, st, gst, wq, wf, idx, dql, dkl, plan.ch_start, plan.ch_len,
+                *(dr or (do, v, st, gst)),
                 float(scale), S, E, H, C, LB, NMTR, BG=BGR, BS=cfg.bs, BE=cfg.be_red, CAUSAL=causal,
-                HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, TMA=dr is not None, HAS_START=gstart is not None,
+                HAS_BIAS=bias is not None, PREC=PREC, SDT=SDT, TMA=dr is not None,
                 num_warps=cfg.warps_red, num_stages=cfg.stages,
             )
             mc_dqk_kernel[(cdiv(S, cfg.bs), rows, H)](

@@ -11,8 +11,7 @@ The kernels (:mod:`.kernels`) and their launch order (:mod:`.launchers`); the ho
 (:mod:`.plan`); the launch configuration (:class:`.launch.MixedChunkLaunch`).  What is materialised: ``A`` and
 ``dS`` (input dtype, ``T * C`` elements each), ``H`` and ``G`` (``T * S * E / C`` elements each, half of ``v`` at
 ``S = 128, C = 256``), so each large product runs once, as a GEMM-shaped tile loop; the forward saves ``A`` and
-``H`` for the backward (with several segments per sequence ``H`` is segment-local, saved with the segments' fp32
-starts, which its readers add).
+``H`` for the backward.
 
 A state with a partial chunk (``fill > 0``) is a composition: its buffered tokens are prepended
 to their sequence (dummy queries, outputs dropped), exactly as the chunked PyTorch form does, so
@@ -30,7 +29,7 @@ from lintime.ops.launch_tables import sequence_bounds
 from lintime.ops.mixed_chunk.state import MixedChunkState, clean_buffers
 from lintime.ops.mixed_chunk.triton.launch import MixedChunkLaunch, default_launch
 from lintime.ops.mixed_chunk.triton.launchers import bwd_impl, fwd_impl
-from lintime.ops.mixed_chunk.triton.plan import chunk_bound, n_seqs, sdt_torch, start_rows, walk_launch
+from lintime.ops.mixed_chunk.triton.plan import chunk_bound, n_seqs, sdt_torch
 
 # --------------------------------------------------------------------------------- custom ops
 
@@ -45,10 +44,7 @@ def _fwd_fake(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
     a = qq.new_empty(nc, H, C, C)
     st = qq.new_empty((nc if causal else N, H, S, E), dtype=sdt_torch(qq.dtype))
     final = torch.empty(N, H, S, E, **f32) if causal else qq.new_empty(0, dtype=torch.float32)
-    cfg = walk_launch(B, T, H, S, E, C, cu_seqlens, MixedChunkLaunch.of(launch), qq.device)
-    rows = start_rows(B, T, H, S, E, C, causal, cu_seqlens, cfg, qq.device)
-    start = torch.empty(rows, H, S, E, **f32) if rows else qq.new_empty(0, dtype=torch.float32)
-    return torch.empty_like(v), final, a, st, start
+    return torch.empty_like(v), final, a, st
 
 
 def _mixed_chunk_fwd(
@@ -56,16 +52,15 @@ def _mixed_chunk_fwd(
     rel_bias: torch.Tensor | None, kv0: torch.Tensor | None, count0: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None, chunk_size: int, causal: bool, scale: float, linear_norm: str,
     launch: list[int],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(o, final kv, A, H, START)``; ``A``, ``H`` and ``START`` are saved for the backward (non-causal: ``H``
-    holds each sequence's total and the final kv is empty; ``START``: the segment starts of segment-local ``H``,
-    :func:`.launchers.states`).  ``launch``: the :class:`MixedChunkLaunch` as
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(o, final kv, A, H)``; ``A`` and ``H`` are saved for the backward (non-causal: ``H`` holds
+    each sequence's total and the final kv is empty).  ``launch``: the :class:`MixedChunkLaunch` as
     :meth:`~lintime.ops.launch_tables.LaunchConfig.to_ints`."""
     return fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm,
-                    MixedChunkLaunch.of(launch), zero_a=True, sized_start=True)
+                    MixedChunkLaunch.of(launch), zero_a=True)
 
 
-def _bwd_fake(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, st_start, chunk_size, causal, scale,
+def _bwd_fake(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, chunk_size, causal, scale,
               linear_norm, need_db, has_kv0, launch):
     B, _, H, S = qq.shape
     E = v.shape[-1]
@@ -79,36 +74,36 @@ def _bwd_fake(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, s
 def _mixed_chunk_bwd(
     do: torch.Tensor, dkv: torch.Tensor | None, qq: torch.Tensor, kq: torch.Tensor, ql: torch.Tensor,
     kl: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor | None, count0: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None, a: torch.Tensor, st: torch.Tensor, st_start: torch.Tensor, chunk_size: int,
-    causal: bool, scale: float, linear_norm: str, need_db: bool, has_kv0: bool, launch: list[int],
+    cu_seqlens: torch.Tensor | None, a: torch.Tensor, st: torch.Tensor, chunk_size: int, causal: bool,
+    scale: float, linear_norm: str, need_db: bool, has_kv0: bool, launch: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of the five inputs, of ``rel_bias`` (empty unless ``need_db``) and of the initial
     ``kv`` (empty unless ``has_kv0``)."""
-    return bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, st_start, chunk_size, causal,
-                    scale, linear_norm, need_db, has_kv0, MixedChunkLaunch.of(launch))
+    return bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, chunk_size, causal, scale,
+                    linear_norm, need_db, has_kv0, MixedChunkLaunch.of(launch))
 
 
 mixed_chunk_bwd = custom_op("mixed_chunk_bwd", _bwd_fake)(_mixed_chunk_bwd)
 
 
 def _setup(ctx, inputs, output):
-    ctx.mark_non_differentiable(output[2], output[3], output[4])
+    ctx.mark_non_differentiable(output[2], output[3])
     _save(ctx, inputs, output)
 
 
 def _save(ctx, inputs, output):
     qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm, launch = inputs
-    _, _, a, st, st_start = output
-    ctx.save_for_backward(qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, st_start)
+    _, _, a, st = output
+    ctx.save_for_backward(qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st)
     ctx.args = (chunk_size, causal, scale, linear_norm)
     ctx.launch = launch
     ctx.has_kv0 = kv0 is not None
 
 
-def _backward(ctx, do, dkv, _da, _dst, _dstart, eager=False):
+def _backward(ctx, do, dkv, _da, _dst, eager=False):
     """Backward of ``lintime::mixed_chunk_fwd`` (through ``lintime::mixed_chunk_bwd``, which
     ``torch.compile`` and opcheck trace) and of the eager Function (``eager``: the launcher itself)."""
-    qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, st_start = ctx.saved_tensors
+    qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st = ctx.saved_tensors
     need_db = rel_bias is not None and ctx.needs_input_grad[5]
     has_kv0 = ctx.has_kv0 and ctx.needs_input_grad[6]
     if dkv is not None and dkv.numel() == 0:
@@ -116,14 +111,14 @@ def _backward(ctx, do, dkv, _da, _dst, _dstart, eager=False):
     do, dkv = grad_as(do, v.dtype), grad_as(dkv, torch.float32)
     if not eager:
         dqq, dkq, dql, dkl, dv, db, dkv0 = mixed_chunk_bwd(
-            do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, st_start, *ctx.args, need_db, has_kv0,
+            do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, *ctx.args, need_db, has_kv0,
             ctx.launch,
         )
     else:  # skip the op dispatch
         if do is None:  # only the final state is used (the Function does not materialise zero grads)
             do = torch.zeros_like(v)
         dqq, dkq, dql, dkl, dv, db, dkv0 = bwd_impl(
-            do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, st_start, *ctx.args, need_db, has_kv0,
+            do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, *ctx.args, need_db, has_kv0,
             MixedChunkLaunch.of(ctx.launch),
         )
     return (dqq, dkq, dql, dkl, dv, db if need_db else None, dkv0 if has_kv0 else None,
@@ -152,7 +147,7 @@ class _EagerMixedChunk(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dkv):
-        return _backward(ctx, do, dkv, None, None, None, eager=True)
+        return _backward(ctx, do, dkv, None, None, eager=True)
 
 
 def _forward(*args, launch: MixedChunkLaunch, grad: bool):

@@ -75,20 +75,6 @@ def _thin_walk(n, H, S, E, cfg: MixedChunkLaunch, device: str) -> MixedChunkLaun
     return cfg
 
 
-def start_rows(B, T, H, S, E, C, causal, cu_seqlens, cfg: MixedChunkLaunch, device) -> int:
-    """Rows of the segment starts a causal call hands from its forward to its backward (``[rows, H, S, E]``
-    fp32, :func:`lintime.ops.mixed_chunk.triton.kernels.seg_start_kernel`), from shapes only (a custom op's outputs
-    are sized without reading ``cu_seqlens``): the segments' bound where a sequence may span several segments,
-    else 0."""
-    if not causal:
-        return 0
-    cfg = walk_launch(B, T, H, S, E, C, cu_seqlens, cfg, device)
-    G = seg_chunks(B, T, H, S, E, C, cu_seqlens, cfg, device)
-    if G >= (math.ceil(T / C) if cu_seqlens is None else chunk_bound(B, T, C, cu_seqlens)):
-        return 0
-    return _seg_bound(B, T, C, cu_seqlens, G)
-
-
 def _seg_bound(B, T, C, cu_seqlens, G) -> int:
     """Segments, or a bound from shapes: ``sum_n ceil(nc_n / G) <= N + NC // G``."""
     if cu_seqlens is None:
@@ -127,7 +113,6 @@ class Plan:
     ch_id: torch.Tensor
     seg_first: torch.Tensor
     seg_n: torch.Tensor
-    ch_seg: torch.Tensor  # each chunk's segment
     seg_seq: torch.Tensor
     seq_ptr: torch.Tensor
     lengths: torch.Tensor  # [N] on the device
@@ -168,9 +153,8 @@ def build_plan(B, T, H, S, E, C, cu_seqlens, cfg, device) -> Plan:
     seg_k = torch.arange(seg_seq.numel()) - seq_ptr[seg_seq]
     seg_first = first_ch[seg_seq] + seg_k * G
     seg_n = torch.clamp(nch[seg_seq] - seg_k * G, max=G)
-    ch_seg = seq_ptr[ch_seq] + ch_k // G
-    t = to_device(device, ch_start, ch_len, ch_seq, ch_k, torch.arange(ch_seq.numel()), seg_first, seg_n, ch_seg,
-                  seg_seq, seq_ptr, lengths)
+    t = to_device(device, ch_start, ch_len, ch_seq, ch_k, torch.arange(ch_seq.numel()), seg_first, seg_n, seg_seq,
+                  seq_ptr, lengths)
     one = bool((nseg <= 1).all())
     ragged = bool((ch_len < C).any())
     return Plan(N, ch_seq.numel(), seg_seq.numel(), chunk_bound(B, T, C, cu_seqlens),
