@@ -97,8 +97,8 @@ class Block(nn.Module):
             h = self.mixer_norm(x)
         else:
             x, h = self.mixer_norm.add_forward(x, branch, branch_bias)
-        # dropout between the mixer and its add would drop the bias with the output: defer only without it
-        y_bias = self.mixer.deferrable_bias() if fuse and defer_bias and not self._dropping() else None
+        # (``fuse`` holds only without active dropout, which would drop a deferred bias with the output)
+        y_bias = self.mixer.deferrable_bias() if fuse and defer_bias else None
         kw = {} if y_bias is None else {"defer_bias": True}
         y, state = self.mixer(h, state, positions=positions, cu_seqlens=cu_seqlens, aux_losses=aux_losses, **kw)
         y = self.drop(y)
@@ -110,9 +110,6 @@ class Block(nn.Module):
                 h = self.ffn_norm(x)
             y, y_bias = self.drop(self.ffn(h)), None
         return (x, y, y_bias, state) if fuse else (x + y, None, None, state)
-
-    def _dropping(self) -> bool:
-        return self.training and self.drop.p > 0
 
 
 class Backbone(nn.Module):
