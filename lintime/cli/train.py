@@ -100,7 +100,7 @@ def train(
         tokens_per_batch: tokens per optimiser step (rows = tokens_per_batch / context_len).
         micro_batch_tokens: tokens per forward/backward; smaller than tokens_per_batch means gradient accumulation.
         packing: documents (every document its own sequence: documents never see each other) or rows (every row one sequence, documents in a row see the ones before them; the same layout every step, which --compile graph needs).
-        steps: stop after this many optimiser steps (default 200 when no budget is given).
+        steps: stop after this many optimiser steps (default 300 when no budget is given).
         tokens: stop after this many training tokens.
         time: stop after this many minutes of training (wall clock).
         recipe: optimisation recipe: flash (FLASH seed Tables 6-7), vq (Transformer-VQ App. C), gla (GLA seed); default: the preset family's (gla -> gla, vq -> vq, the rest -> flash).

@@ -32,6 +32,21 @@ def triton_available(device: torch.device) -> bool:
     return True
 
 
+# implementation tables of families whose Triton form is not registered because Triton is not installed
+_WITHOUT_TRITON: list[Mapping] = []
+
+NO_TRITON = ("Triton is not installed here (a CPU build of PyTorch does not bring it): pip install triton, "
+             "or pip install -e '.[gpu]' in a checkout; every op also runs as chunked PyTorch on any device")
+
+
+def require_triton(op: str) -> None:
+    """Raise one clear ``ValueError`` when ``backend='triton'`` is asked for and Triton is not installed."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise ValueError(f"{op}: backend 'triton' needs Triton. {NO_TRITON}") from None
+
+
 def register_triton(impls: dict, load: Callable[[], Callable]) -> None:
     """Register ``impls["triton"]`` when Triton is installed: a function that calls ``load()`` and then
     what it returns.  ``load`` holds the family's literal ``from ... import`` of its Triton entry, so
@@ -41,6 +56,7 @@ def register_triton(impls: dict, load: Callable[[], Callable]) -> None:
     try:
         import triton  # noqa: F401
     except ImportError:
+        _WITHOUT_TRITON.append(impls)
         return
 
     def triton_impl(*args, **kwargs):
@@ -58,6 +74,8 @@ def select(op: str, backend: str | None, impls: Mapping[str, Callable], x: torch
     if backend is not None:
         if backend not in BACKENDS:
             raise ValueError(f"{op}: unknown backend {backend!r}; choose from {BACKENDS}")
+        if backend == "triton" and any(impls is m for m in _WITHOUT_TRITON):
+            require_triton(op)
         if backend not in impls:
             raise ValueError(f"{op}: backend {backend!r} is not implemented; available: {sorted(impls)}")
         return impls[backend]

@@ -7,7 +7,6 @@ import functools
 import os
 
 import torch
-import triton.language as tl
 
 MAX_HEAD_DIM = 256  # K and V supported by the kernels
 
@@ -48,6 +47,7 @@ def block(d: int) -> int:
     return max(16, next_pow2(d))
 
 
+@functools.cache
 def dot_config(dtype: torch.dtype):
     """``(SDT, PREC)`` for inputs of ``dtype``.
 
@@ -58,6 +58,8 @@ def dot_config(dtype: torch.dtype):
     users get fp32 arithmetic), ``"tf32"`` for the state matmuls of fp16 inputs (10-bit mantissa
     like fp16, with fp32's range).
     """
+    import triton.language as tl  # only Triton launches call this: the module imports without Triton
+
     if dtype == torch.bfloat16:
         return tl.bfloat16, "tf32"
     if dtype == torch.float16:

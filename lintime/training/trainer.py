@@ -507,8 +507,7 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
         metrics.close()
         if cfg.plots and env.is_main and step > 0:
             plot_metrics(run_dir, title=f"{cfg.preset} ({run_dir.name})", bits_per_byte=tokenizer.bits_per_byte)
-        where = f"checkpoint {last_ckpt}" if last_ckpt is not None else "no step taken, no checkpoint"
-        say(f"stopped by {stop.received} at step {step}: {where}; continue with: lintime train --resume {run_dir}")
+        # the caller says how it stopped (the command line: one line on stderr)
         return TrainResult(run_dir=run_dir, step=step, tokens=tokens_seen, elapsed_s=elapsed, first_loss=first_loss,
                            last_loss=last_loss, val=val, sample=None, checkpoint=last_ckpt, stopped_by=stop.received)
 

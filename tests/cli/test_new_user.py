@@ -243,10 +243,11 @@ def test_a_signal_saves_a_checkpoint_and_the_run_resumes(tmp_path, corpus, sig):
                             env=ENV)
     _wait_for_rows(run, 2, proc)
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)
-    err = err.decode()
+    out, err = proc.communicate(timeout=120)
+    out, err = out.decode(), err.decode()
     assert proc.returncode == 128 + sig, err
     assert "Traceback" not in err and f"stopped by {signal.Signals(sig).name}" in err
+    assert (out + err).count("stopped by") == 1, out + err  # one line, not one on stdout and one on stderr
     step = ckpt.load_model(run).step
     assert step >= 2 and ckpt.verify_checkpoint(ckpt.resolve_checkpoint(run)) is None
     assert main(["train", "--resume", str(run), "--steps", str(step + 1), "--no-progress", "--sample-tokens", "0"]) == 0

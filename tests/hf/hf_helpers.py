@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 from tiny_presets import FAMILY_TINY_PRESETS as FAMILY_PRESETS  # noqa: F401  (re-exported)
 from tiny_presets import small_chunks
@@ -62,3 +63,12 @@ sys.path[:] = [p for p in sys.path if not (Path(p or ".") / "lintime" / "__init_
 importlib.invalidate_caches()
 assert importlib.util.find_spec("lintime") is None, "lintime is still importable"
 '''
+
+
+def require_lm_eval() -> None:
+    """Skip unless lm-eval imports.  Not ``pytest.importorskip``: since pytest 9 it skips only on
+    ``ModuleNotFoundError``, and a broken or partial lm-eval install raises a plain ``ImportError``."""
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError as err:
+        pytest.skip(f"lm-eval is the `eval` extra (pip install -e '.[eval]'): {err}")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_helpers import write_run
+from hf_helpers import require_lm_eval, write_run
 
 from lintime.cli import main as cli_main
 from lintime.generation import GenerationConfig, generate
@@ -30,7 +30,7 @@ def _logprob(model, ids: list[int], start: int) -> float:
 
 
 def test_lm_eval_local_tasks(tmp_path, monkeypatch):
-    pytest.importorskip("lm_eval", reason="lm-eval is the `eval` extra: pip install -e '.[eval]'")
+    require_lm_eval()
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 

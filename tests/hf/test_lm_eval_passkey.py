@@ -10,7 +10,7 @@ import re
 
 import pytest
 import torch
-from hf_helpers import write_run
+from hf_helpers import require_lm_eval, write_run
 
 from lintime.cli import main as cli_main
 from lintime.evaluation.tasks.passkey import greedy_continuations, write_lm_eval_task
@@ -18,7 +18,7 @@ from lintime.training.checkpoint import load_model
 
 
 def test_passkey_task_through_lm_eval(tmp_path):
-    pytest.importorskip("lm_eval", reason="lm-eval is the `eval` extra: pip install -e '.[eval]'")
+    require_lm_eval()
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 

@@ -6,7 +6,7 @@ import numbers
 
 import torch
 
-from lintime.ops.dispatch import register_triton, select
+from lintime.ops.dispatch import register_triton, require_triton, select
 from lintime.ops.mixed_chunk.chunk import chunk_mixed_chunk_attention
 from lintime.ops.mixed_chunk.decode import recurrent_decode_step_
 from lintime.ops.mixed_chunk.naive import naive_mixed_chunk_attention
@@ -236,6 +236,7 @@ def mixed_chunk_decode_step_(
         out = recurrent_decode_step_(h, gamma, beta, positions, state, rel_bias=rel_bias, scale=scale,
                                      linear_norm=linear_norm, rope_base=rope_base)
     elif backend == "triton":
+        require_triton(op)
         check_device(op, h)
         if h.dtype not in _STEP_DTYPES or state.kv.dtype != torch.float32:
             raise TypeError(f"{op}: the fused step takes fp16 / bf16 / fp32 inputs and an fp32 kv, got {h.dtype} "

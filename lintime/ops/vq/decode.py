@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from lintime.ops.dispatch import triton_available
+from lintime.ops.dispatch import require_triton, triton_available
 from lintime.ops.utils import acc_dtype, is_checked
 from lintime.ops.vq.recurrent import vq_step
 from lintime.ops.vq.state import VQState
@@ -127,6 +127,7 @@ def vq_decode_step_(
     if backend is None:
         backend = "triton" if triton_available(q.device) else "recurrent"
     if backend == "triton":
+        require_triton(op)
         from lintime.ops.vq.triton.decode import fusable, triton_decode_step_
 
         if fusable(q, state):
