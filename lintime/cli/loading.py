@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported by the commands that load a model, not by `lintime --help`
+    import torch
 
-from lintime.training.checkpoint import LoadedModel, load_model
+    from lintime.training.checkpoint import LoadedModel
 
 HF_WEIGHTS = "model.safetensors"
 HF_PREFIX = "lintime."  # LintimeForCausalLM keeps the lintime CausalLM as `self.lintime`
@@ -32,15 +34,19 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     without transformers: the lintime model config, its weights in float32, the tokenizer)."""
     hf = hf_export_config(path)
     if hf is None:
+        from lintime.training.checkpoint import load_model
+
         return load_model(path, device)
     return _load_export(Path(path), hf, device)
 
 
 def _load_export(path: Path, hf: dict, device) -> LoadedModel:
+    import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     from lintime.models import CausalLM, ModelConfig
+    from lintime.training.checkpoint import LoadedModel
 
     try:
         model = CausalLM(ModelConfig.from_dict(hf["lintime_model"]))

@@ -6,19 +6,43 @@ schedules, one step and validation (:mod:`~lintime.training.step`), the step cap
 metrics and plots.
 No CLI code here (``lintime train`` is :mod:`lintime.cli.train`)."""
 
-from lintime.training.checkpoint import (
-    LoadedModel,
-    list_checkpoints,
-    load_model,
-    load_trainer_state,
-    resolve_checkpoint,
-    save_checkpoint,
-    write_run_config,
-)
-from lintime.training.config import RECIPES, Recipe, TrainConfig
-from lintime.training.graphed import GraphedStep
-from lintime.training.step import evaluate, forward_backward
-from lintime.training.trainer import TrainResult, train
+from __future__ import annotations
+
+import importlib
+
+# name -> submodule; imported on first use (PEP 562), so the command line reads TrainConfig's defaults
+# without importing torch
+_EXPORTS = {
+    "LoadedModel": "checkpoint",
+    "list_checkpoints": "checkpoint",
+    "load_model": "checkpoint",
+    "load_trainer_state": "checkpoint",
+    "resolve_checkpoint": "checkpoint",
+    "save_checkpoint": "checkpoint",
+    "write_run_config": "checkpoint",
+    "RECIPES": "config",
+    "Recipe": "config",
+    "TrainConfig": "config",
+    "GraphedStep": "graphed",
+    "evaluate": "step",
+    "forward_backward": "step",
+    "TrainResult": "trainer",
+    "train": "trainer",
+}
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lintime.training' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"lintime.training.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)
+
 
 __all__ = [
     "RECIPES",

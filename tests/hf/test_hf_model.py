@@ -178,18 +178,24 @@ def test_export_cli_pipeline_and_errors(tmp_path, capsys):
 
 
 def test_trust_remote_code_without_lintime(tmp_path):
-    """A machine without lintime loads the exported folder with trust_remote_code=True (the
-    bundled sources) and computes the same logits."""
+    """A machine without lintime (and without Triton, as a CPU build of PyTorch leaves it) loads the exported
+    folder with trust_remote_code=True (the bundled sources) and computes the same logits."""
     run = write_run(tmp_path / "run", "vq-tiny")
     out = tmp_path / "hf"
     assert cli_main(["export", str(run), str(out)]) == 0
     script = HIDE_LINTIME + r'''
+class _NoTriton:
+    def find_spec(self, name, path=None, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, _NoTriton())
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 m = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
 tok = AutoTokenizer.from_pretrained(sys.argv[1])
 import lintime
 assert "lintime_src_" in lintime.__file__, lintime.__file__
+assert "triton" not in sys.modules
 ids = tok(["remote code", "x"], return_tensors="pt", padding=True)
 with torch.no_grad():
     torch.save(m(**ids).logits, sys.argv[2])
