@@ -18,9 +18,11 @@ document is its ``text_field`` (default ``"text"``); ``.parquet`` holds a table 
 ``text_field`` column gives the documents (needs ``pyarrow``); anything else is a text file that
 is one document.  Text is decoded as strict UTF-8 from the raw bytes (line endings kept as they
 are).  A file that cannot be read, contains a NUL byte or is not UTF-8 is skipped and counted
-(``SkipStats.unreadable``), as is a malformed JSON line; empty documents are skipped and counted
-(``SkipStats.empty``); records without a string ``text_field`` are counted in
-``SkipStats.missing_field``.
+(``SkipStats.unreadable``; the last two also in ``SkipStats.not_text``), as is a malformed JSON
+line; empty documents are skipped and counted (``SkipStats.empty``); records without a string
+``text_field`` are counted in ``SkipStats.missing_field``.  A corpus that *is* one text file is
+not skipped but refused: :func:`open_corpus` (from its first 64 KiB) and the reading raise
+:class:`DataError` saying the file is not UTF-8 text.
 
 Split rule (see :func:`split_of`): a document's split is a pure function of its *key* -- the
 POSIX path of its file relative to the corpus root, plus ``#<line>`` (1-based JSONL line) or
@@ -33,6 +35,7 @@ is train, then validation, then test, each piece one document keyed ``<name>@<sp
 
 from __future__ import annotations
 
+import codecs
 import glob as globlib
 import hashlib
 import json
@@ -115,6 +118,7 @@ class SkipStats:
     unreadable: int = 0  # unreadable, binary (NUL byte) or non-UTF-8 files; malformed JSON lines
     empty: int = 0  # empty documents
     missing_field: int = 0  # JSONL/parquet records without a string text field
+    not_text: int = 0  # of ``unreadable``: files that are binary (NUL byte) or not UTF-8 (not in as_dict)
     examples: list[str] = field(default_factory=list)  # a few skipped keys, for messages
 
     def note(self, what: str, key: str) -> None:
@@ -206,7 +210,7 @@ class Corpus:
         progress = progress or (lambda n: None)
         for src in self.sources_for(split):
             if src.kind == "text":
-                text = _read_text(src, stats)
+                text = _read_text(src, stats, strict=self.by_position)
                 progress(src.size)
                 if text is None:
                     continue
@@ -288,20 +292,41 @@ def _check_split(split: str) -> None:
         raise ValueError(f"unknown split {split!r}; splits are {SPLITS}")
 
 
-def _read_text(src: Source, stats: SkipStats) -> str | None:
+def _read_text(src: Source, stats: SkipStats, strict: bool = False) -> str | None:
+    """The file's text, or ``None`` (counted in ``stats``) when it cannot be read or is not UTF-8
+    text; ``strict`` (a corpus that is this one file) raises :class:`DataError` for the latter."""
     try:
         data = src.path.read_bytes()
     except OSError:
         stats.note("unreadable", src.key)
         return None
-    if b"\x00" in data:
-        stats.note("unreadable", src.key)
-        return None
     try:
-        return data.decode("utf-8")
+        if b"\x00" not in data:
+            return data.decode("utf-8")
     except UnicodeDecodeError:
-        stats.note("unreadable", src.key)
-        return None
+        pass
+    if strict:
+        raise not_text_error(src.path, not_text_reason(data, complete=True))
+    stats.note("unreadable", src.key)
+    stats.not_text += 1
+    return None
+
+
+def not_text_reason(data: bytes, complete: bool) -> str | None:
+    """Why ``data`` (a whole file, or its first bytes when not ``complete``) is not UTF-8 text, in a
+    few words, or ``None``."""
+    if b"\x00" in data:
+        return "it holds NUL bytes, like a binary file"
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(data, final=complete)
+    except UnicodeDecodeError as err:
+        return f"byte {err.start} (0x{data[err.start]:02x}) is not valid UTF-8"
+    return None
+
+
+def not_text_error(path: Path, why: str) -> DataError:
+    return DataError(f"corpus file {path} is not UTF-8 text ({why}); lintime trains on UTF-8 text files "
+                     "(convert another encoding first, e.g. iconv -f latin1 -t utf-8)")
 
 
 def _kind(path: Path) -> Literal["text", "jsonl", "parquet"]:
@@ -368,12 +393,27 @@ def open_corpus(
             root = path.absolute().parent
             paths = [path.absolute()]
             kw["by_position"] = True
+            if _kind(path) == "text":
+                _check_text_start(path)
         else:
             raise DataError(f"corpus not found: {spec_str} (expected 'stdlib', a folder, a file or a glob)")
     sources = [s for s in (_source(p, root) for p in paths) if s is not None]
     if not sources:
         raise DataError(f"corpus {spec_str!r} is empty: no files found under {root}")
     return Corpus("stdlib" if spec_str == "stdlib" else spec_str, root, sources, **kw)
+
+
+def _check_text_start(path: Path, n: int = 64 << 10) -> None:
+    """Refuse a one-file corpus whose first ``n`` bytes are not UTF-8 text (the rest is checked when
+    it is read), before a tokenizer is trained or a cache written."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(n + 1)
+    except OSError as err:
+        raise DataError(f"cannot read corpus file {path}: {err.strerror or err}") from None
+    why = not_text_reason(data[:n], complete=len(data) <= n)
+    if why is not None:
+        raise not_text_error(path, why)
 
 
 def _glob_root(pattern: str) -> Path:

@@ -130,6 +130,14 @@ def _build(corp: Corpus, tok: Tokenizer, split: str, identity: dict, bin_path: P
         flush()
         if len(writer.offsets) == 1:
             # Raising inside atomic_write discards the temporary file: no empty split is written.
+            n_files = len(corp.sources_for(split))
+            if stats.not_text and stats.not_text == n_files:  # no text remains: say so, not "use a larger corpus"
+                raise DataError(
+                    f"split {split!r} of corpus {corp.name!r} has no text: "
+                    f"{'its file is' if n_files == 1 else f'all its {n_files} files are'} not UTF-8 text "
+                    f"(binary, or another encoding) and {'was' if n_files == 1 else 'were'} skipped "
+                    f"(skipped: {stats.describe()}{_examples(stats)}); lintime trains on UTF-8 text files"
+                )
             raise EmptySplitError(
                 f"split {split!r} of corpus {corp.name!r} has no documents ({len(corp.sources_for(split))} files "
                 f"considered, skipped: {stats.describe()}{_examples(stats)}); use a larger corpus"

@@ -32,13 +32,12 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar, Iterable, Sequence
 
 import numpy as np
 
-from lintime.utils.io import atomic_write_json
+from lintime.utils.io import atomic_write_json, temp_dir
 
 from .errors import DataError, require
 
@@ -349,7 +348,7 @@ def _train_cached_bpe(corpus: "Corpus", vocab: int, cache_dir, quiet: bool) -> T
 def _save_dir_atomically(save: Callable[[Path], Path], target: Path) -> None:
     """Run ``save`` into a temporary sibling folder, then rename it to ``target``."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp = temp_dir(target.parent, f".{target.name}.tmp-")  # an ordinary folder's mode, not mkdtemp's 0700
     try:
         save(tmp)
         try:

@@ -21,6 +21,7 @@ from lintime.hf.modeling import LintimeForCausalLM
 from lintime.hf.remote_code import write_remote_code
 from lintime.hf.tokenization import hf_tokenizer
 from lintime.training.checkpoint import load_model
+from lintime.utils.io import ordinary_mode
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -55,6 +56,8 @@ def export_checkpoint(
     gc.bos_token_id, gc.eos_token_id, gc.pad_token_id = tok.bos_id, tok.eos_id, tok.pad_id
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
+    for weights in out.glob("*.safetensors"):  # safetensors writes through a private (0600) temporary file
+        ordinary_mode(weights)
     hf_tok.save_pretrained(out)
     if remote_code:
         write_remote_code(out)

@@ -14,6 +14,8 @@ Layout of a run folder::
                                       load (with a finite-values check of the weights): a corrupted
                                       checkpoint is refused, naming the run's newest intact one
     runs/<name>/checkpoints/latest   text file: the name of the newest step folder ("step_00000100")
+    runs/<name>/checkpoints/abandoned/step_00000300/   an intact step folder set aside by a resume
+                                      from an earlier step (see "Keep, corrupted, abandoned" below)
 
 Distributed runs (``torchrun``, :mod:`lintime.training.parallel`) write the same folder, plus
 the optimizer's shards::
@@ -31,6 +33,17 @@ step folder is written whole under a hidden temporary name (``.tmp-step_...``), 
 renamed to ``step_NNNNNNNN``, and only then does ``latest`` move to it and are old step folders
 pruned.  A crash at any point leaves the previous checkpoint complete and ``latest`` naming a
 complete folder; hidden temporary folders are ignored by readers and removed by the next save.
+Files and folders get the modes of ordinary ones (``0o666 / 0o777 & ~umask``), not the private
+modes of ``tempfile`` (:func:`lintime.utils.io.ordinary_mode`).
+
+Keep, corrupted, abandoned: ``keep=N`` keeps the ``N`` newest *intact* step folders (their files
+match ``checksums.json``) and deletes the older ones and every corrupted one, so a corrupted
+folder never takes an intact one's place.  A run resumed from a step folder older than the
+run's newest continues from that step: the later step folders belong to an abandoned future;
+its first save deletes the corrupted ones among them and moves the intact ones to
+``checkpoints/abandoned/`` (:func:`later_checkpoints`, the ``abandon`` argument of
+:func:`save_checkpoint`).  :func:`resolve_checkpoint` of a run folder whose ``latest`` is corrupted
+gives the newest intact step folder before it (``load_model`` instead refuses, naming it).
 
 Entry points: :func:`write_run_config` (once per run), :func:`save_checkpoint` (every
 ``--save-every`` steps), :func:`load_model` (eval / generate / sample), :func:`resolve_checkpoint`
@@ -58,7 +71,7 @@ from lintime import __version__
 from lintime.data import DataError, load_tokenizer
 from lintime.models import CausalLM, MaskedLM, ModelConfig
 from lintime.training.parallel import reshard
-from lintime.utils.io import atomic_write_json, atomic_write_text, fsync_dir, fsync_file
+from lintime.utils.io import atomic_write_json, atomic_write_text, fsync_dir, fsync_file, ordinary_mode, temp_dir
 
 CONFIG_FILE = "config.json"
 TOKENIZER_DIR = "tokenizer"
@@ -68,6 +81,7 @@ WEIGHTS_FILE = "model.safetensors"
 STATE_FILE = "trainer_state.pt"
 CHECKSUM_FILE = "checksums.json"  # {"sha256": {file name: hex digest}} of the step folder's files
 OPTIM_DIR = "optimizer"
+ABANDONED_DIR = "abandoned"  # checkpoints/abandoned/: intact step folders a resume from an earlier step set aside
 DCP_MARK = "dcp"  # trainer_state["optimizer"] of a distributed checkpoint
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
 
@@ -84,7 +98,7 @@ def step_dir_name(step: int) -> str:
 def _publish(tmp: Path, final: Path, ckpt_root: Path) -> None:
     """Move the finished temporary folder ``tmp`` to ``final``; re-saving a step (e.g. after a
     resume) swaps the folders, so a reader never sees a half-written state."""
-    os.chmod(tmp, 0o755)
+    ordinary_mode(tmp)
     fsync_dir(tmp)
     if final.exists():
         old = Path(tempfile.mkdtemp(prefix=f".old-{final.name}-", dir=ckpt_root))
@@ -104,6 +118,7 @@ def _write_weights_and_state(folder: Path, model: torch.nn.Module, step: int, tr
     weights, state = folder / WEIGHTS_FILE, folder / STATE_FILE
     try:
         save_model(model, str(weights), metadata={"format": "lintime", "step": str(step)})
+        ordinary_mode(weights)  # safetensors writes through a private (0600) temporary file
         fsync_file(weights)
         with open(state, "wb") as f:
             torch.save(trainer_state, f)
@@ -128,12 +143,27 @@ def _write_error(folder: Path, err: BaseException) -> OSError:
     return OSError(code, f"{os.strerror(code)} (writing a checkpoint: {_one_line(err)})", str(folder))
 
 
+_DIGESTS: dict[tuple, str] = {}  # file identity and stat -> sha256, so pruning does not re-hash every save
+
+
 def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of the file; remembered for the file as it is (device, inode, size, mtime and ctime
+    in ns: any write or replacement changes them), so a process hashes a checkpoint once."""
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key in _DIGESTS:
+        return _DIGESTS[key]
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
-    return h.hexdigest()
+        after = os.fstat(f.fileno())
+    digest = h.hexdigest()
+    if (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == key[2:]:  # not written while read
+        if len(_DIGESTS) >= 256:
+            _DIGESTS.clear()
+        _DIGESTS[key] = digest
+    return digest
 
 
 def verify_checkpoint(step_dir: str | os.PathLike, files: tuple[str, ...] = (WEIGHTS_FILE, STATE_FILE)) -> str | None:
@@ -195,7 +225,7 @@ def write_run_config(
     }
     tok_dir = run_dir / TOKENIZER_DIR
     if not tok_dir.is_dir():
-        tmp = Path(tempfile.mkdtemp(prefix=f".{TOKENIZER_DIR}.tmp-", dir=run_dir))
+        tmp = temp_dir(run_dir, f".{TOKENIZER_DIR}.tmp-")
         try:
             tokenizer.save(tmp)
             os.rename(tmp, tok_dir)
@@ -213,9 +243,16 @@ def save_checkpoint(
     trainer_state: dict,
     *,
     keep: int = 0,
+    abandon: list[Path] | tuple[Path, ...] = (),
 ) -> Path:
     """Write ``checkpoints/step_<step>/`` (weights + trainer state) atomically, point ``latest`` at
-    it, then delete all but the newest ``keep`` step folders (``keep=0`` keeps all).
+    it, then delete all but the newest ``keep`` intact step folders, and every corrupted one
+    (``keep=0`` keeps all).
+
+    ``abandon``: step folders of an abandoned future (:func:`later_checkpoints` of the step folder
+    a run resumed from; pass them to the resumed run's first save only): before the new folder
+    is published, the corrupted ones are deleted and the intact ones moved to
+    ``checkpoints/abandoned/``.
 
     ``model`` is the plain module (not a ``torch.compile`` wrapper: its parameter names must be
     the model's own).  ``trainer_state`` holds only tensors, numbers, strings, lists and dicts.
@@ -229,9 +266,10 @@ def save_checkpoint(
     ckpt_root.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(ckpt_root)
     final = ckpt_root / step_dir_name(step)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=ckpt_root))
+    tmp = temp_dir(ckpt_root, f".tmp-{final.name}-")
     try:
         _write_weights_and_state(tmp, model, step, trainer_state)
+        _set_aside(abandon, ckpt_root)
         _publish(tmp, final, ckpt_root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -239,9 +277,64 @@ def save_checkpoint(
     fsync_dir(ckpt_root)
     atomic_write_text(ckpt_root / LATEST_FILE, final.name + "\n")
     if keep:
-        for old in list_checkpoints(run_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        _prune(run_dir, keep, final)
     return final
+
+
+def _prune(run_dir: str | os.PathLike, keep: int, newest: Path) -> None:
+    """Keep the ``keep`` newest intact step folders (``newest``, just written, is one); delete the
+    older ones and every corrupted one, which never counts among the ``keep``."""
+    kept = 0
+    for cand in reversed(list_checkpoints(run_dir)):
+        if kept < keep and (cand == newest or verify_checkpoint(cand) is None):
+            kept += 1
+        else:
+            shutil.rmtree(cand, ignore_errors=True)
+
+
+def later_checkpoints(step_dir: str | os.PathLike) -> list[Path]:
+    """The step folders of ``step_dir``'s run with a later step, oldest first: what a run resumed
+    from ``step_dir`` abandons (pass them as ``abandon`` to its first save)."""
+    m = _STEP_DIR.match(Path(step_dir).name)
+    if m is None:
+        return []
+    return [p for p in list_checkpoints(run_dir_of(step_dir)) if _step_of(p) > int(m.group(1))]
+
+
+def abandon_notice(step_dir: str | os.PathLike, later: list[Path]) -> str:
+    """The line that tells a user resuming from ``step_dir`` what happens to ``later``."""
+    corrupted = {p for p in later if verify_checkpoint(p) is not None}
+    names = ", ".join(p.name + (" (corrupted)" if p in corrupted else "") for p in later)
+    todo = []
+    if corrupted:
+        todo.append("deletes the corrupted ones")
+    if len(corrupted) < len(later):
+        todo.append(f"moves the intact ones to {run_dir_of(step_dir) / CHECKPOINTS_DIR / ABANDONED_DIR}/")
+    return (f"lintime train: resuming from {step_dir}: the later {names} belong to an abandoned future; "
+            f"the first save {' and '.join(todo)}")
+
+
+def _set_aside(folders, ckpt_root: Path) -> None:
+    """Delete the corrupted step folders of ``folders``, move the intact ones to ``abandoned/``
+    (replacing an earlier abandoned folder of the same step)."""
+    for old in folders:
+        old = Path(old)
+        if not old.is_dir():
+            continue
+        if verify_checkpoint(old) is not None:
+            shutil.rmtree(old, ignore_errors=True)
+            continue
+        dest = ckpt_root / ABANDONED_DIR / old.name
+        dest.parent.mkdir(exist_ok=True)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.rename(old, dest)
+    if folders:
+        fsync_dir(ckpt_root)
+
+
+def _step_of(step_dir: Path) -> int:
+    return int(_STEP_DIR.match(step_dir.name).group(1))
 
 
 def save_distributed_checkpoint(
@@ -253,6 +346,7 @@ def save_distributed_checkpoint(
     *,
     build,
     keep: int = 0,
+    abandon: list[Path] | tuple[Path, ...] = (),
 ) -> Path:
     """The distributed form of :func:`save_checkpoint`; every rank calls it (it is collective).
 
@@ -260,7 +354,8 @@ def save_distributed_checkpoint(
     their optimizer shards into ``optimizer/`` (DCP) and take part in gathering the full model
     state, which rank 0 loads into ``build()`` (a plain model) and writes as ``model.safetensors``
     with ``trainer_state.pt``; then, after a barrier, rank 0 renames the folder into place, moves
-    ``latest`` and prunes, exactly as :func:`save_checkpoint`.  Returns the step folder."""
+    ``latest``, sets ``abandon`` aside and prunes, exactly as :func:`save_checkpoint`.  Returns the
+    step folder."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -272,7 +367,7 @@ def save_distributed_checkpoint(
     if main:
         ckpt_root.mkdir(parents=True, exist_ok=True)
         _remove_stale_temporaries(ckpt_root)
-        box[0] = tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=ckpt_root)
+        box[0] = str(temp_dir(ckpt_root, f".tmp-{final.name}-"))
     dist.broadcast_object_list(box, src=0)
     tmp = Path(box[0])
     try:
@@ -285,12 +380,12 @@ def save_distributed_checkpoint(
         del full
         dist.barrier()
         if main:
+            _set_aside(abandon, ckpt_root)
             _publish(tmp, final, ckpt_root)
             fsync_dir(ckpt_root)
             atomic_write_text(ckpt_root / LATEST_FILE, final.name + "\n")
             if keep:
-                for old in list_checkpoints(run_dir)[:-keep]:
-                    shutil.rmtree(old, ignore_errors=True)
+                _prune(run_dir, keep, final)
     except BaseException:
         if main:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -406,9 +501,13 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found) if (p / WEIGHTS_FILE).is_file()]
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
+def resolve_checkpoint(path: str | os.PathLike, *, intact: bool = True) -> Path:
     """The step folder meant by ``path``: a step folder itself, or a run folder (its ``latest``;
     when ``latest`` is missing or names a missing folder, the highest complete step folder).
+    With ``intact`` (the default), a run folder's choice that is corrupted (its files do not
+    match their checksums) gives way to the newest intact step folder before it, when there is
+    one; ``intact=False`` returns it as is (:func:`load_model` does, so that loading refuses it
+    in one line naming the intact one rather than silently loading an older model).
     Raises ``FileNotFoundError`` with one line when there is none."""
     path = Path(path)
     if not path.exists():
@@ -419,20 +518,30 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         raise FileNotFoundError(f"checkpoint {path} is incomplete: it has no {WEIGHTS_FILE}")
     if (path / CHECKPOINTS_DIR).is_dir() or (path / CONFIG_FILE).is_file():
         latest = path / CHECKPOINTS_DIR / LATEST_FILE
+        found = list_checkpoints(path)
+        chosen = found[-1] if found else None
         if latest.is_file():
             cand = path / CHECKPOINTS_DIR / latest.read_text().strip()
             if (cand / WEIGHTS_FILE).is_file():
-                return cand
-        found = list_checkpoints(path)
-        if found:
-            return found[-1]
-        raise FileNotFoundError(f"run {path} has no checkpoint yet (no {CHECKPOINTS_DIR}/step_* folder)")
+                chosen = cand
+        if chosen is None:
+            raise FileNotFoundError(f"run {path} has no checkpoint yet (no {CHECKPOINTS_DIR}/step_* folder)")
+        if intact and _STEP_DIR.match(chosen.name) and verify_checkpoint(chosen) is not None:
+            before = [p for p in found if _step_of(p) < _step_of(chosen)]
+            good = next((p for p in reversed(before) if verify_checkpoint(p) is None), None)
+            if good is not None:
+                return good
+        return chosen
     raise FileNotFoundError(f"{path} is neither a run folder (with {CONFIG_FILE}) nor a checkpoint folder (with {WEIGHTS_FILE})")
 
 
 def run_dir_of(step_dir: str | os.PathLike) -> Path:
-    """The run folder of a step folder (``runs/<name>/checkpoints/step_N`` -> ``runs/<name>``)."""
-    return Path(step_dir).parent.parent
+    """The run folder of a step folder (``runs/<name>/checkpoints/step_N`` -> ``runs/<name>``; also
+    of one set aside in ``checkpoints/abandoned/``)."""
+    parent = Path(step_dir).parent
+    if parent.name == ABANDONED_DIR and parent.parent.name == CHECKPOINTS_DIR:
+        return parent.parent.parent
+    return parent.parent
 
 
 def read_run_config(run_dir: str | os.PathLike) -> dict:
@@ -527,7 +636,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> L
     file raises ``FileNotFoundError``, an incompatible or unreadable checkpoint ``ValueError``;
     both with a one-line message (the CLI prints it and exits 2).
     """
-    step_dir = resolve_checkpoint(path)
+    step_dir = resolve_checkpoint(path, intact=False)
     run_dir = run_dir_of(step_dir)
     config = read_run_config(run_dir)
     try:

@@ -166,7 +166,8 @@ class TrainConfig:
     ``log_every``, ``eval_every`` / ``eval_tokens`` (validation tokens per evaluation),
     ``save_every`` / ``keep`` (checkpoints kept; 0 = all), ``tensorboard``, ``plots``.
 
-    Final sample (causal LM only): ``sample_prompt``, ``sample_tokens`` (0 = none),
+    Final sample (causal LM only): ``sample_prompt`` (``None``: the first words of the validation split's
+    first document), ``sample_tokens`` (0 = none),
     ``temperature`` (0 = greedy), ``top_k`` (0 = off).
 
     Fine-tuning: ``init_from`` (a run or step folder) starts from that checkpoint's weights with
@@ -215,7 +216,7 @@ class TrainConfig:
     keep: int = 3
     tensorboard: bool = False
     plots: bool = True
-    sample_prompt: str = "def "
+    sample_prompt: str | None = None  # None: the start of the first validation document (any corpus, not only code)
     sample_tokens: int = 200
     temperature: float = 0.8
     top_k: int = 0

@@ -112,6 +112,22 @@ def _echo_default(line: str) -> None:
         print(line, flush=True)
 
 
+def corpus_prompt(dataset, tokenizer, max_chars: int = 24) -> str:
+    """A prompt taken from the corpus, for the final sample when none is given: the first non-blank line
+    of the first validation document, cut to ``max_chars`` at a word boundary."""
+    for i in range(min(len(dataset), 16)):
+        text = tokenizer.decode([int(t) for t in dataset[i][:4 * max_chars]])
+        line = next((ln for ln in text.splitlines() if ln.strip()), "")
+        if not line:
+            continue
+        if len(line) <= max_chars:
+            return line
+        cut = line[:max_chars]
+        space = cut.rstrip().rfind(" ")
+        return cut[:space + 1] if space > 0 else cut
+    return "\n"
+
+
 PROGRESS_EVERY_S = 30.0  # without a terminal (a log file, a pipe), a progress line this often
 
 
@@ -209,6 +225,7 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
 
     # ---- resume: the run's own folder, tokenizer and model config
     state = None
+    abandoned: list[Path] = []  # step folders after the one resumed from: set aside by the first save
     if resume is not None and without_checkpoint(resume):
         say(f"lintime train: {resume} has no checkpoint yet: starting the run over")
         name, out, resume, restarting = Path(resume).name, Path(resume).parent, None, True
@@ -232,6 +249,9 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
         state = ckpt.load_trainer_state(step_dir)
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"cannot resume: {step_dir} has trainer state format {state.get('format')!r}, expected {STATE_FORMAT}")
+        abandoned = ckpt.later_checkpoints(step_dir)
+        if abandoned:
+            say(ckpt.abandon_notice(step_dir, abandoned))
     else:
         get_preset(cfg.preset)  # an unknown preset fails here, before the data is prepared
         tokenizer = cfg.tokenizer
@@ -380,9 +400,13 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
             "val": val or {},
         }
         if env.distributed:
-            return ckpt.save_distributed_checkpoint(run_dir, step, model, opt, trainer_state, keep=cfg.keep,
-                                                    build=lambda: ckpt.build_model(ckpt.read_run_config(run_dir)))
-        return ckpt.save_checkpoint(run_dir, step, model, trainer_state, keep=cfg.keep)
+            saved_to = ckpt.save_distributed_checkpoint(run_dir, step, model, opt, trainer_state, keep=cfg.keep,
+                                                        abandon=abandoned,
+                                                        build=lambda: ckpt.build_model(ckpt.read_run_config(run_dir)))
+        else:
+            saved_to = ckpt.save_checkpoint(run_dir, step, model, trainer_state, keep=cfg.keep, abandon=abandoned)
+        abandoned.clear()  # the first save sets them aside
+        return saved_to
 
     def run_eval() -> dict:
         out = evaluate(eval_model, val_ds, context_len=cfg.context_len, rows=cfg.rows_per_micro_batch,
@@ -531,18 +555,20 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
         sampler.eval()
         gen_cfg = GenerationConfig(max_new_tokens=cfg.sample_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
                                    seed=cfg.seed)
-        text = generate(sampler, tokenizer, cfg.sample_prompt, gen_cfg)[0].text
+        prompt = cfg.sample_prompt if cfg.sample_prompt is not None else corpus_prompt(val_ds, tokenizer)
+        text = generate(sampler, tokenizer, prompt, gen_cfg)[0].text
         sampler.train(was_training)
-        ckpt.atomic_write_text(run_dir / SAMPLE_FILE, cfg.sample_prompt + text + "\n")
+        ckpt.atomic_write_text(run_dir / SAMPLE_FILE, prompt + text + "\n")
     summary = f"done: {step} steps, {tokens_seen / 1e6:.2f}M tokens in {elapsed / 60:.1f} min of training"
     if first_loss is not None:
         summary += f"; train loss {first_loss:.3f} -> {last_loss:.3f}"
     say(summary)
     if val is not None:
-        say(f"validation: {describe_val(val)}")
+        say(f"validation: {describe_val(val)} on the validation split's first {val['val_targets']:,} tokens "
+            f"(rows of {cfg.context_len}; lintime eval scores whole documents)")
     if text is not None:
-        say(f"sample (prompt {cfg.sample_prompt!r}, temperature {cfg.temperature:g}):")
-        say(cfg.sample_prompt + text)
+        say(f"sample (prompt {prompt!r}, temperature {cfg.temperature:g}):")
+        say(prompt + text)
     say(f"saved: {last_ckpt}, metrics.jsonl/.csv, plots{', sample.txt' if text is not None else ''} in {run_dir}")
     return TrainResult(run_dir=run_dir, step=step, tokens=tokens_seen, elapsed_s=elapsed, first_loss=first_loss,
                        last_loss=last_loss, val=val, sample=text, checkpoint=last_ckpt)

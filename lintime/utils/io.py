@@ -1,7 +1,13 @@
 """Atomic file writes: a temporary file beside the target, flushed, fsynced and renamed over it,
 then the folder fsynced, so a reader sees the old file or the new one, never half of one.
 The one helper behind the token cache (:mod:`lintime.data.cache`), the tokenizer files and the
-run folders (:mod:`lintime.training.checkpoint`, :mod:`lintime.training.metrics`)."""
+run folders (:mod:`lintime.training.checkpoint`, :mod:`lintime.training.metrics`).
+
+Permissions: ``tempfile.mkstemp`` / ``mkdtemp`` (and libraries that write through them, e.g.
+safetensors) make private files (0600) and folders (0700).  Whatever a command publishes from
+them gets the mode an ordinary ``open()`` / ``mkdir()`` would give, ``0o666 & ~umask`` /
+``0o777 & ~umask`` (0644 / 0755 under the usual umask 022): :func:`temp_dir`,
+:func:`ordinary_mode`."""
 
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; caches and run folders are meant to be readable
+        ordinary_mode(tmp)  # mkstemp makes 0600: give the file the mode open() would
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
             f.flush()
@@ -59,3 +65,34 @@ def fsync_file(path: str | os.PathLike) -> None:
     """Flush ``path``'s contents to disk (a file written by another library, e.g. safetensors)."""
     with open(path, "rb") as f:
         os.fsync(f.fileno())
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where the platform allows (Linux >= 4.7:
+    ``/proc/self/status``); else set and restored at once (``os.umask`` can only be read so)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def ordinary_mode(path: str | os.PathLike) -> None:
+    """Give ``path`` (a file or a folder made private by ``tempfile`` or a library writing through
+    it) the mode ``open()`` / ``mkdir()`` would have given it: ``0o666 & ~umask`` for a file,
+    ``0o777 & ~umask`` for a folder."""
+    full = 0o777 if os.path.isdir(path) else 0o666
+    os.chmod(path, full & ~umask())
+
+
+def temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
+    """``tempfile.mkdtemp(prefix=prefix, dir=parent)`` with the mode of an ordinary folder (not
+    0700), for a folder that is filled, then renamed into place."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    ordinary_mode(tmp)
+    return tmp

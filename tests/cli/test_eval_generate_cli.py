@@ -62,7 +62,7 @@ def test_eval_test_split_max_tokens_and_prepared_data(run_dir, capsys):
     assert main(["eval", str(run_dir), "--split", "test", "--context-lens", "2k", "--max-tokens", "50",
                  "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "test split: 1 documents" in out and "2048*" in out
+    assert "test split, its first 1 of " in out and "(--max-tokens 50)" in out and "2048*" in out
     # --data: the prepared cache folder, read without the corpus
     cache = json.loads((run_dir / "config.json").read_text())["train"]["cache_dir"]
     assert main(["eval", str(run_dir / "checkpoints" / "step_00000007"), "--data", cache, "--context-lens", "8",
