@@ -20,6 +20,7 @@ from lintime.layers.norms import Norm, build_norm
 from lintime.layers.positional import LearnedPositionEmbedding, ScaledSinEmbedding, token_positions
 from lintime.models.config import FFNConfig, ModelConfig
 from lintime.models.registry import get_family
+from lintime.ops.utils import is_static
 
 
 @dataclasses.dataclass
@@ -209,9 +210,10 @@ def _check_cu_seqlens(cu_seqlens: torch.Tensor, B: int, T: int) -> None:
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype.is_floating_point:
         raise ValueError(f"cu_seqlens must be a 1-D integer tensor [N + 1], got {cu_seqlens.dtype} "
                          f"of shape {tuple(cu_seqlens.shape)}")
-    if torch.compiler.is_compiling():
-        # inside a compiled graph a host read would break it: the same check as an op on the device (an error on
-        # the CPU, a device-side assert on CUDA, no sync); the ops skip their own value checks while compiling
+    if torch.compiler.is_compiling() or is_static(cu_seqlens):
+        # inside a compiled graph (or a captured one: a static cu_seqlens, lintime.ops.utils.mark_static) a host
+        # read would break it: the same check as an op on the device (an error on the CPU, a device-side assert on
+        # CUDA, no sync); the ops skip their own value checks then
         cu = cu_seqlens.long()
         ok = (cu[0] == 0) & (cu[-1] == T) & (cu.diff() >= 0).all()
         torch._assert_async(ok, f"cu_seqlens must start at 0, be non-decreasing and end at T={T}")

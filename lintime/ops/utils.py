@@ -61,6 +61,25 @@ def check_same_btH(op: str, ref_name: str, ref: torch.Tensor, **others: torch.Te
             raise ValueError(f"{op}: {name} is on {x.device}, {ref_name} on {ref.device}")
 
 
+# A static cu_seqlens: a buffer of fixed length whose values change between calls without any host code seeing them
+# (a CUDA graph replays the ops with each batch's offsets copied in).  Its trailing entries repeat the total
+# (empty sequences), so its length is a capacity, not the batch's number of documents.  An op given one reads no
+# value on the host and caches nothing keyed on it: it derives its packed plan from the buffer on the device, with
+# sizes bounded by shapes (the number of entries, the tokens, the chunk size).
+_STATIC_ATTR = "_lintime_static_seqlens"
+
+
+def mark_static(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Mark ``cu_seqlens`` (``[Ncap + 1]`` int32 on the device) as static (see above) and return it."""
+    setattr(cu_seqlens, _STATIC_ATTR, True)
+    return cu_seqlens
+
+
+def is_static(cu_seqlens: torch.Tensor | None) -> bool:
+    """True for a ``cu_seqlens`` marked by :func:`mark_static`: no host read of its values, no cache keyed on it."""
+    return cu_seqlens is not None and getattr(cu_seqlens, _STATIC_ATTR, False)
+
+
 # Host work of packed calls, per cu_seqlens tensor: a model passes one cu_seqlens to every layer's forward and
 # backward, and each packed call would otherwise read it on the host (a sync that stalls the launch queue) and rebuild
 # its tables.  Entries of the last cu_seqlens seen; it is the same tensor only while the weak reference resolves to it
@@ -85,7 +104,7 @@ def check_cu_seqlens(op: str, cu_seqlens: torch.Tensor | None, B: int, T: int) -
     if cu_seqlens is None:
         return
     check_cu_seqlens_shape(op, cu_seqlens, B)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or is_static(cu_seqlens):
         return
     entry = packed_cache(cu_seqlens, ("values checked", T))
     if not entry:
