@@ -133,7 +133,10 @@ def eval(
     step = f"step {loaded.step}" if loaded.step >= 0 else "exported model"
     print(f"{checkpoint}: {step}, {model_cfg.get('family', '?')} family, "
           f"{loaded.config['tokenizer']} tokenizer" + (f", trained at context {trained}" if trained else ""))
-    print(f"{report.split} split: {report.n_docs:,} documents, {report.n_bytes:,} bytes, {report.n_targets:,} tokens to predict")
+    which = (f"its first {report.n_docs:,} of {len(dataset):,} documents (--max-tokens {max_tokens:,})"
+             if report.n_docs < len(dataset) else f"all {report.n_docs:,} documents")
+    print(f"{report.split} split, {which}: {report.n_bytes:,} bytes, {report.n_targets:,} tokens to predict, "
+          f"each once, in windows from its document's start")
     print(format_table(report, trained, bpe=not loaded.tokenizer.bits_per_byte))
 
     if json is not None:
@@ -153,7 +156,7 @@ def eval(
 
 def _eval_task(task, loaded, checkpoint, dev, precision, json, plot, compare, progress, *, given, opts) -> None:
     """``--task mqar | passkey | extrapolation`` (:mod:`lintime.cli.eval_tasks`)."""
-    from lintime.cli.eval_tasks import plot_path, plot_result, run_task
+    from lintime.cli.eval_tasks import plot_path, plot_result, run_task, vocabulary_of
     from lintime.utils.device import autocast_dtype
     from lintime.utils.io import atomic_write_text
 
@@ -162,7 +165,7 @@ def _eval_task(task, loaded, checkpoint, dev, precision, json, plot, compare, pr
     model_cfg = loaded.config["model"]
     step = f"step {loaded.step}" if loaded.step >= 0 else "exported model"
     print(f"{checkpoint}: {step}, {model_cfg.get('family', '?')} family, d_model {model_cfg.get('d_model')}, "
-          f"{loaded.config['tokenizer']} tokenizer")
+          f"{vocabulary_of(loaded)}")
     result = run_task(task, loaded, checkpoint=checkpoint, opts=opts, given=given,
                       autocast=autocast_dtype(dev, precision), progress=progress)
     out = {"checkpoint": str(checkpoint), "step": loaded.step, "model": model_cfg, "device": str(dev),

@@ -41,6 +41,18 @@ def plot_path(json_path: str | None, plot: str | None, run: str, task: str) -> P
     return Path(run) / f"eval_{task}.png"
 
 
+def vocabulary_of(loaded) -> str:
+    """What the model's token ids are, for the header line: ``byte tokenizer`` for a language
+    model; for a run trained on a synthetic task (``lintime train --task mqar``) the task's own
+    vocabulary (its run folder stores a byte tokenizer only because the run-folder contract needs
+    one)."""
+    train = loaded.config.get("train") or {}
+    task = train.get("task")
+    if isinstance(task, str) and task != "lm":
+        return f"{task} vocabulary {train.get('vocab_size', loaded.model.config.vocab_size)}"
+    return f"{loaded.config['tokenizer']} tokenizer"
+
+
 def run_task(task: str, loaded, *, checkpoint: str, opts: dict, given: set[str], autocast, progress: bool) -> dict:
     """Evaluate ``task``; print the table; return the JSON-able result (without the header
     fields :mod:`lintime.cli.eval` adds)."""

@@ -59,7 +59,7 @@ def train(
     keep: int = _D.keep,
     tensorboard: bool = _D.tensorboard,
     plots: bool = _D.plots,
-    prompt: str = _D.sample_prompt,
+    prompt: str | None = _D.sample_prompt,
     sample_tokens: int = _D.sample_tokens,
     temperature: float = _D.temperature,
     top_k: int = _D.top_k,
@@ -119,7 +119,7 @@ def train(
         init_seed: seeds the initial weights alone (default: --seed), so runs that differ only in data or context can start from other draws.
         device: auto (cuda when available), cpu, cuda or cuda:N.
         precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16.
-        compile: off, model (torch.compile the model), graph (capture the whole training step in one CUDA graph: rows x context-len with --packing rows) or auto (the fastest of these that is exact here, one line says which); --compile alone = auto (see docs/models.md, Compiling).
+        compile: auto (the fastest exact form here, one line says which: on CUDA the whole step in one CUDA graph, documents packed anew every batch included for the families that plan them on the device), off (eager steps), model (torch.compile the model) or graph; --compile alone = auto (see docs/models.md, Compiling).
         fused: the layers' fused elementwise kernels and the fused linear + cross-entropy loss; --no-fused runs their PyTorch reference forms (to check the fused path).
         deterministic: torch.use_deterministic_algorithms (slower on CUDA).
         parallel: under torchrun: none, ddp (DistributedDataParallel) or fsdp (FSDP2 fully_shard); --tokens-per-batch stays the global batch (see docs/distributed.md).
@@ -131,7 +131,7 @@ def train(
         keep: checkpoints to keep (0 = all).
         tensorboard: also write TensorBoard events (needs the tensorboard package).
         plots: write loss_vs_steps.png and loss_vs_time.png.
-        prompt: prompt of the final sample.
+        prompt: prompt of the final sample (default: the first words of the first validation document).
         sample_tokens: tokens to sample at the end (0 = no sample).
         temperature: sampling temperature (0 = greedy).
         top_k: sample from the k most likely tokens only (0 = all).
@@ -225,7 +225,16 @@ def _train_task(task: str, args: dict, given: set[str]) -> None:
     out, name = args["out"], args["name"]
     check_writable(f"{out}/{name}" if name is not None else out, "--out" if name is None else "--out / --name")
     set_threads(args["threads"], device=cfg.device, n_params=n_params)
-    train_task(cfg, out=out, name=name, echo=_Echo())
+    result = train_task(cfg, out=out, name=name, echo=_Echo(), progress=args["progress"])
+    if result.stopped_by is not None:
+        import signal
+
+        where = (f"checkpoint {result.checkpoint} (test accuracy {result.accuracy:.4f})"
+                 if result.checkpoint is not None else "no checkpoint (no step taken)")
+        score = (f"; score it with: lintime eval {result.run_dir} --task {task}" if result.checkpoint is not None
+                 else "")
+        raise Stopped(f"stopped by {result.stopped_by} at step {result.steps} of {task} training: {where}; "
+                      f"a task run is not resumable{score}", exit_code=128 + getattr(signal, result.stopped_by))
 
 
 def _task_params(cfg) -> int:

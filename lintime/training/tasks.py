@@ -36,7 +36,9 @@ The run folder has the layout of :mod:`lintime.training.checkpoint` (``config.js
 ``task`` entry in ``train``, the byte tokenizer -- the contract needs one; the task's token ids
 are its own -- and one checkpoint at the end), plus ``metrics.jsonl`` (one row per epoch) and
 ``accuracy_vs_epoch.png``.  ``lintime eval RUN --task mqar`` scores it again.  A task run is not
-resumable (minutes on a GPU): run it again.
+resumable (minutes on a GPU): run it again.  SIGINT / SIGTERM (:func:`train_task`) stop it after the
+current step: the steps since the last evaluation are scored (a metrics row for the partial
+epoch) and the checkpoint is saved, as at the end.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -193,8 +196,9 @@ class TaskTrainResult:
     accuracy: float  # test accuracy at the last evaluation
     best_accuracy: float
     seconds: float  # training wall time (without the test evaluations)
-    checkpoint: Path
-    stopped: str = "epochs"  # why it ended: "early stop", "epochs", "max_steps" or "max_seconds"
+    checkpoint: Path | None  # None: stopped by a signal before the first step
+    stopped: str = "epochs"  # why it ended: "early stop", "epochs", "max_steps", "max_seconds" or a signal's name
+    stopped_by: str | None = None  # the signal that stopped it ("SIGINT", "SIGTERM"), None when it ran to its end
 
 
 def cosine_lr(peak: float, epoch: int, epochs: int) -> float:
@@ -374,15 +378,21 @@ class TaskRun:
         say(f"  mqar: vocab {task.vocab_size}, seq_len {task.seq_len}, {task.kv_pairs} pairs, {task.queries} queries; "
             f"{self.n_batches * rows:,} train / {cfg.test_examples:,} test examples, batch {rows}")
         say(f"  recipe zoology: AdamW lr {cfg.lr:g} (cosine over {self.stages} "
-            f"{'epochs' if self.stage == self.n_batches else 'evaluations'} of {self.stage} steps; this run: "
-            f"{self.total} steps), weight decay {cfg.weight_decay:g}, stop at accuracy > {cfg.early_stop:g}"
+            f"{'epochs' if self.stage == self.n_batches else 'evaluations'} of {self.stage} steps), "
+            f"weight decay {cfg.weight_decay:g}, stop at accuracy > {cfg.early_stop:g}"
             f"{'' if cfg.max_seconds is None else f' or after {cfg.max_seconds:g} s'}; run folder {run_dir}")
+        epochs = self.total / self.n_batches
+        say(f"  plan: {self.total:,} steps ({epochs:.3g} epoch{'' if epochs == 1 else 's'} of {self.n_batches} steps), "
+            f"a test evaluation every {self.stage} steps"
+            f"{f', stopping early once the test accuracy passes {cfg.early_stop:g}' if cfg.early_stop else ''}")
 
         self.ctx = (torch.autocast(device.type, dtype=amp) if amp is not None
                     else torch.autocast(device.type, enabled=False))
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.order: list[int] = []
         self.step, self.elapsed, self.accuracy, self.best, self.stopped = 0, 0.0, 0.0, 0.0, None
+        self.stopped_by: str | None = None  # the signal that stopped the run (:meth:`interrupt`)
+        self.evaluated = False  # at least one test evaluation taken
         self.lr = cfg.lr
         self.loss_sum = torch.zeros((), device=device)  # summed on the device: no host read per step
         self.taken = 0
@@ -395,6 +405,23 @@ class TaskRun:
     @property
     def done(self) -> bool:
         return self.stopped is not None
+
+    @property
+    def train_seconds(self) -> float:
+        """Training wall time so far (without the test evaluations)."""
+        return self.elapsed + (0.0 if self.done else time.perf_counter() - self.t0)
+
+    def interrupt(self, signal_name: str) -> None:
+        """End the run at the current step (a signal, between two steps): the steps taken since
+        the last evaluation are scored (a metrics row for the partial epoch); :meth:`finish` then
+        saves it.  A run that has already ended stays as it ended."""
+        if self.done:
+            return
+        if self.taken:
+            self._evaluate(False)
+        if self.done:  # the evaluation ended it (early stop): it is complete after all
+            return
+        self.stopped = self.stopped_by = signal_name
 
     def limit(self, seconds: float) -> None:
         """Stop (and score) the run ``seconds`` from now, or at the limit already set if sooner."""
@@ -458,6 +485,7 @@ class TaskRun:
                             examples=self.data.test)
         self.timing["eval_s"] = round(self.timing["eval_s"] + time.perf_counter() - t_eval, 3)
         self.accuracy, self.best = res.accuracy, max(self.best, res.accuracy)
+        self.evaluated = True
         epoch = self.step / self.n_batches
         row = {"epoch": round(epoch) if self.step % self.n_batches == 0 else round(epoch, 4), "step": self.step,
                "time_s": round(self.elapsed, 3), "lr": self.lr, "loss": mean_loss, "val_loss": res.loss,
@@ -478,20 +506,24 @@ class TaskRun:
             self.t0 = time.perf_counter()
 
     def finish(self) -> TaskTrainResult:
-        """Save the run (one checkpoint, the plot) and return its result."""
+        """Save the run (one checkpoint, the plot) and return its result (no checkpoint when it
+        was stopped by a signal before its first step)."""
         cfg, step = self.cfg, self.step
         epochs_done = math.ceil(step / self.n_batches)
         self.model.eval()
         state = {"format": 1, "step": step, "epoch": epochs_done, "elapsed_s": self.elapsed, "accuracy": self.accuracy}
-        last = ckpt.save_checkpoint(self.run_dir, step, self.model, state, keep=1)
+        last = None
+        if step > 0 or self.stopped_by is None:
+            last = ckpt.save_checkpoint(self.run_dir, step, self.model, state, keep=1)
         if self.plot:
             plot_task_metrics(self.run_dir, title=f"{cfg.preset} d{self.model_cfg.d_model}, MQAR T={cfg.seq_len} "
                                                   f"kv={cfg.kv_pairs}")
-        self.say(f"done ({self.stopped}): {step} steps ({step / self.n_batches:.2f} epochs) in {self.elapsed / 60:.1f} "
-                 f"min; test accuracy {self.accuracy:.4f} (best {self.best:.4f}); saved {last}")
+        self.say(f"{'done' if self.stopped_by is None else 'stopped'} ({self.stopped}): {step} steps "
+                 f"({step / self.n_batches:.2f} epochs) in {self.elapsed / 60:.1f} min; test accuracy "
+                 f"{self.accuracy:.4f} (best {self.best:.4f}); saved {last or 'nothing (no step taken)'}")
         return TaskTrainResult(run_dir=self.run_dir, steps=step, epochs=epochs_done, accuracy=self.accuracy,
                                best_accuracy=self.best, seconds=self.elapsed, checkpoint=last,
-                               stopped=self.stopped or "epochs")
+                               stopped=self.stopped or "epochs", stopped_by=self.stopped_by)
 
 
 def train_task(
@@ -502,13 +534,54 @@ def train_task(
     echo: Callable[[str], None] | None = print,
     plot: bool = True,
     data: MQARData | None = None,
+    progress: bool = False,
 ) -> TaskTrainResult:
     """Train ``config`` into ``out/name`` with the recipe of the module docstring (``plot``: draw
-    ``accuracy_vs_epoch.png`` at the end; ``data``: :class:`TaskRun`'s)."""
+    ``accuracy_vs_epoch.png`` at the end; ``data``: :class:`TaskRun`'s).
+
+    ``progress``: a progress bar on stderr (a terminal; elsewhere a line every 30 seconds), as
+    ``lintime train`` shows for a language model.  ``echo`` also gets, after the first steps, the
+    measured time per step and what the whole plan takes at that rate.  SIGINT / SIGTERM stop the
+    run after the current step (:meth:`TaskRun.interrupt`), save it, and return a result whose
+    ``stopped_by`` names the signal (a second signal interrupts at once)."""
+    from lintime.training.runguard import StopSignals
+    from lintime.training.trainer import _Bar  # lintime train's progress bar, shared
+
     run = TaskRun(config, out=out, name=name, echo=echo, plot=plot, data=data)
-    while not run.advance():
-        pass
+    say = run.say
+    bar = _Bar(run.total, 0, progress, unit="step")
+    plain = progress and not sys.stderr.isatty()  # no tqdm bar (and its time left): the plain lines say it
+    rate: float | None = None  # seconds per step after the first (the first one warms up)
+    with StopSignals() as stop:
+        try:
+            while not (run.done or stop.received):
+                run.advance(1)  # one step at a time: the signal is seen after the step it lands in
+                if rate is None and run.step > 1:
+                    spent = run.train_seconds - run.timing["first_step_s"]
+                    if run.step >= 21 or spent >= 5.0:
+                        rate = spent / (run.step - 1)
+                        if not run.done:
+                            say(f"  timing: {rate:.3g} s per step: the plan's {run.total:,} steps take "
+                                f"~{_duration(rate * run.total)} of training (plus the test evaluations); "
+                                "Ctrl-C stops it and saves the checkpoint")
+                postfix = f"epoch {run.step / run.n_batches:.2f} lr {run.lr:.2e}"
+                if run.evaluated:
+                    postfix += f" accuracy {run.accuracy:.4f}"
+                if plain and rate is not None:
+                    postfix += f" ~{_duration(rate * (run.total - run.step))} left"
+                bar.update(1, postfix)
+        finally:
+            bar.close()
+    if stop.received:
+        run.interrupt(stop.received)
     return run.finish()
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` in the unit a person reads: 40 s, 3.5 min, 1.7 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def plot_task_metrics(run_dir: str | Path, *, title: str = "") -> Path | None:
