@@ -152,6 +152,10 @@ class MultiHeadAttention(Mixer):
         self.qkv = nn.Linear(dim, 3 * n_heads * head_dim, bias=bias)
         self.out = nn.Linear(n_heads * head_dim, dim, bias=bias)
 
+    def static_packing(self) -> bool:
+        """Softmax attention's varlen path takes a static ``cu_seqlens`` with a static bound on its lengths."""
+        return True
+
     def forward(
         self,
         x: torch.Tensor,

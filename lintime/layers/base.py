@@ -198,6 +198,11 @@ class Mixer(nn.Module, ABC):
     def init_state(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> Any:
         ...
 
+    def static_packing(self) -> bool:
+        """Whether :meth:`forward` takes a static ``cu_seqlens`` (:func:`lintime.ops.utils.mark_static`) on CUDA with
+        no host read of its values, so a CUDA graph can capture a step on documents packed anew every batch."""
+        return False
+
     def init_weights(self, std: float) -> None:
         """Called by the model after its blanket init (every ``nn.Linear`` / ``nn.Embedding``
         weight ``N(0, std)``, biases 0).  Mixers whose parameters need another init (gates,

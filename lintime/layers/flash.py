@@ -239,6 +239,10 @@ class FLASH(Mixer):
                                  backend=None if self.fused else "chunk")
         return dense(gated, self.out.weight, out_bias), new_state
 
+    def static_packing(self) -> bool:
+        """Mixed chunk attention plans a static ``cu_seqlens`` on the device; first-to-all's cache does not."""
+        return not self.first_to_all
+
     def deferrable_bias(self) -> torch.Tensor | None:
         """``out``'s bias on the fused path (``fused``), for the fused block's next norm to add: its gradient then
         comes out of the norm's backward kernel instead of a GEMV over the output gradient."""

@@ -137,6 +137,11 @@ class Backbone(nn.Module):
         # block reads it: lintime.training.parallel.wrap_model turns this off then.
         self.defer_bias = True
 
+    def static_packing(self) -> bool:
+        """Whether a packed call with a static ``cu_seqlens`` reads none of its values on the host (CUDA): every
+        mixer plans it on the device, and no learned position table needs the largest position."""
+        return not isinstance(self.pos, LearnedPositionEmbedding) and all(b.mixer.static_packing() for b in self.blocks)
+
     def fuses_residual(self) -> bool:
         """Whether this call takes the blocks' fused form: :attr:`fused`, and no dropout active."""
         return self.fused and (self.config.dropout == 0 or not self.training)

@@ -16,24 +16,26 @@ import torch
 import torch.nn as nn
 
 
-# Where the step cannot be captured, ``auto`` runs eager steps rather than the compiled model: flash-base's compiled
-# step took 110.8 ms against 96.8 ms eager (H200, T = 8192, 32k tokens, 2026-11-27, docs/models.md "Compiling").
+# Where the step cannot be captured, ``auto`` runs eager steps: the compiled model is slower than them (docs/models.md,
+# "Compiling").
 AUTO_FALLBACK = "off"
 
 
-def graph_obstacle(*, device: torch.device, distributed: bool, packing: str) -> str | None:
-    """Why this run's step cannot be captured in a CUDA graph, or ``None`` when it can."""
+def graph_obstacle(*, device: torch.device, distributed: bool, packing: str, static_packing: bool = False) -> str | None:
+    """Why this run's step cannot be captured in a CUDA graph, or ``None`` when it can.  ``static_packing``: the
+    model plans documents packed anew every batch on the device (``backbone.static_packing()``)."""
     if device.type != "cuda":
         return f"a CUDA graph needs a CUDA device, this run is on {device.type}"
     if distributed:
         return "the captured step is single-process (DDP / FSDP / context parallelism communicate outside it)"
-    if packing != "rows":
-        return ("documents are packed anew every batch and the ops plan packed calls on the host "
+    if packing != "rows" and not static_packing:
+        return ("documents are packed anew every batch and this model's ops plan packed calls on the host "
                 "(--packing rows gives the static layout a graph replays)")
     return None
 
 
-def choose_compile(mode: str, *, device: torch.device, distributed: bool, packing: str) -> tuple[str, str | None]:
+def choose_compile(mode: str, *, device: torch.device, distributed: bool, packing: str,
+                   static_packing: bool = False) -> tuple[str, str | None]:
     """The form a run with ``--compile mode`` takes -- ``off`` (eager), ``model`` (:class:`CompiledModel`) or
     ``graph`` (the captured step) -- and the one line that says so (``None``: nothing to say).
 
@@ -43,9 +45,12 @@ def choose_compile(mode: str, *, device: torch.device, distributed: bool, packin
         return mode, None
     if mode not in ("graph", "auto"):
         raise ValueError(f"unknown compile mode {mode!r}")
-    why = graph_obstacle(device=device, distributed=distributed, packing=packing)
+    why = graph_obstacle(device=device, distributed=distributed, packing=packing, static_packing=static_packing)
     if why is None:
-        return "graph", f"lintime train: --compile {mode}: the training step is captured in one CUDA graph"
+        layout = "rows" if packing == "rows" else "documents packed anew every batch"
+        return "graph", f"lintime train: --compile {mode}: the training step is captured in one CUDA graph ({layout})"
+    if mode == "auto" and device.type != "cuda":
+        return AUTO_FALLBACK, None  # nothing to say: graphs are a CUDA matter
     fallback = AUTO_FALLBACK if mode == "auto" else "off"
     what = {"off": "eager steps", "model": "the compiled model"}[fallback]
     return fallback, f"lintime train: --compile {mode}: no CUDA graph ({why}); {what}"

@@ -150,8 +150,9 @@ class TrainConfig:
     Running: ``seed`` (the data order, the MLM masks, and the initial weights unless ``init_seed``
     is given: then ``init_seed`` alone draws them, so runs that differ in data or context can start
     from independent draws), ``device`` (``auto`` = cuda when available), ``precision`` (``auto`` = bf16
-    autocast on CUDA, fp32 on CPU), ``compile`` (``off``; ``model``: ``torch.compile`` the model; ``graph``: the
-    whole step captured in one CUDA graph; ``auto``: the fastest of these that is exact here, see
+    autocast on CUDA, fp32 on CPU), ``compile`` (``auto``, the default: the fastest of the forms below that is exact
+    here; ``off``: eager steps; ``model``: ``torch.compile`` the model; ``graph``: the whole step captured in one CUDA
+    graph, documents packed anew every batch included where the model plans them on the device; see
     :func:`lintime.training.compile.choose_compile`; ``True`` / ``False`` mean ``auto`` / ``off``),
     ``fused`` (the layers' fused elementwise kernels and the fused linear + cross-entropy loss; ``False``: their
     PyTorch reference forms, to check the fused path against), ``deterministic``
@@ -204,7 +205,7 @@ class TrainConfig:
     init_seed: int | None = None
     device: str = "auto"
     precision: str = "auto"
-    compile: str = "off"
+    compile: str = "auto"  # the captured step where it is exact (CUDA), else eager steps
     fused: bool = True
     deterministic: bool = False
     parallel: str = "none"

@@ -10,12 +10,14 @@ inside the graph.  The loss, auxiliary loss and gradient norm stay on the device
 them.  Per step the host copies the batch into the static input buffers, writes ``n_targets`` and the rate, and
 launches one replay: no per-kernel launch cost.
 
-Layout: ``rows x T``, every row one sequence (``cu_seqlens=None``), the same every step.  A batch packed by documents
-is not capturable: the Triton ops plan a packed call on the host from the *values* of its ``cu_seqlens``
-(``lintime/ops/mixed_chunk/triton/plan.py``: chunk tables, grid sizes, kernel variants), and a graph would replay the
-plan of the batch it was captured with; padding ``cu_seqlens`` to a fixed count of sequences fixes the tensor's
-shape, not the plan.  So the trainer takes this step with ``packing="rows"`` only
-(:func:`one_sequence_per_row`: documents in a row see the ones before them, as GPT-2 / nanoGPT train).
+Layouts.  ``rows``: every row one sequence (``cu_seqlens=None``), the same every step.  ``documents`` (``doc_capacity``
+given): the batch packed by documents, none attending to another, positions restarting at each -- new boundaries
+every batch.  The graph then holds one static ``cu_seqlens`` buffer per micro-batch, ``[doc_capacity + 1]`` int32
+marked by :func:`lintime.ops.utils.mark_static`: before each replay the host writes the batch's boundaries into it
+(its trailing entries repeat the total: empty documents), and every op plans the packed call on the device from it
+with sizes bounded by shapes, reading no value on the host (a model whose mixers can: ``backbone.static_packing()``).
+A batch with more documents in a micro-batch than the capacity is captured anew with a capacity that fits it (twice
+its count, a power of two), so the capacity settles after a few batches.
 
 Capture: a few warm-up steps on a side stream (Triton compiles, cuBLAS workspaces, the optimizer's state), then the
 parameters, buffers, optimizer state and RNG states are put back as they were, the gradients set to ``None`` (the
@@ -31,9 +33,11 @@ import math
 import warnings
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from lintime.data import IGNORE_INDEX, Batch
+from lintime.ops.utils import mark_static
 
 WARMUP_STEPS = 3  # eager steps on the side stream before the capture (PyTorch's recipe uses 3; 1 may leave lazy init)
 
@@ -74,7 +78,10 @@ class GraphedStep:
     clipping), ``aux_weight`` the weight of the mixers' auxiliary losses, ``autocast`` the autocast dtype (``None``:
     none), ``fused_loss`` as in :func:`lintime.training.step.forward_backward`.  The optimizer's learning rate becomes
     one device tensor shared by its groups (``optimizer.param_groups[i]["lr"]``); :meth:`step` writes it.
-    ``capture=False`` runs the same step eagerly every call (the reference the captured one is checked against).
+    ``doc_capacity``: the documents layout (module docstring) with static ``cu_seqlens`` buffers of this many
+    documents per micro-batch to start with (``None``: the rows layout); :meth:`step` then takes the batch's
+    ``cu_seqlens``.  ``capture=False`` runs the same step eagerly every call (the reference the captured one is
+    checked against).
     A step that does not capture (a host read inside it, say) leaves the model and optimizer as they were, gives
     ``notice`` one line and makes :meth:`step` return ``None`` from then on: the caller takes its eager step.
     """
@@ -82,7 +89,8 @@ class GraphedStep:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, rows: int, context_len: int,
                  micro_rows: int | None = None, clip: float = 0.0, aux_weight: float = 0.0,
                  autocast: torch.dtype | None = None, fused_loss: bool = True, capture: bool = True,
-                 warmup: int = WARMUP_STEPS, notice: Callable[[str], None] | None = None):
+                 warmup: int = WARMUP_STEPS, notice: Callable[[str], None] | None = None,
+                 doc_capacity: int | None = None):
         device = next(model.parameters()).device
         micro_rows = rows if micro_rows is None else micro_rows
         if micro_rows < 1 or rows % micro_rows:
@@ -106,10 +114,41 @@ class GraphedStep:
             group["lr"] = self.lr
         self.graph: torch.cuda.CUDAGraph | None = None
         self._out: StepOutput | None = None
+        self.packed = doc_capacity is not None
+        self.recaptures = 0  # captures after the first (a batch with more documents than the capacity)
+        self.cu: list[torch.Tensor] = []
+        if self.packed:
+            self._make_buffers(max(int(doc_capacity), micro_rows))
+
+    def _make_buffers(self, capacity: int) -> None:
+        """One static ``cu_seqlens`` per micro-batch, ``[capacity + 1]``: the graph reads these addresses."""
+        self.doc_capacity = capacity
+        total = self.micro_rows * self.T
+        self.cu = [mark_static(torch.full((capacity + 1,), total, dtype=torch.int32, device=self.device))
+                   for _ in range(self.rows // self.micro_rows)]
+        for cu in self.cu:
+            cu[0] = 0
+
+    def _micro_boundaries(self, cu_seqlens: torch.Tensor) -> list[np.ndarray]:
+        """The batch's ``cu_seqlens`` (``[N + 1]``, every row start a boundary) cut per micro-batch, each from 0."""
+        cu = np.asarray(cu_seqlens.cpu() if cu_seqlens.device.type != "cpu" else cu_seqlens, dtype=np.int64)
+        span = self.micro_rows * self.T
+        if cu[0] != 0 or cu[-1] != self.rows * self.T or np.any(np.diff(cu) < 0):
+            raise ValueError(f"cu_seqlens must run from 0 to {self.rows * self.T}, non-decreasing")
+        out = []
+        for m in range(self.rows // self.micro_rows):
+            lo, hi = m * span, (m + 1) * span
+            part = cu[(cu >= lo) & (cu <= hi)] - lo
+            if part[0] != 0 or part[-1] != span:
+                raise ValueError("cu_seqlens must have a boundary at every micro-batch start")
+            out.append(part)
+        return out
 
     # ------------------------------------------------------------------ the step
-    def step(self, input_ids: torch.Tensor, targets: torch.Tensor, lr: float) -> StepOutput | None:
+    def step(self, input_ids: torch.Tensor, targets: torch.Tensor, lr: float,
+             cu_seqlens: torch.Tensor | None = None) -> StepOutput | None:
         """One optimiser step on ``input_ids`` / ``targets`` (``[rows, T]``, any device) at learning rate ``lr``;
+        in the documents layout ``cu_seqlens`` is the batch's (``[N + 1]`` over the flattened rows, on the host).
         ``None`` (no step taken) once the capture has failed.  The returned tensors are overwritten by the next call
         (the graph's outputs): read or clone them first."""
         if self.failed is not None:
@@ -117,6 +156,22 @@ class GraphedStep:
         if tuple(input_ids.shape) != (self.rows, self.T) or tuple(targets.shape) != (self.rows, self.T):
             raise ValueError(f"the graph step takes [{self.rows}, {self.T}] batches, got {tuple(input_ids.shape)} "
                              f"and {tuple(targets.shape)}")
+        if self.packed:
+            if cu_seqlens is None:
+                raise ValueError("the documents layout takes the batch's cu_seqlens")
+            parts = self._micro_boundaries(cu_seqlens)
+            most = max(len(p) - 1 for p in parts)
+            if most > self.doc_capacity:  # capture anew with buffers that fit (the old graph and its pool go)
+                if self.graph is not None:
+                    self.recaptures += 1
+                self.graph, self._out = None, None
+                self._make_buffers(1 << (2 * most - 1).bit_length())
+            for buf, part in zip(self.cu, parts):
+                padded = np.full(self.doc_capacity + 1, part[-1], dtype=np.int32)
+                padded[:len(part)] = part
+                buf.copy_(torch.from_numpy(padded), non_blocking=True)
+        elif cu_seqlens is not None:
+            raise ValueError("the rows layout takes no cu_seqlens (every row is one sequence)")
         # the number of targets from a host copy where the batch is on the host (no device read)
         n = int((targets != IGNORE_INDEX).sum()) if targets.device.type == "cpu" else (targets != IGNORE_INDEX).sum()
         self.input_ids.copy_(input_ids, non_blocking=True)
@@ -149,11 +204,15 @@ class GraphedStep:
         B, b = self.rows, self.micro_rows
         zero = torch.zeros((), dtype=torch.float32, device=self.device)
         ce_total, aux_total = zero, zero
-        for start in range(0, B, b):
+        for i, start in enumerate(range(0, B, b)):
             ids, targets = self.input_ids[start:start + b], self.targets[start:start + b]
             aux: dict[str, torch.Tensor] = {}
             with _autocast(self.device, self.autocast):
-                ce = self.model(ids, aux_losses=aux, targets=targets, fused_loss=self.fused_loss)
+                if self.packed:  # [1, b * T] with the micro-batch's documents
+                    ce = self.model(ids.reshape(1, -1), cu_seqlens=self.cu[i], aux_losses=aux,
+                                    targets=targets.reshape(1, -1), fused_loss=self.fused_loss)
+                else:
+                    ce = self.model(ids, aux_losses=aux, targets=targets, fused_loss=self.fused_loss)
             loss = ce / self.n_targets
             if aux:
                 aux_loss = self.aux_weight * (b / B) * sum(_at_least_fp32(v) for v in aux.values())

@@ -266,10 +266,6 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
         raise ValueError(f"{cfg.rows_per_micro_batch} rows per micro-batch cannot be split over {env.dp_size} "
                          "data-parallel replicas: make --micro-batch-tokens / --context-len rows a multiple of them")
     rows_local, micro_local = cfg.rows_per_batch // env.dp_size, cfg.rows_per_micro_batch // env.dp_size
-    compile_mode, compile_line = choose_compile(cfg.compile, device=device, distributed=env.distributed,
-                                                packing=cfg.packing)
-    if compile_mode == "model" and not hasattr(torch, "compile"):
-        raise ValueError("--compile model needs torch.compile (PyTorch >= 2.0)")
     if cfg.tensorboard:
         import importlib.util
 
@@ -297,6 +293,10 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
     seed_everything(cfg.seed if cfg.init_seed is None else cfg.init_seed, cfg.deterministic)
     model = (CausalLM if cfg.objective == "clm" else MaskedLM)(model_cfg)
     model.to(device)
+    compile_mode, compile_line = choose_compile(cfg.compile, device=device, distributed=env.distributed,
+                                                packing=cfg.packing, static_packing=model.backbone.static_packing())
+    if compile_mode == "model" and not hasattr(torch, "compile"):
+        raise ValueError("--compile model needs torch.compile (PyTorch >= 2.0)")
     if state is not None:
         ckpt.load_weights(model, step_dir, device)
     elif init is not None:
@@ -361,7 +361,9 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
     eval_model = CompiledModel(model, say, "the validation forward") if compile_mode == "model" else model
     graphed = GraphedStep(model, opt, rows=cfg.rows_per_batch, context_len=cfg.context_len,
                           micro_rows=cfg.rows_per_micro_batch, clip=cfg.clip, aux_weight=cfg.aux_weight,
-                          autocast=amp, fused_loss=cfg.fused, notice=say) if compile_mode == "graph" else None
+                          autocast=amp, fused_loss=cfg.fused, notice=say,
+                          doc_capacity=cfg.rows_per_micro_batch if cfg.packing == "documents" else None,
+                          ) if compile_mode == "graph" else None
 
     horizon = cfg.step_budget
     time_budget = cfg.time_minutes * 60 if cfg.time_minutes is not None else None
@@ -466,7 +468,9 @@ def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_aft
             else:
                 lr = lr_at_progress(elapsed / time_budget, peak=cfg.lr, warmup=cfg.warmup, decay=cfg.decay,
                                     final_lr_ratio=cfg.final_lr_ratio)
-            out = graphed.step(batch.input_ids, batch.targets, lr) if graphed is not None else None
+            out = (graphed.step(batch.input_ids, batch.targets, lr,
+                                cu_seqlens=batch.cu_seqlens if graphed.packed else None)
+                   if graphed is not None else None)
             if out is not None:  # the graph took the optimizer step
                 stats.add(step + 1, out.loss, out.aux, out.grad_norm)
             else:
