@@ -69,10 +69,21 @@ def check_same_btH(op: str, ref_name: str, ref: torch.Tensor, **others: torch.Te
 _STATIC_ATTR = "_lintime_static_seqlens"
 
 
-def mark_static(cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """Mark ``cu_seqlens`` (``[Ncap + 1]`` int32 on the device) as static (see above) and return it."""
+_STATIC_BOUND_ATTR = "_lintime_static_max_seqlen"
+
+
+def mark_static(cu_seqlens: torch.Tensor, max_seqlen: int | None = None) -> torch.Tensor:
+    """Mark ``cu_seqlens`` (``[Ncap + 1]`` int32 on the device) as static (see above) and return it.  ``max_seqlen``:
+    a bound on every sequence it will hold (a packed batch's row length: documents never cross rows), for ops whose
+    grids follow the longest sequence (softmax attention's varlen kernel); ``None``: the packed length."""
     setattr(cu_seqlens, _STATIC_ATTR, True)
+    setattr(cu_seqlens, _STATIC_BOUND_ATTR, max_seqlen)
     return cu_seqlens
+
+
+def static_max_seqlen(cu_seqlens: torch.Tensor) -> int | None:
+    """The bound given to :func:`mark_static` (``None``: none given)."""
+    return getattr(cu_seqlens, _STATIC_BOUND_ATTR, None)
 
 
 def is_static(cu_seqlens: torch.Tensor | None) -> bool:

@@ -124,7 +124,8 @@ class GraphedStep:
         """One static ``cu_seqlens`` per micro-batch, ``[capacity + 1]``: the graph reads these addresses."""
         self.doc_capacity = capacity
         total = self.micro_rows * self.T
-        self.cu = [mark_static(torch.full((capacity + 1,), total, dtype=torch.int32, device=self.device))
+        self.cu = [mark_static(torch.full((capacity + 1,), total, dtype=torch.int32, device=self.device),
+                               max_seqlen=self.T)  # documents never cross rows
                    for _ in range(self.rows // self.micro_rows)]
         for cu in self.cu:
             cu[0] = 0

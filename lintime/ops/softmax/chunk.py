@@ -10,9 +10,15 @@ Packed sequences that are rows of one length (one document per row, as in long-c
 the model benchmark) are attended as a plain ``[N, L]`` batch through SDPA's own kernel choice (the
 one HF's SDPA models get), reading ``cu_seqlens`` once per tensor.
 
-While ``torch.compile`` traces, nothing may read ``cu_seqlens`` on the host: packed calls go to the varlen kernel
-with the packed length ``T`` as the bound of the sequence lengths (its grid grows by empty blocks), or elsewhere to
-one SDPA call with a block-diagonal ``[T, T]`` mask (O(T^2) memory: CPU / fp32 compiled calls)."""
+While ``torch.compile`` traces, or when ``cu_seqlens`` is static (``lintime.ops.utils.mark_static``: a buffer a
+CUDA graph replays with new offsets, its trailing entries empty sequences), nothing reads ``cu_seqlens`` on the host:
+packed calls go to the varlen kernel, or elsewhere to one SDPA call with a block-diagonal ``[T, T]`` mask (O(T^2)
+memory: CPU / fp32 calls).  The varlen kernel then needs a host bound of the sequence lengths, its grid's extent:
+the caller's ``max_seqlen``, else the packed length ``T``.  Its grid has one block per tile of ``bound`` (64-128
+queries in the forward, keys in the backward) per sequence and head, the padding entries of a static buffer
+included; a block past its sequence's end returns at once, so an empty sequence costs only such blocks, and a loose
+bound only adds them -- ``T`` instead of a row length ``L`` makes their count ``T / L`` times larger, which with
+hundreds of entries costs several times the attention itself: callers that know ``L`` pass it."""
 
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-from lintime.ops.utils import packed_cache, seq_bounds
+from lintime.ops.utils import is_static, packed_cache, seq_bounds
 
 
 @functools.lru_cache(maxsize=None)
@@ -70,6 +76,25 @@ def _row_length(cu_seqlens: torch.Tensor, T: int) -> tuple[int, int]:
     return entry["L"], entry["longest"]
 
 
+def check_max_seqlen(op: str, max_seqlen: int | None, cu_seqlens: torch.Tensor | None, T: int) -> None:
+    """``max_seqlen`` must be a positive int at least the longest sequence of ``cu_seqlens``: a smaller bound would
+    leave the varlen kernel's output rows past it unwritten.  Checked on the host from the lengths the packed path
+    reads anyway, or, where no host read is allowed, by a device-side assert (no sync)."""
+    if max_seqlen is None or cu_seqlens is None:
+        return
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, (int, torch.SymInt)) or max_seqlen < 1:
+        raise ValueError(f"{op}: max_seqlen must be a positive int, got {max_seqlen!r}")
+    if max_seqlen >= T:  # no sequence is longer than the packed length
+        return
+    if torch.compiler.is_compiling() or is_static(cu_seqlens):
+        torch._assert_async((cu_seqlens.diff() <= max_seqlen).all(),
+                            f"{op}: a sequence of cu_seqlens is longer than max_seqlen={max_seqlen}")
+        return
+    longest = _row_length(cu_seqlens, T)[1]
+    if longest > max_seqlen:
+        raise ValueError(f"{op}: max_seqlen={max_seqlen} is shorter than the longest sequence ({longest})")
+
+
 def _sdpa(q, k, v, causal, scale):
     """SDPA on ``[B, T, H, D]`` tensors."""
     o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
@@ -77,11 +102,10 @@ def _sdpa(q, k, v, causal, scale):
     return o.transpose(1, 2)
 
 
-def _varlen_attention(q, k, v, cu_seqlens, causal, scale):
+def _varlen_attention(q, k, v, cu_seqlens, causal, scale, max_len):
+    """One varlen FlashAttention call; ``max_len`` a host bound of the sequence lengths (the grid's extent)."""
     fn, style = _varlen_fn()
     cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
-    # a bound is all the kernel needs: T where a host read would break a compiled graph
-    max_len = q.shape[1] if torch.compiler.is_compiling() else _row_length(cu_seqlens, q.shape[1])[1]
     if max_len == 0:
         return q.new_zeros(*q.shape[:-1], v.shape[-1])
     kw = {"window_size": (-1, 0) if causal else (-1, -1)} if style == "window" else {"is_causal": causal}
@@ -102,21 +126,22 @@ def _masked_sdpa(q, k, v, cu_seqlens, causal, scale):
     return o.transpose(1, 2)
 
 
-def sdpa_softmax_attention(q, k, v, *, causal=True, scale=None, cu_seqlens=None):
+def sdpa_softmax_attention(q, k, v, *, causal=True, scale=None, cu_seqlens=None, max_seqlen=None):
     B, T, H, K = q.shape
     scale = K**-0.5 if scale is None else scale
     if cu_seqlens is None:
         return _sdpa(q, k, v, causal, scale)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or is_static(cu_seqlens):  # no host read of cu_seqlens
         if _varlen_ok(q, k, v):
-            return _varlen_attention(q, k, v, cu_seqlens, causal, scale)
+            bound = T if max_seqlen is None else min(max_seqlen, T)
+            return _varlen_attention(q, k, v, cu_seqlens, causal, scale, bound)
         return _masked_sdpa(q, k, v, cu_seqlens, causal, scale)
-    L = _row_length(cu_seqlens, T)[0] if B == 1 else 0
+    L, longest = _row_length(cu_seqlens, T)
     if L:  # rows of one length: one batched SDPA call
         rows = lambda x: x.view(T // L, L, *x.shape[2:])  # noqa: E731
         return _sdpa(rows(q), rows(k), rows(v), causal, scale).reshape(1, T, H, v.shape[-1])
-    if _varlen_ok(q, k, v):
-        return _varlen_attention(q, k, v, cu_seqlens, causal, scale)
+    if _varlen_ok(q, k, v):  # the exact longest length: the tightest grid
+        return _varlen_attention(q, k, v, cu_seqlens, causal, scale, longest)
     outs = []
     for _, s, e in seq_bounds(B, T, cu_seqlens):
         if e == s:

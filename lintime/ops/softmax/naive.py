@@ -18,7 +18,8 @@ def _attend(q, k, v, causal: bool, scale: float) -> torch.Tensor:
     return torch.einsum("hij,jhv->ihv", p, v)
 
 
-def naive_softmax_attention(q, k, v, *, causal=True, scale=None, cu_seqlens=None):
+def naive_softmax_attention(q, k, v, *, causal=True, scale=None, cu_seqlens=None, max_seqlen=None):
+    # max_seqlen is a kernel's grid bound: the reference walks the sequences read on the host
     B, T, H, K = q.shape
     scale = K**-0.5 if scale is None else scale
     dt = acc_dtype(q)
