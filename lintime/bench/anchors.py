@@ -4,6 +4,8 @@ as ours (anchors):
 * ``hf:llama-<size>``: HF transformers' ``LlamaForCausalLM`` at the size of ``transformer-pp-<size>``
   (width, layers, heads, MLP width, vocabulary, tied embeddings), ``attn_implementation="sdpa"``,
   the library's defaults otherwise (RMSNorm, SwiGLU, RoPE, no biases);
+* ``hf:llama-<size>+compile``: the same model under ``torch.compile`` (default settings): what a careful HF user
+  trains with;
 * ``fla:gla-<size>``: fla's ``GLAForCausalLM`` at the size of ``gla-<size>`` (width, layers, heads,
   key / value expansion, MLP width, vocabulary, tied embeddings), fla's defaults otherwise (its fused
   norms, SwiGLU and cross-entropy; ``attn_mode="chunk"``).  fla's kernels need CUDA.
@@ -63,12 +65,20 @@ class AnchorSpec:
     act_bytes_per_token: float = 0.0
 
 
+COMPILED = "+compile"  # an anchor name's suffix: the model under torch.compile
+
+
 def is_anchor(name: str) -> bool:
     return ":" in name
 
 
+def is_anchor_spec(cfg) -> bool:
+    """Whether a preset's config (``lintime.bench.common.preset_config``) is an anchor's."""
+    return isinstance(cfg, AnchorSpec)
+
+
 def _split(name: str) -> tuple[str, str]:
-    kind, _, size = name.rpartition("-")
+    kind, _, size = name.removesuffix(COMPILED).rpartition("-")
     if kind not in _KINDS or not size:
         known = ", ".join(f"{k}-<size>" for k in _KINDS)
         raise SkipPreset(f"unknown anchor preset {name!r} (known: {known}, e.g. hf:llama-base)")
@@ -92,10 +102,20 @@ def anchor_spec(name: str, max_tokens: int, device: torch.device) -> AnchorSpec:
         raise SkipPreset(f"{name} takes its size from {ours}-{size}, which is no lintime preset") from None
     hidden = cfg.ffn.hidden_size(cfg.d_model)
     if kind == "hf:llama":
-        return _llama(name, cfg, hidden, max_tokens)
-    if device.type != "cuda":
+        spec = _llama(name, cfg, hidden, max_tokens)
+    elif device.type != "cuda":
         raise SkipPreset(f"fla's kernels need CUDA (device {device})")
-    return _fla_gla(name, cfg, hidden, max_tokens)
+    else:
+        spec = _fla_gla(name, cfg, hidden, max_tokens)
+    if name.endswith(COMPILED):
+        build = spec.build
+
+        def compiled(device: torch.device) -> torch.nn.Module:
+            return torch.compile(build(device))
+
+        spec = dataclasses.replace(spec, build=compiled, impl=spec.impl + " + torch.compile",
+                                   config={**spec.config, "torch_compile": True})
+    return spec
 
 
 def _llama(name, cfg, hidden, max_tokens) -> AnchorSpec:

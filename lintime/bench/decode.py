@@ -301,6 +301,8 @@ def bench_decode(s, on_row: Callable = lambda r: None, decode_case: Callable | N
 
     for name in s.presets:
         try:
+            if "@" in name or name.endswith("+compile"):
+                raise SkipPreset("a training row (the step it names is a training step)")
             cfg, note = common.preset_config(name, max(s.decode_contexts) + s.decode_steps + 1, device)
         except SkipPreset as e:
             for L in s.decode_contexts:

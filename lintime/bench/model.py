@@ -73,8 +73,10 @@ SCHEMA = 3  # bench_model.json layout: see docs/bench_model.md (3: settings.deco
 
 # family -> its ~110M preset (the seed's "base" size; linear GPT-2's 124M is its smallest), then the anchors
 DEFAULT_PRESETS = (
-    "flash-base", "flash-quad-base", "transformer-pp-base", "transformer-p-base", "mc-tfm-pp-base",
-    "linear-gpt2-124m", "performer-base", "combiner-base", "gla-base", "vq-base", "hf:llama-base", "fla:gla-base",
+    "flash-base", "flash-base@eager", "flash-base@graph", "flash-quad-base", "transformer-pp-base",
+    "transformer-pp-base@graph", "transformer-p-base", "mc-tfm-pp-base", "linear-gpt2-124m", "performer-base",
+    "combiner-base", "gla-base", "gla-base@graph", "vq-base", "vq-base@graph", "flash-medium", "transformer-pp-medium",
+    "hf:llama-base", "hf:llama-base+compile", "fla:gla-base",
 )
 # the same at CPU size (``--quick``)
 QUICK_PRESETS = (
@@ -113,7 +115,10 @@ class TrainRow:
     params: int | None = None
     impl: str = "lintime"  # or the anchor's library and version
     note: str = ""
-    step: str = "eager"  # "eager" | "graph": the step captured in one CUDA graph (preset name "<preset>@graph")
+    # the step: "eager" (packed documents, "<preset>@eager"), "graph" (rows captured in one CUDA graph,
+    # "<preset>@graph"), "graph-documents" (packed documents captured); a plain "<preset>" row takes what
+    # `lintime train` takes by default on this device (lintime.training.compile.choose_compile)
+    step: str = "eager"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,14 +205,22 @@ def make_settings(
 # batches
 
 
-def random_batch(rows: int, T: int, vocab: int, device: torch.device, seed: int = 0):
-    """A :class:`~lintime.data.Batch` of uniform random tokens, one document per row
-    (``cu_seqlens`` = row starts): a full-context training batch."""
+DOC_TOKENS = 1024  # mean document length of the packed-documents rows' batches
+
+
+def random_batch(rows: int, T: int, vocab: int, device: torch.device, seed: int = 0, documents: bool = False):
+    """A :class:`~lintime.data.Batch` of uniform random tokens, one document per row (``cu_seqlens`` = row starts):
+    a full-context training batch; ``documents``: every row cut into documents at ``T // DOC_TOKENS`` random points
+    (the layout ``lintime train`` packs by default), targets kept (random tokens predict random tokens)."""
     from lintime.data.packing import Batch
 
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (rows, T + 1), generator=g)
-    cu = torch.arange(0, rows * T + 1, T, dtype=torch.int32)
+    cuts = [0]
+    for r in range(rows):
+        inner = torch.randint(1, T, (T // DOC_TOKENS if documents else 0,), generator=g).unique().tolist()
+        cuts += [r * T + c for c in sorted(inner)] + [(r + 1) * T]
+    cu = torch.tensor(cuts, dtype=torch.int32)
     return Batch(
         input_ids=ids[:, :-1].contiguous().to(device), targets=ids[:, 1:].contiguous().to(device), cu_seqlens=cu,
         doc_ids=torch.arange(rows).repeat_interleave(T).view(rows, T), position_ids=torch.arange(T).repeat(rows, 1),
@@ -247,23 +260,41 @@ def train_step_fn(model, batch, amp: torch.dtype | None) -> tuple[Callable[[], f
     return step, opt
 
 
-def graph_step_fn(model, batch, amp: torch.dtype | None) -> tuple[Callable[[], float], torch.optim.Optimizer]:
-    """The same step as :func:`train_step_fn` (forward + backward, clip, fused AdamW) on ``[rows, T]`` rows
-    (one sequence each: what ``lintime train --compile graph --packing rows`` trains on), captured in one CUDA
-    graph by :class:`lintime.training.graphed.GraphedStep` on its first call and replayed after."""
+def graph_step_fn(model, batch, amp: torch.dtype | None, documents: bool = False
+                  ) -> tuple[Callable[[], float], torch.optim.Optimizer]:
+    """The same step as :func:`train_step_fn` (forward + backward, clip, fused AdamW) captured in one CUDA graph by
+    :class:`lintime.training.graphed.GraphedStep` on its first call and replayed after: on ``[rows, T]`` rows (one
+    sequence each: ``lintime train --compile graph --packing rows``), or with ``documents`` on the batch's packed
+    documents (static ``cu_seqlens`` buffers: what ``lintime train`` does by default where the model allows)."""
     from lintime.training.graphed import GraphedStep
 
     rows, T = batch.input_ids.shape
     opt = torch.optim.AdamW(model.param_groups(0.1), lr=LR, fused=True)
-    graphed = GraphedStep(model, opt, rows=rows, context_len=T, clip=CLIP, autocast=amp)
+    graphed = GraphedStep(model, opt, rows=rows, context_len=T, clip=CLIP, autocast=amp,
+                          doc_capacity=rows if documents else None)
+    cu = batch.cu_seqlens if documents else None
 
     def step() -> float:
-        out = graphed.step(batch.input_ids, batch.targets, LR)
+        out = graphed.step(batch.input_ids, batch.targets, LR, cu_seqlens=cu)
         if out is None:
             raise RuntimeError(f"the step did not capture: {graphed.failed}")
         return float(out.loss)
 
     return step, opt
+
+
+def default_step(cfg, device: torch.device) -> str:
+    """The step ``lintime train`` takes by default for ``cfg`` on ``device`` (documents packing, ``--compile auto``):
+    ``graph-documents`` where the model plans packed documents on the device, else ``eager``; anchors: ``eager``."""
+    from lintime.models import CausalLM
+    from lintime.training.compile import choose_compile
+
+    if anchors.is_anchor_spec(cfg):
+        return "eager"
+    with torch.device("meta"):
+        static = CausalLM(cfg).backbone.static_packing()
+    mode, _ = choose_compile("auto", device=device, distributed=False, packing="documents", static_packing=static)
+    return "graph-documents" if mode == "graph" else "eager"
 
 
 def _train_case(row: TrainRow, cfg, s: Settings, device: torch.device, amp) -> float:
@@ -275,8 +306,14 @@ def _train_case(row: TrainRow, cfg, s: Settings, device: torch.device, amp) -> f
     model = build_model(cfg, device)
     model.train()
     row.params = num_parameters(model)
-    batch = random_batch(row.rows, row.T, cfg.vocab_size, device)
-    step, opt = graph_step_fn(model, batch, amp) if row.step == "graph" else train_step_fn(model, batch, amp)
+    documents = row.step != "graph"  # the rows layout only for "<preset>@graph"
+    batch = random_batch(row.rows, row.T, cfg.vocab_size, device, documents=documents)
+    if row.step == "graph-documents":
+        step, opt = graph_step_fn(model, batch, amp, documents=True)
+    elif row.step == "graph":
+        step, opt = graph_step_fn(model, batch, amp)
+    else:
+        step, opt = train_step_fn(model, batch, amp)
     last, spent = 0.0, 0.0
     for i in range(s.warmup):  # untimed: compilation, autotuning, the allocator's first pass
         t1 = time.perf_counter()
@@ -323,11 +360,11 @@ def bench_train(s: Settings, on_row: Callable[[TrainRow], None] = lambda r: None
     for name in s.presets:
         base, _, step_kind = name.partition("@")
         try:
-            if step_kind not in ("", "graph"):
-                raise SkipPreset(f"unknown step {step_kind!r} in {name!r} (only '<preset>@graph')")
+            if step_kind not in ("", "graph", "eager"):
+                raise SkipPreset(f"unknown step {step_kind!r} in {name!r} ('<preset>@graph' or '<preset>@eager')")
             if step_kind and anchors.is_anchor(base):
                 raise SkipPreset("the captured step is lintime's (GraphedStep), not an anchor's")
-            if step_kind and device.type != "cuda":
+            if step_kind == "graph" and device.type != "cuda":
                 raise SkipPreset(f"the captured step needs CUDA (device {device})")
             cfg, note = preset_config(base, max(s.contexts), device)
         except SkipPreset as e:
@@ -337,7 +374,8 @@ def bench_train(s: Settings, on_row: Callable[[TrainRow], None] = lambda r: None
         stop = None  # reason to skip the remaining (longer) contexts
         for T in s.contexts:
             n = max(1, s.tokens_per_batch // T)
-            row = TrainRow(name, cfg.family, T, n, n * T, impl=impl_name(cfg), note=note, step=step_kind or "eager")
+            row = TrainRow(name, cfg.family, T, n, n * T, impl=impl_name(cfg), note=note,
+                           step=step_kind or default_step(cfg, device))
             if stop:
                 row.status = f"skipped: {stop}"
                 emit(row)

@@ -232,10 +232,16 @@ def test_parse_sizes_and_quantiles():
 def test_default_and_quick_settings():
     s = bm.make_settings(device="cpu")
     assert s.contexts == (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072) and s.decode_contexts == s.contexts
-    assert s.tokens_per_batch == 32768 and s.dtype == "fp32" and len(s.presets) == 12
-    assert s.presets[-2:] == ("hf:llama-base", "fla:gla-base")
+    assert s.tokens_per_batch == 32768 and s.dtype == "fp32"
+    # every family at base size on the default path, and the honest anchors: our fastest softmax path, HF eager and
+    # compiled, fla, and the eager step a user gets with graphs off
+    from lintime.models import available_families, get_preset
+
+    assert {get_preset(p).family for p in s.presets if ":" not in p and "@" not in p} == set(available_families())
+    assert {"hf:llama-base", "hf:llama-base+compile", "fla:gla-base", "transformer-pp-base@graph",
+            "flash-base@eager", "flash-medium", "transformer-pp-medium"} <= set(s.presets)
     q = bm.make_settings(device="cpu", quick=True)
-    assert all(p.endswith("-tiny") for p in q.presets) and len(q.presets) == len(s.presets)
+    assert all(p.partition("@")[0].removesuffix("+compile").endswith("-tiny") for p in q.presets)
     assert bm.make_settings(device="cpu", dtype="bf16").dtype == "bf16"
 
 
@@ -336,3 +342,36 @@ def test_graph_step_rows_are_named_by_preset_and_skipped_where_they_cannot_run()
     s_cuda = dataclasses.replace(s, presets=(f"{LINEAR}@graph",), device="meta")
     rows = bm.bench_train(s_cuda, train_case=case)
     assert "needs CUDA" in rows[0].status  # any device but CUDA
+
+
+def test_default_rows_take_the_step_lintime_train_takes():
+    """A plain preset row times what `lintime train` does by default there: on CUDA the captured packed-documents
+    step for a model that plans packing on the device, eager steps otherwise (and always on the CPU)."""
+    from lintime.models import get_preset
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert bm.default_step(get_preset("flash-tiny"), cuda) == "graph-documents"
+    assert bm.default_step(get_preset("transformer-pp-tiny"), cuda) == "graph-documents"
+    assert bm.default_step(get_preset("vq-tiny"), cuda) == "eager"
+    assert bm.default_step(get_preset("flash-tiny"), cpu) == "eager"
+
+
+def test_documents_batch_cuts_every_row():
+    T, rows = 4 * bm.DOC_TOKENS, 3
+    b = bm.random_batch(rows, T, 100, torch.device("cpu"), documents=True)
+    cu = b.cu_seqlens.tolist()
+    assert set(range(0, rows * T + 1, T)) <= set(cu)  # every row start is a boundary
+    assert len(cu) - 1 > rows  # and rows hold several documents
+    one = bm.random_batch(rows, T, 100, torch.device("cpu"))
+    assert one.cu_seqlens.tolist() == list(range(0, rows * T + 1, T))
+
+
+def test_compiled_hf_anchor_is_the_same_model_under_torch_compile():
+    pytest.importorskip("transformers")
+    from lintime.bench import anchors
+
+    plain = anchors.anchor_spec("hf:llama-tiny", 64, torch.device("cpu"))
+    compiled = anchors.anchor_spec("hf:llama-tiny+compile", 64, torch.device("cpu"))
+    assert compiled.impl == plain.impl + " + torch.compile" and compiled.config["torch_compile"]
+    model = compiled.build(torch.device("cpu"))
+    assert hasattr(model, "_orig_mod") and type(model._orig_mod).__name__ == plain.model_class
