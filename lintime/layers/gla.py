@@ -33,6 +33,7 @@ from lintime.layers.base import Mixer
 from lintime.layers.linear_attention import state_dtype
 from lintime.layers.norms import build_norm
 from lintime.ops import gated_linear_attention
+from lintime.ops.kernel_launch import MAX_HEAD_DIM
 
 HEAD_NORMS = ("layernorm", "rmsnorm")
 
@@ -111,6 +112,11 @@ class GatedLinearAttention(Mixer):
         else:
             o = self.head_norm(o) * F.silu(self.r_proj(x)).view(B, T, H, V)
         return self.out(o.reshape(B, T, H * V)), new_state
+
+    def static_packing(self) -> bool:
+        """The op's Triton path plans a static ``cu_seqlens`` on the device (heads narrower than its tiles padded to
+        them); heads wider than the kernels take, and fp64 weights, go to the chunked form, which reads it."""
+        return max(self.head_k, self.head_v) <= MAX_HEAD_DIM and self.q_proj.weight.dtype != torch.float64
 
     def init_state(self, batch_size, device, dtype) -> torch.Tensor:
         """Empty ``S``: ``[N, H, K, V]`` zeros, fp32 (fp64 for fp64 models)."""

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from lintime.layers.base import BatchState, Mixer
 from lintime.ops import linear_attention
+from lintime.ops.linear import AUTO_TRITON_MAX_HEAD
 
 FEATURE_MAPS = ("elu", "relu", "identity")
 
@@ -156,6 +157,12 @@ class LinearAttention(Mixer):
         o, new_state = linear_mix(q, k, v, state, causal=self.causal, normalize=self.normalize, scale=None,
                                   chunk_size=self.chunk_size, cu_seqlens=cu_seqlens, where="LinearAttention")
         return self.out(o.reshape(B, T, H * K)), new_state
+
+    def static_packing(self) -> bool:
+        """The op's Triton path plans a static ``cu_seqlens`` on the device; heads wider than the automatic choice
+        sends there (:data:`~lintime.ops.linear.AUTO_TRITON_MAX_HEAD`), and fp64 weights, go to the chunked form,
+        which reads it."""
+        return self.head_dim <= AUTO_TRITON_MAX_HEAD and self.qkv.weight.dtype != torch.float64
 
     def init_state(self, batch_size, device, dtype) -> LinearAttentionState:
         K = self.head_dim

@@ -18,7 +18,17 @@ by :func:`choose_segment_chunks`.
 **Layout tables.**  Without ``cu_seqlens`` the segment of a program id is arithmetic (no table,
 no host work).  With ``cu_seqlens`` :func:`segments` builds an ``int32 [NSEG, 4]`` table
 ``(bos, eos, seq, first chunk)`` and the CSR offsets ``seq_ptr [N + 1]`` of each sequence's
-segments; this reads ``cu_seqlens`` on the host (one device sync), like the PyTorch chunked form.
+segments (:func:`segment_table`, tensor ops on the sequence bounds).  An ordinary ``cu_seqlens`` is
+read on the host once (one device sync, like the PyTorch chunked form), the table built there with
+the exact number of segments and sent in one copy, and kept per tensor.  A static one
+(:func:`lintime.ops.utils.mark_static`: its values change under a replayed CUDA graph) is never
+read on the host: the same table is built on the device at every call, with ``NSEG_ALLOC`` rows (a
+bound from shapes).  Rows past the real segments are *slack*: no tokens (``bos = eos = T``), no
+sequence's ``seq_ptr`` range holds them, and their first chunk is their own row index, which no
+real chunk uses (it is at least the number of segments, which is at least the number of chunks
+when ``ns = 1``, and below the per-chunk rows :func:`seg_alloc_rows` ``(ns=1)``): a kernel that
+writes per-chunk rows unmasked by tokens (the GLA chunk prep's ``G_l``) writes an unused row.
+Grids then run ``NSEG_ALLOC`` programs; a slack one walks no chunk and writes no state.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import triton
 import triton.language as tl
 
 from lintime.ops.kernel_launch import next_pow2, sm_count
-from lintime.ops.utils import packed_cache
+from lintime.ops.utils import is_static, packed_cache
 
 BT = 64  # chunk length (tokens) of every kernel
 
@@ -65,10 +75,11 @@ class Segments:
     """The segment layout of one call (see the module docstring).
 
     ``ns``          chunks per segment, 0 = one segment per sequence (nothing materialised);
-    ``NSEG``        segments (programs along the segment axis);
+    ``NSEG``        segments (programs along the segment axis); with a static ``cu_seqlens``
+                    ``NSEG_ALLOC``, slack rows included;
     ``NSEG_ALLOC``  rows to allocate for per-segment states: a bound that depends only on the
                     shapes (custom ops must know output shapes without reading ``cu_seqlens``);
-    ``NCH``         chunks in all;
+    ``NCH``         chunks in all (static ``cu_seqlens``: their bound, the per-chunk rows);
     regular layout (no ``cu_seqlens``): ``NSPS`` segments per sequence, ``SEG_LEN`` tokens per
     segment, ``NT`` chunks per sequence, ``NSC`` chunks per segment;
     varlen layout: ``table`` int32 ``[NSEG, 4]`` = (bos, eos, seq, first chunk), ``seq_ptr``
@@ -100,7 +111,9 @@ class Segments:
 
 
 def seg_alloc_rows(B: int, T: int, n_seq: int, varlen: bool, ns: int) -> int:
-    """``Segments.NSEG_ALLOC`` from shapes alone (used by the fake implementations too)."""
+    """``Segments.NSEG_ALLOC`` from shapes alone (used by the fake implementations too).  Packed:
+    a sequence of ``L > 0`` tokens has ``ceil(ceil(L / BT) / ns) <= 1 + (L - 1) // (ns * BT)``
+    segments and an empty one none (``ns > 0``), so ``N + TT // (ns * BT)`` bound them all."""
     if ns == 0:
         return n_seq
     if not varlen:
@@ -112,9 +125,12 @@ def segments(B: int, T: int, cu_seqlens: torch.Tensor | None, ns: int, device: t
     """Build the segment layout of a ``[B, T]`` batch, or of packed sequences (``B == 1``).
     Without ``cu_seqlens`` the layout is arithmetic and cached per ``(B, T, ns)``; a packed layout
     costs one device-to-host read of ``cu_seqlens`` and is kept per tensor
-    (:func:`lintime.ops.utils.packed_cache`), so a model's layers, forward and backward, share it."""
+    (:func:`lintime.ops.utils.packed_cache`), so a model's layers, forward and backward, share it.
+    A static ``cu_seqlens`` is planned on the device at every call, nothing read or kept."""
     if cu_seqlens is None:
         return _regular_segments(B, T, ns)
+    if is_static(cu_seqlens):
+        return _static_segments(B, T, cu_seqlens, ns, device)
     entry = packed_cache(cu_seqlens, ("segments", B, T, ns, str(device)))
     if "seg" not in entry:
         entry["seg"] = _packed_segments(B, T, cu_seqlens, ns, device)
@@ -130,25 +146,58 @@ def _regular_segments(B: int, T: int, ns: int) -> Segments:
     return Segments(B, T, ns, B * NSPS, B * NSPS, B * NT, NSPS, ns * BT, NT, ns, False, None, None)
 
 
+def segment_counts(bos: torch.Tensor, eos: torch.Tensor, ns: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunks ``nt [N]`` and segments ``nseg [N]`` of the sequences ``[bos, eos)`` (int64, any
+    device): one segment per sequence for ``ns = 0`` (an empty one too: its walk writes the final
+    state), else ``ceil(nt / ns)`` (none for an empty sequence)."""
+    nt = (eos - bos + BT - 1) // BT
+    return nt, (torch.ones_like(nt) if ns == 0 else (nt + ns - 1) // ns)
+
+
+def segment_table(bos: torch.Tensor, eos: torch.Tensor, ns: int, rows: int,
+                  T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``table [rows, 4]``, ``seq_ptr [N + 1]`` (int64, on the device of ``bos``, computed there by
+    tensor ops of sizes ``rows`` and ``N``: no host read, no value-sized output) of the sequences
+    ``[bos, eos)`` (int64 ``[N]``, ``N >= 1``).  Segment ``j`` of sequence ``n`` covers its chunks
+    ``[j ns, (j + 1) ns)``; rows past the segments are slack rows (module docstring)."""
+    N = bos.numel()
+    nt, nseg = segment_counts(bos, eos, ns)
+    ch_first = torch.cumsum(nt, 0) - nt
+    i = torch.arange(rows, device=bos.device)
+    if ns == 0:  # one segment per sequence, no slack: row i is sequence i
+        return torch.stack([bos, eos, i, ch_first], 1), torch.arange(N + 1, device=bos.device)
+    seg_end = torch.cumsum(nseg, 0)
+    seq_ptr = torch.cat([seg_end.new_zeros(1), seg_end])
+    n = torch.searchsorted(seg_end, i, right=True)  # the sequence of row i; N past the segments
+    real = n < N
+    n = n.clamp_(max=N - 1)
+    j = i - seq_ptr[n]
+    s_bos = bos[n] + j * (ns * BT)
+    s_eos = torch.minimum(s_bos + ns * BT, eos[n])
+    s_ch = ch_first[n] + j * ns
+    table = torch.stack([torch.where(real, s_bos, T), torch.where(real, s_eos, T), n, torch.where(real, s_ch, i)], 1)
+    return table, seq_ptr
+
+
 def _packed_segments(B: int, T: int, cu_seqlens: torch.Tensor, ns: int, device: torch.device) -> Segments:
-    cu = cu_seqlens.tolist()  # the one device sync of a packed call
-    N = len(cu) - 1
-    rows, seq_ptr, ch = [], [0], 0
-    for n in range(N):
-        bos, eos = cu[n], cu[n + 1]
-        nt = math.ceil((eos - bos) / BT)
-        if ns == 0:
-            rows.append((bos, eos, n, ch))  # empty sequences too: their walk writes the final state
-        else:
-            for j in range(math.ceil(nt / ns)):
-                b = bos + j * ns * BT
-                rows.append((b, min(b + ns * BT, eos), n, ch + j * ns))
-        ch += nt
-        seq_ptr.append(len(rows))
-    flat_rows = [x for r in (rows if rows else [(0, 0, 0, 0)]) for x in r]
-    both = torch.tensor(flat_rows + seq_ptr, dtype=torch.int32).to(device)  # one host-to-device copy
-    table, ptr = both[: len(flat_rows)].view(-1, 4), both[len(flat_rows):]
-    return Segments(N, T, ns, len(rows), seg_alloc_rows(B, T, N, True, ns), ch, 0, 0, 0, 0, True, table, ptr)
+    cu = cu_seqlens.detach().cpu().long()  # the one device sync of a packed call
+    N = cu.numel() - 1
+    bos, eos = cu[:-1], cu[1:]
+    nt, nseg = segment_counts(bos, eos, ns)
+    NSEG, NCH = torch.stack([nseg.sum(), nt.sum()]).tolist()  # host tensors: no sync
+    table, ptr = segment_table(bos, eos, ns, max(NSEG, 1), T)  # one slack row when there is no segment
+    both = torch.cat([table.reshape(-1), ptr]).to(device=device, dtype=torch.int32)  # one host-to-device copy
+    table, ptr = both[: table.numel()].view(-1, 4), both[table.numel():]
+    return Segments(N, T, ns, NSEG, seg_alloc_rows(B, T, N, True, ns), NCH, 0, 0, 0, 0, True, table, ptr)
+
+
+def _static_segments(B: int, T: int, cu_seqlens: torch.Tensor, ns: int, device: torch.device) -> Segments:
+    N = cu_seqlens.numel() - 1
+    cu = cu_seqlens.detach().to(device=device, dtype=torch.long)
+    rows = seg_alloc_rows(B, T, N, True, ns)
+    table, ptr = segment_table(cu[:-1], cu[1:], ns, rows, T)
+    return Segments(N, T, ns, rows, rows, seg_alloc_rows(B, T, N, True, 1), 0, 0, 0, 0, True,
+                    table.to(torch.int32), ptr.to(torch.int32))
 
 
 def chunks(B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.device) -> Segments:

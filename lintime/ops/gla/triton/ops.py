@@ -17,6 +17,7 @@ import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 import triton.language as tl
 from torch import Tensor
 
@@ -34,6 +35,7 @@ from lintime.ops.gla.triton.subchunk import BC
 from lintime.ops.kernel_launch import block, cdiv, check_device, dot_config, flat, supported
 from lintime.ops.segments import BT, choose_segment_chunks, chunks, seg_alloc_rows, segments
 from lintime.ops.state_passing import seg_scan_kernel
+from lintime.ops.utils import is_static, mark_static
 
 DECODE_MAX_T = 16  # forward-only calls up to this many tokens use the recurrent kernel
 _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
@@ -281,26 +283,37 @@ def triton_gla(
     """Same arguments and results as :func:`lintime.ops.gated_linear_attention`, computed by the
     Triton kernels (chunks of 64 tokens, sub-chunks of 16, whatever ``chunk_size``).
 
-    fp64 inputs, and ``K`` or ``V`` below 16 or above 256, fall back to the chunked PyTorch form.  Forward-only
-    calls of at most 16 tokens (decoding) run the recurrent kernel.  ``segment_chunks`` overrides
-    the automatic segment length (``0`` = one segment per sequence; tests, benchmarks).
+    fp64 inputs, and ``K`` or ``V`` below 16 or above 256, fall back to the chunked PyTorch form; with a static
+    ``cu_seqlens`` (:func:`lintime.ops.utils.mark_static`, planned on the device, never read on the host) heads
+    below 16 are zero-padded to 16 instead.  Forward-only calls of at most 16 tokens (decoding) run the recurrent
+    kernel.  ``segment_chunks`` overrides the automatic segment length (``0`` = one segment per sequence; tests,
+    benchmarks).
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
     scale = K**-0.5 if scale is None else float(scale)
+    static = is_static(cu_seqlens)
     # heads narrower than a 16-wide tile go to the chunked form: K = 8 (gla-tiny at width 64) gave an illegal
     # memory access and wrong results on an H200 (MQAR sweep, 2026-11-27; not root-caused, not reproduced by the
-    # interpreter, which does not fault on masked-out addresses)
-    if (not supported(K, V, dtype=q.dtype) or min(K, V) < MIN_TILE_DIM
+    # interpreter, which does not fault on masked-out addresses).  A static cu_seqlens cannot take the chunked form
+    # (it plans packing on the host): its narrow heads are zero-padded to 16 instead (_padded_heads).
+    narrow = min(K, V) < MIN_TILE_DIM
+    if (not supported(K, V, dtype=q.dtype) or (narrow and not static)
             or g.dtype not in (torch.float16, torch.bfloat16, torch.float32)):
         from lintime.ops.gla.chunk import chunk_gla
 
         return chunk_gla(q, k, v, g, scale=scale, chunk_size=chunk_size, initial_state=initial_state,
                          output_final_state=output_final_state, cu_seqlens=cu_seqlens)
     check_device("gated_linear_attention", q)
+    if narrow:
+        return _padded_heads(q, k, v, g, scale=scale, initial_state=initial_state,
+                             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                             segment_chunks=segment_chunks)
     h0 = None if initial_state is None else initial_state.float().contiguous()
     if cu_seqlens is not None:
         cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32)
+        if static and not is_static(cu_seqlens):  # a converted copy: still never read on the host
+            cu_seqlens = mark_static(cu_seqlens)
     grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, h0))
     if not grad and T <= DECODE_MAX_T:
         o, ht = gla_recurrent_op(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), h0, cu_seqlens,
@@ -309,3 +322,17 @@ def triton_gla(
         ns = segment_chunks_for(q, v, cu_seqlens) if segment_chunks is None else int(segment_chunks)
         o, ht = gla_fwd_op(q, k, v, g, h0, cu_seqlens, scale, ns, grad)  # keep per-chunk states for a backward
     return o, (ht if output_final_state else None)
+
+
+def _padded_heads(q, k, v, g, *, scale, initial_state, output_final_state, cu_seqlens, segment_chunks):
+    """:func:`triton_gla` on heads zero-padded to ``K, V >= 16`` (the smallest ``tl.dot`` tile), results cut back:
+    zero ``q, k`` features add nothing to any score, a zero gate keeps their (zero) state rows as they are, zero ``v``
+    features give zero outputs; the padding's gradients are cut away by ``F.pad``'s backward."""
+    K, V = q.shape[-1], v.shape[-1]
+    pk, pv = max(0, MIN_TILE_DIM - K), max(0, MIN_TILE_DIM - V)
+    q, k, g = (F.pad(x, (0, pk)) for x in (q, k, g))
+    v = F.pad(v, (0, pv))
+    h0 = None if initial_state is None else F.pad(initial_state, (0, pv, 0, pk))
+    o, ht = triton_gla(q, k, v, g, scale=scale, initial_state=h0, output_final_state=output_final_state,
+                       cu_seqlens=cu_seqlens, segment_chunks=segment_chunks)
+    return o[..., :V], (None if ht is None else ht[:, :, :K, :V])

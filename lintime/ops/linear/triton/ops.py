@@ -31,6 +31,7 @@ from lintime.ops.kernel_launch import block, cdiv, check_device, dot_config, fla
 from lintime.ops.linear.triton.launch import LinearLaunch, fwd_tile, linear_launch
 from lintime.ops.segments import BT, choose_segment_chunks, seg_alloc_rows, segments
 from lintime.ops.state_passing import segment_states
+from lintime.ops.utils import is_static, mark_static
 
 DECODE_MAX_T = 16  # forward-only calls up to this many tokens use the recurrent kernel
 
@@ -261,7 +262,8 @@ def triton_linear_attention(
     """Same arguments and results as :func:`lintime.ops.linear_attention`, computed by the Triton
     kernels (chunks of 64 tokens whatever ``chunk_size``: the result does not depend on it).
 
-    fp64 inputs and ``K`` or ``V`` above 256 fall back to the chunked PyTorch form.  Forward-only
+    fp64 inputs and ``K`` or ``V`` above 256 fall back to the chunked PyTorch form.  A static ``cu_seqlens``
+    (:func:`lintime.ops.utils.mark_static`) is planned on the device, never read on the host.  Forward-only
     causal calls of at most 16 tokens (decoding) run the recurrent kernel.  ``segment_chunks``
     overrides the automatic segment length (``0`` = one segment per sequence; tests, benchmarks).
     """
@@ -282,7 +284,10 @@ def triton_linear_attention(
         h0 = h0.float().contiguous()
         z0 = None if z0 is None else z0.float().contiguous()
     if cu_seqlens is not None:
+        static = is_static(cu_seqlens)
         cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32)
+        if static and not is_static(cu_seqlens):  # a converted copy: still never read on the host
+            cu_seqlens = mark_static(cu_seqlens)
     grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, h0, z0))
     if causal and not grad and T <= DECODE_MAX_T:
         o, ht, zt = linear_recurrent_op(q.contiguous(), k.contiguous(), v.contiguous(), h0, z0, cu_seqlens, scale,
