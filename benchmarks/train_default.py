@@ -35,6 +35,8 @@ def run_one(preset: str, T: int, flags: str, args, work: Path) -> dict:
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     wall = time.perf_counter() - t0
+    with open(Path(args.out) / "train_default.log", "a") as log:  # what the user saw, every run
+        log.write(f"$ lintime {' '.join(shlex.quote(c) for c in cmd[3:])}\n{proc.stdout}{proc.stderr}\n")
     row = {"preset": preset, "T": T, "flags": flags or "(default)", "wall_s": round(wall, 1), "rc": proc.returncode,
            "compile_line": next((ln for ln in proc.stdout.splitlines() if "--compile" in ln), "")}
     metrics = work / name / "metrics.jsonl"

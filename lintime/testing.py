@@ -1,6 +1,6 @@
 """Numerical comparison helpers shared by lintime's tests (and usable by users' own tests).
 
-The tolerance rule (STYLE.md 13), stated once:
+The tolerance rule, stated once:
 
 * Comparisons are by **relative RMS error** ``rms(out - ref) / rms(ref)`` (a tensor whose
   reference is all zeros is compared by absolute RMS instead).

@@ -13,7 +13,7 @@ Cases are addressed on the command line as ``<group>.<name>`` (e.g. ``linear_gla
 (``--cases flash,linear,gla``).
 
 Only public APIs are timed here (``lintime.ops`` functions, layers, models) against other libraries;
-kernel tuning tools live outside the package (``lab/``).
+kernel tuning tools live outside the package (the repository's ``lab`` folder).
 """
 
 from __future__ import annotations

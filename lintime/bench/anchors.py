@@ -246,7 +246,7 @@ def generate_measure(model: torch.nn.Module, spec: AnchorSpec, decode_steps: int
         extra["compile_config"] = CompileConfig(dynamic=True)
         if amp is not None:
             # HF sizes its static cache in the model's dtype: fp32 weights under autocast give bf16 keys for an
-            # fp32 cache (index_copy_ refuses them, H200 run 2026-11-27), so this path runs a copy of the model
+            # fp32 cache (index_copy_ refuses them), so this path runs a copy of the model
             # with its weights in the autocast dtype, without autocast -- how HF serves a bf16 model
             model, amp = copy.deepcopy(model).to(amp), None
 

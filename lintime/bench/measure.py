@@ -4,12 +4,12 @@ Op cases (CUDA only): every time is the median of ``triton.testing.do_bench`` (C
 first, a flush of the L2 cache between calls), after two untimed calls that keep compilation and
 autotuning out of its run-count estimate.  Peaks are measured on the machine, not copied from a
 datasheet: a large device-to-device copy (bytes read + written) and an 8192^3 bf16 matmul on
-random data (METHOD.md).
+random data (:func:`copy_peak_gbps`, :func:`matmul_peak_tflops`).
 
 Whole-model steps (:mod:`lintime.bench.model`, CPU or CUDA): :func:`call_times_ms` times each call
 on its own (``do_bench`` does not fit a training step or a decoding step: it picks one run count
-from a time estimate -- a single run for a 300 ms step -- gives no spread, and flushing L2 between
-100 ms calls measures nothing); :func:`quantiles` summarises the list.
+from a time estimate -- a single run for a long step -- gives no spread, and flushing L2 between
+calls that long measures nothing); :func:`quantiles` summarises the list.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The ``lintime`` command line.
 
 Every subcommand is a plain typed function; its flags are that function's keyword arguments
-(STYLE 7).  :func:`build_parser` derives argparse options from the signature and the
+(so a new setting is one argument).  :func:`build_parser` derives argparse options from the signature and the
 ``Args:`` section of the docstring, so the help text lives next to the code it documents.
 A flag that is not given is not passed (the function's default applies); a function with a
 ``_given`` parameter also receives the names of the flags that were given (``train --resume``
@@ -201,8 +201,8 @@ def check_writable(path, flag: str, ok_if=None) -> None:
 
 def set_threads(threads: int, *, device: str = "auto", n_params: int | None = None) -> None:
     """PyTorch's intra-op CPU threads: ``threads`` when > 0; 0 = auto, one thread for a model
-    under 20M parameters (on a busy 2-core CPU, 2 threads made eval / generate of the tiny
-    presets 4-18x slower than 1, 2026-11), else PyTorch's default."""
+    under 20M parameters (a tiny preset's ops are too small to split: on a busy CPU two threads
+    made eval / generate several times slower than one), else PyTorch's default."""
     import torch
 
     if threads < 0:

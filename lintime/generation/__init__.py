@@ -2,7 +2,7 @@
 
 * :mod:`~lintime.generation.decode` -- :func:`prefill` (the prompt, in chunks, through the
   state) and :func:`decode_one_token`: the two small model calls, compilable from outside
-  (STYLE 8, gpt-fast);
+  (``docs/design/conventions.md`` §6);
 * :mod:`~lintime.generation.static` -- :class:`StaticDecoder`: the state in preallocated buffers,
   updated in place (fixed shapes per step);
 * :mod:`~lintime.generation.graphs` -- :class:`DecodeLoop`: sampling + one step, captured in a CUDA

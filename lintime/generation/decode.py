@@ -1,4 +1,4 @@
-"""The two model calls of decoding (STYLE 8, gpt-fast ``generate.py``): :func:`prefill` runs the
+"""The two model calls of decoding (as gpt-fast's ``generate.py`` splits them): :func:`prefill` runs the
 prompt through the decoding state, :func:`decode_one_token` feeds one token per sequence.
 
 Both are small pure functions over ``(model, tokens, state)`` that return ``(logits, new_state)``
@@ -20,8 +20,8 @@ from itertools import pairwise
 import torch
 
 
-# whole prompts in one model call up to this many tokens (all rows): a call is mostly fixed host work (flash-base,
-# H200, decode_graph.json: 50 ms per eager 1-token call, 48 per 8192-token prefill call); bounds one call's memory
+# whole prompts in one model call up to this many tokens (all rows): an eager call is mostly fixed host work, as
+# long for one token as for thousands, so fewer calls are faster; the bound caps one call's activation memory
 PREFILL_TOKENS = 32768
 
 

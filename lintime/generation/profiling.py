@@ -13,7 +13,7 @@ function / ``Tensor`` method called from Python while it is active and counts
 
 On the CPU nothing actually waits; what the counter gives is the number of such calls, which is
 what costs a synchronisation on CUDA.  Used by ``tests/generation/test_decode_syncs.py`` (pins
-the syncs of one decoded token per family) and ``lab/decode_host.py``.
+the syncs of one decoded token per family).
 """
 
 from __future__ import annotations

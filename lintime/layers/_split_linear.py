@@ -22,16 +22,15 @@ from torch import Tensor
 
 
 def _bias_grad(g: Tensor) -> Tensor:
-    """``g.sum(0)`` of ``g [m, n]`` as a GEMV with a ones vector (the same fp32 accumulation, one rounding): 38 us
-    against 57 us for ``sum(0)`` at [32768, 1536] bf16, 24 against 48 at [32768, 768] (H200, 2026-11-27,
-    ``lab/bias_grad_ab.py``)."""
+    """``g.sum(0)`` of ``g [m, n]`` as a GEMV with a ones vector (the same fp32 accumulation, one rounding): faster
+    than ``sum(0)`` at the layers' shapes (``docs/design/kernels.md``, GLU activation)."""
     return torch.mv(g.t(), g.new_ones(g.shape[0]))
 
 
 def _weight_grad(gs: list[Tensor], x2: Tensor, parts, shape, dtype: torch.dtype) -> Tensor:
     """``dW = [g_k^T x]`` stacked by rows, in the weight's ``dtype``.  On CUDA, half-precision products of an fp32
     weight write their fp32 results straight into the rows of one fp32 tensor (cuBLAS's fp32 output: no rounding to
-    half, no concatenation or cast pass: ~10 us a layer at flash-base, 32k tokens)."""
+    half, no concatenation or cast pass)."""
     if x2.is_cuda and dtype == torch.float32 and x2.dtype in (torch.float16, torch.bfloat16):
         dw = torch.empty(shape, dtype=torch.float32, device=x2.device)
         for g, (i, j) in zip(gs, parts):

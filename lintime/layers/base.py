@@ -2,7 +2,7 @@
 
 Every token mixer (softmax multi-head attention, GAU, FLASH, linear attention, GLA, VQ, ...)
 is an ``nn.Module`` that a model block calls the same way, so blocks and models never know
-which mixer they hold (STYLE 5, 6, 8).
+which mixer they hold (``docs/design/conventions.md`` §3, §4, §6).
 
 Mixer protocol
 --------------

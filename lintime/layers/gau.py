@@ -90,9 +90,8 @@ def heads_backend(backend: str | None) -> str | None:
 def proj_bias_parts(bias: torch.Tensor | None, e: int, fold: bool) -> tuple[torch.Tensor | None, ...]:
     """The input projection's bias split by who adds it: ``(the product's, the gate's, the heads op's)``.  When
     ``fold`` (the fused path) the ops add it, the gate ``bias[:e]`` (``e = 0``: no gate) and the heads op ``bias[e:]``,
-    and their backward kernels give its gradient as column sums they already hold in registers (the two bias GEMVs
-    took 81 us a layer at flash-base, 32k tokens, H200, 2026-11-27, ``lab/flash_elementwise_time.py``); else the
-    product adds it: ``(bias, None, None)``."""
+    and their backward kernels give its gradient as column sums they already hold in registers (no bias GEMVs over
+    the output gradients); else the product adds it: ``(bias, None, None)``."""
     if not fold or bias is None:
         return bias, None, None
     return None, (bias[:e] if e else None), bias[e:]

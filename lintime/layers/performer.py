@@ -26,8 +26,8 @@ The decoding state is :class:`~lintime.layers.linear_attention.LinearAttentionSt
 
 On CUDA the presets' ``M`` (128, 256) is above
 :data:`lintime.ops.linear.AUTO_TRITON_MAX_HEAD`, so the op runs its chunked / recurrent PyTorch
-forms: the wide-head Triton kernels failed on the H200 with an illegal memory access (performer
-training and decoding, 2026-11-22) and are not used automatically until verified on a GPU.
+forms: the wide-head Triton kernels failed on a GPU with an illegal memory access (performer
+training and decoding) and are not used automatically until verified on a GPU.
 """
 
 from __future__ import annotations

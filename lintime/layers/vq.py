@@ -317,8 +317,8 @@ class VQAttention(Mixer):
         with torch.no_grad(), torch.autocast(k.device.type, enabled=False):
             # ||k - c||^2 = ||k||^2 - 2 k.c + ||c||^2; ||k||^2 does not change the argmin
             c2 = codebook.pow(2).sum(-1)[:, None, :] if sq_norms is None else sq_norms
-            # CUDA: one kernel for the distances, argmin and codeword (vq-base's training step: 5.6 ms of
-            # quantisation, 2.3 of it the fp32 distance GEMM on the CUDA cores, H200, 2026-11-27); elsewhere one
+            # CUDA: one kernel for the distances (on the tensor cores, not an fp32 GEMM on the CUDA cores),
+            # argmin and codeword; elsewhere one
             # GEMM with ||c||^2 added in its epilogue, the [B*T, S] distances written once and read once by the argmin
             if k.is_cuda and _quantize_kernel(k, codebook):
                 from lintime.ops.vq.triton.quantize import assign_codes  # (Triton: imported on first use)

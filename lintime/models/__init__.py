@@ -1,4 +1,4 @@
-"""Models (STYLE 1: ``ops`` -> ``layers`` -> ``models``): one config dataclass, a registry of
+"""Models (above ``ops`` and ``layers``, which never import them): one config dataclass, a registry of
 mixer families, a shared pre-norm backbone, causal-LM and masked-LM heads, named presets.
 
 See ``docs/models.md``.

@@ -1,6 +1,6 @@
 """The shared backbone: token embedding (+ absolute positions), pre-norm residual blocks, final
-norm.  One block class for every family: the mixer comes from the family's builder (STYLE
-"share the block, vary the mixer").
+norm.  One block class for every family: the mixer comes from the family's builder (share the
+block, vary the mixer: ``docs/design/conventions.md`` §4).
 
 Notation: ``B`` batch, ``T`` tokens, ``d`` = ``d_model``, ``N`` sequences (``B``, or the number
 of packed sequences with ``cu_seqlens``).

@@ -1,4 +1,4 @@
-"""The one model config (STYLE 6): :class:`ModelConfig`, with the feed-forward sub-config
+"""The one model config (``docs/design/conventions.md`` §4): :class:`ModelConfig`, with the feed-forward sub-config
 :class:`FFNConfig` and the mixer family's own sub-config (see :mod:`lintime.models.registry`).
 
 Configs are frozen dataclasses, validated in ``__post_init__`` with messages that name the field,

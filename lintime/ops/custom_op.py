@@ -1,9 +1,9 @@
-"""Triton launchers as ``torch.library`` custom ops (STYLE 9) that eager calls do not pay for.
+"""Triton launchers as ``torch.library`` custom ops that eager calls do not pay for.
 
 A launcher registered as ``lintime::<name>`` gets a fake (shape) implementation and, for a forward,
 an autograd rule, so ``torch.compile`` traces one opaque node per call.  Eager calls skip the op
-dispatch: its Python layers cost about 2.5x the host time of the launchers themselves (no-op
-kernels, 2.97 ms against 1.14 ms per GLA fwd+bwd, 2-core CPU, 2026-11-22).  :func:`launcher_op`
+dispatch: its Python layers cost more host time than the launchers themselves
+(``docs/design/kernels.md``, shared pieces).  :func:`launcher_op`
 does both::
 
     @launcher_op("gla_bwd", fake=_bwd_fake)

@@ -3,9 +3,8 @@
 A bandwidth-bound backward kernel that owes a parameter gradient summed over every token (a bias, a per-feature
 gain) keeps its programs' shares in registers and stores one fp32 partial row per program; :func:`fold_rows` sums
 those ``[P, C]`` rows into ``[C]`` in a fixed order (no atomics: deterministic), for up to four such buffers in one
-launch.  Narrow column tiles (32 fp32 columns, ~50 programs for 1664 columns): about 5 us a call in flash-base's
-step (about 70 calls, 0.265 ms), where a 13-program fold of ``256 x 1664`` rows took 14 us and ``part.sum(0)`` 10-15 us
-(H200, graph replay, 2026-11-27, ``lab/results/profile_step_5a77160.json``).
+launch.  Narrow column tiles (32 fp32 columns, ~50 programs for 1664 columns) spread a fold over enough programs
+to be faster than a few wide ones or ``part.sum(0)`` (``docs/design/kernels.md``, the heads op).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ def supported(*dims: int, dtype: torch.dtype) -> bool:
 
 def cdiv(a: int, b: int) -> int:
     """Ceil division of host ints (launch arithmetic).  Plain Python: ``triton.cdiv`` and
-    ``triton.next_power_of_2`` are constexpr functions in Triton 3.9 and cost ~10 us a call."""
+    ``triton.next_power_of_2`` are constexpr functions in Triton 3.9, slow to call from the host."""
     return -(-a // b)
 
 

@@ -95,7 +95,7 @@ def _wire_meta(mixer: nn.Module, n: int, x: torch.Tensor) -> list[tuple[torch.Si
     state need not be in that dtype: under bf16 autocast the mixed chunk state (FLASH, MC-TFM) and
     the VQ state keep their buffers in the activations' bf16 while the residual stream ``x`` is
     fp32; a bf16 send against an fp32 receive is a size mismatch that NCCL does not detect: the
-    receiver waits for bytes that never come (the FLASH context-parallel hang of 2026-11-22)."""
+    receiver waits for bytes that never come (how FLASH's context-parallel training once hung)."""
     proto, _ = _flatten(mixer.init_state(n, x.device, x.dtype))
     return [(t.shape, t.dtype) for t in proto]
 

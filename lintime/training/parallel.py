@@ -1,4 +1,4 @@
-"""Parallelism, applied from outside the model code (STYLE 5): the process groups, data parallel
+"""Parallelism, applied from outside the single-device model code: the process groups, data parallel
 (DDP / FSDP2) and the gradient reductions and clipping they need.
 
 Process layout.  ``lintime train`` under ``torchrun`` gets ``W = WORLD_SIZE`` processes; with

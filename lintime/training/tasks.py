@@ -259,8 +259,7 @@ class MQARData:
     as its batches are first used (a block of :data:`~lintime.evaluation.tasks.mqar.BLOCK`
     examples is drawn whole), and the test set.  Every run with the same :attr:`key` (task, seed,
     set sizes, device) trains on the same batches, so a sweep shares one of these between its
-    runs (drawing 64 rows at ``seq_len`` 512 costs a 2-core CPU's host 3-7 ms: more than a
-    graph step of a narrow model)."""
+    runs (drawing a batch costs the host more than a graph step of a narrow model)."""
 
     def __init__(self, task: MQARConfig, *, seed: int, train_examples: int, test_examples: int,
                  device: torch.device):

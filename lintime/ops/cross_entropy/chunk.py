@@ -29,9 +29,8 @@ import torch
 from torch import Tensor
 
 # Logits bytes per chunk (in the compute dtype): 4096 rows of bf16 at V = 32000 -- GEMMs of
-# [4096, d] x [d, V] are large enough to run at full rate (the loss's three products ran at ~730 TFLOP/s in a
-# flash-base step, H200, 2026-11-27); on CUDA dW's fp32 sum is accumulated in place by their epilogue.  Other chunk
-# sizes were not timed.
+# [4096, d] x [d, V] are large enough to run at full rate while the [C, V] logits stay a bounded buffer; on CUDA
+# dW's fp32 sum is accumulated in place by their epilogue.  Other chunk sizes were not timed.
 CHUNK_BYTES = 2**28
 
 
@@ -84,7 +83,7 @@ def chunked_forward(rows: Callable, x: Tensor, weight: Tensor, bias: Optional[Te
     z_buf = x.new_empty(C, V)
     # CUDA, fp32 sums of low-precision products: dW written by the products' fp32 epilogue, the first chunk's
     # product into it, the next ones accumulated in place (no zero fill; an addmm into a new tensor copied the
-    # [V, d] sum once a chunk: 0.38 ms of a flash-base step at 32k tokens, H200, 2026-11-27)
+    # [V, d] sum once a chunk)
     epilogue = x.is_cuda and acc != x.dtype
     if want_grad:
         dx = torch.empty_like(x)
@@ -120,7 +119,7 @@ def chunked_forward(rows: Callable, x: Tensor, weight: Tensor, bias: Optional[Te
 def make_op(name: str, rows: Callable) -> Callable:
     """Register the custom ops ``lintime::<name>_fwd`` (loss and, for mean / sum, the gradients) and
     ``lintime::<name>_bwd`` (gradients of ``reduction='none'``) over the per-row step ``rows``, with
-    fake shapes and the autograd rule (STYLE 9).  Returns
+    fake shapes and the autograd rule, so ``torch.compile`` traces them.  Returns
     ``fn(x, weight, bias, target, ignore_index, reduction, label_smoothing, chunk_size) -> loss``."""
 
     def fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], target: Tensor, ignore_index: int,

@@ -92,8 +92,8 @@ def _check_branch_bias(op: str, x: torch.Tensor, t) -> None:
 
 def _traced_backend(backend: str | None) -> str | None:
     """The automatic backend of the two-input fused ops while ``torch.compile`` traces: their PyTorch form, which
-    inductor fuses itself (the Triton custom ops' joint graph failed inductor's functional-graph check on CUDA:
-    H200, torch 2.11, 2026-11-27)."""
+    inductor fuses itself (the Triton custom ops' joint graph failed inductor's functional-graph check on CUDA with
+    torch 2.11)."""
     return "chunk" if backend is None and torch.compiler.is_compiling() else backend
 
 

@@ -56,7 +56,7 @@ def rel_table(qv: torch.Tensor, r: torch.Tensor, pad: int = 0) -> torch.Tensor:
 def rel_table_padded(qv: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     """:func:`rel_table` with the last dimension padded to a multiple of 8 (zero columns past ``L``): the product's
     rows then start 16-byte aligned, so cuBLAS runs its aligned kernels in both directions (the unpadded ``L + 1 =
-    513``-wide product ran misaligned kernels: about 2.5 of vq-base's 90 ms training step, H200, 2026-11-27).  The
+    513``-wide product ran its slower misaligned kernels).  The
     Triton kernels read it as the relative table (``REL``): column ``c`` of row ``a`` is ``table[a, c - a]``."""
     return rel_table(qv, r, -r.shape[0] % 8)
 

@@ -57,7 +57,7 @@ register_triton(_SILU_IMPLS, _load_triton_silu)
 def vq_value_silu(v_pre: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
     """``silu(v_pre)`` for ``v_pre [B, ..., E]`` (seed Eq. 10).  Its gradient comes back from ``vq_attention`` as a
     strided slice of the op's block layout (two empty blocks before each row); PyTorch's SiLU backward takes its
-    non-vectorised path on such a tensor (2.6 of vq-base's 82 ms training step, H200, 2026-11-27), the Triton
+    non-vectorised path on such a tensor (a visible share of vq-base's training step), the Triton
     backward reads the rows where they lie.
 
     ``backend``: ``None`` (automatic: ``"triton"`` for CUDA tensors in fp16 / bf16 / fp32 that need a gradient when

@@ -1,6 +1,6 @@
 """Per-row counts and sums of vectors by an integer row index (the layer's EMA codebook statistics, seed Section
 3.4.1): PyTorch ``index_add`` in fp32.  (A Triton scatter-add kernel for these sums broke the CUDA-graph capture
-of vq-base's training step on an H200, 2026-11-27, cause not found; it is not used.)"""
+of vq-base's training step, cause not found; it is not used.)"""
 
 from __future__ import annotations
 

@@ -24,9 +24,8 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 class Launch:
     """Launch configuration of :func:`ce_rows_kernel`."""
 
-    # Columns per block and warps per row: two sweeps of 8192-column blocks, 16 warps: 0.187 ms per [4096, 32000]
-    # bf16 chunk against 0.212 for the row kept in registers (32768 columns, 32 warps: Liger-Kernel's launch) and
-    # 0.196-0.248 for 1024-16384 columns at 2-32 warps (H200, 2026-11-27, lab/results/ce_rows_sweep_3653810.json)
+    # Columns per block and warps per row: two sweeps of 8192-column blocks (the second mostly from L2) beat a whole
+    # row kept in registers (Liger-Kernel's launch) and narrower or wider blocks
     block_v: int = 8192
     num_warps: int = 16
 

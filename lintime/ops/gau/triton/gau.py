@@ -96,8 +96,7 @@ def _build_plan(starts, lengths, bm, device):
     reg, off = tiles_of(lengths, bm)
     longest = int(lengths.max()) if lengths.numel() else 0
     # heavy tiles first (causal calls): a query tile's work grows with its offset, a key tile's with the tokens after
-    # it; programs start roughly in grid order, so the longest ones no longer make the tail of the launch (7.59 ->
-    # 6.92 ms fwd+bwd at 4k, H200, 2026-11-22)
+    # it; programs start roughly in grid order, so the longest ones no longer make the tail of the launch
     qo = torch.argsort(off, descending=True, stable=True)
     ko = torch.argsort(lengths[reg] - off, descending=True, stable=True)
     tables = to_device(device, reg, off, starts, lengths, reg[qo], off[qo], reg[ko], off[ko])
@@ -127,8 +126,8 @@ def _gau_fwd(
 def _tma(cfg: GauLaunch, S: int, E: int, device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the kernels load whole tiles through TMA descriptors (``GauLaunch.tma``, a TMA device,
     16-bit inputs, ``S`` one whole step, ``E`` a multiple of every ``E`` tile).  fp32 inputs keep the
-    pointer loads on a GPU: the TMA pipeline's buffers for 512-wide fp32 tiles exceed the shared memory
-    (H200); the interpreter, which has no such limit, takes the TMA path in fp32 too, so the CPU tests
+    pointer loads on a GPU: the TMA pipeline's buffers for 512-wide fp32 tiles exceed a Hopper GPU's shared
+    memory; the interpreter, which has no such limit, takes the TMA path in fp32 too, so the CPU tests
     check it exactly."""
     return bool(cfg.tma and tma_device(device) and (dtype.itemsize == 2 or interpreting()) and S == cfg.bs
                 and E % cfg.be_fwd == 0 and E % cfg.be_dv == 0 and E % cfg.be_red == 0)
@@ -137,7 +136,7 @@ def _tma(cfg: GauLaunch, S: int, E: int, device: torch.device, dtype: torch.dtyp
 def _loads(tma: bool, specs: tuple, tiles: torch.Tensor | None, cfg: GauLaunch) -> tuple[tuple, bool, bool]:
     """A kernel's load arguments ``(DQ_, DK_, ..., DB_)``, ``TMA`` and ``TMA_BIAS``: with ``tma`` the TMA
     descriptors of ``specs`` (``(tensor, rows, block)``) and, with a bias, of its tiles (``[H NTD bm, bm]``, ``[bm,
-    bm]`` blocks; 3.60 vs 3.85 ms fwd+bwd at 4k with the tiles by pointers, H200, 2026-11-22); else the plain
+    bm]`` blocks: faster than the tiles by pointers); else the plain
     tensors.  ``DB_`` is a placeholder where the kernels read the tiles by pointers (no descriptor, or an unaligned
     tensor: the pointer path)."""
     plain = tuple(t for t, _, _ in specs)

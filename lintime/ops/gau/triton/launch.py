@@ -1,7 +1,7 @@
 """GAU attention's launch configuration (:class:`GauLaunch`, :func:`default_launch`) and the tiled kernels'
 host-side tables (tiles of each region, the bias as one tile per tile diagonal).
 
-Device times below: CUDA-graph ms at ``S = 128, E = 2048``, bf16, H200.
+What chose the defaults: ``docs/design/kernels.md`` (GAU attention).
 """
 
 from __future__ import annotations
@@ -22,25 +22,23 @@ class GauLaunch(LaunchConfig):
     shape."""
 
     # tiled kernels
-    bm: int = 64  # query = key tile; 128 rows with 8 warps: 9.00 vs 7.93 ms fwd+bwd at 4k (2026-11-22)
+    bm: int = 64  # query = key tile: 128-row tiles (8 warps) were slower
     bs: int = 128  # S step: all of S = 128 at once (the TMA path loads q / k tiles whole; dq stays in registers)
-    # forward E tile, a quarter of the score recomputation of 128-wide tiles: 2.20 -> 1.55 ms fwd at 4k (2026-11-22)
+    # forward E tile: the scores are recomputed per E tile, so wide tiles recompute them a quarter as often as 128
     be_fwd: int = 512
-    be_dv: int = 512  # dV kernel's E tile (scores recomputed per tile): 5.72 -> 4.83 ms fwd+bwd at 4k (2026-11-22)
-    be_red: int = 128  # dq/dk kernel's E step over do . v: 8.54 (64) -> 7.93 ms fwd+bwd at 4k (2026-11-22)
-    warps: int = 4  # dq/dk kernel; 8 warps: 4.80 vs 3.96 ms fwd+bwd at 4k (2026-11-22)
+    be_dv: int = 512  # dV kernel's E tile: wide for the same reason (the scores are recomputed per tile)
+    be_red: int = 128  # dq/dk kernel's E step over do . v: 64-wide steps were slower
+    warps: int = 4  # dq/dk kernel: 8 warps were slower
     warps_fwd: int = 8  # with the 512-wide forward tiles (measured together with be_fwd)
     warps_dv: int = 8  # with the 512-wide dV tiles (measured together with be_dv)
-    stages: int = 2  # all three kernels; 1 stage: 1.94 vs 1.55 ms fwd at 4k (2026-11-22)
-    # whole-tile TMA loads where the device and shape allow (:func:`.gau._tma`): 3.94 vs 4.86 ms fwd+bwd at 4k
-    # with pointer loads (2026-11-22)
+    stages: int = 2  # all three kernels: the next tile's loads overlap this one's products
+    # whole-tile TMA loads where the device and shape allow (:func:`.gau._tma`): faster than pointer loads
     tma: bool = True
-    # slab path: rows per slab (0: the tiled kernels); slabs 1.17 / 2.06 / 3.97 vs tiled 2.01 / 3.60 / 6.78 ms
-    # fwd+bwd at 2k / 4k / 8k (2026-11-26)
+    # slab path: rows per slab (0: the tiled kernels); the E-wide products run as cuBLAS GEMMs, faster than tiles
     slab: int = 512
-    slab_max: int = 2048  # slabs grow on long sequences up to this (:func:`.slab.slab_rows`, measured 2026-11-26)
-    bm_slab: int = 64  # slab kernels' score tile; [128, 128] with 8 warps: 1.25 / 2.23 / 4.25 ms (same run)
-    warps_slab: int = 4  # 8 warps: 0.751 / 2.185 vs 0.693 / 2.027 ms fwd+bwd at 1k / 4k (2026-11-26)
+    slab_max: int = 2048  # slabs grow on long sequences up to this (:func:`.slab.slab_rows`): fewer, longer GEMMs
+    bm_slab: int = 64  # slab kernels' score tile: [128, 128] tiles with 8 warps were slower
+    warps_slab: int = 4  # enough for a [64, 64] score tile; 8 warps were slower
     # packed rows by slabs with the pairs across sequences masked (:func:`.slab.packed_rows`): 0 never, 1 where
     # cheaper than the tiled kernels, 2 always (tests)
     slab_masked: int = 1

@@ -6,8 +6,8 @@ kernels below (``GauLaunch.bm_slab``), ``NTD = 2 ceil(T / BM) - 1`` bias tile di
 
 Why.  With ``E = 2048`` a FlashAttention-shaped kernel cannot hold a query tile's whole output row on chip:
 the tiled kernels (:mod:`lintime.ops.gau.triton.kernels`) keep a ``[64, 512]`` accumulator, recompute the
-scores per ``E`` tile and re-stream ``v`` from L2 for every 64 query rows, which caps them near 240 TFLOP/s of
-useful work.  Here the scores ``P = relu(scale q k^T + b)^2`` (``S``-wide products: 1/16 of the work at
+scores per ``E`` tile and re-stream ``v`` from L2 for every 64 query rows, which caps them far below the matmul
+peak.  Here the scores ``P = relu(scale q k^T + b)^2`` (``S``-wide products: 1/16 of the work at
 ``S = 128, E = 2048``) are written for ``R`` rows at a time -- ``R x T`` elements per sequence, a few MB that
 stay in L2, memory linear in ``T`` for a fixed ``R``; no ``T x T`` tensor -- and the ``E``-wide products run as
 long-K GEMMs (cuBLAS through ``torch.bmm``: ``P V``, ``dO V^T``, ``P^T dO``, ``dS^T q``).
@@ -185,8 +185,7 @@ def slab_rows(T: int, cfg: GauLaunch) -> int:
     """Rows per slab for sequences of ``T`` tokens: ``GauLaunch.slab``, doubled for every factor of 4 by which ``T``
     exceeds 4096 up to ``GauLaunch.slab_max`` (0: no growth); a multiple of the score tile, at most ``T`` rounded
     up to one.  Taller slabs mean fewer, longer GEMMs and launches but a larger causal waste (``R / T``) and
-    ``R x T`` buffers; fwd+bwd of 512 / 1024 / 2048-row slabs (H200, 2026-11-26) chose 512 up to 4k, 1024 up to 16k,
-    2048 beyond."""
+    ``R x T`` buffers; the rule is the fastest slab height per length (``docs/design/kernels.md``, GAU attention)."""
     bm = cfg.bm_slab
     R, t = cfg.slab, 4096
     while T > t and R * 2 <= cfg.slab_max:
@@ -208,8 +207,8 @@ def one_length_run(starts: torch.Tensor, lengths: torch.Tensor, cfg: GauLaunch, 
     return int(starts[used][0]), int(used.sum()), L
 
 
-# How much cheaper a pair of the slab path is than one of the tiled kernels, with a margin: device fwd+bwd at 1k-64k
-# (H200, 2026-11-26) the slab path ran at 0.74-0.83x SDPA's time, the tiled kernels at 1.38-1.51x, a ratio of 1.7-2.0
+# How much cheaper a pair of the slab path is than one of the tiled kernels, with a margin below the measured
+# ratio (docs/design/kernels.md, GAU attention)
 SLAB_PAIR_RATIO = 1.6
 
 

@@ -29,15 +29,13 @@ ACTIVATIONS = {"silu": 0, "gelu": 1}
 @dataclasses.dataclass(frozen=True)
 class GLULaunch:
     """Launch configuration of the GLU kernels: ``bn x be`` tiles.  Long contiguous row segments of a bandwidth-bound
-    pass (the heads kernel's measured tile): fwd+bwd 0.52 ms at ``[32k, 2 x 2048]`` bf16 against the composite's
-    1.07 (H200, 2026-11-27, ``lab/elementwise_ab.py``); other tiles not tried."""
+    pass (the heads kernel's measured tile; other tiles not tried)."""
 
     bn: int = 8
     be: int = 512
     warps: int = 4
-    # row tiles per backward program with a bias (cdiv(N, bn rb) partial rows of dbias): 0.138-0.141 ms against
-    # 0.142 (16), 0.145-0.147 (8), 0.157 (4), 0.177 (64); 0.123 without a bias, whose GEMV took 0.040 (32k x 1536
-    # bf16, H200, 2026-11-27, lab/heads_bwd_sweep.py)
+    # row tiles per backward program with a bias (cdiv(N, bn rb) partial rows of dbias): fewer partial rows to fold
+    # than 4-16; 64 was slower
     rb: int = 32
 
 

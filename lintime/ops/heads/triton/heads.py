@@ -40,16 +40,15 @@ from lintime.ops.utils import rope_inv_freq
 
 @dataclass(frozen=True)
 class HeadsLaunch:
-    """Launch configuration of the heads kernels.  Defaults: the GPU's; measured on an H200 (B * T = 32k, e = 2048,
-    s = 128, nh = 4, bf16, 2026-11-22): forward 0.150 ms (3.85 TB/s; a clone of ``h`` 4.14)."""
+    """Launch configuration of the heads kernels.  Defaults: the GPU's, the fastest launch at FLASH's shapes
+    (``docs/design/kernels.md``, the heads op)."""
 
     bt: int = 8  # rows of a u / v tile: long contiguous row segments; 4 x 1024, 16 x 512, 32 x 128 no faster
     be: int = 512  # columns of a u / v tile
-    bth: int = 8  # rows per heads block: 16 / 32 gave a 0.37 / 0.40 ms backward against 0.32 (one block a program)
+    bth: int = 8  # rows per heads block: the per-row terms stay in registers; 16- or 32-row blocks were slower
     warps: int = 4  # per program; 2 or 8 warps no faster
     # heads blocks per backward heads program (its rows: one partial row of dgamma, dbeta, the z columns' bias):
-    # backward 0.143 ms against 0.160 / 0.169 for rb = 8 / 4 and 0.155 for bth = 16, rb = 8 (H200, 2026-11-27,
-    # lab/results/heads_bwd_sweep_392065c.json)
+    # more blocks a program, fewer partial rows to write and fold; 4 or 8 were slower
     rb: int = 16
     tr: int = 16  # bt-row tiles per backward tile program (one partial row of the u, v columns' bias): 32 no faster
 

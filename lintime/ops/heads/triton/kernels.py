@@ -212,9 +212,8 @@ def gau_heads_bwd_kernel(
     pid = tl.program_id(0)
     DT = dh.dtype.element_ty
     # this program's per-row terms of dgamma / dbeta, one [BTH, BH] tile per head, half and quantity, summed over
-    # rows once after the loop.  Backward 0.143 ms a call (both kernels, flash-base's shape, H200, 2026-11-27); one
-    # [NH, BTH, BH] tile per quantity updated through a head mask 0.164, row sums per block inside the loop 0.240
-    # (lab/results/heads_bwd_sweep_72fde37.json, _392065c.json)
+    # rows once after the loop: one [NH, BTH, BH] tile per quantity updated through a head mask does nh times the
+    # work, and row sums per block inside the loop were slower still
     z = tl.zeros([BTH, BH], dtype=tl.float32)
     g1_0, g1_1, g1_2, g1_3, g1_4, g1_5 = z, z, z, z, z, z  # dq1 silu(z1) of head n (dgamma, first halves)
     g2_0, g2_1, g2_2, g2_3, g2_4, g2_5 = z, z, z, z, z, z

@@ -27,13 +27,13 @@ class NormLaunch:
     """Launch configuration of the norm kernels: ``G`` persistent programs walk ``[BM, BD]`` tiles of ``BM`` rows
     (``BD``: ``D`` rounded up to a power of two)."""
 
-    # Elements of a tile (BM = tile_elems // BD rows, at least 1): 2048 was the fastest of one row, 2048, 4096 and
-    # 8192 for fwd and fwd+bwd at [32768, 768] bf16 (add / gated, layernorm / rmsnorm; 1.1-1.2x one row; H200, 2026-11-27).
+    # Elements of a tile (BM = tile_elems // BD rows, at least 1): several rows in flight per program beat one row,
+    # and larger tiles were no faster at the models' widths
     tile_elems: int = 2048
     # BM fixed instead of taken from tile_elems (a power of two; 1: one row per iteration): for A/B runs and tests.
     rows_per_tile: int | None = None
-    # Below this row width (BD) the backward walks one row per iteration: gated rmsnorm at [131072, 192] bf16 fwd+bwd
-    # 0.141 ms one row (1 warp) vs 0.250 in 8-row tiles (H200, 2026-11-27).
+    # Below this row width (BD) the backward walks one row per iteration: for narrow rows one warp per row beats
+    # multi-row tiles
     backward_tiles_from: int = 512
     # Tile elements per warp (warps = BM * BD / this, 1 to max_warps): the tile2048 launch above (4 warps at D = 768).
     elems_per_warp: int = 512

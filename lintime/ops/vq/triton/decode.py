@@ -238,9 +238,9 @@ def _splits(programs: int, keys: int, BN: int, device: torch.device) -> tuple[in
     """``(CH, NSPLIT)``: how many key chunks (of ``CH``, a multiple of ``BN``) the attention kernel's ``programs``
     (sequences x heads x value tiles) split the ``2L + S`` keys into so that about four programs per SM run, each
     walking at least two key tiles (vq-base at batch 1: 12 programs, 24 splits of 64 keys; at batch 64 none).  A
-    program's tiles are a chain of dependent loads: with 12 splits of 128 keys the kernel took 18 us per layer and
-    token (vq-base's decode profile, H200, 2026-11-27).  Under the interpreter, chunks of ``2 BN`` (the tests then
-    cross split boundaries inside the window, the cache and between them)."""
+    program's tiles are a chain of dependent loads, so shorter chains on more programs finish sooner (fewer, longer
+    splits were slower: ``docs/design/kernels.md``, Transformer-VQ).  Under the interpreter, chunks of ``2 BN`` (the
+    tests then cross split boundaries inside the window, the cache and between them)."""
     if interpreting():
         ch = 2 * BN
         return ch, cdiv(keys, ch)

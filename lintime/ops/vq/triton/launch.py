@@ -50,9 +50,7 @@ def _default_launch(K: int, V: int, dtype: torch.dtype, interp: bool) -> VQLaunc
                         bk_d=16, warps_d=1, bn_k=16, bi_k=16, bd_k=16, warps_k=1, stages=1)
     if dtype == torch.float32:
         return VQLaunch()  # the exact path (IEEE products), not the fast one: not tuned
-    # half inputs: the fastest tiles of lab/vq_launch_ab.py at vq-base, one axis at a time from 128 x 128 x 64
-    # products (fwd+bwd device time at 32k tokens: 256-wide value tiles of P [v; mean] 0.97x, 256 score columns per
-    # dS program 0.95x; the probabilities' and the key kernel's variants within 2 %; H200, bf16, 2026-11-27,
-    # lab/results/vq_launch_ab_0dc89e5.json)
+    # half inputs: the fastest tiles at vq-base, one axis at a time from 128 x 128 x 64 products (256-wide value
+    # tiles of P [v; mean] and 256 score columns per dS program won; ``docs/design/kernels.md``, Transformer-VQ)
     return VQLaunch(bm_o=128, bd_o=256, bk_o=64, warps_o=8, bm_d=128, bn_d=256, bk_d=64, warps_d=8, bn_k=128,
                     bi_k=64, bd_k=min(128, block(max(K, V))), stages=3)

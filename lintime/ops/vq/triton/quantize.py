@@ -83,11 +83,11 @@ def quantize_step(k: torch.Tensor, codebook: torch.Tensor, sq_norms: torch.Tenso
     -> ``codes [N, H]`` (int64, the first nearest codeword) and ``k_hat [N, H, K]`` (that codeword in ``k``'s
     dtype).  No gradient.
 
-    A step is latency-bound: with few sequences one program per (sequence, head) walking the whole codebook took
-    29 us per layer and token with 32-code tiles, 20 us with 128-code tiles (vq-base's decode profile, H200,
-    2026-11-27, ``benchmarks/profile_decode.py``).  So the codes are split over about two programs per SM
-    (``vq_quantize_kernel``, 32-code chunks at batch 1) and a second kernel merges the splits' minima
-    (flash-decoding's split, for an argmin); with enough sequences one kernel walks all codes in 16k-element tiles.
+    A step is latency-bound: with few sequences one program per (sequence, head) walking the whole codebook leaves
+    most SMs idle, whatever its tile (``docs/design/kernels.md``, Transformer-VQ).  So the codes are split over
+    about two programs per SM (``vq_quantize_kernel``, 32-code chunks at batch 1) and a second kernel merges the
+    splits' minima (flash-decoding's split, for an argmin); with enough sequences one kernel walks all codes in
+    16k-element tiles.
     ``splits``: the number of code chunks (``None``: that rule; 1: the one kernel; tests)."""
     check_device("quantize_step", k)
     N, H, K = k.shape
@@ -153,7 +153,7 @@ def assign_codes(k: torch.Tensor, codebook: torch.Tensor, sq_norms: torch.Tensor
     """``k`` ``[N, H, K]``, ``codebook`` ``[H, S, K]`` fp32, ``sq_norms`` ``||codebook||^2`` (``H * S`` values, fp32)
     -> ``codes [N, H]`` (int64, the first nearest codeword) and ``c_z [N, H, K]`` (that codeword, fp32), by
     :func:`vq_assign_kernel`.  No gradient.  ``tiles``: ``(rows, codes, warps)`` per program (``None``: the
-    default; ``lab/vq_assign_ab.py``)."""
+    default)."""
     check_device("assign_codes", k)
     N, H, K = k.shape
     S = codebook.shape[1]
@@ -161,8 +161,7 @@ def assign_codes(k: torch.Tensor, codebook: torch.Tensor, sq_norms: torch.Tensor
     c_z = torch.empty(N, H, K, dtype=torch.float32, device=k.device)
     if N * H:
         interp = interpreting()
-        # 64 keys x 64 codes, 4 warps: 0.118 ms at 32k keys and 512 codes, the fastest of lab/vq_assign_ab.py's
-        # tiles (32-128 x 32-128; 128 x 64 and 64 x 128 exceed the shared memory), H200, 2026-11-27
+        # 64 keys x 64 codes, 4 warps: the fastest of the 32-128 x 32-128 tiles that fit the shared memory
         BM, BS, warps = (16, 16, 1) if interp else tiles or (64, 64, 4)
         vq_assign_kernel[(cdiv(N, BM), H)](
             k.contiguous(), codebook.contiguous(), sq_norms.contiguous(), codes, c_z, N, S, H=H, K=K, BM=BM, BS=BS,

@@ -289,7 +289,7 @@ def block_sums_cuda(codes: Tensor, v: Tensor, valid: Tensor, S: int):
     """The per-block code counts and value sums of :func:`lintime.ops.vq.state.scatter_sums` (same arguments and
     results) for the Triton path: half ``v`` on CUDA takes the one-hot product on the tensor cores with fp32
     accumulation (:class:`_OneHotSums`), where the fp32 atomic adds of ``[T, V]`` values cost more than its
-    O(L * S * V) flops (vq-base's training step: 6.0 ms of 135 in ``index_add``, H200, 2026-11-27); anything else
+    O(L * S * V) flops (``index_add`` was a large share of vq-base's training step); anything else
     the scatter-adds."""
     if v.is_cuda and v.dtype in (torch.float16, torch.bfloat16):
         return _onehot_sums(codes, v, valid, S)
