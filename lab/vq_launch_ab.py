@@ -9,7 +9,7 @@ as in the layer); the bias is ``[B, T, 1, 2L]`` as the layer passes it.  Every v
 the default also without (first at each T, before the budget check).  A time budget (``--budget`` s, compiles
 included) skips the remaining variants once spent.
 
-GPU: ``PYTHONPATH=. python3 lab/vq_launch_ab.py --out lab/results/vq_launch_ab.json`` (about 2-3 min warm).
+GPU: ``PYTHONPATH=. python3 lab/vq_launch_ab.py --out $OUT/vq_launch_ab.json`` (about 2-3 min warm).
 CPU smoke test of the code paths (interpreter, tiny fp32 shape, no timing meaning):
 ``PYTHONPATH=. python3 lab/vq_launch_ab.py --smoke``.
 """

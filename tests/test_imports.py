@@ -1,5 +1,5 @@
 """The package's import structure: no import cycles between lintime's modules, the layering of
-STYLE.md §1 (``ops`` -> ``layers`` -> ``models`` -> ``training`` / ``generation`` / ... ->
+docs/design/conventions.md §1 (``ops`` -> ``layers`` -> ``models`` -> ``training`` / ``generation`` / ... ->
 ``cli``; nothing lower imports anything higher), and ``import lintime`` without side effects
 (no transformers, no subpackage).
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1] / "lintime"
 _BELOW_TRAINING = {"generation", "evaluation", "models", "layers", "ops", "data", "utils"}
 ALLOWED = {
     "utils": set(),
-    "ops": set(),  # torch and triton only (STYLE §1)
+    "ops": set(),  # torch and triton only (docs/design/conventions.md §1)
     "data": {"utils"},
     "layers": {"ops", "utils"},
     "models": {"layers", "ops", "utils"},
@@ -142,7 +142,7 @@ def test_layering():
             other = _subpackage(target)
             if other is not None and other != sub and other not in ALLOWED[sub]:
                 bad.append(f"{path.relative_to(ROOT.parent)}:{line} ({sub}) imports {target}")
-    assert not bad, "imports against the layering (STYLE §1):\n" + "\n".join(bad)
+    assert not bad, "imports against the layering (docs/design/conventions.md §1):\n" + "\n".join(bad)
 
 
 def test_ops_import_only_torch_and_triton():

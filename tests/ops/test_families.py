@@ -72,7 +72,7 @@ def test_poison_fixture_poisons():
 
 
 def test_ops_import_only_torch_and_triton():
-    """Layering (STYLE 1): nothing under lintime.ops imports a higher layer."""
+    """Layering (docs/design/conventions.md §1): nothing under lintime.ops imports a higher layer."""
     root = Path(ops.__file__).parent
     for path in root.rglob("*.py"):
         text = path.read_text()
