@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-# Without CUDA, Triton kernels run in Triton's CPU interpreter (STYLE 17).  Triton reads the
+# Without CUDA, Triton kernels run in Triton's CPU interpreter.  Triton reads the
 # variable when a kernel module is imported, so it is set here, in the root conftest, before any
 # test module (models, generation, ...) can import lintime.ops and with it the kernels.
 if not torch.cuda.is_available():

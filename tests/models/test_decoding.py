@@ -1,4 +1,4 @@
-"""Parallel == recurrent (STYLE 15): full-sequence logits equal chunked prefill plus
+"""Parallel == recurrent: full-sequence logits equal chunked prefill plus
 token-by-token decoding, packed batches equal their sequences run one by one, and ``select``
 reorders states.  Exact forms in fp64 / fp32 are compared with ``lintime.testing.assert_exact``."""
 
