@@ -96,7 +96,8 @@ def _walk_segment(
     REVERSE: tl.constexpr, STORE: tl.constexpr, HAS_INIT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
     FLAT: tl.constexpr,
 ):
-    """:func:`chunk_state_kernel`'s walk of segment ``i_g``, state tile ``i_se``, head ``i_h``.
+    """:func:`chunk_state_kernel`'s walk of segment ``i_g``, state tile ``i_se``, head ``i_h`` (a segment of no
+    chunks -- an empty sequence, or a static plan's slack row -- leaves its start state in ``TOT``).
 
     ``FLAT`` (chunks of ``CHUNK`` tokens, a whole number of ``BT``-token steps): the segment's full chunks --
     consecutive tokens -- are walked as one loop over their token steps, so the loads of the next chunk are in
@@ -119,14 +120,15 @@ def _walk_segment(
         b_h += tl.load(INIT + (i_n * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
     if FLAT:
         c_end = c0 + nc - 1
-        short = tl.load(CH_LEN + c_end) < CHUNK
+        # (a segment of no chunks, an empty sequence's, reads no table entry: c_end is then outside its sequence)
+        short = tl.load(CH_LEN + c_end, mask=nc > 0, other=CHUNK) < CHUNK
         nfull = nc - short.to(tl.int32)
         if REVERSE:
             if short:
                 b_h = _walk_chunk(X, Y, DX, DY, HOUT, W, CH_START, CH_LEN, c_end, b_h, o_t, o_s, o_e, m_s, m_e,
                                   o_se, m_se, i_s, i_e, i_h, S, E, H, BS, BE, BT, STORE, PREC, TMA)
         spc = CHUNK // BT
-        cs0 = tl.load(CH_START + c0).to(tl.int64)
+        cs0 = tl.load(CH_START + c0, mask=nc > 0, other=0).to(tl.int64)
         b_d = tl.zeros([BS, BE], dtype=tl.float32)
         for i in range(nfull * spc):
             j = i // spc
@@ -541,8 +543,9 @@ def seg_fix_kernel(
     ``start`` = the initial state + the totals of the sequence's segments walked before this one;
     the last segment (in walk order) also writes the sequence's final state.  With the walk from
     zero at every segment (``chunk_state_kernel`` with ``STORE``) this gives the states entering every
-    chunk in two passes.  Grid ``(S tiles * E tiles, segments, H)``.  Bound by its memory traffic (every state
-    but the first segment's read and written): ~3.4 TB/s at 32k tokens in one sequence on an H200."""
+    chunk in two passes.  Grid ``(S tiles * E tiles, segment rows, H)``: rows past ``SEQ_PTR[N]`` (a static
+    plan's slack, its ``SEG_SEQ`` the last sequence) hold no segment and do nothing.  Bound by its memory traffic
+    (every state but the first segment's read and written): ~3.4 TB/s at 32k tokens in one sequence on an H200."""
     i_se, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NE = tl.cdiv(E, BE)
     i_s, i_e = i_se // NE, i_se % NE
@@ -553,6 +556,8 @@ def seg_fix_kernel(
     i_n = tl.load(SEG_SEQ + i_g)
     g0 = tl.load(SEQ_PTR + i_n)
     g1 = tl.load(SEQ_PTR + i_n + 1)
+    if i_g >= g1:
+        return
     b_st = tl.zeros([BS, BE], dtype=tl.float32)
     if HAS_INIT:
         b_st += tl.load(INIT + (i_n.to(tl.int64) * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
@@ -578,3 +583,110 @@ def seg_fix_kernel(
     if last:
         b_tot = tl.load(TOT + (i_g.to(tl.int64) * H + i_h) * S * E + o_se, mask=m_se, other=0.0)
         tl.store(FINAL + (i_n.to(tl.int64) * H + i_h) * S * E + o_se, b_st + b_tot, mask=m_se)
+
+
+@triton.jit
+def plan_kernel(
+    CU, CH_START, CH_LEN, CH_SEQ, CH_K, CH_ID, SEG_FIRST, SEG_N, SEG_SEQ, SEQ_PTR, LENGTHS,
+    N, NC, NSEG, C, G,
+    BLOCK: tl.constexpr, BN: tl.constexpr,
+):
+    """The launch tables (int32) of the ``N`` sequences of the offsets ``CU [N + 1]``, for ``NC`` chunk rows and
+    ``NSEG`` segment rows (at least the real counts), read and written on the device alone (no host read, sizes from
+    the arguments: a CUDA graph replays it with new offsets).  Program ``p`` fills chunk row, segment row and
+    ``SEQ_PTR`` entry ``o = p BLOCK + i``, each sequence ``n < N`` (``LENGTHS``) once.  Grid
+    ``cdiv(max(NC, NSEG, N + 1), BLOCK)``.
+
+    Sequence ``n`` has ``nch_n = ceil(L_n / C)`` chunks and ``nseg_n = max(1, ceil(nch_n / G))`` segments (an empty
+    one: one segment of no chunks); ``ch_end``, ``seg_end`` are their inclusive prefix sums.  Chunk row ``c`` is
+    chunk ``k = c - ch_end[n - 1]`` of sequence ``n = #{m : ch_end[m] <= c}`` (a sorted search: count, and the
+    largest such ``ch_end`` is the sequence's first chunk), its tokens from ``CU[n] + k C``; segment rows likewise
+    over ``seg_end``, ``G`` chunks each.  Rows past the real ones (``n = N``) are empty: chunk length 0 at the end
+    of the last sequence, segments of no chunks with ``SEG_SEQ = N - 1`` (past ``SEQ_PTR[N]``: no pass reads them
+    as part of a sequence)."""
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    o_n = tl.arange(0, BN)
+    zero = tl.zeros([BLOCK], dtype=tl.int32)
+    cnt_c, first_c, cnt_s, ptr_s, first_s, ptr_n = zero, zero, zero, zero, zero, zero
+    car_c = tl.full([], 0, tl.int32)
+    car_s = tl.full([], 0, tl.int32)
+    for n0 in range(0, N, BN):
+        n = n0 + o_n
+        m = n < N
+        lo = tl.load(CU + n, mask=m, other=0).to(tl.int32)
+        hi = tl.load(CU + n + 1, mask=m, other=0).to(tl.int32)
+        nch = (hi - lo + C - 1) // C
+        nseg = tl.where(m, tl.maximum((nch + G - 1) // G, 1), 0)
+        ch_end = tl.cumsum(nch, 0) + car_c
+        seg_end = tl.cumsum(nseg, 0) + car_s
+        car_c += tl.sum(nch, 0)
+        car_s += tl.sum(nseg, 0)
+        le = m[None, :] & (ch_end[None, :] <= o[:, None])
+        cnt_c += tl.sum(le.to(tl.int32), 1)
+        first_c = tl.maximum(first_c, tl.max(tl.where(le, ch_end[None, :], 0), 1))
+        le = m[None, :] & (seg_end[None, :] <= o[:, None])
+        cnt_s += tl.sum(le.to(tl.int32), 1)
+        ptr_s = tl.maximum(ptr_s, tl.max(tl.where(le, seg_end[None, :], 0), 1))
+        first_s = tl.maximum(first_s, tl.max(tl.where(le, ch_end[None, :], 0), 1))
+        ptr_n += tl.sum(tl.where(m[None, :] & (n[None, :] < o[:, None]), nseg[None, :], 0), 1)
+    # chunk rows
+    m_c = o < NC
+    real = cnt_c < N
+    seq = tl.minimum(cnt_c, N - 1)
+    lo = tl.load(CU + seq, mask=m_c, other=0).to(tl.int32)
+    hi = tl.load(CU + seq + 1, mask=m_c, other=0).to(tl.int32)
+    k = tl.where(real, o - first_c, 0)
+    tl.store(CH_START + o, tl.where(real, lo + k * C, hi), mask=m_c)
+    tl.store(CH_LEN + o, tl.where(real, tl.minimum(hi - lo - k * C, C), 0), mask=m_c)
+    tl.store(CH_SEQ + o, seq, mask=m_c)
+    tl.store(CH_K + o, k, mask=m_c)
+    tl.store(CH_ID + o, o, mask=m_c)
+    # segment rows
+    m_s = o < NSEG
+    real = cnt_s < N
+    seq = tl.minimum(cnt_s, N - 1)
+    lo = tl.load(CU + seq, mask=m_s, other=0).to(tl.int32)
+    hi = tl.load(CU + seq + 1, mask=m_s, other=0).to(tl.int32)
+    k = o - ptr_s
+    tl.store(SEG_FIRST + o, tl.where(real, first_s + k * G, 0), mask=m_s)
+    tl.store(SEG_N + o, tl.where(real, tl.minimum((hi - lo + C - 1) // C - k * G, G), 0), mask=m_s)
+    tl.store(SEG_SEQ + o, seq, mask=m_s)
+    # sequences
+    tl.store(SEQ_PTR + o, ptr_n, mask=o <= N)
+    m_q = o < N
+    lo = tl.load(CU + o, mask=m_q, other=0).to(tl.int32)
+    hi = tl.load(CU + o + 1, mask=m_q, other=0).to(tl.int32)
+    tl.store(LENGTHS + o, hi - lo, mask=m_q)
+
+
+@triton.jit
+def chunk_weights_kernel(
+    CH_LEN, CH_K, CH_SEQ, LENGTHS, COUNT0, WQ, WF, NC, C, inv_c,
+    CAUSAL: tl.constexpr, NORM: tl.constexpr, HAS_COUNT0: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Per chunk row: ``WF`` (whether the chunk's sum enters the states: 0 for a short chunk of a causal call, which
+    no later token sees) and ``WQ`` (the linear part's ``1 / N``: ``NORM`` 0 ``'none'`` 1, 1 ``'chunk'``
+    ``inv_c = 1 / C``, 2 ``'tokens'`` one over the tokens in the sum -- the chunks before, plus the state's
+    ``COUNT0``, or non-causal the sequence -- and 0 for an empty sum).  Grid ``cdiv(NC, BLOCK)``."""
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = o < NC
+    ln = tl.load(CH_LEN + o, mask=m, other=0)
+    if CAUSAL:
+        wf = tl.where(ln == C, 1.0, 0.0)
+    else:
+        wf = tl.full([BLOCK], 1.0, dtype=tl.float32)
+    if NORM == 0:
+        wq = tl.full([BLOCK], 1.0, dtype=tl.float32)
+    elif NORM == 1:
+        wq = tl.full([BLOCK], 1.0, dtype=tl.float32) * inv_c
+    else:
+        seq = tl.load(CH_SEQ + o, mask=m, other=0)
+        if CAUSAL:
+            n = tl.load(CH_K + o, mask=m, other=0).to(tl.int64) * C
+            if HAS_COUNT0:
+                n += tl.load(COUNT0 + seq, mask=m, other=0).to(tl.int64)
+        else:
+            n = tl.load(LENGTHS + seq, mask=m, other=0).to(tl.int64)
+        wq = tl.where(n > 0, tl.math.div_rn(1.0, tl.maximum(n, 1).to(tl.float32)), 0.0)
+    tl.store(WF + o, wf, mask=m)
+    tl.store(WQ + o, wq, mask=m)

@@ -100,48 +100,41 @@ def _scan(tot, plan: Plan, *, H, S, E, reverse):
     return final
 
 
-def states(x, y, w, plan: Plan, cfg, *, H, C, reverse, init, causal, sdt, tma, scores=None):
+def states(x, y, w, plan: Plan, cfg, *, H, C, reverse, init, causal, sdt, tma, scores=None, defined=False):
     """Per-chunk states of the walk direction and the per-sequence result.
 
     Causal: ``(ST [NC_alloc, H, S, E] in sdt, the state entering each chunk; FINAL [N, H, S, E]
-    fp32)``.  Non-causal: ``(ST [N, H, S, E] in sdt, FINAL)``, each sequence's total.
+    fp32)``.  Non-causal: ``(ST [N, H, S, E] in sdt, FINAL)``, each sequence's total.  ``defined``: zero
+    ``ST``'s rows of no chunk (a custom op's output must be fully defined; no kernel reads them).
     """
     S, E = x.shape[-1], y.shape[-1]
     f32 = {"dtype": torch.float32, "device": x.device}
     if not causal:
-        tot = torch.empty(max(plan.NSEG, 1), H, S, E, **f32)
+        tot = torch.empty(plan.NSEG, H, S, E, **f32)
         _walk(x, y, w, plan, cfg, tma=tma, H=H, C=C, reverse=reverse, store=False, hout=tot, tot=tot,
               scores=scores)
         final = _scan(tot, plan, H=H, S=S, E=E, reverse=reverse)
         return final.to(sdt), final
     hout = torch.empty(plan.NC_alloc, H, S, E, dtype=sdt, device=x.device)
-    if plan.NC_alloc > plan.NC:
-        hout[plan.NC :].zero_()  # the shape bound's slack rows (packed calls)
-    if plan.one_segment and plan.NSEG == plan.N:
-        # one walk per (non-empty) sequence from its initial state writes the final states in place: no
-        # zero fill and no copy from the totals (H200, 2026-11-22: 0.93 -> 0.89 ms fwd+bwd at 2k)
-        final = torch.empty(plan.N, H, S, E, **f32)
+    if defined and plan.NC_alloc > plan.NC_min:
+        # rows no walk may write (the shape bound's slack, packed calls), zeroed before the walk writes its chunks
+        hout[plan.NC_min :].zero_()
+    final = torch.empty(plan.N, H, S, E, **f32)  # every sequence has a segment that writes its final state
+    if plan.one_segment:
+        # one walk per sequence from its initial state (an empty sequence: the state itself) writes the final
+        # states in place: no zero fill and no copy from the totals (H200, 2026-11-22: 0.93 -> 0.89 ms fwd+bwd at 2k)
         _walk(x, y, w, plan, cfg, tma=tma, H=H, C=C, reverse=reverse, store=True, hout=hout, tot=final, init=init,
               scores=scores)
         return hout, final
-    tot = torch.empty(max(plan.NSEG, 1), H, S, E, **f32)
-    final = init.clone() if init is not None else torch.zeros(plan.N, H, S, E, **f32)  # (empty sequences)
-    if plan.one_segment:
-        # one walk per sequence from the initial state; the walk's total is the final state
-        _walk(x, y, w, plan, cfg, tma=tma, H=H, C=C, reverse=reverse, store=True, hout=hout, tot=tot, init=init,
-              scores=scores)
-        if plan.NSEG > 0:
-            final.index_copy_(0, plan.seg_seq.long(), tot[: plan.NSEG])
-        return hout, final
     # one walk from zero at every segment writes segment-local states and totals; one pass adds each
     # segment's start (init + the totals walked before it) and writes the final states
+    tot = torch.empty(plan.NSEG, H, S, E, **f32)
     _walk(x, y, w, plan, cfg, tma=tma, H=H, C=C, reverse=reverse, store=True, hout=hout, tot=tot, scores=scores)
-    if plan.NSEG > 0:
-        BS, BE = min(cfg.fix_bs, cfg.bs_state), cfg.be_state
-        seg_fix_kernel[(cdiv(S, BS) * cdiv(E, BE), plan.NSEG, H)](
-            hout, tot, init if init is not None else tot, final, plan.seg_first, plan.seg_n, plan.seg_seq,
-            plan.seq_ptr, S, E, H, BS=BS, BE=BE, REVERSE=reverse, HAS_INIT=init is not None, num_warps=4,
-        )
+    BS, BE = min(cfg.fix_bs, cfg.bs_state), cfg.be_state
+    seg_fix_kernel[(cdiv(S, BS) * cdiv(E, BE), plan.NSEG, H)](
+        hout, tot, init if init is not None else tot, final, plan.seg_first, plan.seg_n, plan.seg_seq,
+        plan.seq_ptr, S, E, H, BS=BS, BE=BE, REVERSE=reverse, HAS_INIT=init is not None, num_warps=4,
+    )
     return hout, final
 
 
@@ -175,6 +168,7 @@ def fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, c
     # unwritten entries of A (above the diagonal, past a short chunk, the shape bound's slack rows)
     # are never read by the pointer kernels, but an op's outputs must be fully defined (torch.compile
     # compares them), and the backward's TMA path reads whole tiles: rows past a short chunk must be 0
+    defined = zero_a
     zero_a = zero_a or (tma and plan.ragged)
     a = qq.new_zeros(plan.NC_alloc, H, C, C) if zero_a else qq.new_empty(plan.NC_alloc, H, C, C)
     o = torch.empty_like(v)
@@ -185,7 +179,7 @@ def fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, c
     # A's programs run in the state walk's launch, filling the SMs its last programs leave idle
     job = _ScoresJob(qq, kq, a, bias, float(scale), C, LB, NMT, BG, cfg.bs, bool(causal), plan.NC * NMT * NMT * H)
     st, final = states(kl, v, wf, plan, cfg, H=H, C=C, reverse=False, init=kv0 if causal else None, causal=causal,
-                       sdt=sdt_torch(qq.dtype), tma=tma, scores=job)
+                       sdt=sdt_torch(qq.dtype), tma=tma, scores=job, defined=defined)
     if plan.NC > 0:
         gemm((a, v, ql, st), wq, plan.ch_id if causal else plan.ch_seq, o, plan, cfg, tma=tma, S=S, E=E, H=H, C=C,
               NMT=NMT, BE=cfg.be_fwd, trans=False, causal=causal, PREC=PREC, SDT=SDT, warps=cfg.warps_fwd)

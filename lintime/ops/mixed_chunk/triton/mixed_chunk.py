@@ -30,6 +30,7 @@ from lintime.ops.mixed_chunk.state import MixedChunkState, clean_buffers
 from lintime.ops.mixed_chunk.triton.launch import MixedChunkLaunch, default_launch
 from lintime.ops.mixed_chunk.triton.launchers import bwd_impl, fwd_impl
 from lintime.ops.mixed_chunk.triton.plan import chunk_bound, n_seqs, sdt_torch
+from lintime.ops.utils import is_static
 
 # --------------------------------------------------------------------------------- custom ops
 
@@ -211,6 +212,10 @@ def triton_mixed_chunk_attention(
         count0 = initial_state.count
         fills = initial_state.fill.tolist()
         if any(fills):
+            if is_static(cu_seqlens):
+                raise ValueError("mixed_chunk_attention: a state with buffered tokens (fill > 0) needs its sequences "
+                                 "re-packed on the host, which a static cu_seqlens (fixed-size plan, no host read) "
+                                 "cannot do: pass the offsets as an ordinary tensor")
             from lintime.ops.mixed_chunk.chunk import _prepend_buffers
             from lintime.ops.utils import seq_bounds
 
@@ -227,7 +232,11 @@ def triton_mixed_chunk_attention(
         o = o.reshape(Bx * Tx, H, E).index_select(0, keep).view(B, T, H, E)
     if not output_final_state:
         return o, None
-    starts, lengths = (x.to(q_quad.device) for x in sequence_bounds(Bx, Tx, cu_seqlens))
+    if cu_seqlens is None:
+        starts, lengths = (x.to(q_quad.device) for x in sequence_bounds(Bx, Tx, None))
+    else:  # on the device, no host read (a static cu_seqlens has no other way)
+        cu = cu_seqlens.to(q_quad.device, torch.long)
+        starts, lengths = cu[:-1], cu[1:] - cu[:-1]
     flat = [x.view(Bx * Tx, H, x.shape[-1]) for x in (xs[1], xs[3], xs[4])]
     (bk, bl, bv), fill = _final_buffers(flat, starts, lengths, C)
     done = lengths - fill

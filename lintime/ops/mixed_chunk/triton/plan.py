@@ -1,9 +1,12 @@
-"""Host-side plan of a mixed chunk call: its chunk and segment tables, the per-chunk weights of the linear part,
-and the shape rules (chunks per segment, the state walk's tile, whether loads go through TMA).
+"""The plan of a mixed chunk call: its chunk and segment tables and the per-chunk weights of the linear part (built
+on the device: :func:`~.kernels.plan_kernel`, :func:`~.kernels.chunk_weights_kernel`), and the shape rules (chunks
+per segment, the state walk's tile, whether loads go through TMA).
 
 Every rule here is a function of the call's shapes (and ``cu_seqlens``), never of values read from tensors the
-forward and the backward could see differently, so both passes agree.  Device times below: CUDA-graph fwd+bwd ms
-at ``S = 128, E = 2048, C = 256``, bf16, 32k tokens per batch, H200 (132 SMs).
+forward and the backward could see differently, so both passes agree.  A static ``cu_seqlens``
+(:func:`lintime.ops.utils.mark_static`) is read by the kernels alone: its plan's sizes are bounds from shapes.
+Device times below: CUDA-graph fwd+bwd ms at ``S = 128, E = 2048, C = 256``, bf16, 32k tokens per batch, H200
+(132 SMs).
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from lintime.ops.launch_tables import sequence_bounds, to_device
+from lintime.ops.launch_tables import sequence_bounds
+from lintime.ops.mixed_chunk.triton.kernels import chunk_weights_kernel, plan_kernel
 from lintime.ops.mixed_chunk.triton.launch import MixedChunkLaunch
 from lintime.ops.kernel_launch import cdiv, sm_count
 from lintime.ops.tma import tma_device
-from lintime.ops.utils import packed_cache
+from lintime.ops.utils import is_static, packed_cache
 
 
 def sdt_torch(dtype: torch.dtype) -> torch.dtype:
@@ -76,7 +80,7 @@ def _thin_walk(n, H, S, E, cfg: MixedChunkLaunch, device: str) -> MixedChunkLaun
 
 
 def _seg_bound(B, T, C, cu_seqlens, G) -> int:
-    """Segments, or a bound from shapes: ``sum_n ceil(nc_n / G) <= N + NC // G``."""
+    """Segments, or a bound from shapes: ``sum_n max(1, ceil(nc_n / G)) <= N + NC // G``."""
     if cu_seqlens is None:
         return B * math.ceil(math.ceil(T / C) / G)
     return n_seqs(B, cu_seqlens) + chunk_bound(B, T, C, cu_seqlens) // G
@@ -97,15 +101,20 @@ def tma_shapes(cfg: MixedChunkLaunch, S: int, E: int, C: int, device: torch.devi
 
 @dataclass
 class Plan:
-    """Launch tables of one call (device int32) and their sizes."""
+    """Launch tables of one call (device int32) and their sizes.
+
+    Chunk rows: every sequence's chunks, consecutive, then (a static ``cu_seqlens``) empty rows up to ``NC``.
+    Segment rows: every sequence has at least one segment (an empty sequence one of no chunks, so every
+    walk writes its sequence's result), then (static) rows of no segment up to ``NSEG``, never read by the
+    per-sequence passes (``seq_ptr`` ends before them)."""
 
     N: int
-    NC: int
-    NSEG: int
-    NC_alloc: int
-    NSEG_alloc: int
-    one_segment: bool  # every sequence is one segment
-    ragged: bool  # some chunk is shorter than C
+    NC: int  # chunk rows the kernels run over: the chunks, or their bound for a static cu_seqlens
+    NSEG: int  # segment rows, likewise
+    NC_alloc: int  # rows of the per-chunk buffers (a bound from shapes: the custom op's outputs)
+    NC_min: int  # rows that certainly hold a chunk (the walk writes them; an op output zero-fills the rest)
+    one_segment: bool  # every sequence is one segment: NSEG == N, segment n is sequence n
+    ragged: bool  # some chunk may be shorter than C
     ch_start: torch.Tensor
     ch_len: torch.Tensor
     ch_seq: torch.Tensor
@@ -122,9 +131,13 @@ class Plan:
 def plan_of(B, T, H, S, E, C, cu_seqlens, cfg, device) -> Plan:
     """The call's tables; unpacked calls reuse those of the same shape (no host work, no copy), packed calls those of
     the same ``cu_seqlens`` tensor (:func:`lintime.ops.utils.packed_cache`: a model's layers and backward
-    passes skip the host read of ``cu_seqlens`` and the rebuild)."""
+    passes skip the host read of ``cu_seqlens`` and the rebuild).  A static ``cu_seqlens``
+    (:func:`lintime.ops.utils.mark_static`) gets its tables built on the device at every call, sized by shapes: no
+    host read, nothing cached (its values change under a replayed CUDA graph)."""
     if cu_seqlens is None:
         return _regular_plan(B, T, H, S, E, C, cfg, str(device))
+    if is_static(cu_seqlens):
+        return build_plan(B, T, H, S, E, C, cu_seqlens, cfg, device)
     entry = packed_cache(cu_seqlens, ("mixed_chunk", B, T, H, S, E, C, cfg, str(device)))
     if "plan" not in entry:
         entry["plan"] = build_plan(B, T, H, S, E, C, cu_seqlens, cfg, device)
@@ -137,28 +150,41 @@ def _regular_plan(B, T, H, S, E, C, cfg, device) -> Plan:
 
 
 def build_plan(B, T, H, S, E, C, cu_seqlens, cfg, device) -> Plan:
+    """The tables of :func:`_tables`, built on the device from the offsets.  Their sizes: for an ordinary call the
+    exact counts of chunks and segments, from the sequence bounds read on the host (once per ``cu_seqlens`` tensor,
+    :func:`plan_of`); for a static ``cu_seqlens``, bounds from shapes (:func:`chunk_bound`; one segment per sequence
+    where the segment length covers any sequence of ``T`` tokens, else :func:`_seg_bound` rows), nothing read."""
     G = seg_chunks(B, T, H, S, E, C, cu_seqlens, cfg, device)
-    starts, lengths = sequence_bounds(B, T, cu_seqlens)
-    N = lengths.numel()
-    nch = (lengths + C - 1) // C  # [N]
-    seq = torch.arange(N)
-    ch_seq = torch.repeat_interleave(seq, nch)
-    first_ch = torch.cumsum(nch, 0) - nch
-    ch_k = torch.arange(ch_seq.numel()) - first_ch[ch_seq]
-    ch_start = starts[ch_seq] + ch_k * C
-    ch_len = torch.clamp(lengths[ch_seq] - ch_k * C, max=C)
-    nseg = (nch + G - 1) // G
-    seq_ptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(nseg, 0)])
-    seg_seq = torch.repeat_interleave(seq, nseg)
-    seg_k = torch.arange(seg_seq.numel()) - seq_ptr[seg_seq]
-    seg_first = first_ch[seg_seq] + seg_k * G
-    seg_n = torch.clamp(nch[seg_seq] - seg_k * G, max=G)
-    t = to_device(device, ch_start, ch_len, ch_seq, ch_k, torch.arange(ch_seq.numel()), seg_first, seg_n, seg_seq,
-                  seq_ptr, lengths)
-    one = bool((nseg <= 1).all())
-    ragged = bool((ch_len < C).any())
-    return Plan(N, ch_seq.numel(), seg_seq.numel(), chunk_bound(B, T, C, cu_seqlens),
-                _seg_bound(B, T, C, cu_seqlens, G), one, ragged, *t, weights={})
+    NC_alloc = chunk_bound(B, T, C, cu_seqlens)
+    N = n_seqs(B, cu_seqlens)
+    if is_static(cu_seqlens):
+        one = G >= cdiv(T, C)  # no sequence has more chunks than G
+        NSEG = N if one else _seg_bound(B, T, C, cu_seqlens, G)
+        t = _tables(cu_seqlens.detach(), N, NC_alloc, NSEG, C, G, device)
+        # at least ceil(T / C) chunks hold the T tokens (cu_seqlens ends at T)
+        return Plan(N, NC_alloc, NSEG, NC_alloc, min(cdiv(T, C), NC_alloc), one, True, *t, weights={})
+    _, lengths = sequence_bounds(B, T, cu_seqlens)
+    nch = (lengths + C - 1) // C
+    nseg = ((nch + G - 1) // G).clamp(min=1)  # as plan_kernel counts them
+    NC, NSEG = int(nch.sum()), int(nseg.sum())
+    if cu_seqlens is None:
+        cu = torch.arange(B + 1, device=device) * T
+    else:
+        cu = cu_seqlens.detach().to(device)
+    t = _tables(cu, N, NC, NSEG, C, G, device)
+    return Plan(N, NC, NSEG, NC_alloc, NC, bool((nseg == 1).all()), bool((lengths % C != 0).any()), *t, weights={})
+
+
+def _tables(cu, N, NC, NSEG, C, G, device) -> list[torch.Tensor]:
+    """``ch_start, ch_len, ch_seq, ch_k, ch_id [NC]``, ``seg_first, seg_n, seg_seq [NSEG]``, ``seq_ptr [N + 1]``,
+    ``lengths [N]`` (int32 views of one buffer) of the offsets ``cu [N + 1]`` on ``device``: one launch of
+    :func:`~.kernels.plan_kernel`."""
+    sizes = [NC] * 5 + [NSEG] * 3 + [N + 1, N]
+    flat = torch.empty(sum(sizes), dtype=torch.int32, device=device)
+    t = list(torch.split(flat, sizes))
+    BLOCK = 64  # rows per program; each program searches all N sequences, BN at a time ([BLOCK, BN] compares)
+    plan_kernel[(cdiv(max(NC, NSEG, N + 1), BLOCK),)](cu, *t, N, NC, NSEG, C, G, BLOCK=BLOCK, BN=64, num_warps=4)
+    return t
 
 
 def weights(plan: Plan, C, causal, linear_norm, count0):
@@ -173,22 +199,16 @@ def weights(plan: Plan, C, causal, linear_norm, count0):
     return _compute_weights(plan, C, causal, linear_norm, count0)
 
 
+_NORMS = {"none": 0, "chunk": 1, "tokens": 2}  # chunk_weights_kernel's NORM
+
+
 def _compute_weights(plan: Plan, C, causal, linear_norm, count0):
-    seq, k, ln = plan.ch_seq.long(), plan.ch_k.long(), plan.ch_len
-    if causal:
-        wf = (ln == C).to(torch.float32)
-    else:
-        wf = torch.ones(plan.NC, dtype=torch.float32, device=ln.device)
-    if linear_norm == "none":
-        wq = torch.ones_like(wf)
-    elif linear_norm == "chunk":
-        wq = torch.full_like(wf, 1.0 / C)
-    else:  # 'tokens': tokens in the sum (seed Code 8's normalised mask); an empty sum gives 0
-        if causal:
-            n = k * C
-            if count0 is not None:
-                n = n + count0.to(n.device).long()[seq]
-        else:
-            n = plan.lengths.long()[seq]
-        wq = torch.where(n > 0, 1.0 / n.clamp(min=1).to(torch.float32), torch.zeros_like(wf))
-    return wq.contiguous(), wf.contiguous()
+    wq, wf = (torch.empty(plan.NC, dtype=torch.float32, device=plan.ch_len.device) for _ in range(2))
+    if plan.NC > 0:
+        BLOCK = 128  # chunk rows per program (elementwise)
+        chunk_weights_kernel[(cdiv(plan.NC, BLOCK),)](
+            plan.ch_len, plan.ch_k, plan.ch_seq, plan.lengths, count0 if count0 is not None else plan.lengths, wq, wf,
+            plan.NC, C, 1.0 / C, CAUSAL=bool(causal), NORM=_NORMS[linear_norm], HAS_COUNT0=count0 is not None,
+            BLOCK=BLOCK, num_warps=4,
+        )
+    return wq, wf
