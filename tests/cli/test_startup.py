@@ -61,3 +61,20 @@ print(sorted(m for m in sys.modules if m == "torch" or m.startswith("lintime.tra
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=ENV, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]"
+
+
+def test_the_steps_default_in_help_and_docs_is_the_one_the_trainer_uses():
+    """`lintime train --help` and docs/cli.md said 200 steps while the trainer ran 300: both now say the trainer's."""
+    import re
+
+    from lintime.training.config import TrainConfig
+
+    steps = TrainConfig().resolved().steps
+    res = subprocess.run([sys.executable, "-m", "lintime", "train", "--help"], capture_output=True, text=True,
+                         env=ENV, timeout=120)
+    helped = " ".join(res.stdout.split())
+    said = re.search(r"--steps STEPS\s+stop after this many optimiser steps \(default (\d+) when no budget", helped)
+    assert said and int(said.group(1)) == steps, helped[:400]
+    doc = (REPO / "docs" / "cli.md").read_text()
+    row = re.search(r"\| `--steps N` \| optimiser steps \(default (\d+) when no budget", doc)
+    assert row and int(row.group(1)) == steps
