@@ -53,11 +53,10 @@ def choose_segment_chunks(n_seq: int, total_tokens: int, max_len: int, programs_
 
     The walk kernels run ``segments x programs_per_segment`` programs, each a sequential loop over
     its segment's chunks.  One segment per sequence as soon as that gives every multiprocessor a
-    program (linear attention, T = 2k, B * H = 256: 0.39 ms fwd+bwd against 0.51 ms with segments,
-    H200, 2026-11-22); otherwise segments of at least 16 chunks aiming at two programs per SM (the
-    summary and scan passes cost about one extra read of k and v; 32 chunks 0.50 ms against 16:
-    0.52 and 8: 0.58 at T = 8k, H200, 2026-11-22), rounded up to a power of two so that
-    power-of-two lengths split evenly (31 chunks at T = 8k: 0.58 ms against 0.50, H200, 2026-11-22).
+    program (segments then only add their summary and scan passes); otherwise segments of at least 16
+    chunks aiming at two programs per SM (the summary and scan passes cost about one extra read of k
+    and v, so shorter segments were slower), rounded up to a power of two so that power-of-two lengths
+    split evenly (an uneven split was slower).  Measurements: ``docs/design/kernels.md`` (linear attention).
     """
     sms = sm_count(device)
     if n_seq * programs_per_segment >= sms:

@@ -29,9 +29,11 @@ register_triton(_IMPLS, _load_triton)
 
 _OP = "linear_attention"
 
-# Widest head (K and V) the automatic choice sends to the Triton kernels: wider heads' tiles (8 warps,
-# 1 stage, split dk / dv walks) hit "illegal memory access" in `bench model` (performer-base K = 256,
-# performer-medium K = 128; H200, 2026-11-22), cause not established; backend="triton" still runs them.
+# Crash guard, cause unknown: the widest head (K and V) the automatic choice sends to the Triton kernels.  Wider
+# heads' tiles (8 warps, 1 stage, split dk / dv walks) gave an "illegal memory access" on a GPU in `bench model`
+# (performer-base, K = 256; performer-medium, K = 128); they pass the interpreter tests.  Automatic dispatch sends
+# K or V > 64 to the PyTorch forms; backend="triton" still runs the kernels.  Open: docs/design/kernels.md (linear
+# attention).
 AUTO_TRITON_MAX_HEAD = 64
 
 def linear_attention(

@@ -4,7 +4,7 @@ the flash CPU kernel elsewhere): never a T x T tensor on the fast paths.
 Packed sequences (``cu_seqlens``): on CUDA in half precision one variable-length FlashAttention
 call (``torch.nn.attention.varlen.varlen_attn``) covers all of them -- a training batch packs
 hundreds of documents, and one SDPA call per document made a 1024-token Transformer++ step
-5-10x slower than the linear-time families' (H100 smoke run, 2026-11-22).  Elsewhere (CPU,
+several times slower than the linear-time families'.  Elsewhere (CPU,
 fp32/fp64, head sizes FlashAttention does not take) the sequences are attended one by one.
 Packed sequences that are rows of one length (one document per row, as in long-context training and
 the model benchmark) are attended as a plain ``[N, L]`` batch through SDPA's own kernel choice (the

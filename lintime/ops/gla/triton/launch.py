@@ -1,6 +1,6 @@
 """Launch configuration of the GLA Triton kernels (:class:`GLALaunch`, :func:`gla_launch`).
 
-Times below: fwd+bwd through the launchers at T = 8k, H = 4, K = 128, V = 256, bf16, H200, 2026-11-22.
+What chose the defaults: ``docs/design/kernels.md`` (gated linear attention).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class GLALaunch:
     dqkg: tuple[int, int]
     dqkg_warps: int
     dqkg_maxnreg: int
-    prep_warps: int = 4  # 0.74 -> 0.44 ms against 8 warps (prep kernel alone, H200, 2026-11-22)
+    prep_warps: int = 4  # prep kernel: 8 warps were slower
     prep_stages: int = 1
     dqkg_stages: int = 2
 
@@ -54,15 +54,15 @@ class GLALaunch:
 
 
 def _warps(rows: int, cols: int) -> int:
-    # 8 warps keep [64, K] tiles out of local memory; 4 faulted (illegal address) on the K = 128, V = 256
-    # tiles and gave a wrong dq (H200, Triton 3.6, 2026-11-22)
+    # 8 warps keep [64, K] tiles out of local memory; 4 warps on the K = 128, V = 256 tiles gave an illegal
+    # memory access and a wrong dq (cause unknown), so large tiles always get 8
     return 8 if rows * cols >= 2048 else 4
 
 
 def walk_tile(K: int, V: int) -> tuple[int, int]:
     """``(BK, BV)``: the ``[all K, BV]`` state tile of the output and dv walks: 8192 fp32 elements (32 KB);
-    [128, 128] at K = 128 (238 registers, no spills on sm_90a): 2.47 -> 2.22 ms with 2 stages against
-    [128, 64] and 1 stage (H200, 2026-11-22).  Not cached: ``torch.compile`` traces it."""
+    [128, 128] at K = 128, which still fits the registers without spilling and, with 2 stages, beat [128, 64]
+    tiles with 1.  Not cached: ``torch.compile`` traces it."""
     BKf, BVf = block(K), block(V)
     return BKf, min(BVf, max(16, (16384 if BKf == 128 else 8192) // BKf))
 
@@ -72,21 +72,22 @@ def gla_launch(K: int, V: int, dtype: torch.dtype) -> GLALaunch:
     """The shipped launch configuration of a call with ``K``-wide keys and ``V``-wide values."""
     BKf, BVf = block(K), block(V)
     walk = walk_tile(K, V)
-    # dq/dk/dg: K-blocks of 32 spill 620 B at K = 128, V = 256 (16: none; 64: 1460 B) but recompute
-    # do v^T half as often as 16: 1.31 against 1.86 ms (H200, 2026-11-22)
+    # dq/dk/dg: K-blocks of 32 spill a little at K = 128, V = 256 (16 not at all) but recompute do v^T half as
+    # often as 16, which is faster
     dqkg = (min(32, BKf), min(64, BVf))
-    # bf16: one level 2.26 -> 1.48 ms; fp16 (range 65504) and fp32 (exact exponents) keep two levels
+    # bf16: one level, much faster than the secondary tiling; fp16 (range 65504) and fp32 (exact exponents) keep
+    # two levels
     one_level = dtype == torch.bfloat16
     return GLALaunch(
         one_level=one_level,
-        prep_bk=min(32, BKf),  # 64 spills at K = 128 (sm_90a ptxas, 2026-11-22)
+        prep_bk=min(32, BKf),  # 64 spills at K = 128
         walk=walk,
         walk_warps=_warps(*walk),
         # 2 stages up to 128-wide keys; [256, BV] tiles never compiled with 2 (shared memory)
         walk_stages=2 if walk[0] <= 128 else 1,
         dqkg=dqkg,
         dqkg_warps=_warps(BT, max(dqkg)),
-        # 128 registers (two 8-warp programs per SM): 1.47 -> 1.31 ms with one level; the secondary
-        # tiling spills under the cap (2.26 -> 2.81 ms), so no cap there (H200, 2026-11-22)
+        # 128 registers (two 8-warp programs per SM) with one level; the secondary tiling spills under the cap
+        # and is slower with it, so no cap there
         dqkg_maxnreg=128 if one_level else 0,
     )

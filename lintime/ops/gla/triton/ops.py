@@ -293,10 +293,11 @@ def triton_gla(
     V = v.shape[-1]
     scale = K**-0.5 if scale is None else float(scale)
     static = is_static(cu_seqlens)
-    # heads narrower than a 16-wide tile go to the chunked form: K = 8 (gla-tiny at width 64) gave an illegal
-    # memory access and wrong results on an H200 (MQAR sweep, 2026-11-27; not root-caused, not reproduced by the
-    # interpreter, which does not fault on masked-out addresses).  A static cu_seqlens cannot take the chunked form
-    # (it plans packing on the host): its narrow heads are zero-padded to 16 instead (_padded_heads).
+    # Crash guard, cause unknown: on a GPU the kernels gave an illegal memory access and wrong results with K = 8
+    # (gla-tiny at width 64); the interpreter, which does not fault on masked-out addresses, does not reproduce it.
+    # So heads narrower than a 16-wide tile (MIN_TILE_DIM) never reach the kernels: they take the chunked form, or,
+    # with a static cu_seqlens (which cannot take it: it plans packing on the host), are zero-padded to 16
+    # (_padded_heads).  Open: docs/design/kernels.md (gated linear attention).
     narrow = min(K, V) < MIN_TILE_DIM
     if (not supported(K, V, dtype=q.dtype) or (narrow and not static)
             or g.dtype not in (torch.float16, torch.bfloat16, torch.float32)):

@@ -1,4 +1,7 @@
-"""Launch configuration of the linear-attention Triton kernels (:class:`LinearLaunch`, :func:`linear_launch`)."""
+"""Launch configuration of the linear-attention Triton kernels (:class:`LinearLaunch`, :func:`linear_launch`).
+
+What chose the defaults: ``docs/design/kernels.md`` (linear attention).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from dataclasses import dataclass
 
 from lintime.ops.kernel_launch import block
 
-TILE = 4096  # fp32 elements of the state tile one walk program holds (16 KB; 2026-11-22)
+TILE = 4096  # fp32 elements of the state tile one walk program holds (16 KB: [64, 64] at K = V = 64, in registers)
 
 
 @dataclass(frozen=True)
@@ -50,9 +53,9 @@ def linear_launch(K: int, V: int) -> LinearLaunch:
         fuse=BKf * BVf <= TILE,
         dk=(min(BKf, max(16, TILE // BVf)), BVf),
         dv=(BKf, min(BVf, max(16, TILE // BKf))),
-        # 4 warps measured at H = 16, D = 64; [64, 256] tiles spill with 4 (ptxas report, 2026-11-22)
+        # 4 warps for heads up to 64 wide (where they were measured); [64, 256] tiles spill with 4
         num_warps=4 if narrow else 8,
-        # 3 stages: 0.52 against 0.59 ms fwd+bwd with 2 at T = 8k, H = 16 (H200, 2026-11-22); wider heads'
-        # [64, 256] tiles would need ~210 KB of shared memory with 3 (ptxas report, 2026-11-22)
+        # 3 stages (the next chunk's loads in flight) beat 2; wider heads' [64, 256] tiles take 1: 3 would need
+        # about 210 KB of shared memory
         num_stages=3 if narrow else 1,
     )

@@ -460,12 +460,11 @@ def mc_dred_kernel(
     tile computes its ``dS`` tile with keys ``j``, the others its ``dq_lin, dk_lin`` for ``S`` tile ``j -
     NMT``.  The programs touching one row tile's ``do`` / ``v`` rows (and the chunk's states) are
     adjacent in launch order, so those rows are read from memory about once and re-read from L2 (as two
-    kernels whose grids had the key tile slowest, ``do`` was read from memory once per key tile: 0.257 ->
-    0.204 ms at 32k tokens, H200, 2026-11-22).
+    kernels whose grids had the key tile slowest, ``do`` was read from memory once per key tile).
 
     With ``TMA`` the ``do`` / ``v`` / state tiles of the reductions over ``E`` are loaded whole through the
     descriptors ``DDO, DV`` (``[B T, H E]``) and ``DHS, DGS`` (``[NC H S, E]``); rows past a short chunk then come from
-    the next chunk and reach only masked entries (0.5-1.5 % less fwd+bwd time than pointer loads, H200, 2026-11-26)."""
+    the next chunk and reach only masked entries (a little faster than pointer loads: ``docs/design/kernels.md``)."""
     j = tl.program_id(0)
     c, cs, cl, m0 = _row_tile(tl.program_id(1), CH_START, CH_LEN, NMT, BG)
     i_h = tl.program_id(2)
@@ -545,7 +544,7 @@ def seg_fix_kernel(
     zero at every segment (``chunk_state_kernel`` with ``STORE``) this gives the states entering every
     chunk in two passes.  Grid ``(S tiles * E tiles, segment rows, H)``: rows past ``SEQ_PTR[N]`` (a static
     plan's slack, its ``SEG_SEQ`` the last sequence) hold no segment and do nothing.  Bound by its memory traffic
-    (every state but the first segment's read and written): ~3.4 TB/s at 32k tokens in one sequence on an H200."""
+    (every state but the first segment's read and written)."""
     i_se, i_g, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NE = tl.cdiv(E, BE)
     i_s, i_e = i_se // NE, i_se % NE

@@ -122,7 +122,7 @@ def states(x, y, w, plan: Plan, cfg, *, H, C, reverse, init, causal, sdt, tma, s
     final = torch.empty(plan.N, H, S, E, **f32)  # every sequence has a segment that writes its final state
     if plan.one_segment:
         # one walk per sequence from its initial state (an empty sequence: the state itself) writes the final
-        # states in place: no zero fill and no copy from the totals (H200, 2026-11-22: 0.93 -> 0.89 ms fwd+bwd at 2k)
+        # states in place: no zero fill and no copy from the totals
         _walk(x, y, w, plan, cfg, tma=tma, H=H, C=C, reverse=reverse, store=True, hout=hout, tot=final, init=init,
               scores=scores)
         return hout, final
@@ -217,8 +217,8 @@ def bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, ch
                 else torch.empty(1, dtype=torch.float32, device=dev))
     # Under CUDA graph capture (CUDA graphs, torch.compile's "reduce-overhead") the dV GEMM is issued first on the
     # calling stream and the reductions on a second stream of higher priority, which the GPU gives the SMs first; the
-    # GEMM fills around their tail: 0.611 / 0.685 -> 0.596 / 0.670 ms fwd+bwd at 2k / 32k (H200, 2026-11-26).  Eager
-    # calls, bound by the host, keep one stream (the fork / join costs 8 us of host time; their A/Bs were within noise).
+    # GEMM fills the SMs around their tail.  Eager calls, bound by the host, keep one stream (a fork and a join cost
+    # host time and gained nothing there).
     # Every tensor the second stream touches is allocated above on the calling stream and lives until the join below,
     # so the caching allocator needs no record_stream.  Under the interpreter (CPU tensors) the launches run in order.
     side = _side_stream(dev) if dev.type == "cuda" and torch.cuda.is_current_stream_capturing() else None
@@ -270,8 +270,8 @@ class _Side:
     events reused by every call: ``fork`` makes the second stream wait for the calling one, ``join`` the reverse.
     (A wait holds the event's record as of the wait, so re-recording it later is safe, in eager calls and under
     CUDA graph capture.)  Reused events and a plain ``set_stream`` keep the host cost of a fork and a join low:
-    8 us per backward on the H200 host (2026-11-26), against 21-38 us with
-    ``Stream.wait_stream`` (a new event each time) and the ``torch.cuda.stream`` context manager."""
+    a fraction of that of ``Stream.wait_stream`` (a new event each time) and the ``torch.cuda.stream`` context
+    manager."""
 
     def __init__(self, device: int):
         self.device = device

@@ -5,8 +5,7 @@ per segment, the state walk's tile, whether loads go through TMA).
 Every rule here is a function of the call's shapes (and ``cu_seqlens``), never of values read from tensors the
 forward and the backward could see differently, so both passes agree.  A static ``cu_seqlens``
 (:func:`lintime.ops.utils.mark_static`) is read by the kernels alone: its plan's sizes are bounds from shapes.
-Device times below: CUDA-graph fwd+bwd ms at ``S = 128, E = 2048, C = 256``, bf16, 32k tokens per batch, H200
-(132 SMs).
+What chose the rules: ``docs/design/kernels.md`` (mixed chunk attention).
 """
 
 from __future__ import annotations
@@ -46,8 +45,8 @@ def chunk_bound(B: int, T: int, C: int, cu_seqlens) -> int:
 def seg_chunks(B, T, H, S, E, C, cu_seqlens, cfg: MixedChunkLaunch, device) -> int:
     """Chunks per segment of the state walk, from shapes only.  One segment per sequence when
     sequences x state tiles already give every SM a program; otherwise segments for about two walk
-    programs per SM (all resident at once), never fewer than 2 chunks per segment: at 4k one segment 0.640 vs
-    8-chunk segments 0.708 ms, at 16k 16-chunk segments 0.716 vs one segment 0.895 (2026-11-22)."""
+    programs per SM (all resident at once), never fewer than 2 chunks per segment: segments cost a start fix-up,
+    cheaper than idle SMs but not free."""
     nct = max(1, chunk_bound(B, T, C, cu_seqlens))
     if cfg.seg_chunks > 0:
         return min(cfg.seg_chunks, nct)
@@ -63,8 +62,8 @@ def walk_launch(B, T, H, S, E, C, cu_seqlens, cfg: MixedChunkLaunch, device) -> 
     """``cfg`` with the state walk's ``S`` tile halved (once, from more than 64) where that alone gives every SM a
     walk program with one segment per sequence -- sequences x tiles short of the SM count at ``bs_state``, enough
     at half of it -- so no segment-start fix-up runs; automatic segments only (``seg_chunks = 0``).  From shapes
-    only: the forward and the backward agree.  At 8k (4 sequences x 32 [128, 64] tiles = 128 programs) one segment
-    on [64, 64] tiles 0.638-0.643 vs 16-chunk segments 0.665 ms; thinner tiles lose at 4k and 16k (2026-11-26)."""
+    only: the forward and the backward agree.  Where halving alone does not make that difference, the thinner tiles
+    were slower."""
     if cfg.seg_chunks or cfg.bs_state <= 64:
         return cfg
     return _thin_walk(n_seqs(B, cu_seqlens), H, S, E, cfg, str(device))
