@@ -177,3 +177,12 @@ assert "transformers" not in sys.modules, "a lintime package imported transforme
 """
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
+
+
+def test_families_stand_alone():
+    """No family module imports another (loading ``vq`` must not register ``gau``): what they share is
+    lintime/models/shared.py."""
+    families = {n for n in MODULES if n.startswith("lintime.models.families.")}
+    bad = [(name, dep, line) for name in sorted(families) for dep, line in _imports(name, MODULES[name])
+           if dep in families and dep != name]
+    assert not bad, bad

@@ -15,7 +15,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from lintime.layers.combiner import ROW_SUMMARIES, CombinerAttention
-from lintime.models.families.linear import check_heads, check_positive_int
+from lintime.models.shared import check_heads, check_positive_int
 from lintime.models.registry import register_family
 from lintime.models.config import BYTE_VOCAB
 

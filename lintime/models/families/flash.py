@@ -13,7 +13,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from lintime.layers.flash import FLASH
-from lintime.models.families.gau import (
+from lintime.models.shared import (
     SIZES,
     check_bool,
     check_choice,

@@ -13,60 +13,20 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from lintime.layers.gau import GAU
-from lintime.models.families.softmax import SEED_VOCAB
 from lintime.models.registry import register_family
-from lintime.models.config import BYTE_VOCAB
+from lintime.models.shared import (  # noqa: F401  (SIZES, gau_model: the flash family reads them here too)
+    SIZES,
+    check_bool,
+    check_choice,
+    check_expansion,
+    check_int,
+    check_rope_base,
+    fail,
+    gau_model,
+)
 
 if TYPE_CHECKING:
     from lintime.models.config import ModelConfig
-
-# Byte-level presets use lintime.data's ByteTokenizer: 256 bytes + <pad> <bos> <eos> <mask>.
-# (Hard-coded: models do not import data; tests/models/test_gau.py checks the two agree.)
-
-# size -> (d_model, GAU layers, s, chunk size C, vocab, max_len n).  Seed Tables 8-9 (base) and 10
-# (large): 24 / 72 layers, expansion 2, s = 128, C = 256 / 512.  max_len is the fixed n of the
-# 1/n scaling: the shortest context of each table (512 on Wiki-40B / C4, 1024 on PG-19).
-# ``medium`` (~26M parameters, byte vocabulary) is the GPU quality study's size
-# (benchmarks/quality): the seed's base shape at d=512 and 16 layers, two GAUs per
-# Transformer++-medium block, so the families compare at about equal parameters.
-SIZES = {
-    "tiny": (128, 4, 64, 64, BYTE_VOCAB, 512),
-    "small": (256, 8, 128, 128, BYTE_VOCAB, 512),
-    "medium": (512, 16, 128, 256, BYTE_VOCAB, 512),
-    "base": (768, 24, 128, 256, SEED_VOCAB, 512),
-    "large": (1024, 72, 128, 512, SEED_VOCAB, 1024),
-}
-
-
-def fail(where: str, msg: str) -> None:
-    raise ValueError(f"{where}: {msg}")
-
-
-def check_int(where: str, name: str, value, lo: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
-        fail(where, f"{name} must be an int >= {lo}, got {value!r}")
-
-
-def check_bool(where: str, **values) -> None:
-    for name, value in values.items():
-        if not isinstance(value, bool):
-            fail(where, f"{name} must be a bool, got {value!r}")
-
-
-def check_choice(where: str, name: str, value, choices) -> None:
-    if value not in choices:
-        fail(where, f"{name} must be one of {tuple(choices)}, got {value!r}")
-
-
-def check_rope_base(where: str, value) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 1:
-        fail(where, f"rope_base must be a number > 1, got {value!r}")
-
-
-def check_expansion(where: str, value) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-        fail(where, f"expansion must be a positive number, got {value!r}")
-
 
 @dataclasses.dataclass(frozen=True)
 class GAUConfig:
@@ -139,18 +99,6 @@ def build(config: "ModelConfig", layer_idx: int, causal: bool) -> GAU:
         config.d_model, expansion_dim=m.expansion_dim(config.d_model), key_dim=m.s, max_len=m.max_len,
         causal=causal, kernel=m.kernel, scaling=m.resolved_scaling, causal_norm=m.causal_norm,
         n_heads=m.n_heads, gating=m.gating, rel_bias=m.rel_bias, rope_base=m.rope_base, bias=m.bias,
-    )
-
-
-def gau_model(size: str, family: str, mixer, norm: str = "layernorm") -> "ModelConfig":
-    """A FLASH-Quad / FLASH model of ``size`` (seed Tables 8-10 rows: GAU blocks, no separate FFN,
-    ScaledSin absolute positions + RoPE, LayerNorm for LM / ScaleNorm for MLM, tied embeddings)."""
-    from lintime.models.config import ModelConfig
-
-    d, L, _, _, vocab, _ = SIZES[size]
-    return ModelConfig(
-        vocab_size=vocab, d_model=d, n_layers=L, family=family, mixer=mixer, ffn=None, norm=norm,
-        position="scaled_sin", tie_embeddings=True,
     )
 
 

@@ -21,10 +21,10 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from lintime.layers.gla import HEAD_NORMS, GatedLinearAttention
-from lintime.models.families.linear import check_positive_int
+from lintime.models.shared import check_positive_int
 from lintime.models.registry import register_family
 from lintime.models.config import BYTE_VOCAB
-from lintime.models.families.softmax import SEED_VOCAB
+from lintime.models.shared import SEED_VOCAB
 
 if TYPE_CHECKING:
     from lintime.models.config import ModelConfig

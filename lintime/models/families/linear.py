@@ -19,23 +19,11 @@ from lintime.layers.linear_attention import (
     check_feature_map,
 )
 from lintime.models.registry import register_family
+from lintime.models.shared import check_heads, check_positive_int
 from lintime.models.config import BYTE_VOCAB
 
 if TYPE_CHECKING:
     from lintime.models.config import ModelConfig
-
-
-def check_positive_int(where: str, name: str, v, none_ok: bool = False) -> None:
-    if v is None and none_ok:
-        return
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise ValueError(f"{where}: {name} must be a positive int{' or None' if none_ok else ''}, got {v!r}")
-
-
-def check_heads(where: str, config: "ModelConfig", n_heads: int, head_dim: int | None) -> None:
-    if head_dim is None and config.d_model % n_heads:
-        raise ValueError(f"{where}: d_model={config.d_model} is not divisible by n_heads={n_heads}; "
-                         f"change n_heads or set head_dim")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 from lintime.layers.mc_attention import MixedChunkMHA
 from lintime.models.config import BYTE_VOCAB
-from lintime.models.families.gau import check_bool, check_choice, check_int, check_rope_base, fail
-from lintime.models.families.softmax import SEED_VOCAB
+from lintime.models.shared import check_bool, check_choice, check_int, check_rope_base, fail
+from lintime.models.shared import SEED_VOCAB
 from lintime.models.registry import register_family
 
 if TYPE_CHECKING:

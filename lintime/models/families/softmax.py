@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from lintime.layers.attention import MultiHeadAttention
 from lintime.models.registry import register_family
+from lintime.models.shared import SEED_VOCAB
 from lintime.models.config import BYTE_VOCAB
 
 if TYPE_CHECKING:
@@ -65,11 +66,6 @@ def build(config: "ModelConfig", layer_idx: int, causal: bool) -> MultiHeadAtten
 
 
 # ---------------------------------------------------------------------------- presets
-# Vocabulary of the seed-scale presets: 32,000 (a T5-style 32k SentencePiece vocabulary).  The
-# seed's tables do not state it; with tied embeddings it is the size that reproduces their
-# parameter counts (Table 10's 486M Transformer+ leaves ~32.8M for the embedding at d=1024).
-SEED_VOCAB = 32_000
-
 # size -> (d_model, n_layers, n_heads, vocab, learned-position table); n_layers counts blocks
 # (the seed's "12+12 layers" = 12 attention + 12 FFN layers = 12 blocks)
 _SIZES = {

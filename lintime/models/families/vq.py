@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 from lintime.layers.vq import REDUCTIONS, VQAttention
 from lintime.models.config import BYTE_VOCAB
-from lintime.models.families.softmax import SEED_VOCAB
-from lintime.models.families.gau import (
+from lintime.models.shared import SEED_VOCAB
+from lintime.models.shared import (
     check_bool,
     check_choice,
     check_expansion,
