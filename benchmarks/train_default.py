@@ -5,7 +5,9 @@ A configuration is ``PRESET@T[:FLAGS]``, FLAGS a space-separated string of extra
 default path).  Each run trains ``--steps`` steps of ``--tokens-per-batch`` tokens with a metrics row every
 ``--log-every`` steps (each row's ``tokens_per_s`` is the trainer's figure over its window; the rows of the first
 ``--skip`` steps, which hold compilation and the graph's capture, are dropped) and reports the median, with the
-line the trainer printed about its step (``--compile``).  Results: ``$OUT/train_default.json`` and a table on stdout.
+line the trainer printed about its step (``--compile``), and its ratio to the same row of the committed result
+(``--previous``, default ``docs/results/train_default.json``): a row more than 5 % slower is named at the end, so
+a regression is seen the day it lands.  Results: ``$OUT/train_default.json`` and a table on stdout.
 
     python3 benchmarks/train_default.py --out $OUT \\
         --configs "flash-base@2048 flash-base@2048:--compile off transformer-pp-base@2048"
@@ -60,7 +62,10 @@ def main() -> None:
     p.add_argument("--corpus", default="")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--previous", default="docs/results/train_default.json",
+                   help="the committed result to compare each row with (same preset, T and flags); '' = none")
     args = p.parse_args()
+    previous = load_previous(args.previous)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
@@ -69,15 +74,34 @@ def main() -> None:
             head, _, flags = spec.partition(":")
             preset, _, T = head.partition("@")
             row = run_one(preset, int(T), flags.replace(",", " "), args, Path(tmp))
+            before = previous["rows"].get((row["preset"], row["T"], row["flags"]))
+            if before and row.get("tokens_per_s"):
+                row["previous"] = {"commit": previous["commit"], "tokens_per_s": before,
+                                   "ratio": round(row["tokens_per_s"] / before, 3)}
             results.append(row)
             print(json.dumps(row), flush=True)
             (out / "train_default.json").write_text(json.dumps(
                 {"commit": os.environ.get("LINTIME_GIT_COMMIT", ""), "tokens_per_batch": args.tokens_per_batch,
                  "steps": args.steps, "rows": results}, indent=1))
-    print(f"\n{'preset':<22} {'T':>6} {'flags':<36} {'tokens/s':>10}  step")
+    print(f"\n{'preset':<22} {'T':>6} {'flags':<36} {'tokens/s':>10} {'vs prev':>8}  step")
     for r in results:
-        print(f"{r['preset']:<22} {r['T']:>6} {r['flags']:<36} {r.get('tokens_per_s', 'ERR'):>10}  "
+        ratio = f"{r['previous']['ratio']:.3f}" if "previous" in r else "-"
+        print(f"{r['preset']:<22} {r['T']:>6} {r['flags']:<36} {r.get('tokens_per_s', 'ERR'):>10} {ratio:>8}  "
               f"{r.get('error') or r['compile_line'][-70:]}")
+    slower = [r for r in results if "previous" in r and r["previous"]["ratio"] < 0.95]
+    if slower:
+        print(f"\nslower than {previous['commit']} by more than 5 %: "
+              + ", ".join(f"{r['preset']}@{r['T']} {r['flags']} ({r['previous']['ratio']:.3f})" for r in slower))
+
+
+def load_previous(path: str) -> dict:
+    """``{"commit", "rows": {(preset, T, flags): tokens_per_s}}`` of a committed result (empty when none)."""
+    if not path or not Path(path).is_file():
+        return {"commit": None, "rows": {}}
+    data = json.loads(Path(path).read_text())
+    rows = data.get("train_default", data.get("rows", []))
+    return {"commit": data.get("commit"), "rows": {(r["preset"], r["T"], r["flags"]): r["tokens_per_s"]
+                                                   for r in rows if r.get("tokens_per_s")}}
 
 
 if __name__ == "__main__":
