@@ -5,159 +5,93 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import sys
+import typing
 
 from lintime.cli import CLIError, Stopped, check_writable, command, set_threads
 from lintime.training.config import TrainConfig
 
-_D = TrainConfig()  # the defaults live in one place: the config dataclass
-# flag name -> TrainConfig field, where they differ
-_FIELD = {"time": "time_minutes", "prompt": "sample_prompt"}
+HELP_OUT = 'folder that holds the runs.'
+HELP_NAME = 'run name (default: <preset>-<date>-<time>).'
+HELP_RESUME = 'continue the run in this run folder (or from this step folder).'
+HELP_PROGRESS = 'show the progress bar (on a terminal; elsewhere a line every 30 seconds).'
+HELP_THREADS = "CPU threads for PyTorch's intra-op work (0 = auto: 1 for models under 20M parameters, else PyTorch's default)."
+HELP_TASK = "lm (language modelling on --corpus) or mqar (Zoology's associative recall, Zoology's recipe: see docs/results_recall.md); with mqar, --context-len is the sequence length (default 64), --tokens-per-batch / --context-len the batch rows (default Zoology's), --lr the peak rate (default 1e-3), --steps a cap."
+HELP_KV_PAIRS = 'mqar: key-value pairs per example.'
+HELP_TASK_VOCAB = 'mqar: vocabulary of the task (and of the model).'
+HELP_D_MODEL = "mqar: model width (default: the preset's)."
+HELP_N_LAYERS = "mqar: blocks (default 2, Zoology's; 0 = the preset's)."
+HELP_N_HEADS = "mqar: heads of the mixer (default: the preset's; Zoology's attention has 1)."
+HELP_POSITION = "mqar: absolute positions none, scaled_sin or learned (default: the preset's)."
+HELP_EXAMPLES = 'mqar: training examples (a fixed set, seen once per epoch).'
+HELP_EPOCHS = "mqar: epochs (the cosine schedule's length; training stops early once the test accuracy passes 0.99)."
+
+_D = TrainConfig()
+# flags that are not TrainConfig fields: where the run goes and how it runs, and --task mqar's own (name -> (type,
+# default, help)); every other flag is a TrainConfig field, its type, default and help declared there once
+_OWN = {
+    "out": (str, "runs", HELP_OUT),
+    "name": (str | None, None, HELP_NAME),
+    "resume": (str | None, None, HELP_RESUME),
+    "progress": (bool, True, HELP_PROGRESS),
+    "threads": (int, 0, HELP_THREADS),
+    "task": (str, "lm", HELP_TASK),
+    "kv_pairs": (int, 4, HELP_KV_PAIRS),
+    "task_vocab": (int, 8192, HELP_TASK_VOCAB),
+    "d_model": (int | None, None, HELP_D_MODEL),
+    "n_layers": (int | None, None, HELP_N_LAYERS),
+    "n_heads": (int | None, None, HELP_N_HEADS),
+    "position": (str | None, None, HELP_POSITION),
+    "examples": (int, 100_000, HELP_EXAMPLES),
+    "epochs": (int, 64, HELP_EPOCHS),
+}
+_CLI_TYPES = {"compile": bool | str}  # --compile alone means auto, --no-compile off (the config also takes bools)
 _TASK_FLAGS = ("task", "kv_pairs", "task_vocab", "d_model", "n_layers", "n_heads", "position", "examples", "epochs")
-_NOT_CONFIG = ("out", "name", "resume", "progress", "threads", "_given") + _TASK_FLAGS
-
-
-@command
-def train(
-    preset: str = _D.preset,
-    objective: str = _D.objective,
-    corpus: str = _D.corpus,
-    tokenizer: str = _D.tokenizer,
-    cache_dir: str | None = None,
-    text_field: str = _D.text_field,
-    context_len: int = _D.context_len,
-    tokens_per_batch: int = _D.tokens_per_batch,
-    micro_batch_tokens: int | None = None,
-    packing: str = _D.packing,
-    steps: int | None = None,
-    tokens: int | None = None,
-    time: float | None = None,
-    recipe: str | None = _D.recipe,
-    lr: float | None = None,
-    warmup: float | None = None,
-    decay: str | None = None,
-    final_lr_ratio: float | None = None,
-    weight_decay: float | None = None,
-    beta1: float | None = None,
-    beta2: float | None = None,
-    eps: float | None = None,
-    clip: float | None = None,
-    aux_weight: float | None = None,
-    mlm_prob: float = _D.mlm_prob,
-    seed: int = _D.seed,
-    init_seed: int | None = _D.init_seed,
-    device: str = _D.device,
-    precision: str = _D.precision,
-    compile: bool | str = _D.compile,
-    fused: bool = _D.fused,
-    deterministic: bool = _D.deterministic,
-    parallel: str = _D.parallel,
-    context_parallel: int = _D.context_parallel,
-    log_every: int = _D.log_every,
-    eval_every: int = _D.eval_every,
-    eval_tokens: int = _D.eval_tokens,
-    save_every: int = _D.save_every,
-    keep: int = _D.keep,
-    tensorboard: bool = _D.tensorboard,
-    plots: bool = _D.plots,
-    prompt: str | None = _D.sample_prompt,
-    sample_tokens: int = _D.sample_tokens,
-    temperature: float = _D.temperature,
-    top_k: int = _D.top_k,
-    init_from: str | None = _D.init_from,
-    out: str = "runs",
-    name: str | None = None,
-    resume: str | None = None,
-    progress: bool = True,
-    threads: int = 0,
-    task: str = "lm",
-    kv_pairs: int = 4,
-    task_vocab: int = 8192,
-    d_model: int | None = None,
-    n_layers: int | None = None,
-    n_heads: int | None = None,
-    position: str | None = None,
-    examples: int = 100_000,
-    epochs: int = 64,
-    _given: frozenset[str] | None = None,
-) -> None:
-    """Train a language model with a seed's recipe; with no arguments, a tiny FLASH on the Python
+_NOT_CONFIG = tuple(_OWN) + ("_given",)
+_FIELD = {f.metadata["flag"]: f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("flag")}
+_SUMMARY = """Train a language model with a seed's recipe; with no arguments, a tiny FLASH on the Python
     standard library (byte tokenizer), a few minutes on a laptop CPU.
-
+    
     Leaves runs/<name>/ with config.json, tokenizer/, checkpoints/, metrics.jsonl/.csv, loss plots
     and sample.txt.  Ctrl-C (or SIGTERM) saves a checkpoint and stops; continue with --resume
     runs/<name> (same settings: a given flag that differs from the run's is refused, except budgets,
     logging, saving, sampling and device flags).  --init-from RUN starts from a trained model's
-    weights with new data, schedule and budget (fine-tuning).
+    weights with new data, schedule and budget (fine-tuning)."""
 
-    Args:
-        preset: model preset (lintime.models.preset_names()); its vocabulary becomes the tokenizer's.
-        objective: clm (causal LM) or mlm (masked LM).
-        corpus: stdlib (the Python standard library), a folder, a file or a glob (see docs/data.md).
-        tokenizer: byte, bpe:N (train an N-token BPE on the train split) or bpe:FOLDER.
-        cache_dir: token cache folder (default: $LINTIME_CACHE/data/<corpus>-<tokenizer>).
-        text_field: JSONL/parquet field holding the text.
-        context_len: tokens per row (sequence length).
-        tokens_per_batch: tokens per optimiser step (rows = tokens_per_batch / context_len).
-        micro_batch_tokens: tokens per forward/backward; smaller than tokens_per_batch means gradient accumulation.
-        packing: documents (every document its own sequence: documents never see each other) or rows (every row one sequence, documents in a row see the ones before them; the same layout every step, which --compile graph needs).
-        steps: stop after this many optimiser steps (default 300 when no budget is given).
-        tokens: stop after this many training tokens.
-        time: stop after this many minutes of training (wall clock).
-        recipe: optimisation recipe: flash (FLASH seed Tables 6-7), vq (Transformer-VQ App. C), gla (GLA seed); default: the preset family's (gla -> gla, vq -> vq, the rest -> flash).
-        lr: peak learning rate (default: the recipe's).
-        warmup: warm-up as a fraction of the schedule (default: the recipe's).
-        decay: linear, cosine or constant after warm-up (default: the recipe's).
-        final_lr_ratio: learning rate at the end as a fraction of the peak (default: the recipe's).
-        weight_decay: AdamW weight decay on matrices (default: the recipe's).
-        beta1: AdamW beta1 (default: the recipe's).
-        beta2: AdamW beta2 (default: the recipe's).
-        eps: AdamW epsilon (default: the recipe's).
-        clip: gradient clipping by global norm, 0 = off (default: the recipe's).
-        aux_weight: weight of the mixers' auxiliary losses, e.g. VQ commitment (default: the recipe's).
-        mlm_prob: masking probability for --objective mlm.
-        seed: seeds the data order and the MLM masks, and the initialisation unless --init-seed is given.
-        init_seed: seeds the initial weights alone (default: --seed), so runs that differ only in data or context can start from other draws.
-        device: auto (cuda when available), cpu, cuda or cuda:N.
-        precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16.
-        compile: auto (the fastest exact form here, one line says which: on CUDA the whole step in one CUDA graph, documents packed anew every batch included for the families that plan them on the device), off (eager steps), model (torch.compile the model) or graph; --compile alone = auto (see docs/models.md, Compiling).
-        fused: the layers' fused elementwise kernels and the fused linear + cross-entropy loss; --no-fused runs their PyTorch reference forms (to check the fused path).
-        deterministic: torch.use_deterministic_algorithms (slower on CUDA).
-        parallel: under torchrun: none, ddp (DistributedDataParallel) or fsdp (FSDP2 fully_shard); --tokens-per-batch stays the global batch (see docs/distributed.md).
-        context_parallel: under torchrun: split every row over this many processes (linear-time families; context_len / N a multiple of the chunk size).
-        log_every: write a metrics row every N steps (0 = none).
-        eval_every: validate every N steps (0 = only at the end).
-        eval_tokens: validation tokens per evaluation.
-        save_every: checkpoint every N steps (0 = only at the end).
-        keep: checkpoints to keep (0 = all).
-        tensorboard: also write TensorBoard events (needs the tensorboard package).
-        plots: write loss_vs_steps.png and loss_vs_time.png.
-        prompt: prompt of the final sample (default: the first words of the first validation document).
-        sample_tokens: tokens to sample at the end (0 = no sample).
-        temperature: sampling temperature (0 = greedy).
-        top_k: sample from the k most likely tokens only (0 = all).
-        init_from: start from this run's (or step folder's) weights: same architecture and vocabulary, new data, schedule and budget.
-        out: folder that holds the runs.
-        name: run name (default: <preset>-<date>-<time>).
-        resume: continue the run in this run folder (or from this step folder).
-        progress: show the progress bar (on a terminal; elsewhere a line every 30 seconds).
-        threads: CPU threads for PyTorch's intra-op work (0 = auto: 1 for models under 20M parameters, else PyTorch's default).
-        task: lm (language modelling on --corpus) or mqar (Zoology's associative recall, Zoology's recipe: see docs/results_recall.md); with mqar, --context-len is the sequence length (default 64), --tokens-per-batch / --context-len the batch rows (default Zoology's), --lr the peak rate (default 1e-3), --steps a cap.
-        kv_pairs: mqar: key-value pairs per example.
-        task_vocab: mqar: vocabulary of the task (and of the model).
-        d_model: mqar: model width (default: the preset's).
-        n_layers: mqar: blocks (default 2, Zoology's; 0 = the preset's).
-        n_heads: mqar: heads of the mixer (default: the preset's; Zoology's attention has 1).
-        position: mqar: absolute positions none, scaled_sin or learned (default: the preset's).
-        examples: mqar: training examples (a fixed set, seen once per epoch).
-        epochs: mqar: epochs (the cosine schedule's length; training stops early once the test accuracy passes 0.99).
-    """
+
+def _signature() -> tuple[inspect.Signature, dict, str]:
+    """The command's parameters, annotations and docstring, from TrainConfig's fields and :data:`_OWN`."""
+    hints = typing.get_type_hints(TrainConfig)
+    params, annotations, lines = [], {}, []
+    for f in dataclasses.fields(TrainConfig):
+        flag = f.metadata.get("flag") or f.name
+        typ = _CLI_TYPES.get(f.name, hints[f.name])
+        params.append(inspect.Parameter(flag, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=typ))
+        annotations[flag] = typ
+        lines.append(f"        {flag}: {f.metadata['help']}")
+    for flag, (typ, default, help_) in _OWN.items():
+        params.append(inspect.Parameter(flag, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=typ))
+        annotations[flag] = typ
+        lines.append(f"        {flag}: {help_}")
+    params.append(inspect.Parameter("_given", inspect.Parameter.KEYWORD_ONLY, default=None))
+    doc = _SUMMARY + "\n\n    Args:\n" + "\n".join(lines) + "\n"
+    return inspect.Signature(params), annotations, doc
+
+
+def train(**kwargs) -> None:
+    """(replaced below by the generated docstring)"""
+    bound = _SIGNATURE.bind(**kwargs)
+    bound.apply_defaults()
+    args = dict(bound.arguments)
+    _given = args.pop("_given")
+    task, resume, init_from, out, name, threads, progress = (args[k] for k in (
+        "task", "resume", "init_from", "out", "name", "threads", "progress"))
     if task != "lm":
-        given_flags = set(_given) if _given is not None else {k for k, v in locals().items() if k in _TASK_ARGS and v != _TASK_ARGS[k]}
-        return _train_task(task, {k: v for k, v in locals().items() if k in _TASK_ARGS}, given_flags)
+        given_flags = set(_given) if _given is not None else {k for k, v in args.items() if k in _TASK_ARGS and v != _TASK_ARGS[k]}
+        return _train_task(task, {k: v for k, v in args.items() if k in _TASK_ARGS}, given_flags)
     if _given is not None and set(_given) & set(_TASK_FLAGS):
         raise CLIError(f"{', '.join('--' + k.replace('_', '-') for k in sorted(set(_given) & set(_TASK_FLAGS)))} "
                        "apply to --task mqar only")
-    fields = {_FIELD.get(k, k): v for k, v in locals().items() if k not in _NOT_CONFIG}
+    fields = {_FIELD.get(k, k): v for k, v in args.items() if k not in _NOT_CONFIG}
     from lintime.training.trainer import train as run_training
 
     given = _given_fields(fields, _given)
@@ -187,12 +121,14 @@ def train(
                       exit_code=128 + getattr(signal, result.stopped_by))
 
 
+_SIGNATURE, train.__annotations__, train.__doc__ = _signature()
+train.__signature__ = _SIGNATURE
+command(train)
+
 # flags that --task mqar reads, with their defaults; any other given flag is refused
-_TASK_ARGS = {"preset": _D.preset, "context_len": _D.context_len, "tokens_per_batch": _D.tokens_per_batch, "steps": None,
-              "lr": None, "weight_decay": None, "seed": _D.seed, "init_seed": None, "device": _D.device,
-              "precision": _D.precision, "out": "runs", "name": None, "progress": True, "threads": 0, "task": "lm",
-              "kv_pairs": 4, "task_vocab": 8192, "d_model": None, "n_layers": None, "n_heads": None, "position": None, "examples": 100_000,
-              "epochs": 64}
+_TASK_ARGS = {k: _SIGNATURE.parameters[k].default for k in (
+    "preset", "context_len", "tokens_per_batch", "steps", "lr", "weight_decay", "seed", "init_seed", "device",
+    "precision", "out", "name", "progress", "threads", *_TASK_FLAGS)}
 
 
 def _train_task(task: str, args: dict, given: set[str]) -> None:

@@ -121,6 +121,12 @@ def _is_num(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def _field(default, help: str, flag: str | None = None):
+    """A config field with its command-line help (``lintime train``'s flags are generated from these); ``flag``: the
+    flag's name where it differs from the field's."""
+    return dataclasses.field(default=default, metadata={"help": help, "flag": flag})
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Everything that decides a training run (serialised as the ``train`` entry of ``config.json``).
@@ -176,53 +182,78 @@ class TrainConfig:
     vocabulary are the checkpoint's (``preset`` and ``tokenizer`` must name them).
     """
 
-    preset: str = "flash-tiny"
-    objective: str = "clm"
-    corpus: str = "stdlib"
-    tokenizer: str = "byte"
-    cache_dir: str | None = None
-    text_field: str = "text"
-    mlm_prob: float = 0.15
-    context_len: int = 256
-    tokens_per_batch: int = 4096
-    micro_batch_tokens: int | None = None
-    packing: str = "documents"
-    steps: int | None = None
-    tokens: int | None = None
-    time_minutes: float | None = None
-    recipe: str | None = None
-    lr: float | None = None
-    warmup: float | None = None
-    decay: str | None = None
-    final_lr_ratio: float | None = None
-    weight_decay: float | None = None
-    beta1: float | None = None
-    beta2: float | None = None
-    eps: float | None = None
-    clip: float | None = None
-    aux_weight: float | None = None
-    seed: int = 0
-    init_seed: int | None = None
-    device: str = "auto"
-    precision: str = "auto"
-    compile: str = "auto"  # the captured step where it is exact (CUDA), else eager steps
-    fused: bool = True
-    deterministic: bool = False
-    parallel: str = "none"
-    context_parallel: int = 1
-    log_every: int = 1
-    eval_every: int = 50
-    eval_tokens: int = 32768
-    save_every: int = 100
-    keep: int = 3
-    tensorboard: bool = False
-    plots: bool = True
-    sample_prompt: str | None = None  # None: the start of the first validation document (any corpus, not only code)
-    sample_tokens: int = 200
-    temperature: float = 0.8
-    top_k: int = 0
-    init_from: str | None = None
-
+    preset: str = _field("flash-tiny",
+        "model preset (lintime.models.preset_names()); its vocabulary becomes the tokenizer's.")
+    objective: str = _field("clm", 'clm (causal LM) or mlm (masked LM).')
+    corpus: str = _field("stdlib",
+        'stdlib (the Python standard library), a folder, a file or a glob (see docs/data.md).')
+    tokenizer: str = _field("byte", 'byte, bpe:N (train an N-token BPE on the train split) or bpe:FOLDER.')
+    cache_dir: str | None = _field(None, 'token cache folder (default: $LINTIME_CACHE/data/<corpus>-<tokenizer>).')
+    text_field: str = _field("text", 'JSONL/parquet field holding the text.')
+    mlm_prob: float = _field(0.15, 'masking probability for --objective mlm.')
+    context_len: int = _field(256, 'tokens per row (sequence length).')
+    tokens_per_batch: int = _field(4096, 'tokens per optimiser step (rows = tokens_per_batch / context_len).')
+    micro_batch_tokens: int | None = _field(None,
+        'tokens per forward/backward; smaller than tokens_per_batch means gradient accumulation.')
+    packing: str = _field("documents",
+        'documents (every document its own sequence: documents never see each other) or rows (every row one '
+        'sequence, documents in a row see the ones before them; the same layout every step, which --compile '
+        'graph needs).')
+    steps: int | None = _field(None,
+        f'stop after this many optimiser steps (default {DEFAULT_STEPS} when no budget is given).')
+    tokens: int | None = _field(None, 'stop after this many training tokens.')
+    time_minutes: float | None = _field(None, 'stop after this many minutes of training (wall clock).', flag="time")
+    recipe: str | None = _field(None,
+        "optimisation recipe: flash (FLASH seed Tables 6-7), vq (Transformer-VQ App. C), gla (GLA seed); "
+        "default: the preset family's (gla -> gla, vq -> vq, the rest -> flash).")
+    lr: float | None = _field(None, "peak learning rate (default: the recipe's).")
+    warmup: float | None = _field(None, "warm-up as a fraction of the schedule (default: the recipe's).")
+    decay: str | None = _field(None, "linear, cosine or constant after warm-up (default: the recipe's).")
+    final_lr_ratio: float | None = _field(None,
+        "learning rate at the end as a fraction of the peak (default: the recipe's).")
+    weight_decay: float | None = _field(None, "AdamW weight decay on matrices (default: the recipe's).")
+    beta1: float | None = _field(None, "AdamW beta1 (default: the recipe's).")
+    beta2: float | None = _field(None, "AdamW beta2 (default: the recipe's).")
+    eps: float | None = _field(None, "AdamW epsilon (default: the recipe's).")
+    clip: float | None = _field(None, "gradient clipping by global norm, 0 = off (default: the recipe's).")
+    aux_weight: float | None = _field(None,
+        "weight of the mixers' auxiliary losses, e.g. VQ commitment (default: the recipe's).")
+    seed: int = _field(0, 'seeds the data order and the MLM masks, and the initialisation unless --init-seed is given.')
+    init_seed: int | None = _field(None,
+        'seeds the initial weights alone (default: --seed), so runs that differ only in data or context can '
+        'start from other draws.')
+    device: str = _field("auto", 'auto (cuda when available), cpu, cuda or cuda:N.')
+    precision: str = _field("auto", 'auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16.')
+    compile: str = _field("auto",
+        'auto (the fastest exact form here, one line says which: on CUDA the whole step in one CUDA graph, '
+        'documents packed anew every batch included for the families that plan them on the device), off '
+        '(eager steps), model (torch.compile the model) or graph; --compile alone = auto (see docs/models.md, '
+        'Compiling).')
+    fused: bool = _field(True,
+        "the layers' fused elementwise kernels and the fused linear + cross-entropy loss; --no-fused runs "
+        "their PyTorch reference forms (to check the fused path).")
+    deterministic: bool = _field(False, 'torch.use_deterministic_algorithms (slower on CUDA).')
+    parallel: str = _field("none",
+        'under torchrun: none, ddp (DistributedDataParallel) or fsdp (FSDP2 fully_shard); --tokens-per-batch '
+        'stays the global batch (see docs/distributed.md).')
+    context_parallel: int = _field(1,
+        'under torchrun: split every row over this many processes (linear-time families; context_len / N a '
+        'multiple of the chunk size).')
+    log_every: int = _field(1, 'write a metrics row every N steps (0 = none).')
+    eval_every: int = _field(50, 'validate every N steps (0 = only at the end).')
+    eval_tokens: int = _field(32768, 'validation tokens per evaluation.')
+    save_every: int = _field(100, 'checkpoint every N steps (0 = only at the end).')
+    keep: int = _field(3, 'checkpoints to keep (0 = all).')
+    tensorboard: bool = _field(False, 'also write TensorBoard events (needs the tensorboard package).')
+    plots: bool = _field(True, 'write loss_vs_steps.png and loss_vs_time.png.')
+    sample_prompt: str | None = _field(None,
+        'prompt of the final sample (default: the first words of the first validation document).', flag="prompt")
+    sample_tokens: int = _field(200, 'tokens to sample at the end (0 = no sample).')
+    temperature: float = _field(0.8, 'sampling temperature (0 = greedy).')
+    top_k: int = _field(0, 'sample from the k most likely tokens only (0 = all).')
+    init_from: str | None = _field(None,
+        "start from this run's (or step folder's) weights: same architecture and vocabulary, new data, "
+        "schedule and budget.")
     def __post_init__(self):
         def fail(msg: str) -> None:
             raise ValueError(f"train config: {msg}")

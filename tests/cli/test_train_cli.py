@@ -176,3 +176,21 @@ def test_no_traceback_in_a_real_process(tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_train_flag_is_declared_once():
+    """The train command's flags come from TrainConfig's fields (type, default and help declared there once) and
+    the command's own few (run folder, threads, --task mqar's): nothing is declared twice."""
+    import dataclasses
+
+    from lintime.cli import _arg_help
+    from lintime.cli.train import _OWN
+
+    fields = dataclasses.fields(TrainConfig)
+    assert all(f.metadata.get("help") for f in fields)
+    flags = [f.metadata.get("flag") or f.name for f in fields]
+    params = [p for p in inspect.signature(train_command).parameters if not p.startswith("_")]
+    assert params == flags + list(_OWN) and not set(flags) & set(_OWN)
+    helps = _arg_help(train_command.__doc__)
+    for f, flag in zip(fields, flags):
+        assert helps[flag] == f.metadata["help"], flag
