@@ -31,7 +31,8 @@ ALLOWED = {
     "training": _BELOW_TRAINING,
     "hf": _BELOW_TRAINING | {"training"},
     "bench": _BELOW_TRAINING | {"training"},
-    "cli": _BELOW_TRAINING | {"training", "hf", "bench"},
+    "serving": _BELOW_TRAINING | {"training"},
+    "cli": _BELOW_TRAINING | {"training", "hf", "bench", "serving"},
     "__main__": {"cli"},
     "testing": set(),
 }

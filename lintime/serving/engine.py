@@ -1,0 +1,447 @@
+"""Continuous batching: many completion requests decoded together, each joining and leaving the batch at
+a token boundary.
+
+    engine = Engine(model, tokenizer, max_batch=64)
+    engine.start()
+    handle = engine.submit(Request("def parse(", max_tokens=64, temperature=0))
+    async for ev in handle.events():     # or: for ev in handle.iter()
+        print(ev.text, end="")
+    engine.shutdown()
+
+One background thread runs the loop; :meth:`Engine.submit` and :meth:`Handle.cancel` only queue work for
+it and wake it.  Each iteration of the loop:
+
+1. ends the requests cancelled since the last one (their slots are freed);
+2. gives waiting requests free slots (the lowest first, :mod:`lintime.serving.slots`), oldest first;
+3. prefills: at most ``prefill_chunk`` prompt tokens of the requests holding a slot, oldest first
+   (:func:`lintime.generation.prefill`, batch 1, continuing each request's own partial state), so a long
+   prompt is consumed over several iterations and never stalls the running requests for more than one
+   piece; a request whose prompt is done has its state written into its slot (a row copy) and draws its
+   first token from the prefill's logits;
+4. runs one decoding step of every running request (:meth:`SlotStates.step` over the slots' bucket), draws
+   each request's next token with its own settings, and publishes the events; a request that finishes
+   frees its slot at once.
+
+The loop sleeps on a condition variable while there is nothing to do.
+
+Sampling: temperature 0 is greedy (argmax); otherwise :func:`lintime.generation.sample_seeded` with the
+request's temperature, top-k and top-p, and its ``t``-th token drawn from a hash of ``(seed, t)``; rows with
+the same settings are drawn together.  A request's tokens depend only on its own logits, and every
+family's decoding step is row-wise, so batching changes a row's logits at most by the last bits a matrix
+product of another batch size may round differently (on the CPU in fp32: not at all; greedy output alone
+and in a batch of staggered requests is the same, tested per family, and so is a seeded sample).  The
+text goes through :class:`~lintime.generation.Detokenizer` and :class:`~lintime.generation.StopMatcher`,
+as in ``lintime generate``.
+
+Limits: a request needs ``prompt + max_tokens <= capacity`` tokens when the model's state grows with the
+sequence (softmax and GAU KV caches, Combiner, FLASH with first-to-all) or its positions are a learned
+table (whose size then bounds ``capacity``); ``submit`` refuses one that does not fit.
+"""
+
+from __future__ import annotations
+
+import heapq
+import numbers
+import random
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from lintime.generation import Detokenizer, StopMatcher, prefill, sample_seeded
+from lintime.serving.request import EngineClosed, Event, Handle, QueueFull, Request
+from lintime.serving.slots import SlotStates, state_grows
+
+# tokens per slot when the model's state grows and neither a capacity nor a prompt bound is given: room for
+# a few thousand tokens without reserving the largest completion for every slot
+DEFAULT_CAPACITY = 4096
+
+
+@dataclass(eq=False)
+class _Job:
+    """The engine's side of one request (owned by the loop thread once admitted)."""
+
+    handle: Handle | None
+    ids: list[int]
+    max_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    stop: tuple[str, ...]
+    echo_text: str | None
+    detok: Detokenizer
+    matcher: StopMatcher
+    cancelled: bool = False
+    slot: int = -1
+    consumed: int = 0  # prompt tokens prefilled
+    state: object = None  # the partial prefill state (one sequence) until the prompt is done
+    drawn: int = 0  # tokens drawn
+    next_token: int = 0  # the token to feed at the next step
+    sampling: tuple = field(default=())  # rows with equal keys are drawn together
+
+    def __post_init__(self):
+        self.sampling = ("greedy",) if self.temperature == 0 else (self.temperature, self.top_k, self.top_p)
+
+
+class Engine:
+    """The continuous-batching engine (see the module docstring).
+
+    ``max_batch``             slots: requests decoded together;
+    ``max_queue``             requests waiting or running at most (``submit`` raises :class:`QueueFull` beyond);
+    ``prefill_chunk``         most prompt tokens prefilled per loop iteration;
+    ``max_prompt_tokens``     longest prompt accepted (``None``: what the model can take);
+    ``max_new_tokens_limit``  largest ``max_tokens`` accepted;
+    ``capacity``              tokens (prompt + completion) a slot holds for a model whose state grows
+                              (default: ``max_prompt_tokens + max_new_tokens_limit``, else
+                              ``DEFAULT_CAPACITY``; a learned position table's size at most);
+    ``device``                where to run (``None``: the model's device; else the model moves there).
+
+    The model is put in eval mode and must be a causal lintime LM (``init_state`` / ``ModelState``).
+    """
+
+    def __init__(self, model, tokenizer, *, max_batch: int = 64, max_queue: int = 256, prefill_chunk: int = 512,
+                 max_prompt_tokens: int | None = None, max_new_tokens_limit: int = 4096,
+                 capacity: int | None = None, device=None):
+        for name, value in (("max_batch", max_batch), ("max_queue", max_queue), ("prefill_chunk", prefill_chunk),
+                            ("max_new_tokens_limit", max_new_tokens_limit)):
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"Engine: {name} must be an integer >= 1, got {value!r}")
+        if max_prompt_tokens is not None and (not _is_int(max_prompt_tokens) or max_prompt_tokens < 1):
+            raise ValueError(f"Engine: max_prompt_tokens must be None or an integer >= 1, got {max_prompt_tokens!r}")
+        if getattr(model, "causal", True) is False:
+            raise ValueError(f"Engine: {type(model).__name__} is bidirectional (masked LM): it cannot generate text")
+        if not hasattr(model, "init_state"):
+            raise TypeError(f"Engine needs a lintime causal LM (init_state, ModelState), got {type(model).__name__}")
+        if device is not None:
+            model.to(device)
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.device = next(model.parameters()).device
+        self.max_batch, self.max_queue, self.prefill_chunk = max_batch, max_queue, prefill_chunk
+        self.max_prompt_tokens, self.max_new_tokens_limit = max_prompt_tokens, max_new_tokens_limit
+        cfg = getattr(model, "config", None)
+        self.vocab_size = int(getattr(cfg, "vocab_size", None) or tokenizer.vocab_size)
+        self.eos_id = getattr(tokenizer, "eos_id", None)
+        self.max_positions = cfg.max_positions if getattr(cfg, "position", None) == "learned" else None
+        if capacity is None:
+            capacity = max_prompt_tokens + max_new_tokens_limit if max_prompt_tokens else DEFAULT_CAPACITY
+            capacity = min(capacity, self.max_positions or capacity)
+        if not _is_int(capacity) or capacity < 2:
+            raise ValueError(f"Engine: capacity must be an integer >= 2, got {capacity!r}")
+        if self.max_positions is not None and capacity > self.max_positions:
+            raise ValueError(f"Engine: capacity {capacity} exceeds the model's learned position table "
+                             f"({self.max_positions} positions)")
+        self.capacity = capacity
+        # whether a request must fit in capacity: a growing state, or positions bounded by a table
+        self.bounded = self.max_positions is not None or state_grows(model, capacity)
+        with torch.no_grad():
+            self._slots = SlotStates(model, max_batch, capacity, self.device)
+
+        self._cv = threading.Condition()  # guards the fields below up to the loop's own
+        self._pending: deque[_Job] = deque()  # submitted, waiting for a slot
+        self._live = 0  # requests submitted and not finished
+        self._closing = self._cancel_all = False
+        self._thread: threading.Thread | None = None
+        self._next_id = 0
+        self._rng = random.Random()  # seeds of requests without one
+        # the loop thread's own
+        self._prefilling: list[_Job] = []  # holding a slot, prompt not consumed yet (oldest first)
+        self._running: dict[int, _Job] = {}  # slot -> request decoding
+        self._free = list(range(max_batch))  # heap of free slots
+        self._counts = {"tokens_generated": 0, "prompt_tokens": 0, "steps": 0, "requests_finished": 0}
+
+    # ------------------------------------------------------------------ public API
+    def start(self) -> Engine:
+        """Start the loop thread (idempotent)."""
+        with self._cv:
+            if self._closing:
+                raise EngineClosed("the engine has been shut down")
+            self._start_locked()
+        return self
+
+    def submit(self, request: Request) -> Handle:
+        """Queue ``request``; its :class:`Handle` streams the completion.  Raises ``ValueError`` for a
+        request the engine cannot run (the message names the field), :class:`QueueFull` with ``max_queue``
+        requests waiting or running, :class:`EngineClosed` after :meth:`shutdown`.  The request runs once
+        :meth:`start` has been called."""
+        if self._closing:
+            raise EngineClosed("the engine has been shut down: it takes no new requests")
+        job = self._check(request)
+        with self._cv:
+            if self._closing:
+                raise EngineClosed("the engine has been shut down: it takes no new requests")
+            if self._live >= self.max_queue:
+                raise QueueFull(f"{self._live} requests are already waiting or running (max_queue={self.max_queue})")
+            self._live += 1
+            self._next_id += 1
+            job.handle = Handle(request, self._next_id, lambda _h: self._cancel(job))
+            self._pending.append(job)
+            self._cv.notify_all()
+        return job.handle
+
+    def stats(self) -> dict:
+        """``running`` (decoding), ``prefilling`` (holding a slot, prompt being consumed), ``waiting`` (for a
+        slot), ``free_slots``, ``max_batch``, ``capacity``, and since the start ``tokens_generated``,
+        ``prompt_tokens`` (prefilled), ``steps`` (decoding steps), ``requests_finished``."""
+        with self._cv:
+            waiting = len(self._pending)
+        return {"running": len(self._running), "prefilling": len(self._prefilling), "waiting": waiting,
+                "free_slots": len(self._free), "max_batch": self.max_batch, "capacity": self.capacity,
+                **self._counts}
+
+    def shutdown(self, timeout: float = 30.0, cancel: bool = False) -> None:
+        """Stop taking requests (``submit`` raises :class:`EngineClosed`), let the ones in flight finish
+        (``cancel``: end them as ``"cancelled"`` at the next token boundary; also what happens to those
+        still running after ``timeout`` seconds) and join the loop thread."""
+        with self._cv:
+            self._closing = True
+            self._cancel_all = self._cancel_all or cancel
+            if self._live:
+                self._start_locked()  # requests queued before any start still get their end
+            thread = self._thread
+            self._cv.notify_all()
+        if thread is None:
+            return
+        thread.join(timeout)
+        if thread.is_alive():
+            with self._cv:
+                self._cancel_all = True
+                self._cv.notify_all()
+            thread.join(timeout)
+            if thread.is_alive():
+                raise TimeoutError(f"the engine's loop did not stop within {2 * timeout} s")
+
+    # ------------------------------------------------------------------ checks
+    def _check(self, r: Request) -> _Job:
+        if not isinstance(r, Request):
+            raise ValueError(f"submit takes a lintime.serving.Request, got {type(r).__name__}")
+        if not _is_int(r.max_tokens) or not 1 <= r.max_tokens <= self.max_new_tokens_limit:
+            raise ValueError(f"max_tokens must be an integer in [1, {self.max_new_tokens_limit}], got {r.max_tokens!r}")
+        if not _is_real(r.temperature) or not 0 <= r.temperature < float("inf"):
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {r.temperature!r}")
+        if not _is_real(r.top_p) or not 0 < r.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {r.top_p!r}")
+        if not _is_int(r.top_k) or r.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = all tokens), got {r.top_k!r}")
+        stop = (r.stop,) if isinstance(r.stop, str) else r.stop
+        if not isinstance(stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in stop):
+            raise ValueError(f"stop must be a string or a list of non-empty strings, got {r.stop!r}")
+        if r.seed is not None and (not _is_int(r.seed) or not -(2**63) <= r.seed < 2**63):
+            raise ValueError(f"seed must be None or a 64-bit integer, got {r.seed!r}")
+        if not isinstance(r.echo, bool):
+            raise ValueError(f"echo must be true or false, got {r.echo!r}")
+        ids, echo = self._encode(r.prompt)
+        self._check_length(len(ids), r.max_tokens)
+        return _Job(None, ids, int(r.max_tokens), float(r.temperature), int(r.top_k), float(r.top_p),
+                    self._rng.getrandbits(63) if r.seed is None else int(r.seed), tuple(stop),
+                    echo if r.echo else None, Detokenizer(self.tokenizer), StopMatcher(tuple(stop)))
+
+    def _encode(self, prompt) -> tuple[list[int], str]:
+        """The prompt's token ids and its text (for ``echo``)."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            return [self.tokenizer.bos_id, *self.tokenizer.encode(prompt)], prompt
+        if isinstance(prompt, (list, tuple)) and all(_is_int(t) for t in prompt):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            bad = [int(t) for t in prompt if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token ids must be in [0, {self.vocab_size}) (the vocabulary), "
+                                 f"got {bad[:5]}")
+            ids = [int(t) for t in prompt]
+            return ids, self.tokenizer.decode(ids)
+        raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+
+    def _check_length(self, P: int, M: int) -> None:
+        if self.max_prompt_tokens is not None and P > self.max_prompt_tokens:
+            raise ValueError(f"prompt has {P} tokens, more than this engine takes (max_prompt_tokens="
+                             f"{self.max_prompt_tokens})")
+        if not self.bounded or P + M <= self.capacity:
+            return
+        if self.max_positions is not None and self.capacity == self.max_positions:
+            limit = f"the model's learned position table ({self.max_positions} positions)"
+        else:
+            limit = (f"this engine's capacity of {self.capacity} tokens per sequence (the model's decoding state "
+                     f"grows with the sequence: Engine(capacity=...))")
+        if P >= self.capacity:
+            raise ValueError(f"prompt has {P} tokens: too long for {limit}")
+        raise ValueError(f"prompt ({P} tokens) + max_tokens ({M}) = {P + M} tokens exceeds {limit}; "
+                         f"max_tokens can be at most {self.capacity - P}")
+
+    # ------------------------------------------------------------------ the loop thread
+    def _start_locked(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="lintime-serving", daemon=True)
+            self._thread.start()
+
+    def _cancel(self, job: _Job) -> None:
+        with self._cv:
+            job.cancelled = True
+            self._cv.notify_all()
+
+    def _has_work(self) -> bool:
+        return bool(self._pending or self._prefilling or self._running or self._closing)
+
+    def _loop(self) -> None:
+        with torch.no_grad():
+            while True:
+                with self._cv:
+                    self._cv.wait_for(self._has_work)
+                    if self._closing and self._live == 0:
+                        return
+                    cancel_all = self._cancel_all
+                    admitted = self._admit(cancel_all)
+                try:
+                    self._iteration(admitted, cancel_all)
+                except Exception as err:  # a fault of the loop itself: end every request, keep the engine
+                    for job in [*self._prefilling, *self._running.values()]:
+                        self._end(job, "error", f"{type(err).__name__}: {err}")
+
+    def _admit(self, cancel_all: bool) -> list[_Job]:
+        """(Under the lock.)  Pending requests cancelled end; the oldest others get the free slots."""
+        cancelled = [j for j in self._pending if j.cancelled or cancel_all]
+        if cancelled:
+            self._pending = deque(j for j in self._pending if not (j.cancelled or cancel_all))
+        for job in cancelled:
+            self._finish_locked(job, Event("", [], "cancelled", len(job.ids), 0))
+        admitted = []
+        while self._pending and self._free:
+            job = self._pending.popleft()
+            job.slot = heapq.heappop(self._free)
+            admitted.append(job)
+        return admitted
+
+    def _iteration(self, admitted: list[_Job], cancel_all: bool) -> None:
+        self._prefilling += admitted
+        for job in [*self._prefilling, *self._running.values()]:
+            if job.cancelled or cancel_all:
+                self._end(job, "cancelled")
+        self._prefill(self.prefill_chunk)
+        if self._running:
+            self._decode()
+
+    def _prefill(self, budget: int) -> None:
+        while budget > 0 and self._prefilling:
+            job = self._prefilling[0]
+            n = min(budget, len(job.ids) - job.consumed)
+            try:
+                ids = torch.tensor(job.ids[job.consumed : job.consumed + n], device=self.device)[None]  # [1, n]
+                logits, job.state = prefill(self.model, ids, job.state, chunk_size=n)  # [1, V]
+                job.consumed += n
+                self._counts["prompt_tokens"] += n
+                budget -= n
+                if job.consumed < len(job.ids):
+                    continue
+                self._prefilling.pop(0)
+                self._slots.write_row(job.slot, job.state, len(job.ids))
+                job.state = None
+                self._running[job.slot] = job
+                token = self._draw([job], logits)[0]
+            except Exception as err:
+                self._end(job, "error", f"prefill: {type(err).__name__}: {err}")
+                continue
+            self._take(job, token)
+
+    def _decode(self) -> None:
+        slots = sorted(self._running)
+        n = self._slots.bucket(slots[-1])
+        self._slots.park_idle(n, [s for s in range(n) if s not in self._running])
+        feed = [0] * n
+        for s in slots:
+            feed[s] = self._running[s].next_token
+        jobs = [self._running[s] for s in slots]
+        try:
+            self._slots.tokens[:n].copy_(torch.tensor(feed))
+            logits = self._slots.step(n)  # [n, V]
+            self._counts["steps"] += 1
+            tokens = self._draw(jobs, logits.index_select(0, torch.tensor(slots, device=logits.device)))
+        except Exception as err:
+            for job in jobs:
+                self._end(job, "error", f"decoding step: {type(err).__name__}: {err}")
+            for s in range(n):  # a step that failed half-way leaves its rows unknown: empty them
+                self._slots.reset_row(s)
+            return
+        for job, token in zip(jobs, tokens):
+            self._take(job, token)
+
+    def _draw(self, jobs: list[_Job], logits: torch.Tensor) -> list[int]:
+        """The next token of each of ``jobs`` from its row of ``logits [len(jobs), V]``."""
+        groups: dict[tuple, list[int]] = {}
+        for i, job in enumerate(jobs):
+            groups.setdefault(job.sampling, []).append(i)
+        out = [0] * len(jobs)
+        for key, members in groups.items():
+            rows = logits.index_select(0, torch.tensor(members, device=logits.device))  # [m, V]
+            if key == ("greedy",):
+                tokens = rows.argmax(dim=-1)
+            else:
+                seeds = torch.tensor([jobs[i].seed for i in members], device=logits.device)
+                steps = torch.tensor([jobs[i].drawn for i in members], device=logits.device)
+                tokens = sample_seeded(rows, seeds, steps, temperature=key[0], top_k=key[1], top_p=key[2])
+            for i, t in zip(members, tokens.tolist()):
+                out[i] = t
+        return out
+
+    def _take(self, job: _Job, token: int) -> None:
+        """``job`` drew ``token``: publish its text; end it at eos, a stop string or ``max_tokens``."""
+        try:
+            job.drawn += 1
+            self._counts["tokens_generated"] += 1
+            if token == self.eos_id:
+                reason, new = "stop", job.detok.flush()
+            else:
+                new = job.detok.push(token)
+                reason = "length" if job.drawn == job.max_tokens else None
+                if reason is not None:
+                    new += job.detok.flush()
+            shown, stopped = job.matcher.push(new)
+            if stopped:
+                reason = "stop"
+            elif reason is not None:
+                shown += job.matcher.flush()
+            if job.echo_text is not None:
+                shown, job.echo_text = job.echo_text + shown, None
+        except Exception as err:
+            self._end(job, "error", f"detokenising: {type(err).__name__}: {err}")
+            return
+        ev = Event(shown, [token], reason, len(job.ids), job.drawn)
+        if reason is None:
+            job.next_token = token
+            job.handle._publish(ev)
+        else:
+            self._release(job)
+            with self._cv:
+                self._finish_locked(job, ev)
+
+    def _end(self, job: _Job, reason: str, error: str | None = None) -> None:
+        """End ``job`` (holding a slot) without a token: ``"cancelled"`` or ``"error"``."""
+        self._release(job)
+        with self._cv:
+            self._finish_locked(job, Event("", [], reason, len(job.ids), job.drawn, error))
+
+    def _release(self, job: _Job) -> None:
+        if job in self._prefilling:
+            self._prefilling.remove(job)
+        if self._running.get(job.slot) is job:
+            del self._running[job.slot]
+        if job.slot >= 0:
+            heapq.heappush(self._free, job.slot)
+            job.slot, job.state = -1, None
+
+    def _finish_locked(self, job: _Job, ev: Event) -> None:
+        self._live -= 1
+        self._counts["requests_finished"] += 1
+        job.handle._publish(ev)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+__all__ = ["DEFAULT_CAPACITY", "Engine"]

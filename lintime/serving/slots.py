@@ -1,0 +1,116 @@
+"""The decoding states of the engine's batch: ``B`` slots of fixed buffers, stepped together.
+
+    slots = SlotStates(model, max_batch=B, capacity=L)
+    slots.write_row(s, state)           # a prefilled one-sequence state into slot s (a row copy)
+    slots.tokens[s] = token             # the token each slot feeds next
+    logits = slots.step(n)              # [n, V]: one token for slots [0, n); their buffers advance in place
+
+The buffers are one static state of ``B`` rows (:func:`lintime.layers.base.static_state`: KV caches and
+Combiner's row summaries at a capacity of ``L`` tokens per sequence, the constant-size states as they
+are).  A step runs over a prefix of the slots, ``n`` a power of two (a *bucket*) covering the highest
+slot in use, through views of the first ``n`` rows -- the same storage, so the rows outside a step keep
+their state and a request never moves.  The engine gives a new request the lowest free slot, which keeps
+the busy slots in a short prefix.
+
+The step is one function of fixed-shape buffers per bucket: ``tokens[:n]`` in, the views' buffers
+updated in place, ``logits[:n]`` out, no host read in the step itself
+(:class:`lintime.generation.StaticDecoder`'s step over views).  That is the hook for CUDA graphs: one
+graph captured per bucket (at most ``log2(B) + 1``) and replayed per token, everything else (row writes,
+resets, sampling) outside the replay, on the same buffers.
+
+Idle slots: a slot without a request still runs in a step that covers it (its input is token 0), and so
+moves one position per step.  Its numbers never reach a busy row (every family's step is row-wise), but
+a growing state's fill (a KV cache's ``lengths``, Combiner's rows) and a learned position table bound the
+positions a row may reach, so :meth:`SlotStates.park_idle` resets an idle slot to the empty state before
+it would reach ``capacity`` (once per ``capacity`` idle steps: a row copy).
+
+Notation: ``B`` slots (``max_batch``), ``n`` rows of a step, ``V`` vocabulary, ``L`` capacity.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lintime.generation import decode_one_token
+from lintime.generation.decode import state_nbytes
+from lintime.generation.static import mark_state_checked
+from lintime.layers.base import copy_state_, map_state, static_state
+
+
+def _rows(state, start: int, stop: int):
+    """The state of rows ``[start, stop)`` as views of ``state``'s buffers (writes go through)."""
+    return map_state(state, lambda t: t[start:stop])
+
+
+def _empty(model, batch: int, capacity: int, device):
+    state = static_state(model.init_state(batch, device=device), capacity)
+    state.max_offset = capacity - 1  # the host bound of every position a step will see (StaticDecoder's)
+    return state
+
+
+def state_grows(model, capacity: int) -> bool:
+    """Whether the model's static state holds more for more tokens (a KV cache, Combiner's row
+    summaries): its size at ``capacity`` and at a larger capacity, read from a one-row state on the
+    meta device (no memory)."""
+    s = model.init_state(1, device="meta")
+    return state_nbytes(static_state(s, capacity)) != state_nbytes(static_state(s, 2 * capacity + 8192))
+
+
+class SlotStates:
+    """``max_batch`` slots of static decoding state for sequences of up to ``capacity`` tokens
+    (see the module docstring)."""
+
+    def __init__(self, model, max_batch: int, capacity: int, device):
+        self.model, self.max_batch, self.capacity = model, int(max_batch), int(capacity)
+        self.state = _empty(model, self.max_batch, self.capacity, device)  # [B] rows
+        self._blank = _empty(model, 1, self.capacity, device)  # the empty state of one sequence
+        self.tokens = torch.zeros(self.max_batch, dtype=torch.long, device=device)  # [B] next input
+        self.positions = [0] * self.max_batch  # host copy of each slot's offset (tokens it holds)
+        self._views = {}  # n -> the state of slots [0, n) (views: fixed storage per bucket)
+        mark_state_checked(self.state)
+
+    def bucket(self, highest: int) -> int:
+        """Rows of the step that covers slot ``highest``: the next power of two, at most ``B``."""
+        return min(1 << highest.bit_length(), self.max_batch)
+
+    def view(self, n: int):
+        if n not in self._views:
+            self._views[n] = _rows(self.state, 0, n)
+        return self._views[n]
+
+    def step(self, n: int) -> torch.Tensor:
+        """Feed ``tokens[:n]`` to slots ``[0, n)``; return their logits ``[n, V]``."""
+        # a row write since the last step bumped the buffers' version counters: the ops would check them again
+        mark_state_checked(self.view(n))
+        logits = self.decode_step(n)
+        for s in range(n):
+            self.positions[s] += 1
+        return logits
+
+    def decode_step(self, n: int) -> torch.Tensor:
+        """The device work of :meth:`step`: ``tokens[:n]`` and the buffers of slots ``[0, n)`` in, the
+        buffers updated in place and the logits ``[n, V]`` out; fixed shapes per ``n`` and no host read.
+        What a CUDA graph per bucket would capture (the host bookkeeping stays in :meth:`step`)."""
+        state = self.view(n)
+        logits, new = decode_one_token(self.model, self.tokens[:n], state)
+        copy_state_(state, new, "decoding state")
+        return logits
+
+    def write_row(self, slot: int, state, tokens: int) -> None:
+        """Slot ``slot`` takes ``state`` (one sequence, e.g. a prefilled prompt of ``tokens`` tokens)."""
+        copy_state_(_rows(self.state, slot, slot + 1), static_state(state, self.capacity), "prefilled state")
+        self.positions[slot] = tokens
+
+    def reset_row(self, slot: int) -> None:
+        """Slot ``slot`` back to the empty state."""
+        copy_state_(_rows(self.state, slot, slot + 1), self._blank)
+        self.positions[slot] = 0
+
+    def park_idle(self, n: int, idle: list[int]) -> None:
+        """Before a step over ``[0, n)``: reset each slot of ``idle`` inside it that is full."""
+        for s in idle:
+            if s < n and self.positions[s] >= self.capacity:
+                self.reset_row(s)
+
+
+__all__ = ["SlotStates", "state_grows"]
