@@ -24,12 +24,12 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv | 
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 rc=0
 if [[ " $STEPS " == *" tests "* ]]; then
-  python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops/test_gau_triton.py tests/ops/test_mixed_chunk_triton.py \
+  python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops/gau/test_gau_triton.py tests/ops/mixed_chunk/test_mixed_chunk_triton.py \
     2>&1 | tee "$OUT/tests.log" || rc=1
 fi
 if [[ " $STEPS " == *" quicktests "* ]]; then
   python3 -m pytest -q -m cuda -p no:cacheprovider -k "fp32_exact or long_sequence or dispatch" \
-    tests/ops/test_gau_triton.py tests/ops/test_mixed_chunk_triton.py 2>&1 | tee "$OUT/quicktests.log" || rc=1
+    tests/ops/gau/test_gau_triton.py tests/ops/mixed_chunk/test_mixed_chunk_triton.py 2>&1 | tee "$OUT/quicktests.log" || rc=1
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
   python3 -m lintime bench ops --cases flash --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" || rc=1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Linear attention / GLA Triton kernels on a GPU machine, in one call:
 #   1. install the anchor wheels (.whl/, carried: fla-core + flash-linear-attention 0.6.0),
-#   2. `tests`: the CUDA tests of tests/ops/test_{linear,gla}_triton.py (real sizes, bf16/fp16/fp32,
+#   2. `tests`: the CUDA tests of tests/ops/{linear,gla}/test_{linear,gla}_triton.py (real sizes, bf16/fp16/fp32,
 #      against the naive / chunked PyTorch references),
 #   3. `bench`: `lintime bench ops --cases linear_gla` (ours, fla, SDPA; eager and CUDA-graph device
 #      time; decode steps) -> $OUT/bench_ops.json; `quick` = T in 2k/8k/32k.
@@ -44,7 +44,7 @@ if [[ "$STEPS" == *" gla "* ]]; then
   }
   if [[ ${GLA_TESTS:-1} == 1 ]]; then  # GLA_TESTS=0: the caller ran the CUDA tests already
     timeout "$(left 110)" python3 -m pytest -q -m cuda -n 4 -p no:cacheprovider --durations=10 \
-      tests/ops/test_gla_triton.py 2>&1 | tee "$OUT/gla_tests.log" || rc=1
+      tests/ops/gla/test_gla_triton.py 2>&1 | tee "$OUT/gla_tests.log" || rc=1
   fi
   # ours vs fla chunk_gla, one T at a time, each row printed and saved as soon as it is measured
   mkdir -p "$OUT/gla_bench"
@@ -74,7 +74,7 @@ PY
 fi
 if [[ "$STEPS" == *" tests "* ]]; then
   timeout "${TESTS_S:-240}" python3 -m pytest -q -m cuda -n 4 -p no:cacheprovider --durations=15 \
-    tests/ops/test_linear_triton.py tests/ops/test_gla_triton.py 2>&1 | tee "$OUT/tests.log" || rc=1
+    tests/ops/linear/test_linear_triton.py tests/ops/gla/test_gla_triton.py 2>&1 | tee "$OUT/tests.log" || rc=1
 fi
 if [[ "$STEPS" == *" bench "* ]]; then
   QUICK=""

@@ -7,7 +7,7 @@ On the CPU through the Triton interpreter (tests/conftest.py sets ``TRITON_INTER
 tiles that straddle the block boundary, partial code and value tiles: fp32 by the exact rule, fp16 by the
 half-precision rule (``tl.dot`` on bf16 is wrong in the interpreter).  The ``cuda`` tests repeat the checks at the
 vq-base shape (``K = 128, V = 1536, S = L = 512``) in bf16 and fp32.  Tolerances: :mod:`lintime.testing`, as in
-tests/ops/test_vq.py, whose input helpers these tests share.
+tests/ops/vq/test_vq.py, whose input helpers these tests share.
 """
 
 import itertools

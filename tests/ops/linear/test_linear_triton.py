@@ -1,5 +1,5 @@
 """linear_attention, backend 'triton': the fused kernels against the naive form (chain of trust
-naive -> chunk in tests/ops/test_linear.py, naive -> triton here).  Forward, final state and every
+naive -> chunk in tests/ops/linear/test_linear.py, naive -> triton here).  Forward, final state and every
 gradient (both parts of the initial state included), causal and not, normalised and not, both
 state forms (one segment per sequence; materialised segment states), odd lengths, packing,
 continuation, the decoding kernel, fallbacks, and the custom ops under ``torch.compile``.

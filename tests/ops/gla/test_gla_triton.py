@@ -1,5 +1,5 @@
 """gated_linear_attention, backend 'triton': the fused kernels against the naive recurrence (chain
-of trust naive -> chunk in tests/ops/test_gla.py, naive -> triton here).  Forward, final state and
+of trust naive -> chunk in tests/ops/gla/test_gla.py, naive -> triton here).  Forward, final state and
 every gradient (q, k, v, the gates by the closed form, the initial state), both state forms (one
 segment per sequence; materialised segment states), odd lengths, strong decays, packing,
 continuation, the decoding kernel, fallbacks, and the custom ops under ``torch.compile``.
@@ -330,7 +330,7 @@ def test_cuda_long_bf16_strong_decays():
     """T = 131072 in bf16 with g = logsigmoid(x)/16, 5% of gates at -10 and a few at -1000:
     forward and gradients finite and equal to an fp32 triton run on the same (bf16-rounded)
     inputs up to bf16 rounding (2^-8, final state included); the fp32 run matches the fp64 chunked form (exact rule
-    for the state, 2e-5 for the output as in tests/ops/test_gla.py)."""
+    for the state, 2e-5 for the output as in tests/ops/gla/test_gla.py)."""
     T, H, K, V = 131072, 1, 64, 64
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, T, H, d, generator=gen).bfloat16().to(DEV) for d in (K, K, V))
