@@ -187,3 +187,28 @@ def test_families_stand_alone():
     bad = [(name, dep, line) for name in sorted(families) for dep, line in _imports(name, MODULES[name])
            if dep in families and dep != name]
     assert not bad, bad
+
+
+def test_no_package_attribute_shadows_its_module():
+    """``import lintime.generation.generate`` once gave the function that the package re-exported under the
+    module's name; no package exports a name that is also one of its submodules."""
+    code = r'''
+import importlib, pkgutil, types
+import lintime
+bad = []
+for info in pkgutil.walk_packages(lintime.__path__, "lintime."):
+    if not info.ispkg or ".triton" in info.name or info.name in ("lintime.hf",):
+        continue
+    try:
+        pkg = importlib.import_module(info.name)
+    except ImportError:
+        continue
+    for sub in pkgutil.iter_modules(pkg.__path__):
+        value = getattr(pkg, sub.name, None)
+        if value is not None and not isinstance(value, types.ModuleType):
+            bad.append(f"{info.name}.{sub.name}")
+print(bad)
+'''
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "[]", res.stdout

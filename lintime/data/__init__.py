@@ -20,7 +20,7 @@ from .corpus import SPLITS, Corpus, Document, SkipStats, open_corpus, split_of, 
 from .errors import DataError, EmptySplitError, MissingDependencyError
 from .mlm import IGNORE_INDEX, mask_tokens
 from .packing import Batch, BatchIterator, PackedRow, PackedRows, collate
-from .prepare import default_cache_dir, prepare
+from .build import default_cache_dir, prepare
 from .tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, get_tokenizer, load_tokenizer
 
 __all__ = [

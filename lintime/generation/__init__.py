@@ -9,7 +9,7 @@
   graph and replayed per token;
 * :mod:`~lintime.generation.sampling` -- temperature, top-k, nucleus (top-p), seeded draws;
 * :mod:`~lintime.generation.text` -- incremental detokenisation (partial UTF-8) and stop strings;
-* :mod:`~lintime.generation.generate` -- the loop: :func:`generate` / :func:`stream`.
+* :mod:`~lintime.generation.loop` -- the loop: :func:`generate` / :func:`stream`.
 
 ``lintime generate`` (:mod:`lintime.cli.generate`) is the command line over :func:`stream`.
 See ``docs/cli_eval.md``.
@@ -20,7 +20,7 @@ from lintime.generation.decode import (
     decode_one_token,
     prefill,
 )
-from lintime.generation.generate import (
+from lintime.generation.loop import (
     GenerationConfig,
     Sample,
     TextPiece,

@@ -53,7 +53,7 @@ def generate_tokens(
     ``decode_path`` (``graph`` or ``static``), ``prompt_tokens``, ``new_tokens``, ``prefill_s``
     and ``decode_s``.
     """
-    from lintime.generation.generate import _check_length
+    from lintime.generation.loop import _check_length
 
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate_tokens needs at least one prompt, each of at least one token")
