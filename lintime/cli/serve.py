@@ -50,7 +50,7 @@ def serve(
         prefill_chunk: prompt tokens per model call while a prompt is prefilled (a long prompt shares the steps with running requests).
         max_tokens_limit: the largest max_tokens a request may ask for.
         device: auto (cuda when available), cpu, cuda or cuda:N.
-        precision: auto (bf16 weights on CUDA, fp32 on CPU), fp32 or bf16.
+        precision: auto (fp32: a request's greedy output does not depend on the batch it shares), fp32 or bf16 (faster on CUDA; greedy output may then change with the batch).
         threads: CPU threads (0 = auto: 1 for models under 20M parameters, else PyTorch's default).
         log_level: the server log's level: critical, error, warning, info, debug or trace.
     """
@@ -141,7 +141,7 @@ def _run(sock, model, *, host, api_key, name, max_batch, max_queue, prefill_chun
     if loaded.config["objective"] != "clm":
         raise CLIError(f"{model} is a masked LM ({loaded.config['objective']}): only causal LMs generate text")
     set_threads(threads, device=str(dev), n_params=loaded.model.num_parameters())
-    if precision == "bf16" or (precision == "auto" and dev.type == "cuda"):
+    if precision == "bf16":  # auto = fp32: bf16 rounding moves with the batch's GEMM shapes and can flip a greedy token
         loaded.model.to(torch.bfloat16)
     name = name or _default_name(model)
     engine = Engine(loaded.model, loaded.tokenizer, max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_chunk,
