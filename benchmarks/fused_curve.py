@@ -6,7 +6,7 @@ Three ``lintime train`` runs of ``--preset`` (default flash-small) for ``--steps
 weights: ``fused`` (bf16 autocast, the default path), ``unfused`` (bf16, ``--no-fused``: the ops' chunked PyTorch
 forms and the plain loss) and ``reference`` (fp32, unfused: the curve both are measured against).
 
-Rule (lintime.testing's half-precision rule, applied to the curves): the fused curve's distance from the fp32 curve
+Rule (tests/tolerances.py's half-precision rule, applied to the curves): the fused curve's distance from the fp32 curve
 is at most ``HALF_FACTOR`` (2) times the unfused bf16 curve's distance from it, plus ``HALF_FLOOR[bf16]`` (2^-10)
 nats -- over all steps and over the last 50, each distance the mean absolute per-step loss difference.  Two bf16
 runs drift apart step by step however they round, so the unfused run's own drift from fp32 is the yardstick; a
@@ -30,7 +30,9 @@ from pathlib import Path
 
 import torch
 
-from lintime.testing import HALF_FACTOR, HALF_FLOOR
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tolerance rule, stated once there
+from tolerances import HALF_FACTOR, HALF_FLOOR  # noqa: E402
+
 from lintime.training import TrainConfig, train
 from lintime.training.metrics import read_metrics
 

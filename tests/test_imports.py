@@ -34,7 +34,6 @@ ALLOWED = {
     "serving": _BELOW_TRAINING | {"training"},
     "cli": _BELOW_TRAINING | {"training", "hf", "bench", "serving"},
     "__main__": {"cli"},
-    "testing": set(),
 }
 THIRD_PARTY_OF_OPS = {"torch", "triton"}
 

@@ -20,7 +20,7 @@ the tests below check its pieces:
 * clean shutdown: a rank that raises in step 2 ends both processes with a non-zero exit status
   well within the collective timeout.
 
-Tolerances: fp64 op checks use ``lintime.testing.assert_exact`` (the fp64 tolerance for two exact
+Tolerances: fp64 op checks use ``assert_exact`` (tests/tolerances.py) (the fp64 tolerance for two exact
 forms); the fp32 training losses agree to 1e-5 relative -- the only differences are summation
 orders (gradient reduction over ranks, the chunked ops' partial sums), ~1e-7 per step, and 4 steps
 of AdamW amplify them little (a lost optimizer state or a wrong batch moves a loss by >= 1e-4).
@@ -39,7 +39,7 @@ from launch import run_ranks, run_ranks_outcome
 from workers import clip_rows, fail_at, scenarios, single_step, tiny_model
 
 from lintime.models import CausalLM, get_preset
-from lintime.testing import (
+from tolerances import (
     HALF_FACTOR,
     HALF_FLOOR,
     assert_exact,

@@ -13,7 +13,7 @@ from lintime.data import ByteTokenizer
 from lintime.generation import GenerationConfig, generate, prefill
 from lintime.generation.profiling import count_host_syncs
 from lintime.generation.static import StaticDecoder
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 
 PRESETS = family_presets()
 _MODELS: dict = {}

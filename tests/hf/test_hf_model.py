@@ -18,7 +18,7 @@ from lintime.cli import main as cli_main
 from lintime.data import BPETokenizer, ByteTokenizer
 from lintime.generation import GenerationConfig, generate
 from lintime.hf import LintimeCache, LintimeConfig, LintimeForCausalLM, hf_tokenizer
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 
 TEXT = "héllo <eos> wörld 🙂\n\tline two <bos><pad>"
 

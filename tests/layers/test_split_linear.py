@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from lintime.layers._split_linear import split_linear
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 
 
 @pytest.mark.parametrize("bias", [True, False])

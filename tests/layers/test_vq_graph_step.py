@@ -25,7 +25,7 @@ from lintime.data.packing import Batch
 from lintime.generation.profiling import count_host_syncs
 from lintime.layers.vq import VQAttention
 from lintime.models import CausalLM, get_preset
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 from lintime.training import parallel as par
 from lintime.training.graphed import GraphedStep, one_sequence_per_row
 from lintime.training.step import forward_backward
@@ -134,7 +134,7 @@ def test_captured_vq_step_replays_the_eager_step():
     """vq-small (L = 128, S = 256) at T = 512 on bf16 autocast, 4 steps: the step captures (no host read on its
     path) and each replayed step's loss is within 1 % of the eager step's; the EMA buffers moved the same way
     (within 1 %, relative RMS).  A stale batch, a lost EMA update or a missed rate moves them by more."""
-    from lintime.testing import rel_rms
+    from tolerances import rel_rms
 
     cfg = get_preset("vq-small", n_layers=2)
     B, T = 4, 512

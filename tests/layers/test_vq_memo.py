@@ -88,7 +88,7 @@ def test_straight_through_and_commit_functions_under_autocast():
 def test_no_gradient_path_equals_the_training_formula():
     """Without a gradient the q / k scale is the norm's scalar gain (one kernel per norm): the same layer output
     as with a gradient (fp64 exact rule), states included."""
-    from lintime.testing import assert_exact
+    from tolerances import assert_exact
 
     layer = _layer()
     x = torch.randn(2, 9, 16, dtype=torch.float64)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from lintime.models import CausalLM, MaskedLM, ModelConfig, get_preset
 from lintime.models.config import BYTE_VOCAB
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 
 _MODELS: dict = {}
 

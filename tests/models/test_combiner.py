@@ -20,7 +20,7 @@ from lintime.layers.combiner import CombinerAttention
 from lintime.layers.positional import apply_rope
 from lintime.models import CausalLM, MaskedLM, all_presets, get_preset
 from lintime.models.families.combiner import CombinerConfig
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 
 D64 = torch.float64
 

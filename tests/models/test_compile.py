@@ -1,6 +1,6 @@
 """``torch.compile(fullgraph=True)`` of every family's tiny model, plain and packed (issue 27 item 5).
 
-Compiled forward + backward equal eager under the fp32 exact rule (:mod:`lintime.testing`).  The CPU test
+Compiled forward + backward equal eager under the fp32 exact rule (tests/tolerances.py).  The CPU test
 runs the ops' PyTorch forms (the automatic dispatch on CPU tensors); where those read ``cu_seqlens`` or data on
 the host the family is named below with the reason, and the test asserts that it still breaks (remove it from the
 table once it traces).  The Triton test sends the ops with Triton paths to their kernels (Triton's interpreter on
@@ -17,7 +17,7 @@ from tiny_presets import FAMILY_TINY_PRESETS, small_chunks
 
 import lintime.ops.dispatch as dispatch
 from lintime.models import CausalLM, get_preset
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 
 # (family, packed) -> where the CPU path reads values on the host, which breaks the graph
 CPU_BREAKS = {

@@ -20,7 +20,7 @@ from lintime.models import (
 )
 from lintime.models import registry
 from lintime.models.families.softmax import SoftmaxConfig
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 
 
 @pytest.mark.parametrize("name", list(all_presets()))

@@ -1,6 +1,6 @@
 """Parallel == recurrent: full-sequence logits equal chunked prefill plus
 token-by-token decoding, packed batches equal their sequences run one by one, and ``select``
-reorders states.  Exact forms in fp64 / fp32 are compared with ``lintime.testing.assert_exact``."""
+reorders states.  Exact forms in fp64 / fp32 are compared with ``assert_exact`` (tests/tolerances.py)."""
 
 import pytest
 import torch
@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lintime.models import CausalLM, MaskedLM, get_preset
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 
 TINY = ["transformer-tiny", "transformer-p-tiny", "transformer-pp-tiny"]
 _MODELS = {}

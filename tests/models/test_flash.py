@@ -18,7 +18,7 @@ from lintime.layers.positional import apply_rope
 from lintime.models import CausalLM, MaskedLM, ModelConfig, get_preset
 from lintime.models.families.flash import FlashConfig
 from lintime.models.config import BYTE_VOCAB
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 from model_helpers import check_packed_decode_and_select, decode_in_pieces, packed, state_numel
 
 V = BYTE_VOCAB

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lintime.models import CausalLM, MaskedLM, get_preset
-from lintime.testing import HALF_FACTOR, HALF_FLOOR, assert_exact, rel_rms
+from tolerances import HALF_FACTOR, HALF_FLOOR, assert_exact, rel_rms
 
 
 def _batch(V, seed=0):

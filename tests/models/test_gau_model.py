@@ -17,7 +17,7 @@ from lintime.layers.gau import GAU
 from lintime.models import CausalLM, MaskedLM, ModelConfig, get_preset
 from lintime.models.config import BYTE_VOCAB
 from lintime.models.families.gau import GAUConfig
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 from model_helpers import decode_in_pieces, packed
 
 V = BYTE_VOCAB

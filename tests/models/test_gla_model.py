@@ -21,7 +21,7 @@ from lintime.layers.gla import GatedLinearAttention
 from lintime.layers.norms import LayerNorm, RMSNorm
 from lintime.models import CausalLM, MaskedLM, all_presets, get_preset
 from lintime.models.families.gla import GLAConfig
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 
 D64 = torch.float64
 

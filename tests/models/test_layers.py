@@ -25,7 +25,7 @@ from lintime.layers import (
     state_to,
     token_positions,
 )
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 
 D64 = torch.float64
 

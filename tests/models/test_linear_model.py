@@ -24,7 +24,7 @@ from model_helpers import (
 from lintime.layers.linear_attention import LinearAttention, LinearAttentionState
 from lintime.models import CausalLM, ModelConfig, all_presets, get_preset
 from lintime.models.families.linear import LinearConfig
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 
 D64 = torch.float64
 

@@ -16,7 +16,7 @@ from lintime.layers.positional import apply_rope
 from lintime.models import CausalLM, FFNConfig, MaskedLM, ModelConfig, get_preset
 from lintime.models.families.mc_tfm import MCConfig
 from lintime.ops import MixedChunkState
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 from model_helpers import check_packed_decode_and_select, decode_in_pieces, packed
 
 V = 260

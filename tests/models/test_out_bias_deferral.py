@@ -12,7 +12,7 @@ from lintime.layers.flash import FLASH
 from lintime.layers.gau import GAU
 from lintime.models import CausalLM, get_preset
 from lintime.models.config import FFNConfig
-from lintime.testing import HALF_FACTOR, HALF_FLOOR, assert_exact, rel_rms
+from tolerances import HALF_FACTOR, HALF_FLOOR, assert_exact, rel_rms
 from model_helpers import decode_in_pieces
 
 CASES = {  # name: (preset, top-level overrides, mixer overrides)

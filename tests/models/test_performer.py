@@ -23,7 +23,7 @@ from lintime.layers.performer import PerformerAttention
 from lintime.layers.positional import apply_rope
 from lintime.models import CausalLM, MaskedLM, all_presets, get_preset
 from lintime.models.families.performer import PerformerConfig
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 
 D64 = torch.float64
 

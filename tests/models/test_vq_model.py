@@ -20,7 +20,7 @@ from lintime.layers.vq import VQAttention, VQAttentionState
 from lintime.models import CausalLM, MaskedLM, ModelConfig, get_preset
 from lintime.models.config import BYTE_VOCAB
 from lintime.models.families.vq import VQConfig
-from lintime.testing import assert_close, assert_exact
+from tolerances import assert_close, assert_exact
 from model_helpers import check_packed_decode_and_select, decode_in_pieces, packed, state_numel
 
 V = BYTE_VOCAB

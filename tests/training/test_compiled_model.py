@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from lintime.models import CausalLM, get_preset
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 from lintime.training.compile import CompiledModel
 
 

@@ -11,7 +11,7 @@ from lintime.data import BatchIterator, ByteTokenizer, open_prepared
 from lintime.models import CausalLM, MaskedLM, get_preset
 from lintime.models import lm
 from lintime.ops import linear_cross_entropy
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 from lintime.training.step import forward_backward
 
 

@@ -14,7 +14,7 @@ import torch
 
 from lintime.data.packing import Batch
 from lintime.models import CausalLM, get_preset
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 from lintime.training import TrainConfig, train
 from lintime.training import parallel as par
 from lintime.training.compile import choose_compile

@@ -46,7 +46,7 @@ def linear_cross_entropy(
     ``dbias`` follow at once (see :mod:`lintime.ops.cross_entropy.chunk`).  Peak memory is one
     chunk's logits instead of ``N x V`` logits plus their fp32 copy and gradient.  The result equals
     the plain loss (``backend="naive"``): in fp32 to rounding, in half precision by the half rule
-    of :mod:`lintime.testing` (the logits are rounded to ``x``'s dtype in both).
+    of tests/tolerances.py (the logits are rounded to ``x``'s dtype in both).
 
     Args:
         x: ``[..., d]`` hidden states (fp32, fp16, bf16 or fp64); the dtype of the GEMMs and of the

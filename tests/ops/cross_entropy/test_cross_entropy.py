@@ -1,7 +1,7 @@
 """linear_cross_entropy: chain of trust naive (the plain ``F.cross_entropy`` on full logits) ->
 chunk (the chunk loop in PyTorch) -> triton (the chunk loop with the fused per-row kernel), for
 the loss and the gradients of x, weight and bias; ignored rows, odd N and V, chunks that do not
-divide N, every reduction, label smoothing, half precision by the dtype rule of lintime.testing.
+divide N, every reduction, label smoothing, half precision by the dtype rule of tests/tolerances.py.
 
 On the CPU the kernel runs in Triton's interpreter (tests/conftest.py); it uses no ``tl.dot``
 (the GEMMs are PyTorch's), so bf16 is tested there too.  The tests marked ``cuda`` repeat the
@@ -20,7 +20,7 @@ import lintime.ops as ops
 import lintime.ops.cross_entropy as ce_mod
 from lintime.ops.cross_entropy import linear_cross_entropy
 from lintime.ops.cross_entropy.chunk import default_chunk_size, torch_rows
-from lintime.testing import HALF_FACTOR, HALF_FLOOR, assert_exact, rel_rms
+from tolerances import HALF_FACTOR, HALF_FLOOR, assert_exact, rel_rms
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -62,7 +62,7 @@ NAMES = ["loss", "dx", "dweight", "dbias"]
 
 
 def assert_half_rule(name, ref64, out, base, dtype):
-    """lintime.testing's half-precision rule for a computation in ``dtype`` whose result may be
+    """tests/tolerances.py's half-precision rule for a computation in ``dtype`` whose result may be
     fp32 (the loss, the weight gradient of a fp32 weight): ``err(out) <= 2 err(base) + floor``."""
     e_out, e_base = rel_rms(ref64, out), rel_rms(ref64, base)
     bound = HALF_FACTOR * e_base + HALF_FLOOR[dtype]

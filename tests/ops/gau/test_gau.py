@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from lintime.ops import gau_attention
 from lintime.ops.gau.chunk import chunk_gau_attention
-from lintime.testing import (
+from tolerances import (
     HALF_FLOOR,
     assert_close,
     assert_exact,

@@ -15,7 +15,7 @@ import torch
 
 from lintime.ops import gau_attention
 from lintime.ops.gau.triton.launch import GauLaunch, default_launch
-from lintime.testing import assert_exact, assert_half_rule
+from tolerances import assert_exact, assert_half_rule
 
 triton = pytest.importorskip("triton")
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import lintime.ops.gla as gla_pkg
 from lintime.ops import gated_linear_attention as gla
-from lintime.testing import assert_close, assert_exact, assert_half_rule
+from tolerances import assert_close, assert_exact, assert_half_rule
 
 BACKENDS = ("naive", "recurrent", "chunk")
 NAMES = ("o", "final", "dq", "dk", "dv", "dg", "dh0")
@@ -132,7 +132,7 @@ def test_automatic_dispatch(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_rule(dtype):
     """Chunked half-precision forward and gradients vs the fp64 reference: error <= 2 x the naive
-    same-dtype error + floor (lintime.testing rule)."""
+    same-dtype error + floor (tests/tolerances.py rule)."""
     q, k, v, g, h0 = _inputs(1, 96, 2, 32, 32, strong=True)
     ref, do, dfinal = _run("naive", q, k, v, g, h0)
     half = [x.to(dtype) for x in (q, k, v, g)]

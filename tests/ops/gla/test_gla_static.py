@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from lintime.generation.profiling import count_host_syncs
 from lintime.ops import dispatch, gated_linear_attention, segments
 from lintime.ops.utils import is_static, mark_static
-from lintime.testing import HALF_FACTOR, HALF_FLOOR, assert_close, assert_exact, rel_rms
+from tolerances import HALF_FACTOR, HALF_FLOOR, assert_close, assert_exact, rel_rms
 
 pytest.importorskip("triton")
 

@@ -22,7 +22,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from lintime.ops import gated_linear_attention as gla
-from lintime.testing import (
+from tolerances import (
     EXACT_TOL,
     HALF_FACTOR,
     HALF_FLOOR,

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from lintime.ops import gated_activation, glu_activation
-from lintime.testing import assert_close, assert_exact, assert_half_rule
+from tolerances import assert_close, assert_exact, assert_half_rule
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"

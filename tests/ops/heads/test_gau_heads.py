@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from lintime.ops import gau_heads
-from lintime.testing import (
+from tolerances import (
     HALF_FACTOR,
     HALF_FLOOR,
     assert_exact,

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from lintime.ops import linear_attention
 from lintime.ops.dispatch import select
 from lintime.ops.linear import _IMPLS
-from lintime.testing import (
+from tolerances import (
     EXACT_TOL,
     HALF_FACTOR,
     HALF_FLOOR,

@@ -10,7 +10,7 @@ import torch
 import lintime.ops.dispatch as dispatch
 import lintime.ops.linear as linear_mod
 from lintime.ops import linear_attention
-from lintime.testing import EXACT_TOL, assert_close
+from tolerances import EXACT_TOL, assert_close
 
 
 @pytest.fixture

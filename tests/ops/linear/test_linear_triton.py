@@ -24,7 +24,7 @@ if not torch.cuda.is_available():
 
 from lintime.ops import linear_attention
 from lintime.ops.segments import choose_segment_chunks
-from lintime.testing import (
+from tolerances import (
     EXACT_TOL,
     HALF_FACTOR,
     HALF_FLOOR,

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import lintime.ops.mixed_chunk as mc_module
 from lintime.ops import MixedChunkState, mixed_chunk_attention
-from lintime.testing import assert_close, assert_exact, assert_half_rule, rel_rms
+from tolerances import assert_close, assert_exact, assert_half_rule, rel_rms
 
 NORMS = ("tokens", "chunk", "none")
 FLOAT_FIELDS = ("kv", "k_quad", "k_lin", "v")

@@ -20,7 +20,7 @@ from lintime.layers.flash import FLASH, FLASHState
 from lintime.models import CausalLM, get_preset
 from lintime.ops import MixedChunkState, gau_heads, mixed_chunk_attention, mixed_chunk_decode_step_
 from lintime.ops.utils import mark_checked
-from lintime.testing import HALF_FACTOR, HALF_FLOOR, assert_close, assert_exact, assert_half_rule, rel_rms
+from tolerances import HALF_FACTOR, HALF_FLOOR, assert_close, assert_exact, assert_half_rule, rel_rms
 
 pytest.importorskip("triton")
 CUDA = torch.cuda.is_available()

@@ -21,7 +21,7 @@ from lintime.ops.mixed_chunk.triton import launchers, plan
 from lintime.ops.mixed_chunk.triton import mixed_chunk as mc_entry
 from lintime.ops.mixed_chunk.triton.launch import default_launch
 from lintime.ops.utils import is_static, mark_static
-from lintime.testing import assert_exact, assert_half_rule
+from tolerances import assert_exact, assert_half_rule
 
 pytest.importorskip("triton")
 

@@ -18,7 +18,7 @@ import torch
 from lintime.ops import MixedChunkState, mixed_chunk_attention
 from lintime.ops.mixed_chunk.triton import launchers, plan
 from lintime.ops.mixed_chunk.triton.launch import default_launch
-from lintime.testing import assert_close, assert_exact, assert_half_rule
+from tolerances import assert_close, assert_exact, assert_half_rule
 
 triton = pytest.importorskip("triton")
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lintime.ops import add_normalize, normalize
-from lintime.testing import assert_exact, assert_half_rule
+from tolerances import assert_exact, assert_half_rule
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lintime.ops import gated_normalize, normalize
-from lintime.testing import HALF_FACTOR, HALF_FLOOR, assert_exact, assert_half_rule, rel_rms
+from tolerances import HALF_FACTOR, HALF_FLOOR, assert_exact, assert_half_rule, rel_rms
 
 pytest.importorskip("triton")
 CUDA = torch.cuda.is_available()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lintime.ops import softmax_attention
-from lintime.testing import assert_exact, assert_half_rule
+from tolerances import assert_exact, assert_half_rule
 
 
 def _inputs(B, T, H, K, V, dtype):

@@ -10,7 +10,7 @@ from lintime.generation.profiling import count_host_syncs
 from lintime.ops import softmax_attention
 from lintime.ops.softmax import chunk as sdpa
 from lintime.ops.utils import mark_static
-from lintime.testing import assert_exact, assert_half_rule
+from tolerances import assert_exact, assert_half_rule
 
 NCAP = 9  # capacity of the static buffer: more entries than any layout below has documents
 LAYOUTS = {  # document lengths of one packed row of T = 63 tokens: an empty document in the middle

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import lintime.ops.vq as vq_mod
 from lintime.ops import VQState, vq_attention
-from lintime.testing import (
+from tolerances import (
     EXACT_TOL,
     assert_close,
     assert_exact,

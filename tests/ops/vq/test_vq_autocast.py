@@ -11,7 +11,7 @@ import torch
 
 from lintime.ops import vq_attention
 from lintime.ops.vq.state import block_sums
-from lintime.testing import EXACT_TOL, assert_close
+from tolerances import EXACT_TOL, assert_close
 
 BF16 = dict(device_type="cpu", dtype=torch.bfloat16)
 

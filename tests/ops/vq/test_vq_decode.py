@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lintime.ops import VQState, vq_attention, vq_decode_step_
-from lintime.testing import assert_close, assert_exact, assert_half_rule
+from tolerances import assert_close, assert_exact, assert_half_rule
 
 FIELDS = ("cache_mean", "cache_count", "k_hat", "v", "codes", "pos")
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lintime.ops.vq.gate import vq_gate
-from lintime.testing import assert_exact, assert_half_rule
+from tolerances import assert_exact, assert_half_rule
 
 pytest.importorskip("triton")
 

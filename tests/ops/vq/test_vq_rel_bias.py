@@ -10,7 +10,7 @@ from test_vq import FIELDS, FLOAT_FIELDS, _gather, _inputs, _make_state, _state
 
 from lintime.ops import vq_attention
 from lintime.ops.vq.bias import dense_rel_bias, rel_window, token_offsets
-from lintime.testing import assert_exact, assert_half_rule
+from tolerances import assert_exact, assert_half_rule
 
 CUDA = torch.cuda.is_available()
 

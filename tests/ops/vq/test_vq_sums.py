@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lintime.ops.vq.sums import code_sums
-from lintime.testing import assert_exact
+from tolerances import assert_exact
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

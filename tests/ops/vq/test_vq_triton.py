@@ -6,7 +6,7 @@ On the CPU through the Triton interpreter (tests/conftest.py sets ``TRITON_INTER
 (:func:`lintime.ops.vq.triton.launch.default_launch`), so small shapes cross several query tiles per block, window
 tiles that straddle the block boundary, partial code and value tiles: fp32 by the exact rule, fp16 by the
 half-precision rule (``tl.dot`` on bf16 is wrong in the interpreter).  The ``cuda`` tests repeat the checks at the
-vq-base shape (``K = 128, V = 1536, S = L = 512``) in bf16 and fp32.  Tolerances: :mod:`lintime.testing`, as in
+vq-base shape (``K = 128, V = 1536, S = L = 512``) in bf16 and fp32.  Tolerances: tests/tolerances.py, as in
 tests/ops/vq/test_vq.py, whose input helpers these tests share.
 """
 
@@ -18,7 +18,7 @@ from test_vq import FIELDS, FLOAT_FIELDS, _assert_same, _inputs, _state
 
 import lintime.ops.vq as vq_mod
 from lintime.ops import VQState, vq_attention
-from lintime.testing import assert_exact, assert_half_rule
+from tolerances import assert_exact, assert_half_rule
 
 pytest.importorskip("triton")
 

@@ -1,4 +1,4 @@
-"""Numerical comparison helpers shared by lintime's tests (and usable by users' own tests).
+"""Numerical comparison helpers shared by lintime's tests (importable as ``tolerances``: pytest puts tests/ on the path).
 
 The tolerance rule, stated once:
 
