@@ -372,10 +372,10 @@ def bench_train(s: Settings, on_row: Callable[[TrainRow], None] = lambda r: None
                 emit(TrainRow(name, None, T, 0, 0, status=f"skipped: {e}"))
             continue
         stop = None  # reason to skip the remaining (longer) contexts
+        step = step_kind or default_step(cfg, device)
         for T in s.contexts:
             n = max(1, s.tokens_per_batch // T)
-            row = TrainRow(name, cfg.family, T, n, n * T, impl=impl_name(cfg), note=note,
-                           step=step_kind or default_step(cfg, device))
+            row = TrainRow(name, cfg.family, T, n, n * T, impl=impl_name(cfg), note=note, step=step)
             if stop:
                 row.status = f"skipped: {stop}"
                 emit(row)

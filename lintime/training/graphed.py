@@ -38,6 +38,7 @@ import torch
 
 from lintime.data import IGNORE_INDEX, Batch
 from lintime.ops.utils import mark_static
+from lintime.training.step import micro_boundaries
 
 WARMUP_STEPS = 3  # eager steps on the side stream before the capture (PyTorch's recipe uses 3; 1 may leave lazy init)
 
@@ -115,7 +116,6 @@ class GraphedStep:
         self.graph: torch.cuda.CUDAGraph | None = None
         self._out: StepOutput | None = None
         self.packed = doc_capacity is not None
-        self.recaptures = 0  # captures after the first (a batch with more documents than the capacity)
         self.cu: list[torch.Tensor] = []
         if self.packed:
             self._make_buffers(max(int(doc_capacity), micro_rows))
@@ -139,7 +139,7 @@ class GraphedStep:
         out = []
         for m in range(self.rows // self.micro_rows):
             lo, hi = m * span, (m + 1) * span
-            part = cu[(cu >= lo) & (cu <= hi)] - lo
+            part = micro_boundaries(cu, lo, hi)
             if part[0] != 0 or part[-1] != span:
                 raise ValueError("cu_seqlens must have a boundary at every micro-batch start")
             out.append(part)
@@ -163,8 +163,6 @@ class GraphedStep:
             parts = self._micro_boundaries(cu_seqlens)
             most = max(len(p) - 1 for p in parts)
             if most > self.doc_capacity:  # capture anew with buffers that fit (the old graph and its pool go)
-                if self.graph is not None:
-                    self.recaptures += 1
                 self.graph, self._out = None, None
                 self._make_buffers(1 << (2 * most - 1).bit_length())
             for buf, part in zip(self.cu, parts):

@@ -47,11 +47,15 @@ def packed_rows(batch: Batch, start: int, stop: int) -> tuple[torch.Tensor, torc
     B, T = batch.input_ids.shape
     if not 0 <= start < stop <= B:
         raise ValueError(f"need 0 <= start < stop <= {B}, got {start}:{stop}")
-    cu = batch.cu_seqlens.long()
-    lo, hi = start * T, stop * T
-    cu = cu[(cu >= lo) & (cu <= hi)] - lo
+    cu = micro_boundaries(batch.cu_seqlens.long(), start * T, stop * T)
     ids = batch.input_ids[start:stop].reshape(1, -1)
     return ids, batch.targets[start:stop].reshape(-1), cu.to(torch.int32)
+
+
+def micro_boundaries(cu_seqlens, lo: int, hi: int):
+    """The boundaries of ``cu_seqlens`` (a tensor or an array, every row start one of them) within tokens
+    ``lo..hi``, counted from ``lo``."""
+    return cu_seqlens[(cu_seqlens >= lo) & (cu_seqlens <= hi)] - lo
 
 
 def forward_backward(

@@ -126,7 +126,7 @@ def _gau_fwd(
 def _tma(cfg: GauLaunch, S: int, E: int, device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the kernels load whole tiles through TMA descriptors (``GauLaunch.tma``, a TMA device,
     16-bit inputs, ``S`` one whole step, ``E`` a multiple of every ``E`` tile).  fp32 inputs keep the
-    pointer loads on a GPU: the TMA pipeline's buffers for 512-wide fp32 tiles exceed a Hopper GPU's shared
+    pointer loads on a GPU: the TMA pipeline's buffers for 512-wide fp32 tiles exceed the GPU's shared
     memory; the interpreter, which has no such limit, takes the TMA path in fp32 too, so the CPU tests
     check it exactly."""
     return bool(cfg.tma and tma_device(device) and (dtype.itemsize == 2 or interpreting()) and S == cfg.bs
