@@ -170,7 +170,7 @@ print("done")
     assert "train" in helped.stdout and helped.returncode == 0, helped.stderr
 
 
-@pytest.mark.parametrize("module", ["lintime.ops.kernel_launch", "lintime.ops.dispatch"])
+@pytest.mark.parametrize("module", ["lintime.ops.launching", "lintime.ops.dispatch"])
 def test_shared_host_modules_do_not_import_triton_at_the_top(module):
     """The host modules every op imports keep Triton behind the first launch."""
     res = _run(f"import {module}\nprint('triton' in sys.modules)")

@@ -1,18 +1,11 @@
-"""Launch configurations and host-side launch tables shared by the relu^2 Triton launchers (GAU attention,
+"""Host-side pieces shared by the relu^2 Triton launchers (GAU attention,
 :mod:`lintime.ops.gau.triton`, and mixed chunk attention, :mod:`lintime.ops.mixed_chunk.triton`).
 
-* :class:`LaunchConfig`: the base of each family's frozen launch-config dataclass, and how a config travels
-  through a custom op (an ``int[]`` argument, :meth:`LaunchConfig.to_ints` / :meth:`LaunchConfig.from_ints`);
-* :func:`sequence_bounds`, :func:`to_device`: a call's sequences and int tables sent in one copy;
 * :func:`kernel_bias`, :func:`fold_bias_grad`: the Toeplitz bias ``[H, LB]`` as the kernels read it, and its
   gradient folded from the kernels' per-tile-diagonal sums ``[H, NTD, BM, BM]``.
 """
 
 from __future__ import annotations
-
-import dataclasses
-import functools
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -25,51 +18,6 @@ def pow2_at_least(x: int, lo: int = 16) -> int:
     while p < x:
         p *= 2
     return p
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """A family's block sizes and launch settings: int and bool fields, every one with a default.
-
-    Custom ops (``torch.library``) take no dataclasses, so a config crosses ``lintime::<op>_fwd`` / ``_bwd`` as
-    an ``int[]``: :meth:`to_ints` writes the fields in declaration order and :meth:`from_ints` reads them back
-    in the same order -- the only two places that know the order (a field added anywhere stays consistent)."""
-
-    def to_ints(self) -> list[int]:
-        return [int(getattr(self, f.name)) for f in dataclasses.fields(self)]
-
-    @classmethod
-    def from_ints(cls, xs) -> LaunchConfig:
-        """The config of :meth:`to_ints`'s list (cached per list: part of a call's host time)."""
-        return _from_ints(cls, tuple(int(x) for x in xs))
-
-    @classmethod
-    def of(cls, cfg) -> LaunchConfig:
-        """``cfg`` as given (the eager paths pass the object) or from a custom op's int list."""
-        return cfg if isinstance(cfg, cls) else cls.from_ints(cfg)
-
-
-@functools.lru_cache(maxsize=64)
-def _from_ints(cls, xs: tuple) -> LaunchConfig:
-    return cls(*(type(f.default)(x) for f, x in zip(dataclasses.fields(cls), xs, strict=True)))
-
-
-def sequence_bounds(B: int, T: int, cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``starts [N]``, ``lengths [N]`` (int64, CPU) of the sequences in the flattened ``[B * T]``
-    token order."""
-    if cu_seqlens is None:
-        starts = torch.arange(B, dtype=torch.long) * T
-        return starts, torch.full((B,), T, dtype=torch.long)
-    cu = cu_seqlens.detach().to("cpu", torch.long)
-    return cu[:-1].clone(), cu[1:] - cu[:-1]
-
-
-def to_device(device, *xs: torch.Tensor) -> list[torch.Tensor]:
-    """Int tables to ``device`` as int32, in one host-to-device copy (pageable memory: pinning a
-    fresh buffer per call costs more than the copy)."""
-    sizes = [x.numel() for x in xs]
-    flat = torch.cat([x.reshape(-1).to(torch.int32) for x in xs]) if xs else torch.zeros(0, dtype=torch.int32)
-    return list(torch.split(flat.to(device), sizes))
 
 
 def kernel_bias(rel_bias: torch.Tensor | None) -> tuple[torch.Tensor | None, int]:

@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.kernel_launch import next_pow2, sm_count
+from lintime.ops.launching import next_pow2, sm_count
 from lintime.ops.utils import is_static, packed_cache
 
 BT = 64  # chunk length (tokens) of every kernel

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.kernel_launch import block, cdiv, dot_config
+from lintime.ops.launching import block, cdiv, dot_config
 from lintime.ops.segments import BT, Segments, segment_bounds, sequence_segments
 
 @triton.jit

@@ -138,7 +138,7 @@ def test_masked_rows_match_naive(rows, causal, slab_calls):
     work rule says): two heads, the bias, slabs of 32 rows over rows of 64 / 48 tokens (slab and sequence boundaries
     not aligned, a partial last slab); output and every gradient exact against naive."""
     from lintime.ops.gau.triton.slab import packed_rows
-    from lintime.ops.launch_tables import sequence_bounds
+    from lintime.ops.launching import sequence_bounds
 
     lens, L, k0, hi = _ROWS[rows]
     N = sum(lens)

@@ -10,7 +10,7 @@ tile in the forward and dV kernels, and the backward reduces ``dp = do . v`` ove
 inside one program per query tile.
 
 ``lintime::gau_fwd`` / ``lintime::gau_bwd`` are ``torch.library`` custom ops (fake tensors for
-``torch.compile``), tied together by ``register_autograd`` and made by :func:`lintime.ops.custom_op.launcher_op`
+``torch.compile``), tied together by ``register_autograd`` and made by :func:`lintime.ops.launching.launcher_op`
 (eager calls skip the op dispatch); the public entry is
 :func:`triton_gau_attention`, registered as the ``"triton"`` backend of
 :func:`lintime.ops.gau_attention`.
@@ -29,10 +29,10 @@ from lintime.ops.gau.triton.kernels import (
 )
 from lintime.ops.gau.triton.launch import GauLaunch, bias_tiles, default_launch, tiles_of
 from lintime.ops.gau.triton.slab import one_length_run, packed_rows, slab_applies, slab_bwd, slab_fwd
-from lintime.ops.custom_op import grad_as, launcher_op
-from lintime.ops.kernel_launch import cdiv, check_device, dot_config, interpreting
+from lintime.ops.launching import cdiv, check_device, dot_config, grad_as, interpreting, launcher_op
 from lintime.ops.tma import tma_descriptors, tma_device
-from lintime.ops.launch_tables import fold_bias_grad, kernel_bias, sequence_bounds, to_device
+from lintime.ops.launch_tables import fold_bias_grad, kernel_bias
+from lintime.ops.launching import sequence_bounds, to_device
 from lintime.ops.utils import packed_cache
 
 
@@ -119,7 +119,7 @@ def _gau_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None, scale: float, causal: bool, launch: list[int],
 ) -> torch.Tensor:
-    """``o``; ``launch``: the :class:`GauLaunch` as :meth:`~lintime.ops.launch_tables.LaunchConfig.to_ints`."""
+    """``o``; ``launch``: the :class:`GauLaunch` as :meth:`~lintime.ops.launching.LaunchConfig.to_ints`."""
     return _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, GauLaunch.of(launch))
 
 
@@ -267,7 +267,7 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, do):
     """Backward of ``lintime::gau_fwd``: through ``lintime::gau_bwd`` when traced (``torch.compile``, opcheck), the
-    launcher itself in eager calls (:meth:`lintime.ops.custom_op.LauncherOp.for_ctx`)."""
+    launcher itself in eager calls (:meth:`lintime.ops.launching.LauncherOp.for_ctx`)."""
     q, k, v, rel_bias, cu_seqlens = ctx.saved_tensors
     do = grad_as(do, q.dtype)
     need_db = rel_bias is not None and ctx.needs_input_grad[3]

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lintime.ops.launch_tables import LaunchConfig, pow2_at_least
-from lintime.ops.kernel_launch import interpreting
+from lintime.ops.launch_tables import pow2_at_least
+from lintime.ops.launching import LaunchConfig, interpreting
 
 
 @dataclass(frozen=True)

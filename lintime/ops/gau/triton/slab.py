@@ -43,7 +43,7 @@ import triton.language as tl
 from lintime.ops.gau.triton.kernels import _bias_tile
 from lintime.ops.gau.triton.launch import GauLaunch, bias_tiles
 from lintime.ops.launch_tables import fold_bias_grad, kernel_bias, pow2_at_least
-from lintime.ops.kernel_launch import cdiv, dot_config
+from lintime.ops.launching import cdiv, dot_config
 
 MAX_S = 256  # widest q / k the slab kernels keep in one tile (wider: the tiled kernels)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lintime.ops.kernel_launch import block
+from lintime.ops.launching import block
 
 BT = 64  # chunk length (tokens): lintime.ops.segments.BT
 

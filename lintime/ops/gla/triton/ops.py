@@ -21,7 +21,7 @@ import torch.nn.functional as F
 import triton.language as tl
 from torch import Tensor
 
-from lintime.ops.custom_op import empty_f32, grad_as, launcher_op, none_if_empty
+from lintime.ops.launching import empty_f32, grad_as, launcher_op, none_if_empty
 from lintime.ops.gla.triton.kernels import (
     gla_bwd_dqkg_kernel,
     gla_bwd_dv_kernel,
@@ -32,7 +32,7 @@ from lintime.ops.gla.triton.kernels import (
 )
 from lintime.ops.gla.triton.launch import GLALaunch, gla_launch, walk_tile
 from lintime.ops.gla.triton.subchunk import BC
-from lintime.ops.kernel_launch import block, cdiv, check_device, dot_config, flat, supported
+from lintime.ops.launching import block, cdiv, check_device, dot_config, flat, supported
 from lintime.ops.segments import BT, choose_segment_chunks, chunks, seg_alloc_rows, segments
 from lintime.ops.state_passing import seg_scan_kernel
 from lintime.ops.utils import is_static, mark_static

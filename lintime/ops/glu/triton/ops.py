@@ -1,5 +1,5 @@
 """Host side of the fused gated linear unit activation: launchers, the ``lintime::glu_fwd`` / ``lintime::glu_bwd``
-custom ops (traced by ``torch.compile``; eager calls skip the dispatcher, :mod:`lintime.ops.custom_op`) and the
+custom ops (traced by ``torch.compile``; eager calls skip the dispatcher, :mod:`lintime.ops.launching`) and the
 backend entry :func:`triton_glu`.
 
 Memory traffic is the minimum: the forward reads ``h [N, 2E]`` (or ``u`` and ``v``) once and writes ``y [N, E]``;
@@ -17,10 +17,10 @@ import dataclasses
 import torch
 from torch import Tensor
 
-from lintime.ops.custom_op import empty_f32, grad_as, launcher_op
+from lintime.ops.launching import empty_f32, grad_as, launcher_op
 from lintime.ops.fold import fold_rows
 from lintime.ops.glu.triton.kernels import glu_bwd_kernel, glu_fwd_kernel
-from lintime.ops.kernel_launch import cdiv, check_device, interpreting
+from lintime.ops.launching import cdiv, check_device, interpreting
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ACTIVATIONS = {"silu": 0, "gelu": 1}

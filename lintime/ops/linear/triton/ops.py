@@ -26,8 +26,8 @@ from lintime.ops.linear.triton.kernels import (
     linear_fwd_kernel,
     linear_recurrent_kernel,
 )
-from lintime.ops.custom_op import empty_f32, grad_as, launcher_op, none_if_empty
-from lintime.ops.kernel_launch import block, cdiv, check_device, dot_config, flat, supported
+from lintime.ops.launching import (block, cdiv, check_device, dot_config, empty_f32, flat, grad_as, launcher_op,
+                                   none_if_empty, supported)
 from lintime.ops.linear.triton.launch import LinearLaunch, fwd_tile, linear_launch
 from lintime.ops.segments import BT, choose_segment_chunks, seg_alloc_rows, segments
 from lintime.ops.state_passing import segment_states

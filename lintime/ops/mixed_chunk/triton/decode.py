@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.kernel_launch import cdiv, interpreting, next_pow2, sm_count
+from lintime.ops.launching import cdiv, interpreting, next_pow2, sm_count
 from lintime.ops.utils import rope_inv_freq
 
 NORMS = {"tokens": 0, "chunk": 1, "none": 2}

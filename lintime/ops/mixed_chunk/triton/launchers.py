@@ -40,7 +40,7 @@ from lintime.ops.mixed_chunk.triton.kernels import (
 )
 from lintime.ops.mixed_chunk.triton.launch import MixedChunkLaunch
 from lintime.ops.mixed_chunk.triton.plan import Plan, plan_of, sdt_torch, tma_shapes, walk_launch, weights
-from lintime.ops.kernel_launch import cdiv, dot_config, next_pow2
+from lintime.ops.launching import cdiv, dot_config, next_pow2
 from lintime.ops.state_passing import seg_scan_kernel
 from lintime.ops.tma import tma_descriptors
 

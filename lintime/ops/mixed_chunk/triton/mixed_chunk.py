@@ -5,7 +5,7 @@
 Notation: ``B`` batch, ``T`` time, ``H`` heads, ``S`` key width, ``E`` value width, ``C`` chunk
 size, ``N`` sequences, ``NC`` chunks (laid out per sequence), ``NSEG`` segments (runs of
 consecutive chunks of one sequence walked by one program), ``SDT`` the dtype of the per-chunk
-states (:func:`lintime.ops.kernel_launch.dot_config`: bf16 for bf16 inputs, fp32 otherwise).
+states (:func:`lintime.ops.launching.dot_config`: bf16 for bf16 inputs, fp32 otherwise).
 
 The kernels (:mod:`.kernels`) and their launch order (:mod:`.launchers`); the host-side tables and shape rules
 (:mod:`.plan`); the launch configuration (:class:`.launch.MixedChunkLaunch`).  What is materialised: ``A`` and
@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from lintime.ops.custom_op import custom_op, grad_as
-from lintime.ops.kernel_launch import check_device
-from lintime.ops.launch_tables import sequence_bounds
+from lintime.ops.launching import check_device, custom_op, grad_as, sequence_bounds
 from lintime.ops.mixed_chunk.state import MixedChunkState, clean_buffers
 from lintime.ops.mixed_chunk.triton.launch import MixedChunkLaunch, default_launch
 from lintime.ops.mixed_chunk.triton.launchers import bwd_impl, fwd_impl
@@ -56,7 +54,7 @@ def _mixed_chunk_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(o, final kv, A, H)``; ``A`` and ``H`` are saved for the backward (non-causal: ``H`` holds
     each sequence's total and the final kv is empty).  ``launch``: the :class:`MixedChunkLaunch` as
-    :meth:`~lintime.ops.launch_tables.LaunchConfig.to_ints`."""
+    :meth:`~lintime.ops.launching.LaunchConfig.to_ints`."""
     return fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm,
                     MixedChunkLaunch.of(launch), zero_a=True)
 

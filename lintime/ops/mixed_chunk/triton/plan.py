@@ -17,16 +17,15 @@ from dataclasses import dataclass
 
 import torch
 
-from lintime.ops.launch_tables import sequence_bounds
+from lintime.ops.launching import cdiv, sequence_bounds, sm_count
 from lintime.ops.mixed_chunk.triton.kernels import chunk_weights_kernel, plan_kernel
 from lintime.ops.mixed_chunk.triton.launch import MixedChunkLaunch
-from lintime.ops.kernel_launch import cdiv, sm_count
 from lintime.ops.tma import tma_device
 from lintime.ops.utils import is_static, packed_cache
 
 
 def sdt_torch(dtype: torch.dtype) -> torch.dtype:
-    """Storage dtype of per-chunk states: :func:`~lintime.ops.kernel_launch.dot_config`'s ``SDT`` as a torch dtype."""
+    """Storage dtype of per-chunk states: :func:`~lintime.ops.launching.dot_config`'s ``SDT`` as a torch dtype."""
     return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
 
 

@@ -1,6 +1,6 @@
 """Host side of the fused normalisation: launchers, the ``lintime::normalize_*``, ``lintime::add_normalize_*`` and
 ``lintime::gated_normalize_*`` custom ops (traced by ``torch.compile``; eager calls skip the dispatcher,
-:mod:`lintime.ops.custom_op`) and the backend entries :func:`triton_normalize`, :func:`triton_add_normalize` and
+:mod:`lintime.ops.launching`) and the backend entries :func:`triton_normalize`, :func:`triton_add_normalize` and
 :func:`triton_gated_normalize`."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch
 import triton
 from torch import Tensor
 
-from lintime.ops.custom_op import empty_f32, grad_as, launcher_op, none_if_empty
+from lintime.ops.launching import empty_f32, grad_as, launcher_op, none_if_empty
 from lintime.ops.fold import fold_rows
-from lintime.ops.kernel_launch import cdiv, check_device, interpreting, next_pow2, sm_count
+from lintime.ops.launching import cdiv, check_device, interpreting, next_pow2, sm_count
 from lintime.ops.norm.triton.kernels import norm_bwd_kernel, norm_fwd_kernel
 
 _OP = "normalize"

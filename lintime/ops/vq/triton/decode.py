@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.kernel_launch import block, cdiv, check_device, interpreting
+from lintime.ops.launching import block, cdiv, check_device, interpreting
 
 NEG = tl.constexpr(-1.0e30)  # the running max's start: finite, so a tile with no visible slot gives exp(-inf - NEG) = 0
 

@@ -14,8 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from lintime.ops.custom_op import grad_as, launcher_op
-from lintime.ops.kernel_launch import block, cdiv, interpreting
+from lintime.ops.launching import block, cdiv, grad_as, interpreting, launcher_op
 
 
 @triton.jit

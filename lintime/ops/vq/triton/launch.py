@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lintime.ops.kernel_launch import block, interpreting
-from lintime.ops.launch_tables import LaunchConfig
+from lintime.ops.launching import LaunchConfig, block, interpreting
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.kernel_launch import block, cdiv, check_device, interpreting, next_pow2, sm_count
+from lintime.ops.launching import block, cdiv, check_device, interpreting, next_pow2, sm_count
 
 
 @triton.jit

@@ -21,8 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from lintime.ops.custom_op import launcher_op
-from lintime.ops.kernel_launch import block, cdiv, interpreting
+from lintime.ops.launching import block, cdiv, interpreting, launcher_op
 from lintime.ops.vq.state import scatter_sums
 
 
