@@ -29,6 +29,7 @@ def serve(
     max_tokens_limit: int = 4096,
     device: str = "auto",
     precision: str = "auto",
+    decode: str = "auto",
     threads: int = 0,
     log_level: str = "info",
 ) -> None:
@@ -51,6 +52,7 @@ def serve(
         max_tokens_limit: the largest max_tokens a request may ask for.
         device: auto (cuda when available), cpu, cuda or cuda:N.
         precision: auto (fp32: a request's greedy output does not depend on the batch it shares), fp32 or bf16 (faster on CUDA; greedy output may then change with the batch).
+        decode: auto (graph on CUDA: each batch size's decoding step captured in a CUDA graph and replayed per token; eager elsewhere), graph or eager.
         threads: CPU threads (0 = auto: 1 for models under 20M parameters, else PyTorch's default).
         log_level: the server log's level: critical, error, warning, info, debug or trace.
     """
@@ -62,6 +64,8 @@ def serve(
             raise CLIError(f"{flag} must be >= 1, got {value}")
     if precision not in ("auto", "fp32", "bf16"):
         raise CLIError(f"--precision must be auto, fp32 or bf16, got {precision!r}")
+    if decode not in ("auto", "graph", "eager"):
+        raise CLIError(f"--decode must be auto, graph or eager, got {decode!r}")
     if log_level not in LOG_LEVELS:
         raise CLIError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
     if api_key == "":
@@ -81,7 +85,7 @@ def serve(
     try:
         _run(sock, model, host=host, api_key=api_key, name=name, max_batch=max_batch, max_queue=max_queue,
              prefill_chunk=prefill_chunk, max_tokens_limit=max_tokens_limit, device=device, precision=precision,
-             threads=threads, log_level=log_level, uvicorn=uvicorn, build_app=build_app)
+             decode=decode, threads=threads, log_level=log_level, uvicorn=uvicorn, build_app=build_app)
     finally:
         sock.close()
 
@@ -129,7 +133,7 @@ def _server_class(uvicorn):
 
 
 def _run(sock, model, *, host, api_key, name, max_batch, max_queue, prefill_chunk, max_tokens_limit, device, precision,
-         threads, log_level, uvicorn, build_app) -> None:
+         decode, threads, log_level, uvicorn, build_app) -> None:
     import torch
 
     from lintime.cli.loading import load_checkpoint
@@ -144,8 +148,10 @@ def _run(sock, model, *, host, api_key, name, max_batch, max_queue, prefill_chun
     if precision == "bf16":  # auto = fp32: bf16 rounding moves with the batch's GEMM shapes and can flip a greedy token
         loaded.model.to(torch.bfloat16)
     name = name or _default_name(model)
+    if decode == "graph" and dev.type != "cuda":
+        raise CLIError(f"--decode graph needs a CUDA device, this server runs on {dev}")
     engine = Engine(loaded.model, loaded.tokenizer, max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_chunk,
-                    max_new_tokens_limit=max_tokens_limit, device=dev)
+                    max_new_tokens_limit=max_tokens_limit, device=dev, graphs=decode != "eager" and dev.type == "cuda")
     app = build_app(engine, model_name=name, api_key=api_key)
     address, port = sock.getsockname()[:2]
     server = _server_class(uvicorn)(uvicorn.Config(app, host=address, port=port, log_level=log_level,
@@ -161,8 +167,9 @@ def _run(sock, model, *, host, api_key, name, max_batch, max_queue, prefill_chun
         sock.listen(2048)  # from here a client waits in the backlog until uvicorn accepts it
         shown = f"[{address}]" if sock.family == socket.AF_INET6 else address
         dtype = "bf16" if next(loaded.model.parameters()).dtype == torch.bfloat16 else "fp32"
+        steps = "CUDA graph per batch size" if engine.graphs else "eager steps"
         print(f"lintime serve: {name} at http://{shown}:{port}/v1 "
-              f"({dev} {dtype}, max batch {max_batch}{', API key required' if api_key else ''})", flush=True)
+              f"({dev} {dtype}, {steps}, max batch {max_batch}{', API key required' if api_key else ''})", flush=True)
         if api_key is None and not _is_loopback(sock):
             print(f"lintime serve: warning: listening on {host} without an API key: anyone who can reach this port "
                   f"can use the model (set --api-key or {API_KEY_ENV})", file=sys.stderr, flush=True)

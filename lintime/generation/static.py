@@ -26,7 +26,8 @@ from lintime.layers.base import copy_state_, map_state, select_state, static_sta
 from lintime.ops.utils import mark_checked
 
 
-def _leaves(state) -> list[torch.Tensor]:
+def state_tensors(state) -> list[torch.Tensor]:
+    """Every tensor of a decoding state (its buffers), in a fixed order."""
     out: list[torch.Tensor] = []
     map_state(state, lambda t: out.append(t) or t)
     return out
@@ -36,7 +37,7 @@ def mark_state_checked(state) -> None:
     """Record that the state's buffers hold values an op produced (they were copied from op
     outputs), so the ops skip their value checks (a host read) on them; needed after every
     in-place write, which bumps the tensors' version counters."""
-    mark_checked(*_leaves(state))
+    mark_checked(*state_tensors(state))
 
 
 class StaticDecoder:
@@ -62,7 +63,7 @@ class StaticDecoder:
 
     def buffers(self) -> list[torch.Tensor]:
         """Every tensor of the state (the decoder's own storage)."""
-        return _leaves(self.state)
+        return state_tensors(self.state)
 
     def step(self, token: torch.Tensor) -> torch.Tensor:
         """Feed ``token [B]`` (int64); return the logits ``[B, V]``; the state advances in place."""
@@ -99,4 +100,4 @@ class StaticDecoder:
         mark_state_checked(self.state)
 
 
-__all__ = ["StaticDecoder", "mark_state_checked"]
+__all__ = ["StaticDecoder", "mark_state_checked", "state_tensors"]

@@ -96,14 +96,15 @@ class Engine:
     ``capacity``              tokens (prompt + completion) a slot holds for a model whose state grows
                               (default: ``max_prompt_tokens + max_new_tokens_limit``, else
                               ``DEFAULT_CAPACITY``; a learned position table's size at most);
-    ``device``                where to run (``None``: the model's device; else the model moves there).
+    ``device``                where to run (``None``: the model's device; else the model moves there);
+    ``graphs``                each batch bucket's decoding step replayed from a CUDA graph (``None``: on CUDA).
 
     The model is put in eval mode and must be a causal lintime LM (``init_state`` / ``ModelState``).
     """
 
     def __init__(self, model, tokenizer, *, max_batch: int = 64, max_queue: int = 256, prefill_chunk: int = 512,
                  max_prompt_tokens: int | None = None, max_new_tokens_limit: int = 4096,
-                 capacity: int | None = None, device=None):
+                 capacity: int | None = None, device=None, graphs: bool | None = None):
         for name, value in (("max_batch", max_batch), ("max_queue", max_queue), ("prefill_chunk", prefill_chunk),
                             ("max_new_tokens_limit", max_new_tokens_limit)):
             if not _is_int(value) or value < 1:
@@ -136,7 +137,9 @@ class Engine:
         # whether a request must fit in capacity: a growing state, or positions bounded by a table
         self.bounded = self.max_positions is not None or state_grows(model, capacity)
         with torch.no_grad():
-            self._slots = SlotStates(model, max_batch, capacity, self.device)
+            graphs = self.device.type == "cuda" if graphs is None else bool(graphs)
+            self._slots = SlotStates(model, max_batch, capacity, self.device, graphs=graphs)
+        self.graphs = graphs
 
         self._cv = threading.Condition()  # guards the fields below up to the loop's own
         self._pending: deque[_Job] = deque()  # submitted, waiting for a slot

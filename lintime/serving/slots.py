@@ -14,9 +14,12 @@ the busy slots in a short prefix.
 
 The step is one function of fixed-shape buffers per bucket: ``tokens[:n]`` in, the views' buffers
 updated in place, ``logits[:n]`` out, no host read in the step itself
-(:class:`lintime.generation.StaticDecoder`'s step over views).  That is the hook for CUDA graphs: one
-graph captured per bucket (at most ``log2(B) + 1``) and replayed per token, everything else (row writes,
-resets, sampling) outside the replay, on the same buffers.
+(:class:`lintime.generation.StaticDecoder`'s step over views).  With ``graphs=True`` (a CUDA device) each
+bucket's step is captured in a CUDA graph the first time it runs (at most ``log2(B) + 1`` graphs, one
+memory pool) and replayed per token after; everything else (row writes, resets, sampling) runs outside the
+replay, on the same buffers.  Capture follows PyTorch's recipe (warm-up steps on a side stream, the rows put
+back as they were, then one step captured), so capturing changes no slot; a bucket whose step does not
+capture says so in one line and runs eagerly.
 
 Idle slots: a slot without a request still runs in a step that covers it (its input is token 0), and so
 moves one position per step.  Its numbers never reach a busy row (every family's step is row-wise), but
@@ -29,12 +32,17 @@ Notation: ``B`` slots (``max_batch``), ``n`` rows of a step, ``V`` vocabulary, `
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 import torch
 
 from lintime.generation import decode_one_token
 from lintime.generation.decode import state_nbytes
-from lintime.generation.static import mark_state_checked
+from lintime.generation.static import mark_state_checked, state_tensors
 from lintime.layers.base import copy_state_, map_state, static_state
+
+WARMUP_STEPS = 2  # eager steps on a side stream before a bucket's capture (PyTorch's CUDA-graph recipe)
 
 
 def _rows(state, start: int, stop: int):
@@ -58,10 +66,16 @@ def state_grows(model, capacity: int) -> bool:
 
 class SlotStates:
     """``max_batch`` slots of static decoding state for sequences of up to ``capacity`` tokens
-    (see the module docstring)."""
+    (see the module docstring); ``graphs``: each bucket's step captured in a CUDA graph (CUDA only)."""
 
-    def __init__(self, model, max_batch: int, capacity: int, device):
+    def __init__(self, model, max_batch: int, capacity: int, device, *, graphs: bool = False):
+        device = torch.device(device)
+        if graphs and device.type != "cuda":
+            raise ValueError(f"SlotStates: CUDA graphs need a CUDA device, got {device}")
         self.model, self.max_batch, self.capacity = model, int(max_batch), int(capacity)
+        self.graphs = graphs
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor] | None] = {}  # n -> graph, its logits
+        self._pool = None  # the graphs' shared memory pool (they never replay at the same time)
         self.state = _empty(model, self.max_batch, self.capacity, device)  # [B] rows
         self._blank = _empty(model, 1, self.capacity, device)  # the empty state of one sequence
         self.tokens = torch.zeros(self.max_batch, dtype=torch.long, device=device)  # [B] next input
@@ -90,11 +104,58 @@ class SlotStates:
     def decode_step(self, n: int) -> torch.Tensor:
         """The device work of :meth:`step`: ``tokens[:n]`` and the buffers of slots ``[0, n)`` in, the
         buffers updated in place and the logits ``[n, V]`` out; fixed shapes per ``n`` and no host read.
-        What a CUDA graph per bucket would capture (the host bookkeeping stays in :meth:`step`)."""
+        With graphs, a replay of the bucket's graph, and the logits are its output buffer: read them
+        before the next step."""
+        if self.graphs:
+            if n not in self._graphs:
+                self._graphs[n] = self._capture(n)
+            if self._graphs[n] is not None:
+                graph, logits = self._graphs[n]
+                graph.replay()
+                return logits
+        return self._eager_step(n)
+
+    def _eager_step(self, n: int) -> torch.Tensor:
         state = self.view(n)
         logits, new = decode_one_token(self.model, self.tokens[:n], state)
         copy_state_(state, new, "decoding state")
         return logits
+
+    def _capture(self, n: int):
+        """Bucket ``n``'s step as ``(graph, logits)``, or ``None`` (one warning) where it does not capture.
+        The warm-up steps' effects on the rows and the token buffer are undone."""
+        view = self.view(n)
+        saved = [t.clone() for t in (*state_tensors(view), self.tokens)]
+
+        def put_back() -> None:
+            for t, old in zip((*state_tensors(view), self.tokens), saved, strict=True):
+                t.copy_(old)
+            mark_state_checked(view)
+
+        try:
+            side = torch.cuda.Stream(device=self.tokens.device)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_STEPS):
+                    mark_state_checked(view)
+                    self._eager_step(n)
+            torch.cuda.current_stream().wait_stream(side)
+            put_back()
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                logits = self._eager_step(n)
+            put_back()  # capturing ran nothing, but leave no doubt
+            return graph, logits
+        except Exception as e:  # noqa: BLE001 -- a bucket that does not capture runs eagerly
+            with contextlib.suppress(Exception):  # a failed capture may leave an error on the stream
+                torch.cuda.synchronize(self.tokens.device)
+            put_back()
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            warnings.warn(f"lintime.serving: the decoding step of {n} slots does not capture in a CUDA graph "
+                          f"({type(e).__name__}: {first}); it runs eagerly", RuntimeWarning, stacklevel=2)
+            return None
 
     def write_row(self, slot: int, state, tokens: int) -> None:
         """Slot ``slot`` takes ``state`` (one sequence, e.g. a prefilled prompt of ``tokens`` tokens)."""
