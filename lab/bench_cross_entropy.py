@@ -24,7 +24,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from lintime.ops.cross_entropy import linear_cross_entropy
+from lintime.modules.cross_entropy import linear_cross_entropy
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

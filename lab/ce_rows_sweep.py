@@ -16,7 +16,7 @@ import json
 import torch
 
 from lintime.bench.measure import git_commit, median_ms
-from lintime.ops.cross_entropy.triton.ops import LAUNCH, Launch, triton_rows
+from lintime.modules.cross_entropy.triton.ops import LAUNCH, Launch, triton_rows
 
 LAUNCHES = [(32768, 32), (32768, 16), (16384, 16), (16384, 32), (8192, 8), (8192, 16), (4096, 4), (4096, 8),
             (2048, 4), (2048, 2), (1024, 4), (1024, 2)]

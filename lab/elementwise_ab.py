@@ -22,7 +22,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="elementwise_ab.json")
     args = ap.parse_args()
-    from lintime.ops import glu_activation
+    from lintime.modules import glu_activation
 
     dev = torch.device("cuda")
     rows = []

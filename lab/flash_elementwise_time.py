@@ -32,8 +32,8 @@ def main() -> None:
     ap.add_argument("--d", type=int, default=768)
     ap.add_argument("--nh", type=int, default=4)
     a = ap.parse_args()
-    from lintime.ops.glu.triton.ops import gated_bwd
-    from lintime.ops.heads.triton.heads import _bwd_impl
+    from lintime.modules.glu.triton.ops import gated_bwd
+    from lintime.modules.heads.triton.heads import _bwd_impl
 
     dev, dt, TT, e, s, nh = torch.device("cuda"), torch.bfloat16, a.tokens, a.e, a.s, a.nh
     g = torch.Generator(device=dev).manual_seed(0)

@@ -1,5 +1,5 @@
 """gla-base's training step with the GLA layers' head norm and output gate in one op per direction
-(``GatedLinearAttention.fused = True``, the default: :func:`lintime.ops.gated_normalize`) against the norm, then the
+(``GatedLinearAttention.fused = True``, the default: :func:`lintime.modules.gated_normalize`) against the norm, then the
 gate (``False``); everything else as ``lintime bench model`` runs it.  Same weights and batch, interleaved in one
 process.
 

@@ -15,9 +15,9 @@ from dataclasses import replace
 
 import torch
 
-import lintime.ops.glu.triton.ops as glu_ops
+import lintime.modules.glu.triton.ops as glu_ops
 from lintime.bench.measure import git_commit, graph_ms
-from lintime.ops.heads.triton.heads import _bwd_impl, default_launch
+from lintime.modules.heads.triton.heads import _bwd_impl, default_launch
 
 HEADS = ["", "rb=8", "rb=4", "rb=2", "rb=1", "bth=16,rb=8", "bth=16,rb=4", "bth=16,rb=2", "bth=16,rb=1",
          "bth=32,rb=2", "bth=32,rb=1", "rb=4,tr=32", "tr=32"]

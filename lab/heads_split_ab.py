@@ -30,8 +30,8 @@ if "--smoke" in sys.argv:
 import torch
 
 from lintime.bench.measure import call_times_ms, git_commit, median_ms
-from lintime.ops import gau_heads
-from lintime.ops.heads.triton.heads import _bwd_impl, _fwd_impl, default_launch
+from lintime.modules import gau_heads
+from lintime.modules.heads.triton.heads import _bwd_impl, _fwd_impl, default_launch
 
 
 class _SplitHeads(torch.autograd.Function):

@@ -1,4 +1,4 @@
-"""Launch A/B of the fused norm kernels (:class:`lintime.ops.norm.triton.ops.NormLaunch`): one row per iteration
+"""Launch A/B of the fused norm kernels (:class:`lintime.modules.norm.triton.ops.NormLaunch`): one row per iteration
 against ``[BM, BD]`` tiles of several rows, one process, interleaved.
 
     PYTHONPATH=. python3 lab/norm_ab.py [--out $OUT/norm_ab.json] [--configs one-row,default,...] [--stream fp32]
@@ -33,9 +33,9 @@ if "--smoke" in sys.argv:
 
 import torch  # noqa: E402
 
-from lintime.ops import add_normalize, gated_normalize, normalize  # noqa: E402
-from lintime.ops.norm.triton import ops as norm_ops  # noqa: E402
-from lintime.ops.norm.triton.ops import NormLaunch  # noqa: E402
+from lintime.modules import add_normalize, gated_normalize, normalize  # noqa: E402
+from lintime.modules.norm.triton import ops as norm_ops  # noqa: E402
+from lintime.modules.norm.triton.ops import NormLaunch  # noqa: E402
 
 # The launches compared, in the order they are captured (a spent budget skips the last).  "one-row": one [BD] row
 # per iteration, BD / 256 warps, 8 programs per SM (the kernels' launch before tiles); "one-row-fit": the same with

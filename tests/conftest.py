@@ -1,6 +1,6 @@
 """Shared test fixtures and the ``cuda`` marker (skipped without CUDA).
 
-``poison_empty`` (autouse in tests/ops) makes every fresh allocation through ``torch.empty``,
+``poison_empty`` (autouse in tests/ops and tests/modules) makes every fresh allocation through ``torch.empty``,
 ``torch.empty_like`` and ``Tensor.new_empty`` come back filled with NaN (floating dtypes), so
 an op that reads memory it never wrote fails its comparison instead of passing by luck
 (fla's conftest does the same).
@@ -71,6 +71,20 @@ def poison_empty(monkeypatch):
     monkeypatch.setattr(torch, "empty_like", _poisoned(torch.empty_like))
     monkeypatch.setattr(torch.Tensor, "new_empty", _poisoned(torch.Tensor.new_empty))
     yield
+
+
+@pytest.fixture
+def impl_calls(monkeypatch):
+    """``impl_calls(family_module, backend)``: wrap that family's registered implementation so every
+    call is counted; returns the list the calls are appended to (the dispatch tests assert on it)."""
+
+    def spy(module, backend):
+        calls = []
+        impl = module._IMPLS[backend]
+        monkeypatch.setitem(module._IMPLS, backend, lambda *a, **kw: calls.append(1) or impl(*a, **kw))
+        return calls
+
+    return spy
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,8 @@
 """The package's import structure: no import cycles between lintime's modules, the layering of
-docs/design/conventions.md §1 (``ops`` -> ``layers`` -> ``models`` -> ``training`` / ``generation`` / ... ->
-``cli``; nothing lower imports anything higher), and ``import lintime`` without side effects
-(no transformers, no subpackage).
+docs/design/conventions.md §1 (``ops`` / ``modules`` -> ``layers`` -> ``models`` -> ``training`` / ``generation`` /
+... -> ``cli``; nothing lower imports anything higher; inside the kernel layer, ``lintime/ops/*.py`` ->
+``modules`` -> the attention families of ``ops``), and ``import lintime`` without side effects (no transformers,
+no subpackage).
 
 The graphs are read from the source with ``ast`` (every ``import`` statement, at module level or
 inside a function: a function-local import is still a dependency, and a cycle through one is
@@ -19,15 +20,18 @@ ROOT = Path(__file__).resolve().parents[1] / "lintime"
 
 # Subpackage -> the lintime subpackages it may import (its own is always allowed; so is the root
 # ``lintime`` for ``__version__``, which test_root_package_imports_nothing keeps free of imports).
-_BELOW_TRAINING = {"generation", "evaluation", "models", "layers", "ops", "data", "utils"}
+_KERNELS = {"ops", "modules"}  # one layer, torch and triton only (docs/design/conventions.md §1)
+_BELOW_TRAINING = {"generation", "evaluation", "models", "layers", "data", "utils"} | _KERNELS
 ALLOWED = {
     "utils": set(),
-    "ops": set(),  # torch and triton only (docs/design/conventions.md §1)
+    # inside the kernel layer: lintime/ops/*.py -> modules -> ops' attention families (test_kernel_layer_order)
+    "ops": {"modules"},
+    "modules": {"ops"},
     "data": {"utils"},
-    "layers": {"ops", "utils"},
-    "models": {"layers", "ops", "utils"},
-    "generation": {"models", "layers", "ops", "data", "utils"},
-    "evaluation": {"generation", "models", "layers", "ops", "data", "utils"},
+    "layers": {"utils"} | _KERNELS,
+    "models": {"layers", "utils"} | _KERNELS,
+    "generation": {"models", "layers", "data", "utils"} | _KERNELS,
+    "evaluation": {"generation", "models", "layers", "data", "utils"} | _KERNELS,
     "training": _BELOW_TRAINING,
     "hf": _BELOW_TRAINING | {"training"},
     "bench": _BELOW_TRAINING | {"training"},
@@ -35,7 +39,7 @@ ALLOWED = {
     "cli": _BELOW_TRAINING | {"training", "hf", "bench", "serving"},
     "__main__": {"cli"},
 }
-THIRD_PARTY_OF_OPS = {"torch", "triton"}
+THIRD_PARTY_OF_KERNELS = {"torch", "triton"}
 
 
 def _modules() -> dict[str, Path]:
@@ -145,17 +149,51 @@ def test_layering():
     assert not bad, "imports against the layering (docs/design/conventions.md §1):\n" + "\n".join(bad)
 
 
-def test_ops_import_only_torch_and_triton():
+def test_kernels_import_only_torch_and_triton():
+    """``ops`` and ``modules``: the standard library, torch, triton and each other, nothing else."""
     stdlib = set(sys.stdlib_module_names)
     bad = []
     for name, path in MODULES.items():
-        if _subpackage(name) != "ops":
+        if _subpackage(name) not in _KERNELS:
             continue
         for target, line in _imports(name, path):
             top = target.split(".")[0]
-            if top and top not in stdlib and top != "lintime" and top not in THIRD_PARTY_OF_OPS:
+            if top and top not in stdlib and top != "lintime" and top not in THIRD_PARTY_OF_KERNELS:
                 bad.append(f"{path.relative_to(ROOT.parent)}:{line} imports {target}")
     assert not bad, "\n".join(bad)
+
+
+def _kernel_rank(name: str) -> int | None:
+    """The order inside the kernel layer: 0 the shared machinery (a module directly in ``lintime/ops/``:
+    launching, dispatch, segments, ...), 1 a building block (``lintime.modules.<family>...``), 2 an attention
+    family (``lintime.ops.<family>...``); ``None`` outside the layer (and for the two package roots, whose
+    lazy exports import nothing at import time)."""
+    parts = name.split(".")
+    if len(parts) < 3 or parts[1] not in _KERNELS:
+        return None
+    if parts[1] == "modules":
+        return 1
+    return 0 if MODULES.get(".".join(parts[:3])) == ROOT / "ops" / f"{parts[2]}.py" else 2
+
+
+def test_kernel_layer_order():
+    """A building block imports only the shared machinery of ``ops``, never an attention family, and the
+    shared machinery imports no building block; an attention family may use a building block (FLASH's decoding
+    step runs the heads op's chunked form)."""
+    assert _kernel_rank("lintime.ops.launching") == 0 and _kernel_rank("lintime.ops.dispatch") == 0
+    assert _kernel_rank("lintime.modules.norm.triton.ops") == 1 and _kernel_rank("lintime.ops.gla.chunk") == 2
+    bad = []
+    for name, path in MODULES.items():
+        rank = _kernel_rank(name)
+        if rank is None:
+            continue
+        for target, line in _imports(name, path):
+            other = _kernel_rank(target)
+            if target in ("lintime.ops", "lintime.modules"):
+                other = 2 if target == "lintime.ops" else 1  # a public export: the families behind it
+            if other is not None and other > rank:
+                bad.append(f"{path.relative_to(ROOT.parent)}:{line} imports {target}")
+    assert not bad, "imports against the kernel layer's order (docs/design/conventions.md §1):\n" + "\n".join(bad)
 
 
 def test_root_package_imports_nothing():

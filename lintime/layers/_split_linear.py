@@ -2,8 +2,8 @@
 more parts).
 
 The GAU / FLASH layers' ``dense(x)`` (seed Code 6 / 8 ``uv``) feeds two fused ops that each read their own columns:
-the gate (``silu(u) * a``, :func:`lintime.ops.gated_activation`) and the heads op (``silu`` of ``v, z`` and the
-scale + offset heads, :func:`lintime.ops.gau_heads`).  Computing the two parts as two products lets each op's
+the gate (``silu(u) * a``, :func:`lintime.modules.gated_activation`) and the heads op (``silu`` of ``v, z`` and the
+scale + offset heads, :func:`lintime.modules.gau_heads`).  Computing the two parts as two products lets each op's
 backward write its gradient as its own contiguous tensor; the backward here then takes both without assembling
 them: ``dx = du W[:n] + dv W[n:]`` (the second product accumulated into the first's output), ``dW`` and ``db`` the
 two parts' gradients stacked.  The parameters stay one ``nn.Linear`` (one weight, one bias: the checkpoint layout

@@ -15,8 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lintime.ops import glu_activation
-from lintime.ops.glu import ACTIVATIONS as GLU_OP_ACTIVATIONS
+from lintime.modules import glu_activation
+from lintime.modules.glu import ACTIVATIONS as GLU_OP_ACTIVATIONS
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -58,7 +58,7 @@ class MLP(nn.Module):
 class GLU(nn.Module):
     """``dense_o(phi_u(dense_u(x)) * phi_v(dense_v(x)))`` (seed Eq. 1-2); ``u`` and ``v`` come
     from one fused ``[d, 2e]`` projection.  SwiGLU and GEGLU (``phi_u`` silu or gelu, ``phi_v`` the
-    identity) take :func:`lintime.ops.glu_activation`: one fused pass each way on CUDA (``fused``; ``False``: its
+    identity) take :func:`lintime.modules.glu_activation`: one fused pass each way on CUDA (``fused``; ``False``: its
     PyTorch form)."""
 
     def __init__(self, dim: int, hidden: int, *, activation_name: str = "gelu",

@@ -12,13 +12,13 @@ The layer (the block owns the pre-norm and the residual)::
     y = dense(u * a)                                                # seed Section 3.2, O_g
 
 ``dense(x)`` runs as two products (:func:`lintime.layers._split_linear.split_linear`, one parameter): the ``u``
-part goes to the gate, ``silu(u) * a`` in one pass each way (:func:`lintime.ops.gated_activation`); the ``v, z``
-part to :func:`lintime.ops.gau_heads` (silu, the heads and RoPE: one fused kernel on CUDA).  On the fused path
+part goes to the gate, ``silu(u) * a`` in one pass each way (:func:`lintime.modules.gated_activation`); the ``v, z``
+part to :func:`lintime.modules.gau_heads` (silu, the heads and RoPE: one fused kernel on CUDA).  On the fused path
 (``fused``, the default) the products run without dense's bias and the two ops add it (``bias[:e]`` the gate,
 ``bias[e:]`` the heads op), so its gradient comes out of their backward kernels; ``fused = False`` keeps it in the
 products (the unfused reference of the fused curve).  Likewise ``out``'s bias: on the fused path the layer offers it
 (:meth:`FLASH.deferrable_bias`) and a fused block calls it with ``defer_bias=True`` and lets the next norm add it
-(:func:`lintime.ops.add_normalize`'s ``branch_bias``), whose backward kernel gives its gradient.
+(:func:`lintime.modules.add_normalize`'s ``branch_bias``), whose backward kernel gives its gradient.
 
 Inside a chunk ``a`` is ``sum_j relu(q.k * scale + b[i-j])^2 v_j`` with the chunk-local Toeplitz
 bias (seed Code 4, ``max_len = C``: a direct table below 512, RoPE-built from 512); across chunks
@@ -61,7 +61,8 @@ from lintime.layers.base import BatchState, Mixer, static_state
 from lintime.layers.gau import ScaleOffset, heads_backend, longest_sequence, proj_bias_parts
 from lintime.layers.positional import ToeplitzRelativeBias
 from lintime.layers._split_linear import dense, split_linear
-from lintime.ops import MixedChunkState, gated_activation, gau_heads, mixed_chunk_attention, mixed_chunk_decode_step_
+from lintime.modules import gated_activation, gau_heads
+from lintime.ops import MixedChunkState, mixed_chunk_attention, mixed_chunk_decode_step_
 from lintime.ops.utils import chunk_layout
 
 LINEAR_NORMS = ("tokens", "chunk", "none")

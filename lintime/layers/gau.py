@@ -11,10 +11,10 @@ The layer (the block owns the pre-norm and the residual, see :mod:`lintime.layer
     a       = attention(q, k, v)                        # seed Eq. 5, below
     y       = dense(u * a)                              # seed Eq. 3
 
-The first three lines are one call of :func:`lintime.ops.gau_heads` (a fused kernel on CUDA) on the ``v, z`` part
+The first three lines are one call of :func:`lintime.modules.gau_heads` (a fused kernel on CUDA) on the ``v, z`` part
 of ``dense(x)``; with gating the ``u`` part is its own product (one parameter,
 :func:`lintime.layers._split_linear.split_linear`) and the gate ``silu(u) * a`` one pass each way
-(:func:`lintime.ops.gated_activation`).  On the fused path the products run without dense's bias, which the two
+(:func:`lintime.modules.gated_activation`).  On the fused path the products run without dense's bias, which the two
 ops add (:func:`proj_bias_parts`), so its gradient comes out of their backward kernels; ``out``'s bias is left to
 the fused block's next norm the same way (:meth:`GAU.deferrable_bias`, ``forward``'s ``defer_bias``).
 
@@ -44,7 +44,8 @@ from lintime.layers.attention import KVCache
 from lintime.layers.base import Mixer
 from lintime.layers.positional import ToeplitzRelativeBias
 from lintime.layers._split_linear import dense, split_linear
-from lintime.ops import gated_activation, gau_attention, gau_heads
+from lintime.modules import gated_activation, gau_heads
+from lintime.ops import gau_attention
 from lintime.ops.utils import chunk_layout
 
 KERNELS = ("relu2", "softmax")
@@ -55,7 +56,7 @@ class ScaleOffset(nn.Module):
     """Cheap per-dimension heads of a shared representation (seed Code 6 / 8 ``gamma``,
     ``beta``): ``z [..., s] -> [..., heads, s]`` with ``z * gamma[h] + beta[h]``.  ``forward`` is
     the plain formula (the tests' reference); the layers compute the heads inside
-    :func:`lintime.ops.gau_heads` (with SiLU and RoPE) from these parameters.
+    :func:`lintime.modules.gau_heads` (with SiLU and RoPE) from these parameters.
 
     ``gamma`` is initialised ``N(0, std)`` (the seed's ``WEIGHT_INITIALIZER``), ``beta`` 0.  Both
     are excluded from weight decay (they are per-dimension scalars, like a norm's gain)."""
@@ -82,7 +83,7 @@ class ScaleOffset(nn.Module):
 
 
 def heads_backend(backend: str | None) -> str | None:
-    """The :func:`~lintime.ops.gau_heads` backend of a layer built with attention ``backend``: the
+    """The :func:`~lintime.modules.gau_heads` backend of a layer built with attention ``backend``: the
     same one where the heads op has it (``naive`` / ``chunk`` / ``triton``), else automatic."""
     return backend if backend in ("naive", "chunk", "triton") else None
 
@@ -301,7 +302,7 @@ class GAU(Mixer):
 
     def deferrable_bias(self) -> torch.Tensor | None:
         """``out``'s bias on the fused path (``fused``), for the fused block's next norm to add (its gradient out of
-        the norm's backward kernel, :func:`lintime.ops.add_normalize`)."""
+        the norm's backward kernel, :func:`lintime.modules.add_normalize`)."""
         return self.out.bias if self.fused else None
 
     def init_state(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> KVCache:

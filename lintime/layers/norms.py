@@ -1,11 +1,11 @@
 """Normalisation layers over the last dimension (FLASH seed Code 5; RMSNorm for GLA / VQ).
 
-All three compute in at least fp32 through :func:`lintime.ops.normalize` (one fused pass per
+All three compute in at least fp32 through :func:`lintime.modules.normalize` (one fused pass per
 direction on CUDA; ``fused = False`` on a layer takes the op's chunked PyTorch reference form on every
 device, :meth:`lintime.models.CausalLM.set_fused`).  They return the input dtype, or under autocast the autocast dtype: every
 block feeds the result to an autocast GEMM, which would round it to that dtype anyway, so writing
 it rounded saves a cast pass and half the bytes.  :meth:`Norm.add_forward` is a pre-norm block's
-residual add and the norm in one call (:func:`lintime.ops.add_normalize`).
+residual add and the norm in one call (:func:`lintime.modules.add_normalize`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from lintime.ops import add_normalize, gated_normalize, normalize
+from lintime.modules import add_normalize, gated_normalize, normalize
 
 
 def _out_dtype(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.dtype:
@@ -50,14 +50,14 @@ class Norm(nn.Module):
         """``(x + branch, self(x + branch))``: a pre-norm block's residual add and this norm, one pass per direction
         (the sum in ``x + branch``'s dtype, the result in the dtype :meth:`forward` gives for it).  ``branch_bias``
         ``[D]``: the branch's bias, left out of it by its mixer (:meth:`lintime.layers.Mixer.deferrable_bias`) and
-        added here, ``x + (branch + branch_bias)`` (the rule of :func:`lintime.ops.add_normalize`)."""
+        added here, ``x + (branch + branch_bias)`` (the rule of :func:`lintime.modules.add_normalize`)."""
         out_dtype = _out_dtype(x, torch.promote_types(x.dtype, branch.dtype))
         return add_normalize(x, branch, *self.params(), branch_bias=branch_bias, kind=self.kind, eps=self.eps,
                              out_dtype=out_dtype, backend=_backend(self.fused))
 
     def gated_forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """``self(x) * silu(gate)`` (``gate`` of ``x``'s shape) in one pass per direction, rounded once to the dtype
-        :meth:`forward` gives (:func:`lintime.ops.gated_normalize`)."""
+        :meth:`forward` gives (:func:`lintime.modules.gated_normalize`)."""
         return gated_normalize(x, gate, *self.params(), kind=self.kind, eps=self.eps, out_dtype=_out_dtype(x),
                                backend=_backend(self.fused))
 

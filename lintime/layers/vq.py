@@ -91,7 +91,8 @@ import torch.nn as nn
 from lintime.layers._split_linear import multi_linear
 from lintime.layers.base import BatchState, Mixer, static_state
 from lintime.layers.positional import sinusoid
-from lintime.ops import VQState, normalize, vq_attention, vq_decode_step_
+from lintime.modules import normalize
+from lintime.ops import VQState, vq_attention, vq_decode_step_
 from lintime.ops.utils import mark_checked
 from lintime.ops.vq.gate import vq_gate, vq_value_silu
 from lintime.ops.vq.sums import code_sums
@@ -178,7 +179,7 @@ def _quantize_kernel(k: torch.Tensor, codebook: torch.Tensor) -> bool:
 
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     """RMS norm with unit gain (seed Eqs. 8-9: "LayerNorms use unit gain and zero bias"), computed
-    in at least fp32, returned in ``x``'s dtype: :func:`lintime.ops.normalize` (one fused kernel per
+    in at least fp32, returned in ``x``'s dtype: :func:`lintime.modules.normalize` (one fused kernel per
     direction on CUDA, where the PyTorch composite is about six passes)."""
     return normalize(x, kind="rmsnorm", eps=eps)
 

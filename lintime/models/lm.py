@@ -5,7 +5,7 @@ Both: ``logits = hidden @ W_out^T`` with ``W_out`` the token embedding when
 ``config.tie_embeddings`` (the seed's parameter counts imply tied embeddings: see
 ``docs/models.md``), a separate ``[vocab, d]`` matrix otherwise.
 Given ``targets`` the forward returns the summed cross-entropy instead of the logits, by default
-fused with the output projection (:func:`lintime.ops.linear_cross_entropy`: no ``[B*T, vocab]``
+fused with the output projection (:func:`lintime.modules.linear_cross_entropy`: no ``[B*T, vocab]``
 logits, the largest tensor of a training step).
 """
 
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from lintime.layers.positional import LearnedPositionEmbedding
 from lintime.models.backbone import Backbone, ModelState
 from lintime.models.config import ModelConfig
-from lintime.ops.cross_entropy import linear_cross_entropy
+from lintime.modules.cross_entropy import linear_cross_entropy
 
 
 class _LanguageModel(nn.Module):
@@ -82,7 +82,7 @@ class _LanguageModel(nn.Module):
 
         With ``targets [B, T]`` (class indices, ``-100`` = no target) it returns the summed
         cross-entropy against them instead of the logits (fp32; fp64 for a fp64 model):
-        ``fused_loss`` through :func:`lintime.ops.linear_cross_entropy` on the final hidden states
+        ``fused_loss`` through :func:`lintime.modules.linear_cross_entropy` on the final hidden states
         (chunks of rows; under autocast in the autocast dtype, as the logits would be), else the
         plain loss, ``F.cross_entropy`` on the full logits in fp32 (equal to rounding)."""
         if (state is not None or return_state) and not self.causal:

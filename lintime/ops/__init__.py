@@ -1,4 +1,7 @@
-"""Attention operations, ``[B, T, H, D]`` layout (docs/design/contract.md §2).
+"""Attention operations, ``[B, T, H, D]`` layout (docs/design/contract.md §2): softmax, GAU, mixed chunk,
+linear, gated linear and VQ attention, with the Triton machinery they share (``launching``, ``dispatch``,
+``segments``, ...).  The fused building blocks around them (norms, GLU, the heads op, the fused loss) are
+:mod:`lintime.modules`.
 
 Each family lives in its own folder with ``naive.py`` (textbook reference), ``chunk.py``
 (chunked PyTorch, any device) and, where the op carries a state, ``recurrent.py``; the
@@ -23,13 +26,6 @@ _EXPORTS = {
     "vq_attention": "vq",
     "VQState": "vq",
     "vq_decode_step_": "vq",
-    "gau_heads": "heads",
-    "glu_activation": "glu",
-    "gated_activation": "glu",
-    "linear_cross_entropy": "cross_entropy",
-    "normalize": "norm",
-    "add_normalize": "norm",
-    "gated_normalize": "norm",
 }
 
 __all__ = list(_EXPORTS)

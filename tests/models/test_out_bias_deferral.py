@@ -86,7 +86,7 @@ def test_deferred_bias_is_the_unfused_function(case):
 def test_deferred_bias_through_the_triton_norm_kernels(monkeypatch):
     """The same with the norm ops sent to their Triton kernels (the interpreter on the CPU): the bias's gradient from
     the backward kernel's partial rows."""
-    import lintime.ops.norm as norm_mod
+    import lintime.modules.norm as norm_mod
 
     monkeypatch.setattr(norm_mod, "select", lambda op, backend, impls, x: impls[backend or "triton"])
     model = _model("flash")

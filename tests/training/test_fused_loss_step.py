@@ -10,7 +10,7 @@ import torch
 from lintime.data import BatchIterator, ByteTokenizer, open_prepared
 from lintime.models import CausalLM, MaskedLM, get_preset
 from lintime.models import lm
-from lintime.ops import linear_cross_entropy
+from lintime.modules import linear_cross_entropy
 from tolerances import assert_exact
 from lintime.training.step import forward_backward
 

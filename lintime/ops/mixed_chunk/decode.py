@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from lintime.ops.heads.chunk import chunk_gau_heads
+from lintime.modules.heads.chunk import chunk_gau_heads
 from lintime.ops.mixed_chunk.recurrent import decode_one_token
 from lintime.ops.mixed_chunk.state import MixedChunkState, clean_buffers
 from lintime.ops.utils import acc_dtype

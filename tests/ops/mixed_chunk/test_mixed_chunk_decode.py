@@ -18,7 +18,8 @@ import torch
 
 from lintime.layers.flash import FLASH, FLASHState
 from lintime.models import CausalLM, get_preset
-from lintime.ops import MixedChunkState, gau_heads, mixed_chunk_attention, mixed_chunk_decode_step_
+from lintime.modules import gau_heads
+from lintime.ops import MixedChunkState, mixed_chunk_attention, mixed_chunk_decode_step_
 from lintime.ops.utils import mark_checked
 from tolerances import HALF_FACTOR, HALF_FLOOR, assert_close, assert_exact, assert_half_rule, rel_rms
 
