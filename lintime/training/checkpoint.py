@@ -47,19 +47,18 @@ gives the newest intact step folder before it (``load_model`` instead refuses, n
 
 Entry points: :func:`write_run_config` (once per run), :func:`save_checkpoint` (every
 ``--save-every`` steps), :func:`load_model` (eval / generate / sample), :func:`resolve_checkpoint`
-and :func:`load_trainer_state` (resume).
+and :func:`load_trainer_state` (resume).  This module holds them and names every public piece;
+the step folders' handling (names, checksums, publishing, retention) is in
+:mod:`lintime.training.checkpoint_folders`, the distributed checkpoints in
+:mod:`lintime.training.checkpoint_sharded`.
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import json
 import os
 import re
 import shutil
-import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,133 +69,51 @@ from torch import nn
 from lintime import __version__
 from lintime.data import DataError, load_tokenizer
 from lintime.models import CausalLM, MaskedLM, ModelConfig
-from lintime.training.parallel import reshard
-from lintime.utils.io import atomic_write_json, atomic_write_text, fsync_dir, fsync_file, ordinary_mode, temp_dir
+from lintime.training.checkpoint_folders import (
+    _STEP_DIR,
+    ABANDONED_DIR,
+    CHECKPOINTS_DIR,
+    CHECKSUM_FILE,
+    CONFIG_FILE,
+    DCP_MARK,
+    LATEST_FILE,
+    OPTIM_DIR,
+    STATE_FILE,
+    TOKENIZER_DIR,
+    WEIGHTS_FILE,
+    _corrupted,
+    _one_line,
+    _prune,
+    _publish,
+    _remove_stale_temporaries,
+    _set_aside,
+    _write_weights_and_state,
+    abandon_notice,
+    file_sha256,
+    later_checkpoints,
+    list_checkpoints,
+    newest_intact_checkpoint,
+    resolve_checkpoint,
+    run_dir_of,
+    step_dir_name,
+    verify_checkpoint,
+)
+from lintime.training.checkpoint_sharded import (
+    load_sharded_optimizer,
+    optimizer_state_by_name,
+    save_distributed_checkpoint,
+    set_optimizer_by_name,
+)
+from lintime.utils.io import atomic_write_json, atomic_write_text, fsync_dir, temp_dir
 
-CONFIG_FILE = "config.json"
-TOKENIZER_DIR = "tokenizer"
-CHECKPOINTS_DIR = "checkpoints"
-LATEST_FILE = "latest"
-WEIGHTS_FILE = "model.safetensors"
-STATE_FILE = "trainer_state.pt"
-CHECKSUM_FILE = "checksums.json"  # {"sha256": {file name: hex digest}} of the step folder's files
-OPTIM_DIR = "optimizer"
-ABANDONED_DIR = "abandoned"  # checkpoints/abandoned/: intact step folders a resume from an earlier step set aside
-DCP_MARK = "dcp"  # trainer_state["optimizer"] of a distributed checkpoint
-_STEP_DIR = re.compile(r"^step_(\d{8,})$")
-
-
-def step_dir_name(step: int) -> str:
-    """``step_00000100`` (8 digits, zero-padded, so names sort like steps)."""
-    return f"step_{step:08d}"
-
-
-# ---------------------------------------------------------------------------------------------
-# step folders: written whole, then published by a rename
-
-
-def _publish(tmp: Path, final: Path, ckpt_root: Path) -> None:
-    """Move the finished temporary folder ``tmp`` to ``final``; re-saving a step (e.g. after a
-    resume) swaps the folders, so a reader never sees a half-written state."""
-    ordinary_mode(tmp)
-    fsync_dir(tmp)
-    if final.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".old-{final.name}-", dir=ckpt_root))
-        os.rename(final, old / final.name)
-        os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, final)
-
-
-def _write_weights_and_state(folder: Path, model: torch.nn.Module, step: int, trainer_state: dict) -> None:
-    """``model.safetensors``, ``trainer_state.pt`` and their ``checksums.json`` into ``folder``,
-    each fsynced.  A failed write (a full disk) raises ``OSError`` naming the folder."""
-    from safetensors import SafetensorError
-    from safetensors.torch import save_model
-
-    weights, state = folder / WEIGHTS_FILE, folder / STATE_FILE
-    try:
-        save_model(model, str(weights), metadata={"format": "lintime", "step": str(step)})
-        ordinary_mode(weights)  # safetensors writes through a private (0600) temporary file
-        fsync_file(weights)
-        with open(state, "wb") as f:
-            torch.save(trainer_state, f)
-            f.flush()
-            os.fsync(f.fileno())
-    except (RuntimeError, SafetensorError) as err:  # how torch.save / safetensors report a failed write
-        raise _write_error(folder, err) from None
-    atomic_write_json(folder / CHECKSUM_FILE, {"sha256": {WEIGHTS_FILE: file_sha256(weights), STATE_FILE: file_sha256(state)}})
-
-
-def _write_error(folder: Path, err: BaseException) -> OSError:
-    """``err`` of a library's failed write as the ``OSError`` it hides: the errno it names
-    (``os error 28``), else ENOSPC when the disk is full, else EIO."""
-    found = re.search(r"os error (\d+)", str(err))
-    if found:
-        code = int(found.group(1))
-    else:
-        try:
-            code = errno.ENOSPC if shutil.disk_usage(folder).free < (1 << 20) else errno.EIO
-        except OSError:
-            code = errno.EIO
-    return OSError(code, f"{os.strerror(code)} (writing a checkpoint: {_one_line(err)})", str(folder))
-
-
-_DIGESTS: dict[tuple, str] = {}  # file identity and stat -> sha256, so pruning does not re-hash every save
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """sha256 of the file; remembered for the file as it is (device, inode, size, mtime and ctime
-    in ns: any write or replacement changes them), so a process hashes a checkpoint once."""
-    st = os.stat(path)
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    if key in _DIGESTS:
-        return _DIGESTS[key]
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-        after = os.fstat(f.fileno())
-    digest = h.hexdigest()
-    if (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == key[2:]:  # not written while read
-        if len(_DIGESTS) >= 256:
-            _DIGESTS.clear()
-        _DIGESTS[key] = digest
-    return digest
-
-
-def verify_checkpoint(step_dir: str | os.PathLike, files: tuple[str, ...] = (WEIGHTS_FILE, STATE_FILE)) -> str | None:
-    """``None`` when ``files`` of ``step_dir`` match the checksums recorded at save, else what is
-    wrong (one phrase).  A checkpoint saved before checksums existed has none to check: ``None``."""
-    step_dir = Path(step_dir)
-    try:
-        recorded = json.loads((step_dir / CHECKSUM_FILE).read_text())["sha256"]
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"its {CHECKSUM_FILE} is unreadable"
-    for name in files:
-        if name in recorded and (not (step_dir / name).is_file() or file_sha256(step_dir / name) != recorded[name]):
-            return f"{name} does not match the checksum recorded when it was saved"
-    return None
-
-
-def newest_intact_checkpoint(run_dir: str | os.PathLike, *, besides: Path | None = None) -> Path | None:
-    """The newest step folder of ``run_dir`` (other than ``besides``) whose files match their checksums."""
-    for cand in reversed(list_checkpoints(run_dir)):
-        if besides is not None and cand.resolve() == Path(besides).resolve():
-            continue
-        if verify_checkpoint(cand) is None:
-            return cand
-    return None
-
-
-def _corrupted(step_dir: Path, what: str) -> ValueError:
-    step_dir = Path(step_dir)
-    good = newest_intact_checkpoint(run_dir_of(step_dir), besides=step_dir) if _STEP_DIR.match(step_dir.name) else None
-    hint = f"; the newest intact checkpoint is {good}" if good is not None else "; the run has no other intact checkpoint"
-    return ValueError(f"checkpoint {step_dir} is corrupted: {what}{hint}")
+__all__ = [
+    "ABANDONED_DIR", "CHECKPOINTS_DIR", "CHECKSUM_FILE", "CONFIG_FILE", "DCP_MARK", "LATEST_FILE", "OPTIM_DIR",
+    "STATE_FILE", "TOKENIZER_DIR", "WEIGHTS_FILE", "LoadedModel", "abandon_notice", "atomic_write_text",
+    "build_model", "file_sha256", "later_checkpoints", "list_checkpoints", "load_model", "load_sharded_optimizer",
+    "load_trainer_state", "load_weights", "newest_intact_checkpoint", "optimizer_state_by_name", "read_run_config",
+    "resolve_checkpoint", "run_dir_of", "save_checkpoint", "save_distributed_checkpoint", "set_optimizer_by_name",
+    "step_dir_name", "verify_checkpoint", "write_run_config",
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,267 +198,8 @@ def save_checkpoint(
     return final
 
 
-def _prune(run_dir: str | os.PathLike, keep: int, newest: Path) -> None:
-    """Keep the ``keep`` newest intact step folders (``newest``, just written, is one); delete the
-    older ones and every corrupted one, which never counts among the ``keep``."""
-    kept = 0
-    for cand in reversed(list_checkpoints(run_dir)):
-        if kept < keep and (cand == newest or verify_checkpoint(cand) is None):
-            kept += 1
-        else:
-            shutil.rmtree(cand, ignore_errors=True)
-
-
-def later_checkpoints(step_dir: str | os.PathLike) -> list[Path]:
-    """The step folders of ``step_dir``'s run with a later step, oldest first: what a run resumed
-    from ``step_dir`` abandons (pass them as ``abandon`` to its first save)."""
-    m = _STEP_DIR.match(Path(step_dir).name)
-    if m is None:
-        return []
-    return [p for p in list_checkpoints(run_dir_of(step_dir)) if _step_of(p) > int(m.group(1))]
-
-
-def abandon_notice(step_dir: str | os.PathLike, later: list[Path]) -> str:
-    """The line that tells a user resuming from ``step_dir`` what happens to ``later``."""
-    corrupted = {p for p in later if verify_checkpoint(p) is not None}
-    names = ", ".join(p.name + (" (corrupted)" if p in corrupted else "") for p in later)
-    todo = []
-    if corrupted:
-        todo.append("deletes the corrupted ones")
-    if len(corrupted) < len(later):
-        todo.append(f"moves the intact ones to {run_dir_of(step_dir) / CHECKPOINTS_DIR / ABANDONED_DIR}/")
-    return (f"lintime train: resuming from {step_dir}: the later {names} belong to an abandoned future; "
-            f"the first save {' and '.join(todo)}")
-
-
-def _set_aside(folders, ckpt_root: Path) -> None:
-    """Delete the corrupted step folders of ``folders``, move the intact ones to ``abandoned/``
-    (replacing an earlier abandoned folder of the same step)."""
-    for old in folders:
-        old = Path(old)
-        if not old.is_dir():
-            continue
-        if verify_checkpoint(old) is not None:
-            shutil.rmtree(old, ignore_errors=True)
-            continue
-        dest = ckpt_root / ABANDONED_DIR / old.name
-        dest.parent.mkdir(exist_ok=True)
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.rename(old, dest)
-    if folders:
-        fsync_dir(ckpt_root)
-
-
-def _step_of(step_dir: Path) -> int:
-    return int(_STEP_DIR.match(step_dir.name).group(1))
-
-
-def save_distributed_checkpoint(
-    run_dir: str | os.PathLike,
-    step: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    trainer_state: dict,
-    *,
-    build,
-    keep: int = 0,
-    abandon: list[Path] | tuple[Path, ...] = (),
-) -> Path:
-    """The distributed form of :func:`save_checkpoint`; every rank calls it (it is collective).
-
-    Rank 0 makes the hidden temporary step folder and tells the others its name; all ranks write
-    their optimizer shards into ``optimizer/`` (DCP) and take part in gathering the full model
-    state, which rank 0 loads into ``build()`` (a plain model) and writes as ``model.safetensors``
-    with ``trainer_state.pt``; then, after a barrier, rank 0 renames the folder into place, moves
-    ``latest``, sets ``abandon`` aside and prunes, exactly as :func:`save_checkpoint`.  Returns the
-    step folder."""
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    main = dist.get_rank() == 0
-    ckpt_root = Path(run_dir) / CHECKPOINTS_DIR
-    final = ckpt_root / step_dir_name(step)
-    box = [None]
-    if main:
-        ckpt_root.mkdir(parents=True, exist_ok=True)
-        _remove_stale_temporaries(ckpt_root)
-        box[0] = str(temp_dir(ckpt_root, f".tmp-{final.name}-"))
-    dist.broadcast_object_list(box, src=0)
-    tmp = Path(box[0])
-    try:
-        dcp.save({"optimizer": _optimizer_tensors(model, optimizer)}, checkpoint_id=str(tmp / OPTIM_DIR))
-        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if main:
-            plain = build()
-            plain.load_state_dict({k: v.float() for k, v in full.items()})
-            _write_weights_and_state(tmp, plain, step, trainer_state)
-        del full
-        dist.barrier()
-        if main:
-            _set_aside(abandon, ckpt_root)
-            _publish(tmp, final, ckpt_root)
-            fsync_dir(ckpt_root)
-            atomic_write_text(ckpt_root / LATEST_FILE, final.name + "\n")
-            if keep:
-                _prune(run_dir, keep, final)
-    except BaseException:
-        if main:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    dist.barrier()
-    return final
-
-
-def _optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """``{parameter name: {state name: tensor}}`` of an AdamW-like optimizer (every state entry a
-    tensor; FSDP2 moments are ``DTensor`` shards, which DCP saves and re-shards by name).  The
-    optimizer's state is created (zeros) where a parameter has none yet, so that a fresh
-    optimizer offers DCP the tensors to load into.
-
-    FSDP2 modules are resharded first: a module left unsharded (the root after a forward without
-    a backward, e.g. a validation pass) reports its full, unsharded tensors as parameters, which
-    are not the sharded ones the optimizer holds -- their state would be missed (saved and loaded
-    as zeros).  Every parameter must be one of the optimizer's, and every optimizer parameter
-    must be named, or this raises ``RuntimeError``."""
-    reshard(model)
-    owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
-    out = {}
-    seen = set()
-    for name, p in model.named_parameters():
-        if id(p) in seen or not p.requires_grad:
-            continue
-        if id(p) not in owned:
-            raise RuntimeError(f"parameter {name} is not a tensor the optimizer holds (an unsharded FSDP module?)")
-        seen.add(id(p))
-        st = optimizer.state[p]
-        if not st:
-            st["step"] = torch.zeros((), dtype=torch.float32, device=p.device if _fused(optimizer) else "cpu")
-            st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        out[name] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
-    if len(seen) != len(owned):
-        raise RuntimeError(f"{len(owned) - len(seen)} optimizer parameters are not parameters of the model")
-    return out
-
-
-def _fused(optimizer: torch.optim.Optimizer) -> bool:
-    return any(g.get("fused") or g.get("capturable") for g in optimizer.param_groups)
-
-
-def load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, step_dir: str | os.PathLike) -> None:
-    """Load the DCP optimizer state of a distributed checkpoint into ``optimizer`` (any number of
-    processes, including one: DCP re-shards by parameter name)."""
-    import torch.distributed.checkpoint as dcp
-
-    path = Path(step_dir) / OPTIM_DIR
-    if not path.is_dir():
-        raise FileNotFoundError(f"cannot resume: {step_dir} is a distributed checkpoint without its {OPTIM_DIR}/ folder")
-    target = _optimizer_tensors(model, optimizer)
-    box = {"optimizer": {n: dict(st) for n, st in target.items()}}
-    try:
-        with warnings.catch_warnings():  # one process, no group: DCP warns that it assumes so
-            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
-            dcp.load(box, checkpoint_id=str(path))
-    except Exception as err:  # missing keys / shapes: DCP raises several kinds
-        raise ValueError(f"cannot resume: the optimizer state in {step_dir} does not fit this model ({_one_line(err)})") from None
-    # DCP loads in place where it can, but may hand back new tensors (e.g. 0-D ones): copy them in
-    for name, st in target.items():
-        for k, t in st.items():
-            got = box["optimizer"][name][k]
-            if got is not t:
-                t.copy_(got)
-
-
-def optimizer_state_by_name(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict, step_dir) -> dict:
-    """A single-process checkpoint's optimizer state (``opt.state_dict()``, keyed by parameter
-    index) re-keyed by parameter name, for a distributed resume: ``model`` is the plain model
-    and ``optimizer`` a fresh one built on it the same way as the saved one."""
-    try:
-        optimizer.load_state_dict(saved)
-    except (ValueError, KeyError, RuntimeError) as err:
-        raise ValueError(f"cannot resume: the optimizer state in {step_dir} does not fit this model ({_one_line(err)})") from None
-    return {name: {k: v.detach().clone() for k, v in st.items()} for name, st in _optimizer_tensors(model, optimizer).items()}
-
-
-def set_optimizer_by_name(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """Load a full, name-keyed optimizer state (:func:`optimizer_state_by_name`) into the
-    optimizer of a wrapped / sharded model (every rank holds the full state; an FSDP2 rank
-    keeps its shard of each moment)."""
-    target = _optimizer_tensors(model, optimizer)
-    for name, st in target.items():
-        for k, t in st.items():
-            src = state[name][k].to(t.device if not hasattr(t, "device_mesh") else t.to_local().device)
-            if hasattr(t, "device_mesh"):  # DTensor shard: take this rank's piece of the full tensor
-                from torch.distributed.tensor import distribute_tensor
-
-                t.to_local().copy_(distribute_tensor(src, t.device_mesh, t.placements).to_local())
-            else:
-                t.copy_(src)
-
-
-def _remove_stale_temporaries(ckpt_root: Path) -> None:
-    """Leftovers of a save that crashed (hidden ``.tmp-`` / ``.old-`` folders)."""
-    for p in ckpt_root.iterdir():
-        if p.is_dir() and (p.name.startswith(".tmp-") or p.name.startswith(".old-")):
-            shutil.rmtree(p, ignore_errors=True)
-
-
 # ---------------------------------------------------------------------------------------------
 # reading
-
-
-def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
-    """Complete step folders of a run, oldest first (hidden temporaries are not listed)."""
-    root = Path(run_dir) / CHECKPOINTS_DIR
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
-    return [p for _, p in sorted(found) if (p / WEIGHTS_FILE).is_file()]
-
-
-def resolve_checkpoint(path: str | os.PathLike, *, intact: bool = True) -> Path:
-    """The step folder meant by ``path``: a step folder itself, or a run folder (its ``latest``;
-    when ``latest`` is missing or names a missing folder, the highest complete step folder).
-    With ``intact`` (the default), a run folder's choice that is corrupted (its files do not
-    match their checksums) gives way to the newest intact step folder before it, when there is
-    one; ``intact=False`` returns it as is (:func:`load_model` does, so that loading refuses it
-    in one line naming the intact one rather than silently loading an older model).
-    Raises ``FileNotFoundError`` with one line when there is none."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    if (path / WEIGHTS_FILE).is_file():
-        return path
-    if _STEP_DIR.match(path.name):
-        raise FileNotFoundError(f"checkpoint {path} is incomplete: it has no {WEIGHTS_FILE}")
-    if (path / CHECKPOINTS_DIR).is_dir() or (path / CONFIG_FILE).is_file():
-        latest = path / CHECKPOINTS_DIR / LATEST_FILE
-        found = list_checkpoints(path)
-        chosen = found[-1] if found else None
-        if latest.is_file():
-            cand = path / CHECKPOINTS_DIR / latest.read_text().strip()
-            if (cand / WEIGHTS_FILE).is_file():
-                chosen = cand
-        if chosen is None:
-            raise FileNotFoundError(f"run {path} has no checkpoint yet (no {CHECKPOINTS_DIR}/step_* folder)")
-        if intact and _STEP_DIR.match(chosen.name) and verify_checkpoint(chosen) is not None:
-            before = [p for p in found if _step_of(p) < _step_of(chosen)]
-            good = next((p for p in reversed(before) if verify_checkpoint(p) is None), None)
-            if good is not None:
-                return good
-        return chosen
-    raise FileNotFoundError(f"{path} is neither a run folder (with {CONFIG_FILE}) nor a checkpoint folder (with {WEIGHTS_FILE})")
-
-
-def run_dir_of(step_dir: str | os.PathLike) -> Path:
-    """The run folder of a step folder (``runs/<name>/checkpoints/step_N`` -> ``runs/<name>``; also
-    of one set aside in ``checkpoints/abandoned/``)."""
-    parent = Path(step_dir).parent
-    if parent.name == ABANDONED_DIR and parent.parent.name == CHECKPOINTS_DIR:
-        return parent.parent.parent
-    return parent.parent
 
 
 def read_run_config(run_dir: str | os.PathLike) -> dict:
@@ -651,8 +309,3 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> L
     m = _STEP_DIR.match(step_dir.name)
     step = int(m.group(1)) if m else -1
     return LoadedModel(model=model, tokenizer=tokenizer, config=config, step=step)
-
-
-def _one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return text if len(text) <= 300 else text[:297] + "..."
