@@ -1,7 +1,9 @@
 """The training loop.
 
 :func:`train` runs one :class:`~lintime.training.config.TrainConfig` into a run folder (layout:
-:mod:`lintime.training.checkpoint`), or continues one from a checkpoint.  A step's gradients and
+:mod:`lintime.training.checkpoint`), or continues one from a checkpoint, in three parts: the set-up
+(:func:`lintime.training.run_setup.prepare_run`: run folder, model, optimiser, data, compile choice,
+resume), the steps, and the end (final validation, checkpoint, plots, sample, summary).  A step's gradients and
 the validation loss come from :mod:`lintime.training.step` (:func:`forward_backward`,
 :func:`evaluate`; the loss is defined there), the RNG state a checkpoint holds from
 :mod:`lintime.training.rng`, the distributed set-up from :mod:`lintime.training.parallel`.
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import math
 import sys
 import time
@@ -37,31 +38,27 @@ from pathlib import Path
 
 import torch
 
-from lintime.data import (
-    IGNORE_INDEX,
-    BatchIterator,
-    DataError,
-    Tokenizer,
-    default_cache_dir,
-    load_tokenizer,
-    open_corpus,
-    prepare,
-)
-from lintime.models import CausalLM, MaskedLM, ModelConfig, get_preset
+from lintime.data import IGNORE_INDEX
 from lintime.training import checkpoint as ckpt
 from lintime.training import parallel as par
-from lintime.training.compile import CompiledModel, choose_compile
-from lintime.training.config import RESUMABLE_CHANGES, TrainConfig
-from lintime.training.context_parallel import ContextParallel
-from lintime.training.graphed import GraphedStep, one_sequence_per_row
+from lintime.training.config import TrainConfig
+from lintime.training.graphed import one_sequence_per_row
 from lintime.training.metrics import MetricsWriter, plot_metrics
-from lintime.training.rng import rng_state, seed_everything, set_rng_state
-from lintime.training.runguard import RunLock, StopSignals
+from lintime.training.rng import rng_state
+from lintime.training.run_setup import (
+    STATE_FORMAT,
+    Run,
+    check_resume_compatible,
+    default_run_name,
+    prepare_run,
+    without_checkpoint,
+)
+from lintime.training.runguard import StopSignals
 from lintime.training.schedule import lr_at_progress, lr_at_step
 from lintime.training.step import StepStats, describe_val, evaluate, forward_backward
-from lintime.utils.device import autocast_dtype
 
-STATE_FORMAT = 1
+__all__ = ["TrainResult", "check_resume_compatible", "corpus_prompt", "default_run_name", "train", "without_checkpoint"]
+
 SAMPLE_FILE = "sample.txt"
 MAX_UNREAD_STEPS = 100  # a run that logs rarely (or never) still checks its loss this often
 
@@ -80,27 +77,6 @@ class TrainResult:
     sample: str | None
     checkpoint: Path | None
     stopped_by: str | None = None  # "SIGINT" / "SIGTERM" when a signal stopped the run (checkpoint saved)
-
-
-# ---------------------------------------------------------------------------------------------
-# run set-up
-
-
-def default_run_name(preset: str) -> str:
-    return f"{preset}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
-
-
-def check_resume_compatible(saved: TrainConfig, asked: TrainConfig) -> None:
-    """Raise ``ValueError`` when ``asked`` changes a setting that a resumed run cannot change."""
-    diffs = []
-    for f in dataclasses.fields(TrainConfig):
-        if f.name in RESUMABLE_CHANGES:
-            continue
-        a, b = getattr(saved, f.name), getattr(asked, f.name)
-        if a != b:
-            diffs.append(f"{f.name}={b!r} (the run has {a!r})")
-    if diffs:
-        raise ValueError(f"cannot resume: the checkpoint was trained with other settings: {'; '.join(diffs[:4])}")
 
 
 def _echo_default(line: str) -> None:
@@ -167,10 +143,6 @@ class _Bar:
             self._bar.close()
 
 
-# ---------------------------------------------------------------------------------------------
-# the loop
-
-
 def train(
     config: TrainConfig,
     *,
@@ -211,371 +183,268 @@ def train(
             par.shutdown(failed)
 
 
-def without_checkpoint(path: str | Path) -> bool:
-    """True for a run folder that has a ``config.json`` but no checkpoint (stopped before its first
-    save): ``resume`` starts it over, and a new run may take its name."""
-    path = Path(path)
-    return (path / ckpt.CONFIG_FILE).is_file() and not ckpt.list_checkpoints(path)
-
-
 def _train(cfg: TrainConfig, env, *, out, name, resume, progress, echo, stop_after, guards) -> TrainResult:
-    """:func:`train` in one process of ``env`` (:class:`lintime.training.parallel.DistEnv`);
+    """:func:`train` in one process of ``env`` (:class:`lintime.training.parallel.DistEnv`): the set-up
+    (:func:`lintime.training.run_setup.prepare_run`), the steps, then the end (or the stop by a signal);
     ``guards`` (an ``ExitStack``) holds the run folder's lock until the caller leaves it."""
     say = echo or (lambda line: None)
+    run = prepare_run(cfg, env, out=out, name=name, resume=resume, progress=progress, say=say, guards=guards)
+    loop = _Loop(run, progress=progress, stop_after=stop_after, say=say)
+    loop.run_steps()
+    if loop.stop.received:
+        return loop.stopped()  # the caller says how it stopped (the command line: one line on stderr)
+    return loop.finish()
 
-    # ---- resume: the run's own folder, tokenizer and model config
-    state = None
-    abandoned: list[Path] = []  # step folders after the one resumed from: set aside by the first save
-    if resume is not None and without_checkpoint(resume):
-        say(f"lintime train: {resume} has no checkpoint yet: starting the run over")
-        name, out, resume, restarting = Path(resume).name, Path(resume).parent, None, True
-    else:
-        restarting = False
-    if resume is not None:
-        step_dir = ckpt.resolve_checkpoint(resume)
-        run_dir = ckpt.run_dir_of(step_dir)
-        if env.is_main:
-            guards.enter_context(RunLock(run_dir))
-        saved = ckpt.read_run_config(run_dir)
-        saved_cfg = TrainConfig.from_dict(saved.get("train", {}))
-        check_resume_compatible(saved_cfg, cfg)
-        if saved["objective"] != cfg.objective:
-            raise ValueError(f"cannot resume: the run's objective is {saved['objective']!r}, asked {cfg.objective!r}")
-        try:
-            tokenizer = load_tokenizer(run_dir / ckpt.TOKENIZER_DIR)
-        except DataError as err:
-            raise FileNotFoundError(f"cannot resume: {err}") from None
-        model_cfg_dict = saved["model"]
-        state = ckpt.load_trainer_state(step_dir)
-        if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"cannot resume: {step_dir} has trainer state format {state.get('format')!r}, expected {STATE_FORMAT}")
-        abandoned = ckpt.later_checkpoints(step_dir)
-        if abandoned:
-            say(ckpt.abandon_notice(step_dir, abandoned))
-    else:
-        get_preset(cfg.preset)  # an unknown preset fails here, before the data is prepared
-        tokenizer = cfg.tokenizer
-        run_dir = None
-    init = _init_source(cfg) if state is None and cfg.init_from is not None else None
-    if init is not None:
-        tokenizer = init["tokenizer"]
 
-    device = env.device
-    amp = autocast_dtype(device, cfg.precision)
-    if cfg.rows_per_micro_batch % env.dp_size:
-        raise ValueError(f"{cfg.rows_per_micro_batch} rows per micro-batch cannot be split over {env.dp_size} "
-                         "data-parallel replicas: make --micro-batch-tokens / --context-len rows a multiple of them")
-    rows_local, micro_local = cfg.rows_per_batch // env.dp_size, cfg.rows_per_micro_batch // env.dp_size
-    if cfg.tensorboard:
-        import importlib.util
+# ---------------------------------------------------------------------------------------------
+# the loop
 
-        if importlib.util.find_spec("tensorboard") is None:
-            raise ValueError("--tensorboard needs the 'tensorboard' package: pip install tensorboard") from None
 
-    # ---- data (DataError for a missing / empty corpus, before anything is written)
-    corpus = open_corpus(cfg.corpus, text_field=cfg.text_field)
-    if cfg.cache_dir is None:
-        spec = tokenizer.name if isinstance(tokenizer, Tokenizer) else tokenizer
-        cfg = dataclasses.replace(cfg, cache_dir=str(default_cache_dir(corpus.name, spec)))
-    with par.main_first(env):  # one process builds the token cache, the others read it
-        splits = prepare(corpus, tokenizer, cfg.cache_dir, splits=("train", "validation"), quiet=not progress)
-    tokenizer = splits["train"].tokenizer
-    train_ds, val_ds = splits["train"], splits["validation"]
+class _Loop:
+    """The steps of a prepared :class:`~lintime.training.run_setup.Run` (which holds the step, tokens and
+    elapsed time, updated here), with the numbers the trainer keeps between them: the loss window since the
+    last logged step, the last validation and checkpoint, the steps' statistics not read yet."""
 
-    # ---- model
-    if state is not None:
-        model_cfg = ModelConfig.from_dict(model_cfg_dict)
-    elif init is not None:
-        model_cfg = init["model"]
-    else:
-        model_cfg = get_preset(cfg.preset, vocab_size=tokenizer.vocab_size)  # the vocabulary is the tokenizer's
-    # the same initial weights on every rank; init_seed draws them apart from the data's seed
-    seed_everything(cfg.seed if cfg.init_seed is None else cfg.init_seed, cfg.deterministic)
-    model = (CausalLM if cfg.objective == "clm" else MaskedLM)(model_cfg)
-    model.to(device)
-    compile_mode, compile_line = choose_compile(cfg.compile, device=device, distributed=env.distributed,
-                                                packing=cfg.packing, static_packing=model.backbone.static_packing())
-    if compile_mode == "model" and not hasattr(torch, "compile"):
-        raise ValueError("--compile model needs torch.compile (PyTorch >= 2.0)")
-    if state is not None:
-        ckpt.load_weights(model, step_dir, device)
-    elif init is not None:
-        ckpt.load_weights(model, init["step_dir"], device)
-    model.train()
-    model.set_fused(cfg.fused)
-    context = ContextParallel(model, env) if env.cp_size > 1 else None
-    if context is not None:
-        context.check_length(cfg.context_len)
+    def __init__(self, run: Run, *, progress: bool, stop_after: int | None, say):
+        self.run, self.say, self.stop_after = run, say, stop_after
+        resume_step = run.step if run.resumed else (0 if run.restarted else None)  # drop rows after it
+        self.metrics = (MetricsWriter(run.run_dir, resume_step=resume_step, tensorboard=run.cfg.tensorboard)
+                        if run.env.is_main else _NoMetrics())
+        self.bar = _Bar(run.horizon, run.step, progress, unit="step")
+        self.taken = 0
+        self.first_loss = self.last_loss = None
+        self.last_lr = run.cfg.lr
+        self.val: dict | None = None
+        self.val_step = -1
+        self.last_ckpt: Path | None = None
+        self.window_loss, self.window_n, self.window_tokens, self.window_time = 0.0, 0, 0, 0.0
+        # the steps' numbers stay on the device until a logged step (or eval, save, the end) reads them
+        self.stats = StepStats(run.env.device, shares=run.env.distributed and run.graphed is None)
+        self.loss = self.aux = self.grad_norm = None  # of the last step read
+        # a signal stops one process alone; under torchrun the launcher stops every rank
+        self.stop = StopSignals()
 
-    def make_optimizer(m: torch.nn.Module) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(
-            m.param_groups(cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-            **({"fused": True} if device.type == "cuda" else {}),
-        )
+    def done(self) -> bool:
+        run = self.run
+        if run.horizon is not None and run.step >= run.horizon:
+            return True
+        if run.time_budget is not None and run.elapsed >= run.time_budget:
+            return True
+        return self.stop_after is not None and self.taken >= self.stop_after
 
-    full_optim = None  # a single-process checkpoint's optimizer state, by parameter name (distributed resume)
-    if state is not None and env.distributed and state.get("optimizer") != ckpt.DCP_MARK:
-        full_optim = ckpt.optimizer_state_by_name(model, make_optimizer(model), state["optimizer"], step_dir)
-    wrapped = par.wrap_model(model, env, cfg.parallel, amp)
-    opt = make_optimizer(model)
-    # FSDP2: the update runs on the local shards (no DTensor dispatch); opt keeps the sharded state
-    opt_step = par.ShardStep(opt).step if env.distributed and cfg.parallel == "fsdp" else opt.step
-    train_it = BatchIterator(train_ds, batch_size=rows_local, context_len=cfg.context_len,
-                             tokenizer=tokenizer, objective=cfg.objective, seed=cfg.seed, mlm_prob=cfg.mlm_prob,
-                             rank=env.dp_rank, world_size=env.dp_size)
-    step, tokens_seen, elapsed = 0, 0, 0.0
-    if state is not None:
-        if state.get("optimizer") == ckpt.DCP_MARK:
-            ckpt.load_sharded_optimizer(model, opt, step_dir)
-        elif full_optim is not None:
-            ckpt.set_optimizer_by_name(model, opt, full_optim)
-        else:
-            try:
-                opt.load_state_dict(state["optimizer"])
-            except (ValueError, KeyError, RuntimeError) as err:
-                raise ValueError(f"cannot resume: the optimizer state in {step_dir} does not fit this model ({ckpt._one_line(err)})") from None
-        train_it.load_state_dict(state["data"], reshard=True)  # DataError if the data or settings changed
-        set_rng_state(state["rng"])
-        step, tokens_seen, elapsed = int(state["step"]), int(state["tokens"]), float(state["elapsed_s"])
-    if env.distributed:
-        # dropout masks differ between ranks (each rank holds other rows or another slice)
-        torch.manual_seed(cfg.seed + 1_000_003 * (env.rank + 1) + step)
-
-    # ---- the run folder (nothing was written before this point)
-    restarted = False
-    if run_dir is None:
-        run_dir = Path(out) / par.broadcast_str(name or default_run_name(cfg.preset), env)
-        if env.is_main:
-            if (run_dir / ckpt.CONFIG_FILE).exists() and not without_checkpoint(run_dir):
-                raise ValueError(f"run folder {run_dir} already holds a run: pick another --name, or --resume {run_dir}")
-            guards.enter_context(RunLock(run_dir))
-            restarted = (run_dir / ckpt.CONFIG_FILE).exists()
-            if restarted and not restarting:
-                say(f"lintime train: {run_dir} holds a run without a checkpoint: starting it over")
-    par.barrier(env)
-    if env.is_main:
-        ckpt.write_run_config(run_dir, model_config=model_cfg, objective=cfg.objective, tokenizer=tokenizer,
-                              train=cfg.to_dict())
-    par.barrier(env)
-    fwd_model = CompiledModel(wrapped, say, "the training step") if compile_mode == "model" else wrapped
-    eval_model = CompiledModel(model, say, "the validation forward") if compile_mode == "model" else model
-    graphed = GraphedStep(model, opt, rows=cfg.rows_per_batch, context_len=cfg.context_len,
-                          micro_rows=cfg.rows_per_micro_batch, clip=cfg.clip, aux_weight=cfg.aux_weight,
-                          autocast=amp, fused_loss=cfg.fused, notice=say,
-                          doc_capacity=cfg.rows_per_micro_batch if cfg.packing == "documents" else None,
-                          ) if compile_mode == "graph" else None
-
-    horizon = cfg.step_budget
-    time_budget = cfg.time_minutes * 60 if cfg.time_minutes is not None else None
-    n_params = model.num_parameters()
-    say(f"lintime train: {cfg.preset} ({n_params / 1e6:.2f}M parameters, {cfg.objective}) on {corpus.name} "
-        f"({train_ds.n_tokens / 1e6:.1f}M train tokens, tokenizer {tokenizer.name}), {device.type}"
-        f"{' bf16' if amp is not None else ' fp32'}"
-        f"{f', {env.world} processes ({cfg.parallel} x {env.dp_size}' if env.distributed else ''}"
-        f"{f', context parallel {env.cp_size})' if env.cp_size > 1 else (')' if env.distributed else '')}")
-    budget = []
-    if horizon is not None:
-        budget.append(f"{horizon} steps")
-    if time_budget is not None:
-        budget.append(f"{cfg.time_minutes:g} min")
-    say(f"  {' or '.join(budget)} x {cfg.rows_per_batch} rows x {cfg.context_len} tokens"
-        f"{f' ({cfg.accumulation_steps} micro-batches)' if cfg.accumulation_steps > 1 else ''}; "
-        f"recipe {cfg.recipe}: lr {cfg.lr:g}, warm-up {cfg.warmup:.0%}, {cfg.decay} decay, clip {cfg.clip:g}"
-        f"{f'; resuming at step {step}' if state is not None else ''}")
-    say(f"  run folder: {run_dir}")
-    if compile_line is not None:
-        say(compile_line)
-
-    def save(val: dict | None) -> Path:
+    def save(self, val: dict | None) -> Path:
+        run, env = self.run, self.run.env
         # never save a diverged model (sharded parameters are checked through the loss only)
-        if not env.distributed and not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
-            raise ValueError(_diverged(run_dir, step, float("nan"), float("nan"), "the weights hold NaN or infinity"))
+        if not env.distributed and not all(bool(torch.isfinite(p).all()) for p in run.model.parameters()):
+            raise ValueError(_diverged(run.run_dir, run.step, float("nan"), float("nan"), "the weights hold NaN or infinity"))
+        cfg = run.cfg
         trainer_state = {
             "format": STATE_FORMAT,
-            "step": step,
-            "tokens": tokens_seen,
-            "elapsed_s": elapsed,
-            "optimizer": ckpt.DCP_MARK if env.distributed else opt.state_dict(),
-            "scheduler": {"kind": cfg.decay, "horizon_steps": horizon, "time_budget_s": time_budget, "lr": last_lr},
-            "data": train_it.state_dict(),
+            "step": run.step,
+            "tokens": run.tokens,
+            "elapsed_s": run.elapsed,
+            "optimizer": ckpt.DCP_MARK if env.distributed else run.opt.state_dict(),
+            "scheduler": {"kind": cfg.decay, "horizon_steps": run.horizon, "time_budget_s": run.time_budget,
+                          "lr": self.last_lr},
+            "data": run.train_it.state_dict(),
             "rng": rng_state(),
             "val": val or {},
         }
         if env.distributed:
-            saved_to = ckpt.save_distributed_checkpoint(run_dir, step, model, opt, trainer_state, keep=cfg.keep,
-                                                        abandon=abandoned,
+            run_dir = run.run_dir
+            saved_to = ckpt.save_distributed_checkpoint(run_dir, run.step, run.model, run.opt, trainer_state,
+                                                        keep=cfg.keep, abandon=run.abandoned,
                                                         build=lambda: ckpt.build_model(ckpt.read_run_config(run_dir)))
         else:
-            saved_to = ckpt.save_checkpoint(run_dir, step, model, trainer_state, keep=cfg.keep, abandon=abandoned)
-        abandoned.clear()  # the first save sets them aside
+            saved_to = ckpt.save_checkpoint(run.run_dir, run.step, run.model, trainer_state, keep=cfg.keep,
+                                            abandon=run.abandoned)
+        run.abandoned.clear()  # the first save sets them aside
         return saved_to
 
-    def run_eval() -> dict:
-        out = evaluate(eval_model, val_ds, context_len=cfg.context_len, rows=cfg.rows_per_micro_batch,
+    def run_eval(self) -> dict:
+        run, cfg = self.run, self.run.cfg
+        out = evaluate(run.eval_model, run.val_ds, context_len=cfg.context_len, rows=cfg.rows_per_micro_batch,
                        max_tokens=cfg.eval_tokens, objective=cfg.objective, seed=cfg.seed,
-                       mlm_prob=cfg.mlm_prob, autocast=amp, tokenizer=tokenizer)
-        if env.distributed and cfg.parallel == "fsdp":
-            par.reshard(model)  # a forward without backward leaves the root unsharded (a full copy)
+                       mlm_prob=cfg.mlm_prob, autocast=run.amp, tokenizer=run.tokenizer)
+        if run.env.distributed and cfg.parallel == "fsdp":
+            par.reshard(run.model)  # a forward without backward leaves the root unsharded (a full copy)
         if not math.isfinite(out["val_loss"]):
-            raise ValueError(_diverged(run_dir, step, out["val_loss"], 0.0, f"the validation loss is {out['val_loss']}"))
+            raise ValueError(_diverged(run.run_dir, run.step, out["val_loss"], 0.0, f"the validation loss is {out['val_loss']}"))
         return out
 
-    def done() -> bool:
-        if horizon is not None and step >= horizon:
-            return True
-        if time_budget is not None and elapsed >= time_budget:
-            return True
-        return stop_after is not None and taken >= stop_after
-
-    if init is not None:
-        say(f"  initialised from {init['step_dir']} (weights only; new data, schedule and budget)")
-    resume_step = step if state is not None else (0 if restarted else None)  # drop rows after it
-    metrics = (MetricsWriter(run_dir, resume_step=resume_step, tensorboard=cfg.tensorboard)
-               if env.is_main else _NoMetrics())
-    bar = _Bar(horizon, step, progress, unit="step")
-    taken = 0
-    first_loss = last_loss = None
-    last_lr = cfg.lr
-    val: dict | None = None
-    val_step = -1
-    last_ckpt = None
-    window_loss, window_n, window_tokens, window_time = 0.0, 0, 0, 0.0
-    # the steps' numbers stay on the device until a logged step (or eval, save, the end) reads them
-    stats = StepStats(device, shares=env.distributed and graphed is None)
-    loss = aux = grad_norm = None  # of the last step read
-
-    def read_stats() -> None:
-        nonlocal first_loss, last_loss, loss, aux, grad_norm, window_loss, window_n
-        for at, loss, aux, grad_norm in stats.read():  # one host read: waits for the queued steps
+    def read_stats(self) -> None:
+        for at, loss, aux, grad_norm in self.stats.read():  # one host read: waits for the queued steps
+            self.loss, self.aux, self.grad_norm = loss, aux, grad_norm
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                raise ValueError(_diverged(run_dir, at, loss, grad_norm))
-            first_loss = loss if first_loss is None else first_loss
-            last_loss = loss
-            window_loss += loss
-            window_n += 1
+                raise ValueError(_diverged(self.run.run_dir, at, loss, grad_norm))
+            self.first_loss = loss if self.first_loss is None else self.first_loss
+            self.last_loss = loss
+            self.window_loss += loss
+            self.window_n += 1
 
-    # a signal stops one process alone; under torchrun the launcher stops every rank
-    stop = StopSignals()
-    if not env.distributed:
-        stop.__enter__()
-    try:
-        while not (done() or stop.received):
-            t0 = time.perf_counter()
-            batch = next(train_it)
-            batch = one_sequence_per_row(batch) if cfg.packing == "rows" else batch
-            if horizon is not None:
-                lr = lr_at_step(step, horizon, peak=cfg.lr, warmup=cfg.warmup, decay=cfg.decay, final_lr_ratio=cfg.final_lr_ratio)
-            else:
-                lr = lr_at_progress(elapsed / time_budget, peak=cfg.lr, warmup=cfg.warmup, decay=cfg.decay,
-                                    final_lr_ratio=cfg.final_lr_ratio)
-            out = (graphed.step(batch.input_ids, batch.targets, lr,
-                                cu_seqlens=batch.cu_seqlens if graphed.packed else None)
-                   if graphed is not None else None)
-            if out is not None:  # the graph took the optimizer step
-                stats.add(step + 1, out.loss, out.aux, out.grad_norm)
-            else:
-                for group in opt.param_groups:
-                    group["lr"] = lr
-                # distributed: the predicted tokens of the global batch, summed on the device (no host read)
-                n_global = par.global_count(int((batch.targets != IGNORE_INDEX).sum()), env) if env.distributed else None
-                step_loss, step_aux = forward_backward(
-                    fwd_model, batch, micro_rows=micro_local, aux_weight=cfg.aux_weight, autocast=amp, n_targets=n_global,
-                    replicas=env.world, loss_scale=float(env.world) if env.distributed and cfg.parallel != "none" else 1.0,
-                    context=context, fused_loss=cfg.fused, to_host=False)
-                par.finish_grads(model, env, cfg.parallel)
-                norm = par.clip_grad_norm(model, cfg.clip if cfg.clip > 0 else math.inf, to_host=False)
-                opt_step()  # a non-finite step is caught when read, before any checkpoint or evaluation
-                opt.zero_grad(set_to_none=True)
-                stats.add(step + 1, step_loss, step_aux, norm)
-            step += 1
-            taken += 1
-            tokens_seen += cfg.tokens_per_batch
-            last_lr = lr
-            dt = time.perf_counter() - t0  # host time: the device catches up at the next read
-            elapsed += dt
-            end = done()
-            log_now = bool(cfg.log_every) and step % cfg.log_every == 0
-            eval_now = bool(cfg.eval_every) and step % cfg.eval_every == 0 and not end
-            save_now = bool(cfg.save_every) and step % cfg.save_every == 0 and not end
-            if log_now or eval_now or save_now or end or stop.received or step % MAX_UNREAD_STEPS == 0:
-                t1 = time.perf_counter()
-                read_stats()
-                elapsed += time.perf_counter() - t1
-                dt += time.perf_counter() - t1
-            window_tokens += cfg.tokens_per_batch
-            window_time += dt
-            tps = window_tokens / max(window_time, 1e-9)
-            postfix = f"loss {last_loss:.3f} lr {lr:.2e} {tps:,.0f} tok/s" if last_loss is not None else f"lr {lr:.2e}"
-            if time_budget is not None and horizon is None:
-                postfix += f" {max(time_budget - elapsed, 0) / 60:.1f} min left"
-            bar.update(1, postfix)
+    def plot(self) -> None:
+        run = self.run
+        plot_metrics(run.run_dir, title=f"{run.cfg.preset} ({run.run_dir.name})",
+                     bits_per_byte=run.tokenizer.bits_per_byte)
 
-            row = None
-            if log_now:
-                row = {"step": step, "tokens": tokens_seen, "time_s": round(elapsed, 4), "loss": window_loss / window_n,
-                       "aux_loss": aux if aux else None, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": round(tps, 1)}
-                window_loss, window_n, window_tokens, window_time = 0.0, 0, 0, 0.0
-            if eval_now:
-                val, val_step = run_eval(), step
-                row = (row or {"step": step, "tokens": tokens_seen, "time_s": round(elapsed, 4)}) | _val_fields(val)
-                say(f"step {step:>6}  train loss {last_loss:.4f}  {describe_val(val)}")
-            if row is not None:
-                metrics.write(row)
-            if save_now:
-                last_ckpt = save(val if val_step == step else None)
-                if cfg.plots and env.is_main:
-                    plot_metrics(run_dir, title=f"{cfg.preset} ({run_dir.name})", bits_per_byte=tokenizer.bits_per_byte)
-        read_stats()  # a signal between the last read and the loop's test
-    finally:
-        bar.close()
-        stop.__exit__(None, None, None)
-    if stop.received:
-        if step > 0 and (last_ckpt is None or last_ckpt.name != ckpt.step_dir_name(step)):
-            last_ckpt = save(val if val_step == step else None)
-        metrics.close()
-        if cfg.plots and env.is_main and step > 0:
-            plot_metrics(run_dir, title=f"{cfg.preset} ({run_dir.name})", bits_per_byte=tokenizer.bits_per_byte)
-        # the caller says how it stopped (the command line: one line on stderr)
-        return TrainResult(run_dir=run_dir, step=step, tokens=tokens_seen, elapsed_s=elapsed, first_loss=first_loss,
-                           last_loss=last_loss, val=val, sample=None, checkpoint=last_ckpt, stopped_by=stop.received)
+    def run_steps(self) -> None:
+        """Step until the budget, ``stop_after`` or a signal ends the run."""
+        if not self.run.env.distributed:
+            self.stop.__enter__()
+        try:
+            while not (self.done() or self.stop.received):
+                self._one_step()
+            self.read_stats()  # a signal between the last read and the loop's test
+        finally:
+            self.bar.close()
+            self.stop.__exit__(None, None, None)
 
-    # ---- the end: final validation, checkpoint, plots, sample
-    if val_step != step and step > 0:
-        val, val_step = run_eval(), step
-        metrics.write({"step": step, "tokens": tokens_seen, "time_s": round(elapsed, 4)} | _val_fields(val))
-    metrics.close()
-    if step > 0:
-        last_ckpt = save(val)
-    if cfg.plots and env.is_main:
-        plot_metrics(run_dir, title=f"{cfg.preset} ({run_dir.name})", bits_per_byte=tokenizer.bits_per_byte)
-    text = None
-    if cfg.objective == "clm" and cfg.sample_tokens > 0 and step > 0 and env.is_main:
+    def _lr(self) -> float:
+        run, cfg = self.run, self.run.cfg
+        if run.horizon is not None:
+            return lr_at_step(run.step, run.horizon, peak=cfg.lr, warmup=cfg.warmup, decay=cfg.decay,
+                              final_lr_ratio=cfg.final_lr_ratio)
+        return lr_at_progress(run.elapsed / run.time_budget, peak=cfg.lr, warmup=cfg.warmup, decay=cfg.decay,
+                              final_lr_ratio=cfg.final_lr_ratio)
+
+    def _optimizer_step(self, batch, lr: float) -> None:
+        """One step on ``batch`` at rate ``lr``: the graph's replay, else forward / backward, gradient
+        reduction, clipping and the optimiser; its numbers stay on the device (:attr:`stats`)."""
+        run, cfg, env = self.run, self.run.cfg, self.run.env
+        graphed = run.graphed
+        out = (graphed.step(batch.input_ids, batch.targets, lr, cu_seqlens=batch.cu_seqlens if graphed.packed else None)
+               if graphed is not None else None)
+        if out is not None:  # the graph took the optimizer step
+            self.stats.add(run.step + 1, out.loss, out.aux, out.grad_norm)
+            return
+        for group in run.opt.param_groups:
+            group["lr"] = lr
+        # distributed: the predicted tokens of the global batch, summed on the device (no host read)
+        n_global = par.global_count(int((batch.targets != IGNORE_INDEX).sum()), env) if env.distributed else None
+        step_loss, step_aux = forward_backward(
+            run.fwd_model, batch, micro_rows=run.micro_local, aux_weight=cfg.aux_weight, autocast=run.amp,
+            n_targets=n_global, replicas=env.world,
+            loss_scale=float(env.world) if env.distributed and cfg.parallel != "none" else 1.0,
+            context=run.context, fused_loss=cfg.fused, to_host=False)
+        par.finish_grads(run.model, env, cfg.parallel)
+        norm = par.clip_grad_norm(run.model, cfg.clip if cfg.clip > 0 else math.inf, to_host=False)
+        run.opt_step()  # a non-finite step is caught when read, before any checkpoint or evaluation
+        run.opt.zero_grad(set_to_none=True)
+        self.stats.add(run.step + 1, step_loss, step_aux, norm)
+
+    def _one_step(self) -> None:
+        """One step and what follows it: the read of the steps' numbers, the progress bar, and on the
+        steps that have them the metrics row, the validation and the checkpoint."""
+        run, cfg = self.run, self.run.cfg
+        t0 = time.perf_counter()
+        batch = next(run.train_it)
+        batch = one_sequence_per_row(batch) if cfg.packing == "rows" else batch
+        lr = self._lr()
+        self._optimizer_step(batch, lr)
+        run.step += 1
+        self.taken += 1
+        run.tokens += cfg.tokens_per_batch
+        self.last_lr = lr
+        dt = time.perf_counter() - t0  # host time: the device catches up at the next read
+        run.elapsed += dt
+        end = self.done()
+        step = run.step
+        log_now = bool(cfg.log_every) and step % cfg.log_every == 0
+        eval_now = bool(cfg.eval_every) and step % cfg.eval_every == 0 and not end
+        save_now = bool(cfg.save_every) and step % cfg.save_every == 0 and not end
+        if log_now or eval_now or save_now or end or self.stop.received or step % MAX_UNREAD_STEPS == 0:
+            t1 = time.perf_counter()
+            self.read_stats()
+            run.elapsed += time.perf_counter() - t1
+            dt += time.perf_counter() - t1
+        self.window_tokens += cfg.tokens_per_batch
+        self.window_time += dt
+        tps = self.window_tokens / max(self.window_time, 1e-9)
+        last_loss = self.last_loss
+        postfix = f"loss {last_loss:.3f} lr {lr:.2e} {tps:,.0f} tok/s" if last_loss is not None else f"lr {lr:.2e}"
+        if run.time_budget is not None and run.horizon is None:
+            postfix += f" {max(run.time_budget - run.elapsed, 0) / 60:.1f} min left"
+        self.bar.update(1, postfix)
+
+        row = None
+        if log_now:
+            row = {"step": step, "tokens": run.tokens, "time_s": round(run.elapsed, 4),
+                   "loss": self.window_loss / self.window_n, "aux_loss": self.aux if self.aux else None, "lr": lr,
+                   "grad_norm": self.grad_norm, "tokens_per_s": round(tps, 1)}
+            self.window_loss, self.window_n, self.window_tokens, self.window_time = 0.0, 0, 0, 0.0
+        if eval_now:
+            self.val, self.val_step = self.run_eval(), step
+            row = (row or {"step": step, "tokens": run.tokens, "time_s": round(run.elapsed, 4)}) | _val_fields(self.val)
+            self.say(f"step {step:>6}  train loss {self.last_loss:.4f}  {describe_val(self.val)}")
+        if row is not None:
+            self.metrics.write(row)
+        if save_now:
+            self.last_ckpt = self.save(self.val if self.val_step == step else None)
+            if cfg.plots and run.env.is_main:
+                self.plot()
+
+    # ------------------------------------------------------------------ the end
+
+    def stopped(self) -> TrainResult:
+        """A run stopped by a signal: its checkpoint at the current step, the metrics closed and plotted."""
+        run = self.run
+        if run.step > 0 and (self.last_ckpt is None or self.last_ckpt.name != ckpt.step_dir_name(run.step)):
+            self.last_ckpt = self.save(self.val if self.val_step == run.step else None)
+        self.metrics.close()
+        if run.cfg.plots and run.env.is_main and run.step > 0:
+            self.plot()
+        return TrainResult(run_dir=run.run_dir, step=run.step, tokens=run.tokens, elapsed_s=run.elapsed,
+                           first_loss=self.first_loss, last_loss=self.last_loss, val=self.val, sample=None,
+                           checkpoint=self.last_ckpt, stopped_by=self.stop.received)
+
+    def finish(self) -> TrainResult:
+        """The end of a run: the final validation, checkpoint, plots and sample, and the summary lines."""
+        run, cfg, say = self.run, self.run.cfg, self.say
+        step = run.step
+        if self.val_step != step and step > 0:
+            self.val, self.val_step = self.run_eval(), step
+            self.metrics.write({"step": step, "tokens": run.tokens, "time_s": round(run.elapsed, 4)}
+                               | _val_fields(self.val))
+        self.metrics.close()
+        if step > 0:
+            self.last_ckpt = self.save(self.val)
+        if cfg.plots and run.env.is_main:
+            self.plot()
+        prompt, text = self._sample() if cfg.objective == "clm" and cfg.sample_tokens > 0 and step > 0 and run.env.is_main \
+            else (None, None)
+        summary = f"done: {step} steps, {run.tokens / 1e6:.2f}M tokens in {run.elapsed / 60:.1f} min of training"
+        if self.first_loss is not None:
+            summary += f"; train loss {self.first_loss:.3f} -> {self.last_loss:.3f}"
+        say(summary)
+        if self.val is not None:
+            say(f"validation: {describe_val(self.val)} on the validation split's first {self.val['val_targets']:,} tokens "
+                f"(rows of {cfg.context_len}; lintime eval scores whole documents)")
+        if text is not None:
+            say(f"sample (prompt {prompt!r}, temperature {cfg.temperature:g}):")
+            say(prompt + text)
+        say(f"saved: {self.last_ckpt}, metrics.jsonl/.csv, plots{', sample.txt' if text is not None else ''} in "
+            f"{run.run_dir}")
+        return TrainResult(run_dir=run.run_dir, step=step, tokens=run.tokens, elapsed_s=run.elapsed,
+                           first_loss=self.first_loss, last_loss=self.last_loss, val=self.val, sample=text,
+                           checkpoint=self.last_ckpt)
+
+    def _sample(self) -> tuple[str, str]:
+        """``(prompt, text)``: a sample of the trained model, also written to ``sample.txt``."""
         from lintime.generation import GenerationConfig, generate
 
+        run, cfg = self.run, self.run.cfg
         # distributed: the sharded / hooked training model is not for one process alone; sample
         # from the checkpoint just written
-        sampler = ckpt.load_model(last_ckpt, device).model if env.distributed else model
+        sampler = ckpt.load_model(self.last_ckpt, run.env.device).model if run.env.distributed else run.model
         was_training = sampler.training
         sampler.eval()
         gen_cfg = GenerationConfig(max_new_tokens=cfg.sample_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
                                    seed=cfg.seed)
-        prompt = cfg.sample_prompt if cfg.sample_prompt is not None else corpus_prompt(val_ds, tokenizer)
-        text = generate(sampler, tokenizer, prompt, gen_cfg)[0].text
+        prompt = cfg.sample_prompt if cfg.sample_prompt is not None else corpus_prompt(run.val_ds, run.tokenizer)
+        text = generate(sampler, run.tokenizer, prompt, gen_cfg)[0].text
         sampler.train(was_training)
-        ckpt.atomic_write_text(run_dir / SAMPLE_FILE, prompt + text + "\n")
-    summary = f"done: {step} steps, {tokens_seen / 1e6:.2f}M tokens in {elapsed / 60:.1f} min of training"
-    if first_loss is not None:
-        summary += f"; train loss {first_loss:.3f} -> {last_loss:.3f}"
-    say(summary)
-    if val is not None:
-        say(f"validation: {describe_val(val)} on the validation split's first {val['val_targets']:,} tokens "
-            f"(rows of {cfg.context_len}; lintime eval scores whole documents)")
-    if text is not None:
-        say(f"sample (prompt {prompt!r}, temperature {cfg.temperature:g}):")
-        say(prompt + text)
-    say(f"saved: {last_ckpt}, metrics.jsonl/.csv, plots{', sample.txt' if text is not None else ''} in {run_dir}")
-    return TrainResult(run_dir=run_dir, step=step, tokens=tokens_seen, elapsed_s=elapsed, first_loss=first_loss,
-                       last_loss=last_loss, val=val, sample=text, checkpoint=last_ckpt)
+        ckpt.atomic_write_text(run.run_dir / SAMPLE_FILE, prompt + text + "\n")
+        return prompt, text
 
 
 def _diverged(run_dir: Path, step: int, loss: float, grad_norm: float, what: str | None = None) -> str:
@@ -590,30 +459,6 @@ def _diverged(run_dir: Path, step: int, loss: float, grad_norm: float, what: str
             f"try a lower --lr (the same --name {run_dir.name} starts the run over)")
 
 
-def _init_source(cfg: TrainConfig) -> dict:
-    """What ``cfg.init_from`` (a run or step folder) gives a new run: its step folder, model config
-    and tokenizer.  The architecture and vocabulary are the checkpoint's: ``cfg.preset`` must be
-    the preset it was trained as, and ``cfg.tokenizer`` its tokenizer (spec or name)."""
-    step_dir = ckpt.resolve_checkpoint(cfg.init_from)
-    run_dir = ckpt.run_dir_of(step_dir)
-    saved = ckpt.read_run_config(run_dir)
-    src = saved.get("train") or {}
-    if saved["objective"] != cfg.objective:
-        raise ValueError(f"--init-from {cfg.init_from}: a {saved['objective']} model cannot start a {cfg.objective} run")
-    if src.get("preset", cfg.preset) != cfg.preset:
-        raise ValueError(f"--init-from {cfg.init_from}: the checkpoint is a {src['preset']} model, not {cfg.preset} "
-                         f"(the architecture cannot change: pass --preset {src['preset']} or leave --preset out)")
-    try:
-        tokenizer = load_tokenizer(run_dir / ckpt.TOKENIZER_DIR)
-    except DataError as err:
-        raise FileNotFoundError(f"--init-from {cfg.init_from}: {err}") from None
-    if cfg.tokenizer not in (src.get("tokenizer"), tokenizer.name):
-        raise ValueError(f"--init-from {cfg.init_from}: the checkpoint's vocabulary is tokenizer {tokenizer.name} "
-                         f"({tokenizer.vocab_size} ids), and --tokenizer {cfg.tokenizer} would give another one: "
-                         f"leave --tokenizer out to keep it")
-    return {"step_dir": step_dir, "model": ModelConfig.from_dict(saved["model"]), "tokenizer": tokenizer}
-
-
 class _NoMetrics:
     """The metrics writer of ranks other than 0."""
 
@@ -626,4 +471,3 @@ class _NoMetrics:
 
 def _val_fields(val: dict) -> dict:
     return {k: v for k, v in val.items() if k in ("val_loss", "val_bpb", "val_ppl")}
-
