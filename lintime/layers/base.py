@@ -218,7 +218,3 @@ class Mixer(nn.Module, ABC):
         ``defer_bias=True``) for the caller to add, else ``None`` (the default: the mixer adds its own)."""
         return None
 
-
-def num_seqs(batch_size: int, cu_seqlens: torch.Tensor | None) -> int:
-    """Number of sequences (rows of a state) in a ``[B, T]`` batch or a packed one."""
-    return batch_size if cu_seqlens is None else cu_seqlens.numel() - 1

@@ -38,7 +38,7 @@ from lintime.layers._rows import step_backend
 from lintime.layers.base import Mixer
 from lintime.layers.positional import apply_rope
 from lintime.ops import MixedChunkState, mixed_chunk_attention, softmax_attention
-from lintime.ops.utils import chunk_layout, seq_bounds
+from lintime.ops.utils import chunk_layout, row_spans
 
 LINEAR_NORMS = ("tokens", "chunk", "none")
 
@@ -143,7 +143,7 @@ class MixedChunkMHA(Mixer):
         fills = state.fill.tolist()
         parts = ([], [], [])
         cu, keep, pos = [0], [], 0
-        for n, (row, s, e) in enumerate(seq_bounds(B, T, cu_seqlens)):
+        for n, (row, s, e) in enumerate(row_spans(B, T, cu_seqlens)):
             f = fills[n]
             dummy = q.new_zeros((f, H, K))
             for i, (x, pre) in enumerate(zip((q, k, v), (dummy, state.k_quad[n, :f], state.v[n, :f]))):

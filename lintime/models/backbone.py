@@ -14,13 +14,13 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from lintime.layers.base import Mixer, num_seqs, select_state, state_to
+from lintime.layers.base import Mixer, select_state, state_to
 from lintime.layers.ffn import GLU, MLP
 from lintime.layers.norms import Norm, build_norm
 from lintime.layers.positional import LearnedPositionEmbedding, ScaledSinEmbedding, token_positions
 from lintime.models.config import FFNConfig, ModelConfig
 from lintime.models.registry import get_family
-from lintime.ops.utils import is_static
+from lintime.ops.utils import is_static, num_seqs
 
 
 @dataclasses.dataclass

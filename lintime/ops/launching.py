@@ -4,7 +4,8 @@
   :func:`next_pow2`, :func:`block`, :func:`dot_config` (the matmuls' dtype rule), :func:`sm_count`, :func:`flat`;
 * a family's launch settings: :class:`LaunchConfig`, the base of every ``<Family>Launch`` dataclass, and how it
   crosses a custom op as an ``int[]``;
-* a call's sequences: :func:`sequence_bounds`, and :func:`to_device` (int tables in one copy);
+* host int tables to the device in one copy: :func:`to_device` (a call's sequence bounds:
+  :func:`lintime.ops.utils.sequence_bounds`);
 * registering a launcher as a custom op: :func:`launcher_op` -- the one way (``docs/design/kernels.md``, shared
   pieces) -- and the small helpers of custom ops' signatures (:func:`grad_as`, :func:`none_if_empty`,
   :func:`empty_f32`).
@@ -137,16 +138,6 @@ class LaunchConfig:
 @functools.lru_cache(maxsize=64)
 def _from_ints(cls, xs: tuple) -> LaunchConfig:
     return cls(*(type(f.default)(x) for f, x in zip(dataclasses.fields(cls), xs, strict=True)))
-
-
-def sequence_bounds(B: int, T: int, cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``starts [N]``, ``lengths [N]`` (int64, CPU) of the sequences in the flattened ``[B * T]``
-    token order."""
-    if cu_seqlens is None:
-        starts = torch.arange(B, dtype=torch.long) * T
-        return starts, torch.full((B,), T, dtype=torch.long)
-    cu = cu_seqlens.detach().to("cpu", torch.long)
-    return cu[:-1].clone(), cu[1:] - cu[:-1]
 
 
 def to_device(device, *xs: torch.Tensor) -> list[torch.Tensor]:

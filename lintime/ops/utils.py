@@ -175,15 +175,27 @@ def is_checked(*tensors: torch.Tensor | None) -> bool:
 
 
 def num_seqs(B: int, cu_seqlens: torch.Tensor | None) -> int:
+    """Number of sequences (rows of a state) in a ``[B, T]`` batch or a packed one."""
     return B if cu_seqlens is None else cu_seqlens.numel() - 1
 
 
-def seq_bounds(B: int, T: int, cu_seqlens: torch.Tensor | None) -> list[tuple[int, int, int]]:
-    """``(row, start, end)`` of every sequence, in order (python ints)."""
+def sequence_bounds(B: int, T: int, cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``starts [N]``, ``lengths [N]`` (int64, CPU) of the sequences in the flattened ``[B * T]`` token order (one
+    host read of a ``cu_seqlens``)."""
+    if cu_seqlens is None:
+        starts = torch.arange(B, dtype=torch.long) * T
+        return starts, torch.full((B,), T, dtype=torch.long)
+    cu = cu_seqlens.detach().to("cpu", torch.long)
+    return cu[:-1].clone(), cu[1:] - cu[:-1]
+
+
+def row_spans(B: int, T: int, cu_seqlens: torch.Tensor | None) -> list[tuple[int, int, int]]:
+    """:func:`sequence_bounds` as ``(row, start, end)`` python ints in the ``[B, T]`` layout, in order: row ``b`` and
+    ``[0, T)`` without packing, row 0 and ``[cu[n], cu[n + 1])`` with ``cu_seqlens``."""
+    starts, lengths = sequence_bounds(B, T, cu_seqlens)
     if cu_seqlens is None:
         return [(b, 0, T) for b in range(B)]
-    cu = cu_seqlens.tolist()
-    return [(0, cu[n], cu[n + 1]) for n in range(len(cu) - 1)]
+    return [(0, s, s + n) for s, n in zip(starts.tolist(), lengths.tolist())]
 
 
 @dataclass

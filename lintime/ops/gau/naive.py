@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from lintime.ops.utils import acc_dtype, seq_bounds
+from lintime.ops.utils import acc_dtype, row_spans
 
 
 def naive_gau_attention(q, k, v, *, causal=True, rel_bias=None, scale, cu_seqlens=None):
@@ -18,7 +18,7 @@ def naive_gau_attention(q, k, v, *, causal=True, rel_bias=None, scale, cu_seqlen
     B, T, H, _ = q.shape
     dt = acc_dtype(q)
     o = torch.zeros(B, T, H, v.shape[-1], dtype=dt, device=q.device)
-    for row, s, e in seq_bounds(B, T, cu_seqlens):
+    for row, s, e in row_spans(B, T, cu_seqlens):
         if e == s:
             continue
         qs, ks, vs = q[row, s:e].to(dt), k[row, s:e].to(dt), v[row, s:e].to(dt)  # [L, H, *]

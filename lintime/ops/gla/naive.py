@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from lintime.ops.utils import acc_dtype, seq_bounds
+from lintime.ops.utils import acc_dtype, row_spans
 
 
 def naive_gla(
@@ -27,7 +27,7 @@ def naive_gla(
     dt = acc_dtype(q)
     rows = [[] for _ in range(B)]  # per row, the outputs of its sequences in order
     finals = []
-    for n, (row, s, e) in enumerate(seq_bounds(B, T, cu_seqlens)):
+    for n, (row, s, e) in enumerate(row_spans(B, T, cu_seqlens)):
         qs, ks, vs, gs = (x[row, s:e].to(dt) for x in (q, k, v, g))  # [L, H, K] / [L, H, V]
         S = q.new_zeros(H, K, V, dtype=dt) if initial_state is None else initial_state[n].to(dt)
         for qt, kt, vt, gt in zip(qs, ks, vs, gs):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from lintime.ops.utils import acc_dtype, seq_bounds
+from lintime.ops.utils import acc_dtype, row_spans
 
 
 def naive_linear_attention(
@@ -25,7 +25,7 @@ def naive_linear_attention(
     S0, z0 = (initial_state if normalize else (initial_state, None)) if initial_state is not None else (None, None)
     o = torch.zeros(B, T, H, V, dtype=dt, device=q.device)
     finals_S, finals_z = [], []
-    for n, (row, s, e) in enumerate(seq_bounds(B, T, cu_seqlens)):
+    for n, (row, s, e) in enumerate(row_spans(B, T, cu_seqlens)):
         qs, ks, vs = q[row, s:e].to(dt), k[row, s:e].to(dt), v[row, s:e].to(dt)  # [L, H, *]
         L = e - s
         # seed "attention mode": A_ij = scale * q_i . k_j, masked to j <= i when causal

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from lintime.ops.utils import acc_dtype, seq_bounds
+from lintime.ops.utils import acc_dtype, row_spans
 
 
 def _recur(q, k, v, S, z, causal: bool, normalize: bool, scale: float):
@@ -65,7 +65,7 @@ def recurrent_linear_attention(
         Ss, zs = [S], [z]
     else:
         parts, Ss, zs = [], [], []
-        for n, (_, s, e) in enumerate(seq_bounds(B, T, cu_seqlens)):
+        for n, (_, s, e) in enumerate(row_spans(B, T, cu_seqlens)):
             o_n, S, z = _recur(q[:, s:e], k[:, s:e], v[:, s:e], S0[n : n + 1],
                                None if z0 is None else z0[n : n + 1], causal, normalize, scale)
             parts.append(o_n)

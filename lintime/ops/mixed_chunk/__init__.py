@@ -92,6 +92,23 @@ def mixed_chunk_attention(
         state: :class:`MixedChunkState` (``N = B``, or the number of packed sequences) or ``None``.
     """
     op = "mixed_chunk_attention"
+    C = _check_args(op, q_quad, k_quad, q_lin, k_lin, v, chunk_size, causal, rel_bias, scale, linear_norm,
+                    initial_state, output_final_state, cu_seqlens)
+    impl = select(op, backend, _IMPLS if causal else _NONCAUSAL_IMPLS, q_quad)
+    o, final = impl(
+        q_quad, k_quad, q_lin, k_lin, v, chunk_size=C, causal=causal, rel_bias=rel_bias,
+        scale=None if scale is None else float(scale), linear_norm=linear_norm,
+        initial_state=initial_state, output_final_state=bool(output_final_state), cu_seqlens=cu_seqlens,
+    )
+    if final is not None:
+        mark_checked(final.fill, final.count)
+    return o, final
+
+
+def _check_args(op, q_quad, k_quad, q_lin, k_lin, v, chunk_size, causal, rel_bias, scale, linear_norm, initial_state,
+                output_final_state, cu_seqlens) -> int:
+    """The checks of :func:`mixed_chunk_attention`'s arguments (the state's values once per state: a decoding loop
+    pays them on its first step); returns the chunk size ``C``."""
     check_tensor(op, "q_quad", q_quad)
     check_same_btH(op, "q_quad", q_quad, k_quad=k_quad, q_lin=q_lin, k_lin=k_lin, v=v)
     B, T, H, S = q_quad.shape
@@ -136,16 +153,7 @@ def mixed_chunk_attention(
         check_state(op, initial_state, num_seqs(B, cu_seqlens), C, H, S, E, q_quad.device, values=values)
         if values:
             mark_checked(initial_state.fill, initial_state.count)
-
-    impl = select(op, backend, _IMPLS if causal else _NONCAUSAL_IMPLS, q_quad)
-    o, final = impl(
-        q_quad, k_quad, q_lin, k_lin, v, chunk_size=C, causal=causal, rel_bias=rel_bias,
-        scale=None if scale is None else float(scale), linear_norm=linear_norm,
-        initial_state=initial_state, output_final_state=bool(output_final_state), cu_seqlens=cu_seqlens,
-    )
-    if final is not None:
-        mark_checked(final.fill, final.count)
-    return o, final
+    return C
 
 
 def _load_triton_step():  # the fused decoding step (imported on first use, like the kernels above)
@@ -199,6 +207,25 @@ def mixed_chunk_decode_step_(
         ``u * a`` ``[N, E]`` in ``h``'s dtype.
     """
     op = "mixed_chunk_decode_step_"
+    N, C, _, S = _check_step_args(op, h, gamma, beta, positions, state, rel_bias, scale, linear_norm)
+    values = not is_checked(state.fill, state.count)
+    check_state(op, state, N, C, 1, S, state.v.shape[-1], h.device, values=values)
+    if backend is None:
+        backend = "triton" if "triton" in _IMPLS and h.is_cuda and h.dtype in _STEP_DTYPES else "recurrent"
+    if backend == "recurrent":
+        out = recurrent_decode_step_(h, gamma, beta, positions, state, rel_bias=rel_bias, scale=scale,
+                                     linear_norm=linear_norm, rope_base=rope_base)
+    elif backend == "triton":
+        out = _fused_step(op, h, gamma, beta, positions, state, rel_bias, scale, linear_norm, rope_base)
+    else:
+        raise ValueError(f"{op}: unknown backend {backend!r}; choose from ('recurrent', 'triton')")
+    mark_checked(state.fill, state.count)
+    return out
+
+
+def _check_step_args(op, h, gamma, beta, positions, state, rel_bias, scale, linear_norm) -> tuple[int, ...]:
+    """The checks of :func:`mixed_chunk_decode_step_`'s arguments that read no values; returns the state's
+    ``(N, C, H, S)``."""
     if not isinstance(state, MixedChunkState):
         raise TypeError(f"{op}: state must be a MixedChunkState, got {type(state).__name__}")
     N, C, H, S = state.k_quad.shape
@@ -228,32 +255,27 @@ def mixed_chunk_decode_step_(
         raise ValueError(f"{op}: linear_norm must be one of {LINEAR_NORMS}, got {linear_norm!r}")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
         raise TypeError(f"{op}: scale must be a number or None, got {type(scale).__name__}")
-    values = not is_checked(state.fill, state.count)
-    check_state(op, state, N, C, 1, S, E, h.device, values=values)
-    if backend is None:
-        backend = "triton" if "triton" in _IMPLS and h.is_cuda and h.dtype in _STEP_DTYPES else "recurrent"
-    if backend == "recurrent":
-        out = recurrent_decode_step_(h, gamma, beta, positions, state, rel_bias=rel_bias, scale=scale,
-                                     linear_norm=linear_norm, rope_base=rope_base)
-    elif backend == "triton":
-        require_triton(op)
-        check_device(op, h)
-        if h.dtype not in _STEP_DTYPES or state.kv.dtype != torch.float32:
-            raise TypeError(f"{op}: the fused step takes fp16 / bf16 / fp32 inputs and an fp32 kv, got {h.dtype} "
-                            f"and {state.kv.dtype}")
-        fields = ("kv", "count", "k_quad", "k_lin", "v", "fill")
-        if not all(getattr(state, f).is_contiguous() for f in fields):
-            raise ValueError(f"{op}: the fused step writes the state in place and needs contiguous tensors")
-        bias = None if rel_bias is None else rel_bias.reshape(-1).contiguous()
-        out = _load_triton_step()(
-            h.contiguous(), gamma.contiguous(), beta.contiguous(), positions, state.kv.view(N, S, E), state.count,
-            state.k_quad.view(N, C, S), state.k_lin.view(N, C, S), state.v.view(N, C, E), state.fill, bias,
-            1.0 / C if scale is None else float(scale), linear_norm, float(rope_base),
-        )
-    else:
-        raise ValueError(f"{op}: unknown backend {backend!r}; choose from ('recurrent', 'triton')")
-    mark_checked(state.fill, state.count)
-    return out
+    return N, C, H, S
+
+
+def _fused_step(op, h, gamma, beta, positions, state, rel_bias, scale, linear_norm, rope_base) -> torch.Tensor:
+    """The ``'triton'`` backend of :func:`mixed_chunk_decode_step_`: two kernels writing ``state`` in place."""
+    N, C, _, S = state.k_quad.shape
+    E = state.v.shape[-1]
+    require_triton(op)
+    check_device(op, h)
+    if h.dtype not in _STEP_DTYPES or state.kv.dtype != torch.float32:
+        raise TypeError(f"{op}: the fused step takes fp16 / bf16 / fp32 inputs and an fp32 kv, got {h.dtype} "
+                        f"and {state.kv.dtype}")
+    fields = ("kv", "count", "k_quad", "k_lin", "v", "fill")
+    if not all(getattr(state, f).is_contiguous() for f in fields):
+        raise ValueError(f"{op}: the fused step writes the state in place and needs contiguous tensors")
+    bias = None if rel_bias is None else rel_bias.reshape(-1).contiguous()
+    return _load_triton_step()(
+        h.contiguous(), gamma.contiguous(), beta.contiguous(), positions, state.kv.view(N, S, E), state.count,
+        state.k_quad.view(N, C, S), state.k_lin.view(N, C, S), state.v.view(N, C, E), state.fill, bias,
+        1.0 / C if scale is None else float(scale), linear_norm, float(rope_base),
+    )
 
 
 __all__ = ["MixedChunkState", "mixed_chunk_attention", "mixed_chunk_decode_step_"]

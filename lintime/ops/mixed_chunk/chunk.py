@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from lintime.ops.mixed_chunk.state import MixedChunkState, clean_buffers, normalize_linear
-from lintime.ops.utils import acc_dtype, chunk_layout, chunk_scan, seq_bounds
+from lintime.ops.utils import acc_dtype, chunk_layout, chunk_scan, row_spans
 
 
 def _prepend_buffers(xs, bufs, fills, bounds):
@@ -53,7 +53,7 @@ def chunk_mixed_chunk_attention(
     dt = acc_dtype(q_quad)
     dev = q_quad.device
     xs = [x.to(dt) for x in (q_quad, k_quad, q_lin, k_lin, v)]
-    bounds = seq_bounds(B, T, cu_seqlens)
+    bounds = row_spans(B, T, cu_seqlens)
     N = len(bounds)
 
     kv0 = count0 = None

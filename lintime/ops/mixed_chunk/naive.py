@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from lintime.ops.mixed_chunk.state import MixedChunkState, clean_buffers, normalize_linear
-from lintime.ops.utils import acc_dtype, seq_bounds
+from lintime.ops.utils import acc_dtype, row_spans
 
 
 def _one_sequence(qq, kq, ql, kl, v, kv0, count0, *, C, causal, rel_bias, scale, linear_norm):
@@ -60,7 +60,7 @@ def naive_mixed_chunk_attention(
     C = chunk_size
     scale = 1.0 / C if scale is None else scale
     dt = acc_dtype(q_quad)
-    bounds = seq_bounds(B, T, cu_seqlens)
+    bounds = row_spans(B, T, cu_seqlens)
     N = len(bounds)
     state = initial_state if initial_state is not None else MixedChunkState.zeros(
         N, C, H, S, E, dtype=q_quad.dtype, device=q_quad.device

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from lintime.ops.mixed_chunk.state import MixedChunkState, clean_buffers, normalize_linear
-from lintime.ops.utils import acc_dtype, seq_bounds
+from lintime.ops.utils import acc_dtype, row_spans
 
 
 def decode_one_token(state, qq, kq, ql, kl, v, active, *, rel_bias, scale, linear_norm):
@@ -73,7 +73,7 @@ def recurrent_mixed_chunk_attention(
     scale = 1.0 / C if scale is None else scale
     dt = acc_dtype(q_quad)
     dev = q_quad.device
-    bounds = seq_bounds(B, T, cu_seqlens)
+    bounds = row_spans(B, T, cu_seqlens)
     N = len(bounds)
     init = initial_state if initial_state is not None else MixedChunkState.zeros(
         N, C, H, S, E, dtype=q_quad.dtype, device=dev

@@ -28,7 +28,7 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-from lintime.ops.utils import is_static, packed_cache, seq_bounds
+from lintime.ops.utils import is_static, packed_cache, row_spans
 
 
 @functools.lru_cache(maxsize=None)
@@ -143,7 +143,7 @@ def sdpa_softmax_attention(q, k, v, *, causal=True, scale=None, cu_seqlens=None,
     if _varlen_ok(q, k, v):  # the exact longest length: the tightest grid
         return _varlen_attention(q, k, v, cu_seqlens, causal, scale, longest)
     outs = []
-    for _, s, e in seq_bounds(B, T, cu_seqlens):
+    for _, s, e in row_spans(B, T, cu_seqlens):
         if e == s:
             continue
         outs.append(_sdpa(q[:, s:e], k[:, s:e], v[:, s:e], causal, scale))

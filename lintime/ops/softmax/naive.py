@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lintime.ops.utils import acc_dtype, seq_bounds
+from lintime.ops.utils import acc_dtype, row_spans
 
 
 def _attend(q, k, v, causal: bool, scale: float) -> torch.Tensor:
@@ -24,7 +24,7 @@ def naive_softmax_attention(q, k, v, *, causal=True, scale=None, cu_seqlens=None
     scale = K**-0.5 if scale is None else scale
     dt = acc_dtype(q)
     o = torch.zeros(B, T, H, v.shape[-1], dtype=dt, device=q.device)
-    for row, s, e in seq_bounds(B, T, cu_seqlens):
+    for row, s, e in row_spans(B, T, cu_seqlens):
         if e > s:
             o[row, s:e] = _attend(q[row, s:e].to(dt), k[row, s:e].to(dt), v[row, s:e].to(dt), causal, scale)
     return o.to(q.dtype)

@@ -96,10 +96,33 @@ def vq_attention(
     computed differentiably, the total gradient of ``codebook`` is the same in every form.
     """
     op = "vq_attention"
+    S = _check_args(op, q, k_hat, codes, v, codebook, block_len, bias, rel_bias, reduction, cu_seqlens)
+    B, T, H, K = q.shape
+    L = block_len
+    if initial_state is not None:
+        _check_state(op, initial_state, num_seqs(B, cu_seqlens), H, S, K, v.shape[-1], L, q.device)
+    impl = _IMPLS["recurrent"] if backend is None and T == 1 else select(op, backend, _IMPLS, q)
+    extra = _host_values(op, impl, codes, S, cu_seqlens, B, T, initial_state)
+    if rel_bias is not None:
+        if any(impl is _IMPLS.get(name) for name in _REL_BIAS):
+            extra["rel_bias"] = rel_bias
+        else:  # the reference forms: the dense bias, position by position (positions on the device)
+            st_pos0 = None if initial_state is None else initial_state.pos
+            bias = dense_rel_bias(*rel_bias, token_offsets(B, T, L, cu_seqlens, st_pos0, q.device))
+    o, final = impl(
+        q, k_hat, codes, v, codebook, block_len=L, bias=bias, reduction=reduction,
+        initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens, **extra,
+    )
+    if final is not None:
+        mark_checked(final.pos)
+    return o, final
+
+
+def _check_args(op, q, k_hat, codes, v, codebook, block_len, bias, rel_bias, reduction, cu_seqlens) -> int:
+    """The checks of :func:`vq_attention`'s arguments that read no values; returns the codebook size ``S``."""
     check_tensor(op, "q", q)
     check_same_btH(op, "q", q, k_hat=k_hat, v=v)
     B, T, H, K = q.shape
-    V = v.shape[-1]
     if k_hat.shape[-1] != K:
         raise ValueError(f"{op}: q and k_hat need the same feature size, got {K} and {k_hat.shape[-1]}")
     for name, x in (("k_hat", k_hat), ("v", v)):
@@ -138,34 +161,22 @@ def vq_attention(
         raise ValueError(f"{op}: reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}")
     if cu_seqlens is not None:  # the values are checked below, in the call's one host read
         check_cu_seqlens_shape(op, cu_seqlens, B)
-    if initial_state is not None:
-        _check_state(op, initial_state, num_seqs(B, cu_seqlens), H, S, K, V, L, q.device)
-    impl = _IMPLS["recurrent"] if backend is None and T == 1 else select(op, backend, _IMPLS, q)
+    return S
+
+
+def _host_values(op, impl, codes, S, cu_seqlens, B, T, initial_state) -> dict:
+    """The value checks of the call and the host values its form needs (``{"host_values": ...}``, or ``{}``).  The
+    checks read codes / cu_seqlens / state positions back to the host (one sync): skipped when every value was checked
+    before (a state this op returned, codes the caller marked with ``lintime.ops.utils.mark_checked``) and the form
+    needs no host values (the blockwise forms need them only for packed offsets and state positions)."""
     needs_host = any(impl is _IMPLS.get(name) for name in _HOST_VALUES)
-    # the value checks read codes / cu_seqlens / state positions back to the host (one sync):
-    # skipped when every value was checked before (a state this op returned, codes the caller
-    # marked with ``lintime.ops.utils.mark_checked``) and the form needs no host values (the
-    # blockwise forms need them only for packed offsets and state positions)
     st_pos = None if initial_state is None else initial_state.pos
     if cu_seqlens is not None or (needs_host and st_pos is not None) or not is_checked(codes, st_pos):
         host = _read_values(op, codes, S, cu_seqlens, B, T, initial_state)
         mark_checked(st_pos)
     else:
         host = (None, None) if needs_host else None
-    extra = {"host_values": host} if needs_host else {}
-    if rel_bias is not None:
-        if any(impl is _IMPLS.get(name) for name in _REL_BIAS):
-            extra["rel_bias"] = rel_bias
-        else:  # the reference forms: the dense bias, position by position (positions on the device)
-            st_pos0 = None if initial_state is None else initial_state.pos
-            bias = dense_rel_bias(*rel_bias, token_offsets(B, T, L, cu_seqlens, st_pos0, q.device))
-    o, final = impl(
-        q, k_hat, codes, v, codebook, block_len=L, bias=bias, reduction=reduction,
-        initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens, **extra,
-    )
-    if final is not None:
-        mark_checked(final.pos)
-    return o, final
+    return {"host_values": host} if needs_host else {}
 
 
 def _read_values(op, codes, S, cu_seqlens, B, T, st):

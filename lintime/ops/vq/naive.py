@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lintime.ops.utils import acc_dtype, seq_bounds
+from lintime.ops.utils import acc_dtype, row_spans
 from lintime.ops.vq.state import VQState, _nonzero, log_count
 
 
@@ -31,7 +31,7 @@ def naive_vq_attention(
     cb = codebook.to(dt)  # [H, S, K]
     o = torch.zeros(B, T, H, V, dtype=dt, device=dev)
     finals = []
-    for n, (row, s, e) in enumerate(seq_bounds(B, T, cu_seqlens)):
+    for n, (row, s, e) in enumerate(row_spans(B, T, cu_seqlens)):
         st = None if initial_state is None else initial_state.select(n).to(dtype=dt).canonical()
         pos0 = 0 if st is None else int(st.pos.item())
         b0 = pos0 // L

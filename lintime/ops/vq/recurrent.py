@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from lintime.ops.utils import acc_dtype, seq_bounds
+from lintime.ops.utils import acc_dtype, row_spans
 from lintime.ops.vq.state import VQState, block_summary, log_count, merge
 
 
@@ -89,7 +89,7 @@ def recurrent_vq_attention(
     L = block_len
     dt = acc_dtype(q)
     dev = q.device
-    seqs = seq_bounds(B, T, cu_seqlens)
+    seqs = row_spans(B, T, cu_seqlens)
     N = len(seqs)
     if initial_state is None:
         st = VQState.initial(N, H, S, K, V, L, dtype=dt, device=dev)
@@ -120,7 +120,7 @@ def recurrent_vq_attention(
     elif outs:
         on = torch.stack(outs, 1).reshape(N * Tm, H, V)  # [N * Tm, H, V]
         src = torch.cat([n * Tm + torch.arange(ln) for n, ln in enumerate(lens)]).to(dev)
-        # token order of seq_bounds is the flat [B * T] order
+        # token order of row_spans is the flat [B * T] order
         o = on.index_select(0, src).view(B, T, H, V)
     else:
         o = q.new_zeros(B, T, H, V, dtype=dt)

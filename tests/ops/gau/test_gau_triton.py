@@ -138,7 +138,7 @@ def test_masked_rows_match_naive(rows, causal, slab_calls):
     work rule says): two heads, the bias, slabs of 32 rows over rows of 64 / 48 tokens (slab and sequence boundaries
     not aligned, a partial last slab); output and every gradient exact against naive."""
     from lintime.ops.gau.triton.slab import packed_rows
-    from lintime.ops.launching import sequence_bounds
+    from lintime.ops.utils import sequence_bounds
 
     lens, L, k0, hi = _ROWS[rows]
     N = sum(lens)
@@ -538,17 +538,26 @@ def test_cuda_dispatch_picks_triton(impl_calls):
 
 
 def test_slab_rows_rule():
-    """The slab height: ``GauLaunch.slab`` rows, doubled for each factor of 4 of ``T`` beyond 4096 up to
-    ``slab_max`` (none with ``slab_max = 0``), a multiple of the score tile and no taller than ``T`` rounded up to
-    one tile."""
+    """The slab height: a multiple of the score tile, no taller than ``T`` rounded up to one tile nor than the larger
+    of ``slab`` and ``slab_max``; ``slab`` (rounded to the tile) up to 4096 tokens, non-decreasing in ``T``, and
+    growing only with ``slab_max`` (then reaching it on long sequences)."""
     from lintime.ops.gau.triton.slab import slab_rows
 
-    grow = GauLaunch(slab=512, slab_max=2048, bm_slab=64)
-    assert [slab_rows(T, grow) for T in (4096, 4097, 16384, 16385, 1 << 20)] == [512, 1024, 1024, 2048, 2048]
-    assert [slab_rows(T, grow) for T in (1, 64, 65, 300)] == [64, 64, 128, 320]
-    fixed = GauLaunch(slab=512, slab_max=0, bm_slab=64)
-    assert slab_rows(1 << 20, fixed) == 512
-    assert slab_rows(1 << 20, GauLaunch(slab=600, slab_max=0, bm_slab=64)) == 576
+    Ts = (1, 63, 64, 65, 300, 4096, 4097, 16384, 16385, 1 << 16, 1 << 20)
+    for cfg in (GauLaunch(slab=512, slab_max=2048, bm_slab=64), GauLaunch(slab=512, slab_max=0, bm_slab=64),
+                GauLaunch(slab=600, slab_max=0, bm_slab=64), GauLaunch(), default_launch(16, 32)):
+        bm, prev = cfg.bm_slab, 0
+        if not cfg.slab:
+            continue
+        for T in Ts:
+            R = slab_rows(T, cfg)
+            assert R % bm == 0 and bm <= R <= max(bm, -(-T // bm) * bm), (T, R)
+            assert R <= max(cfg.slab, cfg.slab_max) and R >= prev, (T, R)
+            if T <= 4096 or not cfg.slab_max:
+                assert R == max(bm, min(cfg.slab // bm * bm, -(-T // bm) * bm)), (T, R)
+            prev = R
+        if cfg.slab_max > cfg.slab:
+            assert slab_rows(1 << 30, cfg) == cfg.slab_max // bm * bm
 
 
 @cpu_only

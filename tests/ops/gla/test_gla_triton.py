@@ -378,7 +378,7 @@ def test_one_level_span_guard(one_level):
     nats) in the other, so one call takes both paths, per chunk and per K-block, in the prep and the
     dq/dk/dg kernels; packed sequences with partial chunks.  fp32 (exact rule) everywhere, and bf16
     by the half-precision rule on CUDA."""
-    from lintime.ops.gla.triton.launch import gla_launch
+    from lintime.ops.gla.triton.launch import default_launch
     from lintime.ops.gla.triton.ops import gla_bwd, gla_fwd
 
     lens, H, K, V = [150, 1, 0, 131], 2, 64, 48
@@ -391,7 +391,7 @@ def test_one_level_span_guard(one_level):
     ref, do, dfinal = _run("naive", q, k, v, g, h0.double(), cu_seqlens=cu)
     for dtype in (torch.float32, torch.bfloat16) if CUDA else (torch.float32,):
         # the path forced either way; dq/dk/dg tiles of [32 keys, 16 values] (several V-blocks)
-        cfg = dataclasses.replace(gla_launch(K, V, dtype), one_level=one_level, prep_bk=32, dqkg=(32, 16),
+        cfg = dataclasses.replace(default_launch(K, V, dtype), one_level=one_level, prep_bk=32, dqkg_bk=32, dqkg_bv=16,
                                   dqkg_maxnreg=128 if one_level else 0)
         x = [t.to(dtype) for t in (q, k, v, g)]
         base, _, _ = _run("naive", *x, h0, do.to(dtype), dfinal.float(), cu_seqlens=cu)

@@ -226,47 +226,84 @@ def test_segment_lengths_agree():
         assert_exact(f"G={G} kv", s_ref.kv, s.kv)
 
 
+def _rule_cases():
+    """(SMs, sequences, T per sequence, cu_seqlens) over GPU-like shapes: 32k tokens in sequences of 2k-32k, packed
+    and not, on devices of 4 to 1000 SMs."""
+    for sms in (4, 132, 1000):
+        for T in (2048, 4096, 8192, 16384, 32768):
+            yield sms, 32768 // T, T, None
+        yield sms, 1, 32768, torch.tensor([0, 16384, 32768])
+        yield sms, 1, 32768, torch.tensor([0, 8192, 16384, 24576, 32768])
+
+
 def test_segment_rule(monkeypatch):
-    """The automatic chunks per segment of the state walk (``plan.seg_chunks``) on a 132-SM GPU at S = 128,
-    E = 2048, C = 256, 32k tokens: one walk per sequence while sequences x state tiles give every SM a program (2k:
-    16 x 32, 4k: 8 x 32), otherwise segments for about two walk programs per SM (16 chunks at 8k-32k), at least two
-    chunks each; explicit ``seg_chunks`` wins; packed calls use the same rule on their chunk bound."""
-    monkeypatch.setattr(plan, "sm_count", lambda device: 132)
-    S, E, C = 128, 2048, 256
-    cfg = dataclasses.replace(default_launch(S, E, torch.bfloat16, C), bs_state=128, be_state=64, seg_chunks=0)
+    """The automatic chunks per segment of the state walk (``plan.seg_chunks``): one segment per sequence exactly
+    where sequences x state tiles give every SM a program; otherwise the shortest segments (at least two chunks)
+    whose walk programs number at most two per SM; an explicit ``seg_chunks`` wins (capped at the chunks); packed
+    calls use the same rule on their chunk bound."""
+    S, E, C, H = 128, 2048, 256, 1
+    cfg = dataclasses.replace(default_launch(S, E, torch.bfloat16, C), seg_chunks=0)
     dev = torch.device("cpu")
-    got = {T: plan.seg_chunks(32768 // T, T, 1, S, E, C, None, cfg, dev) for T in (2048, 4096, 8192, 16384, 32768)}
-    assert got == {2048: 128, 4096: 128, 8192: 16, 16384: 16, 32768: 16}
-    assert plan.seg_chunks(1, 32768, 1, S, E, C, None, dataclasses.replace(cfg, seg_chunks=4), dev) == 4
-    cu = torch.tensor([0, 16384, 32768])
-    assert plan.seg_chunks(1, 32768, 1, S, E, C, cu, cfg, dev) == math.ceil((2 + 128) / 8)
+    tiles = H * math.ceil(S / cfg.bs_state) * math.ceil(E / cfg.be_state)
+    for sms, B, T, cu in _rule_cases():
+        monkeypatch.setattr(plan, "sm_count", lambda device, sms=sms: sms)
+        nct = plan.chunk_bound(B, T, C, cu)
+        n = B if cu is None else cu.numel() - 1
+        G = plan.seg_chunks(B, T, H, S, E, C, cu, cfg, dev)
+        assert 1 <= G <= nct
+        if n * tiles >= sms:
+            assert G == nct  # one segment per sequence
+        else:
+            want = max(1, 2 * sms // tiles)  # segments for two walk programs per SM
+            assert G == nct or (G >= 2 and (G == 2 or math.ceil(nct / (G - 1)) > want) and math.ceil(nct / G) <= want)
+        for k in (1, 4, 10**6):
+            assert plan.seg_chunks(B, T, H, S, E, C, cu, dataclasses.replace(cfg, seg_chunks=k), dev) == min(k, nct)
 
 
 def test_walk_tile_rule(monkeypatch):
-    """The state walk's ``S`` tile is halved (``plan.walk_launch``) exactly where that alone gives a 132-SM GPU one
-    walk program per SM with one segment per sequence: at 8k (4 sequences x 32 [128, 64] tiles = 128 programs), not
-    at 2k / 4k (enough programs already) nor at 16k / 32k (still too few: segments); never with explicit segments or
-    tiles already 64 high; packed calls count their sequences."""
-    monkeypatch.setattr(plan, "sm_count", lambda device: 132)
-    plan._thin_walk.cache_clear()
+    """The state walk's ``S`` tile is halved (:meth:`MixedChunkLaunch.thin_walk`) exactly where that alone gives
+    every SM a walk program with one segment per sequence (sequences x tiles short of the SM count, enough at half
+    the tile), and nothing else changes; never with explicit segments or tiles already 64 high; packed calls count
+    their sequences."""
+    from lintime.ops.mixed_chunk.triton import launch as mc_launch
+
+    S, E, C, H = 128, 2048, 256, 1
+    cfg = dataclasses.replace(default_launch(S, E, torch.bfloat16, C), bs_state=128, seg_chunks=0)
+    dev = torch.device("cpu")
+
+    def tiles(c):
+        return H * math.ceil(S / c.bs_state) * math.ceil(E / c.be_state)
+
+    mc_launch._thin_walk.cache_clear()
     try:
-        S, E, C = 128, 2048, 256
-        cfg = dataclasses.replace(default_launch(S, E, torch.bfloat16, C), bs_state=128, be_state=64, seg_chunks=0)
-        dev = torch.device("cpu")
-        got = {T: plan.walk_launch(32768 // T, T, 1, S, E, C, None, cfg, dev).bs_state
-               for T in (2048, 4096, 8192, 16384, 32768)}
-        assert got == {2048: 128, 4096: 128, 8192: 64, 16384: 128, 32768: 128}
-        thin = plan.walk_launch(4, 8192, 1, S, E, C, None, cfg, dev)
-        assert dataclasses.replace(thin, bs_state=128) == cfg  # nothing else changes
-        assert plan.seg_chunks(4, 8192, 1, S, E, C, None, thin, dev) >= 8192 // C  # one segment per sequence
-        for other in ({"seg_chunks": 16}, {"bs_state": 64}):
-            c2 = dataclasses.replace(cfg, **other)
-            assert plan.walk_launch(4, 8192, 1, S, E, C, None, c2, dev) is c2
-        cu = torch.tensor([0, 8192, 16384, 24576, 32768])
-        assert plan.walk_launch(1, 32768, 1, S, E, C, cu, cfg, dev).bs_state == 64
-        assert plan.walk_launch(1, 32768, 1, S, E, C, cu[[0, 2, 4]], cfg, dev).bs_state == 128
+        for sms, B, T, cu in _rule_cases():
+            monkeypatch.setattr(mc_launch, "sm_count", lambda device, sms=sms: sms)
+            monkeypatch.setattr(plan, "sm_count", lambda device, sms=sms: sms)
+            mc_launch._thin_walk.cache_clear()
+            n = B if cu is None else cu.numel() - 1
+            thin = cfg.thin_walk(n, H, S, E, dev)
+            halved = n * tiles(cfg) < sms <= n * tiles(dataclasses.replace(cfg, bs_state=cfg.bs_state // 2))
+            assert thin == (dataclasses.replace(cfg, bs_state=cfg.bs_state // 2) if halved else cfg)
+            if halved:  # one segment per sequence on the thin tiles
+                assert plan.seg_chunks(B, T, H, S, E, C, cu, thin, dev) == plan.chunk_bound(B, T, C, cu)
+            for other in ({"seg_chunks": 16}, {"bs_state": 64}):
+                c2 = dataclasses.replace(cfg, **other)
+                assert c2.thin_walk(n, H, S, E, dev) is c2
     finally:
-        plan._thin_walk.cache_clear()
+        mc_launch._thin_walk.cache_clear()
+
+
+def test_launch_config_round_trips():
+    """Every default configuration crosses a custom op as ints and back unchanged, and its tiles are powers of two
+    (the kernels' ``tl.arange`` sizes)."""
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for S, E, C in ((8, 12, 8), (128, 2048, 256), (64, 100, 48)):
+            cfg = default_launch(S, E, dtype, C)
+            assert type(cfg).from_ints(cfg.to_ints()) == cfg
+            for f in ("bg", "bs", "bk", "be_fwd", "be_dv", "be_red", "bg_red", "bt", "bs_state", "be_state", "fix_bs",
+                      "dec_bc", "dec_be", "dec_be_wide"):
+                x = getattr(cfg, f)
+                assert x > 0 and x & (x - 1) == 0, (f, x)
 
 
 @cpu_only
@@ -432,11 +469,11 @@ def test_opcheck(causal):
     launch = default_launch(S, E, torch.float32, C).to_ints()
     if causal:
         kv0 = torch.randn(1, 1, S, E, requires_grad=True)
-        args = (*xs, rb, kv0, torch.tensor([8]), None, C, True, 1 / C, "tokens", launch)
+        args = (*xs, rb, kv0, torch.tensor([8]), None, C, True, 1 / C, "tokens", True, launch)
     else:
         cu = torch.tensor([0, 7, 20], dtype=torch.int32)
-        args = (*xs, rb, None, None, cu, C, False, 1 / C, "chunk", launch)
-    torch.library.opcheck(mixed_chunk_fwd, args)
+        args = (*xs, rb, None, None, cu, C, False, 1 / C, "chunk", True, launch)
+    torch.library.opcheck(mixed_chunk_fwd.op, args)
 
 
 @cpu_only

@@ -22,6 +22,7 @@ import functools
 
 import torch
 
+from lintime.ops.gau.triton.bias import fold_bias_grad, kernel_bias
 from lintime.ops.gau.triton.kernels import (
     relu2_bwd_dqk_kernel,
     relu2_bwd_dv_kernel,
@@ -29,11 +30,9 @@ from lintime.ops.gau.triton.kernels import (
 )
 from lintime.ops.gau.triton.launch import GauLaunch, bias_tiles, default_launch, tiles_of
 from lintime.ops.gau.triton.slab import one_length_run, packed_rows, slab_applies, slab_bwd, slab_fwd
-from lintime.ops.launching import cdiv, check_device, dot_config, grad_as, interpreting, launcher_op
+from lintime.ops.launching import cdiv, check_device, dot_config, grad_as, interpreting, launcher_op, to_device
 from lintime.ops.tma import tma_descriptors, tma_device
-from lintime.ops.launch_tables import fold_bias_grad, kernel_bias
-from lintime.ops.launching import sequence_bounds, to_device
-from lintime.ops.utils import packed_cache
+from lintime.ops.utils import packed_cache, sequence_bounds
 
 
 def _plan(B, T, cu_seqlens, bm, device, packed: dict | None = None):

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lintime.ops.launch_tables import pow2_at_least
-from lintime.ops.launching import LaunchConfig, interpreting
+from lintime.ops.launching import LaunchConfig, block, interpreting
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ def _default_launch(S: int, E: int, interp: bool) -> GauLaunch:
     if interp:
         return GauLaunch(bm=16, bs=16, be_fwd=16, be_dv=16, be_red=16, warps=1, warps_fwd=1, warps_dv=1, stages=1,
                          slab=32 if E >= 16 else 0, slab_max=0, bm_slab=16, warps_slab=1)
-    return GauLaunch(bs=min(128, pow2_at_least(S)), slab=512 if E >= 512 else 0)
+    return GauLaunch(bs=min(128, block(S)), slab=512 if E >= 512 else 0)
 
 
 def tiles_of(reg_len: torch.Tensor, bm: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,7 +20,7 @@ Backward, per key slab ``[c0, c1)`` (query rows ``[q0, T)``, ``q0 = c0`` causal,
 ``dP = do[q0:] v[c0:c1]^T``; :func:`slab_bwd_scores_kernel` (one program per ``BM`` query rows) recomputes the
 scores, writes ``P`` and ``dS = 2 relu(s) dP scale`` (over ``dP``, in place), adds ``dS k`` to the fp32 ``dq``
 rows it owns and the bias gradient per tile diagonal (fp32 atomics, folded by
-:func:`~lintime.ops.launch_tables.fold_bias_grad`); then the GEMMs ``dv[c0:c1] = P^T do[q0:]`` and
+:func:`~lintime.ops.gau.triton.bias.fold_bias_grad`); then the GEMMs ``dv[c0:c1] = P^T do[q0:]`` and
 ``dk[c0:c1] = dS^T q[q0:]`` write their rows once (no accumulation across slabs).
 
 The causal waste is the upper half of each diagonal ``[R, R]`` block in the GEMMs: a fraction ``R / T`` of
@@ -40,10 +40,10 @@ import torch
 import triton
 import triton.language as tl
 
+from lintime.ops.gau.triton.bias import fold_bias_grad, kernel_bias
 from lintime.ops.gau.triton.kernels import _bias_tile
 from lintime.ops.gau.triton.launch import GauLaunch, bias_tiles
-from lintime.ops.launch_tables import fold_bias_grad, kernel_bias, pow2_at_least
-from lintime.ops.launching import cdiv, dot_config
+from lintime.ops.launching import block, cdiv, dot_config
 
 MAX_S = 256  # widest q / k the slab kernels keep in one tile (wider: the tiled kernels)
 
@@ -311,7 +311,7 @@ def slab_fwd(q, k, v, rel_bias, scale: float, causal: bool, cfg: GauLaunch, mask
     R, bm, ntd = _geometry(T, cfg)
     bias = bias_tiles(kernel_bias(rel_bias)[0], ntd, T - 1, bm)
     P = torch.empty(B, R, _pad(T), dtype=q.dtype, device=q.device)
-    BS, PREC = pow2_at_least(S), dot_config(q.dtype)[1]
+    BS, PREC = block(S), dot_config(q.dtype)[1]
     st, en = (mask.st, mask.en) if mask is not None else (q, q)
     for r0 in range(0, T, R):
         r1 = min(r0 + R, T)
@@ -350,7 +350,7 @@ def slab_bwd(do, q, k, v, rel_bias, scale: float, causal: bool, need_db: bool, c
     # dP (then dS, in place) and P for the rows of one key slab: [B, T, R], R a multiple of 64
     dP = torch.empty(B, T, R, dtype=q.dtype, device=q.device)
     P = torch.empty(B, T, R, dtype=q.dtype, device=q.device)
-    BS, PREC = pow2_at_least(S), dot_config(q.dtype)[1]
+    BS, PREC = block(S), dot_config(q.dtype)[1]
     st, en = (mask.st, mask.en) if mask is not None else (q, q)
     for c0 in range(0, T, R):
         c1 = min(c0 + R, T)

@@ -1,4 +1,4 @@
-"""Launch configuration of the GLA Triton kernels (:class:`GLALaunch`, :func:`gla_launch`).
+"""GLA's launch configuration: :class:`GLALaunch` and :func:`default_launch`.
 
 What chose the defaults: ``docs/design/kernels.md`` (gated linear attention).
 """
@@ -10,35 +10,47 @@ from dataclasses import dataclass
 
 import torch
 
-from lintime.ops.launching import block
+from lintime.ops.launching import LaunchConfig, block
 
 BT = 64  # chunk length (tokens): lintime.ops.segments.BT
 
 
 @dataclass(frozen=True)
-class GLALaunch:
-    """Tiles and launch settings of the GLA kernels for one ``(K, V, dtype)``.
+class GLALaunch(LaunchConfig):
+    """Tiles and launch settings of the GLA kernels (:mod:`.kernels`).  Field defaults are the GPU's at ``K = 128,
+    V = 256`` in bf16; :func:`default_launch` fits them to a shape and dtype.
 
-    ``one_level``: in-chunk products as one matmul per chunk and K-block where the gates span < 40
-    nats (:mod:`lintime.ops.gla.triton.kernels`), else the secondary tiling;
-    ``prep_bk``: K-block of the prep kernel (``A``, gated inputs);
-    ``walk``: ``(BK, BV)`` state tile ``[all K, BV]`` of the output and dv walks;
-    ``dqkg``: ``(BK, BV)`` of the dq/dk/dg kernel (a K-block per program, V walked in blocks);
-    ``*_warps``, ``*_stages``: ``num_warps``, ``num_stages``; ``dqkg_maxnreg``: register cap per
-    thread of the dq/dk/dg kernel (0 = none).
-    """
+    The output and dv walks hold a ``[walk_bk = all K, walk_bv]`` state tile; the dq/dk/dg kernel runs one
+    ``dqkg_bk`` K-block per program and walks ``V`` in ``dqkg_bv`` steps; ``*_warps``, ``*_stages``: ``num_warps``,
+    ``num_stages``."""
 
-    one_level: bool
-    prep_bk: int
-    walk: tuple[int, int]
-    walk_warps: int
-    walk_stages: int
-    dqkg: tuple[int, int]
-    dqkg_warps: int
-    dqkg_maxnreg: int
+    # in-chunk products as one matmul where a K-block's gates span < 40 nats (else the secondary tiling): much
+    # faster; bf16 only, fp16's range and fp32's exact exponents keep two levels
+    one_level: bool = True
+    prep_bk: int = 32  # prep kernel's K-block: 64 spills at K = 128
     prep_warps: int = 4  # prep kernel: 8 warps were slower
-    prep_stages: int = 1
-    dqkg_stages: int = 2
+    prep_stages: int = 1  # the prep kernel reads each chunk once: nothing to pipeline
+    walk_bk: int = 128  # output / dv walks: all of K per program (the state tile's rows)
+    walk_bv: int = 128  # [128, 128] still fits the registers without spilling and beat [128, 64]
+    walk_warps: int = 8  # tiles of 2048 elements or more always get 8 (:func:`_warps`)
+    walk_stages: int = 2  # with the [128, 128] tiles 2 stages beat 1; [256, BV] tiles never compiled with 2
+    # dq/dk/dg K-block: 32 spills a little at K = 128, V = 256 (16 not at all) but recomputes do v^T half as
+    # often as 16, which is faster
+    dqkg_bk: int = 32
+    dqkg_bv: int = 64  # dq/dk/dg V step
+    dqkg_warps: int = 8  # tiles of 2048 elements or more always get 8 (:func:`_warps`)
+    dqkg_stages: int = 2  # the next V step's loads overlap this one's products
+    # register cap per thread of the dq/dk/dg kernel (0: none): 128 lets two 8-warp programs share an SM with one
+    # level; the secondary tiling spills under the cap and is slower with it
+    dqkg_maxnreg: int = 128
+
+    @property
+    def walk(self) -> tuple[int, int]:
+        return self.walk_bk, self.walk_bv
+
+    @property
+    def dqkg(self) -> tuple[int, int]:
+        return self.dqkg_bk, self.dqkg_bv
 
     def walk_launch(self) -> dict:
         return dict(num_warps=self.walk_warps, num_stages=self.walk_stages)
@@ -60,34 +72,29 @@ def _warps(rows: int, cols: int) -> int:
 
 
 def walk_tile(K: int, V: int) -> tuple[int, int]:
-    """``(BK, BV)``: the ``[all K, BV]`` state tile of the output and dv walks: 8192 fp32 elements (32 KB);
-    [128, 128] at K = 128, which still fits the registers without spilling and, with 2 stages, beat [128, 64]
-    tiles with 1.  Not cached: ``torch.compile`` traces it."""
+    """``(walk_bk, walk_bv)``: the ``[all K, BV]`` state tile of the output and dv walks, 8192 fp32 elements (32 KB),
+    16384 at ``K = 128``.  Not cached: ``torch.compile`` traces it (the automatic segment length reads it)."""
     BKf, BVf = block(K), block(V)
     return BKf, min(BVf, max(16, (16384 if BKf == 128 else 8192) // BKf))
 
 
 @functools.lru_cache(maxsize=64)
-def gla_launch(K: int, V: int, dtype: torch.dtype) -> GLALaunch:
-    """The shipped launch configuration of a call with ``K``-wide keys and ``V``-wide values."""
+def default_launch(K: int, V: int, dtype: torch.dtype) -> GLALaunch:
+    """The launch configuration of a call with ``K``-wide keys, ``V``-wide values and ``dtype`` inputs (cached: part
+    of a call's host time)."""
     BKf, BVf = block(K), block(V)
-    walk = walk_tile(K, V)
-    # dq/dk/dg: K-blocks of 32 spill a little at K = 128, V = 256 (16 not at all) but recompute do v^T half as
-    # often as 16, which is faster
-    dqkg = (min(32, BKf), min(64, BVf))
-    # bf16: one level, much faster than the secondary tiling; fp16 (range 65504) and fp32 (exact exponents) keep
-    # two levels
+    walk_bk, walk_bv = walk_tile(K, V)
+    dqkg_bk, dqkg_bv = min(32, BKf), min(64, BVf)
     one_level = dtype == torch.bfloat16
     return GLALaunch(
         one_level=one_level,
-        prep_bk=min(32, BKf),  # 64 spills at K = 128
-        walk=walk,
-        walk_warps=_warps(*walk),
-        # 2 stages up to 128-wide keys; [256, BV] tiles never compiled with 2 (shared memory)
-        walk_stages=2 if walk[0] <= 128 else 1,
-        dqkg=dqkg,
-        dqkg_warps=_warps(BT, max(dqkg)),
-        # 128 registers (two 8-warp programs per SM) with one level; the secondary tiling spills under the cap
-        # and is slower with it, so no cap there
+        prep_bk=min(32, BKf),
+        walk_bk=walk_bk,
+        walk_bv=walk_bv,
+        walk_warps=_warps(walk_bk, walk_bv),
+        walk_stages=2 if walk_bk <= 128 else 1,
+        dqkg_bk=dqkg_bk,
+        dqkg_bv=dqkg_bv,
+        dqkg_warps=_warps(BT, max(dqkg_bk, dqkg_bv)),
         dqkg_maxnreg=128 if one_level else 0,
     )

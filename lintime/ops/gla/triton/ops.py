@@ -30,19 +30,15 @@ from lintime.ops.gla.triton.kernels import (
     gla_recurrent_kernel,
     gla_seg_summary_kernel,
 )
-from lintime.ops.gla.triton.launch import GLALaunch, gla_launch, walk_tile
+from lintime.ops.gla.triton.launch import GLALaunch, default_launch, walk_tile
 from lintime.ops.gla.triton.subchunk import BC
 from lintime.ops.launching import block, cdiv, check_device, dot_config, flat, supported
 from lintime.ops.segments import BT, choose_segment_chunks, chunks, seg_alloc_rows, segments
 from lintime.ops.state_passing import seg_scan_kernel
-from lintime.ops.utils import is_static, mark_static
+from lintime.ops.utils import is_static, mark_static, num_seqs
 
 DECODE_MAX_T = 16  # forward-only calls up to this many tokens use the recurrent kernel
 _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
-
-
-def _n_seq(q: Tensor, cu_seqlens: Optional[Tensor]) -> int:
-    return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
 
 
 def _state_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -91,7 +87,7 @@ def _segment_states(x, y, gl, seg, *, H, reverse=False, alpha=1.0, init=None):
 def _fwd_fake(q, k, v, g, h0, cu_seqlens, scale, ns, keep=True):
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = _n_seq(q, cu_seqlens)
+    N = num_seqs(q.shape[0], cu_seqlens)
     f32 = dict(dtype=torch.float32, device=q.device)
     rows = _chunk_rows(B, T, N, cu_seqlens is not None)
     return (
@@ -109,11 +105,11 @@ def gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns, keep=True, cfg: GLALaunch | N
     """Forward launcher: ``o, ht, A, qg, kg, gl, hc`` -- output, final state, and for the backward the
     in-chunk scores, the gated inputs ``q exp G``, ``k exp(G_l - G)`` (``[TT, H, K]``), the per-chunk
     log-decays (``[NCH, H, K]`` fp32) and the state entering each chunk (``[NCH, H, K, V]``; empty
-    unless ``keep``: forward-only calls skip writing it).  ``cfg`` defaults to :func:`gla_launch`."""
+    unless ``keep``: forward-only calls skip writing it).  ``cfg`` defaults to :func:`~.launch.default_launch`."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    cfg = cfg or gla_launch(K, V, q.dtype)
-    N = _n_seq(q, cu_seqlens)
+    cfg = cfg or default_launch(K, V, q.dtype)
+    N = num_seqs(q.shape[0], cu_seqlens)
     seg = segments(B, T, cu_seqlens, ns, q.device)
     qf, kf, vf, gf = flat(q), flat(k), flat(v), flat(g)
     SDT, PREC = dot_config(q.dtype)
@@ -152,7 +148,7 @@ def gla_fwd(q, k, v, g, h0, cu_seqlens, scale, ns, keep=True, cfg: GLALaunch | N
 def _bwd_fake(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, need_dh0):
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = _n_seq(q, cu_seqlens)
+    N = num_seqs(q.shape[0], cu_seqlens)
     f32 = dict(dtype=torch.float32, device=q.device)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
             q.new_empty(N, H, K, V, **f32) if need_dh0 else q.new_empty(0, **f32))
@@ -160,11 +156,11 @@ def _bwd_fake(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, nee
 
 def gla_bwd(q, k, v, g, A, qg, kg, gl, hc, do, dht, cu_seqlens, scale, ns, need_dh0, cfg: GLALaunch | None = None):
     """Backward launcher: ``dq, dk, dv, dg, dh0`` (``dh0`` empty unless ``need_dh0``); ``A, qg, kg,
-    gl, hc`` from :func:`gla_fwd`.  ``cfg`` defaults to :func:`gla_launch`."""
+    gl, hc`` from :func:`gla_fwd`.  ``cfg`` defaults to :func:`~.launch.default_launch`."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    cfg = cfg or gla_launch(K, V, q.dtype)
-    N = _n_seq(q, cu_seqlens)
+    cfg = cfg or default_launch(K, V, q.dtype)
+    N = num_seqs(q.shape[0], cu_seqlens)
     seg = segments(B, T, cu_seqlens, ns, q.device)
     qf, kf, vf, gf, dof = flat(q), flat(k), flat(v), flat(g), flat(do)
     Af = A.view(B * T, H, BT)
@@ -240,7 +236,7 @@ def gla_fwd_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Optional[Tensor],
 def _recurrent_fake(q, k, v, g, h0, cu_seqlens, scale):
     B, T, H, K = q.shape
     V = v.shape[-1]
-    return q.new_empty(B, T, H, V), q.new_empty(_n_seq(q, cu_seqlens), H, K, V, dtype=torch.float32)
+    return q.new_empty(B, T, H, V), q.new_empty(num_seqs(q.shape[0], cu_seqlens), H, K, V, dtype=torch.float32)
 
 
 @launcher_op("gla_recurrent", fake=_recurrent_fake)
@@ -249,7 +245,7 @@ def gla_recurrent_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Optional[Te
     """Decoding launcher: ``o, ht``."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = _n_seq(q, cu_seqlens)
+    N = num_seqs(q.shape[0], cu_seqlens)
     o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device)
     BK = block(K)
@@ -270,7 +266,7 @@ def segment_chunks_for(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor]) -> in
     """The automatic ``ns`` of a call, from shapes alone (see ``choose_segment_chunks``)."""
     B, T, H, K = q.shape
     BV = walk_tile(K, v.shape[-1])[1]
-    return choose_segment_chunks(_n_seq(q, cu_seqlens), B * T, T, H * math.ceil(v.shape[-1] / BV), q.device)
+    return choose_segment_chunks(num_seqs(q.shape[0], cu_seqlens), B * T, T, H * math.ceil(v.shape[-1] / BV), q.device)
 
 
 MIN_TILE_DIM = 16  # tl.dot's smallest tile side

@@ -28,16 +28,12 @@ from lintime.ops.linear.triton.kernels import (
 )
 from lintime.ops.launching import (block, cdiv, check_device, dot_config, empty_f32, flat, grad_as, launcher_op,
                                    none_if_empty, supported)
-from lintime.ops.linear.triton.launch import LinearLaunch, fwd_tile, linear_launch
+from lintime.ops.linear.triton.launch import LinearLaunch, default_launch, fwd_tile
 from lintime.ops.segments import BT, choose_segment_chunks, seg_alloc_rows, segments
 from lintime.ops.state_passing import segment_states
-from lintime.ops.utils import is_static, mark_static
+from lintime.ops.utils import is_static, mark_static, num_seqs
 
 DECODE_MAX_T = 16  # forward-only calls up to this many tokens use the recurrent kernel
-
-
-def _n_seq(q: Tensor, cu_seqlens: Optional[Tensor]) -> int:
-    return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -47,7 +43,7 @@ def _n_seq(q: Tensor, cu_seqlens: Optional[Tensor]) -> int:
 def _fwd_fake(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns):
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = _n_seq(q, cu_seqlens)
+    N = num_seqs(q.shape[0], cu_seqlens)
     f32 = dict(dtype=torch.float32, device=q.device)
     mat = causal and ns > 0
     rows = seg_alloc_rows(B, T, N, cu_seqlens is not None, ns)
@@ -64,10 +60,10 @@ def _fwd_fake(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns):
 def linear_fwd(q, k, v, h0, z0, cu_seqlens, scale, causal, normalize, ns, cfg: LinearLaunch | None = None):
     """Forward launcher.  Returns ``o, ht, zt, den, hs, zs`` (empty tensors for absent parts):
     final states (non-causal: the sequence totals), the normaliser and the materialised segment
-    start states (kept for the backward).  ``cfg`` defaults to :func:`linear_launch`."""
+    start states (kept for the backward).  ``cfg`` defaults to :func:`~.launch.default_launch`."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    cfg = cfg or linear_launch(K, V)
+    cfg = cfg or default_launch(K, V)
     seg = segments(B, T, cu_seqlens, ns, q.device)
     qf, kf, vf = flat(q), flat(k), flat(v)
     SDT, PREC = dot_config(q.dtype)
@@ -116,10 +112,10 @@ def _bwd_fake(q, k, v, o, den, ht, zt, hs, zs, do, dht, dzt, h0, z0, cu_seqlens,
 def linear_bwd(q, k, v, o, den, ht, zt, hs, zs, do, dht, dzt, h0, z0, cu_seqlens, scale, causal, normalize, ns,
                need_dh0, cfg: LinearLaunch | None = None):
     """Backward launcher: ``dq, dk, dv, dh0, dz0`` (the last two empty unless ``need_dh0``).  ``cfg``
-    defaults to :func:`linear_launch`."""
+    defaults to :func:`~.launch.default_launch`."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    cfg = cfg or linear_launch(K, V)
+    cfg = cfg or default_launch(K, V)
     seg = segments(B, T, cu_seqlens, ns, q.device)
     qf, kf, vf, dof = flat(q), flat(k), flat(v), flat(do)
     SDT, PREC = dot_config(q.dtype)
@@ -216,7 +212,7 @@ def linear_fwd_op(q: Tensor, k: Tensor, v: Tensor, h0: Optional[Tensor], z0: Opt
 def _recurrent_fake(q, k, v, h0, z0, cu_seqlens, scale, normalize):
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = _n_seq(q, cu_seqlens)
+    N = num_seqs(q.shape[0], cu_seqlens)
     f32 = dict(dtype=torch.float32, device=q.device)
     return (q.new_empty(B, T, H, V), q.new_empty(N, H, K, V, **f32),
             q.new_empty(N, H, K, **f32) if normalize else q.new_empty(0, **f32))
@@ -228,7 +224,7 @@ def linear_recurrent_op(q: Tensor, k: Tensor, v: Tensor, h0: Optional[Tensor], z
     """Decoding launcher: ``o, ht, zt``."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = _n_seq(q, cu_seqlens)
+    N = num_seqs(q.shape[0], cu_seqlens)
     f32 = dict(dtype=torch.float32, device=q.device)
     o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)
     ht = torch.empty(N, H, K, V, **f32)
@@ -251,7 +247,7 @@ def segment_chunks_for(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor]) -> in
     """The automatic ``ns`` of a call, from shapes alone (see ``choose_segment_chunks``)."""
     B, T, H, K = q.shape
     BV = fwd_tile(K, v.shape[-1])[1]
-    n_seq = _n_seq(q, cu_seqlens)
+    n_seq = num_seqs(q.shape[0], cu_seqlens)
     return choose_segment_chunks(n_seq, B * T, T, H * math.ceil(v.shape[-1] / BV), q.device)
 
 

@@ -24,39 +24,16 @@ rounded to the input dtype where the layer's eager path rounds them.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.launching import cdiv, interpreting, next_pow2, sm_count
+from lintime.ops.launching import cdiv, next_pow2
+from lintime.ops.mixed_chunk.triton.launch import MixedChunkLaunch, default_launch
 from lintime.ops.utils import rope_inv_freq
 
 NORMS = {"tokens": 0, "chunk": 1, "none": 2}
-
-
-@dataclass(frozen=True)
-class DecodeLaunch:
-    """Launch configuration of the decoding step (not measured yet; register counts from ptxas for sm_90 at
-    ``S = 128, C = 256``, bf16)."""
-
-    bc: int = 64  # chunk slots per block (>= 16: tl.dot's minimum)
-    # value columns per program: 32 gives FLASH-base (E = 1536) 48 programs per sequence at batch 1
-    be: int = 32
-    warps: int = 4  # 242 registers, no spills (64 columns on 4 warps spill)
-
-
-def default_launch(N: int, E: int, device: torch.device) -> DecodeLaunch:
-    """The :class:`DecodeLaunch` for ``N`` sequences of ``E`` value columns.  Many sequences get 64-column programs
-    on 8 warps (no spills either): each program reads every key of its sequence once, so wider programs read the
-    keys fewer times once the GPU is full anyway.  Under the interpreter 8-slot blocks and 16-column programs, so
-    small test chunks and widths span several."""
-    if interpreting():
-        return DecodeLaunch(bc=8, be=16, warps=1)
-    if N * cdiv(E, 32) > 4 * sm_count(device):
-        return DecodeLaunch(be=64, warps=8)
-    return DecodeLaunch()
 
 
 @triton.jit
@@ -186,14 +163,15 @@ def _inv_freq(half: int, base: float, device: str) -> torch.Tensor:
 
 
 def triton_decode_step_(h, gamma, beta, positions, kv, count, k_quad, k_lin, v, fill, rel_bias, scale: float,
-                        linear_norm: str, rope_base: float, launch: DecodeLaunch | None = None) -> torch.Tensor:
+                        linear_norm: str, rope_base: float, launch: MixedChunkLaunch | None = None) -> torch.Tensor:
     """Launch the two kernels (arguments checked by :func:`lintime.ops.mixed_chunk_decode_step_`): ``h [N, W]``,
     the state's tensors as ``[N, S, E]`` / ``[N, C, S]`` / ``[N, C, E]`` / ``[N]`` (contiguous), ``rel_bias
     [2C - 1]`` or ``None``, ``positions [N]``.  Returns ``u * a`` ``[N, E]`` in ``h``'s dtype."""
     N, W = h.shape
     C, S = k_quad.shape[1], k_quad.shape[2]
     E = v.shape[2]
-    cfg = launch or default_launch(N, E, h.device)
+    cfg = launch or default_launch(S, E, h.dtype, C)
+    BC, BE, warps = cfg.decode_tiles(N, E, h.device)
     out = h.new_empty(N, E)
     if N == 0:
         return out
@@ -201,15 +179,15 @@ def triton_decode_step_(h, gamma, beta, positions, kv, count, k_quad, k_lin, v, 
     freq = _inv_freq(hd, float(rope_base), str(h.device))
     prec = "ieee" if h.dtype == torch.float32 else "tf32"
     bias = rel_bias if rel_bias is not None else kv  # a dummy pointer when there is no bias
-    decode_step_kernel[(N, cdiv(E, cfg.be))](
+    decode_step_kernel[(N, cdiv(E, BE))](
         h, gamma, beta, positions, freq, bias, kv, count, k_quad, k_lin, v, fill, out,
         float(scale), E, W, positions.stride(0),
         S=S, HD=hd, C=C, NORM=NORMS[linear_norm], HAS_BIAS=rel_bias is not None, PREC=prec,
-        BS=max(16, next_pow2(S)), BC=cfg.bc, BE=cfg.be, num_warps=cfg.warps,
+        BS=max(16, next_pow2(S)), BC=BC, BE=BE, num_warps=warps,
     )
-    decode_advance_kernel[(N,)](count, k_quad, k_lin, fill, S, C=C, BC=cfg.bc, BS=max(16, next_pow2(S)),
-                                num_warps=cfg.warps)
+    decode_advance_kernel[(N,)](count, k_quad, k_lin, fill, S, C=C, BC=BC, BS=max(16, next_pow2(S)),
+                                num_warps=warps)
     return out
 
 
-__all__ = ["DecodeLaunch", "default_launch", "triton_decode_step_"]
+__all__ = ["triton_decode_step_"]

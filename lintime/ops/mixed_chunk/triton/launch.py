@@ -1,23 +1,26 @@
-"""Mixed chunk attention's launch configuration: :class:`MixedChunkLaunch` and :func:`default_launch`.
+"""Mixed chunk attention's launch configuration: :class:`MixedChunkLaunch` and :func:`default_launch`, for the training
+kernels and the decoding step alike, and the config's two shape rules of a call (:meth:`MixedChunkLaunch.thin_walk`,
+:meth:`MixedChunkLaunch.decode_tiles`).
 
 What chose the defaults: ``docs/design/kernels.md`` (mixed chunk attention).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
 import torch
 
-from lintime.ops.launch_tables import pow2_at_least
-from lintime.ops.launching import LaunchConfig, interpreting
+from lintime.ops.launching import LaunchConfig, block, cdiv, interpreting, sm_count
 
 
 @dataclass(frozen=True)
 class MixedChunkLaunch(LaunchConfig):
-    """Block sizes and launch settings of the kernels of :mod:`.kernels`.  Field defaults are the GPU's at
-    ``S = 128, E = 2048, C = 256`` in bf16; :func:`default_launch` fits them to a shape and dtype."""
+    """Block sizes and launch settings of the training kernels (:mod:`.kernels`) and of the decoding step
+    (:mod:`.decode`, the ``dec_*`` fields).  Field defaults are the GPU's at ``S = 128, E = 2048, C = 256`` in bf16;
+    :func:`default_launch` fits them to a shape and dtype."""
 
     bg: int = 64  # [C, C] chunk matrices (A, dS): row tile of every kernel; 128-row tiles were slower
     bs: int = 128  # S step / tile everywhere: all of S = 128 at once, with the fused reduction's 128-row tiles
@@ -43,6 +46,40 @@ class MixedChunkLaunch(LaunchConfig):
     tma: bool = True
     # the fused reduction's do / v / state tiles through TMA too: a little faster (measured in bf16 only)
     tma_red: bool = True
+    # decoding step (not measured yet; register counts from ptxas at S = 128, C = 256, bf16)
+    dec_bc: int = 64  # chunk slots per block (>= 16: tl.dot's minimum)
+    dec_be: int = 32  # value columns per program: FLASH-base (E = 1536) gets 48 programs per sequence at batch 1
+    dec_warps: int = 4  # 242 registers with 32 columns, no spills (64 columns on 4 warps spill)
+    # many sequences (:meth:`decode_tiles`): each program reads every key of its sequence once, so wider programs
+    # read the keys fewer times once the GPU is full anyway; 64 columns on 8 warps do not spill either
+    dec_be_wide: int = 64
+    dec_warps_wide: int = 8
+
+    def thin_walk(self, n: int, H: int, S: int, E: int, device) -> MixedChunkLaunch:
+        """This config with the state walk's ``S`` tile halved (once, from more than 64) where that alone gives every
+        SM a walk program with one segment per sequence -- ``n`` sequences x tiles short of the SM count at
+        ``bs_state``, enough at half of it -- so no segment-start fix-up runs; automatic segments only
+        (``seg_chunks = 0``).  From shapes only: the forward and the backward agree.  Where halving alone does not
+        make that difference, the thinner tiles were slower."""
+        if self.seg_chunks or self.bs_state <= 64:
+            return self
+        return _thin_walk(n, H, S, E, self, str(device))
+
+    def decode_tiles(self, N: int, E: int, device) -> tuple[int, int, int]:
+        """``(chunk slots per block, value columns per program, warps)`` of the decoding step for ``N`` sequences of
+        ``E`` value columns: the wide programs once more than four programs per SM would run."""
+        if N * cdiv(E, self.dec_be) > 4 * sm_count(device):
+            return self.dec_bc, self.dec_be_wide, self.dec_warps_wide
+        return self.dec_bc, self.dec_be, self.dec_warps
+
+
+@functools.lru_cache(maxsize=64)
+def _thin_walk(n, H, S, E, cfg: MixedChunkLaunch, device: str) -> MixedChunkLaunch:
+    tiles = H * cdiv(S, cfg.bs_state) * cdiv(E, cfg.be_state)
+    thin = H * cdiv(S, cfg.bs_state // 2) * cdiv(E, cfg.be_state)
+    if n * tiles < sm_count(torch.device(device)) <= n * thin:
+        return dataclasses.replace(cfg, bs_state=cfg.bs_state // 2)
+    return cfg
 
 
 def default_launch(S: int, E: int, dtype: torch.dtype, C: int) -> MixedChunkLaunch:
@@ -50,7 +87,8 @@ def default_launch(S: int, E: int, dtype: torch.dtype, C: int) -> MixedChunkLaun
     (cached: part of a call's host time).
 
     The interpreter gets 16-wide blocks and 2-chunk segments so small test shapes still cross several tiles in
-    every dimension (every loop of the kernels runs more than once) and several segments per sequence."""
+    every dimension (every loop of the kernels runs more than once) and several segments per sequence, and for the
+    decoding step 8-slot blocks and 16-column programs, so small test chunks and widths span several."""
     return _default_launch(S, E, dtype, C, interpreting())
 
 
@@ -59,10 +97,10 @@ def _default_launch(S: int, E: int, dtype: torch.dtype, C: int, interp: bool) ->
     if interp:
         return MixedChunkLaunch(bg=16, bs=16, bk=16, be_fwd=16, be_dv=16, be_red=16, bg_red=16, warps_red=1,
                                 warps_fwd=1, warps_bwd=1, stages=1, bt=16, bs_state=16, be_state=16, seg_chunks=2,
-                                fix_bs=8)
-    common = {"bg": min(64, pow2_at_least(C)), "bs_state": min(128, pow2_at_least(S))}
+                                fix_bs=8, dec_bc=8, dec_be=16, dec_warps=1, dec_be_wide=16, dec_warps_wide=1)
+    common = {"bg": min(64, block(C)), "bs_state": min(128, block(S))}
     if dtype == torch.bfloat16:
-        return MixedChunkLaunch(bs=min(128, pow2_at_least(S)), bg_red=min(128, pow2_at_least(C)), **common)
+        return MixedChunkLaunch(bs=min(128, block(S)), bg_red=min(128, block(C)), **common)
     # fp16 / fp32: fp32 state tiles (and fp32 inputs) in the reduction -- 128-row tiles overflow the shared memory
     # (Triton's OutOfResources), so it keeps [64, 64] tiles, 4 warps, S steps of 64, pointer loads
-    return MixedChunkLaunch(bs=64, bg_red=min(64, pow2_at_least(C)), warps_red=4, tma_red=False, **common)
+    return MixedChunkLaunch(bs=64, bg_red=min(64, block(C)), warps_red=4, tma_red=False, **common)

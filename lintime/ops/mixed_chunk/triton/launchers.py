@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lintime.ops.launch_tables import fold_bias_grad, kernel_bias
+from lintime.ops.gau.triton.bias import fold_bias_grad, kernel_bias
 from lintime.ops.mixed_chunk.triton.kernels import (
     chunk_state_kernel,
     mc_dqk_kernel,
@@ -39,10 +39,11 @@ from lintime.ops.mixed_chunk.triton.kernels import (
     seg_fix_kernel,
 )
 from lintime.ops.mixed_chunk.triton.launch import MixedChunkLaunch
-from lintime.ops.mixed_chunk.triton.plan import Plan, plan_of, sdt_torch, tma_shapes, walk_launch, weights
+from lintime.ops.mixed_chunk.triton.plan import Plan, plan_of, sdt_torch, tma_shapes, weights
 from lintime.ops.launching import cdiv, dot_config, next_pow2
 from lintime.ops.state_passing import seg_scan_kernel
 from lintime.ops.tma import tma_descriptors
+from lintime.ops.utils import num_seqs
 
 
 def _walk(x, y, w, plan: Plan, cfg, *, H, C, reverse, store, hout, tot, init=None, tma=False, scores=None):
@@ -161,7 +162,7 @@ def fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, c
     B, T, H, S = qq.shape
     E = v.shape[-1]
     C = chunk_size
-    cfg = walk_launch(B, T, H, S, E, C, cu_seqlens, cfg, qq.device)
+    cfg = cfg.thin_walk(num_seqs(B, cu_seqlens), H, S, E, qq.device)
     plan = plan_of(B, T, H, S, E, C, cu_seqlens, cfg, qq.device)
     tma = tma_shapes(cfg, S, E, C, qq.device)
     wq, wf = weights(plan, C, causal, linear_norm, count0)
@@ -196,7 +197,7 @@ def bwd_impl(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, ch
     C = chunk_size
     dev = qq.device
     do = do.contiguous()
-    cfg = walk_launch(B, T, H, S, E, C, cu_seqlens, cfg, dev)
+    cfg = cfg.thin_walk(num_seqs(B, cu_seqlens), H, S, E, dev)
     plan = plan_of(B, T, H, S, E, C, cu_seqlens, cfg, dev)
     tma = tma_shapes(cfg, S, E, C, dev)
     wq, wf = weights(plan, C, causal, linear_norm, count0)

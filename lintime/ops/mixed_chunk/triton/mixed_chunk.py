@@ -1,5 +1,5 @@
 """Mixed chunk attention on fused Triton kernels (seed §3.2, Eqs. 6-8, Codes 1 and 8): the custom ops
-``lintime::mixed_chunk_fwd`` / ``lintime::mixed_chunk_bwd``, the eager Function, and the entry
+``lintime::mixed_chunk_fwd`` / ``lintime::mixed_chunk_bwd`` (:func:`~lintime.ops.launching.launcher_op`), and the entry
 :func:`triton_mixed_chunk_attention` (the ``"triton"`` backend of :func:`lintime.ops.mixed_chunk_attention`).
 
 Notation: ``B`` batch, ``T`` time, ``H`` heads, ``S`` key width, ``E`` value width, ``C`` chunk
@@ -23,21 +23,22 @@ from __future__ import annotations
 
 import torch
 
-from lintime.ops.launching import check_device, custom_op, grad_as, sequence_bounds
+from lintime.ops.launching import check_device, grad_as, launcher_op
 from lintime.ops.mixed_chunk.state import MixedChunkState, clean_buffers
 from lintime.ops.mixed_chunk.triton.launch import MixedChunkLaunch, default_launch
 from lintime.ops.mixed_chunk.triton.launchers import bwd_impl, fwd_impl
-from lintime.ops.mixed_chunk.triton.plan import chunk_bound, n_seqs, sdt_torch
-from lintime.ops.utils import is_static
+from lintime.ops.mixed_chunk.triton.plan import chunk_bound, sdt_torch
+from lintime.ops.utils import is_static, num_seqs, sequence_bounds
 
 # --------------------------------------------------------------------------------- custom ops
 
 
-def _fwd_fake(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm, launch):
+def _fwd_fake(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm, defined,
+              launch):
     B, T, H, S = qq.shape
     E = v.shape[-1]
     C = chunk_size
-    N = n_seqs(B, cu_seqlens)
+    N = num_seqs(B, cu_seqlens)
     nc = chunk_bound(B, T, C, cu_seqlens)
     f32 = {"dtype": torch.float32, "device": qq.device}
     a = qq.new_empty(nc, H, C, C)
@@ -46,31 +47,19 @@ def _fwd_fake(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, 
     return torch.empty_like(v), final, a, st
 
 
-def _mixed_chunk_fwd(
-    qq: torch.Tensor, kq: torch.Tensor, ql: torch.Tensor, kl: torch.Tensor, v: torch.Tensor,
-    rel_bias: torch.Tensor | None, kv0: torch.Tensor | None, count0: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None, chunk_size: int, causal: bool, scale: float, linear_norm: str,
-    launch: list[int],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(o, final kv, A, H)``; ``A`` and ``H`` are saved for the backward (non-causal: ``H`` holds
-    each sequence's total and the final kv is empty).  ``launch``: the :class:`MixedChunkLaunch` as
-    :meth:`~lintime.ops.launching.LaunchConfig.to_ints`."""
-    return fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm,
-                    MixedChunkLaunch.of(launch), zero_a=True)
-
-
 def _bwd_fake(do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, chunk_size, causal, scale,
               linear_norm, need_db, has_kv0, launch):
     B, _, H, S = qq.shape
     E = v.shape[-1]
     db = rel_bias.new_empty(rel_bias.shape) if (need_db and rel_bias is not None) else qq.new_empty(0)
-    N = n_seqs(B, cu_seqlens)
+    N = num_seqs(B, cu_seqlens)
     dkv0 = qq.new_empty((N, H, S, E), dtype=torch.float32) if has_kv0 else qq.new_empty(0, dtype=torch.float32)
     return (torch.empty_like(qq), torch.empty_like(kq), torch.empty_like(ql), torch.empty_like(kl),
             torch.empty_like(v), db, dkv0)
 
 
-def _mixed_chunk_bwd(
+@launcher_op("mixed_chunk_bwd", fake=_bwd_fake)
+def mixed_chunk_bwd(
     do: torch.Tensor, dkv: torch.Tensor | None, qq: torch.Tensor, kq: torch.Tensor, ql: torch.Tensor,
     kl: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor | None, count0: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None, a: torch.Tensor, st: torch.Tensor, chunk_size: int, causal: bool,
@@ -82,81 +71,57 @@ def _mixed_chunk_bwd(
                     linear_norm, need_db, has_kv0, MixedChunkLaunch.of(launch))
 
 
-mixed_chunk_bwd = custom_op("mixed_chunk_bwd", _bwd_fake)(_mixed_chunk_bwd)
-
-
 def _setup(ctx, inputs, output):
-    ctx.mark_non_differentiable(output[2], output[3])
-    _save(ctx, inputs, output)
-
-
-def _save(ctx, inputs, output):
-    qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm, launch = inputs
+    qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm, _, launch = inputs
     _, _, a, st = output
+    if not getattr(ctx, "lintime_eager", False):  # the op's outputs; the eager Function returns only (o, kv)
+        ctx.mark_non_differentiable(a, st)
     ctx.save_for_backward(qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st)
     ctx.args = (chunk_size, causal, scale, linear_norm)
     ctx.launch = launch
     ctx.has_kv0 = kv0 is not None
 
 
-def _backward(ctx, do, dkv, _da, _dst, eager=False):
-    """Backward of ``lintime::mixed_chunk_fwd`` (through ``lintime::mixed_chunk_bwd``, which
-    ``torch.compile`` and opcheck trace) and of the eager Function (``eager``: the launcher itself)."""
+def _backward(ctx, do, dkv, _da, _dst):
+    """Backward of ``lintime::mixed_chunk_fwd`` through ``lintime::mixed_chunk_bwd`` (traced by ``torch.compile``
+    and opcheck), or its launcher in eager calls."""
     qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st = ctx.saved_tensors
     need_db = rel_bias is not None and ctx.needs_input_grad[5]
     has_kv0 = ctx.has_kv0 and ctx.needs_input_grad[6]
     if dkv is not None and dkv.numel() == 0:
         dkv = None
+    if do is None:  # only the final state is used (eager calls materialise no zero gradients)
+        do = torch.zeros_like(v)
     do, dkv = grad_as(do, v.dtype), grad_as(dkv, torch.float32)
-    if not eager:
-        dqq, dkq, dql, dkl, dv, db, dkv0 = mixed_chunk_bwd(
-            do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, *ctx.args, need_db, has_kv0,
-            ctx.launch,
-        )
-    else:  # skip the op dispatch
-        if do is None:  # only the final state is used (the Function does not materialise zero grads)
-            do = torch.zeros_like(v)
-        dqq, dkq, dql, dkl, dv, db, dkv0 = bwd_impl(
-            do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, *ctx.args, need_db, has_kv0,
-            MixedChunkLaunch.of(ctx.launch),
-        )
+    dqq, dkq, dql, dkl, dv, db, dkv0 = mixed_chunk_bwd.for_ctx(ctx)(
+        do, dkv, qq, kq, ql, kl, v, rel_bias, count0, cu_seqlens, a, st, *ctx.args, need_db, has_kv0, ctx.launch,
+    )
     return (dqq, dkq, dql, dkl, dv, db if need_db else None, dkv0 if has_kv0 else None,
-            None, None, None, None, None, None, None)
+            None, None, None, None, None, None, None, None)
 
 
-mixed_chunk_fwd = custom_op("mixed_chunk_fwd", _fwd_fake, backward=_backward, setup_context=_setup)(_mixed_chunk_fwd)
+@launcher_op("mixed_chunk_fwd", fake=_fwd_fake, backward=_backward, setup_context=_setup, outputs=2)
+def mixed_chunk_fwd(
+    qq: torch.Tensor, kq: torch.Tensor, ql: torch.Tensor, kl: torch.Tensor, v: torch.Tensor,
+    rel_bias: torch.Tensor | None, kv0: torch.Tensor | None, count0: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None, chunk_size: int, causal: bool, scale: float, linear_norm: str, defined: bool,
+    launch: list[int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(o, final kv)`` (the op returns ``A`` and ``H`` too, saved for the backward; non-causal: ``H`` holds each
+    sequence's total and the final kv is empty).  ``defined``: zero the entries of ``A`` no kernel writes -- true
+    wherever ``A`` leaves the launcher as a custom op's output (:func:`_forward`); eager calls skip the fill, their
+    ``A`` reaches only the backward kernels, which never read those entries.  ``launch``: the
+    :class:`MixedChunkLaunch`, or it as :meth:`~lintime.ops.launching.LaunchConfig.to_ints`."""
+    return fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm,
+                    MixedChunkLaunch.of(launch), zero_a=defined)
 
 
-class _EagerMixedChunk(torch.autograd.Function):
-    """The same forward / backward as ``lintime::mixed_chunk_fwd`` for eager calls, without the
-    custom-op dispatch, without zero gradients for the outputs a caller does not use (the op's
-    autograd materialises ``A``, ``H`` and the final kv as zeros: tens of MB of fills per backward)
-    and without zero-filling ``A``'s unread entries.  ``torch.compile`` traces the custom op
-    instead (:func:`triton_mixed_chunk_attention` picks).  Returns ``o, final kv``."""
-
-    @staticmethod
-    def forward(ctx, qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm,
-                launch):
-        ctx.set_materialize_grads(False)
-        inputs = (qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm,
-                  launch)
-        out = fwd_impl(*inputs[:13], MixedChunkLaunch.of(launch), zero_a=False)
-        _save(ctx, inputs, out)
-        return out[0], out[1]
-
-    @staticmethod
-    def backward(ctx, do, dkv):
-        return _backward(ctx, do, dkv, None, None, eager=True)
-
-
-def _forward(*args, launch: MixedChunkLaunch, grad: bool):
-    """``(o, final kv)`` of the call: the custom op under ``torch.compile``, else the eager Function
-    (``grad``) or the bare launcher."""
+def _forward(*args, launch: MixedChunkLaunch):
+    """``(o, final kv)`` of the call through :func:`mixed_chunk_fwd`: the custom op under ``torch.compile`` (``A``
+    fully defined, the config as ints), else the eager Function or the bare launcher (the config object, no fill)."""
     if torch.compiler.is_compiling():
-        return mixed_chunk_fwd(*args, launch.to_ints())[:2]
-    if grad:
-        return _EagerMixedChunk.apply(*args, launch)
-    return fwd_impl(*args, launch, zero_a=False)[:2]
+        return mixed_chunk_fwd(*args, True, launch.to_ints())
+    return mixed_chunk_fwd(*args, False, launch)
 
 
 # --------------------------------------------------------------------------------- entry
@@ -215,17 +180,14 @@ def triton_mixed_chunk_attention(
                                  "re-packed on the host, which a static cu_seqlens (fixed-size plan, no host read) "
                                  "cannot do: pass the offsets as an ordinary tensor")
             from lintime.ops.mixed_chunk.chunk import _prepend_buffers
-            from lintime.ops.utils import seq_bounds
+            from lintime.ops.utils import row_spans
 
             bufs = clean_buffers(initial_state, q_quad.dtype)
-            xs, cu_seqlens, keep = _prepend_buffers(xs, bufs, fills, seq_bounds(B, T, cu_seqlens))
+            xs, cu_seqlens, keep = _prepend_buffers(xs, bufs, fills, row_spans(B, T, cu_seqlens))
     xs = [x.contiguous() for x in xs]
     Bx, Tx = xs[0].shape[:2]
-    grad = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in (*xs, rel_bias, kv0)
-    )
     o, final_kv = _forward(*xs, rel_bias, kv0, count0, cu_seqlens, C, bool(causal), scale, linear_norm,
-                           launch=launch, grad=grad)
+                           launch=launch)
     if keep is not None:
         o = o.reshape(Bx * Tx, H, E).index_select(0, keep).view(B, T, H, E)
     if not output_final_state:

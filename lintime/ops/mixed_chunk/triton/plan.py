@@ -1,6 +1,6 @@
 """The plan of a mixed chunk call: its chunk and segment tables and the per-chunk weights of the linear part (built
 on the device: :func:`~.kernels.plan_kernel`, :func:`~.kernels.chunk_weights_kernel`), and the shape rules (chunks
-per segment, the state walk's tile, whether loads go through TMA).
+per segment, whether loads go through TMA; the state walk's tile: :meth:`.launch.MixedChunkLaunch.thin_walk`).
 
 Every rule here is a function of the call's shapes (and ``cu_seqlens``), never of values read from tensors the
 forward and the backward could see differently, so both passes agree.  A static ``cu_seqlens``
@@ -10,18 +10,17 @@ What chose the rules: ``docs/design/kernels.md`` (mixed chunk attention).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from dataclasses import dataclass
 
 import torch
 
-from lintime.ops.launching import cdiv, sequence_bounds, sm_count
+from lintime.ops.launching import cdiv, sm_count
 from lintime.ops.mixed_chunk.triton.kernels import chunk_weights_kernel, plan_kernel
 from lintime.ops.mixed_chunk.triton.launch import MixedChunkLaunch
 from lintime.ops.tma import tma_device
-from lintime.ops.utils import is_static, packed_cache
+from lintime.ops.utils import is_static, num_seqs, packed_cache, sequence_bounds
 
 
 def sdt_torch(dtype: torch.dtype) -> torch.dtype:
@@ -29,16 +28,12 @@ def sdt_torch(dtype: torch.dtype) -> torch.dtype:
     return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
 
 
-def n_seqs(B: int, cu_seqlens) -> int:
-    return B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-
-
 def chunk_bound(B: int, T: int, C: int, cu_seqlens) -> int:
     """Chunks of the call, or an upper bound from shapes alone (custom-op outputs must be sized
     without reading ``cu_seqlens``): ``sum_n ceil(L_n / C) <= N + T // C``."""
     if cu_seqlens is None:
         return B * math.ceil(T / C)
-    return n_seqs(B, cu_seqlens) + T // C
+    return num_seqs(B, cu_seqlens) + T // C
 
 
 def seg_chunks(B, T, H, S, E, C, cu_seqlens, cfg: MixedChunkLaunch, device) -> int:
@@ -51,37 +46,17 @@ def seg_chunks(B, T, H, S, E, C, cu_seqlens, cfg: MixedChunkLaunch, device) -> i
         return min(cfg.seg_chunks, nct)
     tiles = H * cdiv(S, cfg.bs_state) * cdiv(E, cfg.be_state)
     sms = sm_count(device)
-    if n_seqs(B, cu_seqlens) * tiles >= sms:
+    if num_seqs(B, cu_seqlens) * tiles >= sms:
         return nct
     want = max(1, 2 * sms // tiles)  # segments in all
     return min(nct, max(2, math.ceil(nct / want)))
-
-
-def walk_launch(B, T, H, S, E, C, cu_seqlens, cfg: MixedChunkLaunch, device) -> MixedChunkLaunch:
-    """``cfg`` with the state walk's ``S`` tile halved (once, from more than 64) where that alone gives every SM a
-    walk program with one segment per sequence -- sequences x tiles short of the SM count at ``bs_state``, enough
-    at half of it -- so no segment-start fix-up runs; automatic segments only (``seg_chunks = 0``).  From shapes
-    only: the forward and the backward agree.  Where halving alone does not make that difference, the thinner tiles
-    were slower."""
-    if cfg.seg_chunks or cfg.bs_state <= 64:
-        return cfg
-    return _thin_walk(n_seqs(B, cu_seqlens), H, S, E, cfg, str(device))
-
-
-@functools.lru_cache(maxsize=64)
-def _thin_walk(n, H, S, E, cfg: MixedChunkLaunch, device: str) -> MixedChunkLaunch:
-    tiles = H * cdiv(S, cfg.bs_state) * cdiv(E, cfg.be_state)
-    thin = H * cdiv(S, cfg.bs_state // 2) * cdiv(E, cfg.be_state)
-    if n * tiles < sm_count(torch.device(device)) <= n * thin:
-        return dataclasses.replace(cfg, bs_state=cfg.bs_state // 2)
-    return cfg
 
 
 def _seg_bound(B, T, C, cu_seqlens, G) -> int:
     """Segments, or a bound from shapes: ``sum_n max(1, ceil(nc_n / G)) <= N + NC // G``."""
     if cu_seqlens is None:
         return B * math.ceil(math.ceil(T / C) / G)
-    return n_seqs(B, cu_seqlens) + chunk_bound(B, T, C, cu_seqlens) // G
+    return num_seqs(B, cu_seqlens) + chunk_bound(B, T, C, cu_seqlens) // G
 
 
 def tma_shapes(cfg: MixedChunkLaunch, S: int, E: int, C: int, device: torch.device) -> bool:
@@ -154,7 +129,7 @@ def build_plan(B, T, H, S, E, C, cu_seqlens, cfg, device) -> Plan:
     where the segment length covers any sequence of ``T`` tokens, else :func:`_seg_bound` rows), nothing read."""
     G = seg_chunks(B, T, H, S, E, C, cu_seqlens, cfg, device)
     NC_alloc = chunk_bound(B, T, C, cu_seqlens)
-    N = n_seqs(B, cu_seqlens)
+    N = num_seqs(B, cu_seqlens)
     if is_static(cu_seqlens):
         one = G >= cdiv(T, C)  # no sequence has more chunks than G
         NSEG = N if one else _seg_bound(B, T, C, cu_seqlens, G)

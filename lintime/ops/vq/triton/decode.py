@@ -24,13 +24,11 @@ Scores, softmax and sums are fp32; the window buffers keep the inputs' dtype, th
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.launching import block, cdiv, check_device, interpreting
+from lintime.ops.launching import block, cdiv, check_device, interpreting, sm_count
 
 NEG = tl.constexpr(-1.0e30)  # the running max's start: finite, so a tile with no visible slot gives exp(-inf - NEG) = 0
 
@@ -244,15 +242,10 @@ def _splits(programs: int, keys: int, BN: int, device: torch.device) -> tuple[in
     if interpreting():
         ch = 2 * BN
         return ch, cdiv(keys, ch)
-    want = 4 * _sm_count(device)
+    want = 4 * sm_count(device)
     ns = max(1, min(cdiv(want, max(programs, 1)), cdiv(keys, 2 * BN)))
     ch = cdiv(cdiv(keys, ns), BN) * BN
     return ch, cdiv(keys, ch)
-
-
-@functools.lru_cache(maxsize=8)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def triton_decode_step_(q, k_hat, codes, v, codebook, state, bias=None, rel_bias=None, splits=None) -> torch.Tensor:

@@ -1,8 +1,8 @@
-"""Host-side pieces shared by the relu^2 Triton launchers (GAU attention,
-:mod:`lintime.ops.gau.triton`, and mixed chunk attention, :mod:`lintime.ops.mixed_chunk.triton`).
+"""The relu^2 kernels' Toeplitz bias on the host: :func:`kernel_bias`, the bias ``[H, LB]`` as the kernels read it,
+and :func:`fold_bias_grad`, its gradient folded from the kernels' per-tile-diagonal sums ``[H, NTD, BM, BM]``.
 
-* :func:`kernel_bias`, :func:`fold_bias_grad`: the Toeplitz bias ``[H, LB]`` as the kernels read it, and its
-  gradient folded from the kernels' per-tile-diagonal sums ``[H, NTD, BM, BM]``.
+GAU attention's kernels and mixed chunk attention's (GAU attention within a chunk, :mod:`lintime.ops.mixed_chunk`)
+both read the bias this way; the mixed chunk family imports it from here.
 """
 
 from __future__ import annotations
@@ -10,14 +10,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-
-def pow2_at_least(x: int, lo: int = 16) -> int:
-    """The smallest power of two ``>= x`` and ``>= lo``."""
-    p = lo
-    while p < x:
-        p *= 2
-    return p
 
 
 def kernel_bias(rel_bias: torch.Tensor | None) -> tuple[torch.Tensor | None, int]:
