@@ -1,6 +1,6 @@
 """Launch sweep of the cross-entropy's per-row kernel (``ce_rows_kernel``) on one chunk of flash-base's loss: ``[4096,
 32000]`` bf16 logits, targets uniform, the gradient written in place (the step the chunk loop runs 8 times at 32k
-tokens).  ``Launch(block_v, num_warps)``: ``block_v >= V`` keeps the row in registers (one read), smaller blocks
+tokens).  ``CrossEntropyLaunch(block_v, num_warps)``: ``block_v >= V`` keeps the row in registers (one read), smaller blocks
 take two sweeps (online softmax, then the gradient: the second read mostly from L2).  Device ms (``do_bench``
 median, L2 flushed between calls), the rate of the 2 x 262 MB the chunk must move, and each launch's loss and
 gradient against the default's (largest relative difference).  A device copy of the same bytes is the reference.
@@ -16,7 +16,8 @@ import json
 import torch
 
 from lintime.bench.measure import git_commit, median_ms
-from lintime.modules.cross_entropy.triton.ops import LAUNCH, Launch, triton_rows
+from lintime.modules.cross_entropy.triton.launch import CrossEntropyLaunch, default_launch
+from lintime.modules.cross_entropy.triton.ops import triton_rows
 
 LAUNCHES = [(32768, 32), (32768, 16), (16384, 16), (16384, 32), (8192, 8), (8192, 16), (4096, 4), (4096, 8),
             (2048, 4), (2048, 2), (1024, 4), (1024, 2)]
@@ -34,7 +35,7 @@ def main() -> None:
     nbytes = 2 * z0.numel() * z0.element_size()
     rows, ref = [], None
     for bv, w in LAUNCHES:
-        launch = Launch(bv, w)
+        launch = CrossEntropyLaunch(bv, w)
         z, loss = z0.clone(), torch.empty(n, device=dev)
         try:
             triton_rows(z, y, scale, loss, -100, 0.0, True, launch)
@@ -46,7 +47,7 @@ def main() -> None:
         ref = ref or (loss, z)
         zt = z0.clone()
         ms = median_ms(lambda: triton_rows(zt, y, scale, loss, -100, 0.0, True, launch))
-        rows.append({"block_v": bv, "num_warps": w, "default": launch == LAUNCH, "ms": ms, "tb_s": nbytes / ms / 1e9,
+        rows.append({"block_v": bv, "num_warps": w, "default": launch == default_launch(), "ms": ms, "tb_s": nbytes / ms / 1e9,
                      "loss_max_rel_diff": float(((loss - ref[0]).abs().max() / ref[0].abs().max())),
                      "grad_max_abs_diff": float((z.float() - ref[1].float()).abs().max()),
                      "grad_max": float(ref[1].float().abs().max())})

@@ -1,4 +1,4 @@
-"""Launch A/B of the fused norm kernels (:class:`lintime.modules.norm.triton.ops.NormLaunch`): one row per iteration
+"""Launch A/B of the fused norm kernels (:class:`lintime.modules.norm.triton.launch.NormLaunch`): one row per iteration
 against ``[BM, BD]`` tiles of several rows, one process, interleaved.
 
     PYTHONPATH=. python3 lab/norm_ab.py [--out $OUT/norm_ab.json] [--configs one-row,default,...] [--stream fp32]
@@ -35,7 +35,8 @@ import torch  # noqa: E402
 
 from lintime.modules import add_normalize, gated_normalize, normalize  # noqa: E402
 from lintime.modules.norm.triton import ops as norm_ops  # noqa: E402
-from lintime.modules.norm.triton.ops import NormLaunch  # noqa: E402
+from lintime.modules.norm.triton import launch as norm_launch  # noqa: E402
+from lintime.modules.norm.triton.launch import NormLaunch  # noqa: E402
 
 # The launches compared, in the order they are captured (a spent budget skips the last).  "one-row": one [BD] row
 # per iteration, BD / 256 warps, 8 programs per SM (the kernels' launch before tiles); "one-row-fit": the same with
@@ -136,7 +137,7 @@ def check(outs, ref_outs) -> dict:
 def with_launch(cfg: NormLaunch, fn, grids: list | None = None):
     """``fn()`` with the norm ops launched under ``cfg`` (graphs captured there keep it); ``grids`` gets
     ``[BM, num_warps, programs]`` of every launch (``x`` ``tiles``: as :func:`norm_ops._programs` takes them)."""
-    saved, programs = norm_ops.LAUNCH, norm_ops._programs
+    saved, programs = norm_launch.LAUNCH, norm_ops._programs
 
     def recorded(kernel, args, meta, x, tiles):
         G = programs(kernel, args, meta, x, tiles)
@@ -144,11 +145,11 @@ def with_launch(cfg: NormLaunch, fn, grids: list | None = None):
             grids.append([meta["BM"], meta["num_warps"], G])
         return G
 
-    norm_ops.LAUNCH, norm_ops._programs = cfg, recorded
+    norm_launch.LAUNCH, norm_ops._programs = cfg, recorded
     try:
         return fn()
     finally:
-        norm_ops.LAUNCH, norm_ops._programs = saved, programs
+        norm_launch.LAUNCH, norm_ops._programs = saved, programs
 
 
 def smoke(names: list[str]) -> int:

@@ -1,7 +1,8 @@
 """Structure of lintime.modules (docs/design/conventions.md §2): every building-block folder is in the export
-registry, has its textbook reference and chunked form, dispatches through a table, and exports exactly its
-public function(s)."""
+registry, has its textbook reference and chunked form, dispatches through a table, exports exactly its public
+function(s) and declares its Triton launch in ``triton/launch.py``."""
 
+import ast
 import importlib
 import subprocess
 import sys
@@ -59,3 +60,24 @@ def test_families_export_their_public_functions():
             assert getattr(mod, name) is getattr(modules, name)
         assert sorted(mod.__all__) == sorted(names)
 
+
+def test_every_family_declares_its_launch():
+    """``triton/launch.py`` holds the family's one launch configuration, a ``<Family>Launch(LaunchConfig)``, and its
+    one ``default_launch``; no other module of the family defines either (docs/design/names.md, launch
+    configurations)."""
+    from lintime.ops.launching import LaunchConfig
+
+    for fam in _family_dirs():
+        launch = importlib.import_module(f"lintime.modules.{fam}.triton.launch")
+        configs = [v for v in vars(launch).values()
+                   if isinstance(v, type) and issubclass(v, LaunchConfig) and v.__module__ == launch.__name__]
+        assert len(configs) == 1 and configs[0].__name__.endswith("Launch"), (fam, configs)
+        assert configs[0].__name__.lower() == fam.replace("_", "") + "launch", configs[0].__name__
+        assert callable(launch.default_launch) and isinstance(configs[0](), LaunchConfig)
+        for path in (ROOT / fam).rglob("*.py"):
+            if path.name == "launch.py":
+                continue
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+            bad = {n for n in defined if n == "default_launch" or n.endswith("Launch")}
+            assert not bad, f"{path}: {sorted(bad)} belong in triton/launch.py"

@@ -28,6 +28,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from lintime.ops.launching import launcher_op
+from lintime.ops.utils import acc_dtype  # the dtype of losses and gradient sums: fp32, or fp64 for fp64 inputs
+
 # Logits bytes per chunk (in the compute dtype): 4096 rows of bf16 at V = 32000 -- GEMMs of
 # [4096, d] x [d, V] are large enough to run at full rate while the [C, V] logits stay a bounded buffer; on CUDA
 # dW's fp32 sum is accumulated in place by their epilogue.  Other chunk sizes were not timed.
@@ -38,11 +41,6 @@ def default_chunk_size(V: int, dtype: torch.dtype) -> int:
     """Rows per chunk: the largest power of two whose ``[C, V]`` logits fit :data:`CHUNK_BYTES`."""
     rows = CHUNK_BYTES // max(1, V * dtype.itemsize)
     return 1 << max(0, rows.bit_length() - 1)
-
-
-def acc_dtype(x: Tensor) -> torch.dtype:
-    """The dtype of losses and gradient sums: fp32, or fp64 for fp64 inputs."""
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def torch_rows(z: Tensor, y: Tensor, scale: Tensor, out: Tensor, ignore_index: int, label_smoothing: float,
@@ -116,10 +114,40 @@ def chunked_forward(rows: Callable, x: Tensor, weight: Tensor, bias: Optional[Te
     return loss, dx, dw, db
 
 
+def _fwd_fake(x, weight, bias, target, ignore_index, reduction, label_smoothing, chunk_size, want_grad):
+    N, d = x.shape
+    V = weight.shape[0]
+    acc = acc_dtype(x)
+    grads = want_grad and reduction != "none"
+    return (
+        x.new_empty(N, dtype=acc) if reduction == "none" else x.new_empty((), dtype=acc),
+        x.new_empty(N, d) if grads else x.new_empty(0),
+        x.new_empty(V, d, dtype=acc) if grads else x.new_empty(0, dtype=acc),
+        x.new_empty(V, dtype=acc) if grads and bias is not None else x.new_empty(0, dtype=acc),
+    )
+
+
+def _bwd_fake(x, weight, bias, target, grad, ignore_index, label_smoothing, chunk_size):
+    acc = acc_dtype(x)
+    return (torch.empty_like(x), x.new_empty(weight.shape, dtype=acc),
+            x.new_empty(weight.shape[0] if bias is not None else 0, dtype=acc))
+
+
+def _setup(ctx, inputs, output):
+    x, weight, bias, target, ignore_index, reduction, label_smoothing, chunk_size, _ = inputs
+    _, dx, dw, db = output
+    ctx.mark_non_differentiable(dx, dw, db)
+    ctx.set_materialize_grads(False)
+    ctx.args = (reduction, ignore_index, label_smoothing, chunk_size)
+    ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+    ctx.save_for_backward(*((x, weight, bias, target) if reduction == "none" else (dx, dw, db)))
+
+
 def make_op(name: str, rows: Callable) -> Callable:
     """Register the custom ops ``lintime::<name>_fwd`` (loss and, for mean / sum, the gradients) and
     ``lintime::<name>_bwd`` (gradients of ``reduction='none'``) over the per-row step ``rows``, with
-    fake shapes and the autograd rule, so ``torch.compile`` traces them.  Returns
+    fake shapes and the autograd rule, so ``torch.compile`` traces them; eager calls take the chunk loop
+    without the op dispatch (:func:`lintime.ops.launching.launcher_op`).  Returns
     ``fn(x, weight, bias, target, ignore_index, reduction, label_smoothing, chunk_size) -> loss``."""
 
     def fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], target: Tensor, ignore_index: int,
@@ -139,40 +167,13 @@ def make_op(name: str, rows: Callable) -> Callable:
             loss = loss.sum()
         return loss, dx, dw, db
 
-    def fwd_fake(x, weight, bias, target, ignore_index, reduction, label_smoothing, chunk_size, want_grad):
-        N, d = x.shape
-        V = weight.shape[0]
-        acc = acc_dtype(x)
-        grads = want_grad and reduction != "none"
-        return (
-            x.new_empty(N, dtype=acc) if reduction == "none" else x.new_empty((), dtype=acc),
-            x.new_empty(N, d) if grads else x.new_empty(0),
-            x.new_empty(V, d, dtype=acc) if grads else x.new_empty(0, dtype=acc),
-            x.new_empty(V, dtype=acc) if grads and bias is not None else x.new_empty(0, dtype=acc),
-        )
-
     def bwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], target: Tensor, grad: Tensor, ignore_index: int,
             label_smoothing: float, chunk_size: int) -> tuple[Tensor, Tensor, Tensor]:
         _, dx, dw, db = chunked_forward(rows, x, weight, bias, target, grad.to(acc_dtype(x)), ignore_index,
                                         label_smoothing, chunk_size, True)
         return dx, dw, db
 
-    def bwd_fake(x, weight, bias, target, grad, ignore_index, label_smoothing, chunk_size):
-        acc = acc_dtype(x)
-        return (torch.empty_like(x), x.new_empty(weight.shape, dtype=acc),
-                x.new_empty(weight.shape[0] if bias is not None else 0, dtype=acc))
-
-    bwd_op = torch.library.custom_op(f"lintime::{name}_bwd", bwd, mutates_args=())
-    bwd_op.register_fake(bwd_fake)
-
-    def setup_context(ctx, inputs, output):
-        x, weight, bias, target, ignore_index, reduction, label_smoothing, chunk_size, _ = inputs
-        _, dx, dw, db = output
-        ctx.mark_non_differentiable(dx, dw, db)
-        ctx.set_materialize_grads(False)
-        ctx.args = (reduction, ignore_index, label_smoothing, chunk_size)
-        ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
-        ctx.save_for_backward(*((x, weight, bias, target) if reduction == "none" else (dx, dw, db)))
+    bwd_op = launcher_op(f"{name}_bwd", fake=_bwd_fake)(bwd)
 
     def backward(ctx, g_loss, *_):
         reduction, ignore_index, label_smoothing, chunk_size = ctx.args
@@ -181,15 +182,14 @@ def make_op(name: str, rows: Callable) -> Callable:
             return (None,) * 9
         if reduction == "none":
             x, weight, bias, target = ctx.saved_tensors
-            dx, dw, db = bwd_op(x, weight, bias, target, g_loss, ignore_index, label_smoothing, chunk_size)
+            dx, dw, db = bwd_op.for_ctx(ctx)(x, weight, bias, target, g_loss, ignore_index, label_smoothing,
+                                             chunk_size)
         else:
             dx, dw, db = ctx.saved_tensors
             dx, dw, db = dx * g_loss, dw * g_loss, db * g_loss  # dx keeps x's dtype (0-dim g_loss)
         return (dx, dw.to(w_dtype), None if b_dtype is None else db.to(b_dtype)) + (None,) * 6
 
-    fwd_op = torch.library.custom_op(f"lintime::{name}_fwd", fwd, mutates_args=())
-    fwd_op.register_fake(fwd_fake)
-    fwd_op.register_autograd(backward, setup_context=setup_context)
+    fwd_op = launcher_op(f"{name}_fwd", fake=_fwd_fake, backward=backward, setup_context=_setup)(fwd)
 
     def loss_fn(x, weight, bias, target, ignore_index, reduction, label_smoothing, chunk_size):
         want_grad = torch.is_grad_enabled() and any(

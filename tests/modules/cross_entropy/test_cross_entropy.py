@@ -106,7 +106,8 @@ def test_kernel_row_step_over_several_blocks(dtype, label_smoothing, block_v):
     gradient), against the PyTorch row step, loss and in-place gradient, per-row and scalar scales."""
     if not TRITON:
         pytest.skip("needs triton")
-    from lintime.modules.cross_entropy.triton.ops import Launch, triton_rows
+    from lintime.modules.cross_entropy.triton.launch import CrossEntropyLaunch
+    from lintime.modules.cross_entropy.triton.ops import triton_rows
 
     n, V = 19, 1000
     z = (torch.randn(n, V, dtype=torch.float64) * 3).to(DEV, dtype)
@@ -116,7 +117,8 @@ def test_kernel_row_step_over_several_blocks(dtype, label_smoothing, block_v):
         z_ref, z_out = z.clone(), z.clone()
         l_ref, l_out = torch.empty(n, device=DEV), torch.empty(n, device=DEV)
         torch_rows(z_ref, y, scale, l_ref, -7, label_smoothing, True)
-        triton_rows(z_out, y, scale, l_out, -7, label_smoothing, True, Launch(block_v=block_v, num_warps=4))
+        triton_rows(z_out, y, scale, l_out, -7, label_smoothing, True,
+                    CrossEntropyLaunch(block_v=block_v, num_warps=4))
         assert_exact("loss", l_ref, l_out)
         assert (z_out[[2, 11]] == 0).all() and (l_out[[2, 11]] == 0).all()
         if dtype == torch.float32:

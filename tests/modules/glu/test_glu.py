@@ -251,7 +251,7 @@ def test_gated_bias_cases_cross_the_interpreter_tiles():
     """The bias cases reach what the kernel's bias path handles apart under the launch they run with: several
     partial-sum rows (programs of ``bn rb`` rows) with a partial last one, several row tiles in a program, a partial
     column tile."""
-    from lintime.modules.glu.triton.ops import default_launch
+    from lintime.modules.glu.triton.launch import default_launch
 
     cfg = default_launch(torch.device(DEV))
     rows = [math.prod(shape[:-1]) for shape, _ in BIAS_CASES]

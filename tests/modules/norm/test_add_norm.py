@@ -125,9 +125,9 @@ def test_half_inputs_by_the_half_rule(kind, dtype):
 def test_tiles_wrap_with_a_row_tail(launch, monkeypatch, norm_wrapping_rows):
     """Many tiles per program and a partial last tile, layernorm with gain and bias: both outputs and every gradient
     (the stream's own gradient added; ``dw`` / ``db`` summed over tiles and programs) equal the fp64 definition."""
-    from lintime.modules.norm.triton import ops
+    from lintime.modules.norm.triton import launch as norm_launch
 
-    monkeypatch.setattr(ops, "LAUNCH", ops.NormLaunch(**launch))
+    monkeypatch.setattr(norm_launch, "LAUNCH", norm_launch.NormLaunch(**launch))
     D = 40
     BM, rows = norm_wrapping_rows(D)
     assert BM > 1  # several rows of D = 40 in a tile
@@ -323,9 +323,9 @@ def test_branch_bias_one_output_used(used):
 def test_branch_bias_partial_rows_over_programs(monkeypatch, norm_wrapping_rows):
     """Every program walks several tiles and the last tile is partly past the rows: the bias's gradient summed over
     the programs' partial rows (folded with ``dw`` / ``db`` in one launch) equals the fp64 definition."""
-    from lintime.modules.norm.triton import ops
+    from lintime.modules.norm.triton import launch as norm_launch
 
-    monkeypatch.setattr(ops, "LAUNCH", ops.NormLaunch(rows_per_tile=4))
+    monkeypatch.setattr(norm_launch, "LAUNCH", norm_launch.NormLaunch(rows_per_tile=4))
     D = 40
     BM, rows = norm_wrapping_rows(D)
     assert BM == 4

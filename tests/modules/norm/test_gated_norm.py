@@ -126,9 +126,9 @@ def test_autocast_mix_fp32_rows_half_gate(kind):
 def test_tiles_wrap_with_a_row_tail(kind, launch, monkeypatch, norm_wrapping_rows):
     """Many tiles per program and a partial last tile at GLA's head width: the result and every gradient (``dw`` /
     ``db`` summed over tiles and programs) equal the fp64 definition to fp32 exactness."""
-    from lintime.modules.norm.triton import ops
+    from lintime.modules.norm.triton import launch as norm_launch
 
-    monkeypatch.setattr(ops, "LAUNCH", ops.NormLaunch(**launch))
+    monkeypatch.setattr(norm_launch, "LAUNCH", norm_launch.NormLaunch(**launch))
     D = 192
     BM, rows = norm_wrapping_rows(D)
     assert BM > 1  # several rows of D = 192 in a forward tile

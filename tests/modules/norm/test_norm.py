@@ -92,9 +92,9 @@ LAUNCHES = {"default": {}, "bm4": {"rows_per_tile": 4},
 def test_tiles_wrap_with_a_row_tail(launch, monkeypatch, norm_wrapping_rows):
     """Many tiles per program and a partial last tile, layernorm with gain and bias: Triton equals the fp64
     definition to fp32 exactness, forward and every gradient (``dw`` / ``db`` summed over tiles and programs)."""
-    from lintime.modules.norm.triton import ops
+    from lintime.modules.norm.triton import launch as norm_launch
 
-    monkeypatch.setattr(ops, "LAUNCH", ops.NormLaunch(**launch))
+    monkeypatch.setattr(norm_launch, "LAUNCH", norm_launch.NormLaunch(**launch))
     D = 60
     BM, N = norm_wrapping_rows(D)
     assert BM > 1 or launch.get("rows_per_tile") == 1  # the default puts several rows of D = 60 in a tile
@@ -109,7 +109,7 @@ def test_tiles_wrap_with_a_row_tail(launch, monkeypatch, norm_wrapping_rows):
 
 
 def test_launch_rejects_tiles_that_are_not_powers_of_two():
-    from lintime.modules.norm.triton.ops import NormLaunch
+    from lintime.modules.norm.triton.launch import NormLaunch
 
     with pytest.raises(ValueError, match="rows_per_tile"):
         NormLaunch(rows_per_tile=3)

@@ -12,39 +12,16 @@ by :func:`lintime.ops.fold.fold_rows` (one launch, fixed order: deterministic).
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from torch import Tensor
 
-from lintime.ops.launching import empty_f32, grad_as, launcher_op
-from lintime.ops.fold import fold_rows
 from lintime.modules.glu.triton.kernels import glu_bwd_kernel, glu_fwd_kernel
-from lintime.ops.launching import cdiv, check_device, interpreting
+from lintime.modules.glu.triton.launch import GLULaunch, default_launch
+from lintime.ops.fold import fold_rows
+from lintime.ops.launching import cdiv, check_device, empty_f32, grad_as, launcher_op
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ACTIVATIONS = {"silu": 0, "gelu": 1}
-
-
-@dataclasses.dataclass(frozen=True)
-class GLULaunch:
-    """Launch configuration of the GLU kernels: ``bn x be`` tiles.  Long contiguous row segments of a bandwidth-bound
-    pass (the heads kernel's measured tile; other tiles not tried)."""
-
-    bn: int = 8
-    be: int = 512
-    warps: int = 4
-    # row tiles per backward program with a bias (cdiv(N, bn rb) partial rows of dbias): fewer partial rows to fold
-    # than 4-16; 64 was slower
-    rb: int = 32
-
-
-def default_launch(device: torch.device) -> GLULaunch:
-    """The GPU's :class:`GLULaunch`; under the interpreter 16 x 16 tiles, two per backward program with a bias, so
-    small test shapes cross several tiles and partial-sum rows, with partial ones."""
-    if device.type == "cpu" and interpreting():
-        return GLULaunch(16, 16, 1, rb=2)
-    return GLULaunch()
 
 
 def _grid(N: int, E: int, cfg: GLULaunch) -> tuple[int]:

@@ -5,65 +5,39 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import torch
 import triton
 from torch import Tensor
 
-from lintime.ops.launching import empty_f32, grad_as, launcher_op, none_if_empty
-from lintime.ops.fold import fold_rows
-from lintime.ops.launching import cdiv, check_device, interpreting, next_pow2, sm_count
 from lintime.modules.norm.triton.kernels import norm_bwd_kernel, norm_fwd_kernel
+from lintime.modules.norm.triton.launch import default_launch
+from lintime.ops.fold import fold_rows
+from lintime.ops.launching import (
+    cdiv,
+    check_device,
+    empty_f32,
+    grad_as,
+    interpreting,
+    launcher_op,
+    next_pow2,
+    none_if_empty,
+    sm_count,
+)
 
 _OP = "normalize"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _KIND = {"layernorm": 0, "rmsnorm": 1, "scalenorm": 1}
 
 
-@dataclasses.dataclass(frozen=True)
-class NormLaunch:
-    """Launch configuration of the norm kernels: ``G`` persistent programs walk ``[BM, BD]`` tiles of ``BM`` rows
-    (``BD``: ``D`` rounded up to a power of two)."""
-
-    # Elements of a tile (BM = tile_elems // BD rows, at least 1): several rows in flight per program beat one row,
-    # and larger tiles were no faster at the models' widths
-    tile_elems: int = 2048
-    # BM fixed instead of taken from tile_elems (a power of two; 1: one row per iteration): for A/B runs and tests.
-    rows_per_tile: int | None = None
-    # Below this row width (BD) the backward walks one row per iteration: for narrow rows one warp per row beats
-    # multi-row tiles
-    backward_tiles_from: int = 512
-    # Tile elements per warp (warps = BM * BD / this, 1 to max_warps): the tile2048 launch above (4 warps at D = 768).
-    elems_per_warp: int = 512
-    # A one-row program's elements per warp: 4 warps for a 1024-wide row, 1 for a 256-wide one (the launch measured).
-    row_elems_per_warp: int = 256
-    max_warps: int = 16  # the widest program: 512 threads, 32 values each of a 16384-wide row (as the one-row launch)
-    # Persistent programs per SM; None: as many as one SM holds at once by the compiled kernel's registers, threads
-    # and shared memory (one wave: no SM ends on a lone program of a second); not measured yet.
-    programs_per_sm: int | None = None
-    max_bd: int = 16384  # the widest row held in registers (D up to 16384)
-
-    def __post_init__(self):
-        for name in ("tile_elems", "rows_per_tile", "backward_tiles_from", "elems_per_warp", "row_elems_per_warp",
-                     "max_warps"):
-            v = getattr(self, name)
-            if v is not None and (v < 1 or v & (v - 1)):
-                raise ValueError(f"NormLaunch.{name} must be a power of two >= 1, got {v}")
-        if self.programs_per_sm is not None and self.programs_per_sm < 1:
-            raise ValueError(f"NormLaunch.programs_per_sm must be >= 1, got {self.programs_per_sm}")
-
-
-LAUNCH = NormLaunch()
-
-
 def tiling(N: int, D: int, backward: bool = False) -> tuple[int, int, int, int]:
     """``(BD, BM, num_warps, tiles)`` of a forward (or ``backward``) call on ``N`` rows of ``D`` features under
-    :data:`LAUNCH`; ``BM`` is at most ``N`` rounded up to a power of two (a short call masks no more rows than that)."""
-    launch = LAUNCH
+    :func:`default_launch`; ``BM`` is at most ``N`` rounded up to a power of two (a short call masks no more rows than
+    that)."""
+    launch = default_launch()
     BD = next_pow2(D)
-    if launch.rows_per_tile is not None:
+    if launch.rows_per_tile:
         BM = launch.rows_per_tile
     elif backward and BD < launch.backward_tiles_from:
         BM = 1
@@ -81,16 +55,17 @@ def max_programs(x: Tensor, warps: int) -> int:
     the programs whose threads one SM holds."""
     if interpreting():
         return 4
-    if LAUNCH.programs_per_sm is not None:
-        return sm_count(x.device) * LAUNCH.programs_per_sm
+    per_sm = default_launch().programs_per_sm
+    if per_sm:
+        return sm_count(x.device) * per_sm
     return sm_count(x.device) * max(1, _threads_per_sm(x.device) // (32 * warps))
 
 
 def _programs(kernel, args: tuple, meta: dict, x: Tensor, tiles: int) -> int:
     """Persistent programs of a launch ``kernel[grid](*args, **meta)`` of ``tiles`` tiles (``meta`` holds
-    ``num_warps``): :func:`max_programs`, or, where :attr:`NormLaunch.programs_per_sm` is ``None`` on CUDA, SMs x
+    ``num_warps``): :func:`max_programs`, or, where :attr:`NormLaunch.programs_per_sm` is 0 on CUDA, SMs x
     the programs of the compiled kernel one SM holds at once (:func:`_resident`); never more than ``tiles``."""
-    if interpreting() or LAUNCH.programs_per_sm is not None:
+    if interpreting() or default_launch().programs_per_sm:
         return max(1, min(tiles, max_programs(x, meta["num_warps"])))
     return max(1, min(tiles, sm_count(x.device) * _resident(kernel, args, meta, x.device)))
 
@@ -218,8 +193,9 @@ def _check(x: Tensor, out_dtype: torch.dtype, op: str) -> Tensor:
     check_device(op, x)
     if x.dtype not in DTYPES or out_dtype not in DTYPES:
         raise TypeError(f"{op}: backend 'triton' takes fp16, bf16 or fp32, got {x.dtype} -> {out_dtype}")
-    if x.shape[-1] > LAUNCH.max_bd:
-        raise ValueError(f"{op}: backend 'triton' supports D <= {LAUNCH.max_bd}, got {x.shape[-1]}")
+    max_bd = default_launch().max_bd
+    if x.shape[-1] > max_bd:
+        raise ValueError(f"{op}: backend 'triton' supports D <= {max_bd}, got {x.shape[-1]}")
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
