@@ -38,7 +38,7 @@ A mixer is a subclass of :class:`Mixer` (an ``nn.Module``) with::
 * ``deferrable_bias() -> Tensor | None`` (optional, default ``None``): the output projection's bias ``[d_model]``
   when the mixer can leave adding it to the caller.  A fused block (:class:`lintime.models.backbone.Block`) that
   gets one calls ``forward(..., defer_bias=True)``, receives ``y`` without it, and hands the bias to the norm that
-  adds ``y`` to the stream (:func:`lintime.ops.add_normalize`'s ``branch_bias``), whose backward kernel gives its
+  adds ``y`` to the stream (:func:`lintime.modules.add_normalize`'s ``branch_bias``), whose backward kernel gives its
   gradient.  Only a mixer that offers a bias takes the ``defer_bias`` keyword (FLASH, GAU).
 
 State protocol
