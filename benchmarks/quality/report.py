@@ -1,0 +1,351 @@
+#!/usr/bin/env python3
+"""The study's tables and plots (issue 43) from the run records of ``run.py``.
+
+Reads ``benchmarks/quality/runs/*.json`` against the plan (``run.plan()``) and rewrites the block
+between ``<!-- BEGIN quality-study -->`` and ``<!-- END quality-study -->`` in ``docs/results.md``
+(plots: ``docs/results/quality_*.png`` when matplotlib is there, else a line says they were skipped).
+
+What each table computes (every cell states seeds, tokens, context, training time and commit; a
+planned cell with no finished run says ``not run``):
+
+* **final scores**: validation and test bits per byte (``lintime.evaluation.evaluate``, first 2^22
+  tokens of each split, whole documents, at the training context), mean ± sample standard deviation
+  over the finished seeds;
+* **training time**: the trainer's training wall time (validation excluded) minus the one-off excess
+  of its first step (compilation, graph capture), times the GPUs the run used (GPU-seconds);
+* **speed-up at matched quality** (the FLASH seed's Table 3): the target is Transformer++'s mean
+  *last validation-curve point* at that context (the curve's own evaluation, so a run is compared
+  with itself on the same tokens); for each seed of a family the GPU-seconds at which its validation
+  curve first reaches the target (linear interpolation between evaluations); the speed-up is
+  Transformer++'s mean training time over that time, mean ± spread over the seeds that reach it
+  (``not reached (k/n)`` otherwise);
+* **quality at equal wall time**: each family's validation bits per byte at 0.25, 0.5 and 1 x
+  Transformer++'s mean training time (interpolated on its curve; a run that ended earlier counts
+  with its last value, marked ‡);
+* **claims** are made only where the spread allows: two means differ when
+  ``|a - b| > s_a + s_b`` (one seed: no claim).
+
+Usage::
+
+    python3 benchmarks/quality/report.py                      # rewrite docs/results.md's block + plots
+    python3 benchmarks/quality/report.py --print              # the block on stdout only
+    python3 benchmarks/quality/report.py --smoke --print      # the --smoke records
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+
+import run as study  # noqa: E402
+
+RESULTS_MD = REPO / "docs" / "results.md"
+PLOTS = REPO / "docs" / "results"
+BEGIN, END = "<!-- BEGIN quality-study -->", "<!-- END quality-study -->"
+REFERENCE = "transformer-pp"
+NAMES = {"flash": "FLASH", "transformer-pp": "Transformer++", "gla": "GLA", "vq": "Transformer-VQ"}
+EQUAL_TIME_FRACTIONS = (0.25, 0.5, 1.0)
+
+
+# ------------------------------------------------------------------------------------------- numbers
+
+
+def mean_sd(xs: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (``None`` for one value)."""
+    m = statistics.fmean(xs)
+    return m, (statistics.stdev(xs) if len(xs) > 1 else None)
+
+
+def fmt(xs: list[float], digits: int = 4, unit: str = "") -> str:
+    if not xs:
+        return "-"
+    m, s = mean_sd(xs)
+    return f"{m:.{digits}f}{unit}" + (f" ± {s:.{digits}f}" if s is not None else "") + f" ({_seeds(len(xs))})"
+
+
+def _seeds(n: int) -> str:
+    return "1 seed" if n == 1 else f"{n} seeds"
+
+
+def differs(a: list[float], b: list[float]) -> bool | None:
+    """``|mean_a - mean_b| > sd_a + sd_b``; ``None`` (no claim) when a side has fewer than two values."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    (ma, sa), (mb, sb) = mean_sd(a), mean_sd(b)
+    return abs(ma - mb) > sa + sb
+
+
+def one_off(rec: dict) -> float:
+    return float((rec.get("timing") or {}).get("one_off_s") or 0.0)
+
+
+def gpu_seconds(rec: dict, t: float) -> float:
+    """A curve time (trainer seconds) as GPU-seconds with the one-off excess removed."""
+    return max(t - one_off(rec), 0.0) * int(rec.get("gpus") or 1)
+
+
+def train_time(rec: dict) -> float:
+    curve = rec.get("val_curve") or []
+    t = (rec.get("timing") or {}).get("train_s")
+    if t is None and curve:
+        t = curve[-1]["time_s"]
+    return gpu_seconds(rec, float(t or 0.0))
+
+
+def curve_points(rec: dict) -> list[tuple[float, float]]:
+    """``[(GPU-seconds, validation bits per byte)]`` of a run's curve."""
+    return [(gpu_seconds(rec, p["time_s"]), p["bpb"]) for p in rec.get("val_curve") or []]
+
+
+def time_to_reach(points: list[tuple[float, float]], target: float) -> float | None:
+    """First time the curve is at or below ``target`` (linear between points); ``None`` if never."""
+    prev = None
+    for t, v in points:
+        if v <= target:
+            if prev is None or prev[1] == v:
+                return t
+            t0, v0 = prev
+            return t0 + (v0 - target) / (v0 - v) * (t - t0)
+        prev = (t, v)
+    return None
+
+
+def value_at(points: list[tuple[float, float]], t: float) -> tuple[float | None, bool]:
+    """The curve's value at time ``t`` (linear); ``(last value, True)`` when the run ended before ``t``;
+    ``(None, False)`` before its first point."""
+    if not points or t < points[0][0]:
+        return None, False
+    for (t0, v0), (t1, v1) in zip(points, points[1:]):
+        if t0 <= t <= t1:
+            return (v0 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)), False
+    return points[-1][1], t > points[-1][0]
+
+
+# ------------------------------------------------------------------------------------------- tables
+
+
+def load(runs_dir: Path, plan: list) -> dict[str, dict]:
+    out = {}
+    for r in plan:
+        p = runs_dir / f"{r.id}.json"
+        if p.exists():
+            try:
+                out[r.id] = json.loads(p.read_text())
+            except ValueError:
+                pass
+    return out
+
+
+def done(records: dict, runs: list) -> list[dict]:
+    return [records[r.id] for r in runs if records.get(r.id, {}).get("status") == "done"]
+
+
+def cell_info(recs: list[dict]) -> str:
+    """Tokens, training time and commit(s) of a cell's finished runs."""
+    if not recs:
+        return ""
+    toks = sorted({(rec.get("tokens") or rec["run"]["tokens"]) for rec in recs})
+    commits = sorted({(rec.get("commit") or "?")[:7] for rec in recs})
+    gpus = sorted({int(rec.get("gpus") or 1) for rec in recs})
+    tt = [train_time(rec) for rec in recs]
+    return (f"{'/'.join(f'{t / 1e6:.1f}M' for t in toks)} tokens, {statistics.fmean(tt):.0f} GPU-s"
+            + (f" on {gpus[0]} GPUs (DDP)" if gpus != [1] else "") + f", commit {'/'.join(commits)}")
+
+
+def study_tables(records: dict, plan: list) -> dict:
+    """Every number the page shows, as data: ``{context: {family: {...}}}`` plus the sweep."""
+    contexts = sorted({r.context for r in plan if r.kind == "study"})
+    families = list(dict.fromkeys(r.family for r in plan))
+    out: dict = {"contexts": {}, "sweep": {}}
+    for fam in families:
+        sweep = [r for r in plan if r.kind == "sweep" and r.family == fam]
+        out["sweep"][fam] = [{"id": r.id, "lr": r.lr, "factor": r.lr_factor, "context": r.context,
+                              "status": records.get(r.id, {}).get("status", "not run"),
+                              "validation_bpb": (records[r.id]["final"]["validation_bpb"]
+                                                 if records.get(r.id, {}).get("status") == "done" else None)}
+                             for r in sweep]
+    for ctx in contexts:
+        row: dict = {}
+        planned = {fam: [r for r in plan if r.kind == "study" and r.family == fam and r.context == ctx]
+                   for fam in families}
+        for fam, runs in planned.items():
+            recs = done(records, runs)
+            row[fam] = {
+                "planned": len(runs), "done": len(recs),
+                "val": [rec["final"]["validation_bpb"] for rec in recs],
+                "test": [rec["final"]["test_bpb"] for rec in recs],
+                "last_curve": [rec["val_curve"][-1]["bpb"] for rec in recs if rec.get("val_curve")],
+                "time": [train_time(rec) for rec in recs],
+                "lr": sorted({rec.get("lr") for rec in recs}),
+                "info": cell_info(recs),
+                "records": recs,
+            }
+        ref = row.get(REFERENCE)
+        if ref and ref["done"]:
+            target = statistics.fmean(ref["last_curve"])
+            ref_time = statistics.fmean(ref["time"])
+            for fam, cell in row.items():
+                reach = [time_to_reach(curve_points(rec), target) for rec in cell["records"]]
+                got = [t for t in reach if t is not None and t > 0]
+                cell["target"] = target
+                cell["ref_time"] = ref_time
+                cell["speedup"] = [ref_time / t for t in got]
+                cell["reached"] = (len(got), len(reach))
+                cell["equal_time"] = {}
+                for f in EQUAL_TIME_FRACTIONS:
+                    vals = [value_at(curve_points(rec), f * ref_time) for rec in cell["records"]]
+                    cell["equal_time"][f] = ([v for v, _ in vals if v is not None], any(e for _, e in vals))
+        out["contexts"][ctx] = row
+    return out
+
+
+def markdown(tables: dict, plots: list[str], note: str = "") -> str:
+    L: list[str] = []
+    sweep = tables["sweep"]
+    L.append("### Learning-rate sweep\n")
+    L.append("Context 1024, seed 0, the seed recipe's peak rate x 0.5 / 1 / 2; the study runs use the rate with the "
+             "lowest final validation bits per byte.\n")
+    factors = sorted({s["factor"] for rows in sweep.values() for s in rows})
+    L.append("| family | " + " | ".join(f"x {f:g}" for f in factors) + " | chosen |")
+    L.append("|---|" + "---|" * (len(factors) + 1))
+    for fam, rows in sweep.items():
+        cells, best = [], None
+        for f in factors:
+            s = next((x for x in rows if x["factor"] == f), None)
+            if s is None or s["validation_bpb"] is None:
+                cells.append("not run" if s is None or s["status"] == "not run" else s["status"])
+            else:
+                cells.append(f"{s['validation_bpb']:.4f} (lr {s['lr']:.2g})")
+        if all(s["validation_bpb"] is not None for s in rows):
+            best = min(rows, key=lambda s: s["validation_bpb"])
+        L.append(f"| {NAMES.get(fam, fam)} | " + " | ".join(cells) + f" | {format(best['lr'], '.2g') if best else '-'} |")
+    L.append("")
+    for ctx, row in tables["contexts"].items():
+        L.append(f"### Context {ctx}\n")
+        L.append("| family | seeds | validation bits/byte | test bits/byte | lr | tokens, training time, commit |")
+        L.append("|---|---|---|---|---|---|")
+        for fam, c in row.items():
+            if not c["done"]:
+                L.append(f"| {NAMES.get(fam, fam)} | 0/{c['planned']} | not run | not run | - | - |")
+                continue
+            L.append(f"| {NAMES.get(fam, fam)} | {c['done']}/{c['planned']} | {fmt(c['val'])} | {fmt(c['test'])} | "
+                     f"{', '.join(f'{x:.2g}' for x in c['lr'])} | {c['info']} |")
+        ref = row.get(REFERENCE)
+        L.append("")
+        if not ref or not ref["done"]:
+            L.append(f"Speed-up and equal-time tables: not run (no finished {NAMES[REFERENCE]} run at {ctx}).\n")
+            continue
+        target, ref_time = ref["target"], ref["ref_time"]
+        L.append(f"Speed-up at matched quality: GPU-seconds for each family's validation curve to reach "
+                 f"{NAMES[REFERENCE]}'s mean final curve value {target:.4f} bits/byte, over {NAMES[REFERENCE]}'s "
+                 f"mean training time {ref_time:.0f} GPU-s. Quality at equal wall time: validation bits/byte at "
+                 + ", ".join(f"{f:g} x" for f in EQUAL_TIME_FRACTIONS) + " that time (‡: a seed had ended earlier).\n")
+        L.append("| family | speed-up | " + " | ".join(f"at {f:g} x ({f * ref_time:.0f} GPU-s)"
+                                                        for f in EQUAL_TIME_FRACTIONS) + " | differs from Transformer++ (val) |")
+        L.append("|---|---|" + "---|" * len(EQUAL_TIME_FRACTIONS) + "---|")
+        for fam, c in row.items():
+            if not c["done"]:
+                L.append(f"| {NAMES.get(fam, fam)} | not run |" + " not run |" * len(EQUAL_TIME_FRACTIONS) + " - |")
+                continue
+            k, n = c["reached"]
+            sp = (fmt(c["speedup"], 2, "x") + ("" if k == n else f", {k}/{n} reached")) if k else f"not reached (0/{n})"
+            if fam == REFERENCE:
+                sp = "(reference)"
+            eq = []
+            for f in EQUAL_TIME_FRACTIONS:
+                vals, ended = c["equal_time"][f]
+                eq.append((fmt(vals) + (" ‡" if ended else "")) if vals else "-")
+            d = differs(c["val"], ref["val"]) if fam != REFERENCE else None
+            dtxt = "-" if fam == REFERENCE else ("no claim (fewer than 2 seeds)" if d is None else
+                                               ("yes" if d else "no (within the spread)"))
+            L.append(f"| {NAMES.get(fam, fam)} | {sp} | " + " | ".join(eq) + f" | {dtxt} |")
+        L.append("")
+    for p in plots:
+        L.append(f"![{Path(p).name}]({p})")
+    if note:
+        L.append(note)
+    return "\n".join(L).rstrip() + "\n"
+
+
+def make_plots(tables: dict, out_dir: Path, rel: str) -> tuple[list[str], str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return [], "(plots skipped: matplotlib is not installed)"
+    paths = []
+    for ctx, row in tables["contexts"].items():
+        if not any(c["done"] for c in row.values()):
+            continue
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for i, (fam, c) in enumerate(row.items()):
+            for j, rec in enumerate(c["records"]):
+                pts = curve_points(rec)
+                toks = [p["tokens"] / 1e6 for p in rec.get("val_curve") or []]
+                lab = NAMES.get(fam, fam) if j == 0 else None
+                axes[0].plot([t for t, _ in pts], [v for _, v in pts], color=f"C{i}", label=lab, alpha=0.8)
+                axes[1].plot(toks, [v for _, v in pts], color=f"C{i}", label=lab, alpha=0.8)
+        axes[0].set_xlabel("training GPU-seconds (one-off compile excluded)")
+        axes[1].set_xlabel("training tokens (M)")
+        for ax in axes:
+            ax.set_ylabel("validation bits/byte")
+            ax.grid(alpha=0.3)
+            ax.legend()
+        fig.suptitle(f"context {ctx}")
+        fig.tight_layout()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        p = out_dir / f"quality_bpb_{ctx}.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(f"{rel}/{p.name}")
+    return paths, ""
+
+
+def render(runs_dir: Path, plan: list, *, plots_dir: Path | None, plots_rel: str = "results") -> str:
+    records = load(runs_dir, plan)
+    tables = study_tables(records, plan)
+    n_done = sum(1 for r in plan if records.get(r.id, {}).get("status") == "done")
+    plots, note = make_plots(tables, plots_dir, plots_rel) if plots_dir is not None else ([], "")
+    head = (f"{n_done} of {len(plan)} planned runs done ({sum(r.kind == 'sweep' for r in plan)} sweep runs, "
+            f"{sum(r.kind == 'study' for r in plan)} study runs); records: `benchmarks/quality/runs/`; "
+            f"regenerate with `python3 benchmarks/quality/report.py`.\n")
+    return head + "\n" + markdown(tables, plots, note)
+
+
+def replace_block(text: str, block: str) -> str:
+    if BEGIN in text and END in text:
+        a, b = text.index(BEGIN), text.index(END)
+        return text[: a + len(BEGIN)] + "\n" + block + text[b:]
+    return text.rstrip() + f"\n\n{BEGIN}\n{block}{END}\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs-dir", type=Path, default=None)
+    ap.add_argument("--smoke", action="store_true", help="the --smoke plan and records")
+    ap.add_argument("--print", action="store_true", help="print the block, write nothing")
+    ap.add_argument("--page", type=Path, default=RESULTS_MD)
+    args = ap.parse_args(argv)
+    plan = study.plan(smoke=args.smoke)
+    runs_dir = args.runs_dir or (study.DATA / "smoke_runs" if args.smoke else study.RUNS)
+    if args.print:
+        print(render(runs_dir, plan, plots_dir=None))
+        return 0
+    block = render(runs_dir, plan, plots_dir=PLOTS if not args.smoke else study.DATA / "smoke_plots")
+    args.page.write_text(replace_block(args.page.read_text() if args.page.exists() else "", block))
+    print(f"report: {args.page} updated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,629 @@
+#!/usr/bin/env python3
+"""Issue 43's quality-against-training-time study: the plan of runs and a resumable runner.
+
+The plan (``plan()``; ``--list`` prints it with each run's estimated device time):
+
+* **families** (:data:`FAMILIES`): FLASH (``flash-base``), Transformer++ (``transformer-pp-base``),
+  GLA (``gla-base``), Transformer-VQ (``vq-base``): the seeds' ~110M configurations with the byte
+  vocabulary (87-90M parameters), each with its seed's recipe (``lintime/training/config.py``:
+  ``flash`` for FLASH and for its Transformer++ baseline, ``gla``, ``vq``) and the trainer's default,
+  fastest exact path on CUDA (bf16 autocast, the training step in one CUDA graph, documents packed
+  so that none sees another);
+* **learning-rate sweep** (kind ``sweep``): at context 1024, seed 0, the recipe's peak rate x 0.5,
+  1 and 2 (:data:`LR_FACTORS`); the study runs of a family use the rate whose sweep run ended with
+  the lowest validation bits per byte, and wait until the family's sweep is complete;
+* **study** (kind ``study``): contexts 1024, 4096, 8192 for every family and 32768 for every family
+  (Transformer++ at 32k "as far as it fits": it needs several GPUs to finish in one call); seeds
+  0, 1, 2 at 1024 and 8192, seed 0 elsewhere;
+* **budget per run**: ``max(100M tokens, 1 epoch of the train split)``, never above 2 epochs;
+  ``2^18`` tokens per optimiser step (the FLASH seed's batch), ``2^15`` per micro-batch;
+  validation bits per byte 16 times per run (first 2^18 validation tokens, at the training
+  context) against tokens and training wall time; at the end the validation **and test** bits per
+  byte on the first 2^22 tokens of each split (whole documents, :func:`lintime.evaluation.evaluate`).
+
+Why whole runs per call: a base model's checkpoint with its optimiser state is ~1 GB, and files
+that come back from a GPU call are size-limited and each call may land on a fresh machine, so a run
+cannot be carried from one call to the next.  Each run therefore finishes inside one call: the
+runner only starts a run whose estimated time fits the budget left (``--budget-s``), and a run that
+one GPU cannot finish in one call (:data:`CALL_TRAIN_S` of training) is planned on ``gpus`` > 1
+GPUs with DDP (the same global batch and schedule: the same run up to numerics), to be run on a
+multi-GPU machine.  The report counts such a run's time as GPU-seconds (wall x GPUs) and marks it.
+On a warm machine an interrupted run resumes from its last checkpoint in ``--work``
+(``lintime train --resume``); elsewhere it starts over.
+
+Records: one JSON per run in ``benchmarks/quality/runs/<id>.json`` (committed): status
+(``done`` / ``incomplete`` / ``failed``), the plan entry, the exact ``lintime train`` command, the
+commit, the device, seeds, tokens, context, the validation curve (step, tokens, training seconds,
+bits per byte), the training-loss curve, the final validation and test scores, timing.
+
+Usage::
+
+    python3 benchmarks/quality/run.py --list                       # the plan, what is done, device-time estimates
+    python3 benchmarks/quality/run.py --budget-s 540               # GPU call: unpack the corpus, run what fits
+    python3 benchmarks/quality/run.py --budget-s 540 --only sweep  # only the learning-rate sweep (also: a family,
+                                                                   # a run id, a context like 8192)
+    python3 benchmarks/quality/run.py --smoke                      # the whole pipeline on a CPU in < 1 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+for _p in (str(REPO), str(HERE)):  # lintime from this checkout; corpus.py beside this script
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+RUNS = HERE / "runs"
+DATA = HERE / "data"
+WORK = HERE / "work"  # checkpoints (git-ignored; a warm machine resumes from them)
+MANIFEST = HERE / "corpus_manifest.json"
+
+MIN_TOKENS = 100_000_000
+MAX_EPOCHS = 2.0
+TOKENS_PER_BATCH = 2**18
+MICRO_BATCH_TOKENS = 2**15
+CURVE_POINTS = 16
+CURVE_EVAL_TOKENS = 2**18
+FINAL_EVAL_TOKENS = 2**22
+SWEEP_CONTEXT = 1024
+LR_FACTORS = (0.5, 1.0, 2.0)
+SEEDS_BY_CONTEXT = {1024: (0, 1, 2), 4096: (0,), 8192: (0, 1, 2), 32768: (0,)}
+CALL_TRAIN_S = 420.0  # training seconds one 10-minute call leaves after start-up, unpacking, compiling, evaluation
+START_S = 45.0  # per run: process start, model build, compile / graph capture (measured: 20-60 s on an H200)
+EVAL_S = 20.0  # per run: the final validation + test scoring
+
+# family -> (preset, recipe, the recipe's peak rate)
+FAMILIES = {
+    "flash": ("flash-base", "flash", 7e-4),
+    "transformer-pp": ("transformer-pp-base", "flash", 7e-4),
+    "gla": ("gla-base", "gla", 3e-4),
+    "vq": ("vq-base", "vq", 4e-4),
+}
+# Training tokens/s on one H200 (byte vocabulary, 2^15 tokens per step, bf16, default path).  Measured
+# (README, docs/performance.md, docs/results/train_default.json, 2026-12-01/02): flash-base 571k @2k,
+# 564k @8k, 511k @32k; transformer-pp-base 388-428k @2k, ~310k @8k, ~150k @32k.  Estimated from
+# docs/results/bench_model.json (vocabulary 32000, 2026-11-27), scaled by flash-base's byte/32k ratio
+# (~1.1): gla-base ~500k-560k, vq-base ~410-450k (flat in T).  Used only to plan; the records hold
+# what was measured.
+THROUGHPUT = {
+    "flash": {1024: 570e3, 2048: 570e3, 4096: 567e3, 8192: 564e3, 32768: 511e3},
+    "transformer-pp": {1024: 430e3, 2048: 390e3, 4096: 350e3, 8192: 310e3, 32768: 150e3},
+    "gla": {1024: 540e3, 2048: 540e3, 4096: 540e3, 8192: 540e3, 32768: 530e3},
+    "vq": {1024: 440e3, 2048: 440e3, 4096: 440e3, 8192: 440e3, 32768: 440e3},
+}
+DDP_EFFICIENCY = 0.85  # assumed per-GPU efficiency of a DDP run (docs/distributed.md measures it)
+
+SMOKE = {  # the --smoke pipeline: tiny presets, the smoke corpus, a few steps
+    "families": {"flash": ("flash-tiny", "flash", 3e-3), "transformer-pp": ("transformer-pp-tiny", "flash", 3e-3)},
+    "contexts": {128: (0,)}, "sweep_context": 128, "tokens": 8 * 1024, "tokens_per_batch": 1024,
+    "micro": 1024, "curve_eval_tokens": 1024, "final_eval_tokens": 2048, "lr_factors": (0.5, 1.0),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    id: str
+    kind: str  # sweep | study
+    family: str
+    preset: str
+    recipe: str
+    context: int
+    seed: int
+    lr: float | None  # None: the family's swept rate (resolved when the run starts)
+    lr_factor: float | None  # sweep runs: the factor on the recipe's rate
+    tokens: int
+    tokens_per_batch: int
+    micro_batch_tokens: int
+    gpus: int  # GPUs it is planned on (DDP when > 1)
+    est_s: float  # estimated training seconds on those GPUs
+    curve_eval_tokens: int
+    final_eval_tokens: int
+
+    @property
+    def steps(self) -> int:
+        return math.ceil(self.tokens / self.tokens_per_batch)
+
+    @property
+    def init_seed(self) -> int:
+        """Initial weights: the CRC-32 of the run id (no two runs share a draw; sweep runs of one family
+        share it across rates, so the rate is the only difference)."""
+        key = f"sweep-{self.family}-s{self.seed}" if self.kind == "sweep" else self.id
+        return zlib.crc32(key.encode())
+
+    @property
+    def est_device_s(self) -> float:
+        return self.gpus * (self.est_s + START_S + EVAL_S)
+
+
+def corpus_train_tokens(manifest: Path = MANIFEST) -> int | None:
+    try:
+        return int(json.loads(manifest.read_text())["splits"]["train"]["tokens"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def run_tokens(train_tokens: int | None) -> int:
+    """``max(100M, 1 epoch)``, capped at 2 epochs, rounded up to whole optimiser steps."""
+    t = MIN_TOKENS if train_tokens is None else max(MIN_TOKENS, train_tokens)
+    if train_tokens is not None:
+        t = min(t, int(MAX_EPOCHS * train_tokens))
+    steps = math.ceil(t / TOKENS_PER_BATCH)
+    if train_tokens is not None and steps * TOKENS_PER_BATCH > MAX_EPOCHS * train_tokens:
+        steps -= 1  # never above 2 epochs
+    return steps * TOKENS_PER_BATCH
+
+
+def plan(smoke: bool = False, train_tokens: int | None = None) -> list[Run]:
+    """Every run of the study, in the order they are run: the sweep first (it decides the study's
+    rates), then seed 0 of every (context, family) -- short contexts first --, then the other seeds."""
+    if smoke:
+        s = SMOKE
+        fams, contexts, sweep_ctx, factors = s["families"], s["contexts"], s["sweep_context"], s["lr_factors"]
+        tokens, tpb, micro, cur, fin = s["tokens"], s["tokens_per_batch"], s["micro"], s["curve_eval_tokens"], \
+            s["final_eval_tokens"]
+    else:
+        fams, contexts, sweep_ctx, factors = FAMILIES, SEEDS_BY_CONTEXT, SWEEP_CONTEXT, LR_FACTORS
+        tokens = run_tokens(train_tokens if train_tokens is not None else corpus_train_tokens())
+        tpb, micro, cur, fin = TOKENS_PER_BATCH, MICRO_BATCH_TOKENS, CURVE_EVAL_TOKENS, FINAL_EVAL_TOKENS
+
+    def make(kind, fam, ctx, seed, lr, factor, rid):
+        preset, recipe, _ = fams[fam]
+        if smoke:
+            gpus, est = 1, 5.0
+        else:
+            one = tokens / THROUGHPUT[fam][ctx]
+            gpus = 1
+            while one / (gpus * (DDP_EFFICIENCY if gpus > 1 else 1.0)) > CALL_TRAIN_S and gpus < 8:
+                gpus *= 2
+            est = one / (gpus * (DDP_EFFICIENCY if gpus > 1 else 1.0))
+        return Run(rid, kind, fam, preset, recipe, ctx, seed, lr, factor, tokens, tpb, min(micro, tpb), gpus, est,
+                   cur, fin)
+
+    runs = []
+    for fam, (_, _, base_lr) in fams.items():
+        for f in factors:
+            runs.append(make("sweep", fam, sweep_ctx, 0, base_lr * f, f, f"sweep-{fam}-{sweep_ctx}-lrx{f:g}"))
+    for seed_rank in (0, 1):
+        for ctx, seeds in contexts.items():
+            for seed in seeds:
+                if (seed == 0) != (seed_rank == 0):
+                    continue
+                for fam in fams:
+                    runs.append(make("study", fam, ctx, seed, None, None, f"{fam}-{ctx}-s{seed}"))
+    return runs
+
+
+# ------------------------------------------------------------------------------------------- records
+
+
+def record_path(run: Run, runs_dir: Path) -> Path:
+    return runs_dir / f"{run.id}.json"
+
+
+def read_record(run: Run, runs_dir: Path) -> dict | None:
+    p = record_path(run, runs_dir)
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_record(run: Run, runs_dir: Path, rec: dict) -> None:
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    p = record_path(run, runs_dir)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec, indent=1) + "\n")
+    tmp.replace(p)
+
+
+def is_done(run: Run, runs_dir: Path) -> bool:
+    rec = read_record(run, runs_dir)
+    return bool(rec) and rec.get("status") == "done"
+
+
+def swept_lr(family: str, runs: list[Run], runs_dir: Path) -> tuple[float | None, str]:
+    """The family's rate: its sweep run with the lowest final validation bits per byte, once every
+    sweep run of the family is done; ``(None, why)`` before that."""
+    sweep = [r for r in runs if r.kind == "sweep" and r.family == family]
+    recs = [(r, read_record(r, runs_dir)) for r in sweep]
+    missing = [r.id for r, rec in recs if not rec or rec.get("status") != "done"]
+    if missing:
+        return None, f"waits for the learning-rate sweep ({', '.join(missing)})"
+    best = min(recs, key=lambda rr: rr[1]["final"]["validation_bpb"])
+    return best[0].lr, f"swept at context {best[0].context}: {best[0].id}"
+
+
+def git_commit() -> str | None:
+    env = os.environ.get("LINTIME_GIT_COMMIT")
+    if env:
+        return env
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def environment(device: str) -> dict:
+    import torch
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "host": platform.node(), "host_cpus": os.cpu_count(), "device": device}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        env["device_name"] = torch.cuda.get_device_name(0)
+        env["visible_gpus"] = torch.cuda.device_count()
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    return env
+
+
+# ------------------------------------------------------------------------------------------- one run
+
+
+def train_command(run: Run, lr: float, *, data: Path, work: Path, device: str, time_min: float | None,
+                  resume: bool, gpus: int) -> list[str]:
+    eval_every = max(1, run.steps // CURVE_POINTS)
+    args = ["--preset", run.preset, "--corpus", str(data / "corpus"), "--cache-dir", str(data / "cache"),
+            "--context-len", str(run.context), "--tokens-per-batch", str(run.tokens_per_batch),
+            "--micro-batch-tokens", str(run.micro_batch_tokens), "--tokens", str(run.tokens),
+            "--recipe", run.recipe, "--lr", f"{lr:.6g}", "--seed", str(run.seed), "--init-seed", str(run.init_seed),
+            "--device", device, "--log-every", "1", "--eval-every", str(eval_every),
+            "--eval-tokens", str(run.curve_eval_tokens), "--save-every", str(max(1, run.steps // 4)), "--keep", "1",
+            "--no-plots", "--sample-tokens", "0", "--no-progress", "--out", str(work), "--name", run.id]
+    if time_min is not None:
+        args += ["--time", f"{time_min:.3f}"]
+    if gpus > 1:
+        args += ["--parallel", "ddp"]
+        head = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
+                "-m", "lintime", "train"]
+    else:
+        head = [sys.executable, "-m", "lintime", "train"]
+    if resume:  # the saved config; only the budget and the device may differ
+        args = ["--resume", str(work / run.id), "--device", device] + (
+            ["--time", f"{time_min:.3f}"] if time_min is not None else [])
+    return head + args
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    p = run_dir / "metrics.jsonl"
+    if not p.exists():
+        return []
+    rows = []
+    for line in p.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            pass
+    return rows
+
+
+def final_scores(run_dir: Path, run: Run, device: str) -> dict:
+    """Validation and test bits per byte of the run's last checkpoint at its training context."""
+    import torch
+
+    from lintime.data import open_prepared
+    from lintime.evaluation import evaluate
+    from lintime.training.checkpoint import load_model
+
+    loaded = load_model(run_dir, device=device)
+    amp = torch.bfloat16 if device.startswith("cuda") else None
+    out = {"n_params": loaded.model.num_parameters(), "eval_tokens": run.final_eval_tokens,
+           "context": run.context}
+    cache = Path(json.loads((run_dir / "config.json").read_text())["train"]["cache_dir"])
+    for split in ("validation", "test"):
+        ds = open_prepared(cache, split, loaded.tokenizer)
+        rep = evaluate(loaded.model, ds, [run.context], tokenizer=loaded.tokenizer,
+                       max_tokens=run.final_eval_tokens, batch_tokens=max(4 * run.context, 32768), autocast=amp)
+        r = rep.results[0]
+        out[f"{split}_bpb"] = r.bits_per_byte
+        out[f"{split}_targets"] = r.n_targets
+        out[f"{split}_docs"] = rep.n_docs
+    return out
+
+
+def run_one(run: Run, lr: float, lr_source: str, *, data: Path, work: Path, runs_dir: Path, device: str,
+            time_budget_s: float, gpus: int, log: Path, in_process: bool = False) -> dict:
+    """Train ``run`` (resuming a checkpoint in ``work`` when there is one), score it, write its record."""
+    run_dir = work / run.id
+    resume = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
+    train_s = max(time_budget_s - START_S - EVAL_S, 5.0)
+    cmd = train_command(run, lr, data=data, work=work, device=device, time_min=train_s / 60, resume=resume, gpus=gpus)
+    rec = read_record(run, runs_dir) or {}
+    slices = rec.get("slices", [])
+    rec.update({"id": run.id, "status": "running", "run": dataclasses.asdict(run) | {"steps": run.steps},
+                "lr": lr, "lr_source": lr_source, "commit": git_commit(), "environment": environment(device),
+                "gpus": gpus, "corpus": _corpus_summary(manifest_of(data, run))})
+    if not resume:
+        rec["command"] = shlex.join(cmd)
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+    t0 = time.time()
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with open(log, "a") as f:
+        print(f"$ {shlex.join(cmd)}", file=f, flush=True)
+        if in_process:  # the CPU smoke: the same command through lintime's CLI entry, without a second interpreter
+            import contextlib
+
+            from lintime.cli import main as lintime_main
+
+            with contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+                try:
+                    rc = lintime_main(cmd[cmd.index("lintime") + 1:])
+                except SystemExit as exit_:
+                    rc = exit_.code if isinstance(exit_.code, int) else 1
+            proc = subprocess.CompletedProcess(cmd, rc or 0)
+        else:
+            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    rows = read_metrics(run_dir)
+    steps_done = max((int(r["step"]) for r in rows), default=0)
+    slices.append({"started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t0)), "wall_s": time.time() - t0,
+                   "resumed": resume, "rc": proc.returncode, "step_end": steps_done,
+                   "device": rec["environment"].get("device_name", device), "gpus": gpus})
+    rec["slices"] = slices
+    rec.update(curves(rows))
+    if proc.returncode != 0:
+        rec["status"] = "failed"
+        rec["error"] = _tail(log)
+    elif steps_done < run.steps:
+        rec["status"] = "incomplete"
+    else:
+        try:
+            rec["final"] = final_scores(run_dir, run, device)
+            rec["status"] = "done"
+            rec["tokens"] = rows[-1]["tokens"] if rows else None
+        except Exception as err:  # noqa: BLE001 - the record says why
+            rec["status"] = "failed"
+            rec["error"] = f"final scoring: {type(err).__name__}: {err}"
+    rec["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    write_record(run, runs_dir, rec)
+    if rec["status"] == "done" and os.environ.get("QUALITY_KEEP_CHECKPOINTS") != "1":
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    return rec
+
+
+def curves(rows: list[dict]) -> dict:
+    """The validation curve (every evaluation) and a thinned training-loss curve (<= 200 points)."""
+    val = [{"step": r["step"], "tokens": r["tokens"], "time_s": r["time_s"], "bpb": r["val_bpb"]}
+           for r in rows if r.get("val_bpb") is not None]
+    train = [r for r in rows if r.get("loss") is not None]
+    stride = max(1, len(train) // 200)
+    tl = [{"step": r["step"], "tokens": r["tokens"], "time_s": r["time_s"], "loss": r["loss"]}
+          for r in train[::stride]]
+    times = [r["time_s"] for r in train]
+    steps = [r["step"] for r in train]
+    timing = {}
+    if len(times) >= 3:
+        dts = sorted(b - a for a, b in zip(times[1:], times[2:]))
+        med = dts[len(dts) // 2]
+        # the first step holds compilation / graph capture: its excess over a median step is "one-off"
+        timing = {"median_step_s": med, "first_step_s": times[0] if steps[0] == 1 else None,
+                  "one_off_s": max(0.0, times[0] - med * steps[0]), "train_s": times[-1],
+                  "tokens_per_s": (train[-1]["tokens"] - train[0]["tokens"]) / max(times[-1] - times[0], 1e-9)}
+    return {"val_curve": val, "train_curve": tl, "timing": timing}
+
+
+def manifest_of(data: Path, run: Run) -> Path:
+    return data / "corpus_manifest_smoke.json" if run.tokens_per_batch == SMOKE["tokens_per_batch"] else MANIFEST
+
+
+def _tail(log: Path, n: int = 1500) -> str:
+    try:
+        return log.read_text()[-n:]
+    except OSError:
+        return ""
+
+
+def _corpus_summary(manifest: Path) -> dict:
+    try:
+        m = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {"content_sha256": m.get("content_sha256"), "smoke": m.get("smoke"), "documents": m.get("documents"),
+            "tokens": {s: v["tokens"] for s, v in m["splits"].items()}}
+
+
+# ------------------------------------------------------------------------------------------- scheduler
+
+
+def select(runs: list[Run], only: str | None) -> list[Run]:
+    if not only:
+        return runs
+    keys = [k.strip() for k in only.split(",") if k.strip()]
+
+    def hit(r: Run) -> bool:
+        return any(k in (r.id, r.kind, r.family, str(r.context)) for k in keys)
+
+    return [r for r in runs if hit(r)]
+
+
+def gpu_ids() -> list[str]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    base = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [s.strip() for s in base.split(",") if s.strip()] if base else [str(i) for i in range(torch.cuda.device_count())]
+    return ids[: torch.cuda.device_count()]
+
+
+def ensure_data(data: Path, smoke: bool) -> None:
+    """The token cache exists, or is made: unpacked from ``corpus.tar.xz`` (a GPU call) or built (--smoke)."""
+    if (data / "cache" / "train.bin").exists() and (data / "corpus").is_dir():
+        return
+    import corpus as corpus_mod  # noqa: PLC0415 - beside this script
+
+    if smoke:
+        corpus_mod.main(["--smoke", "--data", str(data)])
+    else:
+        corpus_mod.main(["--unpack", "--data", str(data)])
+
+
+def describe(runs: list[Run], runs_dir: Path) -> str:
+    lines = [f"{'run':34s} {'kind':6s} {'ctx':>6s} {'tokens':>8s} {'gpus':>4s} {'est train s':>11s} "
+             f"{'device s':>9s}  status"]
+    tot = 0.0
+    left = 0.0
+    for r in runs:
+        rec = read_record(r, runs_dir)
+        st = rec.get("status") if rec else "not run"
+        tot += r.est_device_s
+        left += 0 if st == "done" else r.est_device_s
+        lines.append(f"{r.id:34s} {r.kind:6s} {r.context:6d} {r.tokens / 1e6:7.1f}M {r.gpus:4d} {r.est_s:11.0f} "
+                     f"{r.est_device_s:9.0f}  {st}")
+    lines.append(f"{len(runs)} runs; estimated device time {tot / 3600:.1f} GPU-hours in all, {left / 3600:.1f} left "
+                 f"(training at the planned throughputs + {START_S:.0f} s start + {EVAL_S:.0f} s scoring per run)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting runs that cannot end by then")
+    ap.add_argument("--only", default=None, help="comma list: run ids, 'sweep' / 'study', families, contexts")
+    ap.add_argument("--list", action="store_true", help="print the plan with its status and estimates, run nothing")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny presets on the smoke corpus, a few steps per run, records under data/smoke_runs")
+    ap.add_argument("--max-runs", type=int, default=None, help="start at most this many runs")
+    ap.add_argument("--data", type=Path, default=None, help="corpus folder (default data/, --smoke: data/smoke/)")
+    ap.add_argument("--runs-dir", type=Path, default=None)
+    ap.add_argument("--work", type=Path, default=WORK)
+    ap.add_argument("--device", default=None, help="cuda | cpu (default: cuda when there is one)")
+    args = ap.parse_args(argv)
+    runs_dir = args.runs_dir or (DATA / "smoke_runs" if args.smoke else RUNS)
+    args.data = args.data or (DATA / "smoke" if args.smoke else DATA)
+    if args.smoke and args.work == WORK:
+        args.work = DATA / "smoke_work"
+    all_runs = plan(smoke=args.smoke)
+    runs = select(all_runs, args.only)
+    if args.list:
+        print(describe(runs, runs_dir))
+        return 0
+    t_start = time.monotonic()
+    deadline = t_start + args.budget_s
+    ensure_data(args.data, args.smoke)
+    gpus = gpu_ids() if args.device in (None, "cuda") else []
+    device = "cuda" if gpus else "cpu"
+    slots = gpus or ["cpu"]
+    free = list(slots)
+    (args.work / "logs").mkdir(parents=True, exist_ok=True)
+    print(f"run: {len(slots)} slot(s) ({device}); budget {args.budget_s:.0f} s; "
+          f"{sum(not is_done(r, runs_dir) for r in runs)} of {len(runs)} selected runs left", flush=True)
+    pending = [r for r in runs if not is_done(r, runs_dir)]
+    running: dict[int, tuple[subprocess.Popen, Run, list[str]]] = {}
+    started = 0
+    skipped: dict[str, str] = {}
+    while True:
+        for pid, (proc, r, held) in list(running.items()):
+            if proc.poll() is not None:
+                rec = read_record(r, runs_dir) or {}
+                print(f"[{time.monotonic() - t_start:5.0f} s] {r.id}: {rec.get('status', 'no record')}"
+                      + (f", val {rec['final']['validation_bpb']:.4f} test {rec['final']['test_bpb']:.4f} bits/byte"
+                         if rec.get("status") == "done" else ""), flush=True)
+                free.extend(held)
+                del running[pid]
+        left = deadline - time.monotonic()
+        launched = False
+        for r in list(pending):
+            if args.max_runs is not None and started >= args.max_runs:
+                break
+            need = 1 if device == "cpu" else r.gpus
+            if need > len(slots):
+                skipped[r.id] = f"planned on {r.gpus} GPUs, this machine has {len(slots)}"
+                pending.remove(r)
+                continue
+            est = (r.est_s + START_S + EVAL_S) if device == "cuda" else 10.0
+            if est > left:
+                skipped[r.id] = f"needs ~{est:.0f} s, {left:.0f} s left"
+                continue
+            if need > len(free):
+                continue
+            if r.kind == "study":
+                lr, why = swept_lr(r.family, all_runs, runs_dir)
+                if lr is None:  # stays pending: a sweep run still going may unblock it in this call
+                    skipped[r.id] = why
+                    continue
+            else:
+                lr, why = r.lr, f"sweep: recipe rate x {r.lr_factor:g}"
+            held = [free.pop(0) for _ in range(need)]
+            if device == "cpu":  # one slot: run it here (no second interpreter to start)
+                print(f"[{time.monotonic() - t_start:5.0f} s] start {r.id} on cpu (lr {lr:.3g})", flush=True)
+                rec = run_one(r, lr, why, data=args.data, work=args.work, runs_dir=runs_dir, device="cpu",
+                              time_budget_s=left - 5, gpus=1, log=args.work / "logs" / f"{r.id}.log", in_process=True)
+                print(f"[{time.monotonic() - t_start:5.0f} s] {r.id}: {rec['status']}"
+                      + (f", val {rec['final']['validation_bpb']:.4f} test {rec['final']['test_bpb']:.4f} bits/byte"
+                         if rec["status"] == "done" else ""), flush=True)
+                free.extend(held)
+                pending.remove(r)
+                skipped.pop(r.id, None)
+                started += 1
+                launched = True
+                break  # re-scan: a finished sweep may unblock study runs
+            cmd = [sys.executable, str(Path(__file__).resolve()), "_one", "--id", r.id, "--lr", repr(lr),
+                   "--lr-source", why, "--time-s", f"{left - 5:.0f}", "--data", str(args.data),
+                   "--runs-dir", str(runs_dir), "--work", str(args.work), "--device", device,
+                   "--gpus", str(need)] + (["--smoke"] if args.smoke else [])
+            env = dict(os.environ)
+            if device == "cuda":
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(held)
+            proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+            running[proc.pid] = (proc, r, held)
+            pending.remove(r)
+            skipped.pop(r.id, None)
+            started += 1
+            launched = True
+            print(f"[{time.monotonic() - t_start:5.0f} s] start {r.id} on {','.join(held)} (lr {lr:.3g}; est {est:.0f} s)",
+                  flush=True)
+        if not running and not launched:
+            break
+        if time.monotonic() > deadline + 30:  # a run past its own --time: stop it, keep what it wrote
+            for proc, r, _ in running.values():
+                os.killpg(proc.pid, signal.SIGTERM)
+        time.sleep(0.5 if args.smoke else 2.0)
+    for rid, why in skipped.items():
+        print(f"not started: {rid}: {why}")
+    done = sum(is_done(r, runs_dir) for r in runs)
+    print(f"run: {done} of {len(runs)} selected runs done; records in {runs_dir}; "
+          f"{time.monotonic() - t_start:.0f} s", flush=True)
+    return 0
+
+
+def main_one(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--id", required=True)
+    ap.add_argument("--lr", type=float, required=True)
+    ap.add_argument("--lr-source", default="")
+    ap.add_argument("--time-s", type=float, required=True)
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--runs-dir", type=Path, required=True)
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--device", required=True)
+    ap.add_argument("--gpus", type=int, default=1)
+    ap.add_argument("--smoke", action="store_true")
+    a = ap.parse_args(argv)
+    run = {r.id: r for r in plan(smoke=a.smoke)}[a.id]
+    run_one(run, a.lr, a.lr_source, data=a.data, work=a.work, runs_dir=a.runs_dir, device=a.device,
+            time_budget_s=a.time_s, gpus=a.gpus, log=a.work / "logs" / f"{run.id}.log")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_one":
+        sys.exit(main_one(sys.argv[2:]))
+    sys.exit(main())
