@@ -71,6 +71,7 @@ def forward_backward(
     context=None,
     fused_loss: bool = True,
     to_host: bool = True,
+    packed: bool = True,
 ) -> tuple[float, float] | tuple[torch.Tensor, torch.Tensor]:
     """Accumulate into ``.grad`` the gradient of the batch's loss (see the module docstring),
     ``micro_rows`` rows per forward/backward.  Returns ``(loss, aux)``: the mean cross-entropy per
@@ -88,8 +89,15 @@ def forward_backward(
 
     ``fused_loss``: the model's cross-entropy fused with its output projection (no ``[b*T, V]``
     logits; see :meth:`lintime.models.CausalLM.forward`); ``False`` = the plain loss on the logits.
+
+    ``packed=False``: every row is one sequence, given to the model as ``[b, T]`` rows without
+    ``cu_seqlens`` (the call form of :class:`~lintime.training.graphed.GraphedStep`'s rows layout,
+    which a model whose loss reads whole rows takes: an MQAR run's loss on the queried positions);
+    ``batch`` then needs only its ``input_ids`` and ``targets``, and ``context`` must be None.
     """
     B = batch.input_ids.shape[0]
+    if not packed and context is not None:
+        raise ValueError("forward_backward: packed=False takes no context (context parallelism packs its rows)")
     if micro_rows < 1 or B % micro_rows:
         raise ValueError(f"micro_rows ({micro_rows}) must divide the batch's {B} rows")
     device = next(model.parameters()).device
@@ -101,12 +109,18 @@ def forward_backward(
         n_targets = max(n_targets, 1)
     ce_total = aux_total = None  # fp64 sums on the device, in micro-batch order (as Python would add them)
     for start in range(0, B, micro_rows):
-        ids, targets, cu = packed_rows(batch, start, start + micro_rows)
+        if packed:
+            ids, targets, cu = packed_rows(batch, start, start + micro_rows)
+        else:
+            ids, targets = batch.input_ids[start:start + micro_rows], batch.targets[start:start + micro_rows]
         aux: dict[str, torch.Tensor] = {}
         with grad_sync(model, start + micro_rows == B):
             with _autocast(device, autocast):
                 # the summed cross-entropy of the micro-batch's (or this rank's slice's) targets
-                if context is None:
+                if not packed:
+                    ids, targets = to_device(ids, device), to_device(targets, device)
+                    ce = model(ids, aux_losses=aux, targets=targets, fused_loss=fused_loss)
+                elif context is None:
                     ids, targets, cu = (to_device(t, device) for t in (ids, targets, cu))
                     ce = model(ids, cu_seqlens=cu, aux_losses=aux, targets=targets.view(1, -1), fused_loss=fused_loss)
                 else:

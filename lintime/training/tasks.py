@@ -32,6 +32,10 @@ once per epoch (the cosine is then stepped at each evaluation), and ``max_second
 a wall-clock budget (scored there).  Without those three the run is Zoology's: one evaluation
 and one cosine step per epoch.
 
+The MQAR task itself -- its setting, examples, the loss on the queried positions (:func:`query_loss`,
+:class:`QueryLoss`), the examples kept on the device (:class:`MQARData`) and the test accuracy -- is
+:mod:`lintime.evaluation.tasks.mqar`; the run's settings are :mod:`lintime.training.task_config`.
+
 The run folder has the layout of :mod:`lintime.training.checkpoint` (``config.json`` with a
 ``task`` entry in ``train``, the byte tokenizer -- the contract needs one; the task's token ids
 are its own -- and one checkpoint at the end), plus ``metrics.jsonl`` (one row per epoch) and
@@ -50,142 +54,40 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
-from lintime.evaluation.tasks.mqar import BLOCK, IGNORE_INDEX, MQARConfig, evaluate_mqar, mqar_examples
-from lintime.models import CausalLM, get_preset
+from lintime.evaluation.tasks.mqar import MQARData, QueryLoss, evaluate_mqar, query_loss
+from lintime.models import CausalLM
 from lintime.training import checkpoint as ckpt
 from lintime.training.rng import seed_everything
+from lintime.training.step import forward_backward
+from lintime.training.task_config import (
+    GRAPH_MODES,
+    TASKS,
+    TaskTrainConfig,
+    cosine_lr,
+    schedule,
+    zoology_batch_size,
+)
 from lintime.utils.device import autocast_dtype, pick_device
 
-TASKS = ("mqar",)
-GRAPH_MODES = ("auto", "capture", "eager", "off")  # the training step: see TaskRun
+# named here too: what a sweep or a test imports from the task trainer
+__all__ = ["GRAPH_MODES", "TASKS", "CaptureFailed", "MQARData", "QueryLoss", "TaskRun", "TaskTrainConfig",
+           "TaskTrainResult", "cosine_lr", "plot_task_metrics", "query_loss", "schedule", "train_task",
+           "zoology_batch_size"]
+
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "accuracy_vs_epoch.png"
 
 
-def zoology_batch_size(seq_len: int) -> int:
-    """Rows per batch of Zoology's Figure 2 sweep for a sequence length."""
-    return 512 if seq_len <= 128 else 256 if seq_len <= 256 else 128 if seq_len <= 512 else 64
+class _Rows(NamedTuple):
+    """A batch of whole rows, each one example, as :func:`lintime.training.step.forward_backward` takes it
+    with ``packed=False``."""
 
-
-@dataclasses.dataclass(frozen=True)
-class TaskTrainConfig:
-    """Everything that decides a task run (the ``train`` entry of its ``config.json``).
-
-    ``task`` (``mqar``), ``preset`` with ``d_model`` / ``n_layers`` / ``n_heads`` overrides
-    (``None`` = the preset's), ``mlp`` (keep the preset's feed-forward blocks) and ``position``
-    (the absolute position scheme: ``none``, ``scaled_sin`` or ``learned`` with a table of
-    ``seq_len``; ``None`` = the preset's), the MQAR setting (``vocab_size``, ``seq_len``, ``kv_pairs``, ``n_queries``,
-    ``power_a``, ``random_fill``: :class:`lintime.evaluation.tasks.mqar.MQARConfig`), the data
-    (``train_examples``, ``test_examples``, ``batch_size``: ``None`` = Zoology's for the length),
-    the recipe (``epochs``, ``lr``, ``weight_decay``, ``aux_weight``, ``early_stop``: stop once
-    the test accuracy exceeds it, 0 = never; ``max_steps``: an optional cap (the schedule keeps
-    its length); ``eval_every``: steps between test evaluations and cosine steps, ``None`` = once
-    per epoch; ``max_seconds``: a wall-clock cap), ``seed`` (the data) and ``init_seed`` (the
-    initial weights; ``None`` = ``seed``), ``device``, ``precision``, ``graph`` (the training
-    step, :class:`TaskRun`: ``capture`` in a CUDA graph, ``eager``, ``off``; ``auto`` = ``capture``
-    on CUDA, ``off`` elsewhere).
-    """
-
-    task: str = "mqar"
-    preset: str = "transformer-pp-tiny"
-    d_model: int | None = None
-    n_layers: int | None = 2
-    n_heads: int | None = None
-    mlp: bool = False
-    position: str | None = None
-    vocab_size: int = 8192
-    seq_len: int = 64
-    kv_pairs: int = 4
-    n_queries: int | None = None
-    power_a: float = 0.01
-    random_fill: bool = False
-    train_examples: int = 100_000
-    test_examples: int = 3_000
-    batch_size: int | None = None
-    epochs: int = 64
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    aux_weight: float = 1e-4
-    early_stop: float = 0.99
-    max_steps: int | None = None
-    eval_every: int | None = None
-    max_seconds: float | None = None
-    seed: int = 0
-    init_seed: int | None = None
-    device: str = "auto"
-    precision: str = "auto"
-    graph: str = "auto"
-
-    def __post_init__(self):
-        if self.task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
-        self.mqar  # validates the task setting
-        if self.position not in (None, "none", "scaled_sin", "learned"):
-            raise ValueError(f"position must be none, scaled_sin or learned (or None: the preset's), got {self.position!r}")
-        for name in ("train_examples", "test_examples", "epochs"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if not isinstance(self.mlp, bool):
-            raise ValueError(f"mlp must be a bool, got {self.mlp!r}")
-        for name in ("d_model", "n_layers", "n_heads", "batch_size", "max_steps", "eval_every", "init_seed"):
-            v = getattr(self, name)
-            low = 0 if name == "init_seed" else 1
-            if v is not None and (not isinstance(v, int) or v < low):
-                raise ValueError(f"{name} must be an integer >= {low} or None, got {v!r}")
-        if not (isinstance(self.lr, (int, float)) and self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
-        for name in ("weight_decay", "aux_weight"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and v >= 0):
-                raise ValueError(f"{name} must be >= 0, got {v!r}")
-        if self.max_seconds is not None and not (isinstance(self.max_seconds, (int, float)) and self.max_seconds > 0):
-            raise ValueError(f"max_seconds must be > 0 or None, got {self.max_seconds!r}")
-        if self.graph not in GRAPH_MODES:
-            raise ValueError(f"graph must be one of {GRAPH_MODES}, got {self.graph!r}")
-        if not 0 <= self.early_stop <= 1:
-            raise ValueError(f"early_stop is an accuracy in [0, 1] (0 = never), got {self.early_stop!r}")
-
-    @property
-    def mqar(self) -> MQARConfig:
-        return MQARConfig(vocab_size=self.vocab_size, seq_len=self.seq_len, kv_pairs=self.kv_pairs,
-                          n_queries=self.n_queries, power_a=self.power_a, random_fill=self.random_fill)
-
-    @property
-    def rows(self) -> int:
-        return min(self.batch_size or zoology_batch_size(self.seq_len), self.train_examples)
-
-    def model_config(self):
-        overrides = {"vocab_size": self.vocab_size}
-        if self.d_model is not None:
-            overrides["d_model"] = self.d_model
-        if self.n_layers is not None:
-            overrides["n_layers"] = self.n_layers
-        if not self.mlp:
-            overrides["ffn"] = None
-        if self.position is not None:
-            overrides["position"] = self.position
-            overrides["max_positions"] = self.seq_len if self.position == "learned" else 0
-        cfg = get_preset(self.preset, **overrides)
-        if self.n_heads is not None:
-            if not hasattr(cfg.mixer, "n_heads"):
-                raise ValueError(f"the {cfg.family} mixer of {self.preset} has no heads to set (n_heads)")
-            cfg = dataclasses.replace(cfg, mixer=dataclasses.replace(cfg.mixer, n_heads=self.n_heads))
-        return cfg
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TaskTrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"task train config: unknown field(s) {unknown}")
-        return cls(**d)
+    input_ids: torch.Tensor
+    targets: torch.Tensor
 
 
 @dataclasses.dataclass
@@ -199,110 +101,6 @@ class TaskTrainResult:
     checkpoint: Path | None  # None: stopped by a signal before the first step
     stopped: str = "epochs"  # why it ended: "early stop", "epochs", "max_steps", "max_seconds" or a signal's name
     stopped_by: str | None = None  # the signal that stopped it ("SIGINT", "SIGTERM"), None when it ran to its end
-
-
-def cosine_lr(peak: float, epoch: int, epochs: int) -> float:
-    """``CosineAnnealingLR(T_max=epochs, eta_min=0)`` at ``epoch`` (stepped once per epoch)."""
-    return peak * 0.5 * (1 + math.cos(math.pi * epoch / epochs))
-
-
-def schedule(cfg: TaskTrainConfig) -> tuple[int, int, int]:
-    """``(steps, stage, stages)`` of a run: its length in steps (``epochs`` x the batches of an
-    epoch, or ``max_steps`` when smaller), the steps between two evaluations (``eval_every``, or an
-    epoch) and the cosine's length in evaluations, one cosine step per evaluation: over the
-    ``epochs``, whether or not ``max_steps`` cuts the run."""
-    per_epoch = cfg.train_examples // cfg.rows
-    horizon = cfg.epochs * per_epoch
-    steps = horizon if cfg.max_steps is None else min(horizon, cfg.max_steps)
-    stage = min(cfg.eval_every or per_epoch, steps)
-    return steps, stage, -(-horizon // stage)
-
-
-def query_loss(model, x: torch.Tensor, y: torch.Tensor, aux_losses: dict | None = None, *,
-               queries: int | None = None) -> torch.Tensor:
-    """The summed cross-entropy of the queried values (``y != IGNORE_INDEX``), from the hidden
-    states at those positions only (:func:`lintime.evaluation.tasks.mqar.query_logits`'s rows,
-    through the model's fused loss): equal to ``model(x, targets=y)``.
-
-    ``queries``: at most this many targets per row (MQAR's ``n_queries``); the positions are then
-    picked with fixed shapes (``[B, queries]``, the targets' positions in order, as the mask picks
-    them), so the step has no host read and a CUDA graph can hold it.  ``None``: picked by the
-    mask (one host read for the count)."""
-    backbone_h, _ = model.backbone(x, aux_losses=aux_losses)  # [B, T, d]
-    mask = y != IGNORE_INDEX
-    if queries is None:
-        return model._loss(backbone_h[mask], y[mask], True)
-    T = y.shape[1]
-    # the first `queries` target positions of each row, in order (a row with fewer targets picks
-    # positions without one, whose IGNORE_INDEX targets add nothing)
-    score = mask * torch.arange(T, 0, -1, device=y.device)  # [B, T]: T - t at targets, 0 elsewhere
-    pos = score.topk(min(queries, T), dim=1).indices  # [B, Q]
-    h = backbone_h.gather(1, pos.unsqueeze(-1).expand(-1, -1, backbone_h.shape[-1]))  # [B, Q, d]
-    return model._loss(h.flatten(0, 1), y.gather(1, pos).flatten(), True)
-
-
-class QueryLoss(torch.nn.Module):
-    """``model`` with :func:`query_loss` (fixed shapes) as its loss, in the call form of
-    :class:`lintime.training.graphed.GraphedStep` (``forward(ids, aux_losses=, targets=,
-    fused_loss=)`` -> the summed cross-entropy)."""
-
-    def __init__(self, model: CausalLM, queries: int):
-        super().__init__()
-        self.model, self.queries = model, queries
-
-    def forward(self, ids, aux_losses=None, targets=None, fused_loss=True):
-        return query_loss(self.model, ids, targets, aux_losses, queries=self.queries)
-
-
-class MQARData:
-    """The examples of one MQAR setting on one device: the fixed training set, drawn block by block
-    as its batches are first used (a block of :data:`~lintime.evaluation.tasks.mqar.BLOCK`
-    examples is drawn whole), and the test set.  Every run with the same :attr:`key` (task, seed,
-    set sizes, device) trains on the same batches, so a sweep shares one of these between its
-    runs (drawing a batch costs the host more than a graph step of a narrow model)."""
-
-    def __init__(self, task: MQARConfig, *, seed: int, train_examples: int, test_examples: int,
-                 device: torch.device):
-        self.task, self.seed, self.device = task, seed, torch.device(device)
-        self.train_examples, self.test_examples = train_examples, test_examples
-        self._blocks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._test: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    @property
-    def key(self) -> tuple:
-        """What decides the examples: equal for every run that can share them (:meth:`key_of`)."""
-        return (self.task, self.seed, self.train_examples, self.test_examples, str(self.device))
-
-    @staticmethod
-    def key_of(cfg: TaskTrainConfig, device) -> tuple:
-        return (cfg.mqar, cfg.seed, cfg.train_examples, cfg.test_examples, str(torch.device(device)))
-
-    def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = x.to(self.device), y.to(self.device)
-        if self.device.type == "cuda":  # runs on other CUDA streams read them next: the copies must be done
-            torch.cuda.current_stream(self.device).synchronize()
-        return x, y
-
-    def _block(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if j not in self._blocks:
-            self._blocks[j] = self._to_device(*mqar_examples(self.task, BLOCK, seed=self.seed, split="train",
-                                                             start=j * BLOCK))
-        return self._blocks[j]
-
-    def batch(self, start: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Training examples ``start .. start + rows - 1`` (``[rows, seq_len]`` each, on the device)."""
-        first, last = start // BLOCK, (start + rows - 1) // BLOCK
-        parts = [self._block(j) for j in range(first, last + 1)]
-        off = start - first * BLOCK
-        if len(parts) == 1:
-            return parts[0][0][off:off + rows], parts[0][1][off:off + rows]
-        return tuple(torch.cat([p[i] for p in parts])[off:off + rows] for i in (0, 1))
-
-    @property
-    def test(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._test is None:
-            self._test = self._to_device(*mqar_examples(self.task, self.test_examples, seed=self.seed, split="test"))
-        return self._test
 
 
 class CaptureFailed(RuntimeError):
@@ -320,10 +118,12 @@ class TaskRun:
     whole step (forward, backward, fused AdamW at a device learning rate) in one CUDA graph, the
     default on CUDA: a tiny model's eager step is hundreds of kernel launches of a few microseconds
     each; ``eager`` -- the same step without the graph (what the captured one is checked against);
-    ``off`` -- the plain loop (the default elsewhere, and where the capture fails; ``fallback=False``:
-    a failed capture raises :class:`CaptureFailed` instead, for a caller that would rather retry the
-    run in a fresh process than go on in one whose capture failed).  ``data``: the run's
-    :class:`MQARData` (one is made when None).  :attr:`timing` says where the run's time went."""
+    ``off`` -- the plain loop, :func:`lintime.training.step.forward_backward` and AdamW (the default
+    elsewhere, and where the capture fails; ``fallback=False``: a failed capture raises
+    :class:`CaptureFailed` instead, for a caller that would rather retry the run in a fresh process
+    than go on in one whose capture failed).  ``data``: the run's
+    :class:`~lintime.evaluation.tasks.mqar.MQARData` (one is made when None).  :attr:`timing` says
+    where the run's time went."""
 
     def __init__(self, config: TaskTrainConfig, *, out: str | Path = "runs", name: str | None = None,
                  echo: Callable[[str], None] | None = print, plot: bool = True, data: MQARData | None = None,
@@ -385,8 +185,6 @@ class TaskRun:
             f"a test evaluation every {self.stage} steps"
             f"{f', stopping early once the test accuracy passes {cfg.early_stop:g}' if cfg.early_stop else ''}")
 
-        self.ctx = (torch.autocast(device.type, dtype=amp) if amp is not None
-                    else torch.autocast(device.type, enabled=False))
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.order: list[int] = []
         self.step, self.elapsed, self.accuracy, self.best, self.stopped = 0, 0.0, 0.0, 0.0, None
@@ -427,18 +225,16 @@ class TaskRun:
         self.stop_at = min(self.stop_at, time.perf_counter() + seconds)
 
     def _eager_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The plain step: :func:`~lintime.training.step.forward_backward` on the rows (one micro-batch; every
+        example scores ``queries`` values, so the targets are counted without a host read), then AdamW."""
         for group in self.opt.param_groups:
             group["lr"] = self.lr
-        aux: dict[str, torch.Tensor] = {}
-        with self.ctx:
-            ce = self.loss_module(x, aux_losses=aux, targets=y)
-        loss = ce / (self.rows * self.cfg.mqar.queries)  # every example scores `queries` values
-        if aux:
-            loss = loss + self.cfg.aux_weight * sum(v.float() for v in aux.values())
-        loss.backward()
+        ce, aux = forward_backward(self.loss_module, _Rows(x, y), micro_rows=self.rows, aux_weight=self.cfg.aux_weight,
+                                   autocast=self.amp, n_targets=self.rows * self.cfg.mqar.queries, packed=False,
+                                   to_host=False)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return ce.float() + aux.float()  # the step's loss as the graph's step gives it (fp32)
 
     def advance(self, max_steps: int | None = None) -> bool:
         """Train up to ``max_steps`` steps (None: to the next evaluation), evaluate if there; True

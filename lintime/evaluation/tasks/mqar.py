@@ -22,6 +22,12 @@ queried, ``(seq_len, kv_pairs)`` in ``(64, 4), (128, 8), (256, 16), (512, 64)``.
 Determinism: example block ``j`` of a split is drawn from ``numpy.random.default_rng([seed,
 split, j])`` (:data:`BLOCK` examples per block), so any example is reproducible from its seed
 alone and the train and test streams never share a generator.
+
+Everything MQAR-specific is here: the setting (:class:`MQARConfig`), the examples
+(:func:`mqar_examples`; :class:`MQARData` keeps a run's on its device), the loss on the queried
+positions (:func:`query_loss`, :class:`QueryLoss`: the training loss of ``lintime train --task
+mqar``), the test accuracy (:func:`evaluate_mqar`) and its table and plot.  The training recipe
+that uses them is :mod:`lintime.training.tasks`.
 """
 
 from __future__ import annotations
@@ -271,3 +277,93 @@ def plot_mqar(results: list[MQARResult], path, *, title: str = "") -> None:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"seq_len {T}")
         ax.set_xscale("log", base=2)
         ax.set_ylim(-0.02, 1.02)
+
+
+def query_loss(model, x: torch.Tensor, y: torch.Tensor, aux_losses: dict | None = None, *,
+               queries: int | None = None) -> torch.Tensor:
+    """The summed cross-entropy of the queried values (``y != IGNORE_INDEX``), from the hidden
+    states at those positions only (:func:`query_logits`'s rows, through the model's fused loss):
+    equal to ``model(x, targets=y)``; the training loss of an MQAR run.
+
+    ``queries``: at most this many targets per row (MQAR's ``n_queries``); the positions are then
+    picked with fixed shapes (``[B, queries]``, the targets' positions in order, as the mask picks
+    them), so the step has no host read and a CUDA graph can hold it.  ``None``: picked by the
+    mask (one host read for the count)."""
+    backbone_h, _ = model.backbone(x, aux_losses=aux_losses)  # [B, T, d]
+    mask = y != IGNORE_INDEX
+    if queries is None:
+        return model._loss(backbone_h[mask], y[mask], True)
+    T = y.shape[1]
+    # the first `queries` target positions of each row, in order (a row with fewer targets picks
+    # positions without one, whose IGNORE_INDEX targets add nothing)
+    score = mask * torch.arange(T, 0, -1, device=y.device)  # [B, T]: T - t at targets, 0 elsewhere
+    pos = score.topk(min(queries, T), dim=1).indices  # [B, Q]
+    h = backbone_h.gather(1, pos.unsqueeze(-1).expand(-1, -1, backbone_h.shape[-1]))  # [B, Q, d]
+    return model._loss(h.flatten(0, 1), y.gather(1, pos).flatten(), True)
+
+
+class QueryLoss(torch.nn.Module):
+    """``model`` with :func:`query_loss` (fixed shapes) as its loss, in the call form of a training
+    step on rows (``forward(ids, aux_losses=, targets=, fused_loss=)`` -> the summed cross-entropy:
+    :class:`lintime.training.graphed.GraphedStep`, :func:`lintime.training.step.forward_backward`
+    with ``packed=False``)."""
+
+    def __init__(self, model, queries: int):
+        super().__init__()
+        self.model, self.queries = model, queries
+
+    def forward(self, ids, aux_losses=None, targets=None, fused_loss=True):
+        return query_loss(self.model, ids, targets, aux_losses, queries=self.queries)
+
+
+class MQARData:
+    """The examples of one MQAR setting on one device: the fixed training set, drawn block by block
+    as its batches are first used (a block of :data:`BLOCK` examples is drawn whole), and the test
+    set.  Every run with the same :attr:`key` (task, seed, set sizes, device) trains on the same
+    batches, so a sweep shares one of these between its runs (drawing a batch costs the host more
+    than a graph step of a narrow model)."""
+
+    def __init__(self, task: MQARConfig, *, seed: int, train_examples: int, test_examples: int,
+                 device: torch.device):
+        self.task, self.seed, self.device = task, seed, torch.device(device)
+        self.train_examples, self.test_examples = train_examples, test_examples
+        self._blocks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._test: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def key(self) -> tuple:
+        """What decides the examples: equal for every run that can share them (:meth:`key_of`)."""
+        return (self.task, self.seed, self.train_examples, self.test_examples, str(self.device))
+
+    @staticmethod
+    def key_of(cfg, device) -> tuple:
+        """The :attr:`key` a run needs: ``cfg`` is its config (its ``mqar``, ``seed``, ``train_examples`` and
+        ``test_examples``: :class:`lintime.training.task_config.TaskTrainConfig`)."""
+        return (cfg.mqar, cfg.seed, cfg.train_examples, cfg.test_examples, str(torch.device(device)))
+
+    def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = x.to(self.device), y.to(self.device)
+        if self.device.type == "cuda":  # runs on other CUDA streams read them next: the copies must be done
+            torch.cuda.current_stream(self.device).synchronize()
+        return x, y
+
+    def _block(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if j not in self._blocks:
+            self._blocks[j] = self._to_device(*mqar_examples(self.task, BLOCK, seed=self.seed, split="train",
+                                                             start=j * BLOCK))
+        return self._blocks[j]
+
+    def batch(self, start: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training examples ``start .. start + rows - 1`` (``[rows, seq_len]`` each, on the device)."""
+        first, last = start // BLOCK, (start + rows - 1) // BLOCK
+        parts = [self._block(j) for j in range(first, last + 1)]
+        off = start - first * BLOCK
+        if len(parts) == 1:
+            return parts[0][0][off:off + rows], parts[0][1][off:off + rows]
+        return tuple(torch.cat([p[i] for p in parts])[off:off + rows] for i in (0, 1))
+
+    @property
+    def test(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._test is None:
+            self._test = self._to_device(*mqar_examples(self.task, self.test_examples, seed=self.seed, split="test"))
+        return self._test
