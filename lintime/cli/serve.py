@@ -25,7 +25,7 @@ def serve(
     name: str | None = None,
     max_batch: int = 64,
     max_queue: int = 256,
-    prefill_chunk: int = 512,
+    prefill_chunk: int = 4096,
     max_tokens_limit: int = 4096,
     device: str = "auto",
     precision: str = "auto",
@@ -48,7 +48,7 @@ def serve(
         name: the model's name in the API (None: the folder's name, RUN/step_N for a step folder).
         max_batch: requests decoded together at most (batch slots).
         max_queue: requests waiting or running at most; past it a request is answered 503 (server busy).
-        prefill_chunk: prompt tokens per model call while a prompt is prefilled (a long prompt shares the steps with running requests).
+        prefill_chunk: prompt tokens prefilled per engine iteration: whole prompts that fit go together in one packed call, a longer prompt is consumed in pieces of this size (so it shares the steps with running requests).
         max_tokens_limit: the largest max_tokens a request may ask for.
         device: auto (cuda when available), cpu, cuda or cuda:N.
         precision: auto (fp32: a request's greedy output does not depend on the batch it shares), fp32 or bf16 (faster on CUDA; greedy output may then change with the batch).
@@ -167,7 +167,8 @@ def _run(sock, model, *, host, api_key, name, max_batch, max_queue, prefill_chun
         sock.listen(2048)  # from here a client waits in the backlog until uvicorn accepts it
         shown = f"[{address}]" if sock.family == socket.AF_INET6 else address
         dtype = "bf16" if next(loaded.model.parameters()).dtype == torch.bfloat16 else "fp32"
-        steps = "CUDA graph per batch size" if engine.graphs else "eager steps"
+        steps = (f"decoding steps from CUDA graphs, {len(engine.buckets)} batch sizes captured in "
+                 f"{engine.capture_s:.1f} s" if engine.graphs else "eager decoding steps")
         print(f"lintime serve: {name} at http://{shown}:{port}/v1 "
               f"({dev} {dtype}, {steps}, max batch {max_batch}{', API key required' if api_key else ''})", flush=True)
         if api_key is None and not _is_loopback(sock):

@@ -13,11 +13,12 @@ it and wake it.  Each iteration of the loop:
 
 1. ends the requests cancelled since the last one (their slots are freed);
 2. gives waiting requests free slots (the lowest first, :mod:`lintime.serving.slots`), oldest first;
-3. prefills: at most ``prefill_chunk`` prompt tokens of the requests holding a slot, oldest first
-   (:func:`lintime.generation.prefill`, batch 1, continuing each request's own partial state), so a long
-   prompt is consumed over several iterations and never stalls the running requests for more than one
-   piece; a request whose prompt is done has its state written into its slot (a row copy) and draws its
-   first token from the prefill's logits;
+3. prefills: at most ``prefill_chunk`` prompt tokens of the requests holding a slot, oldest first.  Whole
+   prompts that fit go together in one packed call (:func:`lintime.generation.prefill` with ``cu_seqlens``:
+   no prompt attends to another, each gets its own state); a prompt longer than what is left is consumed
+   in pieces over several iterations (batch 1, continuing its own partial state), so it never stalls the
+   running requests for more than one piece.  A request whose prompt is done has its state written into
+   its slot (a row copy) and draws its first token from the prefill's logits;
 4. runs one decoding step of every running request (:meth:`SlotStates.step` over the slots' bucket), draws
    each request's next token with its own settings, and publishes the events; a request that finishes
    frees its slot at once.
@@ -41,21 +42,28 @@ table (whose size then bounds ``capacity``); ``submit`` refuses one that does no
 from __future__ import annotations
 
 import heapq
+import itertools
 import numbers
 import random
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
 from lintime.generation import Detokenizer, StopMatcher, prefill, sample_seeded
+from lintime.layers.base import select_state
 from lintime.serving.request import EngineClosed, Event, Handle, QueueFull, Request
 from lintime.serving.slots import SlotStates, state_grows
 
 # tokens per slot when the model's state grows and neither a capacity nor a prompt bound is given: room for
 # a few thousand tokens without reserving the largest completion for every slot
 DEFAULT_CAPACITY = 4096
+# prompt tokens per loop iteration: enough to prefill several prompts in one packed call (a prefill call costs
+# about the same host time for a few hundred tokens as for a few thousand), few enough that the running
+# requests' next token waits for one such call only
+PREFILL_CHUNK = 4096
 
 
 @dataclass(eq=False)
@@ -102,7 +110,8 @@ class Engine:
     The model is put in eval mode and must be a causal lintime LM (``init_state`` / ``ModelState``).
     """
 
-    def __init__(self, model, tokenizer, *, max_batch: int = 64, max_queue: int = 256, prefill_chunk: int = 512,
+    def __init__(self, model, tokenizer, *, max_batch: int = 64, max_queue: int = 256,
+                 prefill_chunk: int = PREFILL_CHUNK,
                  max_prompt_tokens: int | None = None, max_new_tokens_limit: int = 4096,
                  capacity: int | None = None, device=None, graphs: bool | None = None):
         for name, value in (("max_batch", max_batch), ("max_queue", max_queue), ("prefill_chunk", prefill_chunk),
@@ -140,6 +149,8 @@ class Engine:
             graphs = self.device.type == "cuda" if graphs is None else bool(graphs)
             self._slots = SlotStates(model, max_batch, capacity, self.device, graphs=graphs)
         self.graphs = graphs
+        self.capture_s: float | None = None  # seconds :meth:`start` spent capturing the buckets' graphs
+        self.buckets = self._slots.buckets()  # the batch sizes a decoding step takes
 
         self._cv = threading.Condition()  # guards the fields below up to the loop's own
         self._pending: deque[_Job] = deque()  # submitted, waiting for a slot
@@ -156,7 +167,13 @@ class Engine:
 
     # ------------------------------------------------------------------ public API
     def start(self) -> Engine:
-        """Start the loop thread (idempotent)."""
+        """Start the loop thread (idempotent).  With graphs, every batch bucket's decoding step is captured
+        first (:attr:`capture_s` seconds), so no request waits for a capture."""
+        if self.graphs and self._thread is None and self.capture_s is None:
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                self._slots.capture_all()
+            self.capture_s = time.perf_counter() - t0
         with self._cv:
             if self._closing:
                 raise EngineClosed("the engine has been shut down")
@@ -328,6 +345,9 @@ class Engine:
     def _prefill(self, budget: int) -> None:
         while budget > 0 and self._prefilling:
             job = self._prefilling[0]
+            if job.consumed == 0 and len(job.ids) <= budget:  # whole prompts: prefilled together, packed
+                budget -= self._prefill_whole(self._whole_prompts(budget))
+                continue
             n = min(budget, len(job.ids) - job.consumed)
             try:
                 ids = torch.tensor(job.ids[job.consumed : job.consumed + n], device=self.device)[None]  # [1, n]
@@ -346,6 +366,49 @@ class Engine:
                 self._end(job, "error", f"prefill: {type(err).__name__}: {err}")
                 continue
             self._take(job, token)
+
+    def _whole_prompts(self, budget: int) -> list[_Job]:
+        """The oldest requests not yet started whose whole prompts fit in ``budget`` tokens together (at least the
+        first, which the caller checked), in order: the first that does not fit ends the group."""
+        group, total = [], 0
+        for job in self._prefilling:
+            if job.consumed or total + len(job.ids) > budget:
+                break
+            group.append(job)
+            total += len(job.ids)
+        return group
+
+    def _prefill_whole(self, group: list[_Job]) -> int:
+        """Prefill the whole prompts of ``group`` in one packed call (:func:`lintime.generation.prefill` with
+        ``cu_seqlens``: no prompt sees another), write each state into its slot and draw each first token;
+        return the tokens prefilled.  Where the packed call fails, each prompt is tried alone, so a request that
+        breaks the model ends alone."""
+        lens = [len(job.ids) for job in group]
+        try:
+            ids = torch.tensor([t for job in group for t in job.ids], device=self.device)[None]  # [1, sum(lens)]
+            cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=self.device)
+            logits, state = prefill(self.model, ids, None, chunk_size=max(lens), cu_seqlens=cu)  # [N, V]
+            for i, job in enumerate(group):
+                self._slots.write_row(job.slot, select_state(state, torch.tensor([i], device=self.device)), lens[i])
+        except Exception as err:
+            if len(group) > 1:
+                return sum(self._prefill_whole([job]) for job in group)
+            self._end(group[0], "error", f"prefill: {type(err).__name__}: {err}")
+            return sum(lens)
+        self._counts["prompt_tokens"] += sum(lens)
+        for job in group:
+            job.consumed = len(job.ids)
+            self._prefilling.remove(job)
+            self._running[job.slot] = job
+        try:
+            tokens = self._draw(group, logits)
+        except Exception as err:
+            for job in group:
+                self._end(job, "error", f"sampling: {type(err).__name__}: {err}")
+            return sum(lens)
+        for job, token in zip(group, tokens):
+            self._take(job, token)
+        return sum(lens)
 
     def _decode(self) -> None:
         slots = sorted(self._running)

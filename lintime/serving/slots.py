@@ -87,6 +87,18 @@ class SlotStates:
         """Rows of the step that covers slot ``highest``: the next power of two, at most ``B``."""
         return min(1 << highest.bit_length(), self.max_batch)
 
+    def buckets(self) -> list[int]:
+        """Every step size :meth:`bucket` can return: the powers of two below ``B``, and ``B``."""
+        return sorted({min(1 << k, self.max_batch) for k in range(self.max_batch.bit_length() + 1)})
+
+    def capture_all(self) -> None:
+        """Capture every bucket's step now (with graphs; else nothing): a server pays for the captures at start,
+        not in its first requests' latency."""
+        if self.graphs:
+            for n in self.buckets():
+                if n not in self._graphs:
+                    self._graphs[n] = self._capture(n)
+
     def view(self, n: int):
         if n not in self._views:
             self._views[n] = _rows(self.state, 0, n)
