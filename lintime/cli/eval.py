@@ -86,19 +86,9 @@ def eval(
         compare: extrapolation: JSON files of earlier --task extrapolation runs to draw as further curves, comma-separated.
     """
     from lintime.cli.loading import load_checkpoint
-    from lintime.evaluation import evaluate, load_split
-    from lintime.utils.device import autocast_dtype, pick_device
-    from lintime.utils.io import atomic_write_text
+    from lintime.utils.device import pick_device
 
-    lens = parse_context_lens(context_lens)
-    if precision not in ("auto", "fp32", "bf16"):
-        raise CLIError(f"--precision must be auto, fp32 or bf16, got {precision!r}")
-    if max_tokens is not None and max_tokens < 1:
-        raise CLIError(f"--max-tokens must be >= 1, got {max_tokens}")
-    if batch_tokens < 1:
-        raise CLIError(f"--batch-tokens must be >= 1, got {batch_tokens}")
-    if json is not None:
-        check_writable(Path(json).parent, "--json")
+    lens = _check_options(context_lens, precision, max_tokens, batch_tokens, json)
     dev = pick_device(device)
     loaded = load_checkpoint(checkpoint, device=dev)
     set_threads(threads, device=str(dev), n_params=loaded.model.num_parameters())
@@ -111,6 +101,31 @@ def eval(
                     digits=digits, factor=factor, bucket=bucket, max_windows=max_windows or None, seed=seed,
                     split=split, data=data)
         return _eval_task(task, loaded, checkpoint, dev, precision, json, plot, compare, progress, given=given, opts=opts)
+    _eval_lm(loaded, checkpoint, dev, lens, split=split, data=data, max_tokens=max_tokens, batch_tokens=batch_tokens,
+             precision=precision, json=json, progress=progress)
+
+
+def _check_options(context_lens: str, precision: str, max_tokens: int | None, batch_tokens: int,
+                   json: str | None) -> list[int]:
+    """The context lengths of ``--context-lens``, after the checks of the flags that need no checkpoint."""
+    lens = parse_context_lens(context_lens)
+    if precision not in ("auto", "fp32", "bf16"):
+        raise CLIError(f"--precision must be auto, fp32 or bf16, got {precision!r}")
+    if max_tokens is not None and max_tokens < 1:
+        raise CLIError(f"--max-tokens must be >= 1, got {max_tokens}")
+    if batch_tokens < 1:
+        raise CLIError(f"--batch-tokens must be >= 1, got {batch_tokens}")
+    if json is not None:
+        check_writable(Path(json).parent, "--json")
+    return lens
+
+
+def _eval_lm(loaded, checkpoint, dev, lens, *, split, data, max_tokens, batch_tokens, precision, json, progress) -> None:
+    """``--task lm``: bits per byte (perplexity for BPE) of ``split`` at each context length of ``lens``."""
+    from lintime.evaluation import evaluate, load_split
+    from lintime.utils.device import autocast_dtype
+    from lintime.utils.io import atomic_write_text
+
     dataset = load_split(loaded.config, loaded.tokenizer, split, data, quiet=not progress)
     trained = (loaded.config.get("train") or {}).get("context_len")
 
