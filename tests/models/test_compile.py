@@ -88,10 +88,7 @@ def test_cpu_paths(name, packed):
     model = _model(name)
     key = (model.config.family, packed)
     what = f"{name} {'packed' if packed else 'plain'} compiled"
-    if key not in CPU_BREAKS:
-        ids, _, cu = _inputs(model, packed)
-        torch._dynamo.reset()
-        assert torch._dynamo.explain(model)(ids, cu_seqlens=cu).graph_break_count == 0, what
+    if key not in CPU_BREAKS:  # fullgraph=True: a graph break fails the compile
         _compiled_equals_eager(model, packed, what)
         return
     ids, _, cu = _inputs(model, packed)
