@@ -1,6 +1,7 @@
 """lintime.training.tasks at CPU sizes: the query-only loss equals the model's loss on every
-position, pre-drawn test examples score as drawn ones, the time-boxed schedule (steps, evaluations,
-a cosine that still ends at 0) and the three ways a run stops."""
+position, the plain step is forward_backward on rows, pre-drawn test examples score as drawn ones,
+the time-boxed schedule (steps, evaluations, a cosine that still ends at 0) and the three ways a run
+stops."""
 
 from __future__ import annotations
 
@@ -10,9 +11,38 @@ import math
 import pytest
 import torch
 
-from lintime.evaluation.tasks.mqar import MQARConfig, evaluate_mqar, mqar_examples
+from lintime.evaluation.tasks.mqar import MQARConfig, QueryLoss, evaluate_mqar, mqar_examples, query_loss
 from lintime.models import CausalLM
-from lintime.training.tasks import TaskTrainConfig, cosine_lr, query_loss, schedule, train_task
+from lintime.training.step import forward_backward
+from lintime.training.tasks import TaskTrainConfig, _Rows, cosine_lr, schedule, train_task
+
+
+@pytest.mark.parametrize("micro", [8, 4])
+def test_the_plain_task_step_is_forward_backward_on_rows(micro):
+    """TaskRun's plain step, forward_backward(packed=False) on QueryLoss: in one micro-batch the same
+    gradients, bit for bit, as the query loss over the batch's targets taken by hand; in two, the
+    accumulated ones within fp32 rounding."""
+    from tolerances import assert_exact
+
+    cfg = TaskTrainConfig(preset="vq-tiny", d_model=32, vocab_size=64, seq_len=32, kv_pairs=4, aux_weight=0.1)
+    torch.manual_seed(0)
+    model = CausalLM(cfg.model_config()).eval()  # eval: the codebook stays put between the two passes
+    x, y = mqar_examples(cfg.mqar, 8, seed=3)
+    n = 8 * cfg.mqar.queries
+    aux: dict = {}
+    loss = query_loss(model, x, y, aux, queries=cfg.mqar.queries) / n
+    loss = loss + cfg.aux_weight * sum(v.float() for v in aux.values())
+    loss.backward()
+    ref = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    ce, aux_loss = forward_backward(QueryLoss(model, cfg.mqar.queries), _Rows(x, y), micro_rows=micro,
+                                    aux_weight=cfg.aux_weight, n_targets=n, packed=False)
+    assert math.isclose(ce + aux_loss, loss.item(), rel_tol=1e-6)
+    for (name, p), g in zip(model.named_parameters(), ref):
+        if micro == 8:
+            assert torch.equal(p.grad, g), name
+        else:
+            assert_exact(name, g, p.grad)
 
 
 @pytest.mark.parametrize("preset", ["transformer-pp-tiny", "vq-tiny"])
