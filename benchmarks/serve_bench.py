@@ -77,12 +77,16 @@ class Server:
 
 
 def one_request(client, model: str, prompt: str, new_tokens: int, timeout: float) -> dict:
-    """One streamed greedy completion: time to first text, the gaps between the following pieces, the pieces."""
+    """One streamed greedy completion: time to first text, the gaps between the following pieces, the pieces, and
+    the tokens the server counted (its usage chunk: a piece may hold several tokens, or wait for a character's
+    last byte)."""
     t0 = time.perf_counter()
-    first, last, gaps, pieces, finish = None, None, [], 0, None
+    first, last, gaps, pieces, finish, tokens = None, None, [], 0, None, None
     stream = client.completions.create(model=model, prompt=prompt, max_tokens=new_tokens, temperature=0, stream=True,
-                                       timeout=timeout)
+                                       stream_options={"include_usage": True}, timeout=timeout)
     for chunk in stream:
+        if getattr(chunk, "usage", None) is not None:
+            tokens = chunk.usage.completion_tokens
         if not chunk.choices:
             continue
         now = time.perf_counter()
@@ -94,7 +98,8 @@ def one_request(client, model: str, prompt: str, new_tokens: int, timeout: float
             last = now
             pieces += 1
         finish = chunk.choices[0].finish_reason or finish
-    return {"ttft": first, "gaps": gaps, "pieces": pieces, "finish": finish, "wall": time.perf_counter() - t0}
+    return {"ttft": first, "gaps": gaps, "pieces": pieces, "tokens": tokens, "finish": finish,
+            "wall": time.perf_counter() - t0}
 
 
 def bench_model(model: str, args, out: Path) -> dict:
@@ -126,9 +131,11 @@ def bench_model(model: str, args, out: Path) -> dict:
     ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
     gaps = [g for r in ok for g in r["gaps"]]
     tokens = sum(r["pieces"] for r in ok)
+    new_tokens = sum(r["tokens"] or 0 for r in ok)
     row = {"model": model, "served_as": name, "clients": args.clients, "requests": len(results), "failed":
            len(results) - len(ok), "finish": {k: sum(r.get("finish") == k for r in ok) for k in ("length", "stop")},
            "wall_s": round(wall, 3), "output_pieces": tokens, "pieces_per_s": round(tokens / wall, 1),
+           "output_tokens": new_tokens, "tokens_per_s": round(new_tokens / wall, 1),
            "ttft_ms": {q: _ms(_quantile(ttft, v)) for q, v in (("p50", .5), ("p90", .9), ("p99", .99))},
            "itl_ms": {q: _ms(_quantile(gaps, v)) for q, v in (("p50", .5), ("p99", .99))},
            "engine": {k: health.get(k) for k in ("steps", "tokens_generated") if k in health}}
@@ -163,9 +170,9 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
         (out / "serve_bench.json").write_text(json.dumps({"commit": os.environ.get("LINTIME_GIT_COMMIT", ""),
                                                           "settings": vars(args), "rows": rows}, indent=1))
-    print(f"\n{'model':<28} {'pieces/s':>9} {'ttft p50':>9} {'p99':>8} {'itl p50':>8} {'p99':>8} failed")
+    print(f"\n{'model':<28} {'tokens/s':>9} {'pieces/s':>9} {'ttft p50':>9} {'p99':>8} {'itl p50':>8} {'p99':>8} failed")
     for r in rows:
-        print(f"{r['served_as'][:28]:<28} {r['pieces_per_s']:>9} {r['ttft_ms']['p50']!s:>9} {r['ttft_ms']['p99']!s:>8} "
+        print(f"{r['served_as'][:28]:<28} {r['tokens_per_s']:>9} {r['pieces_per_s']:>9} {r['ttft_ms']['p50']!s:>9} {r['ttft_ms']['p99']!s:>8} "
               f"{r['itl_ms']['p50']!s:>8} {r['itl_ms']['p99']!s:>8} {r['failed']}")
 
 
