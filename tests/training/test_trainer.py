@@ -16,6 +16,7 @@ from lintime.data import BatchIterator, open_prepared
 from lintime.layers.base import Mixer
 from lintime.models import CausalLM, ModelConfig, get_preset
 from lintime.models.config import FFNConfig
+from lintime.models import registry
 from lintime.models.registry import register_family
 from lintime.training import load_model, train
 from lintime.training import step as step_mod
@@ -191,10 +192,16 @@ class _AuxMixer(Mixer):
         return None
 
 
-register_family("auxtest", _AuxConfig, lambda config, layer_idx, causal: _AuxMixer(config.d_model))
+@pytest.fixture
+def auxtest_family():
+    """The ``auxtest`` family, registered for one test only: a family left in the registry would show up in every
+    module collected after this one (the tiny-preset table checks it covers every family)."""
+    register_family("auxtest", _AuxConfig, lambda config, layer_idx, causal: _AuxMixer(config.d_model))
+    yield
+    registry._FAMILIES.pop("auxtest", None)
 
 
-def test_aux_losses_are_added_with_their_weight(token_cache):
+def test_aux_losses_are_added_with_their_weight(token_cache, auxtest_family):
     batch = _batch(token_cache)
     cfg = ModelConfig(vocab_size=260, d_model=16, n_layers=2, family="auxtest", ffn=FFNConfig())
     torch.manual_seed(0)
