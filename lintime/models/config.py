@@ -17,6 +17,7 @@ import json
 import typing
 from typing import Any
 
+from lintime.utils.checks import is_int, is_number
 from lintime.models.registry import get_family
 
 NORMS = ("layernorm", "scalenorm", "rmsnorm")
@@ -26,14 +27,6 @@ FFN_KINDS = ("mlp", "glu")
 # mask.  Every family's CPU-sized presets use it; tests/models check the two agree.
 BYTE_VOCAB = 260
 FFN_ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "relu2", "sigmoid", "identity")
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def _fail(where: str, msg: str) -> None:
@@ -70,16 +63,16 @@ class FFNConfig:
         w = "FFNConfig"
         if self.kind not in FFN_KINDS:
             _fail(w, f"kind must be one of {FFN_KINDS}, got {self.kind!r}")
-        if not _is_num(self.expansion) or self.expansion <= 0:
+        if not is_number(self.expansion) or self.expansion <= 0:
             _fail(w, f"expansion must be a positive number, got {self.expansion!r}")
-        if self.hidden is not None and (not _is_int(self.hidden) or self.hidden < 1):
+        if self.hidden is not None and (not is_int(self.hidden) or self.hidden < 1):
             _fail(w, f"hidden must be a positive int or None, got {self.hidden!r}")
         for name in ("activation", "value_activation"):
             if getattr(self, name) not in FFN_ACTIVATIONS:
                 _fail(w, f"{name} must be one of {FFN_ACTIVATIONS}, got {getattr(self, name)!r}")
         if not isinstance(self.bias, bool):
             _fail(w, f"bias must be a bool, got {self.bias!r}")
-        if not _is_num(self.dropout) or not 0 <= self.dropout < 1:
+        if not is_number(self.dropout) or not 0 <= self.dropout < 1:
             _fail(w, f"dropout must be in [0, 1), got {self.dropout!r}")
 
     def hidden_size(self, d_model: int) -> int:
@@ -136,7 +129,7 @@ class ModelConfig:
         w = "ModelConfig"
         for name in ("vocab_size", "d_model", "n_layers"):
             v = getattr(self, name)
-            if not _is_int(v) or v < 1:
+            if not is_int(v) or v < 1:
                 _fail(w, f"{name} must be a positive int, got {v!r}")
         family = get_family(self.family)  # raises with the list of registered families
         if self.mixer is None:
@@ -148,11 +141,11 @@ class ModelConfig:
             _fail(w, f"ffn must be an FFNConfig or None, got {type(self.ffn).__name__}")
         if self.norm not in NORMS:
             _fail(w, f"norm must be one of {NORMS}, got {self.norm!r}")
-        if not _is_num(self.norm_eps) or self.norm_eps <= 0:
+        if not is_number(self.norm_eps) or self.norm_eps <= 0:
             _fail(w, f"norm_eps must be > 0, got {self.norm_eps!r}")
         if self.position not in POSITIONS:
             _fail(w, f"position must be one of {POSITIONS}, got {self.position!r}")
-        if not _is_int(self.max_positions) or self.max_positions < 0:
+        if not is_int(self.max_positions) or self.max_positions < 0:
             _fail(w, f"max_positions must be an int >= 0, got {self.max_positions!r}")
         if self.position == "learned" and self.max_positions < 1:
             _fail(w, "position='learned' needs max_positions >= 1 (the size of the position table)")
@@ -164,9 +157,9 @@ class ModelConfig:
         for name in ("final_norm", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 _fail(w, f"{name} must be a bool, got {getattr(self, name)!r}")
-        if not _is_num(self.dropout) or not 0 <= self.dropout < 1:
+        if not is_number(self.dropout) or not 0 <= self.dropout < 1:
             _fail(w, f"dropout must be in [0, 1), got {self.dropout!r}")
-        if not _is_num(self.init_std) or self.init_std <= 0:
+        if not is_number(self.init_std) or self.init_std <= 0:
             _fail(w, f"init_std must be > 0, got {self.init_std!r}")
         check = getattr(self.mixer, "check", None)
         if check is not None:

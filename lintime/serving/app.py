@@ -38,6 +38,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from lintime.utils.checks import is_int
 from lintime.serving import EngineClosed, QueueFull, Request
 
 log = logging.getLogger("lintime.serve")
@@ -115,15 +116,11 @@ def _too_large(size: int | None, limit: int) -> APIError:
     return APIError(413, f"request body too large: {got}, at most {limit:,} bytes", code="request_too_large")
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _number(data: dict, name: str, default: float) -> float:
     x = data.get(name)
     if x is None:
         return default
-    if not (_is_int(x) or isinstance(x, float)) or not math.isfinite(x):
+    if not (is_int(x) or isinstance(x, float)) or not math.isfinite(x):
         raise APIError(400, f"{name} must be a finite number, got {x!r}", param=name)
     return float(x)
 
@@ -132,7 +129,7 @@ def _integer(data: dict, name: str, default: int | None) -> int | None:
     x = data.get(name)
     if x is None:
         return default
-    if not _is_int(x):
+    if not is_int(x):
         raise APIError(400, f"{name} must be an integer, got {x!r}", param=name)
     return x
 
@@ -151,7 +148,7 @@ def _prompt(x: Any) -> str | list[int]:
     or a list of one list of token ids."""
     if isinstance(x, str):
         return x
-    if isinstance(x, list) and x and all(_is_int(t) for t in x):
+    if isinstance(x, list) and x and all(is_int(t) for t in x):
         return list(x)
     if isinstance(x, list) and x and all(isinstance(p, (str, list)) for p in x):
         if len(x) > 1:

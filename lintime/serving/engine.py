@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import numbers
 import random
 import threading
 import time
@@ -55,6 +54,7 @@ import torch
 from lintime.generation import Detokenizer, StopMatcher, prefill, sample_seeded
 from lintime.layers.base import select_state
 from lintime.serving.request import EngineClosed, Event, Handle, QueueFull, Request
+from lintime.utils.checks import is_int
 from lintime.serving.slots import SlotStates, state_grows
 
 # tokens per slot when the model's state grows and neither a capacity nor a prompt bound is given: room for
@@ -116,9 +116,9 @@ class Engine:
                  capacity: int | None = None, device=None, graphs: bool | None = None):
         for name, value in (("max_batch", max_batch), ("max_queue", max_queue), ("prefill_chunk", prefill_chunk),
                             ("max_new_tokens_limit", max_new_tokens_limit)):
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"Engine: {name} must be an integer >= 1, got {value!r}")
-        if max_prompt_tokens is not None and (not _is_int(max_prompt_tokens) or max_prompt_tokens < 1):
+        if max_prompt_tokens is not None and (not is_int(max_prompt_tokens) or max_prompt_tokens < 1):
             raise ValueError(f"Engine: max_prompt_tokens must be None or an integer >= 1, got {max_prompt_tokens!r}")
         if getattr(model, "causal", True) is False:
             raise ValueError(f"Engine: {type(model).__name__} is bidirectional (masked LM): it cannot generate text")
@@ -137,7 +137,7 @@ class Engine:
         if capacity is None:
             capacity = max_prompt_tokens + max_new_tokens_limit if max_prompt_tokens else DEFAULT_CAPACITY
             capacity = min(capacity, self.max_positions or capacity)
-        if not _is_int(capacity) or capacity < 2:
+        if not is_int(capacity) or capacity < 2:
             raise ValueError(f"Engine: capacity must be an integer >= 2, got {capacity!r}")
         if self.max_positions is not None and capacity > self.max_positions:
             raise ValueError(f"Engine: capacity {capacity} exceeds the model's learned position table "
@@ -236,21 +236,7 @@ class Engine:
     def _check(self, r: Request) -> _Job:
         if not isinstance(r, Request):
             raise ValueError(f"submit takes a lintime.serving.Request, got {type(r).__name__}")
-        if not _is_int(r.max_tokens) or not 1 <= r.max_tokens <= self.max_new_tokens_limit:
-            raise ValueError(f"max_tokens must be an integer in [1, {self.max_new_tokens_limit}], got {r.max_tokens!r}")
-        if not _is_real(r.temperature) or not 0 <= r.temperature < float("inf"):
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {r.temperature!r}")
-        if not _is_real(r.top_p) or not 0 < r.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {r.top_p!r}")
-        if not _is_int(r.top_k) or r.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = all tokens), got {r.top_k!r}")
-        stop = (r.stop,) if isinstance(r.stop, str) else r.stop
-        if not isinstance(stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in stop):
-            raise ValueError(f"stop must be a string or a list of non-empty strings, got {r.stop!r}")
-        if r.seed is not None and (not _is_int(r.seed) or not -(2**63) <= r.seed < 2**63):
-            raise ValueError(f"seed must be None or a 64-bit integer, got {r.seed!r}")
-        if not isinstance(r.echo, bool):
-            raise ValueError(f"echo must be true or false, got {r.echo!r}")
+        stop = r.checked(self.max_new_tokens_limit)
         ids, echo = self._encode(r.prompt)
         self._check_length(len(ids), r.max_tokens)
         return _Job(None, ids, int(r.max_tokens), float(r.temperature), int(r.top_k), float(r.top_p),
@@ -263,7 +249,7 @@ class Engine:
             if not prompt:
                 raise ValueError("prompt is empty")
             return [self.tokenizer.bos_id, *self.tokenizer.encode(prompt)], prompt
-        if isinstance(prompt, (list, tuple)) and all(_is_int(t) for t in prompt):
+        if isinstance(prompt, (list, tuple)) and all(is_int(t) for t in prompt):
             if not prompt:
                 raise ValueError("prompt is empty")
             bad = [int(t) for t in prompt if not 0 <= t < self.vocab_size]
@@ -500,14 +486,6 @@ class Engine:
         self._live -= 1
         self._counts["requests_finished"] += 1
         job.handle._publish(ev)
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _is_real(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 __all__ = ["DEFAULT_CAPACITY", "Engine"]

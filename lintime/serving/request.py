@@ -19,6 +19,8 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from lintime.utils.checks import is_int, is_number
+
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
 
@@ -56,6 +58,26 @@ class Request:
     stop: Sequence[str] | str = ()
     seed: int | None = None
     echo: bool = False
+
+    def checked(self, max_tokens_limit: int) -> tuple[str, ...]:
+        """The stop strings as a tuple, once every field but the prompt is checked (``ValueError`` naming the
+        field); ``max_tokens_limit``: the engine's largest ``max_tokens``."""
+        if not is_int(self.max_tokens) or not 1 <= self.max_tokens <= max_tokens_limit:
+            raise ValueError(f"max_tokens must be an integer in [1, {max_tokens_limit}], got {self.max_tokens!r}")
+        if not is_number(self.temperature) or not 0 <= self.temperature < float("inf"):
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not is_int(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = all tokens), got {self.top_k!r}")
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in stop):
+            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+        if self.seed is not None and (not is_int(self.seed) or not -(2**63) <= self.seed < 2**63):
+            raise ValueError(f"seed must be None or a 64-bit integer, got {self.seed!r}")
+        if not isinstance(self.echo, bool):
+            raise ValueError(f"echo must be true or false, got {self.echo!r}")
+        return tuple(stop)
 
 
 @dataclass(frozen=True)

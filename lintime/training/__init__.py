@@ -1,9 +1,11 @@
-"""Training: the run-folder / checkpoint contract (:mod:`lintime.training.checkpoint`), the
-training config and the seeds' recipes (:mod:`~lintime.training.config`), learning-rate
-schedules, one step and validation (:mod:`~lintime.training.step`), the step captured in one CUDA graph
-(:mod:`~lintime.training.graphed`), the training loop
-(:mod:`~lintime.training.trainer`), distributed training (:mod:`~lintime.training.parallel`),
-metrics and plots.
+"""Training: the run-folder / checkpoint contract (:mod:`lintime.training.checkpoint`, with its step folders and
+retention in :mod:`~lintime.training.checkpoint_folders` and the distributed save in
+:mod:`~lintime.training.checkpoint_sharded`), the training config and the seeds' recipes
+(:mod:`~lintime.training.config`), learning-rate schedules, one step and validation (:mod:`~lintime.training.step`),
+the step captured in one CUDA graph (:mod:`~lintime.training.graphed`), a run's set-up
+(:mod:`~lintime.training.run_setup`) and its loop (:mod:`~lintime.training.trainer`), synthetic-task training
+(:mod:`~lintime.training.tasks`, :mod:`~lintime.training.task_config`), distributed training
+(:mod:`~lintime.training.parallel`, :mod:`~lintime.training.context_parallel`), metrics and plots.
 No CLI code here (``lintime train`` is :mod:`lintime.cli.train`)."""
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ import dataclasses
 import math
 from typing import Any
 
+from lintime.utils.checks import is_int, is_number
+
 DEFAULT_STEPS = 300  # budget when none of steps / tokens / time_minutes is given (the default run: < 4 min, 2-core CPU)
 # Peak learning rate of models under SMALL_MODEL_PARAMS parameters (the *-tiny presets) when --lr is
 # not given: the seeds' rates are for 100M+ models, and a tiny model's short default run learns far
@@ -111,14 +113,6 @@ def preset_parameters(preset: str) -> int:
 
     with torch.device("meta"):
         return CausalLM(get_preset(preset)).num_parameters()
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _field(default, help: str, flag: str | None = None):
@@ -263,7 +257,7 @@ class TrainConfig:
             if v is None and allow_none:
                 return
             low = 0 if allow_zero else 1
-            if not _is_int(v) or v < low:
+            if not is_int(v) or v < low:
                 fail(f"{name} must be an integer >= {low}, got {v!r}")
 
         for name in ("preset", "corpus", "tokenizer", "text_field"):
@@ -282,7 +276,7 @@ class TrainConfig:
         positive_int("context_parallel")
         if self.precision not in PRECISIONS:
             fail(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if not _is_num(self.mlm_prob) or not 0 < self.mlm_prob < 1:
+        if not is_number(self.mlm_prob, finite=True) or not 0 < self.mlm_prob < 1:
             fail(f"mlm_prob must be in (0, 1), got {self.mlm_prob!r}")
         positive_int("context_len")
         positive_int("tokens_per_batch")
@@ -296,34 +290,35 @@ class TrainConfig:
                 fail(f"micro_batch_tokens ({self.micro_batch_tokens}) must divide tokens_per_batch ({self.tokens_per_batch})")
         positive_int("steps", allow_none=True)
         positive_int("tokens", allow_none=True)
-        if self.time_minutes is not None and (not _is_num(self.time_minutes) or self.time_minutes <= 0):
+        if self.time_minutes is not None and (not is_number(self.time_minutes, finite=True) or self.time_minutes <= 0):
             fail(f"time_minutes must be > 0, got {self.time_minutes!r}")
-        if self.lr is not None and (not _is_num(self.lr) or self.lr <= 0):
+        if self.lr is not None and (not is_number(self.lr, finite=True) or self.lr <= 0):
             fail(f"lr must be > 0, got {self.lr!r}")
-        if self.warmup is not None and (not _is_num(self.warmup) or not 0 <= self.warmup < 1):
+        if self.warmup is not None and (not is_number(self.warmup, finite=True) or not 0 <= self.warmup < 1):
             fail(f"warmup is a fraction of the schedule in [0, 1), got {self.warmup!r}")
         if self.decay is not None and self.decay not in DECAYS:
             fail(f"decay must be one of {DECAYS}, got {self.decay!r}")
-        if self.final_lr_ratio is not None and (not _is_num(self.final_lr_ratio) or not 0 <= self.final_lr_ratio <= 1):
+        ratio = self.final_lr_ratio
+        if ratio is not None and (not is_number(ratio, finite=True) or not 0 <= ratio <= 1):
             fail(f"final_lr_ratio must be in [0, 1], got {self.final_lr_ratio!r}")
         for name in ("beta1", "beta2"):
             v = getattr(self, name)
-            if v is not None and (not _is_num(v) or not 0 <= v < 1):
+            if v is not None and (not is_number(v, finite=True) or not 0 <= v < 1):
                 fail(f"{name} must be in [0, 1), got {v!r}")
-        if self.eps is not None and (not _is_num(self.eps) or self.eps <= 0):
+        if self.eps is not None and (not is_number(self.eps, finite=True) or self.eps <= 0):
             fail(f"eps must be > 0, got {self.eps!r}")
         for name in ("weight_decay", "clip", "aux_weight"):
             v = getattr(self, name)
-            if v is not None and (not _is_num(v) or v < 0):
+            if v is not None and (not is_number(v, finite=True) or v < 0):
                 fail(f"{name} must be >= 0, got {v!r}")
-        if not _is_int(self.seed) or self.seed < 0:
+        if not is_int(self.seed) or self.seed < 0:
             fail(f"seed must be an integer >= 0, got {self.seed!r}")
-        if self.init_seed is not None and (not _is_int(self.init_seed) or self.init_seed < 0):
+        if self.init_seed is not None and (not is_int(self.init_seed) or self.init_seed < 0):
             fail(f"init_seed must be an integer >= 0 or None, got {self.init_seed!r}")
         for name in ("log_every", "eval_every", "save_every", "keep", "sample_tokens", "top_k"):
             positive_int(name, allow_zero=True)
         positive_int("eval_tokens")
-        if not _is_num(self.temperature) or self.temperature < 0:
+        if not is_number(self.temperature, finite=True) or self.temperature < 0:
             fail(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
         if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from):
             fail(f"init_from must be a run or step folder, got {self.init_from!r}")

@@ -21,7 +21,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 def triton_rows(z: Tensor, y: Tensor, scale: Tensor, out: Tensor, ignore_index: int, label_smoothing: float,
                 want_grad: bool, launch: CrossEntropyLaunch | None = None) -> None:
     """The per-row step of :func:`lintime.modules.cross_entropy.chunk.torch_rows` by the kernel (same
-    arguments; ``launch``: :func:`default_launch`'s unless given, for tests and lab/ce_rows_sweep.py)."""
+    arguments; ``launch``: :func:`default_launch`'s unless given, for tests and sweeps)."""
     n, V = z.shape
     if n == 0:
         return

@@ -44,7 +44,7 @@ class NormLaunch(LaunchConfig):
             raise ValueError(f"NormLaunch.programs_per_sm must be >= 0, got {self.programs_per_sm}")
 
 
-LAUNCH = NormLaunch()  # what every call takes; tests and lab/norm_ab.py replace it to run other launches
+LAUNCH = NormLaunch()  # what every call takes; tests and sweeps replace it to run other launches
 
 
 def default_launch() -> NormLaunch:
