@@ -113,6 +113,10 @@ def bench_model(model: str, args, out: Path) -> dict:
         name = client.models.list().data[0].id
         prompt = ("The quick brown fox jumps over the lazy dog. " * (args.prompt_tokens // 45 + 1))[:args.prompt_tokens - 1]
         one_request(client, name, prompt[:64], 4, args.request_s)  # warm-up: kernels and the first buckets
+        for _ in range(args.warmup_rounds):  # the load itself once, untimed: its prefill shapes compile kernels
+            with ThreadPoolExecutor(args.clients) as pool:
+                list(pool.map(lambda _: one_request(client, name, prompt, args.new_tokens, args.request_s),
+                              range(args.clients)))
         results: list[dict] = []
         t0 = time.perf_counter()
         with ThreadPoolExecutor(args.clients) as pool:
@@ -155,6 +159,9 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=2, help="requests per client")
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--warmup-rounds", type=int, default=1,
+                   help="untimed rounds of the same load first (Triton compiles each new prefill shape once per "
+                        "machine: a cold first round measures the compiler)")
     p.add_argument("--serve-flags", default="", help="extra lintime serve flags, space-separated")
     p.add_argument("--start-s", type=float, default=300)
     p.add_argument("--request-s", type=float, default=300)
