@@ -1,7 +1,7 @@
 """The forward and backward launchers of mixed chunk attention (seed §3.2, Eqs. 6-8), shared by the custom ops
 ``lintime::mixed_chunk_fwd`` / ``_bwd`` and the eager Function of :mod:`.mixed_chunk`.
 
-Kernel sequence (:mod:`.kernels`), causal forward::
+Kernel sequence (:mod:`.walk`, :mod:`.kernels`), causal forward::
 
     chunk_state_kernel  the state entering every chunk, H [NC, H, S, E] (SDT), and the final kv:
                         one walk per sequence when that fills the GPU; otherwise a walk from zero
@@ -31,15 +31,10 @@ from dataclasses import dataclass
 import torch
 
 from lintime.ops.gau.triton.bias import fold_bias_grad, kernel_bias
-from lintime.ops.mixed_chunk.triton.kernels import (
-    chunk_state_kernel,
-    mc_dqk_kernel,
-    mc_dred_kernel,
-    mc_gemm_kernel,
-    seg_fix_kernel,
-)
+from lintime.ops.mixed_chunk.triton.kernels import mc_dqk_kernel, mc_dred_kernel, mc_gemm_kernel
 from lintime.ops.mixed_chunk.triton.launch import MixedChunkLaunch
 from lintime.ops.mixed_chunk.triton.plan import Plan, plan_of, sdt_torch, tma_shapes, weights
+from lintime.ops.mixed_chunk.triton.walk import chunk_state_kernel, seg_fix_kernel
 from lintime.ops.launching import cdiv, dot_config, next_pow2
 from lintime.ops.state_passing import seg_scan_kernel
 from lintime.ops.tma import tma_descriptors

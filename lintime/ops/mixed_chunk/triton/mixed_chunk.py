@@ -7,7 +7,7 @@ size, ``N`` sequences, ``NC`` chunks (laid out per sequence), ``NSEG`` segments 
 consecutive chunks of one sequence walked by one program), ``SDT`` the dtype of the per-chunk
 states (:func:`lintime.ops.launching.dot_config`: bf16 for bf16 inputs, fp32 otherwise).
 
-The kernels (:mod:`.kernels`) and their launch order (:mod:`.launchers`); the host-side tables and shape rules
+The kernels (:mod:`.walk`, :mod:`.kernels`) and their launch order (:mod:`.launchers`); the host-side tables and shape rules
 (:mod:`.plan`); the launch configuration (:class:`.launch.MixedChunkLaunch`).  What is materialised: ``A`` and
 ``dS`` (input dtype, ``T * C`` elements each), ``H`` and ``G`` (``T * S * E / C`` elements each, half of ``v`` at
 ``S = 128, C = 256``), so each large product runs once, as a GEMM-shaped tile loop; the forward saves ``A`` and

@@ -1,5 +1,5 @@
 """The plan of a mixed chunk call: its chunk and segment tables and the per-chunk weights of the linear part (built
-on the device: :func:`~.kernels.plan_kernel`, :func:`~.kernels.chunk_weights_kernel`), and the shape rules (chunks
+on the device: :func:`plan_kernel`, :func:`chunk_weights_kernel`), and the shape rules (chunks
 per segment, whether loads go through TMA; the state walk's tile: :meth:`.launch.MixedChunkLaunch.thin_walk`).
 
 Every rule here is a function of the call's shapes (and ``cu_seqlens``), never of values read from tensors the
@@ -15,9 +15,10 @@ import math
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
 from lintime.ops.launching import cdiv, sm_count
-from lintime.ops.mixed_chunk.triton.kernels import chunk_weights_kernel, plan_kernel
 from lintime.ops.mixed_chunk.triton.launch import MixedChunkLaunch
 from lintime.ops.tma import tma_device
 from lintime.ops.utils import is_static, num_seqs, packed_cache, sequence_bounds
@@ -151,7 +152,7 @@ def build_plan(B, T, H, S, E, C, cu_seqlens, cfg, device) -> Plan:
 def _tables(cu, N, NC, NSEG, C, G, device) -> list[torch.Tensor]:
     """``ch_start, ch_len, ch_seq, ch_k, ch_id [NC]``, ``seg_first, seg_n, seg_seq [NSEG]``, ``seq_ptr [N + 1]``,
     ``lengths [N]`` (int32 views of one buffer) of the offsets ``cu [N + 1]`` on ``device``: one launch of
-    :func:`~.kernels.plan_kernel`."""
+    :func:`plan_kernel`."""
     sizes = [NC] * 5 + [NSEG] * 3 + [N + 1, N]
     flat = torch.empty(sum(sizes), dtype=torch.int32, device=device)
     t = list(torch.split(flat, sizes))
@@ -185,3 +186,110 @@ def _compute_weights(plan: Plan, C, causal, linear_norm, count0):
             BLOCK=BLOCK, num_warps=4,
         )
     return wq, wf
+
+
+@triton.jit
+def plan_kernel(
+    CU, CH_START, CH_LEN, CH_SEQ, CH_K, CH_ID, SEG_FIRST, SEG_N, SEG_SEQ, SEQ_PTR, LENGTHS,
+    N, NC, NSEG, C, G,
+    BLOCK: tl.constexpr, BN: tl.constexpr,
+):
+    """The launch tables (int32) of the ``N`` sequences of the offsets ``CU [N + 1]``, for ``NC`` chunk rows and
+    ``NSEG`` segment rows (at least the real counts), read and written on the device alone (no host read, sizes from
+    the arguments: a CUDA graph replays it with new offsets).  Program ``p`` fills chunk row, segment row and
+    ``SEQ_PTR`` entry ``o = p BLOCK + i``, each sequence ``n < N`` (``LENGTHS``) once.  Grid
+    ``cdiv(max(NC, NSEG, N + 1), BLOCK)``.
+
+    Sequence ``n`` has ``nch_n = ceil(L_n / C)`` chunks and ``nseg_n = max(1, ceil(nch_n / G))`` segments (an empty
+    one: one segment of no chunks); ``ch_end``, ``seg_end`` are their inclusive prefix sums.  Chunk row ``c`` is
+    chunk ``k = c - ch_end[n - 1]`` of sequence ``n = #{m : ch_end[m] <= c}`` (a sorted search: count, and the
+    largest such ``ch_end`` is the sequence's first chunk), its tokens from ``CU[n] + k C``; segment rows likewise
+    over ``seg_end``, ``G`` chunks each.  Rows past the real ones (``n = N``) are empty: chunk length 0 at the end
+    of the last sequence, segments of no chunks with ``SEG_SEQ = N - 1`` (past ``SEQ_PTR[N]``: no pass reads them
+    as part of a sequence)."""
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    o_n = tl.arange(0, BN)
+    zero = tl.zeros([BLOCK], dtype=tl.int32)
+    cnt_c, first_c, cnt_s, ptr_s, first_s, ptr_n = zero, zero, zero, zero, zero, zero
+    car_c = tl.full([], 0, tl.int32)
+    car_s = tl.full([], 0, tl.int32)
+    for n0 in range(0, N, BN):
+        n = n0 + o_n
+        m = n < N
+        lo = tl.load(CU + n, mask=m, other=0).to(tl.int32)
+        hi = tl.load(CU + n + 1, mask=m, other=0).to(tl.int32)
+        nch = (hi - lo + C - 1) // C
+        nseg = tl.where(m, tl.maximum((nch + G - 1) // G, 1), 0)
+        ch_end = tl.cumsum(nch, 0) + car_c
+        seg_end = tl.cumsum(nseg, 0) + car_s
+        car_c += tl.sum(nch, 0)
+        car_s += tl.sum(nseg, 0)
+        le = m[None, :] & (ch_end[None, :] <= o[:, None])
+        cnt_c += tl.sum(le.to(tl.int32), 1)
+        first_c = tl.maximum(first_c, tl.max(tl.where(le, ch_end[None, :], 0), 1))
+        le = m[None, :] & (seg_end[None, :] <= o[:, None])
+        cnt_s += tl.sum(le.to(tl.int32), 1)
+        ptr_s = tl.maximum(ptr_s, tl.max(tl.where(le, seg_end[None, :], 0), 1))
+        first_s = tl.maximum(first_s, tl.max(tl.where(le, ch_end[None, :], 0), 1))
+        ptr_n += tl.sum(tl.where(m[None, :] & (n[None, :] < o[:, None]), nseg[None, :], 0), 1)
+    # chunk rows
+    m_c = o < NC
+    real = cnt_c < N
+    seq = tl.minimum(cnt_c, N - 1)
+    lo = tl.load(CU + seq, mask=m_c, other=0).to(tl.int32)
+    hi = tl.load(CU + seq + 1, mask=m_c, other=0).to(tl.int32)
+    k = tl.where(real, o - first_c, 0)
+    tl.store(CH_START + o, tl.where(real, lo + k * C, hi), mask=m_c)
+    tl.store(CH_LEN + o, tl.where(real, tl.minimum(hi - lo - k * C, C), 0), mask=m_c)
+    tl.store(CH_SEQ + o, seq, mask=m_c)
+    tl.store(CH_K + o, k, mask=m_c)
+    tl.store(CH_ID + o, o, mask=m_c)
+    # segment rows
+    m_s = o < NSEG
+    real = cnt_s < N
+    seq = tl.minimum(cnt_s, N - 1)
+    lo = tl.load(CU + seq, mask=m_s, other=0).to(tl.int32)
+    hi = tl.load(CU + seq + 1, mask=m_s, other=0).to(tl.int32)
+    k = o - ptr_s
+    tl.store(SEG_FIRST + o, tl.where(real, first_s + k * G, 0), mask=m_s)
+    tl.store(SEG_N + o, tl.where(real, tl.minimum((hi - lo + C - 1) // C - k * G, G), 0), mask=m_s)
+    tl.store(SEG_SEQ + o, seq, mask=m_s)
+    # sequences
+    tl.store(SEQ_PTR + o, ptr_n, mask=o <= N)
+    m_q = o < N
+    lo = tl.load(CU + o, mask=m_q, other=0).to(tl.int32)
+    hi = tl.load(CU + o + 1, mask=m_q, other=0).to(tl.int32)
+    tl.store(LENGTHS + o, hi - lo, mask=m_q)
+
+
+@triton.jit
+def chunk_weights_kernel(
+    CH_LEN, CH_K, CH_SEQ, LENGTHS, COUNT0, WQ, WF, NC, C, inv_c,
+    CAUSAL: tl.constexpr, NORM: tl.constexpr, HAS_COUNT0: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Per chunk row: ``WF`` (whether the chunk's sum enters the states: 0 for a short chunk of a causal call, which
+    no later token sees) and ``WQ`` (the linear part's ``1 / N``: ``NORM`` 0 ``'none'`` 1, 1 ``'chunk'``
+    ``inv_c = 1 / C``, 2 ``'tokens'`` one over the tokens in the sum -- the chunks before, plus the state's
+    ``COUNT0``, or non-causal the sequence -- and 0 for an empty sum).  Grid ``cdiv(NC, BLOCK)``."""
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = o < NC
+    ln = tl.load(CH_LEN + o, mask=m, other=0)
+    if CAUSAL:
+        wf = tl.where(ln == C, 1.0, 0.0)
+    else:
+        wf = tl.full([BLOCK], 1.0, dtype=tl.float32)
+    if NORM == 0:
+        wq = tl.full([BLOCK], 1.0, dtype=tl.float32)
+    elif NORM == 1:
+        wq = tl.full([BLOCK], 1.0, dtype=tl.float32) * inv_c
+    else:
+        seq = tl.load(CH_SEQ + o, mask=m, other=0)
+        if CAUSAL:
+            n = tl.load(CH_K + o, mask=m, other=0).to(tl.int64) * C
+            if HAS_COUNT0:
+                n += tl.load(COUNT0 + seq, mask=m, other=0).to(tl.int64)
+        else:
+            n = tl.load(LENGTHS + seq, mask=m, other=0).to(tl.int64)
+        wq = tl.where(n > 0, tl.math.div_rn(1.0, tl.maximum(n, 1).to(tl.float32)), 0.0)
+    tl.store(WF + o, wf, mask=m)
+    tl.store(WQ + o, wq, mask=m)
