@@ -181,6 +181,8 @@ class Mixer(nn.Module, ABC):
     """
 
     causal: bool
+    # the training forward writes buffers (VQ's codebook statistics): data parallelism must keep them in step
+    updates_buffers: bool = False
 
     @abstractmethod
     def forward(

@@ -208,6 +208,8 @@ class VQAttention(Mixer):
         backend: passed to :func:`lintime.ops.vq_attention` (``None`` = automatic).
     """
 
+    updates_buffers = True  # the codebook statistics (EMA counts and sums) move with every training forward
+
     def __init__(
         self,
         dim: int,

@@ -21,13 +21,19 @@ import torch.nn as nn
 AUTO_FALLBACK = "off"
 
 
-def graph_obstacle(*, device: torch.device, distributed: bool, packing: str, static_packing: bool = False) -> str | None:
+def graph_obstacle(*, device: torch.device, distributed: bool, packing: str, static_packing: bool = False,
+                   parallel: str = "none", cp_size: int = 1, updates_buffers: bool = False) -> str | None:
     """Why this run's step cannot be captured in a CUDA graph, or ``None`` when it can.  ``static_packing``: the
-    model plans documents packed anew every batch on the device (``backbone.static_packing()``)."""
+    model plans documents packed anew every batch on the device (``backbone.static_packing()``); ``parallel`` and
+    ``cp_size``: the run's data and context parallelism; ``updates_buffers``: the training forward writes buffers
+    (``Mixer.updates_buffers``)."""
     if device.type != "cuda":
         return f"a CUDA graph needs a CUDA device, this run is on {device.type}"
-    if distributed:
-        return "the captured step is single-process (DDP / FSDP / context parallelism communicate outside it)"
+    if distributed and (parallel != "ddp" or cp_size > 1):
+        return ("the captured step runs one process or DDP; FSDP2 and context parallelism communicate inside the "
+                "forward and backward")
+    if distributed and updates_buffers:
+        return "the forward updates buffers (VQ's codebook statistics), which DDP broadcasts before every forward"
     if packing != "rows" and not static_packing:
         return ("documents are packed anew every batch and this model's ops plan packed calls on the host "
                 "(--packing rows gives the static layout a graph replays)")
@@ -35,7 +41,8 @@ def graph_obstacle(*, device: torch.device, distributed: bool, packing: str, sta
 
 
 def choose_compile(mode: str, *, device: torch.device, distributed: bool, packing: str,
-                   static_packing: bool = False) -> tuple[str, str | None]:
+                   static_packing: bool = False, parallel: str = "none", cp_size: int = 1,
+                   updates_buffers: bool = False) -> tuple[str, str | None]:
     """The form a run with ``--compile mode`` takes -- ``off`` (eager), ``model`` (:class:`CompiledModel`) or
     ``graph`` (the captured step) -- and the one line that says so (``None``: nothing to say).
 
@@ -45,9 +52,13 @@ def choose_compile(mode: str, *, device: torch.device, distributed: bool, packin
         return mode, None
     if mode not in ("graph", "auto"):
         raise ValueError(f"unknown compile mode {mode!r}")
-    why = graph_obstacle(device=device, distributed=distributed, packing=packing, static_packing=static_packing)
+    why = graph_obstacle(device=device, distributed=distributed, packing=packing, static_packing=static_packing,
+                         parallel=parallel, cp_size=cp_size, updates_buffers=updates_buffers)
     if why is None:
         layout = "rows" if packing == "rows" else "documents packed anew every batch"
+        if distributed:
+            return "graph", (f"lintime train: --compile {mode}: the training step is captured in two CUDA graphs per "
+                             f"rank, the gradients summed over the ranks between them ({layout})")
         return "graph", f"lintime train: --compile {mode}: the training step is captured in one CUDA graph ({layout})"
     if mode == "auto" and device.type != "cuda":
         return AUTO_FALLBACK, None  # nothing to say: graphs are a CUDA matter

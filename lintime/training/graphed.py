@@ -22,7 +22,14 @@ its count, a power of two), so the capacity settles after a few batches.
 Capture: a few warm-up steps on a side stream (Triton compiles, cuBLAS workspaces, the optimizer's state), then the
 parameters, buffers, optimizer state and RNG states are put back as they were, the gradients set to ``None`` (the
 graph's private pool then holds them), and one step captured; so the first replay is the run's first step.
-Single process only (DDP / FSDP hooks and collectives are not captured here).
+Data parallel (``data_parallel``: the run's :class:`~lintime.training.parallel.DistEnv` under DDP): each rank
+holds its own rows of the global batch and the same model.  The step is then two graphs with one collective between
+them: the forward and backward of the rank's rows (its loss normalised by the *global* number of targets, summed
+over the ranks on the device before the replay), the gradients summed over the ranks in one flat all-reduce
+(:func:`lintime.training.parallel.all_reduce_grads`), then clipping and AdamW -- the same update DDP's averaged
+gradients of ``world x`` the share give, without DDP's hooks (its wrapper is left for the eager step).  The loss
+and auxiliary loss returned are this rank's shares.  FSDP2 and context parallelism communicate inside the step and
+are not captured.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import torch
 
 from lintime.data import IGNORE_INDEX, Batch
 from lintime.ops.utils import mark_static
+from lintime.training import parallel as par
 from lintime.training.step import micro_boundaries
 
 WARMUP_STEPS = 3  # eager steps on the side stream before the capture (PyTorch's recipe uses 3; 1 may leave lazy init)
@@ -82,7 +90,8 @@ class GraphedStep:
     ``doc_capacity``: the documents layout (module docstring) with static ``cu_seqlens`` buffers of this many
     documents per micro-batch to start with (``None``: the rows layout); :meth:`step` then takes the batch's
     ``cu_seqlens``.  ``capture=False`` runs the same step eagerly every call (the reference the captured one is
-    checked against).
+    checked against).  ``data_parallel``: a DDP run's :class:`~lintime.training.parallel.DistEnv` (module docstring);
+    ``rows`` are then this rank's.
     A step that does not capture (a host read inside it, say) leaves the model and optimizer as they were, gives
     ``notice`` one line and makes :meth:`step` return ``None`` from then on: the caller takes its eager step.
     """
@@ -91,7 +100,7 @@ class GraphedStep:
                  micro_rows: int | None = None, clip: float = 0.0, aux_weight: float = 0.0,
                  autocast: torch.dtype | None = None, fused_loss: bool = True, capture: bool = True,
                  warmup: int = WARMUP_STEPS, notice: Callable[[str], None] | None = None,
-                 doc_capacity: int | None = None):
+                 doc_capacity: int | None = None, data_parallel: par.DistEnv | None = None):
         device = next(model.parameters()).device
         micro_rows = rows if micro_rows is None else micro_rows
         if micro_rows < 1 or rows % micro_rows:
@@ -104,6 +113,8 @@ class GraphedStep:
         self.rows, self.T, self.micro_rows = rows, context_len, micro_rows
         self.clip, self.aux_weight, self.autocast, self.fused_loss = clip, aux_weight, autocast, fused_loss
         self.capture, self.warmup, self.notice = capture, warmup, notice
+        self.env = data_parallel if data_parallel is not None and data_parallel.distributed else None
+        self.replicas = self.env.world if self.env is not None else 1
         self.failed: str | None = None  # why the capture failed
         # static inputs: the graph reads these addresses on every replay
         self.input_ids = torch.zeros(rows, context_len, dtype=torch.long, device=device)
@@ -114,6 +125,7 @@ class GraphedStep:
         for group in optimizer.param_groups:
             group["lr"] = self.lr
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.update_graph: torch.cuda.CUDAGraph | None = None  # data parallel: clipping + AdamW after the reduction
         self._out: StepOutput | None = None
         self.packed = doc_capacity is not None
         self.cu: list[torch.Tensor] = []
@@ -163,7 +175,7 @@ class GraphedStep:
             parts = self._micro_boundaries(cu_seqlens)
             most = max(len(p) - 1 for p in parts)
             if most > self.doc_capacity:  # capture anew with buffers that fit (the old graph and its pool go)
-                self.graph, self._out = None, None
+                self.graph, self.update_graph, self._out = None, None, None
                 self._make_buffers(1 << (2 * most - 1).bit_length())
             for buf, part in zip(self.cu, parts):
                 padded = np.full(self.doc_capacity + 1, part[-1], dtype=np.int32)
@@ -173,6 +185,8 @@ class GraphedStep:
             raise ValueError("the rows layout takes no cu_seqlens (every row is one sequence)")
         # the number of targets from a host copy where the batch is on the host (no device read)
         n = int((targets != IGNORE_INDEX).sum()) if targets.device.type == "cpu" else (targets != IGNORE_INDEX).sum()
+        if self.env is not None:  # the global batch's targets, summed on the device
+            n = par.global_count(int(n), self.env)
         self.input_ids.copy_(input_ids, non_blocking=True)
         self.targets.copy_(targets, non_blocking=True)
         if isinstance(n, int):
@@ -196,10 +210,22 @@ class GraphedStep:
                                 "eager steps")
                 return None
         self.graph.replay()
+        if self.env is not None:
+            par.all_reduce_grads(self.model, self.env)
+            self.update_graph.replay()
         return self._out
 
     def _body(self) -> StepOutput:
-        """forward + backward of every micro-batch, clip, optimizer step: what the graph holds."""
+        """forward + backward of every micro-batch, (data parallel: the gradients summed over the ranks,) clip,
+        optimizer step: what the graph (the two graphs) holds."""
+        ce, aux = self._grads()
+        if self.env is not None:
+            par.all_reduce_grads(self.model, self.env)
+        return StepOutput(ce, aux, self._update())
+
+    def _grads(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward + backward of every micro-batch into ``.grad``; the loss and auxiliary loss (shares when data
+        parallel)."""
         B, b = self.rows, self.micro_rows
         zero = torch.zeros((), dtype=torch.float32, device=self.device)
         ce_total, aux_total = zero, zero
@@ -214,15 +240,19 @@ class GraphedStep:
                     ce = self.model(ids, aux_losses=aux, targets=targets, fused_loss=self.fused_loss)
             loss = ce / self.n_targets
             if aux:
-                aux_loss = self.aux_weight * (b / B) * sum(_at_least_fp32(v) for v in aux.values())
+                aux_loss = self.aux_weight * (b / (B * self.replicas)) * sum(_at_least_fp32(v) for v in aux.values())
                 loss = loss + aux_loss
                 aux_total = aux_total + aux_loss.detach().float()
             loss.backward()
             ce_total = ce_total + ce.detach().float()
+        return ce_total / self.n_targets, aux_total
+
+    def _update(self) -> torch.Tensor:
+        """Clip the gradients and take the optimizer step; the gradient norm before clipping."""
         max_norm = self.clip if self.clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=True)
         self.optimizer.step()
-        return StepOutput(ce_total / self.n_targets, aux_total, grad_norm.float())
+        return grad_norm.float()
 
     # ------------------------------------------------------------------ capture
     def _capture_graph(self) -> None:
@@ -240,9 +270,17 @@ class GraphedStep:
             _restore(self.model, self.optimizer, saved)  # the warm-up steps leave no trace, even a failed one
         self.optimizer.zero_grad(set_to_none=True)  # the graph's backward allocates the gradients in its pool
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = self._body()
-        self.graph, self._out = graph, out
+        if self.env is None:
+            with torch.cuda.graph(graph):
+                out = self._body()
+            self.graph, self._out = graph, out
+            return
+        with torch.cuda.graph(graph):  # data parallel: the all-reduce runs between the two replays
+            ce, aux = self._grads()
+        update = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(update, pool=graph.pool()):  # reads the gradients the first graph's pool holds
+            norm = self._update()
+        self.graph, self.update_graph, self._out = graph, update, StepOutput(ce, aux, norm)
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None):

@@ -128,14 +128,17 @@ def prepare_run(cfg: TrainConfig, env, *, out, name, resume, progress: bool, say
     run_dir, restarted = _make_run_folder(cfg, env, start, model_cfg, tokenizer, say, guards)
     fwd_model = CompiledModel(wrapped, say, "the training step") if compile_mode == "model" else wrapped
     eval_model = CompiledModel(model, say, "the validation forward") if compile_mode == "model" else model
-    graphed = GraphedStep(model, opt, rows=cfg.rows_per_batch, context_len=cfg.context_len,
-                          micro_rows=cfg.rows_per_micro_batch, clip=cfg.clip, aux_weight=cfg.aux_weight,
+    micro_local = cfg.rows_per_micro_batch // env.dp_size
+    # data parallel: this rank's rows, the DDP wrapper left for the eager step a failed capture falls back to
+    graphed = GraphedStep(model, opt, rows=cfg.rows_per_batch // env.dp_size, context_len=cfg.context_len,
+                          micro_rows=micro_local, clip=cfg.clip, aux_weight=cfg.aux_weight,
                           autocast=amp, fused_loss=cfg.fused, notice=say,
-                          doc_capacity=cfg.rows_per_micro_batch if cfg.packing == "documents" else None,
+                          doc_capacity=micro_local if cfg.packing == "documents" else None,
+                          data_parallel=env if env.distributed else None,
                           ) if compile_mode == "graph" else None
     run = Run(cfg=cfg, env=env, run_dir=run_dir, tokenizer=tokenizer, val_ds=val_ds, model=model, fwd_model=fwd_model,
               eval_model=eval_model, graphed=graphed, context=context, opt=opt, opt_step=opt_step, train_it=train_it,
-              amp=amp, micro_local=cfg.rows_per_micro_batch // env.dp_size, horizon=cfg.step_budget,
+              amp=amp, micro_local=micro_local, horizon=cfg.step_budget,
               time_budget=cfg.time_minutes * 60 if cfg.time_minutes is not None else None, step=step, tokens=tokens,
               elapsed=elapsed, resumed=start.state is not None, restarted=restarted,
               init_from=start.init["step_dir"] if start.init is not None else None, abandoned=start.abandoned)
@@ -233,8 +236,10 @@ def _build_model(cfg: TrainConfig, env, start: _Start, tokenizer):
     seed_everything(cfg.seed if cfg.init_seed is None else cfg.init_seed, cfg.deterministic)
     model = (CausalLM if cfg.objective == "clm" else MaskedLM)(model_cfg)
     model.to(device)
-    compile_mode, compile_line = choose_compile(cfg.compile, device=device, distributed=env.distributed,
-                                                packing=cfg.packing, static_packing=model.backbone.static_packing())
+    compile_mode, compile_line = choose_compile(
+        cfg.compile, device=device, distributed=env.distributed, packing=cfg.packing,
+        static_packing=model.backbone.static_packing(), parallel=cfg.parallel, cp_size=env.cp_size,
+        updates_buffers=any(getattr(m, "updates_buffers", False) for m in model.modules()))
     if compile_mode == "model" and not hasattr(torch, "compile"):
         raise ValueError("--compile model needs torch.compile (PyTorch >= 2.0)")
     if start.state is not None:

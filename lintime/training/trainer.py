@@ -219,7 +219,7 @@ class _Loop:
         self.last_ckpt: Path | None = None
         self.window_loss, self.window_n, self.window_tokens, self.window_time = 0.0, 0, 0, 0.0
         # the steps' numbers stay on the device until a logged step (or eval, save, the end) reads them
-        self.stats = StepStats(run.env.device, shares=run.env.distributed and run.graphed is None)
+        self.stats = StepStats(run.env.device, shares=run.env.distributed)  # the graph's data-parallel losses too
         self.loss = self.aux = self.grad_norm = None  # of the last step read
         # a signal stops one process alone; under torchrun the launcher stops every rank
         self.stop = StopSignals()

@@ -209,3 +209,56 @@ def train_run(config_dict: dict, out: str, name: str, resume: str | None = None,
             if row.get("loss") is not None:
                 losses.append((row["step"], row["loss"]))
     return {"step": res.step, "losses": losses, "first_loss": res.first_loss, "checkpoint": str(res.checkpoint)}
+
+
+def ddp_graph_vs_eager(preset: str, chunk: int, rows: int, T: int, steps: int) -> dict:
+    """On each rank: ``steps`` training steps of the same fp64 model on this rank's documents-packed rows, once as the
+    trainer's eager DDP step (``forward_backward`` through the DDP wrapper with the global target count and
+    ``loss_scale = world``, clipping, AdamW) and once as the data-parallel graph step's body run eagerly
+    (``GraphedStep(data_parallel=env, capture=False)``: the rank's gradients of its share, summed over the ranks in one
+    flat all-reduce, clipping, AdamW).  Returns both runs' per-step losses (shares), gradient norms and final
+    parameters."""
+    from lintime.data.packing import Batch
+    from lintime.training import parallel as par
+    from lintime.training.graphed import GraphedStep
+    from lintime.training.parallel import init_distributed
+    from lintime.training.step import forward_backward
+
+    env = init_distributed("cpu", "ddp", 1)
+    out = {}
+    for mode in ("eager", "graph"):
+        model = tiny_model(preset, chunk, dtype=torch.float32)
+        opt = torch.optim.AdamW(model.param_groups(0.01), lr=1e-3, betas=(0.9, 0.99))
+        step = (GraphedStep(model, opt, rows=rows, context_len=T, micro_rows=1, clip=0.05, capture=False,
+                            doc_capacity=2, data_parallel=env) if mode == "graph" else None)
+        ddp = par.wrap_model(model, env, "ddp", None) if mode == "eager" else None
+        losses, norms = [], []
+        for i in range(steps):
+            g = torch.Generator().manual_seed(100 * i + env.rank)  # each rank its own rows
+            ids = torch.randint(0, model.config.vocab_size, (rows, T), generator=g)
+            targets = torch.randint(0, model.config.vocab_size, (rows, T), generator=g)
+            targets[0, : T // 4] = -100
+            cu = [0]
+            for r in range(rows):
+                cu += [r * T + c for c in sorted({3 + i + r, T // 2 + env.rank})] + [(r + 1) * T]
+            cu = torch.tensor(cu, dtype=torch.int32)
+            lr = 1e-3 * (i + 1)
+            if step is not None:
+                res = step.step(ids, targets, lr, cu_seqlens=cu)
+                losses.append(float(res.loss))
+                norms.append(float(res.grad_norm))
+                continue
+            zeros = torch.zeros(rows, T, dtype=torch.long)
+            batch = Batch(ids, targets, cu, zeros, zeros, torch.arange(rows), torch.zeros(rows, dtype=torch.long))
+            for group in opt.param_groups:
+                group["lr"] = lr
+            n = par.global_count(int((targets != -100).sum()), env)
+            loss, _ = forward_backward(ddp, batch, micro_rows=1, n_targets=n, replicas=env.world,
+                                       loss_scale=float(env.world))
+            norms.append(float(par.clip_grad_norm(model, 0.05)))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss)
+        out[mode] = {"losses": losses, "norms": norms,
+                     "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+    return out

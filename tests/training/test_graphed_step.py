@@ -37,8 +37,17 @@ def test_compile_modes_and_their_one_line():
     mode, line = choose_compile("auto", device=CUDA, distributed=False, packing="documents", static_packing=True)
     assert mode == "graph" and "documents" in line
     # where the step cannot be captured: a CPU, several processes, a layout the model plans on the host
+    # DDP: two graphs per rank around the gradients' all-reduce
+    mode, line = choose_compile("auto", device=CUDA, distributed=True, packing="documents", static_packing=True,
+                                parallel="ddp")
+    assert mode == "graph" and "two CUDA graphs" in line and "summed over the ranks" in line
+    # where the step cannot be captured: a CPU, FSDP2 / context parallelism, DDP of a model whose forward writes
+    # buffers, a layout the model plans on the host
     for kw, why in ((dict(device=cpu, distributed=False, packing="rows"), "CUDA device"),
-                    (dict(device=CUDA, distributed=True, packing="rows"), "single-process"),
+                    (dict(device=CUDA, distributed=True, packing="rows", parallel="fsdp"), "FSDP2"),
+                    (dict(device=CUDA, distributed=True, packing="rows", parallel="ddp", cp_size=2), "context"),
+                    (dict(device=CUDA, distributed=True, packing="rows", parallel="ddp", updates_buffers=True),
+                     "buffers"),
                     (dict(device=CUDA, distributed=False, packing="documents"), "--packing rows")):
         for asked in ("auto", "graph"):
             mode, line = choose_compile(asked, **kw)
