@@ -202,6 +202,10 @@ class GraphedStep:
                 self._capture_graph()
             except RuntimeError as err:  # e.g. "operation not permitted when stream is capturing"
                 self.failed = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            if self.env is not None and self._any_rank_failed():  # every rank takes the same step, or none would end
+                self.failed = self.failed or "another rank's capture failed"
+                self.graph = self.update_graph = self._out = None
+            if self.failed is not None:
                 self.optimizer.zero_grad(set_to_none=True)
                 for group in self.optimizer.param_groups:  # eager steps from here on
                     group["capturable"], group["lr"] = False, float(lr)
@@ -214,6 +218,15 @@ class GraphedStep:
             par.all_reduce_grads(self.model, self.env)
             self.update_graph.replay()
         return self._out
+
+    def _any_rank_failed(self) -> bool:
+        """Whether the capture failed on any rank (one all-reduce of a flag): the ranks must agree, or the graph
+        ranks' collectives would wait forever for the eager ranks' DDP buckets."""
+        import torch.distributed as dist
+
+        flag = torch.tensor([0.0 if self.failed is None else 1.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
     def _body(self) -> StepOutput:
         """forward + backward of every micro-batch, (data parallel: the gradients summed over the ranks,) clip,

@@ -24,6 +24,8 @@ def test_data_parallel_graph_step_equals_the_eager_ddp_step(preset):
             assert a == pytest.approx(b, rel=1e-6) and a > 0.05, f"rank {rank} step {i} gradient norm (clip active)"
         for name, p in eager["params"].items():
             assert_exact(f"rank {rank} {name}", p, graph["params"][name])
+    # a capture that fails on one rank only makes every rank take eager steps (else their collectives would differ)
+    assert [o["none_failed"] for o in outs] == [False, False] and [o["one_failed"] for o in outs] == [True, True]
     # the ranks held different rows, so their loss shares differ, and the update kept their models equal
     assert outs[0]["graph"]["losses"] != outs[1]["graph"]["losses"]
     for name, p in outs[0]["graph"]["params"].items():

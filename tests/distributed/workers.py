@@ -261,4 +261,8 @@ def ddp_graph_vs_eager(preset: str, chunk: int, rows: int, T: int, steps: int) -
             losses.append(loss)
         out[mode] = {"losses": losses, "norms": norms,
                      "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+        if step is not None:  # a capture that failed on rank 1 only: both ranks must learn it
+            out["none_failed"] = step._any_rank_failed()
+            step.failed = "a failed capture" if env.rank == 1 else None
+            out["one_failed"] = step._any_rank_failed()
     return out
