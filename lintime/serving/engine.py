@@ -408,7 +408,7 @@ class Engine:
             self._slots.tokens[:n].copy_(torch.tensor(feed))
             logits = self._slots.step(n)  # [n, V]
             self._counts["steps"] += 1
-            tokens = self._draw(jobs, logits.index_select(0, torch.tensor(slots, device=logits.device)))
+            tokens = self._draw(jobs, logits, slots)
         except Exception as err:
             for job in jobs:
                 self._end(job, "error", f"decoding step: {type(err).__name__}: {err}")
@@ -418,20 +418,25 @@ class Engine:
         for job, token in zip(jobs, tokens):
             self._take(job, token)
 
-    def _draw(self, jobs: list[_Job], logits: torch.Tensor) -> list[int]:
-        """The next token of each of ``jobs`` from its row of ``logits [len(jobs), V]``."""
+    def _draw(self, jobs: list[_Job], logits: torch.Tensor, rows: list[int] | None = None) -> list[int]:
+        """The next token of each of ``jobs`` from its row of ``logits`` (row ``rows[i]`` for ``jobs[i]``; ``None``:
+        row ``i``).  Greedy rows take one argmax over every row of ``logits`` (no gather: a step's greedy batch
+        costs one kernel and one read)."""
+        rows = list(range(len(jobs))) if rows is None else rows
         groups: dict[tuple, list[int]] = {}
         for i, job in enumerate(jobs):
             groups.setdefault(job.sampling, []).append(i)
         out = [0] * len(jobs)
         for key, members in groups.items():
-            rows = logits.index_select(0, torch.tensor(members, device=logits.device))  # [m, V]
             if key == ("greedy",):
-                tokens = rows.argmax(dim=-1)
-            else:
-                seeds = torch.tensor([jobs[i].seed for i in members], device=logits.device)
-                steps = torch.tensor([jobs[i].drawn for i in members], device=logits.device)
-                tokens = sample_seeded(rows, seeds, steps, temperature=key[0], top_k=key[1], top_p=key[2])
+                best = logits.argmax(dim=-1).tolist()
+                for i in members:
+                    out[i] = best[rows[i]]
+                continue
+            picked = logits.index_select(0, torch.tensor([rows[i] for i in members], device=logits.device))  # [m, V]
+            seeds = torch.tensor([jobs[i].seed for i in members], device=logits.device)
+            steps = torch.tensor([jobs[i].drawn for i in members], device=logits.device)
+            tokens = sample_seeded(picked, seeds, steps, temperature=key[0], top_k=key[1], top_p=key[2])
             for i, t in zip(members, tokens.tolist()):
                 out[i] = t
         return out
