@@ -1,4 +1,7 @@
-"""The chunk / segment layout of the Triton kernels' walks over (packed) sequences.
+"""The one planner of the Triton kernels' walks over (packed) sequences: the chunk / segment layout of the 64-token
+walks (linear attention, GLA: :func:`segments`) and the chunk plan of mixed chunk attention (chunks of ``C`` tokens,
+per-chunk and per-segment rows: :func:`chunk_plan`), both kept by one caching rule (:func:`cached_plan`).  Why the
+two layouts differ: ``docs/design/kernels.md`` (shared pieces, segments).
 
 Notation: ``B, T, H, K, V`` as everywhere; ``TT = B * T`` tokens of the flat ``[TT, H, D]`` view
 of a contiguous ``[B, T, H, D]`` tensor (packed sequences with ``cu_seqlens`` are already flat);
@@ -33,7 +36,6 @@ Grids then run ``NSEG_ALLOC`` programs; a slack one walks no chunk and writes no
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -41,10 +43,39 @@ import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.launching import next_pow2, sm_count
-from lintime.ops.utils import is_static, packed_cache
+from lintime.ops.launching import cdiv, next_pow2, sm_count
+from lintime.ops.utils import is_static, num_seqs, packed_cache, sequence_bounds
 
 BT = 64  # chunk length (tokens) of every kernel
+
+
+# Plans of unpacked calls, by shape: at most this many kept (a model has a handful of shapes), the oldest dropped.
+_REGULAR: dict = {}
+_REGULAR_MAX = 256
+
+
+def cached_plan(name: str, B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.device, key: tuple,
+                build):
+    """The one caching rule of the planners (:func:`segments`, mixed chunk's tables :func:`chunk_plan`):
+    ``build(cu_seqlens)`` for a call of ``B x T`` tokens whose plan also depends on ``key`` (hashable).  Unpacked
+    calls reuse the plan of the same shape (no host work); packed calls that of the same ``cu_seqlens`` tensor
+    (:func:`lintime.ops.utils.packed_cache`: a model's layers and backward passes skip the host read and the
+    rebuild); a static ``cu_seqlens`` (:func:`lintime.ops.utils.mark_static`) is planned at every call, nothing
+    read on the host or kept (its values change under a replayed CUDA graph)."""
+    if cu_seqlens is None:
+        k = (name, B, T, key, str(device))
+        plan = _REGULAR.get(k)
+        if plan is None:
+            if len(_REGULAR) >= _REGULAR_MAX:
+                del _REGULAR[next(iter(_REGULAR))]
+            plan = _REGULAR[k] = build(None)
+        return plan
+    if is_static(cu_seqlens):
+        return build(cu_seqlens)
+    entry = packed_cache(cu_seqlens, (name, B, T, key, str(device)))
+    if "plan" not in entry:
+        entry["plan"] = build(cu_seqlens)
+    return entry["plan"]
 
 
 def choose_segment_chunks(n_seq: int, total_tokens: int, max_len: int, programs_per_segment: int,
@@ -125,18 +156,18 @@ def segments(B: int, T: int, cu_seqlens: torch.Tensor | None, ns: int, device: t
     Without ``cu_seqlens`` the layout is arithmetic and cached per ``(B, T, ns)``; a packed layout
     costs one device-to-host read of ``cu_seqlens`` and is kept per tensor
     (:func:`lintime.ops.utils.packed_cache`), so a model's layers, forward and backward, share it.
-    A static ``cu_seqlens`` is planned on the device at every call, nothing read or kept."""
+    A static ``cu_seqlens`` is planned on the device at every call, nothing read or kept (:func:`cached_plan`)."""
+    return cached_plan("segments", B, T, cu_seqlens, device, (ns,), lambda cu: _build_segments(B, T, cu, ns, device))
+
+
+def _build_segments(B: int, T: int, cu_seqlens: torch.Tensor | None, ns: int, device: torch.device) -> Segments:
     if cu_seqlens is None:
         return _regular_segments(B, T, ns)
     if is_static(cu_seqlens):
         return _static_segments(B, T, cu_seqlens, ns, device)
-    entry = packed_cache(cu_seqlens, ("segments", B, T, ns, str(device)))
-    if "seg" not in entry:
-        entry["seg"] = _packed_segments(B, T, cu_seqlens, ns, device)
-    return entry["seg"]
+    return _packed_segments(B, T, cu_seqlens, ns, device)
 
 
-@functools.lru_cache(maxsize=256)
 def _regular_segments(B: int, T: int, ns: int) -> Segments:
     NT = -(-T // BT)
     if ns == 0:
@@ -179,9 +210,8 @@ def segment_table(bos: torch.Tensor, eos: torch.Tensor, ns: int, rows: int,
 
 
 def _packed_segments(B: int, T: int, cu_seqlens: torch.Tensor, ns: int, device: torch.device) -> Segments:
-    cu = cu_seqlens.detach().cpu().long()  # the one device sync of a packed call
-    N = cu.numel() - 1
-    bos, eos = cu[:-1], cu[1:]
+    bos, lengths = sequence_bounds(B, T, cu_seqlens)  # the one device sync of a packed call
+    N, eos = bos.numel(), bos + lengths
     nt, nseg = segment_counts(bos, eos, ns)
     NSEG, NCH = torch.stack([nseg.sum(), nt.sum()]).tolist()  # host tensors: no sync
     table, ptr = segment_table(bos, eos, ns, max(NSEG, 1), T)  # one slack row when there is no segment
@@ -202,6 +232,94 @@ def _static_segments(B: int, T: int, cu_seqlens: torch.Tensor, ns: int, device: 
 def chunks(B: int, T: int, cu_seqlens: torch.Tensor | None, device: torch.device) -> Segments:
     """One segment per chunk: the layout of kernels that are parallel over chunks."""
     return segments(B, T, cu_seqlens, 1, device)
+
+
+# ---------------------------------------------------------------------------------------------
+# the chunk plan of mixed chunk attention (chunks of C tokens, per-chunk rows)
+
+
+def chunk_bound(B: int, T: int, C: int, cu_seqlens) -> int:
+    """Chunks of ``C`` tokens in the call, or an upper bound from shapes alone (custom-op outputs must be sized
+    without reading ``cu_seqlens``): ``sum_n ceil(L_n / C) <= N + T // C``."""
+    if cu_seqlens is None:
+        return B * math.ceil(T / C)
+    return num_seqs(B, cu_seqlens) + T // C
+
+
+def chunk_seg_bound(B: int, T: int, C: int, cu_seqlens, G: int) -> int:
+    """Segments of ``G`` chunks, or a bound from shapes: ``sum_n max(1, ceil(nc_n / G)) <= N + NC // G``."""
+    if cu_seqlens is None:
+        return B * math.ceil(math.ceil(T / C) / G)
+    return num_seqs(B, cu_seqlens) + chunk_bound(B, T, C, cu_seqlens) // G
+
+
+@dataclass
+class ChunkPlan:
+    """Tables of one call (device int32, :func:`plan_kernel`) in chunks of ``C`` tokens and segments of ``G`` chunks,
+    and their sizes.
+
+    Chunk rows: every sequence's chunks, consecutive, then (a static ``cu_seqlens``) empty rows up to ``NC``.
+    Segment rows: every sequence has at least one segment (an empty sequence one of no chunks, so every
+    walk writes its sequence's result), then (static) rows of no segment up to ``NSEG``, never read by the
+    per-sequence passes (``seq_ptr`` ends before them)."""
+
+    N: int
+    NC: int  # chunk rows the kernels run over: the chunks, or their bound for a static cu_seqlens
+    NSEG: int  # segment rows, likewise
+    NC_alloc: int  # rows of the per-chunk buffers (a bound from shapes: the custom op's outputs)
+    NC_min: int  # rows that certainly hold a chunk (the walk writes them; an op output zero-fills the rest)
+    one_segment: bool  # every sequence is one segment: NSEG == N, segment n is sequence n
+    ragged: bool  # some chunk may be shorter than C
+    ch_start: torch.Tensor
+    ch_len: torch.Tensor
+    ch_seq: torch.Tensor
+    ch_k: torch.Tensor
+    ch_id: torch.Tensor
+    seg_first: torch.Tensor
+    seg_n: torch.Tensor
+    seg_seq: torch.Tensor
+    seq_ptr: torch.Tensor
+    lengths: torch.Tensor  # [N] on the device
+    weights: dict  # what the op derives from the tables and keeps with them (mixed chunk: per-chunk weights)
+
+
+def chunk_plan(B: int, T: int, C: int, G: int, cu_seqlens: torch.Tensor | None, device: torch.device) -> ChunkPlan:
+    """The tables of :func:`_chunk_tables`, built on the device from the offsets (cached by the caller through
+    :func:`cached_plan`).  Their sizes: for an ordinary call the exact counts of chunks and segments, from the
+    sequence bounds read on the host (:func:`lintime.ops.utils.sequence_bounds`, once per ``cu_seqlens`` tensor);
+    for a static ``cu_seqlens``, bounds from shapes (:func:`chunk_bound`; one segment per sequence where ``G``
+    chunks cover any sequence of ``T`` tokens, else :func:`chunk_seg_bound` rows), nothing read."""
+    NC_alloc = chunk_bound(B, T, C, cu_seqlens)
+    N = num_seqs(B, cu_seqlens)
+    if is_static(cu_seqlens):
+        one = G >= cdiv(T, C)  # no sequence has more chunks than G
+        NSEG = N if one else chunk_seg_bound(B, T, C, cu_seqlens, G)
+        t = _chunk_tables(cu_seqlens.detach(), N, NC_alloc, NSEG, C, G, device)
+        # at least ceil(T / C) chunks hold the T tokens (cu_seqlens ends at T)
+        return ChunkPlan(N, NC_alloc, NSEG, NC_alloc, min(cdiv(T, C), NC_alloc), one, True, *t, weights={})
+    _, lengths = sequence_bounds(B, T, cu_seqlens)
+    nch = (lengths + C - 1) // C
+    nseg = ((nch + G - 1) // G).clamp(min=1)  # as plan_kernel counts them
+    NC, NSEG = int(nch.sum()), int(nseg.sum())
+    if cu_seqlens is None:
+        cu = torch.arange(B + 1, device=device) * T
+    else:
+        cu = cu_seqlens.detach().to(device)
+    t = _chunk_tables(cu, N, NC, NSEG, C, G, device)
+    return ChunkPlan(N, NC, NSEG, NC_alloc, NC, bool((nseg == 1).all()), bool((lengths % C != 0).any()), *t,
+                     weights={})
+
+
+def _chunk_tables(cu, N, NC, NSEG, C, G, device) -> list[torch.Tensor]:
+    """``ch_start, ch_len, ch_seq, ch_k, ch_id [NC]``, ``seg_first, seg_n, seg_seq [NSEG]``, ``seq_ptr [N + 1]``,
+    ``lengths [N]`` (int32 views of one buffer) of the offsets ``cu [N + 1]`` on ``device``: one launch of
+    :func:`plan_kernel`."""
+    sizes = [NC] * 5 + [NSEG] * 3 + [N + 1, N]
+    flat = torch.empty(sum(sizes), dtype=torch.int32, device=device)
+    t = list(torch.split(flat, sizes))
+    BLOCK = 64  # rows per program; each program searches all N sequences, BN at a time ([BLOCK, BN] compares)
+    plan_kernel[(cdiv(max(NC, NSEG, N + 1), BLOCK),)](cu, *t, N, NC, NSEG, C, G, BLOCK=BLOCK, BN=64, num_warps=4)
+    return t
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,3 +355,76 @@ def sequence_segments(seq_ptr, i_n, NSPS, VARLEN: tl.constexpr):
         s1 = s0 + NSPS
     return s0, s1
 
+
+@triton.jit
+def plan_kernel(
+    CU, CH_START, CH_LEN, CH_SEQ, CH_K, CH_ID, SEG_FIRST, SEG_N, SEG_SEQ, SEQ_PTR, LENGTHS,
+    N, NC, NSEG, C, G,
+    BLOCK: tl.constexpr, BN: tl.constexpr,
+):
+    """The launch tables (int32) of the ``N`` sequences of the offsets ``CU [N + 1]``, for ``NC`` chunk rows and
+    ``NSEG`` segment rows (at least the real counts), read and written on the device alone (no host read, sizes from
+    the arguments: a CUDA graph replays it with new offsets).  Program ``p`` fills chunk row, segment row and
+    ``SEQ_PTR`` entry ``o = p BLOCK + i``, each sequence ``n < N`` (``LENGTHS``) once.  Grid
+    ``cdiv(max(NC, NSEG, N + 1), BLOCK)``.
+
+    Sequence ``n`` has ``nch_n = ceil(L_n / C)`` chunks and ``nseg_n = max(1, ceil(nch_n / G))`` segments (an empty
+    one: one segment of no chunks); ``ch_end``, ``seg_end`` are their inclusive prefix sums.  Chunk row ``c`` is
+    chunk ``k = c - ch_end[n - 1]`` of sequence ``n = #{m : ch_end[m] <= c}`` (a sorted search: count, and the
+    largest such ``ch_end`` is the sequence's first chunk), its tokens from ``CU[n] + k C``; segment rows likewise
+    over ``seg_end``, ``G`` chunks each.  Rows past the real ones (``n = N``) are empty: chunk length 0 at the end
+    of the last sequence, segments of no chunks with ``SEG_SEQ = N - 1`` (past ``SEQ_PTR[N]``: no pass reads them
+    as part of a sequence)."""
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    o_n = tl.arange(0, BN)
+    zero = tl.zeros([BLOCK], dtype=tl.int32)
+    cnt_c, first_c, cnt_s, ptr_s, first_s, ptr_n = zero, zero, zero, zero, zero, zero
+    car_c = tl.full([], 0, tl.int32)
+    car_s = tl.full([], 0, tl.int32)
+    for n0 in range(0, N, BN):
+        n = n0 + o_n
+        m = n < N
+        lo = tl.load(CU + n, mask=m, other=0).to(tl.int32)
+        hi = tl.load(CU + n + 1, mask=m, other=0).to(tl.int32)
+        nch = (hi - lo + C - 1) // C
+        nseg = tl.where(m, tl.maximum((nch + G - 1) // G, 1), 0)
+        ch_end = tl.cumsum(nch, 0) + car_c
+        seg_end = tl.cumsum(nseg, 0) + car_s
+        car_c += tl.sum(nch, 0)
+        car_s += tl.sum(nseg, 0)
+        le = m[None, :] & (ch_end[None, :] <= o[:, None])
+        cnt_c += tl.sum(le.to(tl.int32), 1)
+        first_c = tl.maximum(first_c, tl.max(tl.where(le, ch_end[None, :], 0), 1))
+        le = m[None, :] & (seg_end[None, :] <= o[:, None])
+        cnt_s += tl.sum(le.to(tl.int32), 1)
+        ptr_s = tl.maximum(ptr_s, tl.max(tl.where(le, seg_end[None, :], 0), 1))
+        first_s = tl.maximum(first_s, tl.max(tl.where(le, ch_end[None, :], 0), 1))
+        ptr_n += tl.sum(tl.where(m[None, :] & (n[None, :] < o[:, None]), nseg[None, :], 0), 1)
+    # chunk rows
+    m_c = o < NC
+    real = cnt_c < N
+    seq = tl.minimum(cnt_c, N - 1)
+    lo = tl.load(CU + seq, mask=m_c, other=0).to(tl.int32)
+    hi = tl.load(CU + seq + 1, mask=m_c, other=0).to(tl.int32)
+    k = tl.where(real, o - first_c, 0)
+    tl.store(CH_START + o, tl.where(real, lo + k * C, hi), mask=m_c)
+    tl.store(CH_LEN + o, tl.where(real, tl.minimum(hi - lo - k * C, C), 0), mask=m_c)
+    tl.store(CH_SEQ + o, seq, mask=m_c)
+    tl.store(CH_K + o, k, mask=m_c)
+    tl.store(CH_ID + o, o, mask=m_c)
+    # segment rows
+    m_s = o < NSEG
+    real = cnt_s < N
+    seq = tl.minimum(cnt_s, N - 1)
+    lo = tl.load(CU + seq, mask=m_s, other=0).to(tl.int32)
+    hi = tl.load(CU + seq + 1, mask=m_s, other=0).to(tl.int32)
+    k = o - ptr_s
+    tl.store(SEG_FIRST + o, tl.where(real, first_s + k * G, 0), mask=m_s)
+    tl.store(SEG_N + o, tl.where(real, tl.minimum((hi - lo + C - 1) // C - k * G, G), 0), mask=m_s)
+    tl.store(SEG_SEQ + o, seq, mask=m_s)
+    # sequences
+    tl.store(SEQ_PTR + o, ptr_n, mask=o <= N)
+    m_q = o < N
+    lo = tl.load(CU + o, mask=m_q, other=0).to(tl.int32)
+    hi = tl.load(CU + o + 1, mask=m_q, other=0).to(tl.int32)
+    tl.store(LENGTHS + o, hi - lo, mask=m_q)

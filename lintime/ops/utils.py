@@ -100,8 +100,8 @@ _PACKED: dict = {"ref": None, "version": -1, "entries": {}}
 
 def packed_cache(cu_seqlens: torch.Tensor, key: tuple) -> dict:
     """The cache entry (a dict, empty at first) of ``key`` for this ``cu_seqlens`` tensor; all entries are dropped
-    when another tensor comes, or this one was written in place.  Used by :func:`check_cu_seqlens` and GAU's and
-    mixed chunk's packed plans."""
+    when another tensor comes, or this one was written in place.  Used by :func:`check_cu_seqlens`, the planners'
+    :func:`lintime.ops.segments.cached_plan` and GAU's packed plan."""
     ref = _PACKED["ref"]
     if ref is None or ref() is not cu_seqlens or _PACKED["version"] != cu_seqlens._version:
         _PACKED.update(ref=weakref.ref(cu_seqlens), version=cu_seqlens._version, entries={})

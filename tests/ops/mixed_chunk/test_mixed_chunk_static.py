@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from lintime.generation.profiling import count_host_syncs
-from lintime.ops import MixedChunkState, mixed_chunk_attention
+from lintime.ops import MixedChunkState, mixed_chunk_attention, segments
 from lintime.ops.mixed_chunk.triton import launchers, plan
 from lintime.ops.mixed_chunk.triton import mixed_chunk as mc_entry
 from lintime.ops.mixed_chunk.triton.launch import default_launch
@@ -222,8 +222,8 @@ def test_no_host_read(monkeypatch):
             return real(*args)
         return f
 
-    monkeypatch.setattr(plan, "packed_cache", refuse("packed_cache", plan.packed_cache))
-    monkeypatch.setattr(plan, "sequence_bounds", refuse("sequence_bounds", plan.sequence_bounds))
+    monkeypatch.setattr(segments, "packed_cache", refuse("packed_cache", segments.packed_cache))
+    monkeypatch.setattr(segments, "sequence_bounds", refuse("sequence_bounds", segments.sequence_bounds))
     monkeypatch.setattr(mc_entry, "sequence_bounds", refuse("sequence_bounds", mc_entry.sequence_bounds))
     T = sum(LENS)
     xs, rb = _inputs(T, torch.float32, seed=4)
@@ -278,7 +278,7 @@ def test_walk_with_empty_sequences(Cw, reverse):
     cu = _cu(lens, N)
     cfg = _launch("one", C=Cw)
     dev = torch.device(DEV)
-    p = plan.build_plan(1, T, H, S, E, Cw, cu, cfg, dev)
+    p = segments.chunk_plan(1, T, Cw, plan.seg_chunks(1, T, H, S, E, Cw, cu, cfg, dev), cu, dev)
     assert p.one_segment and p.NSEG == N
     wq, wf = plan.weights(p, Cw, True, "tokens", None)
     w = wq if reverse else wf
@@ -329,7 +329,7 @@ def _reference_tables(lens, C, G):
 @pytest.mark.parametrize("G", [1, 2, 3, 1 << 20])
 @pytest.mark.parametrize("lens", [[0, 21, 0, 0, 37, 0], [16, 32, 1], [100]], ids=["empties", "whole", "one"])
 def test_plan_tables(lens, G):
-    """The device-built tables (:func:`lintime.ops.mixed_chunk.triton.plan.build_plan`) against their definition,
+    """The device-built tables (:func:`lintime.ops.segments.chunk_plan`) against their definition,
     for ``G``-chunk segments: the ordinary call's exactly; a static buffer's (two padding entries: empty sequences)
     the same rows first, then empty chunk rows (length 0 at the end of the tokens) and segment rows of no chunks
     (of the last sequence, past ``seq_ptr``'s end)."""
@@ -339,7 +339,8 @@ def test_plan_tables(lens, G):
         full = lens + [0] * pad
         chunks, segs, seq_ptr = _reference_tables(full, C, G)
         cu = _cu(lens, len(full)) if pad else _cu(lens)
-        p = plan.build_plan(1, T, H, S, E, C, cu, cfg, torch.device(DEV))
+        dev = torch.device(DEV)
+        p = segments.chunk_plan(1, T, C, plan.seg_chunks(1, T, H, S, E, C, cu, cfg, dev), cu, dev)
         got = list(zip(*(x.tolist() for x in (p.ch_start, p.ch_len, p.ch_seq, p.ch_k)), strict=True))
         assert got[:len(chunks)] == chunks and p.ch_id.tolist() == list(range(p.NC))
         assert all(r[:2] == (T, 0) for r in got[len(chunks):]) and (p.NC == len(chunks) or pad)

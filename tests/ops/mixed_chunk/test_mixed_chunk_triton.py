@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from lintime.ops import MixedChunkState, mixed_chunk_attention
+from lintime.ops import MixedChunkState, mixed_chunk_attention, segments
 from lintime.ops.mixed_chunk.triton import launchers, plan
 from lintime.ops.mixed_chunk.triton.launch import default_launch
 from tolerances import assert_close, assert_exact, assert_half_rule
@@ -247,7 +247,7 @@ def test_segment_rule(monkeypatch):
     tiles = H * math.ceil(S / cfg.bs_state) * math.ceil(E / cfg.be_state)
     for sms, B, T, cu in _rule_cases():
         monkeypatch.setattr(plan, "sm_count", lambda device, sms=sms: sms)
-        nct = plan.chunk_bound(B, T, C, cu)
+        nct = segments.chunk_bound(B, T, C, cu)
         n = B if cu is None else cu.numel() - 1
         G = plan.seg_chunks(B, T, H, S, E, C, cu, cfg, dev)
         assert 1 <= G <= nct
@@ -285,7 +285,7 @@ def test_walk_tile_rule(monkeypatch):
             halved = n * tiles(cfg) < sms <= n * tiles(dataclasses.replace(cfg, bs_state=cfg.bs_state // 2))
             assert thin == (dataclasses.replace(cfg, bs_state=cfg.bs_state // 2) if halved else cfg)
             if halved:  # one segment per sequence on the thin tiles
-                assert plan.seg_chunks(B, T, H, S, E, C, cu, thin, dev) == plan.chunk_bound(B, T, C, cu)
+                assert plan.seg_chunks(B, T, H, S, E, C, cu, thin, dev) == segments.chunk_bound(B, T, C, cu)
             for other in ({"seg_chunks": 16}, {"bs_state": 64}):
                 c2 = dataclasses.replace(cfg, **other)
                 assert c2.thin_walk(n, H, S, E, dev) is c2
@@ -315,8 +315,8 @@ def test_packed_plan_and_check_cached_per_cu_seqlens(monkeypatch):
     from lintime.ops import utils as ou
 
     builds, checks = [], []
-    real_build, real_check = plan.build_plan, ou.check_cu_seqlens_values
-    monkeypatch.setattr(plan, "build_plan", lambda *a: builds.append(1) or real_build(*a))
+    real_build, real_check = plan.chunk_plan, ou.check_cu_seqlens_values
+    monkeypatch.setattr(plan, "chunk_plan", lambda *a: builds.append(1) or real_build(*a))
     monkeypatch.setattr(ou, "check_cu_seqlens_values", lambda *a: checks.append(1) or real_check(*a))
     lens = [40, 1, 0, 23]
     xs, _ = _inputs(1, sum(lens), 1, 8, 8, 16, torch.float32, seed=31)

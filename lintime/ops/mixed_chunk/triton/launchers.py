@@ -33,15 +33,16 @@ import torch
 from lintime.ops.gau.triton.bias import fold_bias_grad, kernel_bias
 from lintime.ops.mixed_chunk.triton.kernels import mc_dqk_kernel, mc_dred_kernel, mc_gemm_kernel
 from lintime.ops.mixed_chunk.triton.launch import MixedChunkLaunch
-from lintime.ops.mixed_chunk.triton.plan import Plan, plan_of, sdt_torch, tma_shapes, weights
+from lintime.ops.mixed_chunk.triton.plan import plan_of, sdt_torch, tma_shapes, weights
 from lintime.ops.mixed_chunk.triton.walk import chunk_state_kernel, seg_fix_kernel
 from lintime.ops.launching import cdiv, dot_config, next_pow2
+from lintime.ops.segments import ChunkPlan
 from lintime.ops.state_passing import seg_scan_kernel
 from lintime.ops.tma import tma_descriptors
 from lintime.ops.utils import num_seqs
 
 
-def _walk(x, y, w, plan: Plan, cfg, *, H, C, reverse, store, hout, tot, init=None, tma=False, scores=None):
+def _walk(x, y, w, plan: ChunkPlan, cfg, *, H, C, reverse, store, hout, tot, init=None, tma=False, scores=None):
     """``chunk_state_kernel`` over every segment: with ``init`` (one walk per sequence) each walk starts
     from its sequence's initial state, else from zero; ``tma``: load through descriptors where aligned;
     ``scores``: the :class:`_ScoresJob` whose programs the same launch runs after the walk's."""
@@ -83,7 +84,7 @@ class _ScoresJob:
     programs: int
 
 
-def _scan(tot, plan: Plan, *, H, S, E, reverse):
+def _scan(tot, plan: ChunkPlan, *, H, S, E, reverse):
     """lintime.ops.state_passing's segment scan: each sequence's total over its segments (non-causal calls)."""
     final = torch.empty(plan.N, H, S, E, dtype=torch.float32, device=tot.device)
     if plan.N > 0:
@@ -96,7 +97,7 @@ def _scan(tot, plan: Plan, *, H, S, E, reverse):
     return final
 
 
-def states(x, y, w, plan: Plan, cfg, *, H, C, reverse, init, causal, sdt, tma, scores=None, defined=False):
+def states(x, y, w, plan: ChunkPlan, cfg, *, H, C, reverse, init, causal, sdt, tma, scores=None, defined=False):
     """Per-chunk states of the walk direction and the per-sequence result.
 
     Causal: ``(ST [NC_alloc, H, S, E] in sdt, the state entering each chunk; FINAL [N, H, S, E]
@@ -134,7 +135,7 @@ def states(x, y, w, plan: Plan, cfg, *, H, C, reverse, init, causal, sdt, tma, s
     return hout, final
 
 
-def gemm(ts, w, idx, out, plan: Plan, cfg: MixedChunkLaunch, *, tma, S, E, H, C, NMT, BE, trans, causal, PREC, SDT,
+def gemm(ts, w, idx, out, plan: ChunkPlan, cfg: MixedChunkLaunch, *, tma, S, E, H, C, NMT, BE, trans, causal, PREC, SDT,
          warps):
     """The output GEMM (``ts = (a, v, q_lin, H)``) or the dV GEMM (``trans``; ``(a, do, k_lin, G)``, ``A``'s tiles
     read transposed), through TMA descriptors (``tma``, where aligned) or pointers."""

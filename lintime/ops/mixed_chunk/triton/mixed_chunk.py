@@ -27,7 +27,8 @@ from lintime.ops.launching import check_device, grad_as, launcher_op
 from lintime.ops.mixed_chunk.state import MixedChunkState, clean_buffers
 from lintime.ops.mixed_chunk.triton.launch import MixedChunkLaunch, default_launch
 from lintime.ops.mixed_chunk.triton.launchers import bwd_impl, fwd_impl
-from lintime.ops.mixed_chunk.triton.plan import chunk_bound, sdt_torch
+from lintime.ops.mixed_chunk.triton.plan import sdt_torch
+from lintime.ops.segments import chunk_bound
 from lintime.ops.utils import is_static, num_seqs, sequence_bounds
 
 # --------------------------------------------------------------------------------- custom ops
