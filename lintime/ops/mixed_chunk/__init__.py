@@ -186,7 +186,7 @@ def mixed_chunk_decode_step_(
         a, state = mixed_chunk_attention(qq, kq, ql, kl, v, initial_state=state)   # one token, H = 1
         return u * a
 
-    The same numbers as :func:`lintime.ops.gau_heads` then :func:`mixed_chunk_attention` (recurrent form),
+    The same numbers as :func:`lintime.modules.gau_heads` then :func:`mixed_chunk_attention` (recurrent form),
     but ``state``'s own tensors hold the next state: no new state, fixed shapes, no host read (once ``state``'s
     ``fill`` / ``count`` are checked: a decoding loop pays one read, on its first step), so a CUDA graph can
     capture it.  On CUDA two fused kernels (:mod:`lintime.ops.mixed_chunk.triton.decode`).

@@ -1,5 +1,5 @@
 """One FLASH decoding step from the projection, in place, as PyTorch composites (any device): the heads
-(:func:`lintime.ops.heads.chunk.chunk_gau_heads`), one step of the recurrent form
+(:func:`lintime.modules.heads.chunk.chunk_gau_heads`), one step of the recurrent form
 (:func:`lintime.ops.mixed_chunk.recurrent.decode_one_token`) and its new state copied into the given one --
 operation for operation what the FLASH layer's eager decoding step computes.  The fused form is
 :mod:`lintime.ops.mixed_chunk.triton.decode`.
