@@ -33,7 +33,7 @@ _OP = "linear_attention"
 # heads' tiles (8 warps, 1 stage, split dk / dv walks) gave an "illegal memory access" on a GPU in `bench model`
 # (performer-base, K = 256; performer-medium, K = 128); they pass the interpreter tests.  Automatic dispatch sends
 # K or V > 64 to the PyTorch forms; backend="triton" still runs the kernels.  Open: docs/design/kernels.md (linear
-# attention).
+# attention); reproducer (CUDA, in a subprocess): tests/ops/linear/test_linear_dispatch_wide.py.
 AUTO_TRITON_MAX_HEAD = 64
 
 def linear_attention(

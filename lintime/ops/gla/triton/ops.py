@@ -293,7 +293,8 @@ def triton_gla(
     # (gla-tiny at width 64); the interpreter, which does not fault on masked-out addresses, does not reproduce it.
     # So heads narrower than a 16-wide tile (MIN_TILE_DIM) never reach the kernels: they take the chunked form, or,
     # with a static cu_seqlens (which cannot take it: it plans packing on the host), are zero-padded to 16
-    # (_padded_heads).  Open: docs/design/kernels.md (gated linear attention).
+    # (_padded_heads).  Open: docs/design/kernels.md (gated linear attention); reproducer (CUDA, in a subprocess):
+    # tests/ops/gla/test_gla_narrow_heads.py.
     narrow = min(K, V) < MIN_TILE_DIM
     if (not supported(K, V, dtype=q.dtype) or (narrow and not static)
             or g.dtype not in (torch.float16, torch.bfloat16, torch.float32)):
