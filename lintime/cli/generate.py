@@ -85,6 +85,13 @@ def generate(
     set_threads(threads, device=str(dev), n_params=loaded.model.num_parameters())
     if loaded.config["objective"] != "clm":
         raise CLIError(f"{checkpoint} is a masked LM ({loaded.config['objective']}): only causal LMs generate text")
+    gpu = _gpu_name(dev)
+    if gpu is not None:
+        from lintime.utils.kernel_cache import first_start_notice
+
+        notice = first_start_notice("generate", gpu)
+        if notice is not None:
+            print(notice, file=sys.stderr, flush=True)
 
     out = sys.stdout
     pending: dict[int, list[str]] = {}
@@ -113,8 +120,21 @@ def generate(
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return
+    if gpu is not None:
+        from lintime.utils.kernel_cache import record_start
+
+        record_start("generate", gpu)
     if stats and info:
         print(stats_line(info, num_samples), file=sys.stderr)
+
+
+def _gpu_name(dev) -> str | None:
+    """The CUDA device's model name, or ``None`` off CUDA (the kernels compile only there)."""
+    if dev.type != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(dev)
 
 
 def stats_line(info: dict, num_samples: int) -> str:

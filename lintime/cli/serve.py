@@ -152,6 +152,13 @@ def _run(sock, model, *, host, api_key, name, max_batch, max_queue, prefill_chun
         raise CLIError(f"--decode graph needs a CUDA device, this server runs on {dev}")
     engine = Engine(loaded.model, loaded.tokenizer, max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_chunk,
                     max_new_tokens_limit=max_tokens_limit, device=dev, graphs=decode != "eager" and dev.type == "cuda")
+    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
+    if gpu is not None:
+        from lintime.utils.kernel_cache import first_start_notice, record_start
+
+        notice = first_start_notice("serve", gpu)
+        if notice is not None:
+            print(notice, file=sys.stderr, flush=True)
     app = build_app(engine, model_name=name, api_key=api_key)
     address, port = sock.getsockname()[:2]
     server = _server_class(uvicorn)(uvicorn.Config(app, host=address, port=port, log_level=log_level,
@@ -180,5 +187,7 @@ def _run(sock, model, *, host, api_key, name, max_batch, max_queue, prefill_chun
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         engine.shutdown(timeout=DRAIN_S, cancel=True)
+        if gpu is not None and engine.stats()["requests_finished"] > 0:
+            record_start("serve", gpu)
     if stopped:
         print("lintime serve: stopped", file=sys.stderr, flush=True)
