@@ -15,22 +15,25 @@ class VQLaunch(LaunchConfig):
     """Tiles and launch settings of :mod:`.kernels`.  The field defaults are the fp32 tiles; :func:`default_launch`
     picks larger ones for half inputs."""
 
-    bm_p: int = 64  # probabilities: query rows per program
-    bn_p: int = 64  # probabilities: window columns / cache codes per step
-    warps_p: int = 4
-    bm_o: int = 64  # P [v; mean] and dS [k; codebook]: query rows per program
-    bd_o: int = 64  # ... output columns per program
-    bk_o: int = 32  # ... window columns / codes per step
-    warps_o: int = 4
-    bm_d: int = 64  # dS: query rows per program
-    bn_d: int = 64  # dS: window columns / codes per program
-    bk_d: int = 32  # dS: value columns per step of do . v^T
-    warps_d: int = 4
-    bn_k: int = 64  # backward key kernel: key rows per program
-    bi_k: int = 32  # backward key kernel: query rows per step
-    bd_k: int = 64  # backward key kernel: output columns per program
-    warps_k: int = 8
-    stages: int = 2
+    # Each product kernel's tiles: rows per program, the columns it writes, the reduction step, warps.  The defaults
+    # are the exact (fp32, IEEE) path's and not tuned: 64-wide tiles with 32-deep steps, modest for fp32 operands;
+    # half inputs take the tuned tiles of default_launch.
+    bm_p: int = 64  # probabilities: query rows per program (more rows: each loaded key tile serves more queries)
+    bn_p: int = 64  # probabilities: window columns / cache codes per step (wider steps hold more scores in registers)
+    warps_p: int = 4  # probabilities: 4 warps for a [64, 64] score tile (the half tuning's variants were within 2 %)
+    bm_o: int = 64  # P [v; mean] and dS [k; codebook]: query rows per program (more rows: fewer value re-reads)
+    bd_o: int = 64  # ... output columns per program (wider tiles re-read P fewer times; 256 won for half inputs)
+    bk_o: int = 32  # ... window columns / codes per step (the reduction step: fp32 operands keep it short)
+    warps_o: int = 4  # ... 4 warps for 64 x 64 fp32 tiles, 8 for the half path's 128 x 256
+    bm_d: int = 64  # dS: query rows per program (rows share each loaded v tile)
+    bn_d: int = 64  # dS: window columns / codes per program (256 won for half inputs: fewer re-reads of do)
+    bk_d: int = 32  # dS: value columns per step of do . v^T (the reduction step, short for fp32 operands)
+    warps_d: int = 4  # dS: 4 warps for 64 x 64 fp32 tiles, 8 for the half path's 128 x 256
+    bn_k: int = 64  # backward key kernel: key rows per program (rows share each loaded query tile)
+    bi_k: int = 32  # backward key kernel: query rows per step (the reduction step)
+    bd_k: int = 64  # backward key kernel: output columns per program (the whole head up to 128 for half inputs)
+    warps_k: int = 8  # backward key kernel: 8 warps for its [64, 64] fp32 accumulator (kept by the half tuning)
+    stages: int = 2  # software pipelining depth of every product (3 for half inputs: their tiles take half the bytes)
 
 
 def default_launch(K: int, V: int, dtype: torch.dtype) -> VQLaunch:
