@@ -85,13 +85,7 @@ def generate(
     set_threads(threads, device=str(dev), n_params=loaded.model.num_parameters())
     if loaded.config["objective"] != "clm":
         raise CLIError(f"{checkpoint} is a masked LM ({loaded.config['objective']}): only causal LMs generate text")
-    gpu = _gpu_name(dev)
-    if gpu is not None:
-        from lintime.utils.kernel_cache import first_start_notice
-
-        notice = first_start_notice("generate", gpu)
-        if notice is not None:
-            print(notice, file=sys.stderr, flush=True)
+    gpu = _first_start(dev)
 
     out = sys.stdout
     pending: dict[int, list[str]] = {}
@@ -128,13 +122,20 @@ def generate(
         print(stats_line(info, num_samples), file=sys.stderr)
 
 
-def _gpu_name(dev) -> str | None:
-    """The CUDA device's model name, or ``None`` off CUDA (the kernels compile only there)."""
+def _first_start(dev) -> str | None:
+    """The CUDA device's model name (``None`` off CUDA, where no kernel compiles), after the first-start notice
+    where no generation finished on that GPU model before (:mod:`lintime.utils.kernel_cache`)."""
     if dev.type != "cuda":
         return None
     import torch
 
-    return torch.cuda.get_device_name(dev)
+    from lintime.utils.kernel_cache import first_start_notice
+
+    gpu = torch.cuda.get_device_name(dev)
+    notice = first_start_notice("generate", gpu)
+    if notice is not None:
+        print(notice, file=sys.stderr, flush=True)
+    return gpu
 
 
 def stats_line(info: dict, num_samples: int) -> str:
