@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.launching import block, cdiv, check_device, interpreting, sm_count
+from lintime.ops.launching import block, cdiv, check_device
+from lintime.ops.vq.triton.launch import default_launch
 
 NEG = tl.constexpr(-1.0e30)  # the running max's start: finite, so a tile with no visible slot gives exp(-inf - NEG) = 0
 
@@ -221,49 +222,22 @@ def fusable(q: torch.Tensor, state) -> bool:
             and state.cache_count.dtype == torch.float32 and state.cache_mean.dtype == torch.float32)
 
 
-def _tiles(K: int, V: int) -> dict:
-    """Tiles, not timed yet: the attention kernel's value tile 128 wide (vq-base: 12 programs per sequence, each
-    reading the window's keys, the relative table and the codebook from L2) over slot / code tiles of 32; the
-    merge's one-hot products [64, 64] x [64, 64] in fp32 with one stage and 8 warps (it runs once per L tokens).
-    At vq-base in bf16 for sm_90 (ptxas -v): 190 / 154 / 96 registers, no spills (4 warps for the merge spilled).
-    16-wide under the interpreter."""
-    if interpreting():
-        return dict(BN=16, BS=16, BV=16, BJ=16, BK=block(K), BSM=16, BVM=16)
-    return dict(BN=32, BS=32, BV=min(128, block(V)), BJ=32, BK=block(K), BSM=64, BVM=min(64, block(V)))
-
-
-def _splits(programs: int, keys: int, BN: int, device: torch.device) -> tuple[int, int]:
-    """``(CH, NSPLIT)``: how many key chunks (of ``CH``, a multiple of ``BN``) the attention kernel's ``programs``
-    (sequences x heads x value tiles) split the ``2L + S`` keys into so that about four programs per SM run, each
-    walking at least two key tiles (vq-base at batch 1: 12 programs, 24 splits of 64 keys; at batch 64 none).  A
-    program's tiles are a chain of dependent loads, so shorter chains on more programs finish sooner (fewer, longer
-    splits were slower: ``docs/design/kernels.md``, Transformer-VQ).  Under the interpreter, chunks of ``2 BN`` (the
-    tests then cross split boundaries inside the window, the cache and between them)."""
-    if interpreting():
-        ch = 2 * BN
-        return ch, cdiv(keys, ch)
-    want = 4 * sm_count(device)
-    ns = max(1, min(cdiv(want, max(programs, 1)), cdiv(keys, 2 * BN)))
-    ch = cdiv(cdiv(keys, ns), BN) * BN
-    return ch, cdiv(keys, ch)
-
-
 def triton_decode_step_(q, k_hat, codes, v, codebook, state, bias=None, rel_bias=None, splits=None) -> torch.Tensor:
     """:func:`lintime.ops.vq.decode.vq_decode_step_` on the kernels above (arguments checked there; fp16 / bf16 /
     fp32 inputs with an fp32 cache, keys up to 256 wide: :func:`fusable`).  ``splits``: the attention's key
-    splits (``None``: :func:`_splits`; 1: one program walks every key, no combine; tests)."""
+    splits (``None``: :meth:`.launch.VQLaunch.decode_splits`'s rule; 1: one program walks every key, no combine;
+    tests).  Tiles, splits and warps: :class:`.launch.VQLaunch` (:meth:`~.launch.VQLaunch.decode_tiles`)."""
     N, L2, H, K = state.k_hat.shape
     V, S, L = state.v.shape[-1], state.cache_count.shape[-1], L2 // 2
     check_device("vq_decode_step_", q)
     for name in ("cache_mean", "cache_count", "k_hat", "v", "codes", "pos"):
         if not getattr(state, name).is_contiguous():
             raise ValueError(f"vq_decode_step_: the fused step writes state.{name} in place; it must be contiguous")
-    t = _tiles(K, V)
+    cfg = default_launch(K, V, q.dtype)
+    t = cfg.decode_tiles(K, V)
     o = q.new_empty(N, H, V)
     nv = cdiv(V, t["BV"])
-    ch, ns = _splits(N * H * nv, 2 * L + S, t["BN"], q.device) if splits is None else (
-        cdiv(cdiv(2 * L + S, splits), t["BN"]) * t["BN"], splits)
-    ns = cdiv(2 * L + S, ch)
+    ch, ns = cfg.decode_splits(N * H * nv, 2 * L + S, t["BN"], q.device, splits)
     part_ml = q.new_empty(N * H, ns, 2, dtype=torch.float32) if ns > 1 else None
     part_o = q.new_empty(N * H, ns, V, dtype=torch.float32) if ns > 1 else None
     if N * H:
@@ -279,7 +253,7 @@ def triton_decode_step_(q, k_hat, codes, v, codebook, state, bias=None, rel_bias
             vq_decode_combine_kernel[(N * H, nv)](part_ml, part_o, o, ns, V=V, BC=block(ns), BV=t["BV"])
         vq_decode_merge_kernel[(N * H, cdiv(S, t["BSM"]))](
             state.codes, state.v, state.cache_count, state.cache_mean, state.pos, L, S, H=H, V=V, BS=t["BSM"],
-            BJ=t["BSM"], BV=t["BVM"], num_stages=1, num_warps=8,
+            BJ=t["BSM"], BV=t["BVM"], num_stages=cfg.dec_stages_merge, num_warps=cfg.dec_warps_merge,
         )
         vq_decode_shift_kernel[(N * H, cdiv(L, t["BJ"]))](
             state.k_hat, state.v, state.codes, state.pos, L, H=H, K=K, V=V, BJ=t["BJ"], BK=t["BK"], BV=t["BV"],

@@ -14,7 +14,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from lintime.ops.launching import block, cdiv, grad_as, interpreting, launcher_op
+from lintime.ops.launching import cdiv, grad_as, launcher_op
+from lintime.ops.vq.triton.launch import default_launch
 
 
 @triton.jit
@@ -47,15 +48,13 @@ def vq_gate_bwd_kernel(dy, o, g, do, dg, M, stride_g, E: tl.constexpr, BM: tl.co
     tl.store(dg + p, (b_dy * b_o * b_s * (1.0 + b_g * (1.0 - b_s))).to(dg.dtype.element_ty), mask=m)
 
 
-def _tiles(E: int) -> tuple[int, int]:
-    """``(BM, BE)``: 16 rows x 128 columns (a memory-bound pass), not timed yet; 4 x 16 under the interpreter."""
-    if interpreting():
-        return 4, 16
-    return 16, min(128, block(E))
+def _tiles(E: int, dtype: torch.dtype) -> tuple[int, int]:
+    """``(BM, BE)`` for rows of ``E``: :meth:`.launch.VQLaunch.gate_tiles`."""
+    return default_launch(0, E, dtype).gate_tiles(E)
 
 
-def _grid(M: int, E: int):
-    BM, BE = _tiles(E)
+def _grid(M: int, E: int, dtype: torch.dtype):
+    BM, BE = _tiles(E, dtype)
     return (cdiv(M, BM), cdiv(E, BE)), BM, BE
 
 
@@ -64,7 +63,7 @@ def vq_gate_bwd_op(dy: Tensor, o: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
     """``(do [M, E], dg [M, E])`` (``dg`` contiguous, in ``g``'s dtype)."""
     M, E = o.shape
     do, dg = torch.empty_like(o), torch.empty_like(o, dtype=g.dtype)
-    grid, BM, BE = _grid(M, E)
+    grid, BM, BE = _grid(M, E, o.dtype)
     if M > 0:
         vq_gate_bwd_kernel[grid](dy, o, g, do, dg, M, g.stride(0), E=E, BM=BM, BE=BE)
     return do, dg
@@ -86,7 +85,7 @@ def vq_gate_op(o: Tensor, g: Tensor) -> Tensor:
     """``o * silu(g)`` for ``o`` ``[M, E]`` contiguous and ``g`` ``[M, E]`` with unit column stride."""
     M, E = o.shape
     y = torch.empty_like(o)
-    grid, BM, BE = _grid(M, E)
+    grid, BM, BE = _grid(M, E, o.dtype)
     if M > 0:
         vq_gate_fwd_kernel[grid](o, g, y, M, g.stride(0), E=E, BM=BM, BE=BE)
     return y
@@ -123,7 +122,7 @@ def vq_silu_bwd_op(dy: Tensor, z: Tensor) -> Tensor:
     any stride within and across its first dimension (the block layout's slice of the values' gradient)."""
     A, M, E = z.shape
     dz = torch.empty_like(z)
-    BM, BE = _tiles(E)
+    BM, BE = _tiles(E, z.dtype)
     if A * M > 0:
         vq_silu_bwd_kernel[(cdiv(A * M, BM), cdiv(E, BE))](dy, z, dz, A * M, M, dy.stride(0), dy.stride(1), E=E, BM=BM,
                                                            BE=BE)

@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.launching import block, cdiv, check_device, interpreting, next_pow2, sm_count
+from lintime.ops.launching import block, cdiv, check_device, interpreting, next_pow2
+from lintime.ops.vq.triton.launch import default_launch
 
 
 @triton.jit
@@ -87,7 +88,7 @@ def quantize_step(k: torch.Tensor, codebook: torch.Tensor, sq_norms: torch.Tenso
     most SMs idle, whatever its tile (``docs/design/kernels.md``, Transformer-VQ).  So the codes are split over
     about two programs per SM (``vq_quantize_kernel``, 32-code chunks at batch 1) and a second kernel merges the
     splits' minima (flash-decoding's split, for an argmin); with enough sequences one kernel walks all codes in
-    16k-element tiles.
+    16k-element tiles (:meth:`.launch.VQLaunch.quantize_tiles`).
     ``splits``: the number of code chunks (``None``: that rule; 1: the one kernel; tests)."""
     check_device("quantize_step", k)
     N, H, K = k.shape
@@ -97,18 +98,11 @@ def quantize_step(k: torch.Tensor, codebook: torch.Tensor, sq_norms: torch.Tenso
     if not N * H:
         return codes, k_hat
     k, codebook, sq_norms = k.contiguous(), codebook.contiguous(), sq_norms.contiguous()
-    BK = block(K)
-    if splits is None:
-        splits = 1 if interpreting() else max(1, min(cdiv(S, 32), cdiv(2 * sm_count(k.device), N * H)))
-    if splits == 1:  # one program walks every code in wide tiles
-        CH, BS = S, 16 if interpreting() else min(next_pow2(S), max(32, 16384 // BK))
-        part_d = part_i = None
-    else:
-        CH = cdiv(S, splits)
-        BS = min(next_pow2(CH), 16 if interpreting() else max(32, 8192 // BK))
+    splits, CH, BS, BK, warps = default_launch(K, 0, k.dtype).quantize_tiles(N * H, S, K, k.device, splits)
+    part_d = part_i = None
+    if splits > 1:
         part_d = torch.empty(N * H, splits, dtype=torch.float32, device=k.device)
         part_i = torch.empty(N * H, splits, dtype=torch.int32, device=k.device)
-    warps = 4 if interpreting() else max(4, min(8, BS * BK // 2048))
     vq_quantize_kernel[(N * H, splits)](k, codebook, sq_norms, codes, k_hat, part_d, part_i, S, CH, splits, H=H, K=K,
                                         BS=BS, BK=BK, SPLIT=splits > 1, num_warps=warps)
     if splits > 1:
@@ -152,8 +146,8 @@ def vq_assign_kernel(k, cb, c2, codes, cz, N, S, H: tl.constexpr, K: tl.constexp
 def assign_codes(k: torch.Tensor, codebook: torch.Tensor, sq_norms: torch.Tensor, tiles: tuple | None = None):
     """``k`` ``[N, H, K]``, ``codebook`` ``[H, S, K]`` fp32, ``sq_norms`` ``||codebook||^2`` (``H * S`` values, fp32)
     -> ``codes [N, H]`` (int64, the first nearest codeword) and ``c_z [N, H, K]`` (that codeword, fp32), by
-    :func:`vq_assign_kernel`.  No gradient.  ``tiles``: ``(rows, codes, warps)`` per program (``None``: the
-    default)."""
+    :func:`vq_assign_kernel`.  No gradient.  ``tiles``: ``(rows, codes, warps)`` per program (``None``:
+    :class:`.launch.VQLaunch`'s ``asg_*``; the interpreter keeps its own)."""
     check_device("assign_codes", k)
     N, H, K = k.shape
     S = codebook.shape[1]
@@ -161,8 +155,8 @@ def assign_codes(k: torch.Tensor, codebook: torch.Tensor, sq_norms: torch.Tensor
     c_z = torch.empty(N, H, K, dtype=torch.float32, device=k.device)
     if N * H:
         interp = interpreting()
-        # 64 keys x 64 codes, 4 warps: the fastest of the 32-128 x 32-128 tiles that fit the shared memory
-        BM, BS, warps = (16, 16, 1) if interp else tiles or (64, 64, 4)
+        cfg = default_launch(K, 0, k.dtype)
+        BM, BS, warps = (cfg.asg_bm, cfg.asg_bs, cfg.asg_warps) if interp or not tiles else tiles
         vq_assign_kernel[(cdiv(N, BM), H)](
             k.contiguous(), codebook.contiguous(), sq_norms.contiguous(), codes, c_z, N, S, H=H, K=K, BM=BM, BS=BS,
             BK=block(K), PREC="ieee" if interp else "tf32x3", num_warps=warps)

@@ -21,8 +21,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from lintime.ops.launching import block, cdiv, interpreting, launcher_op
+from lintime.ops.launching import cdiv, launcher_op
 from lintime.ops.vq.state import scatter_sums
+from lintime.ops.vq.triton.launch import default_launch
 
 
 @triton.jit
@@ -87,11 +88,8 @@ def vq_scan_bwd_kernel(first, tot, dmean, qmap, dcm, dsumv, NE, NST, HS: tl.cons
 
 
 def _tiles(HS: int, V: int) -> tuple[int, int]:
-    """``(BS, BV)``: [32, 64] fp32 tiles, 384 programs at vq-base (``S = 512``, ``V = 1536``) per layout row, not
-    timed yet; 16-wide under the interpreter (several tiles in small tests)."""
-    if interpreting():
-        return 16, 16
-    return min(32, block(HS)), min(64, block(V))
+    """``(BS, BV)``: :meth:`.launch.VQLaunch.scan_tiles` (fp32 tiles whatever the inputs' dtype)."""
+    return default_launch(0, V, torch.float32).scan_tiles(HS, V)
 
 
 def _scan_fake(first, cnt, sumv, qmap, NQ, keep_mean, cm_dtype):
@@ -243,9 +241,10 @@ def vq_sum_grad_op(grad: Tensor, codes: Tensor, valid: Tensor, dtype: torch.dtyp
     dv = grad.new_empty(G, L, H, V, dtype=dtype)
     R = G * L * H
     if R:
-        BR, BV = (16, 16) if interpreting() else (16, min(256, block(V)))
+        cfg = default_launch(0, V, dtype)
+        BR, BV = cfg.sums_tiles(V)
         vq_sum_grad_kernel[(cdiv(R, BR), cdiv(V, BV))](grad, codes, valid, dv, R, L, S, H=H, V=V, BR=BR, BV=BV,
-                                                       num_warps=4)
+                                                       num_warps=cfg.sums_warps)
     return dv
 
 

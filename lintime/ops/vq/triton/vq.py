@@ -99,7 +99,8 @@ def vq_bwd(do, q, k, v, kvalid, qblk, pvalid, qa, qb, bias, cb, logc, cm, o, pw,
     if NQ > 0:
         delta = q.new_empty(NQ, L, H, dtype=torch.float32)
         R = NQ * L * H
-        vq_delta_kernel[(cdiv(R, 32),)](do, o, delta, R, D=V, BR=32, BD=min(128, block(V)), num_warps=4)
+        vq_delta_kernel[(cdiv(R, cfg.delta_br),)](do, o, delta, R, D=V, BR=cfg.delta_br,
+                                                  BD=min(cfg.delta_bd, block(V)), num_warps=cfg.delta_warps)
         NQT = cdiv(L, cfg.bm_d)
         NWT = cdiv(2 * L, cfg.bn_d)
         vq_dp_kernel[(NQ * NQT, NWT + cdiv(S, cfg.bn_d), H)](
@@ -127,8 +128,9 @@ def vq_bwd(do, q, k, v, kvalid, qblk, pvalid, qa, qb, bias, cb, logc, cm, o, pw,
         db = torch.empty_like(bias)
         TB = bias.shape[-1]
         if db.numel():
-            vq_rel_grad_kernel[(cdiv(NQ * L * H, 32), cdiv(TB, 128))](dsw, db, NQ * L * H, L, TB, H=H, BR=32,
-                                                                       BT=min(128, block(TB)), num_warps=4)
+            BT = min(cfg.rel_bt, block(TB))
+            vq_rel_grad_kernel[(cdiv(NQ * L * H, cfg.rel_br), cdiv(TB, BT))](
+                dsw, db, NQ * L * H, L, TB, H=H, BR=cfg.rel_br, BT=BT, num_warps=cfg.rel_warps)
     return dq, dk, dv, db, dcb.to(cb.dtype), dlogc, dcm.to(cm.dtype)
 
 
