@@ -2,20 +2,32 @@
 rows, the gradients summed over the ranks between two graphs, clipping + AdamW) against the trainer's eager DDP step,
 on 2 gloo CPU processes: its body run eagerly (``capture=False``) gives the same per-step loss shares, gradient norms
 (to the fp32 it reports them in) and final parameters (fp32 exact rule, documents packed anew every step, clipping that bites, a changing rate).  The capture
-itself needs CUDA and NCCL (not in CI): what is captured is this body, two graphs around the all-reduce."""
+itself needs CUDA and NCCL (not in CI): what is captured is this body, two graphs around the all-reduce.
+
+Both presets run in ONE launch of the 2 processes (``ddp_graph_vs_eager_presets``; a process start-up costs seconds on a
+loaded CI machine), the test below checks each preset's piece."""
 
 from __future__ import annotations
 
 import pytest
 from launch import run_ranks
-from workers import ddp_graph_vs_eager
+from workers import ddp_graph_vs_eager_presets
 
 from tolerances import assert_exact
 
+PRESETS = ("flash-tiny", "gla-tiny")
 
-@pytest.mark.parametrize("preset", ["flash-tiny", "gla-tiny"])
-def test_data_parallel_graph_step_equals_the_eager_ddp_step(preset):
-    outs = run_ranks(ddp_graph_vs_eager, 2, preset, 8, 2, 32, 3, timeout=300)
+
+@pytest.fixture(scope="module")
+def launched() -> dict:
+    """``{preset: [rank 0's result, rank 1's]}`` of ``ddp_graph_vs_eager`` (chunk 8, 2 rows of 32, 3 steps)."""
+    outs = run_ranks(ddp_graph_vs_eager_presets, 2, PRESETS, 8, 2, 32, 3, timeout=300)
+    return {preset: [out[i] for out in outs] for i, preset in enumerate(PRESETS)}
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_data_parallel_graph_step_equals_the_eager_ddp_step(launched, preset):
+    outs = launched[preset]
     for rank, out in enumerate(outs):
         eager, graph = out["eager"], out["graph"]
         for i, (a, b) in enumerate(zip(eager["losses"], graph["losses"], strict=True)):

@@ -266,3 +266,8 @@ def ddp_graph_vs_eager(preset: str, chunk: int, rows: int, T: int, steps: int) -
             step.failed = "a failed capture" if env.rank == 1 else None
             out["one_failed"] = step._any_rank_failed()
     return out
+
+
+def ddp_graph_vs_eager_presets(presets: tuple[str, ...], chunk: int, rows: int, T: int, steps: int) -> list[dict]:
+    """:func:`ddp_graph_vs_eager` for each preset in turn, in one set of processes (one start-up for all)."""
+    return [ddp_graph_vs_eager(preset, chunk, rows, T, steps) for preset in presets]

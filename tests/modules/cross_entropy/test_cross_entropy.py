@@ -109,10 +109,10 @@ def test_kernel_row_step_over_several_blocks(dtype, label_smoothing, block_v):
     from lintime.modules.cross_entropy.triton.launch import CrossEntropyLaunch
     from lintime.modules.cross_entropy.triton.ops import triton_rows
 
-    n, V = 19, 1000
+    n, V = 7, 1000  # the blocks are the point, not the rows (each row is a program the interpreter runs)
     z = (torch.randn(n, V, dtype=torch.float64) * 3).to(DEV, dtype)
     y = torch.randint(0, V, (n,), device=DEV)
-    y[[2, 11]] = -7
+    y[[2, 5]] = -7
     for scale in (torch.tensor(0.25, device=DEV), torch.rand(n, device=DEV)):
         z_ref, z_out = z.clone(), z.clone()
         l_ref, l_out = torch.empty(n, device=DEV), torch.empty(n, device=DEV)
@@ -120,7 +120,7 @@ def test_kernel_row_step_over_several_blocks(dtype, label_smoothing, block_v):
         triton_rows(z_out, y, scale, l_out, -7, label_smoothing, True,
                     CrossEntropyLaunch(block_v=block_v, num_warps=4))
         assert_exact("loss", l_ref, l_out)
-        assert (z_out[[2, 11]] == 0).all() and (l_out[[2, 11]] == 0).all()
+        assert (z_out[[2, 5]] == 0).all() and (l_out[[2, 5]] == 0).all()
         if dtype == torch.float32:
             assert_exact("grad", z_ref, z_out)
         else:  # both round the same fp32 gradient to the half dtype: at most one ulp apart
