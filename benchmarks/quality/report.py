@@ -22,6 +22,11 @@ planned cell with no finished run says ``not run``):
 * **quality at equal wall time**: each family's validation bits per byte at 0.25, 0.5 and 1 x
   Transformer++'s mean training time (interpolated on its curve; a run that ended earlier counts
   with its last value, marked ‡);
+* **retrieval** (its own block, ``<!-- BEGIN quality-retrieval -->``): passkey and the multi-key
+  needle (``retrieval.py``) at 1x / 2x / 4x each run's trained context, accuracy per family x
+  context (mean over seeds, ``not run`` where missing); a context is readable only when
+  Transformer++'s passkey at 1x reaches 90 % in every seed (issue 43's bar), and the table says
+  "not readable" otherwise;
 * **claims** are made only where the spread allows: two means differ when
   ``|a - b| > s_a + s_b`` (one seed: no claim).
 
@@ -45,6 +50,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
+import retrieval  # noqa: E402
 import run as study  # noqa: E402
 
 RESULTS_MD = REPO / "docs" / "results.md"
@@ -53,6 +59,8 @@ BEGIN, END = "<!-- BEGIN quality-study -->", "<!-- END quality-study -->"
 REFERENCE = "transformer-pp"
 NAMES = {"flash": "FLASH", "transformer-pp": "Transformer++", "gla": "GLA", "vq": "Transformer-VQ"}
 EQUAL_TIME_FRACTIONS = (0.25, 0.5, 1.0)
+RBEGIN, REND = "<!-- BEGIN quality-retrieval -->", "<!-- END quality-retrieval -->"
+READABLE_BAR = 0.90  # issue 43: the softmax anchor retrieves the passkey at >= 90 % inside its trained context
 
 
 # ------------------------------------------------------------------------------------------- numbers
@@ -311,6 +319,85 @@ def make_plots(tables: dict, out_dir: Path, rel: str) -> tuple[list[str], str]:
     return paths, ""
 
 
+# ------------------------------------------------------------------------------------------- retrieval
+
+
+def retrieval_table(records: dict, plan: list) -> dict:
+    """``{"rows": {context: {family: {(task, multiple): cell}}}, "readable": {context: (bool, why)}}``.
+
+    A cell: ``{"acc": [accuracy per finished seed], "n": seeds with the run done, "why": ...}``;
+    accuracies are each seed's mean over its depths (``retrieval.accuracy``).  A context is
+    readable when Transformer++'s passkey at 1x reaches :data:`READABLE_BAR` in every seed measured
+    (at least one); the table is readable when every context is."""
+    contexts = sorted({r.context for r in plan if r.kind == "study"})
+    families = list(dict.fromkeys(r.family for r in plan))
+    rows: dict = {}
+    readable: dict = {}
+    for ctx in contexts:
+        row: dict = {}
+        for fam in families:
+            recs = done(records, [r for r in plan if r.kind == "study" and r.family == fam and r.context == ctx])
+            cells = {}
+            for task in retrieval.TASKS:
+                for m in retrieval.MULTIPLES:
+                    accs = [a for a in (retrieval.accuracy(rec.get("retrieval"), task, m) for rec in recs)
+                            if a is not None]
+                    whys = sorted({(retrieval.cell(rec.get("retrieval"), task, m) or {}).get("why") or "not measured"
+                                   for rec in recs if retrieval.accuracy(rec.get("retrieval"), task, m) is None})
+                    cells[(task, m)] = {"acc": accs, "n": len(recs), "why": "; ".join(whys)}
+            row[fam] = cells
+        rows[ctx] = row
+        anchor = row.get(REFERENCE, {}).get(("passkey", 1))
+        if not anchor or not anchor["acc"]:
+            readable[ctx] = (False, f"{NAMES[REFERENCE]}'s passkey at 1x: not run")
+        elif min(anchor["acc"]) < READABLE_BAR:
+            readable[ctx] = (False, f"{NAMES[REFERENCE]}'s passkey at 1x: {_pct(anchor['acc'])} < "
+                                    f"{READABLE_BAR:.0%}")
+        else:
+            readable[ctx] = (True, f"{NAMES[REFERENCE]}'s passkey at 1x: {_pct(anchor['acc'])}")
+    return {"rows": rows, "readable": readable, "all_readable": bool(readable) and all(v[0] for v in readable.values())}
+
+
+def _pct(accs: list[float]) -> str:
+    mean, low = f"{statistics.fmean(accs):.0%}", f"{min(accs):.0%}"
+    return mean if low == mean else f"{mean} (min {low})"
+
+
+def retrieval_cell_text(c: dict) -> str:
+    if not c["acc"]:
+        return "not run"
+    k = len(c["acc"])
+    return _pct(c["acc"]) + (f" ({k} seeds)" if k > 1 else "") + (f" ({k}/{c['n']})" if k < c["n"] else "")
+
+
+def retrieval_markdown(tab: dict) -> str:
+    L = ["### Retrieval: passkey and multi-key needle (issue 43 item 3)\n",
+         "Each finished study run's final model, right after its scoring (`run.py`, `retrieval.py`): lintime's passkey "
+         "(one 5-digit key) and a multi-key needle (4 key/value pairs, one asked) in filler from the study corpus's test "
+         "split, greedy decoding, 10 seeded trials at each of 5 depths (50 a length), at the trained context (1x) and "
+         "at 2x and 4x it (extrapolation). A cell: accuracy over the 50 prompts (mean over seeds where several; "
+         "`not run`: not measured, e.g. it did not fit the run's time budget).\n",
+         f"**The bar (issue 43):** the table is readable only where {NAMES[REFERENCE]} retrieves the passkey at "
+         f">= {READABLE_BAR:.0%} inside its trained context (1x); below it, no family's number says anything.\n"]
+    verdict = "readable" if tab["all_readable"] else "not readable"
+    bad = [f"{ctx}: {why}" for ctx, (ok, why) in tab["readable"].items() if not ok]
+    L.append(f"**Table: {verdict}**" + (f" ({'; '.join(bad)})" if bad else "") + "\n")
+    head = ["context", "family"] + [f"{t} {m}x" for t in retrieval.TASKS for m in retrieval.MULTIPLES] + ["readable"]
+    L.append("| " + " | ".join(head) + " |")
+    L.append("|" + "---|" * len(head))
+    for ctx, row in tab["rows"].items():
+        ok = "yes" if tab["readable"][ctx][0] else "not readable"
+        for fam, cells in row.items():
+            L.append(f"| {ctx} | {NAMES.get(fam, fam)} | "
+                     + " | ".join(retrieval_cell_text(cells[(t, m)]) for t in retrieval.TASKS for m in retrieval.MULTIPLES)
+                     + f" | {ok} |")
+    return "\n".join(L).rstrip() + "\n"
+
+
+def render_retrieval(runs_dir: Path, plan: list) -> str:
+    return retrieval_markdown(retrieval_table(load(runs_dir, plan), plan))
+
+
 def render(runs_dir: Path, plan: list, *, plots_dir: Path | None, plots_rel: str = "results") -> str:
     records = load(runs_dir, plan)
     tables = study_tables(records, plan)
@@ -322,11 +409,14 @@ def render(runs_dir: Path, plan: list, *, plots_dir: Path | None, plots_rel: str
     return head + "\n" + markdown(tables, plots, note)
 
 
-def replace_block(text: str, block: str) -> str:
-    if BEGIN in text and END in text:
-        a, b = text.index(BEGIN), text.index(END)
-        return text[: a + len(BEGIN)] + "\n" + block + text[b:]
-    return text.rstrip() + f"\n\n{BEGIN}\n{block}{END}\n"
+def replace_block(text: str, block: str, begin: str = BEGIN, end: str = END) -> str:
+    if begin in text and end in text:
+        a, b = text.index(begin), text.index(end)
+        return text[: a + len(begin)] + "\n" + block + text[b:]
+    if begin != BEGIN and END in text:  # a new block goes right after the study's
+        at = text.index(END) + len(END)
+        return text[:at] + f"\n\n{begin}\n{block}{end}" + text[at:]
+    return text.rstrip() + f"\n\n{begin}\n{block}{end}\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -340,9 +430,11 @@ def main(argv: list[str] | None = None) -> int:
     runs_dir = args.runs_dir or (study.DATA / "smoke_runs" if args.smoke else study.RUNS)
     if args.print:
         print(render(runs_dir, plan, plots_dir=None))
+        print(render_retrieval(runs_dir, plan))
         return 0
     block = render(runs_dir, plan, plots_dir=PLOTS if not args.smoke else study.DATA / "smoke_plots")
-    args.page.write_text(replace_block(args.page.read_text() if args.page.exists() else "", block))
+    text = replace_block(args.page.read_text() if args.page.exists() else "", block)
+    args.page.write_text(replace_block(text, render_retrieval(runs_dir, plan), RBEGIN, REND))
     print(f"report: {args.page} updated")
     return 0
 

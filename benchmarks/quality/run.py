@@ -85,6 +85,11 @@ SEEDS_BY_CONTEXT = {1024: (0, 1, 2), 4096: (0,), 8192: (0, 1, 2), 32768: (0,)}
 CALL_TRAIN_S = 420.0  # training seconds one 10-minute call leaves after start-up, unpacking, compiling, evaluation
 START_S = 45.0  # per run: process start, model build, compile / graph capture (measured: 20-60 s on an H200)
 EVAL_S = 20.0  # per run: the final validation + test scoring
+# per run: passkey + multi-key needle at 1x / 2x / 4x the trained context (retrieval.py; 10 trials x 5 depths a
+# length).  Reserved in the run's budget; what does not fit in it is recorded "not run", so the call still ends in time.
+RETRIEVAL_S = 60.0
+RETRIEVAL_TRIALS = 10  # per depth: x 5 depths = 50 prompts per length and task
+RETRIEVAL_TOKENS_PER_S = 2e5  # the first cell's estimate (prompt tokens / s); later cells scale measured ones
 
 # family -> (preset, recipe, the recipe's peak rate)
 FAMILIES = {
@@ -111,6 +116,7 @@ SMOKE = {  # the --smoke pipeline: tiny presets, the smoke corpus, a few steps
     "families": {"flash": ("flash-tiny", "flash", 3e-3), "transformer-pp": ("transformer-pp-tiny", "flash", 3e-3)},
     "contexts": {128: (0,)}, "sweep_context": 128, "tokens": 8 * 1024, "tokens_per_batch": 1024,
     "micro": 1024, "curve_eval_tokens": 1024, "final_eval_tokens": 2048, "lr_factors": (0.5, 1.0),
+    "retrieval_trials": 1, "retrieval_depths": (0.0, 0.5, 1.0),
 }
 
 
@@ -146,7 +152,7 @@ class Run:
 
     @property
     def est_device_s(self) -> float:
-        return self.gpus * (self.est_s + START_S + EVAL_S)
+        return self.gpus * (self.est_s + START_S + EVAL_S + RETRIEVAL_S)
 
 
 def corpus_train_tokens(manifest: Path = MANIFEST) -> int | None:
@@ -315,7 +321,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return rows
 
 
-def final_scores(run_dir: Path, run: Run, device: str) -> dict:
+def final_scores(run_dir: Path, run: Run, device: str, loaded=None) -> dict:
     """Validation and test bits per byte of the run's last checkpoint at its training context."""
     import torch
 
@@ -323,7 +329,7 @@ def final_scores(run_dir: Path, run: Run, device: str) -> dict:
     from lintime.evaluation import evaluate
     from lintime.training.checkpoint import load_model
 
-    loaded = load_model(run_dir, device=device)
+    loaded = loaded or load_model(run_dir, device=device)
     amp = torch.bfloat16 if device.startswith("cuda") else None
     out = {"n_params": loaded.model.num_parameters(), "eval_tokens": run.final_eval_tokens,
            "context": run.context}
@@ -339,12 +345,38 @@ def final_scores(run_dir: Path, run: Run, device: str) -> dict:
     return out
 
 
+def retrieval_scores(loaded, run: Run, device: str, *, data: Path, deadline: float, log: Path | None = None) -> dict:
+    """Passkey and the multi-key needle (``retrieval.py``) at 1x / 2x / 4x the run's context on its
+    final model, the filler from the study corpus's test split; cells that would end past
+    ``deadline`` (a ``time.monotonic()`` time) are recorded "not run"."""
+    import torch
+
+    import retrieval  # noqa: PLC0415 - beside this script
+
+    smoke = run.tokens_per_batch == SMOKE["tokens_per_batch"]
+    trials = SMOKE["retrieval_trials"] if smoke else RETRIEVAL_TRIALS
+    depths = SMOKE["retrieval_depths"] if smoke else retrieval.DEPTHS
+    first = None if device == "cpu" else trials * len(depths) * run.context / RETRIEVAL_TOKENS_PER_S + 5.0
+
+    def say(msg: str) -> None:
+        if log is not None:
+            with open(log, "a") as f:
+                print(msg, file=f, flush=True)
+
+    return retrieval.measure(loaded.model, loaded.tokenizer, run.context, corpus=str(data / "corpus"),
+                             deadline=deadline, trials=trials, depths=depths, seed=run.seed,
+                             autocast=torch.bfloat16 if device.startswith("cuda") else None,
+                             first_estimate_s=first, say=say)
+
+
 def run_one(run: Run, lr: float, lr_source: str, *, data: Path, work: Path, runs_dir: Path, device: str,
-            time_budget_s: float, gpus: int, log: Path, in_process: bool = False) -> dict:
-    """Train ``run`` (resuming a checkpoint in ``work`` when there is one), score it, write its record."""
+            time_budget_s: float, gpus: int, log: Path, in_process: bool = False, retrieval: bool = True) -> dict:
+    """Train ``run`` (resuming a checkpoint in ``work`` when there is one), score it, measure
+    retrieval on it (unless ``retrieval`` is False), write its record; all inside ``time_budget_s``."""
+    t_start = time.monotonic()
     run_dir = work / run.id
     resume = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
-    train_s = max(time_budget_s - START_S - EVAL_S, 5.0)
+    train_s = max(time_budget_s - START_S - EVAL_S - (RETRIEVAL_S if retrieval else 0.0), 5.0)
     cmd = train_command(run, lr, data=data, work=work, device=device, time_min=train_s / 60, resume=resume, gpus=gpus)
     rec = read_record(run, runs_dir) or {}
     slices = rec.get("slices", [])
@@ -386,12 +418,27 @@ def run_one(run: Run, lr: float, lr_source: str, *, data: Path, work: Path, runs
         rec["status"] = "incomplete"
     else:
         try:
-            rec["final"] = final_scores(run_dir, run, device)
+            from lintime.training.checkpoint import load_model
+
+            loaded = load_model(run_dir, device=device)
+            rec["final"] = final_scores(run_dir, run, device, loaded)
             rec["status"] = "done"
             rec["tokens"] = rows[-1]["tokens"] if rows else None
         except Exception as err:  # noqa: BLE001 - the record says why
             rec["status"] = "failed"
             rec["error"] = f"final scoring: {type(err).__name__}: {err}"
+        if rec["status"] == "done":  # before the checkpoint goes: it cannot come back from the GPU machine
+            import retrieval as retrieval_mod  # noqa: PLC0415 - beside this script
+
+            if not retrieval:
+                rec["retrieval"] = retrieval_mod.not_run(run.context, "--no-retrieval")
+            else:
+                try:
+                    rec["retrieval"] = retrieval_scores(loaded, run, device, data=data, log=log,
+                                                        deadline=t_start + time_budget_s - 5.0)
+                except Exception as err:  # noqa: BLE001 - the run's scores stand; the record says why
+                    rec["retrieval"] = retrieval_mod.not_run(run.context, f"failed: {type(err).__name__}: {err}")
+            del loaded
     rec["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     write_record(run, runs_dir, rec)
     if rec["status"] == "done" and os.environ.get("QUALITY_KEEP_CHECKPOINTS") != "1":
@@ -489,7 +536,7 @@ def describe(runs: list[Run], runs_dir: Path) -> str:
         lines.append(f"{r.id:34s} {r.kind:6s} {r.context:6d} {r.tokens / 1e6:7.1f}M {r.gpus:4d} {r.est_s:11.0f} "
                      f"{r.est_device_s:9.0f}  {st}")
     lines.append(f"{len(runs)} runs; estimated device time {tot / 3600:.1f} GPU-hours in all, {left / 3600:.1f} left "
-                 f"(training at the planned throughputs + {START_S:.0f} s start + {EVAL_S:.0f} s scoring per run)")
+                 f"(training at the planned throughputs + {START_S:.0f} s start + {EVAL_S:.0f} s scoring + {RETRIEVAL_S:.0f} s retrieval per run)")
     return "\n".join(lines)
 
 
@@ -505,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs-dir", type=Path, default=None)
     ap.add_argument("--work", type=Path, default=WORK)
     ap.add_argument("--device", default=None, help="cuda | cpu (default: cuda when there is one)")
+    ap.add_argument("--no-retrieval", action="store_true",
+                    help="skip passkey / needle after a run's scoring (the record says 'not run')")
     args = ap.parse_args(argv)
     runs_dir = args.runs_dir or (DATA / "smoke_runs" if args.smoke else RUNS)
     args.data = args.data or (DATA / "smoke" if args.smoke else DATA)
@@ -548,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
                 skipped[r.id] = f"planned on {r.gpus} GPUs, this machine has {len(slots)}"
                 pending.remove(r)
                 continue
-            est = (r.est_s + START_S + EVAL_S) if device == "cuda" else 10.0
+            est = (r.est_s + START_S + EVAL_S + (0.0 if args.no_retrieval else RETRIEVAL_S)) if device == "cuda" else 10.0
             if est > left:
                 skipped[r.id] = f"needs ~{est:.0f} s, {left:.0f} s left"
                 continue
@@ -565,7 +614,8 @@ def main(argv: list[str] | None = None) -> int:
             if device == "cpu":  # one slot: run it here (no second interpreter to start)
                 print(f"[{time.monotonic() - t_start:5.0f} s] start {r.id} on cpu (lr {lr:.3g})", flush=True)
                 rec = run_one(r, lr, why, data=args.data, work=args.work, runs_dir=runs_dir, device="cpu",
-                              time_budget_s=left - 5, gpus=1, log=args.work / "logs" / f"{r.id}.log", in_process=True)
+                              time_budget_s=left - 5, gpus=1, log=args.work / "logs" / f"{r.id}.log", in_process=True,
+                              retrieval=not args.no_retrieval)
                 print(f"[{time.monotonic() - t_start:5.0f} s] {r.id}: {rec['status']}"
                       + (f", val {rec['final']['validation_bpb']:.4f} test {rec['final']['test_bpb']:.4f} bits/byte"
                          if rec["status"] == "done" else ""), flush=True)
@@ -578,7 +628,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, str(Path(__file__).resolve()), "_one", "--id", r.id, "--lr", repr(lr),
                    "--lr-source", why, "--time-s", f"{left - 5:.0f}", "--data", str(args.data),
                    "--runs-dir", str(runs_dir), "--work", str(args.work), "--device", device,
-                   "--gpus", str(need)] + (["--smoke"] if args.smoke else [])
+                   "--gpus", str(need)] + (["--smoke"] if args.smoke else []) + (
+                   ["--no-retrieval"] if args.no_retrieval else [])
             env = dict(os.environ)
             if device == "cuda":
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(held)
@@ -616,10 +667,11 @@ def main_one(argv: list[str]) -> int:
     ap.add_argument("--device", required=True)
     ap.add_argument("--gpus", type=int, default=1)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--no-retrieval", action="store_true")
     a = ap.parse_args(argv)
     run = {r.id: r for r in plan(smoke=a.smoke)}[a.id]
     run_one(run, a.lr, a.lr_source, data=a.data, work=a.work, runs_dir=a.runs_dir, device=a.device,
-            time_budget_s=a.time_s, gpus=a.gpus, log=a.work / "logs" / f"{run.id}.log")
+            time_budget_s=a.time_s, gpus=a.gpus, log=a.work / "logs" / f"{run.id}.log", retrieval=not a.no_retrieval)
     return 0
 
 
