@@ -4,11 +4,14 @@
     python3 benchmarks/profile_step.py --presets flash-base,gla-base,transformer-pp-base --contexts 2k,8k,32k \
         [--tokens-per-batch 32768] [--steps 3] [--warmup 2] [--device cuda] [--dtype auto] [--out profile_step_out]
 
-The step is :func:`lintime.bench.model.train_step_fn` -- forward + backward of ``rows = tokens_per_batch // T``
-random rows (one document each), gradient clipping, fused AdamW, ``zero_grad`` -- under bf16 autocast on CUDA;
-anchor presets (``hf:llama-base``, ``fla:gla-base``) work too.  ``<preset>@graph`` profiles the step that
-``lintime bench model`` times under that name: the same step on ``[rows, T]`` rows captured in one CUDA graph
-(:class:`lintime.training.graphed.GraphedStep`) and replayed.  For each preset and ``T``: ``--warmup`` untimed
+Each row profiles the step ``lintime bench model`` times under the same name: forward + backward of
+``rows = tokens_per_batch // T`` random rows, gradient clipping, fused AdamW, ``zero_grad``, under bf16 autocast on
+CUDA.  A plain ``<preset>`` takes the step ``lintime train`` takes by default (:func:`lintime.bench.model.default_step`:
+on CUDA the packed documents step captured in one CUDA graph, ``graph-documents``, where the model allows it);
+``<preset>@eager`` the eager step on packed documents (``--compile off``); ``<preset>@graph`` the captured step on
+``[rows, T]`` rows, one document each (``--compile graph --packing rows``); anchor presets (``hf:llama-base``,
+``fla:gla-base``) their library's eager step.  Captured steps run in
+:class:`lintime.training.graphed.GraphedStep`.  For each preset and ``T``: ``--warmup`` untimed
 steps, ``--steps`` steps timed without the profiler (wall time, device synchronised: ``step ms``), then the same
 number of steps under torch.profiler (with Python stacks).  Every device kernel is put in one category by the
 names of the PyTorch ops that launched it, the Python functions they ran in, and the kernel's own name
@@ -32,7 +35,7 @@ names of the PyTorch ops that launched it, the Python functions they ran in, and
   GPU waiting for the host (Python, dispatch, launches) and for syncs.
 
 A replayed graph launches its kernels without the ops: the profiler records them (CUPTI traces graph kernels) but
-links none to an op or a Python frame.  So a ``@graph`` row first profiles the graph's body run eagerly on a second
+links none to an op or a Python frame.  So a captured row first profiles the graph's body run eagerly on a second
 copy of the model (``GraphedStep(capture=False)``: the same kernels), and splits each replayed kernel's time over
 the categories in the proportions that kernel's name had there (exact for a name used by one category); a kernel
 name the eager body did not run is categorised by its name alone.  Where the replay's trace holds no kernels the
@@ -259,7 +262,7 @@ def _profile(step, steps: int, device: torch.device):
     return prof, ms
 
 
-def _graph_reference(cfg, batch, args, device: torch.device, amp) -> list[Piece]:
+def _graph_reference(cfg, batch, args, device: torch.device, amp, documents: bool = False) -> list[Piece]:
     """Pieces of the graph step's body run eagerly (``GraphedStep(capture=False)``, the same kernels a replay
     launches) on a fresh copy of the model, ``args.steps`` steps after ``args.warmup`` (at least one)."""
     from lintime.bench import model as bm
@@ -269,10 +272,12 @@ def _graph_reference(cfg, batch, args, device: torch.device, amp) -> list[Piece]
     model = bm.build_model(cfg, device).train()
     rows, T = batch.input_ids.shape
     opt = torch.optim.AdamW(model.param_groups(0.1), lr=bm.LR, **({"fused": True} if device.type == "cuda" else {}))
-    body = GraphedStep(model, opt, rows=rows, context_len=T, clip=bm.CLIP, autocast=amp, capture=False)
+    body = GraphedStep(model, opt, rows=rows, context_len=T, clip=bm.CLIP, autocast=amp, capture=False,
+                       doc_capacity=rows if documents else None)
+    cu = batch.cu_seqlens if documents else None
 
     def step():
-        body.step(batch.input_ids, batch.targets, bm.LR)
+        body.step(batch.input_ids, batch.targets, bm.LR, cu_seqlens=cu)
 
     for _ in range(max(1, args.warmup)):
         step()
@@ -290,18 +295,26 @@ def profile_case(name: str, T: int, args, device: torch.device, amp) -> dict:
     from lintime.bench.measure import call_times_ms, quantiles
 
     base, _, kind = name.partition("@")
-    if kind not in ("", "graph"):
-        raise SkipPreset(f"unknown step {kind!r} in {name!r} (only '<preset>@graph')")
-    if kind and (device.type != "cuda" or bm.anchors.is_anchor(base)):
+    if kind not in ("", "graph", "eager"):
+        raise SkipPreset(f"unknown step {kind!r} in {name!r} ('<preset>@graph' or '<preset>@eager')")
+    if kind and bm.anchors.is_anchor(base):
+        raise SkipPreset("the steps '@graph' / '@eager' are lintime's, not an anchor's")
+    if kind == "graph" and device.type != "cuda":
         raise SkipPreset("the captured step is lintime's GraphedStep, on CUDA")
     rows = max(1, args.tokens_per_batch // T)
-    row = {"preset": name, "T": T, "rows": rows, "tokens": rows * T, "status": "ok", "note": ""}
     cfg, _ = bm.preset_config(base, T, device)
-    batch = bm.random_batch(rows, T, cfg.vocab_size, device)
-    reference = _graph_reference(cfg, batch, args, device, amp) if kind else None
+    step_kind = kind or bm.default_step(cfg, device)  # a plain preset: what `lintime bench model` / train take
+    row = {"preset": name, "T": T, "rows": rows, "tokens": rows * T, "status": "ok", "note": "", "step": step_kind}
+    documents = step_kind != "graph"  # packed documents except on the rows layout of '@graph'
+    batch = bm.random_batch(rows, T, cfg.vocab_size, device, documents=documents)
+    captured = step_kind in ("graph", "graph-documents")
+    reference = _graph_reference(cfg, batch, args, device, amp, documents=documents) if captured else None
     torch.manual_seed(0)
     model = bm.build_model(cfg, device).train()
-    step, _ = (bm.graph_step_fn if kind else bm.train_step_fn)(model, batch, amp)
+    if captured:
+        step, _ = bm.graph_step_fn(model, batch, amp, documents=documents)
+    else:
+        step, _ = bm.train_step_fn(model, batch, amp)
     for _ in range(args.warmup):
         step()
     row["step_ms"] = quantiles(call_times_ms(step, args.steps, device))["median"]
