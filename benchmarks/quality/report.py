@@ -27,6 +27,10 @@ planned cell with no finished run says ``not run``):
   context (mean over seeds, ``not run`` where missing); a context is readable only when
   Transformer++'s passkey at 1x reaches 90 % in every seed (issue 43's bar), and the table says
   "not readable" otherwise;
+* **BPE** (its own block, ``<!-- BEGIN quality-bpe -->``): the ``bpe`` runs (every family at one
+  context, lintime's 32k BPE): validation and test per-token perplexity (``exp`` of the mean loss per
+  scored token, ``<eos>`` included), their gap to Transformer++'s, bits per byte on the same documents
+  as the byte runs' final scores beside the family's byte-level run at that context, bytes per token;
 * **claims** are made only where the spread allows: two means differ when
   ``|a - b| > s_a + s_b`` (one seed: no claim).
 
@@ -35,6 +39,8 @@ Usage::
     python3 benchmarks/quality/report.py                      # rewrite docs/results.md's block + plots
     python3 benchmarks/quality/report.py --print              # the block on stdout only
     python3 benchmarks/quality/report.py --smoke --print      # the --smoke records
+
+The page's three blocks: ``quality-study``, ``quality-retrieval``, ``quality-bpe``.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ NAMES = {"flash": "FLASH", "transformer-pp": "Transformer++", "gla": "GLA", "vq"
 EQUAL_TIME_FRACTIONS = (0.25, 0.5, 1.0)
 RBEGIN, REND = "<!-- BEGIN quality-retrieval -->", "<!-- END quality-retrieval -->"
 READABLE_BAR = 0.90  # issue 43: the softmax anchor retrieves the passkey at >= 90 % inside its trained context
+BBEGIN, BEND = "<!-- BEGIN quality-bpe -->", "<!-- END quality-bpe -->"
 
 
 # ------------------------------------------------------------------------------------------- numbers
@@ -394,6 +401,107 @@ def retrieval_markdown(tab: dict) -> str:
     return "\n".join(L).rstrip() + "\n"
 
 
+# ------------------------------------------------------------------------------------------- BPE
+
+
+def bytes_per_token(final: dict, split: str) -> float | None:
+    """UTF-8 bytes per scored token (``<eos>`` counted) of a run's final ``split`` scores."""
+    n, b = final.get(f"{split}_targets"), final.get(f"{split}_bytes")
+    return b / n if n and b else None
+
+
+def ppl_gap(ppl: list[float], ref: list[float]) -> float | None:
+    """Relative per-token perplexity change of a family's mean over the reference's mean (0.01 = +1 %)."""
+    if not ppl or not ref:
+        return None
+    return statistics.fmean(ppl) / statistics.fmean(ref) - 1.0
+
+
+def bpe_table(records: dict, plan: list) -> dict:
+    """``{family: {...}}`` of the ``bpe`` runs (one context), with the family's byte-level study runs at that
+    context beside them."""
+    bpe = [r for r in plan if r.kind == "bpe"]
+    byte_runs = [r for r in plan if r.kind == "study" and bpe and r.context == bpe[0].context]
+    out: dict = {"context": bpe[0].context if bpe else None, "tokenizer": bpe[0].tokenizer if bpe else None,
+                 "planned_tokens": bpe[0].tokens if bpe else None,
+                 "byte_tokens": byte_runs[0].tokens if byte_runs else None, "families": {}}
+    for fam in dict.fromkeys(r.family for r in bpe):
+        runs = [r for r in bpe if r.family == fam]
+        recs = done(records, runs)
+        byte_recs = done(records, [r for r in plan if r.kind == "study" and r.family == fam and r.context == runs[0].context])
+        fin = [rec["final"] for rec in recs]
+        tok = [rec.get("tokenizer") or {} for rec in recs]
+        same = [rb["final"].get("validation_bytes") == f.get("validation_bytes") for f in fin for rb in byte_recs
+                if rb["final"].get("validation_bytes") is not None]
+        out["families"][fam] = {
+            "planned": len(runs), "done": len(recs),
+            "val_ppl": [f["validation_perplexity"] for f in fin], "test_ppl": [f["test_perplexity"] for f in fin],
+            "val": [f["validation_bpb"] for f in fin], "test": [f["test_bpb"] for f in fin],
+            "bytes_per_token": [x for x in (bytes_per_token(f, "validation") for f in fin) if x is not None],
+            "byte_val": [rb["final"]["validation_bpb"] for rb in byte_recs], "byte_planned": len(
+                [r for r in plan if r.kind == "study" and r.family == fam and r.context == runs[0].context]),
+            "same_documents": all(same) if same else None,
+            "epochs": [x["epochs"] for x in tok if x.get("epochs")],
+            "tokenizers": sorted({f.get("tokenizer") or "?" for f in fin}),
+            "lr": sorted({rec.get("lr") for rec in recs}), "info": cell_info(recs),
+        }
+    ref = out["families"].get(REFERENCE)
+    for fam, c in out["families"].items():
+        c["gap"] = ppl_gap(c["val_ppl"], ref["val_ppl"]) if ref and fam != REFERENCE else None
+    return out
+
+
+def bpe_markdown(tab: dict) -> str:
+    ctx, spec = tab["context"], tab["tokenizer"]
+    if ctx is None:
+        return "### BPE: per-token perplexity\n\nNo BPE run in the plan.\n"
+    ids = spec.split(":", 1)[-1]
+    budget = ""
+    if spec == f"bpe:{study.BPE_VOCAB}":  # the full plan: its budget came from the measured train split
+        budget = (f" ({tab['planned_tokens'] / study.BPE_TRAIN_TOKENS:.2f} epochs of the train split's "
+                  f"{study.BPE_TRAIN_TOKENS / 1e6:.1f}M BPE tokens: the budget rule `max(100M tokens, 1 epoch)`, "
+                  f"capped at 2 epochs)")
+    byte = f", {_mtok(tab['byte_tokens'])} byte tokens" if tab["byte_tokens"] else ""
+    L = [f"### BPE: per-token perplexity at context {ctx} (issue 43 item 1)\n",
+         f"Each family at context {ctx}, seed 0, with lintime's byte-level BPE of {ids} ids trained on the study "
+         f"corpus's train split (`lintime train --tokenizer {spec}`), {_mtok(tab['planned_tokens'])} tokens "
+         f"each{budget}, the family's swept rate. Perplexity is per BPE token (`exp` of the mean loss per scored "
+         f"token, `<eos>` included) on the same validation / test documents as the byte runs' final scores; bits per "
+         f"byte is the summed loss over those documents' UTF-8 bytes, so it compares with the byte-level column (the "
+         f"family's byte-level study runs at {ctx}{byte}). The seeds' perplexities are "
+         f"on other corpora and tokenizers (FLASH: per token on Wiki-40B; Transformer-VQ: per word on PG-19 with a "
+         f"32k SentencePiece BPE): what compares with their tables is the gap to {NAMES[REFERENCE]}, not the value."
+         + (" One seed: no spread, so no claim beyond the numbers." if all(c["planned"] == 1 for c in
+                                                                          tab["families"].values()) else "") + "\n"]
+    L.append(f"| family | seeds | validation perplexity | test perplexity | vs {NAMES[REFERENCE]} (validation "
+             "perplexity) | validation bits/byte | test bits/byte | byte-level run: validation bits/byte | "
+             "bytes/token | lr | tokens (epochs), training time, commit, tokenizer |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for fam, c in tab["families"].items():
+        name = NAMES.get(fam, fam)
+        byte = (fmt(c["byte_val"]) if c["byte_val"] else "not run") + (
+            " (other documents)" if c["same_documents"] is False else "")
+        if not c["done"]:
+            L.append(f"| {name} | 0/{c['planned']} | not run | not run | not run | not run | not run | {byte} | - | - "
+                     "| - |")
+            continue
+        gap = "(reference)" if fam == REFERENCE else ("-" if c["gap"] is None else f"{c['gap']:+.2%}")
+        bpt = f"{statistics.fmean(c['bytes_per_token']):.2f}" if c["bytes_per_token"] else "-"
+        ep = f" ({statistics.fmean(c['epochs']):.2f} epochs)" if c["epochs"] else ""
+        L.append(f"| {name} | {c['done']}/{c['planned']} | {fmt(c['val_ppl'], 2)} | {fmt(c['test_ppl'], 2)} | {gap} | "
+                 f"{fmt(c['val'])} | {fmt(c['test'])} | {byte} | {bpt} | {', '.join(f'{x:.2g}' for x in c['lr'])} | "
+                 f"{c['info'].replace(' tokens,', ' tokens' + ep + ',', 1)}, {'/'.join(c['tokenizers'])} |")
+    return "\n".join(L).rstrip() + "\n"
+
+
+def _mtok(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 100_000 else f"{n:,}"
+
+
+def render_bpe(runs_dir: Path, plan: list) -> str:
+    return bpe_markdown(bpe_table(load(runs_dir, plan), plan))
+
+
 def render_retrieval(runs_dir: Path, plan: list) -> str:
     return retrieval_markdown(retrieval_table(load(runs_dir, plan), plan))
 
@@ -404,7 +512,8 @@ def render(runs_dir: Path, plan: list, *, plots_dir: Path | None, plots_rel: str
     n_done = sum(1 for r in plan if records.get(r.id, {}).get("status") == "done")
     plots, note = make_plots(tables, plots_dir, plots_rel) if plots_dir is not None else ([], "")
     head = (f"{n_done} of {len(plan)} planned runs done ({sum(r.kind == 'sweep' for r in plan)} sweep runs, "
-            f"{sum(r.kind == 'study' for r in plan)} study runs); records: `benchmarks/quality/runs/`; "
+            f"{sum(r.kind == 'study' for r in plan)} study runs, {sum(r.kind == 'bpe' for r in plan)} BPE runs); "
+            f"records: `benchmarks/quality/runs/`; "
             f"regenerate with `python3 benchmarks/quality/report.py`.\n")
     return head + "\n" + markdown(tables, plots, note)
 
@@ -431,10 +540,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.print:
         print(render(runs_dir, plan, plots_dir=None))
         print(render_retrieval(runs_dir, plan))
+        print(render_bpe(runs_dir, plan))
         return 0
     block = render(runs_dir, plan, plots_dir=PLOTS if not args.smoke else study.DATA / "smoke_plots")
     text = replace_block(args.page.read_text() if args.page.exists() else "", block)
-    args.page.write_text(replace_block(text, render_retrieval(runs_dir, plan), RBEGIN, REND))
+    text = replace_block(text, render_retrieval(runs_dir, plan), RBEGIN, REND)
+    args.page.write_text(replace_block(text, render_bpe(runs_dir, plan), BBEGIN, BEND))
     print(f"report: {args.page} updated")
     return 0
 

@@ -19,7 +19,17 @@ The plan (``plan()``; ``--list`` prints it with each run's estimated device time
   ``2^18`` tokens per optimiser step (the FLASH seed's batch), ``2^15`` per micro-batch;
   validation bits per byte 16 times per run (first 2^18 validation tokens, at the training
   context) against tokens and training wall time; at the end the validation **and test** bits per
-  byte on the first 2^22 tokens of each split (whole documents, :func:`lintime.evaluation.evaluate`).
+  byte on the first 2^22 tokens of each split (whole documents, :func:`lintime.evaluation.evaluate`);
+* **BPE part** (kind ``bpe``; issue 43 item 1: "per-token perplexity with a BPE tokenizer at one
+  context, to compare with the seeds' tables"): every family at context 1024, seed 0, with
+  lintime's byte-level BPE of 32,000 ids (:data:`BPE_VOCAB`: the base presets' own vocabulary size,
+  and Transformer-VQ's PG-19 SentencePiece BPE) trained on the study corpus's train split
+  (``lintime train --tokenizer bpe:32000``; deterministic, built once per call into
+  ``data/cache-bpe32000/``), the family's swept rate, the
+  same budget rule in BPE tokens: the train split is ~29.9M BPE tokens (3.75 bytes a token), so
+  ``max(100M tokens, 1 epoch)`` is capped at 2 epochs (~59.5M tokens, 227 steps of 2^18); final
+  validation and test per-token perplexity and bits per byte on the same documents as the byte
+  runs' final scores (so its bits per byte compare with theirs); no retrieval.
 
 Why whole runs per call: a base model's checkpoint with its optimiser state is ~1 GB, and files
 that come back from a GPU call are size-limited and each call may land on a fresh machine, so a run
@@ -34,14 +44,16 @@ On a warm machine an interrupted run resumes from its last checkpoint in ``--wor
 Records: one JSON per run in ``benchmarks/quality/runs/<id>.json`` (committed): status
 (``done`` / ``incomplete`` / ``failed``), the plan entry, the exact ``lintime train`` command, the
 commit, the device, seeds, tokens, context, the validation curve (step, tokens, training seconds,
-bits per byte), the training-loss curve, the final validation and test scores, timing.
+bits per byte; per-token loss and perplexity), the training-loss curve, the final validation and test
+scores (bits per byte, per-token perplexity, the tokens, bytes and documents scored), timing; a BPE
+run also its tokenizer (name, the cache's split counts, epochs).
 
 Usage::
 
     python3 benchmarks/quality/run.py --list                       # the plan, what is done, device-time estimates
     python3 benchmarks/quality/run.py --budget-s 540               # GPU call: unpack the corpus, run what fits
-    python3 benchmarks/quality/run.py --budget-s 540 --only sweep  # only the learning-rate sweep (also: a family,
-                                                                   # a run id, a context like 8192)
+    python3 benchmarks/quality/run.py --budget-s 540 --only sweep  # only the learning-rate sweep (also: study, bpe,
+                                                                   # a family, a run id, a context like 8192)
     python3 benchmarks/quality/run.py --smoke                      # the whole pipeline on a CPU in < 1 min
 """
 
@@ -91,6 +103,22 @@ RETRIEVAL_S = 60.0
 RETRIEVAL_TRIALS = 10  # per depth: x 5 depths = 50 prompts per length and task
 RETRIEVAL_TOKENS_PER_S = 2e5  # the first cell's estimate (prompt tokens / s); later cells scale measured ones
 
+# The BPE part: every family at BPE_CONTEXT, seed 0, lintime's byte-level BPE of BPE_VOCAB ids trained on the train
+# split (``lintime train --tokenizer bpe:32000``), the family's swept rate, the same budget rule in BPE tokens.
+BPE_VOCAB = 32000
+BPE_CONTEXT = 1024
+BPE_SEEDS = (0,)
+# The train split in that BPE, measured here 2026-12-02 (tokenizers 0.23.3, tokenizer bpe-32000-ac7092ed3bb3, the
+# same with 1 and 2 threads; 112,034,957 bytes: 3.75 bytes a token): plans the budget (-> 2 epochs, 227 steps); the
+# record keeps the counts of the cache the run used.
+BPE_TRAIN_TOKENS = 29_859_740
+BPE_TOKENIZER = "bpe-32000-ac7092ed3bb3"
+# Training with 32,000 ids is slower than with bytes (the output layer): flash-base 476k tokens/s at 2k with 32,000
+# ids (docs/results/bench_model.json) against 571k with the byte vocabulary; applied to every family's byte figure.
+BPE_SLOWDOWN = 571 / 476
+# Once per call with a BPE run: train the BPE (36 s on one core here) and tokenise the three splits (~80 s on two).
+BPE_PREPARE_S = 120.0
+
 # family -> (preset, recipe, the recipe's peak rate)
 FAMILIES = {
     "flash": ("flash-base", "flash", 7e-4),
@@ -116,14 +144,14 @@ SMOKE = {  # the --smoke pipeline: tiny presets, the smoke corpus, a few steps
     "families": {"flash": ("flash-tiny", "flash", 3e-3), "transformer-pp": ("transformer-pp-tiny", "flash", 3e-3)},
     "contexts": {128: (0,)}, "sweep_context": 128, "tokens": 8 * 1024, "tokens_per_batch": 1024,
     "micro": 1024, "curve_eval_tokens": 1024, "final_eval_tokens": 2048, "lr_factors": (0.5, 1.0),
-    "retrieval_trials": 1, "retrieval_depths": (0.0, 0.5, 1.0),
+    "retrieval_trials": 1, "retrieval_depths": (0.0, 0.5, 1.0), "bpe_vocab": 512,
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
     id: str
-    kind: str  # sweep | study
+    kind: str  # sweep | study | bpe
     family: str
     preset: str
     recipe: str
@@ -138,6 +166,7 @@ class Run:
     est_s: float  # estimated training seconds on those GPUs
     curve_eval_tokens: int
     final_eval_tokens: int
+    tokenizer: str = "byte"  # lintime train --tokenizer: byte, or bpe:<ids> (the bpe part)
 
     @property
     def steps(self) -> int:
@@ -151,8 +180,13 @@ class Run:
         return zlib.crc32(key.encode())
 
     @property
+    def retrieval_s(self) -> float:
+        """Seconds reserved for retrieval after the scoring: none for the BPE runs (measured on the byte runs)."""
+        return 0.0 if self.kind == "bpe" else RETRIEVAL_S
+
+    @property
     def est_device_s(self) -> float:
-        return self.gpus * (self.est_s + START_S + EVAL_S + RETRIEVAL_S)
+        return self.gpus * (self.est_s + START_S + EVAL_S + self.retrieval_s)
 
 
 def corpus_train_tokens(manifest: Path = MANIFEST) -> int | None:
@@ -163,7 +197,8 @@ def corpus_train_tokens(manifest: Path = MANIFEST) -> int | None:
 
 
 def run_tokens(train_tokens: int | None) -> int:
-    """``max(100M, 1 epoch)``, capped at 2 epochs, rounded up to whole optimiser steps."""
+    """``max(100M, 1 epoch)``, capped at 2 epochs, in whole optimiser steps (rounded up, but never above 2 epochs).
+    ``train_tokens``: the train split in the run's tokens (bytes; BPE tokens for the bpe part)."""
     t = MIN_TOKENS if train_tokens is None else max(MIN_TOKENS, train_tokens)
     if train_tokens is not None:
         t = min(t, int(MAX_EPOCHS * train_tokens))
@@ -173,31 +208,36 @@ def run_tokens(train_tokens: int | None) -> int:
     return steps * TOKENS_PER_BATCH
 
 
-def plan(smoke: bool = False, train_tokens: int | None = None) -> list[Run]:
+def plan(smoke: bool = False, train_tokens: int | None = None, bpe_train_tokens: int | None = None) -> list[Run]:
     """Every run of the study, in the order they are run: the sweep first (it decides the study's
-    rates), then seed 0 of every (context, family) -- short contexts first --, then the other seeds."""
+    rates), then seed 0 of every (context, family) -- short contexts first --, then the BPE part,
+    then the other seeds.  ``train_tokens`` / ``bpe_train_tokens``: the train split in bytes / in
+    BPE tokens (default: the corpus manifest's / :data:`BPE_TRAIN_TOKENS`)."""
     if smoke:
         s = SMOKE
         fams, contexts, sweep_ctx, factors = s["families"], s["contexts"], s["sweep_context"], s["lr_factors"]
         tokens, tpb, micro, cur, fin = s["tokens"], s["tokens_per_batch"], s["micro"], s["curve_eval_tokens"], \
             s["final_eval_tokens"]
+        bpe_tokens, bpe_spec, bpe_ctx, bpe_seeds = tokens, f"bpe:{s['bpe_vocab']}", sweep_ctx, (0,)
     else:
         fams, contexts, sweep_ctx, factors = FAMILIES, SEEDS_BY_CONTEXT, SWEEP_CONTEXT, LR_FACTORS
         tokens = run_tokens(train_tokens if train_tokens is not None else corpus_train_tokens())
         tpb, micro, cur, fin = TOKENS_PER_BATCH, MICRO_BATCH_TOKENS, CURVE_EVAL_TOKENS, FINAL_EVAL_TOKENS
+        bpe_tokens = run_tokens(bpe_train_tokens if bpe_train_tokens is not None else BPE_TRAIN_TOKENS)
+        bpe_spec, bpe_ctx, bpe_seeds = f"bpe:{BPE_VOCAB}", BPE_CONTEXT, BPE_SEEDS
 
-    def make(kind, fam, ctx, seed, lr, factor, rid):
+    def make(kind, fam, ctx, seed, lr, factor, rid, n_tokens=tokens, tokenizer="byte"):
         preset, recipe, _ = fams[fam]
         if smoke:
             gpus, est = 1, 5.0
         else:
-            one = tokens / THROUGHPUT[fam][ctx]
+            one = n_tokens / (THROUGHPUT[fam][ctx] / (BPE_SLOWDOWN if tokenizer != "byte" else 1.0))
             gpus = 1
             while one / (gpus * (DDP_EFFICIENCY if gpus > 1 else 1.0)) > CALL_TRAIN_S and gpus < 8:
                 gpus *= 2
             est = one / (gpus * (DDP_EFFICIENCY if gpus > 1 else 1.0))
-        return Run(rid, kind, fam, preset, recipe, ctx, seed, lr, factor, tokens, tpb, min(micro, tpb), gpus, est,
-                   cur, fin)
+        return Run(rid, kind, fam, preset, recipe, ctx, seed, lr, factor, n_tokens, tpb, min(micro, tpb), gpus, est,
+                   cur, fin, tokenizer)
 
     runs = []
     for fam, (_, _, base_lr) in fams.items():
@@ -210,7 +250,34 @@ def plan(smoke: bool = False, train_tokens: int | None = None) -> list[Run]:
                     continue
                 for fam in fams:
                     runs.append(make("study", fam, ctx, seed, None, None, f"{fam}-{ctx}-s{seed}"))
+        if seed_rank == 0:
+            for seed in bpe_seeds:
+                for fam in fams:
+                    runs.append(make("bpe", fam, bpe_ctx, seed, None, None, f"bpe-{fam}-{bpe_ctx}-s{seed}",
+                                     n_tokens=bpe_tokens, tokenizer=bpe_spec))
     return runs
+
+
+def cache_dir(run: Run, data: Path) -> Path:
+    """The run's token cache: ``data/cache`` (bytes, built by corpus.py) or ``data/cache-bpe<ids>``."""
+    return data / "cache" if run.tokenizer == "byte" else data / f"cache-{run.tokenizer.replace(':', '')}"
+
+
+def bpe_cache_ready(run: Run, data: Path) -> bool:
+    c = cache_dir(run, data)
+    return all((c / f"{s}.bin").exists() for s in ("train", "validation", "test")) and any(c.glob("tokenizer-*"))
+
+
+def ensure_bpe(run: Run, data: Path, quiet: bool = True) -> dict:
+    """The BPE run's tokenizer and cache (every split), built once (``lintime.data.prepare``, exactly what
+    ``lintime train`` calls, so the trainer reuses it) or reused; ``{"name", "splits": {split: {docs, tokens,
+    bytes}}}``."""
+    from lintime.data import prepare
+
+    out = prepare(str(data / "corpus"), run.tokenizer, cache_dir(run, data), quiet=quiet)
+    return {"spec": run.tokenizer, "name": out["train"].tokenizer.name,
+            "splits": {s: {"docs": len(ds), "tokens": int(ds.n_tokens), "bytes": int(ds.n_bytes)}
+                       for s, ds in out.items()}}
 
 
 # ------------------------------------------------------------------------------------------- records
@@ -287,7 +354,8 @@ def environment(device: str) -> dict:
 def train_command(run: Run, lr: float, *, data: Path, work: Path, device: str, time_min: float | None,
                   resume: bool, gpus: int) -> list[str]:
     eval_every = max(1, run.steps // CURVE_POINTS)
-    args = ["--preset", run.preset, "--corpus", str(data / "corpus"), "--cache-dir", str(data / "cache"),
+    args = ["--preset", run.preset, "--corpus", str(data / "corpus"), "--cache-dir", str(cache_dir(run, data)),
+            "--tokenizer", run.tokenizer,
             "--context-len", str(run.context), "--tokens-per-batch", str(run.tokens_per_batch),
             "--micro-batch-tokens", str(run.micro_batch_tokens), "--tokens", str(run.tokens),
             "--recipe", run.recipe, "--lr", f"{lr:.6g}", "--seed", str(run.seed), "--init-seed", str(run.init_seed),
@@ -321,8 +389,31 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return rows
 
 
-def final_scores(run_dir: Path, run: Run, device: str, loaded=None) -> dict:
-    """Validation and test bits per byte of the run's last checkpoint at its training context."""
+def same_documents_tokens(ds, byte_ds, max_tokens: int) -> int:
+    """``max_tokens`` for ``ds`` (a split in another tokenizer) that selects the same documents as
+    ``max_tokens`` selects in ``byte_ds`` (the byte runs' final scores: the first whole documents whose
+    targets reach ``max_tokens``): ``evaluate`` then scores the same text in both."""
+    from lintime.evaluation.lm import select_documents
+
+    if len(ds) != len(byte_ds):
+        raise ValueError(f"the two caches hold different documents ({len(ds)} and {len(byte_ds)})")
+    n_docs = select_documents(byte_ds, max_tokens)
+    return int((ds.doc_lengths[:n_docs] + 1).sum())
+
+
+def split_scores(report) -> dict:
+    """A record's scores from one split's :class:`lintime.evaluation.EvalReport` (one context): bits per
+    byte (the summed loss over the text's UTF-8 bytes), per-token perplexity ``exp(loss)`` and bits per token
+    (``loss / ln 2``), with the counts they come from (``bits_per_byte = bits_per_token * targets / bytes``)."""
+    r = report.results[0]
+    return {"bpb": r.bits_per_byte, "perplexity": r.perplexity, "bits_per_token": r.bits_per_token,
+            "targets": r.n_targets, "bytes": report.n_bytes, "docs": report.n_docs}
+
+
+def final_scores(run_dir: Path, run: Run, device: str, loaded=None, *, byte_cache: Path | None = None) -> dict:
+    """Validation and test scores of the run's last checkpoint at its training context: bits per byte (and,
+    for every tokenizer, per-token perplexity).  A BPE run (``byte_cache``: the byte runs' cache) is scored on
+    the same documents as the byte runs."""
     import torch
 
     from lintime.data import open_prepared
@@ -332,16 +423,17 @@ def final_scores(run_dir: Path, run: Run, device: str, loaded=None) -> dict:
     loaded = loaded or load_model(run_dir, device=device)
     amp = torch.bfloat16 if device.startswith("cuda") else None
     out = {"n_params": loaded.model.num_parameters(), "eval_tokens": run.final_eval_tokens,
-           "context": run.context}
+           "context": run.context, "tokenizer": loaded.tokenizer.name}
     cache = Path(json.loads((run_dir / "config.json").read_text())["train"]["cache_dir"])
     for split in ("validation", "test"):
         ds = open_prepared(cache, split, loaded.tokenizer)
+        max_tokens = run.final_eval_tokens
+        if byte_cache is not None:
+            max_tokens = same_documents_tokens(ds, open_prepared(byte_cache, split), run.final_eval_tokens)
         rep = evaluate(loaded.model, ds, [run.context], tokenizer=loaded.tokenizer,
-                       max_tokens=run.final_eval_tokens, batch_tokens=max(4 * run.context, 32768), autocast=amp)
-        r = rep.results[0]
-        out[f"{split}_bpb"] = r.bits_per_byte
-        out[f"{split}_targets"] = r.n_targets
-        out[f"{split}_docs"] = rep.n_docs
+                       max_tokens=max_tokens, batch_tokens=max(4 * run.context, 32768), autocast=amp)
+        for key, value in split_scores(rep).items():
+            out[f"{split}_{key}"] = value
     return out
 
 
@@ -376,7 +468,8 @@ def run_one(run: Run, lr: float, lr_source: str, *, data: Path, work: Path, runs
     t_start = time.monotonic()
     run_dir = work / run.id
     resume = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
-    train_s = max(time_budget_s - START_S - EVAL_S - (RETRIEVAL_S if retrieval else 0.0), 5.0)
+    retrieval = retrieval and run.kind != "bpe"
+    train_s = max(time_budget_s - START_S - EVAL_S - (run.retrieval_s if retrieval else 0.0), 5.0)
     cmd = train_command(run, lr, data=data, work=work, device=device, time_min=train_s / 60, resume=resume, gpus=gpus)
     rec = read_record(run, runs_dir) or {}
     slices = rec.get("slices", [])
@@ -421,7 +514,8 @@ def run_one(run: Run, lr: float, lr_source: str, *, data: Path, work: Path, runs
             from lintime.training.checkpoint import load_model
 
             loaded = load_model(run_dir, device=device)
-            rec["final"] = final_scores(run_dir, run, device, loaded)
+            rec["final"] = final_scores(run_dir, run, device, loaded,
+                                        byte_cache=None if run.tokenizer == "byte" else data / "cache")
             rec["status"] = "done"
             rec["tokens"] = rows[-1]["tokens"] if rows else None
         except Exception as err:  # noqa: BLE001 - the record says why
@@ -430,7 +524,9 @@ def run_one(run: Run, lr: float, lr_source: str, *, data: Path, work: Path, runs
         if rec["status"] == "done":  # before the checkpoint goes: it cannot come back from the GPU machine
             import retrieval as retrieval_mod  # noqa: PLC0415 - beside this script
 
-            if not retrieval:
+            if run.kind == "bpe":
+                rec["retrieval"] = retrieval_mod.not_run(run.context, "BPE run: retrieval is measured on the byte runs")
+            elif not retrieval:
                 rec["retrieval"] = retrieval_mod.not_run(run.context, "--no-retrieval")
             else:
                 try:
@@ -439,6 +535,16 @@ def run_one(run: Run, lr: float, lr_source: str, *, data: Path, work: Path, runs
                 except Exception as err:  # noqa: BLE001 - the run's scores stand; the record says why
                     rec["retrieval"] = retrieval_mod.not_run(run.context, f"failed: {type(err).__name__}: {err}")
             del loaded
+    if run.tokenizer != "byte" and bpe_cache_ready(run, data):  # the cache it used: epochs, bytes per token
+        try:
+            tok = ensure_bpe(run, data)
+            tok["epochs"] = run.tokens / tok["splits"]["train"]["tokens"]
+            if run.tokens_per_batch != SMOKE["tokens_per_batch"]:  # the plan's budget assumed this tokenizer
+                tok["as_planned"] = (tok["name"] == BPE_TOKENIZER
+                                     and tok["splits"]["train"]["tokens"] == BPE_TRAIN_TOKENS)
+            rec["tokenizer"] = tok
+        except Exception as err:  # noqa: BLE001 - the run's scores stand; the record says why
+            rec["tokenizer"] = {"spec": run.tokenizer, "error": f"{type(err).__name__}: {err}"}
     rec["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     write_record(run, runs_dir, rec)
     if rec["status"] == "done" and os.environ.get("QUALITY_KEEP_CHECKPOINTS") != "1":
@@ -447,9 +553,11 @@ def run_one(run: Run, lr: float, lr_source: str, *, data: Path, work: Path, runs
 
 
 def curves(rows: list[dict]) -> dict:
-    """The validation curve (every evaluation) and a thinned training-loss curve (<= 200 points)."""
-    val = [{"step": r["step"], "tokens": r["tokens"], "time_s": r["time_s"], "bpb": r["val_bpb"]}
-           for r in rows if r.get("val_bpb") is not None]
+    """The validation curve (every evaluation: bits per byte with the byte tokenizer, else ``None`` and the
+    per-token loss and perplexity) and a thinned training-loss curve (<= 200 points)."""
+    val = [{"step": r["step"], "tokens": r["tokens"], "time_s": r["time_s"], "bpb": r.get("val_bpb"),
+            "loss": r.get("val_loss"), "perplexity": r.get("val_ppl")}
+           for r in rows if r.get("val_bpb") is not None or r.get("val_ppl") is not None]
     train = [r for r in rows if r.get("loss") is not None]
     stride = max(1, len(train) // 200)
     tl = [{"step": r["step"], "tokens": r["tokens"], "time_s": r["time_s"], "loss": r["loss"]}
@@ -523,9 +631,10 @@ def ensure_data(data: Path, smoke: bool) -> None:
         corpus_mod.main(["--unpack", "--data", str(data)])
 
 
-def describe(runs: list[Run], runs_dir: Path) -> str:
-    lines = [f"{'run':34s} {'kind':6s} {'ctx':>6s} {'tokens':>8s} {'gpus':>4s} {'est train s':>11s} "
-             f"{'device s':>9s}  status"]
+def describe(runs: list[Run], runs_dir: Path, smoke: bool = False) -> str:
+    split = None if smoke else corpus_train_tokens()
+    lines = [f"{'run':34s} {'kind':6s} {'ctx':>6s} {'tokenizer':>9s} {'tokens':>8s} {'epochs':>6s} {'gpus':>4s} "
+             f"{'est train s':>11s} {'device s':>9s}  status"]
     tot = 0.0
     left = 0.0
     for r in runs:
@@ -533,17 +642,23 @@ def describe(runs: list[Run], runs_dir: Path) -> str:
         st = rec.get("status") if rec else "not run"
         tot += r.est_device_s
         left += 0 if st == "done" else r.est_device_s
-        lines.append(f"{r.id:34s} {r.kind:6s} {r.context:6d} {r.tokens / 1e6:7.1f}M {r.gpus:4d} {r.est_s:11.0f} "
+        epochs = r.tokens / (BPE_TRAIN_TOKENS if r.tokenizer != "byte" else split) if split else None
+        lines.append(f"{r.id:34s} {r.kind:6s} {r.context:6d} {r.tokenizer:>9s} {r.tokens / 1e6:7.1f}M "
+                     f"{'-' if epochs is None else format(epochs, '.2f'):>6s} {r.gpus:4d} {r.est_s:11.0f} "
                      f"{r.est_device_s:9.0f}  {st}")
-    lines.append(f"{len(runs)} runs; estimated device time {tot / 3600:.1f} GPU-hours in all, {left / 3600:.1f} left "
-                 f"(training at the planned throughputs + {START_S:.0f} s start + {EVAL_S:.0f} s scoring + {RETRIEVAL_S:.0f} s retrieval per run)")
+    prep = BPE_PREPARE_S if any(r.tokenizer != "byte" for r in runs) else 0.0
+    prep_left = prep if any(r.tokenizer != "byte" and not is_done(r, runs_dir) for r in runs) else 0.0
+    lines.append(f"{len(runs)} runs; estimated device time {(tot + prep) / 3600:.1f} GPU-hours in all, "
+                 f"{(left + prep_left) / 3600:.1f} left (training at the planned throughputs + {START_S:.0f} s start + "
+                 f"{EVAL_S:.0f} s scoring + {RETRIEVAL_S:.0f} s retrieval per run, none for the bpe runs"
+                 + (f"; + {prep:.0f} s once per call with a bpe run: its tokenizer and cache" if prep else "") + ")")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting runs that cannot end by then")
-    ap.add_argument("--only", default=None, help="comma list: run ids, 'sweep' / 'study', families, contexts")
+    ap.add_argument("--only", default=None, help="comma list: run ids, 'sweep' / 'study' / 'bpe', families, contexts")
     ap.add_argument("--list", action="store_true", help="print the plan with its status and estimates, run nothing")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny presets on the smoke corpus, a few steps per run, records under data/smoke_runs")
@@ -562,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     all_runs = plan(smoke=args.smoke)
     runs = select(all_runs, args.only)
     if args.list:
-        print(describe(runs, runs_dir))
+        print(describe(runs, runs_dir, smoke=args.smoke))
         return 0
     t_start = time.monotonic()
     deadline = t_start + args.budget_s
@@ -597,19 +712,32 @@ def main(argv: list[str] | None = None) -> int:
                 skipped[r.id] = f"planned on {r.gpus} GPUs, this machine has {len(slots)}"
                 pending.remove(r)
                 continue
-            est = (r.est_s + START_S + EVAL_S + (0.0 if args.no_retrieval else RETRIEVAL_S)) if device == "cuda" else 10.0
+            est = (r.est_s + START_S + EVAL_S + (0.0 if args.no_retrieval else r.retrieval_s)) \
+                if device == "cuda" else 10.0
             if est > left:
                 skipped[r.id] = f"needs ~{est:.0f} s, {left:.0f} s left"
                 continue
             if need > len(free):
                 continue
-            if r.kind == "study":
+            if r.kind in ("study", "bpe"):
                 lr, why = swept_lr(r.family, all_runs, runs_dir)
                 if lr is None:  # stays pending: a sweep run still going may unblock it in this call
                     skipped[r.id] = why
                     continue
             else:
                 lr, why = r.lr, f"sweep: recipe rate x {r.lr_factor:g}"
+            if r.tokenizer != "byte" and not bpe_cache_ready(r, args.data):
+                prep = BPE_PREPARE_S if device == "cuda" else 0.0
+                if est + prep > left:
+                    skipped[r.id] = f"needs ~{est + prep:.0f} s with the BPE's preparation, {left:.0f} s left"
+                    continue
+                print(f"[{time.monotonic() - t_start:5.0f} s] preparing {r.tokenizer} (tokenizer + token cache) "
+                      f"in {cache_dir(r, args.data)}", flush=True)
+                tok = ensure_bpe(r, args.data)
+                print(f"[{time.monotonic() - t_start:5.0f} s] {tok['name']}: "
+                      + ", ".join(f"{s} {v['tokens']:,} tokens" for s, v in tok["splits"].items()), flush=True)
+                launched = True
+                break  # re-scan with the time now left
             held = [free.pop(0) for _ in range(need)]
             if device == "cpu":  # one slot: run it here (no second interpreter to start)
                 print(f"[{time.monotonic() - t_start:5.0f} s] start {r.id} on cpu (lr {lr:.3g})", flush=True)

@@ -46,8 +46,9 @@ def test_the_plan_meets_the_issue():
     for ctx, seeds in ((1024, {0, 1, 2}), (4096, {0}), (8192, {0, 1, 2}), (32768, {0})):
         for fam in study.FAMILIES:
             assert {r.seed for r in study_runs if r.family == fam and r.context == ctx} == seeds
-    for r in runs:  # >= 100M tokens and >= 1 epoch, <= 2 epochs, whole steps
-        assert r.tokens >= 100_000_000 and 109_000_000 <= r.tokens <= 2 * 109_000_000
+    for r in runs:  # >= 100M tokens and >= 1 epoch, <= 2 epochs, whole steps (the BPE part: test_quality_bpe.py)
+        if r.kind != "bpe":
+            assert r.tokens >= 100_000_000 and 109_000_000 <= r.tokens <= 2 * 109_000_000
         assert r.tokens % r.tokens_per_batch == 0 and r.tokens_per_batch % r.context == 0
         assert r.est_s <= study.CALL_TRAIN_S  # every run is planned to finish inside one call
     # the sweep is at one context, and comes first
