@@ -105,6 +105,7 @@ def corpus_prompt(dataset, tokenizer, max_chars: int = 24) -> str:
 
 
 PROGRESS_EVERY_S = 30.0  # without a terminal (a log file, a pipe), a progress line this often
+STEADY_AFTER = 5  # the summary's speed leaves out a process's first steps: they hold the capture and compilation
 
 
 class _Bar:
@@ -218,6 +219,8 @@ class _Loop:
         self.val_step = -1
         self.last_ckpt: Path | None = None
         self.window_loss, self.window_n, self.window_tokens, self.window_time = 0.0, 0, 0, 0.0
+        # this process's tokens and seconds after its first STEADY_AFTER steps (capture, compilation): the summary's speed
+        self.steady_tokens, self.steady_time = 0, 0.0
         # the steps' numbers stay on the device until a logged step (or eval, save, the end) reads them
         self.stats = StepStats(run.env.device, shares=run.env.distributed)  # the graph's data-parallel losses too
         self.loss = self.aux = self.grad_norm = None  # of the last step read
@@ -359,6 +362,9 @@ class _Loop:
             dt += time.perf_counter() - t1
         self.window_tokens += cfg.tokens_per_batch
         self.window_time += dt
+        if self.taken > STEADY_AFTER:
+            self.steady_tokens += cfg.tokens_per_batch
+            self.steady_time += dt
         tps = self.window_tokens / max(self.window_time, 1e-9)
         last_loss = self.last_loss
         postfix = f"loss {last_loss:.3f} lr {lr:.2e} {tps:,.0f} tok/s" if last_loss is not None else f"lr {lr:.2e}"
@@ -413,6 +419,8 @@ class _Loop:
         prompt, text = self._sample() if cfg.objective == "clm" and cfg.sample_tokens > 0 and step > 0 and run.env.is_main \
             else (None, None)
         summary = f"done: {step} steps, {run.tokens / 1e6:.2f}M tokens in {run.elapsed / 60:.1f} min of training"
+        if self.steady_time > 0:
+            summary += f" ({self.steady_tokens / self.steady_time:,.0f} tokens/s after the first {STEADY_AFTER} steps)"
         if self.first_loss is not None:
             summary += f"; train loss {self.first_loss:.3f} -> {self.last_loss:.3f}"
         say(summary)

@@ -268,3 +268,20 @@ def test_vq_commitment_loss_and_codebook_updates_are_wired_in(tmp_path, tiny_con
     step_mod.evaluate(trained, open_prepared(cfg.cache_dir, "validation"), context_len=32, rows=2, max_tokens=128,
                          tokenizer=load_model(res.run_dir).tokenizer)
     assert all(torch.equal(before[n], b) for n, b in trained.named_buffers() if n in before)
+
+
+def test_the_summary_states_the_speed_after_the_first_steps(tmp_path, tiny_config):
+    """The ``done:`` line ends with the tokens per second of the steps after the first ``STEADY_AFTER`` (those hold the
+    capture and compilation): with a row per step, that is the later rows' tokens over the sum of their seconds."""
+    lines = []
+    cfg = tiny_config(steps=trainer_mod.STEADY_AFTER + 4, log_every=1)
+    res = train(cfg, out=tmp_path, name="speed", progress=False, echo=lines.append)
+    done = next(line for line in lines if line.startswith("done: "))
+    shown = float(done.split(" (")[1].split(" tokens/s")[0].replace(",", ""))
+    rows = [r for r in read_metrics(res.run_dir) if "loss" in r and r["step"] > trainer_mod.STEADY_AFTER]
+    assert len(rows) == 4
+    seconds = sum(cfg.tokens_per_batch / r["tokens_per_s"] for r in rows)
+    assert shown == pytest.approx(4 * cfg.tokens_per_batch / seconds, rel=1e-3, abs=1)
+    few = []
+    train(tiny_config(steps=trainer_mod.STEADY_AFTER), out=tmp_path, name="few", progress=False, echo=few.append)
+    assert "tokens/s" not in next(line for line in few if line.startswith("done: "))
