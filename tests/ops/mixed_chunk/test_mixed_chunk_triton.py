@@ -133,7 +133,7 @@ cpu_only = pytest.mark.skipif(CUDA, reason="interpreter tests: the CUDA tests be
         ("causal", "tokens", 37, 2, 20, 12, 16),  # two S tiles, partial tiles and chunks
         ("causal+state", "chunk", 45, 1, 12, 40, 16),  # one S tile, three E tiles, mid-chunk state
         ("causal+state", "tokens", 257, 1, 8, 8, 32),  # 9 chunks: several segments per sequence
-        ("causal+state", "none", 63, 2, 60, 20, 16),  # S = 60: four S tiles, T = 63
+        ("causal+state", "none", 63, 1, 60, 20, 16),  # S = 60: four S tiles, T = 63
         ("noncausal", "chunk", 63, 1, 60, 12, 32),
         ("noncausal", "tokens", 37, 1, 20, 12, 16),
         ("noncausal", "none", 1, 1, 4, 4, 16),
@@ -165,7 +165,7 @@ def test_tma_and_pointer_paths(tma, red, causal, monkeypatch):
     real = launchers.tma_descriptors
     monkeypatch.setattr(launchers, "tma_descriptors",
                         lambda *specs: taken.append(real(*specs) is not None) or real(*specs))
-    C, H, S, E = 32, 2, 32, 48
+    C, H, S, E = 32, 2, 32, 32
     lens = [70, 1, 0, 45, 48]  # (the last: a short last chunk of whole walk steps)
     launch = dataclasses.replace(default_launch(S, E, torch.float32, C), tma=bool(tma), tma_red=bool(red))
     assert plan.tma_shapes(launch, S, E, C, torch.device("cpu")) == bool(tma)
@@ -196,7 +196,7 @@ def test_unwritten_buffers_are_never_read(monkeypatch):
     """Full chunks on the TMA path, where the forward allocates ``A`` without filling it: every buffer the op gets
     from ``new_empty`` is filled with NaN, so a kernel that reads an entry nobody wrote (a causal tile above the
     diagonal, a step outside a tile's range) turns a result into NaN."""
-    C, H, S, E = 32, 2, 32, 48
+    C, H, S, E = 32, 2, 32, 32
     launch = default_launch(S, E, torch.float32, C)
     assert plan.tma_shapes(launch, S, E, C, torch.device("cpu"))
     xs, rb = _inputs(2, 3 * C, H, S, E, C, torch.float32, seed=13)
