@@ -141,9 +141,11 @@ def _launch(walk, dtype=torch.float32, C=C):
     return dataclasses.replace(default_launch(S, E, dtype, C), seg_chunks=2 if walk == "segments" else 1 << 20)
 
 
-@pytest.mark.parametrize("walk", ["segments", "one"])
-@pytest.mark.parametrize("causal, norm", [(True, "tokens"), (True, "chunk"), (True, "none"), (False, "tokens"),
-                                          (False, "chunk")])
+# every norm causal, both walks causal and non-causal, each norm with a walk and "tokens" with both (the norm weights
+# the output; the walk is the states': they meet only through ``causal``)
+@pytest.mark.parametrize("causal, norm, walk", [(True, "tokens", "segments"), (True, "tokens", "one"),
+                                                (True, "chunk", "segments"), (True, "none", "one"),
+                                                (False, "tokens", "one"), (False, "chunk", "segments")])
 def test_static_equals_dynamic_and_per_document_fp32(causal, norm, walk):
     """fp32: static padded offsets == the unpadded offsets (same kernels, exact) == each document alone through the
     naive form (exact), forward, final states (the padding's: zero) and every gradient."""
@@ -161,8 +163,7 @@ def test_static_equals_dynamic_and_per_document_fp32(causal, norm, walk):
     _assert_all(f"static vs per document ({walk})", alone, _real(static, len(LENS)), assert_exact)
 
 
-@pytest.mark.parametrize("walk", ["segments", "one"])
-@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("causal, walk", [(True, "segments"), (True, "one"), (False, "segments")])
 def test_static_half(causal, walk):
     """Half precision: static == unpadded offsets (the same arithmetic: exact), and against each document alone
     through the fp64 naive form by the half-precision rule (base: the naive form in the half dtype)."""
@@ -198,7 +199,8 @@ def test_one_buffer_two_layouts():
     xs, rb = _inputs(T, torch.float32, seed=3)
     wts = _loss_weights(T, seed=7)
     kw = {"chunk_size": C, "output_final_state": True}
-    dynamic = [_run(xs, rb, wts, cu=_cu(lens), **kw) for lens in layouts]
+    dynamic = [_run(xs, rb, wts, cu=_cu(lens), **kw) for lens in layouts[:2]]  # the third layout is the first
+    dynamic.append(dynamic[0])
     cu = _cu(layouts[0], NCAP)
     static = []
     for lens in layouts:  # one static call after another: nothing in between would flush a cache kept on `cu`
