@@ -183,7 +183,8 @@ def test_one_buffer_two_layouts(causal, ns):
     state = state if causal else None
     kw = dict(causal=causal, normalize=True)
     dynamic = [_run(xs, None if state is None else tuple(s[: len(lens)] for s in state), w, _cu(lens), ns, **kw)
-               for lens in layouts]
+               for lens in layouts[:2]]
+    dynamic.append(dynamic[0])  # the third layout is the first
     cu = _cu(layouts[0], NCAP)
     static = []
     for lens in layouts:  # one static call after another: nothing in between would flush a cache kept on `cu`
@@ -254,10 +255,10 @@ def test_layer_with_a_static_buffer(causal, monkeypatch):
     assert not LinearAttention(256, 2).static_packing()  # head_dim 128
     monkeypatch.setattr(dispatch, "triton_available", lambda device: True)
     torch.manual_seed(6)
-    layer = LinearAttention(64, 4, causal=causal).to(DEV)
+    layer = LinearAttention(32, 2, causal=causal).to(DEV)  # two heads of 16
     assert layer.static_packing()
-    x = torch.randn(1, T, 64, device=DEV)
-    dy = torch.randn(1, T, 64, device=DEV)
+    x = torch.randn(1, T, 32, device=DEV)
+    dy = torch.randn(1, T, 32, device=DEV)
 
     def run(cu):
         xl = x.clone().requires_grad_()
