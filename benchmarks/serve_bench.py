@@ -10,6 +10,11 @@ a timeout, the number of requests is bounded and the server is stopped (SIGTERM,
 
 A model is a run folder, a step folder or an exported folder (what ``lintime serve`` takes).  Results:
 ``$OUT/serve_bench.json`` and a table on stdout.
+
+``--hf-anchor SIZE`` adds the other anchor of the same run, after the served models: HF ``generate`` with its static
+cache at the same batch (``--clients`` prompts of ``--prompt-tokens`` tokens in one call, ``--new-tokens`` each,
+``--requests`` timed calls), by ``benchmarks/hf_generate_bench.py`` in its own process (``--hf-flags`` passes it more
+flags, e.g. ``--vocab-size 260``); its rows join the JSON and the table.
 """
 
 from __future__ import annotations
@@ -152,9 +157,32 @@ def _ms(x: float | None) -> float | None:
     return None if x is None else round(1e3 * x, 2)
 
 
+def hf_anchor_rows(args, out: Path) -> list[dict]:
+    """``benchmarks/hf_generate_bench.py`` on the same load in a process of its own (its model and compiled graphs
+    leave with it); its rows, or one ``failed`` row saying why."""
+    cmd = [sys.executable, str(REPO / "benchmarks" / "hf_generate_bench.py"), "--out", str(out / "hf_generate"),
+           "--size", args.hf_anchor, "--clients", str(args.clients), "--prompt-tokens", str(args.prompt_tokens),
+           "--new-tokens", str(args.new_tokens), "--rounds", str(args.requests), *args.hf_flags.split()]
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    name = f"hf:llama-{args.hf_anchor}"
+    path = out / "hf_generate" / "hf_generate_bench.json"
+    path.unlink(missing_ok=True)  # an earlier run's rows are not this one's
+    with open(out / "hf_generate.log", "w") as log:
+        try:
+            res = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=args.hf_s)
+        except subprocess.TimeoutExpired:
+            return [{"model": name, "served_as": "hf generate", "status": f"failed: over --hf-s {args.hf_s:g} s"}]
+    rows = json.loads(path.read_text())["rows"] if path.is_file() else []
+    if res.returncode != 0:  # the rows it finished stay; the rest is said by one row
+        rows.append({"model": name, "served_as": "hf generate", "status":
+                     f"failed: exit {res.returncode} (see {out / 'hf_generate.log'})"})
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", required=True, help="comma-separated run / step / exported folders")
+    p.add_argument("--models", required=True, help="comma-separated run / step / exported folders ('' with "
+                   "--hf-anchor: the HF anchor alone)")
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--requests", type=int, default=2, help="requests per client")
     p.add_argument("--prompt-tokens", type=int, default=512)
@@ -165,20 +193,41 @@ def main() -> None:
     p.add_argument("--serve-flags", default="", help="extra lintime serve flags, space-separated")
     p.add_argument("--start-s", type=float, default=300)
     p.add_argument("--request-s", type=float, default=300)
+    p.add_argument("--hf-anchor", default="", metavar="SIZE",
+                   help="also time HF generate with its static cache on the same load: transformers' Llama the size "
+                        "of transformer-pp-SIZE (e.g. base), benchmarks/hf_generate_bench.py")
+    p.add_argument("--hf-flags", default="", help="more hf_generate_bench.py flags, space-separated "
+                   "(e.g. '--vocab-size 260 --modes static,static+compile')")
+    p.add_argument("--hf-s", type=float, default=900, help="time limit of the HF anchor's process")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     args = p.parse_args()
     if args.clients < 1 or args.requests < 1 or args.clients * args.requests > 4096:
         p.error("--clients x --requests must be in 1..4096")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    models = [m for m in args.models.split(",") if m]
+    if not models and not args.hf_anchor:
+        p.error("--models is empty and there is no --hf-anchor: nothing to measure")
     rows = []
-    for model in args.models.split(","):
-        rows.append(bench_model(model, args, out))
-        print(json.dumps(rows[-1]), flush=True)
+
+    def save() -> None:
         (out / "serve_bench.json").write_text(json.dumps({"commit": os.environ.get("LINTIME_GIT_COMMIT", ""),
                                                           "settings": vars(args), "rows": rows}, indent=1))
+
+    for model in models:
+        rows.append(bench_model(model, args, out))
+        print(json.dumps(rows[-1]), flush=True)
+        save()
+    if args.hf_anchor:
+        for row in hf_anchor_rows(args, out):
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "rounds"}), flush=True)
+        save()
     print(f"\n{'model':<28} {'tokens/s':>9} {'pieces/s':>9} {'ttft p50':>9} {'p99':>8} {'itl p50':>8} {'p99':>8} failed")
     for r in rows:
+        if r.get("status", "ok") != "ok":
+            print(f"{r['served_as'][:28]:<28} {r['status']}")
+            continue
         print(f"{r['served_as'][:28]:<28} {r['tokens_per_s']:>9} {r['pieces_per_s']:>9} {r['ttft_ms']['p50']!s:>9} {r['ttft_ms']['p99']!s:>8} "
               f"{r['itl_ms']['p50']!s:>8} {r['itl_ms']['p99']!s:>8} {r['failed']}")
 
