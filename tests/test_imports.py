@@ -11,6 +11,7 @@ still a cycle), so the checks need no import of the modules themselves."""
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -55,9 +56,10 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+@functools.cache  # every test below reads the same sources: parsed once
 def _imports(name: str, path: Path) -> list[tuple[str, int]]:
     """``(imported module, line)`` for every import statement of the module, relative ones
-    resolved; ``from pkg import sub`` names ``pkg.sub`` when that is a module."""
+    resolved; ``from pkg import sub`` names ``pkg.sub`` when that is a module (a shared list: not to be changed)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = []

@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 ROOT = REPO / "lintime"
 ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -146,7 +144,7 @@ print("\n".join(msgs))
 
 
 def test_the_command_line_works_without_triton(tmp_path):
-    """``lintime --help``, then a tiny train, eval and generate, as a CPU-only user runs them."""
+    """A tiny train, eval and generate, then ``lintime --help``, as a CPU-only user runs them."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for i in range(60):
@@ -161,17 +159,23 @@ assert rc == 0, rc
 assert main(["eval", out + "/run", "--context-lens", "32", "--max-tokens", "256"]) == 0
 assert main(["generate", out + "/run", "--prompt", "def ", "--max-new-tokens", "4"]) == 0
 assert "triton" not in sys.modules
+import contextlib, io
+helped = io.StringIO()
+with contextlib.redirect_stdout(helped):
+    try:
+        rc = main(["--help"])
+    except SystemExit as e:
+        rc = e.code
+assert rc in (0, None) and "train" in helped.getvalue(), (rc, helped.getvalue())
 print("done")
 '''
     res = _run(script, str(corpus), str(tmp_path / "runs"))
     assert res.stdout.strip().endswith("done"), res.stdout[-2000:]
-    helped = subprocess.run([sys.executable, "-c", BLOCK_TRITON + "from lintime.cli import main\nmain(['--help'])"],
-                            capture_output=True, text=True, env=ENV, timeout=120)
-    assert "train" in helped.stdout and helped.returncode == 0, helped.stderr
 
 
-@pytest.mark.parametrize("module", ["lintime.ops.launching", "lintime.ops.dispatch"])
-def test_shared_host_modules_do_not_import_triton_at_the_top(module):
-    """The host modules every op imports keep Triton behind the first launch."""
-    res = _run(f"import {module}\nprint('triton' in sys.modules)")
-    assert res.stdout.strip() == "False"
+def test_shared_host_modules_do_not_import_triton_at_the_top():
+    """The host modules every op imports keep Triton behind the first launch (one interpreter: each module's
+    import runs its own top-level imports, so Triton absent after each says it of each)."""
+    res = _run("import lintime.ops.launching\nprint('triton' in sys.modules)\n"
+               "import lintime.ops.dispatch\nprint('triton' in sys.modules)")
+    assert res.stdout.split() == ["False", "False"]
