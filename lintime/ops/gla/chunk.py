@@ -164,6 +164,15 @@ class ChunkGLAFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dfinal):
+        # the forward ran with autocast off (:func:`chunk_gla`); a backward called inside an autocast region must too
+        dev = ctx.saved_tensors[0].device.type
+        if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev):
+            with torch.autocast(dev, enabled=False):
+                return ChunkGLAFunction._backward(ctx, do, dfinal)
+        return ChunkGLAFunction._backward(ctx, do, dfinal)
+
+    @staticmethod
+    def _backward(ctx, do, dfinal):
         q, k, v, g, h0 = ctx.saved_tensors
         scale, layout, c = ctx.scale, ctx.layout, ctx.c
         G, k_out, delta, decay, before, _, D = _forward_parts(q, k, v, g, h0, layout, c)

@@ -322,15 +322,21 @@ def test_chunk_form_ignores_autocast():
     q, k, v, g, _ = _inputs(2, 70, 2, 8, 16, dtype=torch.float32)
     q, k, v = (x.bfloat16() for x in (q, k, v))
 
-    def run(amp):
+    def run(amp, backward_in_autocast=False):
         leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, g)]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
             o, _ = gla(*leaves, backend="chunk")
-        o.float().square().sum().backward()
+            if backward_in_autocast:
+                o.float().square().sum().backward()
+        if not backward_in_autocast:
+            o.float().square().sum().backward()
         return [o] + [x.grad for x in leaves]
 
-    for name, a, b in zip(("o", "dq", "dk", "dv", "dg"), run(False), run(True)):
-        assert a.dtype == b.dtype and torch.equal(a, b), name
+    plain = run(False)
+    # the backward called inside the autocast region too (its einsums once ran in bf16 there)
+    for amp_run in (run(True), run(True, backward_in_autocast=True)):
+        for name, a, b in zip(("o", "dq", "dk", "dv", "dg"), plain, amp_run):
+            assert a.dtype == b.dtype and torch.equal(a, b), name
 
 
 def test_chunk_backward_has_no_data_dependent_op():
