@@ -40,6 +40,7 @@ def eval(
     threads: int = 0,
     task: str = "lm",
     kv_pairs: str | None = None,
+    points: str | None = None,
     examples: int = 3000,
     depths: str = "0,0.25,0.5,0.75,1",
     trials: int = 10,
@@ -74,6 +75,7 @@ def eval(
         threads: CPU threads (0 = auto: 1 for models under 20M parameters, else PyTorch's default).
         task: lm (bits per byte at each context length), mqar (associative recall accuracy), passkey (retrieval accuracy against depth and context) or extrapolation (bits per byte by position bucket).
         kv_pairs: mqar: key-value pairs per example, comma-separated (default: the run's task setting, else 4).
+        points: mqar: settings as LENxPAIRS, comma-separated (e.g. 64x4,512x128,1024x256), instead of the --context-lens x --kv-pairs grid (default for a run trained on a --mqar-mix: its points).
         examples: mqar: test examples per setting.
         depths: passkey: depths of the key in the context, fractions separated by commas.
         trials: passkey: prompts per (context length, depth).
@@ -97,7 +99,7 @@ def eval(
     if task != "lm":
         # from Python, a context_lens other than the default counts as given (the CLI says which were)
         given = set(_given) if _given is not None else ({"context_lens"} if context_lens != "512,1024,2048" else set())
-        opts = dict(context_lens=context_lens, kv_pairs=kv_pairs, examples=examples, depths=depths, trials=trials,
+        opts = dict(context_lens=context_lens, kv_pairs=kv_pairs, points=points, examples=examples, depths=depths, trials=trials,
                     digits=digits, factor=factor, bucket=bucket, max_windows=max_windows or None, seed=seed,
                     split=split, data=data)
         return _eval_task(task, loaded, checkpoint, dev, precision, json, plot, compare, progress, given=given, opts=opts)

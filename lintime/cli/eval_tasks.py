@@ -66,22 +66,33 @@ def run_task(task: str, loaded, *, checkpoint: str, opts: dict, given: set[str],
 
 
 def _mqar(loaded, opts, given, autocast) -> dict:
-    from lintime.evaluation.tasks.mqar import MQARConfig, evaluate_mqar, format_mqar
+    from lintime.evaluation.tasks.mqar import MQARConfig, evaluate_mqar, format_mqar, parse_points
 
     train = loaded.config.get("train") or {}
     trained_on = train.get("task") == "mqar"
     base = MQARConfig.from_dict(train) if trained_on else MQARConfig(vocab_size=loaded.model.config.vocab_size)
-    seq_lens = parse_ints(opts["context_lens"], "--context-lens") if "context_lens" in given else [base.seq_len]
-    pairs = parse_ints(opts["kv_pairs"], "--kv-pairs") if opts.get("kv_pairs") else [base.kv_pairs]
+    grid = "context_lens" in given or opts.get("kv_pairs")
+    if opts.get("points"):
+        if grid:
+            raise CLIError("--points gives the settings: drop --context-lens / --kv-pairs")
+        try:
+            settings = parse_points(opts["points"])
+        except ValueError as err:
+            raise CLIError(f"--points: {err}") from None
+    elif trained_on and train.get("mix") and not grid:  # a run trained on a mixture: its points
+        settings = [(T, n) for T, n, _ in train["mix"]]
+    else:
+        seq_lens = parse_ints(opts["context_lens"], "--context-lens") if "context_lens" in given else [base.seq_len]
+        pairs = parse_ints(opts["kv_pairs"], "--kv-pairs") if opts.get("kv_pairs") else [base.kv_pairs]
+        settings = [(T, n) for T in seq_lens for n in pairs]
     seed = opts["seed"] if opts.get("seed") is not None else int(train.get("seed", 0))
     results = []
-    for T in seq_lens:
-        for n in pairs:
-            try:
-                cfg = MQARConfig(**{**base.to_dict(), "seq_len": T, "kv_pairs": n})
-            except ValueError as err:
-                raise CLIError(str(err)) from None
-            results.append(evaluate_mqar(loaded.model, cfg, n_examples=opts["examples"], seed=seed, autocast=autocast))
+    for T, n in settings:
+        try:
+            cfg = MQARConfig(**{**base.to_dict(), "seq_len": T, "kv_pairs": n})
+        except ValueError as err:
+            raise CLIError(str(err)) from None
+        results.append(evaluate_mqar(loaded.model, cfg, n_examples=opts["examples"], seed=seed, autocast=autocast))
     print(f"MQAR ({'the run' + chr(39) + 's task' if trained_on else 'not trained on it'}), "
           f"test stream of seed {seed}, {opts['examples']:,} examples per setting")
     print(format_mqar(results))

@@ -23,6 +23,10 @@ HELP_N_LAYERS = "mqar: blocks (default 2, Zoology's; 0 = the preset's)."
 HELP_N_HEADS = "mqar: heads of the mixer (default: the preset's; Zoology's attention has 1)."
 HELP_POSITION = "mqar: absolute positions none, scaled_sin or learned (default: the preset's)."
 HELP_EXAMPLES = 'mqar: training examples (a fixed set, seen once per epoch).'
+HELP_MQAR_MIX = ("mqar: train one model on a mixture of points (Zoology's multi-point training): 'zoology' (64x4:100000,"
+                 "128x8:20000,256x16:20000,256x32:20000,256x64:20000), LENxPAIRS:EXAMPLES,... or LENxPAIRS,... (--examples "
+                 "split equally); every batch holds each point in its proportion, rows padded to the longest; instead "
+                 "of --context-len / --kv-pairs.")
 HELP_EPOCHS = "mqar: epochs (the cosine schedule's length; training stops early once the test accuracy passes 0.99)."
 
 _D = TrainConfig()
@@ -43,9 +47,11 @@ _OWN = {
     "position": (str | None, None, HELP_POSITION),
     "examples": (int, 100_000, HELP_EXAMPLES),
     "epochs": (int, 64, HELP_EPOCHS),
+    "mqar_mix": (str | None, None, HELP_MQAR_MIX),
 }
 _CLI_TYPES = {"compile": bool | str}  # --compile alone means auto, --no-compile off (the config also takes bools)
-_TASK_FLAGS = ("task", "kv_pairs", "task_vocab", "d_model", "n_layers", "n_heads", "position", "examples", "epochs")
+_TASK_FLAGS = ("task", "kv_pairs", "task_vocab", "d_model", "n_layers", "n_heads", "position", "examples", "epochs",
+               "mqar_mix")
 _NOT_CONFIG = tuple(_OWN) + ("_given",)
 _FIELD = {f.metadata["flag"]: f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("flag")}
 _SUMMARY = """Train a language model with a seed's recipe; with no arguments, a tiny FLASH on the Python
@@ -141,12 +147,25 @@ def _train_task(task: str, args: dict, given: set[str]) -> None:
     other = sorted(k for k in given if k not in _TASK_ARGS and not k.startswith("_"))
     if other:
         raise CLIError(f"--task {task} does not use {', '.join('--' + k.replace('_', '-') for k in other)}")
-    seq_len = args["context_len"] if "context_len" in given else 64
+    mix = None
+    if args["mqar_mix"] is not None:
+        from lintime.evaluation.tasks.mqar import parse_mix
+
+        both = sorted(k for k in ("context_len", "kv_pairs") if k in given)
+        if both:
+            raise CLIError(f"--mqar-mix gives the points: drop {', '.join('--' + k.replace('_', '-') for k in both)}")
+        try:
+            mix = parse_mix(args["mqar_mix"], args["examples"])
+        except ValueError as err:
+            raise CLIError(f"--mqar-mix: {err}") from None
+        if "examples" in given and ":" in args["mqar_mix"]:
+            raise CLIError("--mqar-mix gives each point's examples: drop --examples")
+    seq_len = max(T for T, _, _ in mix) if mix else args["context_len"] if "context_len" in given else 64
     rows = args["tokens_per_batch"] // seq_len if "tokens_per_batch" in given else None
     if rows == 0:
         raise CLIError(f"--tokens-per-batch {args['tokens_per_batch']} is less than one row of {seq_len} tokens")
     try:
-        cfg = TaskTrainConfig(
+        cfg = TaskTrainConfig(mix=mix, 
             task=task, preset=args["preset"], d_model=args["d_model"],
             n_layers=2 if args["n_layers"] is None else (args["n_layers"] or None), n_heads=args["n_heads"],
             position=args["position"],

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from lintime.evaluation.tasks.mqar import MQARConfig
+from lintime.evaluation.tasks.mqar import MIX_BATCH, MQARConfig, format_mix, mix_rows, mix_unit
 from lintime.models import get_preset
 
 TASKS = ("mqar",)
@@ -31,7 +31,14 @@ class TaskTrainConfig:
     (``None`` = the preset's), ``mlp`` (keep the preset's feed-forward blocks) and ``position``
     (the absolute position scheme: ``none``, ``scaled_sin`` or ``learned`` with a table of
     ``seq_len``; ``None`` = the preset's), the MQAR setting (``vocab_size``, ``seq_len``, ``kv_pairs``, ``n_queries``,
-    ``power_a``, ``random_fill``: :class:`lintime.evaluation.tasks.mqar.MQARConfig`), the data
+    ``power_a``, ``random_fill``: :class:`lintime.evaluation.tasks.mqar.MQARConfig`) or a mixture of
+    points (``mix``: ``((seq_len, kv_pairs, examples), ...)``, Zoology's multi-point training,
+    :class:`lintime.evaluation.tasks.mqar.MQARMixData`; then ``seq_len`` (the padded row), ``kv_pairs``
+    and ``train_examples`` are derived from it: the longest length, the most pairs, the examples in
+    all; the batch rows (``batch_size``, default :data:`~lintime.evaluation.tasks.mqar.MIX_BATCH` rounded to
+    a multiple of :func:`~lintime.evaluation.tasks.mqar.mix_unit`) hold every point in its exact
+    proportion; the test accuracy is taken at every point and the run stops early once the lowest
+    passes ``early_stop``), the data
     (``train_examples``, ``test_examples``, ``batch_size``: ``None`` = Zoology's for the length),
     the recipe (``epochs``, ``lr``, ``weight_decay``, ``aux_weight``, ``early_stop``: stop once
     the test accuracy exceeds it, 0 = never; ``max_steps``: an optional cap (the schedule keeps
@@ -55,6 +62,7 @@ class TaskTrainConfig:
     n_queries: int | None = None
     power_a: float = 0.01
     random_fill: bool = False
+    mix: tuple[tuple[int, int, int], ...] | None = None
     train_examples: int = 100_000
     test_examples: int = 3_000
     batch_size: int | None = None
@@ -75,6 +83,8 @@ class TaskTrainConfig:
     def __post_init__(self):
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if self.mix is not None:
+            self._set_mix()
         self.mqar  # validates the task setting
         if self.position not in (None, "none", "scaled_sin", "learned"):
             raise ValueError(f"position must be none, scaled_sin or learned (or None: the preset's), got {self.position!r}")
@@ -102,6 +112,57 @@ class TaskTrainConfig:
         if not 0 <= self.early_stop <= 1:
             raise ValueError(f"early_stop is an accuracy in [0, 1] (0 = never), got {self.early_stop!r}")
 
+    def _set_mix(self) -> None:
+        """Check ``mix`` and store it as a tuple of int triples; derive ``seq_len``, ``kv_pairs`` and
+        ``train_examples`` from it."""
+        try:
+            mix = tuple(tuple(p) for p in self.mix)
+        except TypeError:
+            mix = None
+        if not mix or not all(len(p) == 3 and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in p)
+                              for p in mix):
+            raise ValueError(f"mix must be ((seq_len, kv_pairs, examples), ...) of positive integers, got {self.mix!r}")
+        if len({p[:2] for p in mix}) != len(mix):
+            raise ValueError(f"mix names a point twice: {format_mix(mix)}")
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass
+        set_("mix", mix)
+        set_("seq_len", max(T for T, _, _ in mix))
+        set_("kv_pairs", max(n for _, n, _ in mix))
+        set_("train_examples", sum(c for _, _, c in mix))
+        self.points  # builds (and so checks) each point's setting
+        if self.batch_size is not None:
+            mix_rows(mix, self.batch_size)  # raises unless a multiple of the mix's unit
+            if self.batch_size > self.train_examples:
+                raise ValueError(f"batch_size {self.batch_size} is more than the mix's {self.train_examples} examples")
+
+    @property
+    def points(self) -> tuple[MQARConfig, ...]:
+        """The MQAR settings trained on: the mix's points, or the one point."""
+        if self.mix is None:
+            return (self.mqar,)
+        return tuple(MQARConfig(vocab_size=self.vocab_size, seq_len=T, kv_pairs=n, n_queries=self.n_queries,
+                                power_a=self.power_a, random_fill=self.random_fill) for T, n, _ in self.mix)
+
+    @property
+    def point_examples(self) -> tuple[int, ...]:
+        """Training examples of each point (:attr:`points`)."""
+        return (self.train_examples,) if self.mix is None else tuple(c for _, _, c in self.mix)
+
+    @property
+    def point_rows(self) -> tuple[int, ...]:
+        """Rows of each point in a batch."""
+        return (self.rows,) if self.mix is None else mix_rows(self.mix, self.rows)
+
+    @property
+    def queries(self) -> int:
+        """The most queries a row holds (the query loss picks this many positions per row)."""
+        return max(p.queries for p in self.points)
+
+    @property
+    def batch_targets(self) -> int:
+        """Queried values in a batch (the same in every batch)."""
+        return sum(r * p.queries for r, p in zip(self.point_rows, self.points))
+
     @property
     def mqar(self) -> MQARConfig:
         return MQARConfig(vocab_size=self.vocab_size, seq_len=self.seq_len, kv_pairs=self.kv_pairs,
@@ -109,6 +170,11 @@ class TaskTrainConfig:
 
     @property
     def rows(self) -> int:
+        if self.mix is not None:
+            if self.batch_size is not None:
+                return self.batch_size
+            unit = mix_unit(self.mix)
+            return min(unit * max(1, round(MIX_BATCH / unit)), self.train_examples)
         return min(self.batch_size or zoology_batch_size(self.seq_len), self.train_examples)
 
     def model_config(self):
@@ -138,6 +204,8 @@ class TaskTrainConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"task train config: unknown field(s) {unknown}")
+        if d.get("mix") is not None:  # JSON keeps the triples as lists
+            d = {**d, "mix": tuple(tuple(p) for p in d["mix"])}
         return cls(**d)
 
 

@@ -16,6 +16,17 @@ The recipe (Zoology, ``zoology/train.py`` and ``zoology/config.py``; its Figure 
   and reports the best;
 * after each epoch the test accuracy; training stops once it exceeds ``early_stop`` (0.99).
 
+A **mixture of points** (``mix``; ``lintime train --task mqar --mqar-mix zoology``): Zoology's multi-point
+training (the Based paper's MQAR sweep, ``zoology/experiments/paper_configs/arxiv24_based_figure2/configs.py``:
+64/4 x 100 000, 128/8, 256/16, 256/32, 256/64 x 20 000 each, one model for all of them).  Every batch holds each
+point in its exact proportion (:func:`~lintime.evaluation.tasks.mqar.mix_rows`: 140 + 4 x 28 of 252 rows for
+Zoology's mix), each row padded on the right to the longest point with filler inputs and unscored targets
+(:class:`~lintime.evaluation.tasks.mqar.MQARMixData`): a causal model's scored positions never see the padding,
+and the loss is the queried values' cross-entropy over the batch, as for one point.  (Zoology shuffles its
+examples into batches whose mixture varies; fixed shares keep the batch's shape and target count fixed, so the
+step stays one CUDA graph.)  The test accuracy is taken at each point; the run's accuracy (early stop, best)
+is the lowest point's, and ``metrics.jsonl`` has each point's (``val_points``) and the pooled one.
+
 What differs from Zoology: the blocks are lintime's (pre-norm, the preset's norm and position
 scheme), there is no dropout (Zoology: 0.1 on the embedding and inside attention), and the loss
 is computed at the queried positions only (the hidden states there through the output
@@ -58,7 +69,16 @@ from typing import NamedTuple
 
 import torch
 
-from lintime.evaluation.tasks.mqar import MQARData, QueryLoss, evaluate_mqar, query_loss
+from lintime.evaluation.tasks.mqar import (
+    MQARData,
+    MQARMixData,
+    QueryLoss,
+    data_key,
+    evaluate_mqar,
+    format_mix,
+    query_loss,
+    task_data,
+)
 from lintime.models import CausalLM
 from lintime.training import checkpoint as ckpt
 from lintime.training.rng import seed_everything
@@ -74,7 +94,7 @@ from lintime.training.task_config import (
 from lintime.utils.device import autocast_dtype, pick_device
 
 # named here too: what a sweep or a test imports from the task trainer
-__all__ = ["GRAPH_MODES", "TASKS", "CaptureFailed", "MQARData", "QueryLoss", "TaskRun", "TaskTrainConfig",
+__all__ = ["GRAPH_MODES", "TASKS", "CaptureFailed", "MQARData", "MQARMixData", "QueryLoss", "TaskRun", "TaskTrainConfig",
            "TaskTrainResult", "cosine_lr", "plot_task_metrics", "query_loss", "schedule", "train_task",
            "zoology_batch_size"]
 
@@ -101,6 +121,7 @@ class TaskTrainResult:
     checkpoint: Path | None  # None: stopped by a signal before the first step
     stopped: str = "epochs"  # why it ended: "early stop", "epochs", "max_steps", "max_seconds" or a signal's name
     stopped_by: str | None = None  # the signal that stopped it ("SIGINT", "SIGTERM"), None when it ran to its end
+    point_accuracy: dict[str, float] | None = None  # a mix: each point's test accuracy at the last evaluation
 
 
 class CaptureFailed(RuntimeError):
@@ -126,7 +147,8 @@ class TaskRun:
     where the run's time went."""
 
     def __init__(self, config: TaskTrainConfig, *, out: str | Path = "runs", name: str | None = None,
-                 echo: Callable[[str], None] | None = print, plot: bool = True, data: MQARData | None = None,
+                 echo: Callable[[str], None] | None = print, plot: bool = True,
+                 data: MQARData | MQARMixData | None = None,
                  fallback: bool = True):
         from lintime.data import ByteTokenizer
         from lintime.training.graphed import GraphedStep
@@ -145,13 +167,13 @@ class TaskRun:
         self.model = model = CausalLM(model_cfg).to(device)
         model.train()
         if data is None:
-            data = MQARData(task, seed=cfg.seed, train_examples=cfg.train_examples, test_examples=cfg.test_examples,
-                            device=device)
-        elif data.key != MQARData.key_of(cfg, device):
+            data = task_data(cfg, device)
+        elif data.key != data_key(cfg, device):
             raise ValueError("the given MQARData holds another setting's examples")
         self.data, self.device = data, device
 
-        self.run_dir = run_dir = Path(out) / (name or f"{cfg.task}-{cfg.preset}-d{model_cfg.d_model}-T{cfg.seq_len}-kv{cfg.kv_pairs}")
+        where = f"T{cfg.seq_len}-kv{cfg.kv_pairs}" if cfg.mix is None else f"mix{len(cfg.mix)}-T{cfg.seq_len}"
+        self.run_dir = run_dir = Path(out) / (name or f"{cfg.task}-{cfg.preset}-d{model_cfg.d_model}-{where}")
         if (run_dir / ckpt.CONFIG_FILE).exists():
             raise ValueError(f"run folder {run_dir} already holds a run: pick another --name")
         ckpt.write_run_config(run_dir, model_config=model_cfg, objective="clm", tokenizer=ByteTokenizer(), train=cfg.to_dict())
@@ -165,7 +187,7 @@ class TaskRun:
         self.n_batches = cfg.train_examples // rows  # whole batches of the fixed training set
         self.total, self.stage, self.stages = schedule(cfg)
         mode = cfg.graph if cfg.graph != "auto" else ("capture" if device.type == "cuda" else "off")
-        self.loss_module = QueryLoss(model, task.queries)
+        self.loss_module = QueryLoss(model, cfg.queries)
         self.form = mode  # the step taken; "off (...)" once a capture failed
         self.graphed = None
         if mode != "off":
@@ -174,8 +196,15 @@ class TaskRun:
         say(f"lintime train --task {cfg.task}: {cfg.preset} d_model {model_cfg.d_model} x {model_cfg.n_layers} layers "
             f"({model.num_parameters() / 1e6:.2f}M parameters), {device.type}{' bf16' if amp is not None else ' fp32'}"
             f", step {mode}")
-        say(f"  mqar: vocab {task.vocab_size}, seq_len {task.seq_len}, {task.kv_pairs} pairs, {task.queries} queries; "
-            f"{self.n_batches * rows:,} train / {cfg.test_examples:,} test examples, batch {rows}")
+        if cfg.mix is None:
+            say(f"  mqar: vocab {task.vocab_size}, seq_len {task.seq_len}, {task.kv_pairs} pairs, {task.queries} "
+                f"queries; {self.n_batches * rows:,} train / {cfg.test_examples:,} test examples, batch {rows}")
+        else:
+            shares = ", ".join(f"{p.seq_len}/{p.kv_pairs}: {r} rows ({self.n_batches * r:,} examples)"
+                               for p, r in zip(cfg.points, cfg.point_rows))
+            say(f"  mqar mix {format_mix(cfg.mix)}: vocab {task.vocab_size}, rows padded to {cfg.seq_len} tokens; "
+                f"batch {rows} = {shares}; {cfg.test_examples:,} test examples per point, the run stops early "
+                "on the lowest point's accuracy")
         say(f"  recipe zoology: AdamW lr {cfg.lr:g} (cosine over {self.stages} "
             f"{'epochs' if self.stage == self.n_batches else 'evaluations'} of {self.stage} steps), "
             f"weight decay {cfg.weight_decay:g}, stop at accuracy > {cfg.early_stop:g}"
@@ -188,6 +217,7 @@ class TaskRun:
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.order: list[int] = []
         self.step, self.elapsed, self.accuracy, self.best, self.stopped = 0, 0.0, 0.0, 0.0, None
+        self.point_accuracy: dict[str, float] | None = None  # a mix: each point's at the last evaluation
         self.stopped_by: str | None = None  # the signal that stopped the run (:meth:`interrupt`)
         self.evaluated = False  # at least one test evaluation taken
         self.lr = cfg.lr
@@ -230,7 +260,7 @@ class TaskRun:
         for group in self.opt.param_groups:
             group["lr"] = self.lr
         ce, aux = forward_backward(self.loss_module, _Rows(x, y), micro_rows=self.rows, aux_weight=self.cfg.aux_weight,
-                                   autocast=self.amp, n_targets=self.rows * self.cfg.mqar.queries, packed=False,
+                                   autocast=self.amp, n_targets=self.cfg.batch_targets, packed=False,
                                    to_host=False)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
@@ -276,19 +306,31 @@ class TaskRun:
         if not math.isfinite(mean_loss):
             raise ValueError(f"training diverged by step {self.step} (mean loss {mean_loss}); try a lower --lr")
         t_eval = time.perf_counter()
-        res = evaluate_mqar(self.model, cfg.mqar, n_examples=cfg.test_examples, seed=cfg.seed, autocast=self.amp,
-                            examples=self.data.test)
+        if cfg.mix is None:
+            res = evaluate_mqar(self.model, cfg.mqar, n_examples=cfg.test_examples, seed=cfg.seed, autocast=self.amp,
+                                examples=self.data.test)
+            val_loss, score, extra = res.loss, res.accuracy, {}
+        else:  # every point; the run's score is the lowest point's accuracy
+            results = [evaluate_mqar(self.model, p, n_examples=cfg.test_examples, seed=cfg.seed, autocast=self.amp,
+                                     examples=ex) for p, ex in zip(cfg.points, self.data.test)]
+            queries = sum(r.n_queries for r in results)
+            val_loss = sum(r.loss * r.n_queries for r in results) / queries
+            self.point_accuracy = {f"{p.seq_len}/{p.kv_pairs}": r.accuracy for p, r in zip(cfg.points, results)}
+            score = min(r.accuracy for r in results)
+            extra = {"val_accuracy_pooled": sum(r.accuracy * r.n_queries for r in results) / queries,
+                     "val_points": self.point_accuracy}
         self.timing["eval_s"] = round(self.timing["eval_s"] + time.perf_counter() - t_eval, 3)
-        self.accuracy, self.best = res.accuracy, max(self.best, res.accuracy)
+        self.accuracy, self.best = score, max(self.best, score)
         self.evaluated = True
         epoch = self.step / self.n_batches
         row = {"epoch": round(epoch) if self.step % self.n_batches == 0 else round(epoch, 4), "step": self.step,
-               "time_s": round(self.elapsed, 3), "lr": self.lr, "loss": mean_loss, "val_loss": res.loss,
-               "val_accuracy": self.accuracy}
+               "time_s": round(self.elapsed, 3), "lr": self.lr, "loss": mean_loss, "val_loss": val_loss,
+               "val_accuracy": self.accuracy, **extra}
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(row) + "\n")
-        self.say(f"epoch {row['epoch']:>6}  step {self.step:>6}  train loss {mean_loss:.4f}  test loss {res.loss:.4f}  "
-                 f"accuracy {self.accuracy:.4f}")
+        self.say(f"epoch {row['epoch']:>6}  step {self.step:>6}  train loss {mean_loss:.4f}  test loss {val_loss:.4f}  "
+                 f"accuracy {self.accuracy:.4f}" + ("" if cfg.mix is None else " (lowest point; "
+                 + ", ".join(f"{k} {v:.4f}" for k, v in self.point_accuracy.items()) + ")"))
         if cfg.early_stop and self.accuracy > cfg.early_stop:
             self.stopped = "early stop"
         elif over_time:
@@ -311,14 +353,15 @@ class TaskRun:
         if step > 0 or self.stopped_by is None:
             last = ckpt.save_checkpoint(self.run_dir, step, self.model, state, keep=1)
         if self.plot:
-            plot_task_metrics(self.run_dir, title=f"{cfg.preset} d{self.model_cfg.d_model}, MQAR T={cfg.seq_len} "
-                                                  f"kv={cfg.kv_pairs}")
+            what = f"T={cfg.seq_len} kv={cfg.kv_pairs}" if cfg.mix is None else f"mix of {len(cfg.mix)} points (lowest)"
+            plot_task_metrics(self.run_dir, title=f"{cfg.preset} d{self.model_cfg.d_model}, MQAR {what}")
         self.say(f"{'done' if self.stopped_by is None else 'stopped'} ({self.stopped}): {step} steps "
                  f"({step / self.n_batches:.2f} epochs) in {self.elapsed / 60:.1f} min; test accuracy "
                  f"{self.accuracy:.4f} (best {self.best:.4f}); saved {last or 'nothing (no step taken)'}")
         return TaskTrainResult(run_dir=self.run_dir, steps=step, epochs=epochs_done, accuracy=self.accuracy,
                                best_accuracy=self.best, seconds=self.elapsed, checkpoint=last,
-                               stopped=self.stopped or "epochs", stopped_by=self.stopped_by)
+                               stopped=self.stopped or "epochs", stopped_by=self.stopped_by,
+                               point_accuracy=self.point_accuracy)
 
 
 def train_task(

@@ -367,3 +367,142 @@ class MQARData:
         if self._test is None:
             self._test = self._to_device(*mqar_examples(self.task, self.test_examples, seed=self.seed, split="test"))
         return self._test
+
+
+# --- a mixture of points (Zoology's multi-point training) -----------------------------------------
+
+# Zoology's training mixture (HazyResearch/zoology, the Based paper's MQAR sweep,
+# ``zoology/experiments/paper_configs/arxiv24_based_figure2/configs.py``): (seq_len, kv_pairs, examples)
+ZOOLOGY_MIX = ((64, 4, 100_000), (128, 8, 20_000), (256, 16, 20_000), (256, 32, 20_000), (256, 64, 20_000))
+MIX_BATCH = 256  # Zoology's batch rows for the mixture (the rows are padded to the longest length)
+
+
+def parse_points(text: str) -> list[tuple[int, int]]:
+    """``"64x4,512x128"`` (or ``64/4``) -> ``[(64, 4), (512, 128)]``: (seq_len, kv_pairs) points, repeats dropped."""
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower().replace("/", "x")
+        a, sep, b = part.partition("x")
+        if not (sep and a.isdigit() and b.isdigit() and int(a) > 0 and int(b) > 0):
+            raise ValueError(f"MQAR points are LENxPAIRS separated by commas (e.g. 64x4,512x128), got {text!r}")
+        out.append((int(a), int(b)))
+    return list(dict.fromkeys(out))
+
+
+def parse_mix(text: str, examples: int | None = None) -> tuple[tuple[int, int, int], ...]:
+    """A training mixture from its text: ``zoology`` (:data:`ZOOLOGY_MIX`), or ``LENxPAIRS:EXAMPLES,...``
+    (every point with its count), or ``LENxPAIRS,...`` with ``examples`` split equally between the points
+    (each gets ``examples // points``).  -> ``((seq_len, kv_pairs, examples), ...)``."""
+    if text.strip().lower() == "zoology":
+        return ZOOLOGY_MIX
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    counted = [":" in p for p in parts]
+    if not parts or (any(counted) and not all(counted)):
+        raise ValueError(f"a mix is 'zoology', LENxPAIRS,... or LENxPAIRS:EXAMPLES,... (all points with a count or "
+                         f"none), got {text!r}")
+    points = [parse_points(p.partition(":")[0])[0] for p in parts]
+    if len(set(points)) != len(points):
+        raise ValueError(f"a mix names each point once, got {text!r}")
+    if all(counted):
+        counts = [p.partition(":")[2].strip() for p in parts]
+        if not all(c.isdigit() and int(c) > 0 for c in counts):
+            raise ValueError(f"a mix's example counts are positive integers, got {text!r}")
+        return tuple((T, n, int(c)) for (T, n), c in zip(points, counts))
+    if examples is None or examples // len(points) < 1:
+        raise ValueError(f"a mix without counts splits the training examples between its points: {examples!r} "
+                         f"examples for {len(points)} points")
+    return tuple((T, n, examples // len(points)) for T, n in points)
+
+
+def format_mix(mix) -> str:
+    """The text :func:`parse_mix` reads back: ``64x4:100000,128x8:20000``."""
+    return ",".join(f"{T}x{n}:{c}" for T, n, c in mix)
+
+
+def mix_unit(mix) -> int:
+    """The fewest rows a batch of the mixture can have with every point in its exact proportion
+    (the counts divided by their greatest common divisor, summed): batch rows are a multiple of it."""
+    g = math.gcd(*(c for _, _, c in mix))
+    return sum(c // g for _, _, c in mix)
+
+
+def mix_rows(mix, rows: int) -> tuple[int, ...]:
+    """Rows of each point in a batch of ``rows`` (a multiple of :func:`mix_unit`): ``rows x count / total``."""
+    total, unit = sum(c for _, _, c in mix), mix_unit(mix)
+    if rows % unit:
+        raise ValueError(f"a batch of this mix holds a multiple of {unit} rows (its points' proportions), got {rows}")
+    return tuple(rows * c // total for _, _, c in mix)
+
+
+def pad_rows(x: torch.Tensor, y: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows padded on the right to ``length`` tokens: inputs with the filler 0, targets with
+    :data:`IGNORE_INDEX` (a causal model's positions before the padding do not see it, and no
+    padded position is scored)."""
+    import torch.nn.functional as F
+
+    extra = length - x.shape[1]
+    if extra == 0:
+        return x, y
+    return F.pad(x, (0, extra), value=0), F.pad(y, (0, extra), value=IGNORE_INDEX)
+
+
+class MQARMixData:
+    """The examples of a training mixture on one device (:class:`MQARData`'s interface): one
+    :class:`MQARData` per point (its fixed training set of ``count`` examples, its test set of
+    ``test_examples``, all from the stream of ``seed``), and batches of ``rows`` rows in which every
+    point has its exact share (:func:`mix_rows`), each point's rows padded (:func:`pad_rows`) to the
+    longest point, the points in the mixture's order.  Batch ``b`` holds examples
+    ``b x share .. (b + 1) x share - 1`` of each point, so an epoch of ``total // rows`` batches uses
+    each point's examples at most once."""
+
+    def __init__(self, points: tuple[MQARConfig, ...], counts: tuple[int, ...], *, seed: int, rows: int,
+                 test_examples: int, device: torch.device):
+        if len(points) != len(counts) or not points:
+            raise ValueError("a mix needs one count per point")
+        self.points, self.counts, self.seed, self.rows = tuple(points), tuple(counts), seed, rows
+        self.test_examples, self.device = test_examples, torch.device(device)
+        mix = tuple((p.seq_len, p.kv_pairs, c) for p, c in zip(points, counts))
+        self.shares = mix_rows(mix, rows)
+        self.length = max(p.seq_len for p in points)
+        self.parts = [MQARData(p, seed=seed, train_examples=c, test_examples=test_examples, device=self.device)
+                      for p, c in zip(points, counts)]
+
+    @property
+    def key(self) -> tuple:
+        return ("mix", self.points, self.counts, self.seed, self.rows, self.test_examples, str(self.device))
+
+    @staticmethod
+    def key_of(cfg, device) -> tuple:
+        return ("mix", cfg.points, cfg.point_examples, cfg.seed, cfg.rows, cfg.test_examples, str(torch.device(device)))
+
+    def batch(self, start: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch ``start // rows`` (``start`` is a multiple of ``rows``, which must be the mixture's
+        ``rows``): ``[rows, length]`` inputs and targets, on the device."""
+        if rows != self.rows or start % rows:
+            raise ValueError(f"a mix's batches are whole batches of {self.rows} rows, got start {start}, rows {rows}")
+        b = start // rows
+        xs, ys = [], []
+        for part, share in zip(self.parts, self.shares):
+            x, y = pad_rows(*part.batch(b * share, share), self.length)
+            xs.append(x)
+            ys.append(y)
+        return torch.cat(xs), torch.cat(ys)
+
+    @property
+    def test(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each point's test examples (unpadded), in the mixture's order."""
+        return [part.test for part in self.parts]
+
+
+def task_data(cfg, device) -> MQARData | MQARMixData:
+    """The examples a task run of ``cfg`` (:class:`lintime.training.task_config.TaskTrainConfig`) trains on."""
+    if cfg.mix is None:
+        return MQARData(cfg.mqar, seed=cfg.seed, train_examples=cfg.train_examples, test_examples=cfg.test_examples,
+                        device=device)
+    return MQARMixData(cfg.points, cfg.point_examples, seed=cfg.seed, rows=cfg.rows, test_examples=cfg.test_examples,
+                       device=device)
+
+
+def data_key(cfg, device) -> tuple:
+    """The key of :func:`task_data`'s examples for ``cfg``."""
+    return MQARData.key_of(cfg, device) if cfg.mix is None else MQARMixData.key_of(cfg, device)
