@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from lintime.generation.profiling import count_host_syncs
-from lintime.ops import dispatch, gated_linear_attention, segments
+from lintime.ops import dispatch, gated_linear_attention
+from lintime.ops.utils import segments
 from lintime.ops.utils import is_static, mark_static
 from tolerances import HALF_FACTOR, HALF_FLOOR, assert_close, assert_exact, rel_rms
 
@@ -113,13 +114,35 @@ def _check_padding(static, h0, dfinal):
         assert torch.equal(static["dh0"][n:], dfinal[n:])
 
 
+def _refuse_plan_cache_for_static(monkeypatch):
+    """From here on, consulting the per-tensor plan cache with a static ``cu_seqlens`` fails the test."""
+    real = segments.packed_cache
+
+    def refuse(cu, key):
+        assert not is_static(cu), "packed_cache consulted for a static cu_seqlens"
+        return real(cu, key)
+
+    monkeypatch.setattr(segments, "packed_cache", refuse)
+
+
+def _assert_no_host_read(c):
+    assert c.ops > 0  # the counter saw the calls
+    assert (c.total, c.h2d) == (0, 0), f"host syncs {dict(c.counts)}, host->device tensors {c.h2d}"
+
+
 @pytest.mark.parametrize("ns, with_h0", [(0, True), (1, False), (2, True), (None, True)])
-def test_static_equals_dynamic_and_per_document_fp32(ns, with_h0):
+def test_static_equals_dynamic_and_per_document_fp32(ns, with_h0, monkeypatch):
     """fp32: static padded offsets == the unpadded offsets (same kernels) == each document alone through the naive
-    recurrence (exact tolerance), forward, final states and every gradient."""
+    recurrence (exact tolerance), forward, final states and every gradient.  The static call (forward with the final
+    state, backward with the initial state's gradient) makes no host sync of any kind and builds no tensor from host
+    data (:func:`lintime.generation.profiling.count_host_syncs`), and never consults the per-tensor plan cache."""
+    _refuse_plan_cache_for_static(monkeypatch)
     xs, h0, do, dfinal = _inputs(2, 16, 32)
     h0 = h0 if with_h0 else None
-    static = _run(xs, h0, do, dfinal, _cu(LENS, NCAP), ns)
+    cu = _cu(LENS, NCAP)
+    with count_host_syncs() as c:
+        static = _run(xs, h0, do, dfinal, cu, ns)
+    _assert_no_host_read(c)
     dynamic = _run(xs, None if h0 is None else h0[: len(LENS)], do, dfinal, _cu(LENS), ns)
     alone = _per_document(xs, h0, do, dfinal, LENS)
     _check_padding(static, h0, dfinal)
@@ -167,32 +190,21 @@ def test_one_buffer_two_layouts(ns):
         _assert_all(f"layout {lens} (ns={ns})", d, _real(st, len(lens)))
 
 
-@pytest.mark.parametrize("ns", [None, 0, 1, 2])
-def test_no_host_read(ns, monkeypatch):
-    """A static call (forward with the final state, then backward with the initial state's gradient) makes no host
-    sync of any kind and builds no tensor from host data (:func:`lintime.generation.profiling.count_host_syncs`), and
-    never consults the per-tensor plan cache."""
-    real = segments.packed_cache
-
-    def refuse(cu, key):
-        assert not is_static(cu), "packed_cache consulted for a static cu_seqlens"
-        return real(cu, key)
-
-    monkeypatch.setattr(segments, "packed_cache", refuse)
+def test_no_host_read(monkeypatch):
+    """The one static call of the tests above not already made there: 1-chunk segments with an initial state (its
+    gradient included) -- no host sync, no host-built tensor, no plan cache (the other segment lengths: in
+    :func:`test_static_equals_dynamic_and_per_document_fp32`)."""
+    _refuse_plan_cache_for_static(monkeypatch)
     xs, h0, _, _ = _inputs(2, 16, 32, seed=3)
     leaves = [x.requires_grad_() for x in (*xs, h0)]
     cu = _cu(LENS, NCAP)
     kw = dict(initial_state=leaves[4], output_final_state=True, cu_seqlens=cu)
     with count_host_syncs() as fwd:
-        if ns is None:
-            o, final = gated_linear_attention(*leaves[:4], backend="triton", **kw)
-        else:
-            o, final = triton_gla(*leaves[:4], segment_chunks=ns, **kw)
+        o, final = triton_gla(*leaves[:4], segment_chunks=1, **kw)
     with count_host_syncs() as bwd:
         torch.autograd.grad(o.sum() + final.sum(), leaves)
-    assert fwd.ops > 0 and bwd.ops > 0  # the counter saw the calls
-    for tag, c in (("forward", fwd), ("backward", bwd)):
-        assert (c.total, c.h2d) == (0, 0), f"{tag}: host syncs {dict(c.counts)}, host->device tensors {c.h2d}"
+    _assert_no_host_read(fwd)
+    _assert_no_host_read(bwd)
 
 
 @pytest.mark.parametrize("K, V", [(8, 16), (16, 8)])
