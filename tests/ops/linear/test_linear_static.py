@@ -134,14 +134,36 @@ CASES = [(True, True, 0), (True, False, 1), (True, True, 2), (True, True, None),
          (False, False, 1)]
 
 
+def _refuse_plan_cache_for_static(monkeypatch):
+    """From here on, consulting the per-tensor plan cache with a static ``cu_seqlens`` fails the test."""
+    real = segments.packed_cache
+
+    def refuse(cu, key):
+        assert not is_static(cu), "packed_cache consulted for a static cu_seqlens"
+        return real(cu, key)
+
+    monkeypatch.setattr(segments, "packed_cache", refuse)
+
+
+def _assert_no_host_read(c):
+    assert c.ops > 0  # the counter saw the calls
+    assert (c.total, c.h2d) == (0, 0), f"host syncs {dict(c.counts)}, host->device tensors {c.h2d}"
+
+
 @pytest.mark.parametrize("causal, normalize, ns", CASES)
-def test_static_equals_dynamic_and_per_document_fp32(causal, normalize, ns):
+def test_static_equals_dynamic_and_per_document_fp32(causal, normalize, ns, monkeypatch):
     """fp32: static padded offsets == the unpadded offsets (same kernels) == each document alone through the naive
-    form (exact tolerance), forward, final states and every gradient."""
+    form (exact tolerance), forward, final states and every gradient.  The static call (forward with the final states,
+    backward with the initial state's gradients) makes no host sync of any kind and builds no tensor from host data
+    (:func:`lintime.generation.profiling.count_host_syncs`), and never consults the per-tensor plan cache."""
+    _refuse_plan_cache_for_static(monkeypatch)
     xs, state, w = _inputs(2, 16, 32)
     state = state if causal else None
     kw = dict(causal=causal, normalize=normalize)
-    static = _run(xs, state, w, _cu(LENS, NCAP), ns, **kw)
+    cu = _cu(LENS, NCAP)
+    with count_host_syncs() as c:
+        static = _run(xs, state, w, cu, ns, **kw)
+    _assert_no_host_read(c)
     dynamic = _run(xs, None if state is None else tuple(s[: len(LENS)] for s in state), w, _cu(LENS), ns, **kw)
     alone = _per_document(xs, state, w, LENS, **kw)
     _check_padding(static, state, w, causal)
@@ -195,33 +217,22 @@ def test_one_buffer_two_layouts(causal, ns):
         _assert_all(f"layout {lens} (causal={causal}, ns={ns})", d, _real(st, len(lens)))
 
 
-@pytest.mark.parametrize("causal, ns", [(True, None), (True, 0), (True, 1), (True, 2), (False, 2)])
-def test_no_host_read(causal, ns, monkeypatch):
-    """A static call (forward with the final state, then backward with the initial state's gradients) makes no host
-    sync of any kind and builds no tensor from host data (:func:`lintime.generation.profiling.count_host_syncs`), and
-    never consults the per-tensor plan cache."""
-    real = segments.packed_cache
-
-    def refuse(cu, key):
-        assert not is_static(cu), "packed_cache consulted for a static cu_seqlens"
-        return real(cu, key)
-
-    monkeypatch.setattr(segments, "packed_cache", refuse)
+def test_no_host_read(monkeypatch):
+    """The one static call of the tests above not already made there: causal and normalised with 1-chunk segments
+    and an initial state (both parts' gradients included) -- no host sync, no host-built tensor, no plan cache (the
+    other cases: in :func:`test_static_equals_dynamic_and_per_document_fp32`)."""
+    _refuse_plan_cache_for_static(monkeypatch)
     xs, state, _ = _inputs(2, 16, 32, seed=3)
     leaves = [x.requires_grad_() for x in xs]
-    parts = tuple(s.requires_grad_() for s in state) if causal else ()
+    parts = tuple(s.requires_grad_() for s in state)
     cu = _cu(LENS, NCAP)
-    kw = dict(causal=causal, output_final_state=True, cu_seqlens=cu, initial_state=parts or None)
+    kw = dict(causal=True, output_final_state=True, cu_seqlens=cu, initial_state=parts)
     with count_host_syncs() as fwd:
-        if ns is None:
-            o, (kv, ks) = linear_attention(*leaves, backend="triton", **kw)
-        else:
-            o, (kv, ks) = triton_linear_attention(*leaves, segment_chunks=ns, **kw)
+        o, (kv, ks) = triton_linear_attention(*leaves, segment_chunks=1, **kw)
     with count_host_syncs() as bwd:
         torch.autograd.grad(o.sum() + kv.sum() + ks.sum(), [*leaves, *parts])
-    assert fwd.ops > 0 and bwd.ops > 0  # the counter saw the calls
-    for tag, c in (("forward", fwd), ("backward", bwd)):
-        assert (c.total, c.h2d) == (0, 0), f"{tag}: host syncs {dict(c.counts)}, host->device tensors {c.h2d}"
+    _assert_no_host_read(fwd)
+    _assert_no_host_read(bwd)
 
 
 def test_forward_only_short_call():
