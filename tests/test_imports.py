@@ -166,8 +166,9 @@ def test_kernels_import_only_torch_and_triton():
 
 
 def _kernel_rank(name: str) -> int | None:
-    """The order inside the kernel layer: 0 the shared machinery (a module directly in ``lintime/ops/``:
-    launching, dispatch, segments, ...), 1 a building block (``lintime.modules.<family>...``), 2 an attention
+    """The order inside the kernel layer: 0 the shared machinery (``lintime.ops.utils`` and its modules: launching,
+    segments, state passing, TMA, the relative bias; or a module directly in ``lintime/ops/``: dispatch, fold), 1 a
+    building block (``lintime.modules.<family>...``), 2 an attention
     family (``lintime.ops.<family>...``); ``None`` outside the layer (and for the two package roots, whose
     lazy exports import nothing at import time)."""
     parts = name.split(".")
@@ -175,6 +176,8 @@ def _kernel_rank(name: str) -> int | None:
         return None
     if parts[1] == "modules":
         return 1
+    if parts[2] == "utils":
+        return 0
     return 0 if MODULES.get(".".join(parts[:3])) == ROOT / "ops" / f"{parts[2]}.py" else 2
 
 
@@ -182,7 +185,7 @@ def test_kernel_layer_order():
     """A building block imports only the shared machinery of ``ops``, never an attention family, and the
     shared machinery imports no building block; an attention family may use a building block (FLASH's decoding
     step runs the heads op's chunked form)."""
-    assert _kernel_rank("lintime.ops.launching") == 0 and _kernel_rank("lintime.ops.dispatch") == 0
+    assert _kernel_rank("lintime.ops.utils.launching") == 0 and _kernel_rank("lintime.ops.dispatch") == 0
     assert _kernel_rank("lintime.modules.norm.triton.ops") == 1 and _kernel_rank("lintime.ops.gla.chunk") == 2
     bad = []
     for name, path in MODULES.items():

@@ -176,6 +176,6 @@ print("done")
 def test_shared_host_modules_do_not_import_triton_at_the_top():
     """The host modules every op imports keep Triton behind the first launch (one interpreter: each module's
     import runs its own top-level imports, so Triton absent after each says it of each)."""
-    res = _run("import lintime.ops.launching\nprint('triton' in sys.modules)\n"
+    res = _run("import lintime.ops.utils.launching\nprint('triton' in sys.modules)\n"
                "import lintime.ops.dispatch\nprint('triton' in sys.modules)")
     assert res.stdout.split() == ["False", "False"]

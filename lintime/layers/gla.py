@@ -33,7 +33,7 @@ from lintime.layers.base import Mixer
 from lintime.layers.linear_attention import state_dtype
 from lintime.layers.norms import build_norm
 from lintime.ops import gated_linear_attention
-from lintime.ops.launching import MAX_HEAD_DIM
+from lintime.ops.utils.launching import MAX_HEAD_DIM
 
 HEAD_NORMS = ("layernorm", "rmsnorm")
 

@@ -1,6 +1,6 @@
 """Attention operations, ``[B, T, H, D]`` layout (docs/design/contract.md §2): softmax, GAU, mixed chunk,
-linear, gated linear and VQ attention, with the Triton machinery they share (``launching``, ``dispatch``,
-``segments``, ...).  The fused building blocks around them (norms, GLU, the heads op, the fused loss) are
+linear, gated linear and VQ attention, with the machinery they share: :mod:`lintime.ops.utils` (packing helpers, and
+its modules ``launching``, ``segments``, ``state_passing``, ``tma``, ``bias``), ``dispatch`` and ``fold``.  The fused building blocks around them (norms, GLU, the heads op, the fused loss) are
 :mod:`lintime.modules`.
 
 Each family lives in its own folder with ``naive.py`` (textbook reference), ``chunk.py``

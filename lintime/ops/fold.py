@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.launching import cdiv, interpreting, next_pow2
+from lintime.ops.utils.launching import cdiv, interpreting, next_pow2
 
 MAX_PARTS = 4
 

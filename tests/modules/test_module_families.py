@@ -65,7 +65,7 @@ def test_every_family_declares_its_launch():
     """``triton/launch.py`` holds the family's one launch configuration, a ``<Family>Launch(LaunchConfig)``, and its
     one ``default_launch``; no other module of the family defines either (docs/design/names.md, launch
     configurations)."""
-    from lintime.ops.launching import LaunchConfig
+    from lintime.ops.utils.launching import LaunchConfig
 
     for fam in _family_dirs():
         launch = importlib.import_module(f"lintime.modules.{fam}.triton.launch")

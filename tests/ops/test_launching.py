@@ -1,11 +1,11 @@
-"""lintime.ops.launching.launcher_op on a toy launcher (PyTorch only): eager calls run the launcher
+"""lintime.ops.utils.launching.launcher_op on a toy launcher (PyTorch only): eager calls run the launcher
 (with autograd: an autograd.Function, None for unused outputs' gradients), traced calls the custom op,
 and a backward rule calls the backward launcher eagerly and the backward op when traced."""
 
 import torch
 from torch import Tensor
 
-from lintime.ops.launching import launcher_op
+from lintime.ops.utils.launching import launcher_op
 
 CALLS: list[str] = []
 

@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from lintime.ops.launching import launcher_op
+from lintime.ops.utils.launching import launcher_op
 from lintime.ops.utils import acc_dtype  # the dtype of losses and gradient sums: fp32, or fp64 for fp64 inputs
 
 # Logits bytes per chunk (in the compute dtype): 4096 rows of bf16 at V = 32000 -- GEMMs of
@@ -147,7 +147,7 @@ def make_op(name: str, rows: Callable) -> Callable:
     """Register the custom ops ``lintime::<name>_fwd`` (loss and, for mean / sum, the gradients) and
     ``lintime::<name>_bwd`` (gradients of ``reduction='none'``) over the per-row step ``rows``, with
     fake shapes and the autograd rule, so ``torch.compile`` traces them; eager calls take the chunk loop
-    without the op dispatch (:func:`lintime.ops.launching.launcher_op`).  Returns
+    without the op dispatch (:func:`lintime.ops.utils.launching.launcher_op`).  Returns
     ``fn(x, weight, bias, target, ignore_index, reduction, label_smoothing, chunk_size) -> loss``."""
 
     def fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], target: Tensor, ignore_index: int,

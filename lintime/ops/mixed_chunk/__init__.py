@@ -12,7 +12,7 @@ from lintime.ops.mixed_chunk.decode import recurrent_decode_step_
 from lintime.ops.mixed_chunk.naive import naive_mixed_chunk_attention
 from lintime.ops.mixed_chunk.recurrent import recurrent_mixed_chunk_attention
 from lintime.ops.mixed_chunk.state import LINEAR_NORMS, MixedChunkState, check_state
-from lintime.ops.launching import check_device
+from lintime.ops.utils.launching import check_device
 from lintime.ops.utils import (
     FLOAT_DTYPES,
     check_cu_seqlens,

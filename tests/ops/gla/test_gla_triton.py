@@ -167,7 +167,7 @@ def test_packed_layout_read_once_per_cu_seqlens(monkeypatch):
     """The packed segment layout (one host read of ``cu_seqlens``) is built once per tensor and shared by
     the forward and backward of every call with it (a model's layers); an in-place write or another
     tensor rebuilds it, with the same results."""
-    from lintime.ops import segments as seg_mod
+    from lintime.ops.utils import segments as seg_mod
 
     builds = []
     real = seg_mod._packed_segments

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from lintime.generation.profiling import count_host_syncs
-from lintime.ops import dispatch, linear_attention, segments
+from lintime.ops import dispatch, linear_attention
+from lintime.ops.utils import segments
 from lintime.ops.utils import is_static, mark_static
 from tolerances import HALF_FACTOR, HALF_FLOOR, assert_close, assert_exact, rel_rms
 

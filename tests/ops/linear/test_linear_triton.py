@@ -23,7 +23,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from lintime.ops import linear_attention
-from lintime.ops.segments import choose_segment_chunks
+from lintime.ops.utils.segments import choose_segment_chunks
 from tolerances import (
     EXACT_TOL,
     HALF_FACTOR,

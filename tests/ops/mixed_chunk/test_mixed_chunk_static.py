@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from lintime.generation.profiling import count_host_syncs
-from lintime.ops import MixedChunkState, mixed_chunk_attention, segments
+from lintime.ops import MixedChunkState, mixed_chunk_attention
+from lintime.ops.utils import segments
 from lintime.ops.mixed_chunk.triton import launchers, plan
 from lintime.ops.mixed_chunk.triton import mixed_chunk as mc_entry
 from lintime.ops.mixed_chunk.triton.launch import default_launch
@@ -331,7 +332,7 @@ def _reference_tables(lens, C, G):
 @pytest.mark.parametrize("G", [1, 2, 3, 1 << 20])
 @pytest.mark.parametrize("lens", [[0, 21, 0, 0, 37, 0], [16, 32, 1], [100]], ids=["empties", "whole", "one"])
 def test_plan_tables(lens, G):
-    """The device-built tables (:func:`lintime.ops.segments.chunk_plan`) against their definition,
+    """The device-built tables (:func:`lintime.ops.utils.segments.chunk_plan`) against their definition,
     for ``G``-chunk segments: the ordinary call's exactly; a static buffer's (two padding entries: empty sequences)
     the same rows first, then empty chunk rows (length 0 at the end of the tokens) and segment rows of no chunks
     (of the last sequence, past ``seq_ptr``'s end)."""

@@ -15,7 +15,8 @@ import math
 import pytest
 import torch
 
-from lintime.ops import MixedChunkState, mixed_chunk_attention, segments
+from lintime.ops import MixedChunkState, mixed_chunk_attention
+from lintime.ops.utils import segments
 from lintime.ops.mixed_chunk.triton import launchers, plan
 from lintime.ops.mixed_chunk.triton.launch import default_launch
 from tolerances import assert_close, assert_exact, assert_half_rule
@@ -166,7 +167,9 @@ def test_tma_and_pointer_paths(tma, red, causal, monkeypatch):
     monkeypatch.setattr(launchers, "tma_descriptors",
                         lambda *specs: taken.append(real(*specs) is not None) or real(*specs))
     C, H, S, E = 32, 2, 32, 32
-    lens = [70, 1, 0, 45, 48]  # (the last: a short last chunk of whole walk steps)
+    # 70 tokens after 13 buffered ones: three chunks (19, 32, 19 new tokens), two segments; a short chunk of 13 alone;
+    # the last: a short last chunk of whole walk steps
+    lens = [70, 1, 0, 13, 48]
     launch = dataclasses.replace(default_launch(S, E, torch.float32, C), tma=bool(tma), tma_red=bool(red))
     assert plan.tma_shapes(launch, S, E, C, torch.device("cpu")) == bool(tma)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
@@ -199,7 +202,7 @@ def test_unwritten_buffers_are_never_read(monkeypatch):
     C, H, S, E = 32, 2, 32, 32
     launch = default_launch(S, E, torch.float32, C)
     assert plan.tma_shapes(launch, S, E, C, torch.device("cpu"))
-    xs, rb = _inputs(2, 3 * C, H, S, E, C, torch.float32, seed=13)
+    xs, rb = _inputs(1, 3 * C, H, S, E, C, torch.float32, seed=13)  # three chunks: two segments
     kw = {"chunk_size": C, "output_final_state": True}
     ref = _run("naive", xs, rb, None, **kw)
     _poison_new_empty(monkeypatch)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import lintime.ops.vq.triton.launch as launch_mod
-from lintime.ops.launching import block, cdiv
+from lintime.ops.utils.launching import block, cdiv
 from lintime.ops.vq.triton.launch import VQLaunch, default_launch
 
 WIDTHS = (1, 3, 16, 17, 48, 64, 100, 128, 129, 200, 256)

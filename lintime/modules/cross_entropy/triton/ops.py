@@ -12,7 +12,7 @@ from torch import Tensor
 from lintime.modules.cross_entropy.chunk import default_chunk_size, make_op
 from lintime.modules.cross_entropy.triton.kernels import ce_rows_kernel
 from lintime.modules.cross_entropy.triton.launch import CrossEntropyLaunch, default_launch
-from lintime.ops.launching import check_device, next_pow2
+from lintime.ops.utils.launching import check_device, next_pow2
 
 _OP = "linear_cross_entropy"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -1,5 +1,5 @@
 """Host side of the fused gated linear unit activation: launchers, the ``lintime::glu_fwd`` / ``lintime::glu_bwd``
-custom ops (traced by ``torch.compile``; eager calls skip the dispatcher, :mod:`lintime.ops.launching`) and the
+custom ops (traced by ``torch.compile``; eager calls skip the dispatcher, :mod:`lintime.ops.utils.launching`) and the
 backend entry :func:`triton_glu`.
 
 Memory traffic is the minimum: the forward reads ``h [N, 2E]`` (or ``u`` and ``v``) once and writes ``y [N, E]``;
@@ -18,7 +18,7 @@ from torch import Tensor
 from lintime.modules.glu.triton.kernels import glu_bwd_kernel, glu_fwd_kernel
 from lintime.modules.glu.triton.launch import GLULaunch, default_launch
 from lintime.ops.fold import fold_rows
-from lintime.ops.launching import cdiv, check_device, empty_f32, grad_as, launcher_op
+from lintime.ops.utils.launching import cdiv, check_device, empty_f32, grad_as, launcher_op
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ACTIVATIONS = {"silu": 0, "gelu": 1}

@@ -3,7 +3,7 @@
 ``lintime::gau_heads_fwd`` / ``lintime::gau_heads_bwd`` (the heads as one tensor) and
 ``lintime::gau_heads_split_fwd`` / ``_split_bwd`` (as ``nh`` tensors) are ``torch.library`` custom ops (fake
 tensors for ``torch.compile``) tied together by ``register_autograd``, made by
-:func:`lintime.ops.launching.launcher_op`: eager calls take the same launchers without the op dispatch.  The public entry is
+:func:`lintime.ops.utils.launching.launcher_op`: eager calls take the same launchers without the op dispatch.  The public entry is
 :func:`triton_gau_heads`, the ``"triton"`` backend of :func:`lintime.modules.gau_heads`.
 
 Memory traffic is the minimum: the forward reads ``h`` once and writes ``u, v`` and the heads (one
@@ -33,7 +33,7 @@ from lintime.modules.heads.triton.kernels import (
 )
 from lintime.modules.heads.triton.launch import HeadsLaunch, default_launch
 from lintime.ops.fold import fold_rows
-from lintime.ops.launching import cdiv, check_device, grad_as, launcher_op, next_pow2
+from lintime.ops.utils.launching import cdiv, check_device, grad_as, launcher_op, next_pow2
 from lintime.ops.utils import rope_inv_freq
 
 
@@ -219,7 +219,7 @@ def _setup(ctx, inputs, output):
 
 def _input_grads(ctx, launcher, du, dv, *dqs):
     """The gradients of ``h, gamma, beta, bias`` (``None`` for the other inputs) through ``launcher`` (the bwd op
-    when traced, its launcher in eager calls: :meth:`lintime.ops.launching.LauncherOp.for_ctx`)."""
+    when traced, its launcher in eager calls: :meth:`lintime.ops.utils.launching.LauncherOp.for_ctx`)."""
     h, gamma, positions, bias = ctx.saved_tensors
     du, dv, *dqs = (grad_as(d, h.dtype) for d in (du, dv, *dqs))
     need = ctx.needs_input_grad

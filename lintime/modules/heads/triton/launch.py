@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lintime.ops.launching import LaunchConfig, interpreting
+from lintime.ops.utils.launching import LaunchConfig, interpreting
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lintime.ops.launching import LaunchConfig
+from lintime.ops.utils.launching import LaunchConfig
 
 
 @dataclass(frozen=True)

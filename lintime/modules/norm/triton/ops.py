@@ -1,6 +1,6 @@
 """Host side of the fused normalisation: launchers, the ``lintime::normalize_*``, ``lintime::add_normalize_*`` and
 ``lintime::gated_normalize_*`` custom ops (traced by ``torch.compile``; eager calls skip the dispatcher,
-:mod:`lintime.ops.launching`) and the backend entries :func:`triton_normalize`, :func:`triton_add_normalize` and
+:mod:`lintime.ops.utils.launching`) and the backend entries :func:`triton_normalize`, :func:`triton_add_normalize` and
 :func:`triton_gated_normalize`."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from torch import Tensor
 from lintime.modules.norm.triton.kernels import norm_bwd_kernel, norm_fwd_kernel
 from lintime.modules.norm.triton.launch import default_launch
 from lintime.ops.fold import fold_rows
-from lintime.ops.launching import (
+from lintime.ops.utils.launching import (
     cdiv,
     check_device,
     empty_f32,

@@ -10,7 +10,7 @@ tile in the forward and dV kernels, and the backward reduces ``dp = do . v`` ove
 inside one program per query tile.
 
 ``lintime::gau_fwd`` / ``lintime::gau_bwd`` are ``torch.library`` custom ops (fake tensors for
-``torch.compile``), tied together by ``register_autograd`` and made by :func:`lintime.ops.launching.launcher_op`
+``torch.compile``), tied together by ``register_autograd`` and made by :func:`lintime.ops.utils.launching.launcher_op`
 (eager calls skip the op dispatch); the public entry is
 :func:`triton_gau_attention`, registered as the ``"triton"`` backend of
 :func:`lintime.ops.gau_attention`.
@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from lintime.ops.gau.triton.bias import fold_bias_grad, kernel_bias
+from lintime.ops.utils.bias import fold_bias_grad, kernel_bias
 from lintime.ops.gau.triton.kernels import (
     relu2_bwd_dqk_kernel,
     relu2_bwd_dv_kernel,
@@ -30,8 +30,8 @@ from lintime.ops.gau.triton.kernels import (
 )
 from lintime.ops.gau.triton.launch import GauLaunch, bias_tiles, default_launch, tiles_of
 from lintime.ops.gau.triton.slab import one_length_run, packed_rows, slab_applies, slab_bwd, slab_fwd
-from lintime.ops.launching import cdiv, check_device, dot_config, grad_as, interpreting, launcher_op, to_device
-from lintime.ops.tma import tma_descriptors, tma_device
+from lintime.ops.utils.launching import cdiv, check_device, dot_config, grad_as, interpreting, launcher_op, to_device
+from lintime.ops.utils.tma import tma_descriptors, tma_device
 from lintime.ops.utils import packed_cache, sequence_bounds
 
 
@@ -118,7 +118,7 @@ def _gau_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None, scale: float, causal: bool, launch: list[int],
 ) -> torch.Tensor:
-    """``o``; ``launch``: the :class:`GauLaunch` as :meth:`~lintime.ops.launching.LaunchConfig.to_ints`."""
+    """``o``; ``launch``: the :class:`GauLaunch` as :meth:`~lintime.ops.utils.launching.LaunchConfig.to_ints`."""
     return _fwd_impl(q, k, v, rel_bias, cu_seqlens, scale, causal, GauLaunch.of(launch))
 
 
@@ -266,7 +266,7 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, do):
     """Backward of ``lintime::gau_fwd``: through ``lintime::gau_bwd`` when traced (``torch.compile``, opcheck), the
-    launcher itself in eager calls (:meth:`lintime.ops.launching.LauncherOp.for_ctx`)."""
+    launcher itself in eager calls (:meth:`lintime.ops.utils.launching.LauncherOp.for_ctx`)."""
     q, k, v, rel_bias, cu_seqlens = ctx.saved_tensors
     do = grad_as(do, q.dtype)
     need_db = rel_bias is not None and ctx.needs_input_grad[3]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lintime.ops.launching import LaunchConfig, block, interpreting
+from lintime.ops.utils.launching import LaunchConfig, block, interpreting
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ Backward, per key slab ``[c0, c1)`` (query rows ``[q0, T)``, ``q0 = c0`` causal,
 ``dP = do[q0:] v[c0:c1]^T``; :func:`slab_bwd_scores_kernel` (one program per ``BM`` query rows) recomputes the
 scores, writes ``P`` and ``dS = 2 relu(s) dP scale`` (over ``dP``, in place), adds ``dS k`` to the fp32 ``dq``
 rows it owns and the bias gradient per tile diagonal (fp32 atomics, folded by
-:func:`~lintime.ops.gau.triton.bias.fold_bias_grad`); then the GEMMs ``dv[c0:c1] = P^T do[q0:]`` and
+:func:`~lintime.ops.utils.bias.fold_bias_grad`); then the GEMMs ``dv[c0:c1] = P^T do[q0:]`` and
 ``dk[c0:c1] = dS^T q[q0:]`` write their rows once (no accumulation across slabs).
 
 The causal waste is the upper half of each diagonal ``[R, R]`` block in the GEMMs: a fraction ``R / T`` of
@@ -40,10 +40,10 @@ import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.gau.triton.bias import fold_bias_grad, kernel_bias
+from lintime.ops.utils.bias import fold_bias_grad, kernel_bias
 from lintime.ops.gau.triton.kernels import _bias_tile
 from lintime.ops.gau.triton.launch import GauLaunch, bias_tiles
-from lintime.ops.launching import block, cdiv, dot_config
+from lintime.ops.utils.launching import block, cdiv, dot_config
 
 MAX_S = 256  # widest q / k the slab kernels keep in one tile (wider: the tiled kernels)
 

@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 
 from lintime.ops.gla.triton.subchunk import ONE_SPAN, subchunk_A, subchunk_dqdk, subchunk_stats
-from lintime.ops.segments import segment_bounds
+from lintime.ops.utils.segments import segment_bounds
 
 
 @triton.jit
@@ -107,7 +107,7 @@ def gla_seg_summary_kernel(
     """What segment ``i_s`` adds to a ``[K, V]`` state, from gated inputs: ``delta = alpha * walk
     of S <- exp(G_l) S + x^T y`` over its chunks (forward: ``x = kg, y = v``, chunks in order;
     reverse: ``x = qg, y = do``, last chunk first) and ``gsum`` = its total log-decay.  The same
-    outputs as ``lintime.ops.state_passing.seg_summary_kernel`` (for ``seg_scan_kernel``) without any gate
+    outputs as ``lintime.ops.utils.state_passing.seg_summary_kernel`` (for ``seg_scan_kernel``) without any gate
     arithmetic.  Grid ``(NK * NV * NSEG, H)``."""
     NK: tl.constexpr = (K + BK - 1) // BK
     NV: tl.constexpr = (V + BV - 1) // BV

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from lintime.ops.launching import LaunchConfig, block
+from lintime.ops.utils.launching import LaunchConfig, block
 
-BT = 64  # chunk length (tokens): lintime.ops.segments.BT
+BT = 64  # chunk length (tokens): lintime.ops.utils.segments.BT
 
 
 @dataclass(frozen=True)

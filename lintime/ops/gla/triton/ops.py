@@ -1,7 +1,7 @@
 """Host side of the GLA Triton kernels: launchers, the ``lintime::`` custom ops (forward,
 backward, decoding) and the backend entry :func:`triton_gla`.
 
-Kernel sequence (``ns`` = chunks per segment, see :mod:`lintime.ops.segments`):
+Kernel sequence (``ns`` = chunks per segment, see :mod:`lintime.ops.utils.segments`):
 
 * forward: ``gla_fwd_prep_kernel`` (per chunk: ``A``, ``q exp G``, ``k exp(G_l - G)``, ``G_l``)
   -> [segment summaries + scan, when materialised] -> ``gla_fwd_kernel`` (output walk, per-chunk
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 import triton.language as tl
 from torch import Tensor
 
-from lintime.ops.launching import empty_f32, grad_as, launcher_op, none_if_empty
+from lintime.ops.utils.launching import empty_f32, grad_as, launcher_op, none_if_empty
 from lintime.ops.gla.triton.kernels import (
     gla_bwd_dqkg_kernel,
     gla_bwd_dv_kernel,
@@ -32,9 +32,9 @@ from lintime.ops.gla.triton.kernels import (
 )
 from lintime.ops.gla.triton.launch import GLALaunch, default_launch, walk_tile
 from lintime.ops.gla.triton.subchunk import BC
-from lintime.ops.launching import block, cdiv, check_device, dot_config, flat, supported
-from lintime.ops.segments import BT, choose_segment_chunks, chunks, seg_alloc_rows, segments
-from lintime.ops.state_passing import seg_scan_kernel
+from lintime.ops.utils.launching import block, cdiv, check_device, dot_config, flat, supported
+from lintime.ops.utils.segments import BT, choose_segment_chunks, chunks, seg_alloc_rows, segments
+from lintime.ops.utils.state_passing import seg_scan_kernel
 from lintime.ops.utils import is_static, mark_static, num_seqs
 
 DECODE_MAX_T = 16  # forward-only calls up to this many tokens use the recurrent kernel

@@ -2,7 +2,7 @@
 
 Notation: flat token-major tensors ``q, k [TT, H, K]``, ``v, o [TT, H, V]``; ``den [TT, H]`` the
 normaliser; states ``h [K, V]`` (``S`` of the seed) and ``z [K]`` (key sum), fp32.  A program
-owns one segment (see :mod:`lintime.ops.segments`) and walks its chunks of ``BT`` tokens;
+owns one segment (see :mod:`lintime.ops.utils.segments`) and walks its chunks of ``BT`` tokens;
 inside chunk ``n`` (seed, chunked mode)::
 
     o_i   = scale * (q_i h_n + sum_{j <= i} (q_i . k_j) v_j)        A = q k^T masked to j <= i
@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lintime.ops.segments import segment_bounds
+from lintime.ops.utils.segments import segment_bounds
 
 
 @triton.jit

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from lintime.ops.launching import LaunchConfig, block
+from lintime.ops.utils.launching import LaunchConfig, block
 
 TILE = 4096  # fp32 elements of the state tile one walk program holds (16 KB: [64, 64] at K = V = 64, in registers)
 

@@ -1,7 +1,7 @@
 """Host side of the linear-attention Triton kernels: launchers, the ``lintime::`` custom ops
 (forward, backward, decoding) and the backend entry :func:`triton_linear_attention`.
 
-Kernel sequence (``ns`` = chunks per segment, see :mod:`lintime.ops.segments`):
+Kernel sequence (``ns`` = chunks per segment, see :mod:`lintime.ops.utils.segments`):
 
 * forward: [segment summaries of ``k^T v`` and ``sum k`` + scan, when materialised or
   non-causal] -> ``linear_fwd_kernel`` (output, normaliser, final state);
@@ -26,11 +26,11 @@ from lintime.ops.linear.triton.kernels import (
     linear_fwd_kernel,
     linear_recurrent_kernel,
 )
-from lintime.ops.launching import (block, cdiv, check_device, dot_config, empty_f32, flat, grad_as, launcher_op,
+from lintime.ops.utils.launching import (block, cdiv, check_device, dot_config, empty_f32, flat, grad_as, launcher_op,
                                    none_if_empty, supported)
 from lintime.ops.linear.triton.launch import LinearLaunch, default_launch, fwd_tile
-from lintime.ops.segments import BT, choose_segment_chunks, seg_alloc_rows, segments
-from lintime.ops.state_passing import segment_states
+from lintime.ops.utils.segments import BT, choose_segment_chunks, seg_alloc_rows, segments
+from lintime.ops.utils.state_passing import segment_states
 from lintime.ops.utils import is_static, mark_static, num_seqs
 
 DECODE_MAX_T = 16  # forward-only calls up to this many tokens use the recurrent kernel

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.launching import cdiv, next_pow2
+from lintime.ops.utils.launching import cdiv, next_pow2
 from lintime.ops.mixed_chunk.triton.launch import MixedChunkLaunch, default_launch
 from lintime.ops.utils import rope_inv_freq
 

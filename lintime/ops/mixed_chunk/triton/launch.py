@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lintime.ops.launching import LaunchConfig, block, cdiv, interpreting, sm_count
+from lintime.ops.utils.launching import LaunchConfig, block, cdiv, interpreting, sm_count
 
 
 @dataclass(frozen=True)

@@ -30,15 +30,15 @@ from dataclasses import dataclass
 
 import torch
 
-from lintime.ops.gau.triton.bias import fold_bias_grad, kernel_bias
+from lintime.ops.utils.bias import fold_bias_grad, kernel_bias
 from lintime.ops.mixed_chunk.triton.kernels import mc_dqk_kernel, mc_dred_kernel, mc_gemm_kernel
 from lintime.ops.mixed_chunk.triton.launch import MixedChunkLaunch
 from lintime.ops.mixed_chunk.triton.plan import plan_of, sdt_torch, tma_shapes, weights
 from lintime.ops.mixed_chunk.triton.walk import chunk_state_kernel, seg_fix_kernel
-from lintime.ops.launching import cdiv, dot_config, next_pow2
-from lintime.ops.segments import ChunkPlan
-from lintime.ops.state_passing import seg_scan_kernel
-from lintime.ops.tma import tma_descriptors
+from lintime.ops.utils.launching import cdiv, dot_config, next_pow2
+from lintime.ops.utils.segments import ChunkPlan
+from lintime.ops.utils.state_passing import seg_scan_kernel
+from lintime.ops.utils.tma import tma_descriptors
 from lintime.ops.utils import num_seqs
 
 
@@ -85,7 +85,7 @@ class _ScoresJob:
 
 
 def _scan(tot, plan: ChunkPlan, *, H, S, E, reverse):
-    """lintime.ops.state_passing's segment scan: each sequence's total over its segments (non-causal calls)."""
+    """lintime.ops.utils.state_passing's segment scan: each sequence's total over its segments (non-causal calls)."""
     final = torch.empty(plan.N, H, S, E, dtype=torch.float32, device=tot.device)
     if plan.N > 0:
         SK, SV = min(32, next_pow2(max(S, 16))), min(32, next_pow2(max(E, 16)))

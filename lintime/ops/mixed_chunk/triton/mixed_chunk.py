@@ -1,11 +1,11 @@
 """Mixed chunk attention on fused Triton kernels (seed §3.2, Eqs. 6-8, Codes 1 and 8): the custom ops
-``lintime::mixed_chunk_fwd`` / ``lintime::mixed_chunk_bwd`` (:func:`~lintime.ops.launching.launcher_op`), and the entry
+``lintime::mixed_chunk_fwd`` / ``lintime::mixed_chunk_bwd`` (:func:`~lintime.ops.utils.launching.launcher_op`), and the entry
 :func:`triton_mixed_chunk_attention` (the ``"triton"`` backend of :func:`lintime.ops.mixed_chunk_attention`).
 
 Notation: ``B`` batch, ``T`` time, ``H`` heads, ``S`` key width, ``E`` value width, ``C`` chunk
 size, ``N`` sequences, ``NC`` chunks (laid out per sequence), ``NSEG`` segments (runs of
 consecutive chunks of one sequence walked by one program), ``SDT`` the dtype of the per-chunk
-states (:func:`lintime.ops.launching.dot_config`: bf16 for bf16 inputs, fp32 otherwise).
+states (:func:`lintime.ops.utils.launching.dot_config`: bf16 for bf16 inputs, fp32 otherwise).
 
 The kernels (:mod:`.walk`, :mod:`.kernels`) and their launch order (:mod:`.launchers`); the host-side tables and shape rules
 (:mod:`.plan`); the launch configuration (:class:`.launch.MixedChunkLaunch`).  What is materialised: ``A`` and
@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import torch
 
-from lintime.ops.launching import check_device, grad_as, launcher_op
+from lintime.ops.utils.launching import check_device, grad_as, launcher_op
 from lintime.ops.mixed_chunk.state import MixedChunkState, clean_buffers
 from lintime.ops.mixed_chunk.triton.launch import MixedChunkLaunch, default_launch
 from lintime.ops.mixed_chunk.triton.launchers import bwd_impl, fwd_impl
 from lintime.ops.mixed_chunk.triton.plan import sdt_torch
-from lintime.ops.segments import chunk_bound
+from lintime.ops.utils.segments import chunk_bound
 from lintime.ops.utils import is_static, num_seqs, sequence_bounds
 
 # --------------------------------------------------------------------------------- custom ops
@@ -112,7 +112,7 @@ def mixed_chunk_fwd(
     sequence's total and the final kv is empty).  ``defined``: zero the entries of ``A`` no kernel writes -- true
     wherever ``A`` leaves the launcher as a custom op's output (:func:`_forward`); eager calls skip the fill, their
     ``A`` reaches only the backward kernels, which never read those entries.  ``launch``: the
-    :class:`MixedChunkLaunch`, or it as :meth:`~lintime.ops.launching.LaunchConfig.to_ints`."""
+    :class:`MixedChunkLaunch`, or it as :meth:`~lintime.ops.utils.launching.LaunchConfig.to_ints`."""
     return fwd_impl(qq, kq, ql, kl, v, rel_bias, kv0, count0, cu_seqlens, chunk_size, causal, scale, linear_norm,
                     MixedChunkLaunch.of(launch), zero_a=defined)
 

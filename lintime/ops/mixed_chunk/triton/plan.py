@@ -1,4 +1,4 @@
-"""The plan of a mixed chunk call: its chunk and segment tables (:func:`lintime.ops.segments.chunk_plan`, the
+"""The plan of a mixed chunk call: its chunk and segment tables (:func:`lintime.ops.utils.segments.chunk_plan`, the
 shared planner, cached by its one rule), the per-chunk weights of the linear part (:func:`chunk_weights_kernel`),
 and the shape rules (chunks per segment, whether loads go through TMA; the state walk's tile:
 :meth:`.launch.MixedChunkLaunch.thin_walk`).
@@ -17,15 +17,15 @@ import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.launching import cdiv, sm_count
+from lintime.ops.utils.launching import cdiv, sm_count
 from lintime.ops.mixed_chunk.triton.launch import MixedChunkLaunch
-from lintime.ops.segments import ChunkPlan, cached_plan, chunk_bound, chunk_plan
-from lintime.ops.tma import tma_device
+from lintime.ops.utils.segments import ChunkPlan, cached_plan, chunk_bound, chunk_plan
+from lintime.ops.utils.tma import tma_device
 from lintime.ops.utils import num_seqs
 
 
 def sdt_torch(dtype: torch.dtype) -> torch.dtype:
-    """Storage dtype of per-chunk states: :func:`~lintime.ops.launching.dot_config`'s ``SDT`` as a torch dtype."""
+    """Storage dtype of per-chunk states: :func:`~lintime.ops.utils.launching.dot_config`'s ``SDT`` as a torch dtype."""
     return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
 
 
@@ -59,8 +59,8 @@ def tma_shapes(cfg: MixedChunkLaunch, S: int, E: int, C: int, device: torch.devi
 
 
 def plan_of(B, T, H, S, E, C, cu_seqlens, cfg, device) -> ChunkPlan:
-    """The call's tables (:func:`lintime.ops.segments.chunk_plan`, segments of :func:`seg_chunks` chunks), kept by
-    the planners' one caching rule (:func:`lintime.ops.segments.cached_plan`: per shape, per ``cu_seqlens`` tensor,
+    """The call's tables (:func:`lintime.ops.utils.segments.chunk_plan`, segments of :func:`seg_chunks` chunks), kept by
+    the planners' one caching rule (:func:`lintime.ops.utils.segments.cached_plan`: per shape, per ``cu_seqlens`` tensor,
     or rebuilt on the device at every call for a static ``cu_seqlens``)."""
     return cached_plan("mixed_chunk", B, T, cu_seqlens, device, (H, S, E, C, cfg), lambda cu: chunk_plan(
         B, T, C, seg_chunks(B, T, H, S, E, C, cu, cfg, device), cu, device))

@@ -2,7 +2,7 @@
 chunks with an ``[S-tile, E-tile]`` fp32 state and writes the state entering every chunk (forward: ``k_lin, v``;
 backward, in reverse: ``q_lin, do``), and :func:`seg_fix_kernel` adds each segment's start to its segment-local
 states when sequences are cut into several segments.  Notation as in :mod:`.kernels`; the chunk and segment
-tables: :func:`lintime.ops.segments.chunk_plan`.
+tables: :func:`lintime.ops.utils.segments.chunk_plan`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def chunk_state_kernel(
     (``TOT``).
 
     With ``TMA`` the whole ``BT``-token steps of a chunk load ``X`` and ``Y`` through the tensor
-    descriptors ``DX`` / ``DY`` (:func:`lintime.ops.tma.tma_descriptors`); a short
+    descriptors ``DX`` / ``DY`` (:func:`lintime.ops.utils.tma.tma_descriptors`); a short
     chunk's partial last step uses masked loads (its rows past the chunk are the next chunk's).
     """
     pid = tl.program_id(0)

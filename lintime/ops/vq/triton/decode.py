@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.launching import block, cdiv, check_device
+from lintime.ops.utils.launching import block, cdiv, check_device
 from lintime.ops.vq.triton.launch import default_launch
 
 NEG = tl.constexpr(-1.0e30)  # the running max's start: finite, so a tile with no visible slot gives exp(-inf - NEG) = 0

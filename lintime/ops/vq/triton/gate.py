@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from lintime.ops.launching import cdiv, grad_as, launcher_op
+from lintime.ops.utils.launching import cdiv, grad_as, launcher_op
 from lintime.ops.vq.triton.launch import default_launch
 
 

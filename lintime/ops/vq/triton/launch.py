@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lintime.ops.launching import LaunchConfig, block, cdiv, interpreting, next_pow2, sm_count
+from lintime.ops.utils.launching import LaunchConfig, block, cdiv, interpreting, next_pow2, sm_count
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.launching import block, cdiv, check_device, interpreting, next_pow2
+from lintime.ops.utils.launching import block, cdiv, check_device, interpreting, next_pow2
 from lintime.ops.vq.triton.launch import default_launch
 
 

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from lintime.ops.launching import cdiv, launcher_op
+from lintime.ops.utils.launching import cdiv, launcher_op
 from lintime.ops.vq.state import scatter_sums
 from lintime.ops.vq.triton.launch import default_launch
 

@@ -28,7 +28,7 @@ import torch
 import triton.language as tl
 from torch import Tensor
 
-from lintime.ops.launching import block, cdiv, check_device, dot_config, grad_as, launcher_op
+from lintime.ops.utils.launching import block, cdiv, check_device, dot_config, grad_as, launcher_op
 from lintime.ops.vq.bias import rel_table_padded
 from lintime.ops.vq.chunk import cache_summaries, call_layout, final_state
 from lintime.ops.vq.state import log_count

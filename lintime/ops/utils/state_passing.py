@@ -1,4 +1,4 @@
-"""Chunk-state passing between segments (see :mod:`lintime.ops.segments` for the layout).
+"""Chunk-state passing between segments (see :mod:`lintime.ops.utils.segments` for the layout).
 
 When sequences are cut into several segments, the state entering each one is materialised in
 three steps:
@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.launching import block, cdiv, dot_config
-from lintime.ops.segments import BT, Segments, segment_bounds, sequence_segments
+from lintime.ops.utils.launching import block, cdiv, dot_config
+from lintime.ops.utils.segments import BT, Segments, segment_bounds, sequence_segments
 
 @triton.jit
 def seg_summary_kernel(

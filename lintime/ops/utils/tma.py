@@ -10,7 +10,7 @@ import functools
 import torch
 import triton
 
-from lintime.ops.launching import interpreting
+from lintime.ops.utils.launching import interpreting
 
 try:  # host-side TMA descriptors (Triton >= 3.4); without them the kernels take their pointer paths
     from triton.tools.tensor_descriptor import TensorDescriptor

@@ -15,7 +15,7 @@ in registers (the "non-materialised" form of the GLA seed §3.3): inputs are rea
 per-chunk state touches HBM.  One segment per sequence (``ns = 0``) is the purely sequential
 form; it lacks parallelism when ``B * H`` is small, so long sequences are cut into several
 segments and the state entering each segment is *materialised* (seed §3.3 "materialization"),
-but per segment, not per chunk (:mod:`lintime.ops.state_passing`).  ``ns`` is chosen per shape
+but per segment, not per chunk (:mod:`lintime.ops.utils.state_passing`).  ``ns`` is chosen per shape
 by :func:`choose_segment_chunks`.
 
 **Layout tables.**  Without ``cu_seqlens`` the segment of a program id is arithmetic (no table,
@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lintime.ops.launching import cdiv, next_pow2, sm_count
+from lintime.ops.utils.launching import cdiv, next_pow2, sm_count
 from lintime.ops.utils import is_static, num_seqs, packed_cache, sequence_bounds
 
 BT = 64  # chunk length (tokens) of every kernel

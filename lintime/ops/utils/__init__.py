@@ -1,5 +1,9 @@
-"""Pieces shared by the op families: input checks, sequence bounds, the per-sequence chunk
-layout used for packing (``cu_seqlens``), and the chunk-state scan.
+"""What the op families share.  Here: input checks, sequence bounds, the per-sequence chunk layout used for packing
+(``cu_seqlens``), and the chunk-state scan.  Its modules, for the Triton paths: :mod:`.launching` (what every launch
+shares on the host: launch configs, the custom-op registration, block and dtype rules), :mod:`.segments` (the one
+planner of packed calls: segment and chunk tables), :mod:`.state_passing` (the segment-state scan kernels),
+:mod:`.tma` (TMA descriptors) and :mod:`.bias` (the relative-position bias of GAU and mixed chunk attention).
+A family's Triton path reads its own folder and this package.
 
 Notation: ``B`` batch, ``T`` time, ``H`` heads, ``C`` chunk size, ``R`` rows of the chunk
 layout (``B`` without packing, 1 with ``cu_seqlens``), ``NC`` chunks per row, ``N`` sequences.
@@ -101,7 +105,7 @@ _PACKED: dict = {"ref": None, "version": -1, "entries": {}}
 def packed_cache(cu_seqlens: torch.Tensor, key: tuple) -> dict:
     """The cache entry (a dict, empty at first) of ``key`` for this ``cu_seqlens`` tensor; all entries are dropped
     when another tensor comes, or this one was written in place.  Used by :func:`check_cu_seqlens`, the planners'
-    :func:`lintime.ops.segments.cached_plan` and GAU's packed plan."""
+    :func:`lintime.ops.utils.segments.cached_plan` and GAU's packed plan."""
     ref = _PACKED["ref"]
     if ref is None or ref() is not cu_seqlens or _PACKED["version"] != cu_seqlens._version:
         _PACKED.update(ref=weakref.ref(cu_seqlens), version=cu_seqlens._version, entries={})
