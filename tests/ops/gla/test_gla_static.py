@@ -169,7 +169,7 @@ def test_static_half(ns):
                      HALF_FACTOR * rel_rms(ref64[name], base[name]) + HALF_FLOOR[HALF])
 
 
-@pytest.mark.parametrize("ns", [None, 1, 2])
+@pytest.mark.parametrize("ns", [None, 1])  # the public op (here one segment per sequence), materialised segments
 def test_one_buffer_two_layouts(ns):
     """Two document layouts through the same static buffer, its values rewritten between calls without a version
     bump (as a replayed CUDA graph's copy: no host code sees it): every call equals the ordinary call with its own
