@@ -252,3 +252,191 @@ def _free_memory() -> None:
             torch.cuda.empty_cache()
     except ImportError:
         pass
+
+
+# ------------------------------------------------------------------------------------------- the fine-tune's documents
+#
+# The retrieval fine-tune (run.py, after a run's "as trained" retrieval) trains the run's final model a few steps on a
+# mixture of the study corpus's TRAIN split and synthetic passkey / needle documents in the formats above, then
+# measures retrieval again.  Its documents come from here:
+#
+# * text only from the train split (``open_corpus(corpus).documents("train")``): never the test split, whose documents
+#   are the evaluation's filler;
+# * keys, names and values from their own generator stream (:data:`FT_SEED_TAG`, the run's seed, the document index),
+#   and every key / value / name the evaluation of that run draws (:func:`evaluation_secrets`) is refused: a fine-tuned
+#   model cannot have seen the answer to any evaluation prompt;
+# * every document exactly ``context_len - 2`` byte tokens, so with lintime's ``bos`` / ``eos`` each fills one
+#   training row (lintime packs documents into a stream read ``context_len`` tokens a row: documents of exactly a row
+#   never straddle two rows, so no synthetic document loses its key to a row boundary).
+
+FT_SEED_TAG = 0x52465431  # "RFT1": the fine-tune documents' generator stream (the evaluation's: trial_key's)
+ANSWER = "{value}.\n"  # what follows the question in a fine-tune document
+
+
+def evaluation_secrets(seed: int, context: int, *, multiples=MULTIPLES, depths=DEPTHS, trials: int = 10,
+                       n_keys: int = N_KEYS, digits: int = DIGITS) -> tuple[set[str], set[str]]:
+    """``(values, names)`` the evaluation of a run with ``seed`` draws (:func:`measure`'s trials: passkey's keys,
+    the needle's values and key names) at ``context`` x each multiple."""
+    from lintime.evaluation.tasks.passkey import trial_key
+
+    values: set[str] = set()
+    names: set[str] = set()
+    for m in multiples:
+        L = context * m
+        for depth in depths:
+            for t in range(trials):
+                values.add(trial_key(seed, L, depth, t, digits)[0])
+                pairs, _, _ = needle_trial(seed, L, depth, t, n_keys, digits)
+                names.update(n for n, _ in pairs)
+                values.update(v for _, v in pairs)
+    return values, names
+
+
+def train_texts(corpus: str, min_chars: int, rng: np.random.Generator) -> list[str]:
+    """Documents of ``corpus``'s **train** split, a seeded random subset holding at least ``min_chars`` characters
+    (the whole split when it holds fewer)."""
+    from lintime.data import open_corpus
+
+    docs = [d.text for d in open_corpus(corpus).documents("train") if d.text]
+    if not docs:
+        raise ValueError(f"corpus {corpus!r} has no train documents")
+    out, total = [], 0
+    for i in rng.permutation(len(docs)):
+        out.append(docs[int(i)])
+        total += len(docs[int(i)])
+        if total >= min_chars:
+            break
+    return out
+
+
+class TextStream:
+    """Train-split text as one string (``\\n`` between documents), read from any document start, in UTF-8 bytes."""
+
+    def __init__(self, docs: list[str]):
+        self.text = "".join(d + "\n" for d in docs)
+        starts, pos = [], 0
+        for d in docs:
+            starts.append(pos)
+            pos += len(d) + 1
+        self.starts = starts
+
+    def take(self, rng: np.random.Generator, n_bytes: int) -> str:
+        """At most ``n_bytes`` UTF-8 bytes (whole characters) from a random document start, wrapping around."""
+        start = self.starts[int(rng.integers(len(self.starts)))]
+        out, have = [], 0
+        pos = start
+        while have < n_bytes:
+            piece = self.text[pos : pos + n_bytes - have]  # characters >= 1 byte each: never short of bytes
+            b = piece.encode("utf-8")[: n_bytes - have].decode("utf-8", errors="ignore")
+            out.append(b)
+            have += len(b.encode("utf-8"))
+            pos += len(b)
+            if pos >= len(self.text):
+                pos = 0
+            if not b:  # a character wider than what is left: pad
+                break
+        s = "".join(out)
+        return s + "\n" * (n_bytes - len(s.encode("utf-8")))
+
+
+def _split_at_byte(s: str, cut: int) -> tuple[str, str]:
+    head = s.encode("utf-8")[:cut].decode("utf-8", errors="ignore")
+    return head, s[len(head):]
+
+
+def _draw(rng: np.random.Generator, digits: int, banned: set[str]) -> str:
+    while True:
+        v = str(int(rng.integers(10 ** (digits - 1), 10**digits)))
+        if v not in banned:
+            return v
+
+
+def _name(rng: np.random.Generator, banned: set[str]) -> str:
+    while True:
+        n = "".join(chr(97 + int(c)) for c in rng.integers(0, 26, 6))
+        if n not in banned:
+            return n
+
+
+def passkey_document(stream: TextStream, n_bytes: int, rng: np.random.Generator, banned_values: set[str],
+                     digits: int = DIGITS) -> tuple[str, dict]:
+    """A passkey document of exactly ``n_bytes`` UTF-8 bytes: filler, passkey's needle at a random depth, filler,
+    passkey's question and the key."""
+    from lintime.evaluation.tasks.passkey import NEEDLE, QUESTION
+
+    key = _draw(rng, digits, banned_values)
+    needle, tail = NEEDLE.format(key=key), QUESTION + ANSWER.format(value=key)
+    F = n_bytes - len(needle.encode()) - len(tail.encode())
+    if F < 0:
+        raise ValueError(f"{n_bytes} bytes hold no passkey document")
+    depth = float(rng.random())
+    head, rest = _split_at_byte(stream.take(rng, F), round(depth * F))
+    return head + needle + rest + tail, {"key": key, "depth": depth}
+
+
+def needle_document(stream: TextStream, n_bytes: int, rng: np.random.Generator, banned_values: set[str],
+                    banned_names: set[str], n_keys: int = N_KEYS, digits: int = DIGITS) -> tuple[str, dict]:
+    """A multi-key needle document of exactly ``n_bytes`` UTF-8 bytes: ``n_keys`` pairs in filler (the asked one at a
+    random depth, the others at random places), the question and the asked value."""
+    names: list[str] = []
+    values: list[str] = []
+    while len(names) < n_keys:
+        n, v = _name(rng, banned_names | set(names)), _draw(rng, digits, banned_values | set(values))
+        names.append(n)
+        values.append(v)
+    asked = int(rng.integers(n_keys))
+    pieces = [PAIR.format(name=n, value=v) for n, v in zip(names, values)]
+    tail = ASK.format(name=names[asked]) + ANSWER.format(value=values[asked])
+    F = n_bytes - sum(len(p.encode()) for p in pieces) - len(tail.encode())
+    if F < 0:
+        raise ValueError(f"{n_bytes} bytes hold no needle document")
+    cuts = [float(rng.random()) for _ in pieces]
+    filler = stream.take(rng, F)
+    order = sorted(range(n_keys), key=lambda i: (cuts[i], i != asked))
+    out, done_bytes, rest = [], 0, filler
+    for i in order:
+        head, rest = _split_at_byte(rest, round(cuts[i] * F) - done_bytes)
+        done_bytes += len(head.encode())
+        out += [head, pieces[i]]
+    return "".join(out) + rest + tail, {"key": values[asked], "name": names[asked], "depth": cuts[asked],
+                                        "values": values, "names": names}
+
+
+def needle_fits(n_bytes: int, n_keys: int = N_KEYS, digits: int = DIGITS) -> bool:
+    name, value = "abcdef", "1" * digits
+    return n_bytes >= n_keys * len(PAIR.format(name=name, value=value)) + len(
+        (ASK.format(name=name) + ANSWER.format(value=value)).encode())
+
+
+def fine_tune_documents(corpus: str, context: int, n_docs: int, *, mix: float, seed: int,
+                        eval_multiples=MULTIPLES, eval_depths=DEPTHS, eval_trials: int = 10) -> tuple[list[dict], dict]:
+    """The fine-tune's documents: ``n_docs`` records ``{"text", "kind"}`` (kind ``text`` / ``passkey`` / ``needle``),
+    each exactly ``context - 2`` UTF-8 bytes (byte tokenizer: one training row with ``bos`` / ``eos``), a fraction
+    ``mix`` of them synthetic (half passkey, half needle; all passkey where the needle does not fit), in a seeded
+    random order; and a summary (counts, bytes, what the keys avoid).  Text only from ``corpus``'s train split;
+    keys, values and names never any that the evaluation of a run with ``seed`` draws (``eval_*``: its settings)."""
+    n_bytes = context - 2
+    rng = np.random.default_rng([FT_SEED_TAG, seed])
+    banned_values, banned_names = evaluation_secrets(seed, context, multiples=eval_multiples, depths=eval_depths,
+                                                     trials=eval_trials)
+    stream = TextStream(train_texts(corpus, min_chars=n_docs * n_bytes + 1, rng=rng))
+    n_syn = round(mix * n_docs)
+    with_needle = needle_fits(n_bytes)
+    n_needle = n_syn // 2 if with_needle else 0
+    kinds = ["needle"] * n_needle + ["passkey"] * (n_syn - n_needle) + ["text"] * (n_docs - n_syn)
+    kinds = [kinds[int(i)] for i in rng.permutation(len(kinds))]
+    docs = []
+    for i, kind in enumerate(kinds):
+        r = np.random.default_rng([FT_SEED_TAG, seed, i])
+        if kind == "passkey":
+            text, _ = passkey_document(stream, n_bytes, r, banned_values)
+        elif kind == "needle":
+            text, _ = needle_document(stream, n_bytes, r, banned_values, banned_names)
+        else:
+            text = stream.take(r, n_bytes)
+        docs.append({"text": text, "kind": kind})
+    summary = {"documents": n_docs, "bytes_each": n_bytes, "passkey": kinds.count("passkey"),
+               "needle": kinds.count("needle"), "text": kinds.count("text"), "mix": n_syn / n_docs if n_docs else 0.0,
+               "needle_fits": with_needle, "filler": f"{corpus} (train split)", "seed_stream": [FT_SEED_TAG, seed],
+               "avoids": f"the {len(banned_values)} values and {len(banned_names)} names the evaluation draws"}
+    return docs, summary

@@ -102,6 +102,19 @@ EVAL_S = 20.0  # per run: the final validation + test scoring
 RETRIEVAL_S = 60.0
 RETRIEVAL_TRIALS = 10  # per depth: x 5 depths = 50 prompts per length and task
 RETRIEVAL_TOKENS_PER_S = 2e5  # the first cell's estimate (prompt tokens / s); later cells scale measured ones
+# The retrieval fine-tune (after the "as trained" retrieval, the same for every family): the run's final model trained
+# RETRIEVAL_FT_STEPS more steps of the run's batch (2^18 tokens: 8.4M tokens, ~7.5 % of the run) at the run's context
+# with `lintime train --init-from`, on a mixture of the train split's text and synthetic passkey / needle documents
+# (retrieval.fine_tune_documents: RETRIEVAL_FT_MIX of the tokens synthetic; keys / values / names never the
+# evaluation's), at RETRIEVAL_FT_LR_FACTOR x the run's peak rate (warm-up RETRIEVAL_FT_WARMUP of the steps, then
+# cosine to 0), a fresh optimiser; then retrieval again at 1x / 2x / 4x.  Its time (RETRIEVAL_FT_PREP_S to write and
+# tokenise the documents + START_S + training + RETRIEVAL_S) is checked against the run's deadline before it starts;
+# what does not fit is recorded "not run" with the reason.
+RETRIEVAL_FT_STEPS = 32
+RETRIEVAL_FT_MIX = 0.5
+RETRIEVAL_FT_LR_FACTOR = 0.1
+RETRIEVAL_FT_WARMUP = 0.125
+RETRIEVAL_FT_PREP_S = 15.0  # read the train split, write the documents (8.4 MB), tokenise them
 
 # The BPE part: every family at BPE_CONTEXT, seed 0, lintime's byte-level BPE of BPE_VOCAB ids trained on the train
 # split (``lintime train --tokenizer bpe:32000``), the family's swept rate, the same budget rule in BPE tokens.
@@ -144,7 +157,7 @@ SMOKE = {  # the --smoke pipeline: tiny presets, the smoke corpus, a few steps
     "families": {"flash": ("flash-tiny", "flash", 3e-3), "transformer-pp": ("transformer-pp-tiny", "flash", 3e-3)},
     "contexts": {128: (0,)}, "sweep_context": 128, "tokens": 8 * 1024, "tokens_per_batch": 1024,
     "micro": 1024, "curve_eval_tokens": 1024, "final_eval_tokens": 2048, "lr_factors": (0.5, 1.0),
-    "retrieval_trials": 1, "retrieval_depths": (0.0, 0.5, 1.0), "bpe_vocab": 512,
+    "retrieval_trials": 1, "retrieval_depths": (0.0, 0.5, 1.0), "bpe_vocab": 512, "retrieval_ft_steps": 2,
 }
 
 
@@ -185,8 +198,34 @@ class Run:
         return 0.0 if self.kind == "bpe" else RETRIEVAL_S
 
     @property
+    def smoke(self) -> bool:
+        return self.tokens_per_batch == SMOKE["tokens_per_batch"]
+
+    @property
+    def ft_steps(self) -> int:
+        return SMOKE["retrieval_ft_steps"] if self.smoke else RETRIEVAL_FT_STEPS
+
+    @property
+    def ft_tokens(self) -> int:
+        """Training tokens of the retrieval fine-tune (0 for the BPE runs: no retrieval)."""
+        return 0 if self.kind == "bpe" else self.ft_steps * self.tokens_per_batch
+
+    @property
+    def retrieval_ft_s(self) -> float:
+        """Estimated seconds of the retrieval fine-tune stage on the run's GPUs (documents, start-up, training at
+        the planned rate, retrieval again); 0 for the BPE runs."""
+        if self.kind == "bpe":
+            return 0.0
+        return RETRIEVAL_FT_PREP_S + START_S + self.est_s * self.ft_tokens / self.tokens + RETRIEVAL_S
+
+    @property
     def est_device_s(self) -> float:
+        """Device seconds of the run without the retrieval fine-tune (which is done only when time is left)."""
         return self.gpus * (self.est_s + START_S + EVAL_S + self.retrieval_s)
+
+    @property
+    def est_ft_device_s(self) -> float:
+        return self.gpus * self.retrieval_ft_s
 
 
 def corpus_train_tokens(manifest: Path = MANIFEST) -> int | None:
@@ -461,10 +500,194 @@ def retrieval_scores(loaded, run: Run, device: str, *, data: Path, deadline: flo
                              first_estimate_s=first, say=say)
 
 
+def invoke(cmd: list[str], log: Path, in_process: bool = False) -> subprocess.CompletedProcess:
+    """Run a ``lintime`` command, its output appended to ``log``; ``in_process`` (the CPU smoke): through lintime's
+    CLI entry in this interpreter."""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with open(log, "a") as f:
+        print(f"$ {shlex.join(cmd)}", file=f, flush=True)
+        if in_process:  # the CPU smoke: the same command through lintime's CLI entry, without a second interpreter
+            import contextlib
+
+            from lintime.cli import main as lintime_main
+
+            with contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+                try:
+                    rc = lintime_main(cmd[cmd.index("lintime") + 1:])
+                except SystemExit as exit_:
+                    rc = exit_.code if isinstance(exit_.code, int) else 1
+            return subprocess.CompletedProcess(cmd, rc or 0)
+        return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+
+
+# ------------------------------------------------------------------------------------------- retrieval fine-tune
+
+
+def ft_settings(run: Run, lr: float) -> dict:
+    """What the retrieval fine-tune of ``run`` (trained at peak rate ``lr``) is: the same for every family."""
+    return {"steps": run.ft_steps, "tokens": run.ft_tokens, "tokens_per_batch": run.tokens_per_batch,
+            "context": run.context, "mix": RETRIEVAL_FT_MIX, "lr_factor": RETRIEVAL_FT_LR_FACTOR,
+            "lr": lr * RETRIEVAL_FT_LR_FACTOR, "warmup": RETRIEVAL_FT_WARMUP, "decay": "cosine", "final_lr_ratio": 0.0,
+            "recipe": run.recipe, "init_from": "the run's final checkpoint (weights; a fresh optimiser)",
+            "data": "the study corpus's train split + synthetic passkey / needle documents (retrieval.py), "
+                    "keys / values / names never the evaluation's"}
+
+
+def ft_need_s(run: Run, rec: dict, device: str, after_1x_s: float | None = None) -> tuple[float, dict]:
+    """Seconds the retrieval fine-tune stage needs, and its parts: writing and tokenising the documents, start-up,
+    training (at the run's measured tokens/s when its record has it, else the plan's), and retrieval at 1x after it
+    (``after_1x_s``: from the "as trained" 1x cells when measured, else the first cells' planned estimate)."""
+    cuda = device.startswith("cuda")
+    tps = (rec.get("timing") or {}).get("tokens_per_s")
+    train = run.ft_tokens / tps if tps else run.est_s * run.ft_tokens / run.tokens
+    if after_1x_s is None:
+        after_1x_s = 2 * (run_trials(run) * len(run_depths(run)) * run.context / RETRIEVAL_TOKENS_PER_S + 5.0) \
+            if cuda else 2.0
+    parts = {"documents_s": RETRIEVAL_FT_PREP_S if cuda else 2.0, "start_s": START_S if cuda else 5.0,
+             "train_s": train, "retrieval_1x_s": after_1x_s}
+    return sum(parts.values()), {k: round(v, 1) for k, v in parts.items()}
+
+
+def run_trials(run: Run) -> int:
+    return SMOKE["retrieval_trials"] if run.smoke else RETRIEVAL_TRIALS
+
+
+def run_depths(run: Run) -> tuple:
+    import retrieval  # noqa: PLC0415 - beside this script
+
+    return SMOKE["retrieval_depths"] if run.smoke else retrieval.DEPTHS
+
+
+def ft_documents_file(run: Run, corpus: Path, folder: Path) -> tuple[Path, dict]:
+    """Write the fine-tune's documents (``retrieval.fine_tune_documents``) as ``folder/retrieval_ft.jsonl``: enough
+    train-split records (lintime's hash rule splits a jsonl's records too, ~90 % train) for the steps' rows, and at
+    least one validation record (the trainer validates at its end)."""
+    import retrieval  # noqa: PLC0415 - beside this script
+
+    from lintime.data.corpus import split_of
+
+    name = "retrieval_ft.jsonl"
+    rows = math.ceil(run.ft_tokens / run.context)
+    n = max(64, math.ceil(rows / 0.9 * 1.05) + 8)
+    while True:
+        splits = [split_of(f"{name}#{i}") for i in range(1, n + 1)]
+        if splits.count("train") >= rows and "validation" in splits:
+            break
+        n += 16
+    docs, summary = retrieval.fine_tune_documents(str(corpus), run.context, n, mix=RETRIEVAL_FT_MIX, seed=run.seed,
+                                                  eval_multiples=retrieval.MULTIPLES, eval_depths=run_depths(run),
+                                                  eval_trials=run_trials(run))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    with open(path, "w") as f:
+        for d in docs:
+            f.write(json.dumps(d, ensure_ascii=False) + "\n")
+    summary["train_records"] = splits.count("train")
+    summary["bytes"] = path.stat().st_size
+    return path, summary
+
+
+def ft_command(run: Run, lr: float, *, jsonl: Path, cache: Path, src: Path, work: Path, device: str,
+               time_min: float | None, gpus: int) -> list[str]:
+    """``lintime train --init-from`` the run's folder on the fine-tune's documents (:func:`ft_settings`)."""
+    st = ft_settings(run, lr)
+    args = ["--init-from", str(src), "--preset", run.preset, "--tokenizer", run.tokenizer, "--corpus", str(jsonl),
+            "--cache-dir", str(cache), "--context-len", str(run.context),
+            "--tokens-per-batch", str(run.tokens_per_batch), "--micro-batch-tokens", str(run.micro_batch_tokens),
+            "--steps", str(run.ft_steps), "--recipe", run.recipe, "--lr", f"{st['lr']:.6g}",
+            "--warmup", f"{st['warmup']:g}", "--decay", st["decay"], "--final-lr-ratio", f"{st['final_lr_ratio']:g}",
+            "--seed", str(run.seed), "--device", device, "--log-every", "1", "--eval-every", "0",
+            "--eval-tokens", str(4 * run.context), "--save-every", "0", "--keep", "1", "--no-plots",
+            "--sample-tokens", "0", "--no-progress", "--out", str(work), "--name", f"{run.id}-rft"]
+    if time_min is not None:
+        args += ["--time", f"{time_min:.3f}"]
+    if gpus > 1:
+        args += ["--parallel", "ddp"]
+        head = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
+                "-m", "lintime", "train"]
+    else:
+        head = [sys.executable, "-m", "lintime", "train"]
+    return head + args
+
+
+def ft_not_run(run: Run, lr: float | None, why: str, **extra) -> dict:
+    import retrieval  # noqa: PLC0415 - beside this script
+
+    out = {"status": "not run", "why": why}
+    if lr is not None:
+        out["settings"] = ft_settings(run, lr)
+    out.update(extra)
+    out["retrieval"] = retrieval.not_run(run.context, f"retrieval fine-tune not run: {why}")
+    return out
+
+
+def retrieval_fine_tune(run: Run, lr: float, rec: dict, *, data: Path, work: Path, device: str, gpus: int,
+                        deadline: float, log: Path, in_process: bool = False) -> dict:
+    """The record's ``retrieval_ft``: fine-tune the run's final checkpoint (``work/<id>``) for ``run.ft_steps`` steps on
+    the mixed documents with ``lintime train --init-from``, then passkey / needle at 1x / 2x / 4x on that model.
+    Skipped ("not run", with the reason) when its estimate (:func:`ft_need_s`) does not end before ``deadline`` (a
+    ``time.monotonic()`` time); the fine-tuned checkpoint and the documents are deleted afterwards."""
+    import retrieval  # noqa: PLC0415 - beside this script
+
+    t0 = time.monotonic()
+    as_1x = sum(c.get("seconds") or 0.0 for c in (rec.get("retrieval") or {}).get("cells", [])
+                if c.get("multiple") == 1 and c.get("status") == "done")
+    need, parts = ft_need_s(run, rec, device, after_1x_s=as_1x * 1.3 if as_1x else None)
+    left = deadline - t0
+    if need > left:
+        return ft_not_run(run, lr, f"needs ~{need:.0f} s ({', '.join(f'{k} {v:g}' for k, v in parts.items())}), "
+                                   f"{max(left, 0):.0f} s left", estimate_s=parts)
+    ft_dir, folder = work / f"{run.id}-rft", work / f"{run.id}-rft-data"
+    out = {"status": "failed", "settings": ft_settings(run, lr), "estimate_s": parts}
+    try:
+        for d in (ft_dir, folder):
+            shutil.rmtree(d, ignore_errors=True)
+        jsonl, out["documents"] = ft_documents_file(run, data / "corpus", folder)
+        out["documents_s"] = time.monotonic() - t0
+        train_left = deadline - time.monotonic() - parts["retrieval_1x_s"] - (5.0 if device == "cpu" else START_S)
+        cmd = ft_command(run, lr, jsonl=jsonl, cache=folder / "cache", src=work / run.id, work=work, device=device,
+                         time_min=max(train_left, 1.0) / 60, gpus=gpus)
+        out["command"] = shlex.join(cmd)
+        t1 = time.monotonic()
+        proc = invoke(cmd, log, in_process)
+        rows = [r for r in read_metrics(ft_dir) if r.get("loss") is not None]
+        steps_done = max((int(r["step"]) for r in rows), default=0)
+        out["train"] = {"wall_s": time.monotonic() - t1, "rc": proc.returncode, "steps_done": steps_done,
+                        "tokens": rows[-1]["tokens"] if rows else 0,
+                        "first_loss": rows[0]["loss"] if rows else None, "last_loss": rows[-1]["loss"] if rows else None,
+                        "train_s": rows[-1]["time_s"] if rows else None}
+        if proc.returncode != 0:
+            out["why"] = f"lintime train exited {proc.returncode}: {_tail(log, 600)}"
+            out["retrieval"] = retrieval.not_run(run.context, "retrieval fine-tune failed")
+        elif steps_done < run.ft_steps:
+            out.update(status="incomplete", why=f"{steps_done} of {run.ft_steps} steps in the time left")
+            out["retrieval"] = retrieval.not_run(run.context, "retrieval fine-tune incomplete")
+        else:
+            from lintime.training.checkpoint import load_model
+
+            loaded = load_model(ft_dir, device=device)
+            out["retrieval"] = retrieval_scores(loaded, run, device, data=data, deadline=deadline, log=log)
+            out["status"] = "done"
+            del loaded
+    except Exception as err:  # noqa: BLE001 - the run's scores stand; the record says why
+        out.update(status="failed", why=f"{type(err).__name__}: {' '.join(str(err).split())[:300]}")
+        out.setdefault("retrieval", retrieval.not_run(run.context, "retrieval fine-tune failed"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        if os.environ.get("QUALITY_KEEP_CHECKPOINTS") != "1":
+            shutil.rmtree(ft_dir, ignore_errors=True)
+        retrieval._free_memory()
+    out["seconds"] = time.monotonic() - t0
+    return out
+
+
 def run_one(run: Run, lr: float, lr_source: str, *, data: Path, work: Path, runs_dir: Path, device: str,
-            time_budget_s: float, gpus: int, log: Path, in_process: bool = False, retrieval: bool = True) -> dict:
+            time_budget_s: float, gpus: int, log: Path, in_process: bool = False, retrieval: bool = True,
+            retrieval_ft: bool = True) -> dict:
     """Train ``run`` (resuming a checkpoint in ``work`` when there is one), score it, measure
-    retrieval on it (unless ``retrieval`` is False), write its record; all inside ``time_budget_s``."""
+    retrieval on it (unless ``retrieval`` is False), fine-tune it for retrieval and measure again
+    (unless ``retrieval`` or ``retrieval_ft`` is False, or it does not fit), write its record; all inside
+    ``time_budget_s``."""
     t_start = time.monotonic()
     run_dir = work / run.id
     resume = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
@@ -481,22 +704,7 @@ def run_one(run: Run, lr: float, lr_source: str, *, data: Path, work: Path, runs
         if run_dir.exists():
             shutil.rmtree(run_dir)
     t0 = time.time()
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    with open(log, "a") as f:
-        print(f"$ {shlex.join(cmd)}", file=f, flush=True)
-        if in_process:  # the CPU smoke: the same command through lintime's CLI entry, without a second interpreter
-            import contextlib
-
-            from lintime.cli import main as lintime_main
-
-            with contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-                try:
-                    rc = lintime_main(cmd[cmd.index("lintime") + 1:])
-                except SystemExit as exit_:
-                    rc = exit_.code if isinstance(exit_.code, int) else 1
-            proc = subprocess.CompletedProcess(cmd, rc or 0)
-        else:
-            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    proc = invoke(cmd, log, in_process)
     rows = read_metrics(run_dir)
     steps_done = max((int(r["step"]) for r in rows), default=0)
     slices.append({"started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t0)), "wall_s": time.time() - t0,
@@ -524,17 +732,32 @@ def run_one(run: Run, lr: float, lr_source: str, *, data: Path, work: Path, runs
         if rec["status"] == "done":  # before the checkpoint goes: it cannot come back from the GPU machine
             import retrieval as retrieval_mod  # noqa: PLC0415 - beside this script
 
+            end = t_start + time_budget_s - 5.0
             if run.kind == "bpe":
-                rec["retrieval"] = retrieval_mod.not_run(run.context, "BPE run: retrieval is measured on the byte runs")
+                why = "BPE run: retrieval is measured on the byte runs"
+                rec["retrieval"] = retrieval_mod.not_run(run.context, why)
+                rec["retrieval_ft"] = ft_not_run(run, None, why)
             elif not retrieval:
                 rec["retrieval"] = retrieval_mod.not_run(run.context, "--no-retrieval")
+                rec["retrieval_ft"] = ft_not_run(run, lr, "--no-retrieval")
             else:
+                # the fine-tune's time is held back from the "as trained" 2x / 4x cells when both it and the 1x cells
+                # fit (the issue's bar is judged after the fine-tune); otherwise the as-trained cells take it all
+                need, parts = ft_need_s(run, rec, device)
+                hold = need if retrieval_ft and end - time.monotonic() >= need + parts["retrieval_1x_s"] else 0.0
                 try:
-                    rec["retrieval"] = retrieval_scores(loaded, run, device, data=data, log=log,
-                                                        deadline=t_start + time_budget_s - 5.0)
+                    rec["retrieval"] = retrieval_scores(loaded, run, device, data=data, log=log, deadline=end - hold)
                 except Exception as err:  # noqa: BLE001 - the run's scores stand; the record says why
                     rec["retrieval"] = retrieval_mod.not_run(run.context, f"failed: {type(err).__name__}: {err}")
             del loaded
+            retrieval_mod._free_memory()
+            if run.kind != "bpe" and retrieval:
+                if not retrieval_ft:
+                    rec["retrieval_ft"] = ft_not_run(run, lr, "--no-retrieval-ft")
+                else:
+                    write_record(run, runs_dir, rec)  # the run's scores are safe before the fine-tune starts
+                    rec["retrieval_ft"] = retrieval_fine_tune(run, lr, rec, data=data, work=work, device=device,
+                                                              gpus=gpus, deadline=end, log=log, in_process=in_process)
     if run.tokenizer != "byte" and bpe_cache_ready(run, data):  # the cache it used: epochs, bytes per token
         try:
             tok = ensure_bpe(run, data)
@@ -631,27 +854,42 @@ def ensure_data(data: Path, smoke: bool) -> None:
         corpus_mod.main(["--unpack", "--data", str(data)])
 
 
-def describe(runs: list[Run], runs_dir: Path, smoke: bool = False) -> str:
+def describe(runs: list[Run], runs_dir: Path, smoke: bool = False, call_s: float = 540.0) -> str:
+    """The plan as a table: each run's tokens, GPUs, estimated training and device seconds, the retrieval fine-tune's
+    estimated device seconds and whether the whole run with it fits one call of ``call_s`` seconds."""
     split = None if smoke else corpus_train_tokens()
     lines = [f"{'run':34s} {'kind':6s} {'ctx':>6s} {'tokenizer':>9s} {'tokens':>8s} {'epochs':>6s} {'gpus':>4s} "
-             f"{'est train s':>11s} {'device s':>9s}  status"]
+             f"{'est train s':>11s} {'device s':>9s} {'+ rft s':>7s} {'rft fits':>8s}  status"]
     tot = 0.0
     left = 0.0
+    ft_tot = 0.0
     for r in runs:
         rec = read_record(r, runs_dir)
         st = rec.get("status") if rec else "not run"
+        if rec and st == "done" and r.kind != "bpe":
+            st += f", rft {(rec.get('retrieval_ft') or {}).get('status', 'not run')}"
         tot += r.est_device_s
-        left += 0 if st == "done" else r.est_device_s
+        ft_tot += r.est_ft_device_s
+        left += 0 if st.startswith("done") else r.est_device_s + r.est_ft_device_s
         epochs = r.tokens / (BPE_TRAIN_TOKENS if r.tokenizer != "byte" else split) if split else None
+        whole = r.est_s + START_S + EVAL_S + r.retrieval_s + r.retrieval_ft_s
+        fits = "-" if r.kind == "bpe" else ("yes" if whole <= call_s else f"no {whole:.0f}")
         lines.append(f"{r.id:34s} {r.kind:6s} {r.context:6d} {r.tokenizer:>9s} {r.tokens / 1e6:7.1f}M "
                      f"{'-' if epochs is None else format(epochs, '.2f'):>6s} {r.gpus:4d} {r.est_s:11.0f} "
-                     f"{r.est_device_s:9.0f}  {st}")
+                     f"{r.est_device_s:9.0f} {r.est_ft_device_s:7.0f} {fits:>8s}  {st}")
     prep = BPE_PREPARE_S if any(r.tokenizer != "byte" for r in runs) else 0.0
     prep_left = prep if any(r.tokenizer != "byte" and not is_done(r, runs_dir) for r in runs) else 0.0
     lines.append(f"{len(runs)} runs; estimated device time {(tot + prep) / 3600:.1f} GPU-hours in all, "
+                 f"{(tot + ft_tot + prep) / 3600:.1f} with the retrieval fine-tunes, "
                  f"{(left + prep_left) / 3600:.1f} left (training at the planned throughputs + {START_S:.0f} s start + "
                  f"{EVAL_S:.0f} s scoring + {RETRIEVAL_S:.0f} s retrieval per run, none for the bpe runs"
                  + (f"; + {prep:.0f} s once per call with a bpe run: its tokenizer and cache" if prep else "") + ")")
+    steps = SMOKE["retrieval_ft_steps"] if smoke else RETRIEVAL_FT_STEPS
+    lines.append(f"retrieval fine-tune ('+ rft s'): {steps} steps of the run's batch at its context, "
+                 f"{RETRIEVAL_FT_MIX:.0%} synthetic passkey / needle documents, {RETRIEVAL_FT_LR_FACTOR:g} x the peak "
+                 f"rate; {RETRIEVAL_FT_PREP_S:.0f} s documents + {START_S:.0f} s start + training + "
+                 f"{RETRIEVAL_S:.0f} s retrieval; 'rft fits': the run with it within one {call_s:.0f}-s call "
+                 f"(else the run skips it, recorded 'not run' with the reason)")
     return "\n".join(lines)
 
 
@@ -668,7 +906,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=WORK)
     ap.add_argument("--device", default=None, help="cuda | cpu (default: cuda when there is one)")
     ap.add_argument("--no-retrieval", action="store_true",
-                    help="skip passkey / needle after a run's scoring (the record says 'not run')")
+                    help="skip passkey / needle after a run's scoring, and the retrieval fine-tune (the record says "
+                         "'not run')")
+    ap.add_argument("--no-retrieval-ft", action="store_true",
+                    help="measure retrieval as trained only: skip the retrieval fine-tune and its second measurement")
     args = ap.parse_args(argv)
     runs_dir = args.runs_dir or (DATA / "smoke_runs" if args.smoke else RUNS)
     args.data = args.data or (DATA / "smoke" if args.smoke else DATA)
@@ -677,7 +918,7 @@ def main(argv: list[str] | None = None) -> int:
     all_runs = plan(smoke=args.smoke)
     runs = select(all_runs, args.only)
     if args.list:
-        print(describe(runs, runs_dir, smoke=args.smoke))
+        print(describe(runs, runs_dir, smoke=args.smoke, call_s=args.budget_s))
         return 0
     t_start = time.monotonic()
     deadline = t_start + args.budget_s
@@ -717,6 +958,10 @@ def main(argv: list[str] | None = None) -> int:
             if est > left:
                 skipped[r.id] = f"needs ~{est:.0f} s, {left:.0f} s left"
                 continue
+            ft_note = ""  # the run starts without the fine-tune's time; the run itself skips it when it cannot fit
+            if device == "cuda" and not (args.no_retrieval or args.no_retrieval_ft) and r.retrieval_ft_s \
+                    and est + r.retrieval_ft_s > left:
+                ft_note = f"; the retrieval fine-tune (~{r.retrieval_ft_s:.0f} s more) will not fit"
             if need > len(free):
                 continue
             if r.kind in ("study", "bpe"):
@@ -743,7 +988,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{time.monotonic() - t_start:5.0f} s] start {r.id} on cpu (lr {lr:.3g})", flush=True)
                 rec = run_one(r, lr, why, data=args.data, work=args.work, runs_dir=runs_dir, device="cpu",
                               time_budget_s=left - 5, gpus=1, log=args.work / "logs" / f"{r.id}.log", in_process=True,
-                              retrieval=not args.no_retrieval)
+                              retrieval=not args.no_retrieval, retrieval_ft=not args.no_retrieval_ft)
                 print(f"[{time.monotonic() - t_start:5.0f} s] {r.id}: {rec['status']}"
                       + (f", val {rec['final']['validation_bpb']:.4f} test {rec['final']['test_bpb']:.4f} bits/byte"
                          if rec["status"] == "done" else ""), flush=True)
@@ -757,7 +1002,8 @@ def main(argv: list[str] | None = None) -> int:
                    "--lr-source", why, "--time-s", f"{left - 5:.0f}", "--data", str(args.data),
                    "--runs-dir", str(runs_dir), "--work", str(args.work), "--device", device,
                    "--gpus", str(need)] + (["--smoke"] if args.smoke else []) + (
-                   ["--no-retrieval"] if args.no_retrieval else [])
+                   ["--no-retrieval"] if args.no_retrieval else []) + (
+                   ["--no-retrieval-ft"] if args.no_retrieval_ft else [])
             env = dict(os.environ)
             if device == "cuda":
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(held)
@@ -767,8 +1013,8 @@ def main(argv: list[str] | None = None) -> int:
             skipped.pop(r.id, None)
             started += 1
             launched = True
-            print(f"[{time.monotonic() - t_start:5.0f} s] start {r.id} on {','.join(held)} (lr {lr:.3g}; est {est:.0f} s)",
-                  flush=True)
+            print(f"[{time.monotonic() - t_start:5.0f} s] start {r.id} on {','.join(held)} (lr {lr:.3g}; est {est:.0f} s"
+                  f"{ft_note})", flush=True)
         if not running and not launched:
             break
         if time.monotonic() > deadline + 30:  # a run past its own --time: stop it, keep what it wrote
@@ -796,10 +1042,12 @@ def main_one(argv: list[str]) -> int:
     ap.add_argument("--gpus", type=int, default=1)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--no-retrieval", action="store_true")
+    ap.add_argument("--no-retrieval-ft", action="store_true")
     a = ap.parse_args(argv)
     run = {r.id: r for r in plan(smoke=a.smoke)}[a.id]
     run_one(run, a.lr, a.lr_source, data=a.data, work=a.work, runs_dir=a.runs_dir, device=a.device,
-            time_budget_s=a.time_s, gpus=a.gpus, log=a.work / "logs" / f"{run.id}.log", retrieval=not a.no_retrieval)
+            time_budget_s=a.time_s, gpus=a.gpus, log=a.work / "logs" / f"{run.id}.log", retrieval=not a.no_retrieval,
+            retrieval_ft=not a.no_retrieval_ft)
     return 0
 
 
