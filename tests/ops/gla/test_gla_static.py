@@ -137,7 +137,7 @@ def test_static_equals_dynamic_and_per_document_fp32(ns, with_h0, monkeypatch):
     state, backward with the initial state's gradient) makes no host sync of any kind and builds no tensor from host
     data (:func:`lintime.generation.profiling.count_host_syncs`), and never consults the per-tensor plan cache."""
     _refuse_plan_cache_for_static(monkeypatch)
-    xs, h0, do, dfinal = _inputs(2, 16, 32)
+    xs, h0, do, dfinal = _inputs(2, 16, 16)
     h0 = h0 if with_h0 else None
     cu = _cu(LENS, NCAP)
     with count_host_syncs() as c:
@@ -195,7 +195,7 @@ def test_no_host_read(monkeypatch):
     gradient included) -- no host sync, no host-built tensor, no plan cache (the other segment lengths: in
     :func:`test_static_equals_dynamic_and_per_document_fp32`)."""
     _refuse_plan_cache_for_static(monkeypatch)
-    xs, h0, _, _ = _inputs(2, 16, 32, seed=3)
+    xs, h0, _, _ = _inputs(2, 16, 16, seed=3)
     leaves = [x.requires_grad_() for x in (*xs, h0)]
     cu = _cu(LENS, NCAP)
     kw = dict(initial_state=leaves[4], output_final_state=True, cu_seqlens=cu)

@@ -158,7 +158,7 @@ def test_static_equals_dynamic_and_per_document_fp32(causal, normalize, ns, monk
     backward with the initial state's gradients) makes no host sync of any kind and builds no tensor from host data
     (:func:`lintime.generation.profiling.count_host_syncs`), and never consults the per-tensor plan cache."""
     _refuse_plan_cache_for_static(monkeypatch)
-    xs, state, w = _inputs(2, 16, 32)
+    xs, state, w = _inputs(2, 16, 16)
     state = state if causal else None
     kw = dict(causal=causal, normalize=normalize)
     cu = _cu(LENS, NCAP)
@@ -223,7 +223,7 @@ def test_no_host_read(monkeypatch):
     and an initial state (both parts' gradients included) -- no host sync, no host-built tensor, no plan cache (the
     other cases: in :func:`test_static_equals_dynamic_and_per_document_fp32`)."""
     _refuse_plan_cache_for_static(monkeypatch)
-    xs, state, _ = _inputs(2, 16, 32, seed=3)
+    xs, state, _ = _inputs(2, 16, 16, seed=3)
     leaves = [x.requires_grad_() for x in xs]
     parts = tuple(s.requires_grad_() for s in state)
     cu = _cu(LENS, NCAP)
