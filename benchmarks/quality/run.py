@@ -30,6 +30,14 @@ The plan (``plan()``; ``--list`` prints it with each run's estimated device time
   ``max(100M tokens, 1 epoch)`` is capped at 2 epochs (~59.5M tokens, 227 steps of 2^18); final
   validation and test per-token perplexity and bits per byte on the same documents as the byte
   runs' final scores (so its bits per byte compare with theirs); no retrieval.
+* **retrieval** (issue 43 item 3, ``retrieval.py``): passkey and a multi-key needle at 1x / 2x / 4x
+  the trained context on each byte run's final model ("as trained", the record's ``retrieval``),
+  then a **retrieval fine-tune**, the same for every family (:data:`RETRIEVAL_FT_STEPS` steps of the
+  run's batch at its context, :data:`RETRIEVAL_FT_LR_FACTOR` x its peak rate, ``lintime train
+  --init-from`` on a jsonl of train-split text and :data:`RETRIEVAL_FT_MIX` synthetic passkey /
+  needle documents whose keys are never the evaluation's) and the same measurement again (the
+  record's ``retrieval_ft``); each stage only when it fits the run's time budget, else recorded
+  "not run" with the reason (``--no-retrieval`` skips both, ``--no-retrieval-ft`` the fine-tune).
 
 Why whole runs per call: a base model's checkpoint with its optimiser state is ~1 GB, and files
 that come back from a GPU call are size-limited and each call may land on a fresh machine, so a run
