@@ -78,20 +78,20 @@ cpu_only = pytest.mark.skipif(CUDA, reason="interpreter tests: the CUDA tests be
 @cpu_only
 @pytest.mark.parametrize("path", ["tiled", "slab"])
 @pytest.mark.parametrize(
-    "causal, bias, T, H, S, E",
+    "causal, bias, B, T, H, S, E",
     [
-        (True, True, 37, 2, 20, 12),  # two S tiles (S-tiled dq/dk path), partial tiles
-        (False, True, 37, 1, 12, 40),  # one S tile (register dq path), three E tiles
-        (True, False, 1, 1, 4, 4),
-        (False, False, 33, 1, 8, 16),
-        (True, True, 63, 1, 60, 12),
-        (True, True, 129, 1, 8, 20),  # 9 query / key tiles and 5 slabs, the last of each one row
+        (True, True, 2, 37, 2, 20, 12),  # two S tiles (S-tiled dq/dk path), partial tiles
+        (False, True, 2, 37, 1, 12, 40),  # one S tile (register dq path), three E tiles
+        (True, False, 2, 1, 1, 4, 4),
+        (False, False, 2, 33, 1, 8, 16),
+        (True, True, 2, 63, 1, 60, 12),
+        (True, True, 1, 129, 1, 8, 20),  # 9 query / key tiles and 5 slabs, the last of each one row
     ],
 )
-def test_matches_naive_fp32(path, causal, bias, T, H, S, E, slab_calls):
+def test_matches_naive_fp32(path, causal, bias, B, T, H, S, E, slab_calls):
     """Both paths of the Triton backend: the tiled kernels and the slab path (slabs of 32 rows, 16-row score
     tiles under the interpreter: several slabs, a partial last slab and partial tiles)."""
-    q, k, v, b, do = _inputs(2, T, H, S, E, torch.float32)
+    q, k, v, b, do = _inputs(B, T, H, S, E, torch.float32)
     kw = {"causal": causal, "scale": S**-0.5}
     ref = _run("naive", q, k, v, b if bias else None, do, **kw)
     out = _run("triton", q, k, v, b if bias else None, do, launch=_path_launch(path, S, E), **kw)
