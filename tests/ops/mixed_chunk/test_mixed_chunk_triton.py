@@ -129,23 +129,24 @@ cpu_only = pytest.mark.skipif(CUDA, reason="interpreter tests: the CUDA tests be
 
 @cpu_only
 @pytest.mark.parametrize(
-    "mode, norm, T, H, S, E, C",
+    "mode, norm, B, T, H, S, E, C",
     [
-        ("causal", "tokens", 37, 2, 20, 12, 16),  # two S tiles, partial tiles and chunks
-        ("causal+state", "chunk", 45, 1, 12, 40, 16),  # one S tile, three E tiles, mid-chunk state
-        ("causal+state", "tokens", 257, 1, 8, 8, 32),  # 9 chunks: several segments per sequence
-        ("causal+state", "none", 63, 1, 60, 20, 16),  # S = 60: four S tiles, T = 63
-        ("noncausal", "chunk", 63, 1, 60, 12, 32),
-        ("noncausal", "tokens", 37, 1, 20, 12, 16),
-        ("noncausal", "none", 1, 1, 4, 4, 16),
-        ("causal", "none", 1, 1, 4, 4, 16),
+        ("causal", "tokens", 2, 37, 2, 20, 12, 16),  # two S tiles, partial tiles and chunks
+        ("causal+state", "chunk", 2, 45, 1, 12, 40, 16),  # one S tile, three E tiles, mid-chunk state
+        ("causal+state", "tokens", 1, 257, 1, 8, 8, 32),  # 9 chunks: several segments per sequence
+        ("causal+state", "none", 1, 63, 1, 60, 20, 16),  # S = 60: four S tiles, T = 63
+        ("noncausal", "chunk", 2, 63, 1, 60, 12, 32),
+        ("noncausal", "tokens", 2, 37, 1, 20, 12, 16),
+        ("noncausal", "none", 2, 1, 1, 4, 4, 16),
+        ("causal", "none", 2, 1, 1, 4, 4, 16),
     ],
 )
-def test_matches_naive_fp32(mode, norm, T, H, S, E, C):
-    """Forward, final state and every gradient (inputs, rel_bias, initial state) vs naive."""
+def test_matches_naive_fp32(mode, norm, B, T, H, S, E, C):
+    """Forward, final state and every gradient (inputs, rel_bias, initial state) vs naive (the long and the wide
+    states on one row: the batch index is the other cases')."""
     causal = mode != "noncausal"
-    xs, rb = _inputs(2, T, H, S, E, C, torch.float32)
-    state = _state([5, 0], [2 * C, 3 * C], C, H, S, E, torch.float32) if mode == "causal+state" else None
+    xs, rb = _inputs(B, T, H, S, E, C, torch.float32)
+    state = _state([5, 0][:B], [2 * C, 3 * C][:B], C, H, S, E, torch.float32) if mode == "causal+state" else None
     kw = {"chunk_size": C, "causal": causal, "linear_norm": norm, "output_final_state": causal}
     _assert_exact_all(f"triton vs naive ({mode}, {norm}, T={T})", _run("naive", xs, rb, state, **kw),
                       _run("triton", xs, rb, state, **kw))
