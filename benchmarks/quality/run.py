@@ -398,6 +398,15 @@ def environment(device: str) -> dict:
 # ------------------------------------------------------------------------------------------- one run
 
 
+
+def train_head(gpus: int) -> tuple[list[str], list[str]]:
+    """``(the command that starts lintime train, its extra flags)``: one process, or ``gpus`` DDP ranks by torchrun."""
+    if gpus > 1:
+        return ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
+                 "-m", "lintime", "train"], ["--parallel", "ddp"])
+    return [sys.executable, "-m", "lintime", "train"], []
+
+
 def train_command(run: Run, lr: float, *, data: Path, work: Path, device: str, time_min: float | None,
                   resume: bool, gpus: int) -> list[str]:
     eval_every = max(1, run.steps // CURVE_POINTS)
@@ -411,12 +420,8 @@ def train_command(run: Run, lr: float, *, data: Path, work: Path, device: str, t
             "--no-plots", "--sample-tokens", "0", "--no-progress", "--out", str(work), "--name", run.id]
     if time_min is not None:
         args += ["--time", f"{time_min:.3f}"]
-    if gpus > 1:
-        args += ["--parallel", "ddp"]
-        head = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
-                "-m", "lintime", "train"]
-    else:
-        head = [sys.executable, "-m", "lintime", "train"]
+    head, extra = train_head(gpus)
+    args += extra
     if resume:  # the saved config; only the budget and the device may differ
         args = ["--resume", str(work / run.id), "--device", device] + (
             ["--time", f"{time_min:.3f}"] if time_min is not None else [])
@@ -609,12 +614,8 @@ def ft_command(run: Run, lr: float, *, jsonl: Path, cache: Path, src: Path, work
             "--sample-tokens", "0", "--no-progress", "--out", str(work), "--name", f"{run.id}-rft"]
     if time_min is not None:
         args += ["--time", f"{time_min:.3f}"]
-    if gpus > 1:
-        args += ["--parallel", "ddp"]
-        head = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
-                "-m", "lintime", "train"]
-    else:
-        head = [sys.executable, "-m", "lintime", "train"]
+    head, extra = train_head(gpus)
+    args += extra
     return head + args
 
 

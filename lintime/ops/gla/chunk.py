@@ -159,13 +159,14 @@ class ChunkGLAFunction(torch.autograd.Function):
         o = o + torch.einsum("rnijh,rnjhv->rnihv", A, v)  # intra-chunk
         ctx.save_for_backward(q, k, v, g, h0)
         ctx.scale, ctx.layout, ctx.c = scale, layout, c
+        ctx.device_type = q.device.type
         ctx.set_materialize_grads(False)
         return o, final
 
     @staticmethod
     def backward(ctx, do, dfinal):
         # the forward ran with autocast off (:func:`chunk_gla`); a backward called inside an autocast region must too
-        dev = ctx.saved_tensors[0].device.type
+        dev = ctx.device_type
         if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev):
             with torch.autocast(dev, enabled=False):
                 return ChunkGLAFunction._backward(ctx, do, dfinal)

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from lintime.generation.profiling import count_host_syncs
 from lintime.ops import dispatch, gated_linear_attention
-from lintime.ops.utils import segments
 from lintime.ops.utils import is_static, mark_static
+from host_reads import assert_no_host_read, refuse_plan_cache_for_static
 from tolerances import HALF_FACTOR, HALF_FLOOR, assert_close, assert_exact, rel_rms
 
 pytest.importorskip("triton")
@@ -114,35 +114,19 @@ def _check_padding(static, h0, dfinal):
         assert torch.equal(static["dh0"][n:], dfinal[n:])
 
 
-def _refuse_plan_cache_for_static(monkeypatch):
-    """From here on, consulting the per-tensor plan cache with a static ``cu_seqlens`` fails the test."""
-    real = segments.packed_cache
-
-    def refuse(cu, key):
-        assert not is_static(cu), "packed_cache consulted for a static cu_seqlens"
-        return real(cu, key)
-
-    monkeypatch.setattr(segments, "packed_cache", refuse)
-
-
-def _assert_no_host_read(c):
-    assert c.ops > 0  # the counter saw the calls
-    assert (c.total, c.h2d) == (0, 0), f"host syncs {dict(c.counts)}, host->device tensors {c.h2d}"
-
-
 @pytest.mark.parametrize("ns, with_h0", [(0, True), (1, False), (2, True), (None, True)])
 def test_static_equals_dynamic_and_per_document_fp32(ns, with_h0, monkeypatch):
     """fp32: static padded offsets == the unpadded offsets (same kernels) == each document alone through the naive
     recurrence (exact tolerance), forward, final states and every gradient.  The static call (forward with the final
     state, backward with the initial state's gradient) makes no host sync of any kind and builds no tensor from host
     data (:func:`lintime.generation.profiling.count_host_syncs`), and never consults the per-tensor plan cache."""
-    _refuse_plan_cache_for_static(monkeypatch)
+    refuse_plan_cache_for_static(monkeypatch)
     xs, h0, do, dfinal = _inputs(2, 16, 16)
     h0 = h0 if with_h0 else None
     cu = _cu(LENS, NCAP)
     with count_host_syncs() as c:
         static = _run(xs, h0, do, dfinal, cu, ns)
-    _assert_no_host_read(c)
+    assert_no_host_read(c)
     dynamic = _run(xs, None if h0 is None else h0[: len(LENS)], do, dfinal, _cu(LENS), ns)
     alone = _per_document(xs, h0, do, dfinal, LENS)
     _check_padding(static, h0, dfinal)
@@ -194,7 +178,7 @@ def test_no_host_read(monkeypatch):
     """The one static call of the tests above not already made there: 1-chunk segments with an initial state (its
     gradient included) -- no host sync, no host-built tensor, no plan cache (the other segment lengths: in
     :func:`test_static_equals_dynamic_and_per_document_fp32`)."""
-    _refuse_plan_cache_for_static(monkeypatch)
+    refuse_plan_cache_for_static(monkeypatch)
     xs, h0, _, _ = _inputs(2, 16, 16, seed=3)
     leaves = [x.requires_grad_() for x in (*xs, h0)]
     cu = _cu(LENS, NCAP)
@@ -203,8 +187,8 @@ def test_no_host_read(monkeypatch):
         o, final = triton_gla(*leaves[:4], segment_chunks=1, **kw)
     with count_host_syncs() as bwd:
         torch.autograd.grad(o.sum() + final.sum(), leaves)
-    _assert_no_host_read(fwd)
-    _assert_no_host_read(bwd)
+    assert_no_host_read(fwd)
+    assert_no_host_read(bwd)
 
 
 @pytest.mark.parametrize("K, V", [(8, 16), (16, 8)])

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from lintime.generation.profiling import count_host_syncs
 from lintime.ops import dispatch, linear_attention
-from lintime.ops.utils import segments
 from lintime.ops.utils import is_static, mark_static
+from host_reads import assert_no_host_read, refuse_plan_cache_for_static
 from tolerances import HALF_FACTOR, HALF_FLOOR, assert_close, assert_exact, rel_rms
 
 pytest.importorskip("triton")
@@ -135,36 +135,20 @@ CASES = [(True, True, 0), (True, False, 1), (True, True, 2), (True, True, None),
          (False, False, 1)]
 
 
-def _refuse_plan_cache_for_static(monkeypatch):
-    """From here on, consulting the per-tensor plan cache with a static ``cu_seqlens`` fails the test."""
-    real = segments.packed_cache
-
-    def refuse(cu, key):
-        assert not is_static(cu), "packed_cache consulted for a static cu_seqlens"
-        return real(cu, key)
-
-    monkeypatch.setattr(segments, "packed_cache", refuse)
-
-
-def _assert_no_host_read(c):
-    assert c.ops > 0  # the counter saw the calls
-    assert (c.total, c.h2d) == (0, 0), f"host syncs {dict(c.counts)}, host->device tensors {c.h2d}"
-
-
 @pytest.mark.parametrize("causal, normalize, ns", CASES)
 def test_static_equals_dynamic_and_per_document_fp32(causal, normalize, ns, monkeypatch):
     """fp32: static padded offsets == the unpadded offsets (same kernels) == each document alone through the naive
     form (exact tolerance), forward, final states and every gradient.  The static call (forward with the final states,
     backward with the initial state's gradients) makes no host sync of any kind and builds no tensor from host data
     (:func:`lintime.generation.profiling.count_host_syncs`), and never consults the per-tensor plan cache."""
-    _refuse_plan_cache_for_static(monkeypatch)
+    refuse_plan_cache_for_static(monkeypatch)
     xs, state, w = _inputs(2, 16, 16)
     state = state if causal else None
     kw = dict(causal=causal, normalize=normalize)
     cu = _cu(LENS, NCAP)
     with count_host_syncs() as c:
         static = _run(xs, state, w, cu, ns, **kw)
-    _assert_no_host_read(c)
+    assert_no_host_read(c)
     dynamic = _run(xs, None if state is None else tuple(s[: len(LENS)] for s in state), w, _cu(LENS), ns, **kw)
     alone = _per_document(xs, state, w, LENS, **kw)
     _check_padding(static, state, w, causal)
@@ -222,7 +206,7 @@ def test_no_host_read(monkeypatch):
     """The one static call of the tests above not already made there: causal and normalised with 1-chunk segments
     and an initial state (both parts' gradients included) -- no host sync, no host-built tensor, no plan cache (the
     other cases: in :func:`test_static_equals_dynamic_and_per_document_fp32`)."""
-    _refuse_plan_cache_for_static(monkeypatch)
+    refuse_plan_cache_for_static(monkeypatch)
     xs, state, _ = _inputs(2, 16, 16, seed=3)
     leaves = [x.requires_grad_() for x in xs]
     parts = tuple(s.requires_grad_() for s in state)
@@ -232,8 +216,8 @@ def test_no_host_read(monkeypatch):
         o, (kv, ks) = triton_linear_attention(*leaves, segment_chunks=1, **kw)
     with count_host_syncs() as bwd:
         torch.autograd.grad(o.sum() + kv.sum() + ks.sum(), [*leaves, *parts])
-    _assert_no_host_read(fwd)
-    _assert_no_host_read(bwd)
+    assert_no_host_read(fwd)
+    assert_no_host_read(bwd)
 
 
 def test_forward_only_short_call():
