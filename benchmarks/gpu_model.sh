@@ -30,6 +30,11 @@ unset TRITON_INTERPRET
 # fla autotunes its kernels for minutes on a fresh machine: TRITON_CACHE_AUTOTUNING=1 keeps the results
 # in the Triton cache for the next call on the same machine.
 export TRITON_CACHE_AUTOTUNING=1
+# benchmarks/anchors/fla-0.6.0-autotune.tgz holds the results of one such run (fla 0.6.0, Triton 3.6, H200): Triton
+# finds them under the same keys on a fresh machine of that kind and skips the minutes of autotuning.
+TRITON_CACHE=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
+mkdir -p "$TRITON_CACHE" && tar -xzf benchmarks/anchors/fla-0.6.0-autotune.tgz -C "$TRITON_CACHE" 2>/dev/null \
+  || echo "fla autotune cache not extracted: fla autotunes in its warm-up steps"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || echo "wheel install failed: anchors without their package will be skipped"
