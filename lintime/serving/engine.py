@@ -53,7 +53,7 @@ import torch
 
 from lintime.generation import Detokenizer, StopMatcher, prefill, sample_seeded
 from lintime.layers.base import select_state
-from lintime.serving.request import EngineClosed, Event, Handle, QueueFull, Request
+from lintime.serving.request import EngineClosed, Event, Handle, QueueFull, Request, publish
 from lintime.utils.checks import is_int
 from lintime.serving.slots import SlotStates, state_grows
 
@@ -347,11 +347,11 @@ class Engine:
                 self._slots.write_row(job.slot, job.state, len(job.ids))
                 job.state = None
                 self._running[job.slot] = job
-                token = self._draw([job], logits)[0]
+                tokens = self._draw([job], logits)
             except Exception as err:
                 self._end(job, "error", f"prefill: {type(err).__name__}: {err}")
                 continue
-            self._take(job, token)
+            self._take_all([job], tokens)
 
     def _whole_prompts(self, budget: int) -> list[_Job]:
         """The oldest requests not yet started whose whole prompts fit in ``budget`` tokens together (at least the
@@ -392,18 +392,19 @@ class Engine:
             for job in group:
                 self._end(job, "error", f"sampling: {type(err).__name__}: {err}")
             return sum(lens)
-        for job, token in zip(group, tokens):
-            self._take(job, token)
+        self._take_all(group, tokens)
         return sum(lens)
 
     def _decode(self) -> None:
-        slots = sorted(self._running)
+        running = self._running
+        slots = sorted(running)
         n = self._slots.bucket(slots[-1])
-        self._slots.park_idle(n, [s for s in range(n) if s not in self._running])
+        if len(slots) < n:
+            self._slots.park_idle(n, [s for s in range(n) if s not in running])
+        jobs = [running[s] for s in slots]
         feed = [0] * n
-        for s in slots:
-            feed[s] = self._running[s].next_token
-        jobs = [self._running[s] for s in slots]
+        for s, job in zip(slots, jobs):
+            feed[s] = job.next_token
         try:
             self._slots.tokens[:n].copy_(torch.tensor(feed))
             logits = self._slots.step(n)  # [n, V]
@@ -415,62 +416,78 @@ class Engine:
             for s in range(n):  # a step that failed half-way leaves its rows unknown: empty them
                 self._slots.reset_row(s)
             return
-        for job, token in zip(jobs, tokens):
-            self._take(job, token)
+        self._take_all(jobs, tokens)
 
     def _draw(self, jobs: list[_Job], logits: torch.Tensor, rows: list[int] | None = None) -> list[int]:
         """The next token of each of ``jobs`` from its row of ``logits`` (row ``rows[i]`` for ``jobs[i]``; ``None``:
-        row ``i``).  Greedy rows take one argmax over every row of ``logits`` (no gather: a step's greedy batch
-        costs one kernel and one read)."""
+        row ``i``), with one read to the host for all of them.  Greedy rows take one argmax over every row of
+        ``logits`` (no gather: a step's greedy batch costs one kernel); each group of sampled rows with equal
+        settings is drawn together and written over its rows of that argmax before the read."""
         rows = list(range(len(jobs))) if rows is None else rows
         groups: dict[tuple, list[int]] = {}
         for i, job in enumerate(jobs):
             groups.setdefault(job.sampling, []).append(i)
-        out = [0] * len(jobs)
+        if ("greedy",) in groups:
+            picked = logits.argmax(dim=-1)  # [n]
+        else:
+            picked = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
         for key, members in groups.items():
             if key == ("greedy",):
-                best = logits.argmax(dim=-1).tolist()
-                for i in members:
-                    out[i] = best[rows[i]]
                 continue
-            picked = logits.index_select(0, torch.tensor([rows[i] for i in members], device=logits.device))  # [m, V]
-            seeds = torch.tensor([jobs[i].seed for i in members], device=logits.device)
-            steps = torch.tensor([jobs[i].drawn for i in members], device=logits.device)
-            tokens = sample_seeded(picked, seeds, steps, temperature=key[0], top_k=key[1], top_p=key[2])
-            for i, t in zip(members, tokens.tolist()):
-                out[i] = t
-        return out
+            # [3, m]: the members' rows, seeds and draw counts, in one copy to the device
+            meta = torch.tensor([[rows[i] for i in members], [jobs[i].seed for i in members],
+                                 [jobs[i].drawn for i in members]], device=logits.device)
+            tokens = sample_seeded(logits.index_select(0, meta[0]), meta[1], meta[2],
+                                   temperature=key[0], top_k=key[1], top_p=key[2])  # [m]
+            picked.index_copy_(0, meta[0], tokens)
+        best = picked.tolist()
+        return [best[r] for r in rows]
 
-    def _take(self, job: _Job, token: int) -> None:
-        """``job`` drew ``token``: publish its text; end it at eos, a stop string or ``max_tokens``."""
-        try:
+    def _take_all(self, jobs: list[_Job], tokens: list[int]) -> None:
+        """``jobs[i]`` drew ``tokens[i]``: publish each one's text, all in one :func:`publish`; end a request at
+        eos, a stop string or ``max_tokens``."""
+        self._counts["tokens_generated"] += len(jobs)
+        events, ended = [], []
+        for job, token in zip(jobs, tokens):
             job.drawn += 1
-            self._counts["tokens_generated"] += 1
-            if token == self.eos_id:
-                reason, new = "stop", job.detok.flush()
+            try:
+                shown, reason = self._text(job, token)
+            except Exception as err:
+                self._end(job, "error", f"detokenising: {type(err).__name__}: {err}")
+                continue
+            events.append((job.handle, Event(shown, [token], reason, len(job.ids), job.drawn)))
+            if reason is None:
+                job.next_token = token
             else:
-                new = job.detok.push(token)
-                reason = "length" if job.drawn == job.max_tokens else None
-                if reason is not None:
-                    new += job.detok.flush()
+                ended.append(job)
+        if ended:
+            for job in ended:
+                self._release(job)
+            with self._cv:
+                self._live -= len(ended)
+                self._counts["requests_finished"] += len(ended)
+        publish(events)
+
+    def _text(self, job: _Job, token: int) -> tuple[str, str | None]:
+        """The text ``token`` makes final for ``job`` and the request's finish reason (``None``: it goes on)."""
+        if token == self.eos_id:
+            reason, new = "stop", job.detok.flush()
+        else:
+            new = job.detok.push(token)
+            reason = "length" if job.drawn == job.max_tokens else None
+            if reason is not None:
+                new += job.detok.flush()
+        if job.stop:
             shown, stopped = job.matcher.push(new)
             if stopped:
                 reason = "stop"
             elif reason is not None:
                 shown += job.matcher.flush()
-            if job.echo_text is not None:
-                shown, job.echo_text = job.echo_text + shown, None
-        except Exception as err:
-            self._end(job, "error", f"detokenising: {type(err).__name__}: {err}")
-            return
-        ev = Event(shown, [token], reason, len(job.ids), job.drawn)
-        if reason is None:
-            job.next_token = token
-            job.handle._publish(ev)
-        else:
-            self._release(job)
-            with self._cv:
-                self._finish_locked(job, ev)
+        else:  # no stop string: the matcher would pass the text through
+            shown = new
+        if job.echo_text is not None:
+            shown, job.echo_text = job.echo_text + shown, None
+        return shown, reason
 
     def _end(self, job: _Job, reason: str, error: str | None = None) -> None:
         """End ``job`` (holding a slot) without a token: ``"cancelled"`` or ``"error"``."""

@@ -8,7 +8,10 @@ append-only list and every reader has its own cursor, so several readers may fol
 
 The thread bridge: a blocking reader waits on the handle's condition variable; an asyncio reader
 parks a future of its own running loop, and the loop thread resolves it with
-``loop.call_soon_threadsafe`` after appending an event.  No reader polls.
+``loop.call_soon_threadsafe`` after appending an event.  No reader polls.  The engine publishes one
+decoding step's events together (:func:`publish`): each handle's lock is taken once, a condition is
+notified only when a blocking reader sleeps on it, and each asyncio event loop with readers waiting is
+woken once for all of them (one ``call_soon_threadsafe``, not one per request).
 """
 
 from __future__ import annotations
@@ -105,9 +108,24 @@ class Event:
     time: float = field(default_factory=time.perf_counter)
 
 
-def _resolve(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_result(None)
+def _resolve(futures: list[asyncio.Future]) -> None:
+    for fut in futures:
+        if not fut.done():
+            fut.set_result(None)
+
+
+def publish(events: list[tuple[Handle, Event]]) -> None:
+    """(The engine's loop thread.)  Append each event to its handle and wake the readers: the blocking ones
+    of each handle, and each asyncio event loop once for all its readers of these handles."""
+    wake: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
+    for handle, ev in events:
+        for loop, fut in handle._append(ev):
+            wake.setdefault(loop, []).append(fut)
+    for loop, futures in wake.items():
+        try:
+            loop.call_soon_threadsafe(_resolve, futures)
+        except RuntimeError:  # the readers' loop is closed: nobody is waiting any more
+            pass
 
 
 class Handle:
@@ -116,23 +134,36 @@ class Handle:
     def __init__(self, request: Request, request_id: int, cancel_fn):
         self.request, self.id = request, request_id
         self._cancel_fn = cancel_fn
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._events: list[Event] = []
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._sleepers = 0  # blocking readers waiting on _cond
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []  # asyncio readers
 
     # ---- engine side (the loop thread)
     def _publish(self, ev: Event) -> None:
-        with self._cond:
-            if self.finished:
-                return
-            self._events.append(ev)
+        publish([(self, ev)])
+
+    def _append(self, ev: Event) -> list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]:
+        """Append ``ev`` (nothing once finished), notify the blocking readers; return the asyncio readers'
+        futures, for the caller to resolve on their loops."""
+        with self._lock:
+            events = self._events
+            if events and events[-1].finish_reason is not None:
+                return []
+            events.append(ev)
+            if self._sleepers:
+                self._cond.notify_all()
             waiters, self._waiters = self._waiters, []
-            self._cond.notify_all()
-        for loop, fut in waiters:
-            try:
-                loop.call_soon_threadsafe(_resolve, fut)
-            except RuntimeError:  # the reader's loop is closed: nobody is waiting any more
-                pass
+        return waiters
+
+    def _wait_for(self, predicate, timeout: float | None) -> bool:
+        """(Holding ``_lock``.)  ``Condition.wait_for``, counted in ``_sleepers`` so a publish notifies."""
+        self._sleepers += 1
+        try:
+            return self._cond.wait_for(predicate, timeout)
+        finally:
+            self._sleepers -= 1
 
     # ---- client side
     @property
@@ -151,8 +182,8 @@ class Handle:
         wait for one event (``TimeoutError`` then; the request goes on)."""
         i = 0
         while True:
-            with self._cond:
-                if not self._cond.wait_for(lambda: len(self._events) > i, timeout):
+            with self._lock:
+                if not self._wait_for(lambda: len(self._events) > i, timeout):
                     raise TimeoutError(f"request {self.id}: no event within {timeout} s")
                 ev = self._events[i]
             i += 1
@@ -167,7 +198,7 @@ class Handle:
         loop = asyncio.get_running_loop()
         i = 0
         while True:
-            with self._cond:
+            with self._lock:
                 ev = self._events[i] if len(self._events) > i else None
                 if ev is None:
                     fut = loop.create_future()
@@ -188,8 +219,8 @@ class Handle:
         """Wait for the end; ``(text, finish_reason, usage)`` with usage ``{"prompt_tokens",
         "completion_tokens", "total_tokens"}`` (and ``"error"`` for an ``"error"`` finish).  ``timeout``:
         most seconds to wait in all (``TimeoutError`` then; the request goes on)."""
-        with self._cond:
-            if not self._cond.wait_for(lambda: self.finished, timeout):
+        with self._lock:
+            if not self._wait_for(lambda: self.finished, timeout):
                 raise TimeoutError(f"request {self.id}: not finished within {timeout} s")
             events = list(self._events)
         last = events[-1]
@@ -200,4 +231,4 @@ class Handle:
         return "".join(e.text for e in events), last.finish_reason, usage
 
 
-__all__ = ["FINISH_REASONS", "EngineClosed", "Event", "Handle", "QueueFull", "Request"]
+__all__ = ["FINISH_REASONS", "EngineClosed", "Event", "Handle", "QueueFull", "Request", "publish"]

@@ -106,11 +106,8 @@ class SlotStates:
 
     def step(self, n: int) -> torch.Tensor:
         """Feed ``tokens[:n]`` to slots ``[0, n)``; return their logits ``[n, V]``."""
-        # a row write since the last step bumped the buffers' version counters: the ops would check them again
-        mark_state_checked(self.view(n))
         logits = self.decode_step(n)
-        for s in range(n):
-            self.positions[s] += 1
+        self.positions[:n] = [p + 1 for p in self.positions[:n]]
         return logits
 
     def decode_step(self, n: int) -> torch.Tensor:
@@ -125,6 +122,9 @@ class SlotStates:
                 graph, logits = self._graphs[n]
                 graph.replay()
                 return logits
+        # a row write or the last step bumped the buffers' version counters: the ops would check them again
+        # (a replay runs no op's checks)
+        mark_state_checked(self.view(n))
         return self._eager_step(n)
 
     def _eager_step(self, n: int) -> torch.Tensor:
