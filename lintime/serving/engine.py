@@ -88,9 +88,12 @@ class _Job:
     drawn: int = 0  # tokens drawn
     next_token: int = 0  # the token to feed at the next step
     sampling: tuple = field(default=())  # rows with equal keys are drawn together
+    stop_chars: frozenset = field(default=frozenset())  # every character of the stop strings
+    held: int = 0  # characters the stop matcher holds back
 
     def __post_init__(self):
         self.sampling = ("greedy",) if self.temperature == 0 else (self.temperature, self.top_k, self.top_p)
+        self.stop_chars = frozenset("".join(self.stop))
 
 
 class Engine:
@@ -477,13 +480,14 @@ class Engine:
             reason = "length" if job.drawn == job.max_tokens else None
             if reason is not None:
                 new += job.detok.flush()
-        if job.stop:
+        if job.stop and (job.held or not job.stop_chars.isdisjoint(new)):
             shown, stopped = job.matcher.push(new)
+            job.held += len(new) - len(shown)
             if stopped:
                 reason = "stop"
             elif reason is not None:
                 shown += job.matcher.flush()
-        else:  # no stop string: the matcher would pass the text through
+        else:  # no text held and no character of a stop string: the matcher would pass the text through
             shown = new
         if job.echo_text is not None:
             shown, job.echo_text = job.echo_text + shown, None

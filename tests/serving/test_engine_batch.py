@@ -5,14 +5,18 @@ mix of sampling settings; one wake-up per asyncio event loop for a step's events
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
+from types import SimpleNamespace
 
 import torch
 from test_engine import NO_EOS, WAIT, collect, engine, tiny
 
 import lintime.serving.engine as engine_module
 import lintime.serving.request as request_module
-from lintime.serving import Request
+from lintime.generation import Detokenizer, StopMatcher
+from lintime.serving import Engine, Request
+from lintime.serving.engine import _Job
 from lintime.serving.request import Event, Handle, publish
 
 # request i's completion, byte by byte: characters of 1 to 4 bytes, and (last) a character cut short
@@ -135,3 +139,31 @@ def test_publish_wakes_each_event_loop_once():
     calls, got = asyncio.run(main())
     assert [e.text for e in got] == [str(i) for i in range(8)]
     assert len([c for c in calls if c[0] is request_module._resolve]) == 1
+
+
+def test_stop_text_equals_the_stop_matcher_on_random_streams():
+    """The engine's text of a request with stop strings (which skips the matcher while it holds nothing and a
+    token brings no character of a stop string) equals a plain :class:`StopMatcher` fed every piece, on random
+    byte streams over a small alphabet with multi-byte characters and overlapping stop strings."""
+    rng = random.Random(0)
+    alphabet = "abé東 "
+    for trial in range(200):
+        stops = tuple(rng.choice(["ab", "aab", "é東", "東 a", "b b", "éé", "a"][: 2 + trial % 6])
+                      for _ in range(1 + trial % 3))
+        data = "".join(rng.choice(alphabet) for _ in range(40)).encode()
+        job = _Job(None, [1], len(data), 0.0, 0, 1.0, 0, stops, None, Detokenizer(NO_EOS), StopMatcher(stops))
+        detok, matcher = Detokenizer(NO_EOS), StopMatcher(stops)
+        owner = SimpleNamespace(eos_id=None)
+        for token in data:
+            job.drawn += 1
+            shown, reason = Engine._text(owner, job, token)
+            new = detok.push(token)
+            if job.drawn == len(data):
+                new += detok.flush()
+            want, stopped = matcher.push(new)
+            if not stopped and job.drawn == len(data):
+                want += matcher.flush()
+            assert shown == want, (stops, data, job.drawn)
+            assert reason == ("stop" if stopped else "length" if job.drawn == len(data) else None)
+            if reason is not None:
+                break
