@@ -70,8 +70,8 @@ print("ok")
 @pytest.mark.cuda
 @pytest.mark.xfail(strict=False, reason="known: K = 8 heads gave an illegal memory access and wrong results on a GPU "
                                         "(gla-tiny at width 64); cause not established, the interpreter does not "
-                                        "reproduce it; guarded by MIN_TILE_DIM. It did not reproduce at fc49513 "
-                                        "on an H200 (XPASS): the guard stays until the cause is known")
+                                        "reproduce it; guarded by MIN_TILE_DIM. On H200s it passed at fc49513 and "
+                                        "failed (illegal memory access) at 58b67b7 and d23e4dc: intermittent; the guard stays")
 def test_narrow_heads_unguarded_reproducer():
     """The unguarded ``K = V = 8`` forward and backward on CUDA, in a fresh process, against the chunked form in fp32."""
     r = subprocess.run([sys.executable, "-c", _REPRODUCER], capture_output=True, text=True, timeout=600)

@@ -89,8 +89,8 @@ print("ok")
 @pytest.mark.cuda
 @pytest.mark.xfail(strict=False, reason="known: K = 256 / 128 heads (performer-base / -medium) gave an illegal "
                                         "memory access on a GPU; cause not established, the interpreter does not "
-                                        "reproduce it; guarded by AUTO_TRITON_MAX_HEAD. It did not reproduce "
-                                        "at fc49513 on an H200 (XPASS): the guard stays until the cause is known")
+                                        "reproduce it; guarded by AUTO_TRITON_MAX_HEAD. On H200s it passed "
+                                        "at fc49513 and failed (illegal memory access) at 58b67b7 and d23e4dc: intermittent; the guard stays")
 @pytest.mark.parametrize("K", [256, 128])
 def test_wide_heads_unguarded_reproducer(K):
     """The unguarded wide heads' forward and backward on CUDA, in a fresh process, against the chunked form in fp32."""
