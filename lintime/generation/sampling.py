@@ -11,10 +11,16 @@ own logits, never on how many other rows share the batch or when they stop.  :fu
 one ``torch.Generator`` per row; :func:`sample_seeded` (what generation uses) derives the uniform
 number of row ``b`` at step ``t`` from ``(seeds[b], t)`` with an integer hash on the device -- no
 generator objects, no host work, the same bits on every device, so a CUDA graph can replay it.
+Where the seeds and steps are host numbers anyway (the serving engine's rows),
+:func:`seeded_uniform_host` computes the same bits with numpy in a few microseconds, instead of the
+hash's ~80 elementwise kernels on the device, and :func:`sample_uniform` draws with them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
 
@@ -127,6 +133,27 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def _mix32_host(x: np.ndarray) -> np.ndarray:
+    """:func:`_mix32` of ``x`` (uint64 in ``[0, 2**32)``); uint64 products wrap mod ``2**64``, so their low
+    32 bits are exact."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def seeded_uniform_host(seeds: Sequence[int], steps: Sequence[int]) -> np.ndarray:
+    """:func:`seeded_uniform` on the host: ``[B]`` float64, the same bits, for 64-bit integer ``seeds`` and
+    ``steps`` (row ``b`` at step ``steps[b]``)."""
+    s = np.asarray(seeds, dtype=np.int64).view(np.uint64) & _M32  # the low 32 bits, as the device's ``& _M32``
+    t = np.asarray(steps, dtype=np.int64).view(np.uint64) & _M32
+    h = _mix32_host(_mix32_host(s) ^ t)
+    hi = _mix32_host(h ^ 0x68E31DA4)
+    lo = _mix32_host(h ^ 0xB5297A4D) >> 11
+    return ((hi << 21) + lo).astype(np.float64) * 2.0**-53
+
+
 def seeded_uniform(seeds: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     """``[B]`` float64 uniform numbers in ``[0, 1)`` (53 bits), a hash of ``(seeds[b], step)``:
     ``seeds [B]`` int64 (their low 32 bits are used), ``step`` an int64 scalar tensor."""
@@ -152,3 +179,22 @@ def sample_seeded(
         return greedy
     probs = filtered_probs(logits, temperature, top_k, top_p)  # [B, V] fp32
     return _inverse_cdf(probs, seeded_uniform(seeds, step)[:, None])
+
+
+def sample_uniform(
+    logits: torch.Tensor,
+    u: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> torch.Tensor:
+    """Next tokens ``[B]`` (int64) from ``logits [B, V]``, row ``b`` drawn with the uniform number ``u[b]``
+    (``[B]`` float64 in ``[0, 1)``): :func:`sample_seeded` is this with ``u = seeded_uniform(seeds, step)``."""
+    greedy = _checked_greedy(logits, temperature)
+    if greedy is not None:
+        return greedy
+    if u.shape != logits.shape[:1]:
+        raise ValueError(f"u must be [B] = [{logits.shape[0]}], got shape {tuple(u.shape)}")
+    probs = filtered_probs(logits, temperature, top_k, top_p)  # [B, V] fp32
+    return _inverse_cdf(probs, u[:, None])

@@ -25,9 +25,10 @@ it and wake it.  Each iteration of the loop:
 
 The loop sleeps on a condition variable while there is nothing to do.
 
-Sampling: temperature 0 is greedy (argmax); otherwise :func:`lintime.generation.sample_seeded` with the
-request's temperature, top-k and top-p, and its ``t``-th token drawn from a hash of ``(seed, t)``; rows with
-the same settings are drawn together.  A request's tokens depend only on its own logits, and every
+Sampling: temperature 0 is greedy (argmax); otherwise :func:`lintime.generation.sample_seeded`'s draw with the
+request's temperature, top-k and top-p, and its ``t``-th token drawn from a hash of ``(seed, t)`` (computed on the
+host: :func:`~lintime.generation.sampling.seeded_uniform_host`); rows with the same settings are drawn together,
+and a step's tokens come to the host in one read.  A request's tokens depend only on its own logits, and every
 family's decoding step is row-wise, so batching changes a row's logits at most by the last bits a matrix
 product of another batch size may round differently (on the CPU in fp32: not at all; greedy output alone
 and in a batch of staggered requests is the same, tested per family, and so is a seeded sample).  The
@@ -51,7 +52,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lintime.generation import Detokenizer, StopMatcher, prefill, sample_seeded
+from lintime.generation import Detokenizer, StopMatcher, prefill
+from lintime.generation.sampling import sample_uniform, seeded_uniform_host
 from lintime.layers.base import select_state
 from lintime.serving.request import EngineClosed, Event, Handle, QueueFull, Request, publish
 from lintime.utils.checks import is_int
@@ -437,12 +439,12 @@ class Engine:
         for key, members in groups.items():
             if key == ("greedy",):
                 continue
-            # [3, m]: the members' rows, seeds and draw counts, in one copy to the device
-            meta = torch.tensor([[rows[i] for i in members], [jobs[i].seed for i in members],
-                                 [jobs[i].drawn for i in members]], device=logits.device)
-            tokens = sample_seeded(logits.index_select(0, meta[0]), meta[1], meta[2],
-                                   temperature=key[0], top_k=key[1], top_p=key[2])  # [m]
-            picked.index_copy_(0, meta[0], tokens)
+            index = torch.tensor([rows[i] for i in members], device=logits.device)
+            # the members' uniform numbers, hashed from their seeds and draw counts on the host
+            u = seeded_uniform_host([jobs[i].seed for i in members], [jobs[i].drawn for i in members])
+            tokens = sample_uniform(logits.index_select(0, index), torch.from_numpy(u).to(logits.device),
+                                    temperature=key[0], top_k=key[1], top_p=key[2])  # [m]
+            picked.index_copy_(0, index, tokens)
         best = picked.tolist()
         return [best[r] for r in rows]
 

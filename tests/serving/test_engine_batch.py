@@ -15,6 +15,7 @@ from test_engine import NO_EOS, WAIT, collect, engine, tiny
 import lintime.serving.engine as engine_module
 import lintime.serving.request as request_module
 from lintime.generation import Detokenizer, StopMatcher
+from lintime.generation.sampling import seeded_uniform, seeded_uniform_host
 from lintime.serving import Engine, Request
 from lintime.serving.engine import _Job
 from lintime.serving.request import Event, Handle, publish
@@ -167,3 +168,16 @@ def test_stop_text_equals_the_stop_matcher_on_random_streams():
             assert reason == ("stop" if stopped else "length" if job.drawn == len(data) else None)
             if reason is not None:
                 break
+
+
+def test_host_uniforms_equal_the_device_hash():
+    """The engine's sampled rows draw with uniform numbers hashed on the host: bit for bit the device hash
+    that ``lintime generate`` uses, over seeds of the whole 64-bit range (negative ones included) and steps."""
+    gen = torch.Generator().manual_seed(0)
+    seeds = torch.cat([torch.randint(-(2**63), 2**63 - 1, (4000,), generator=gen),
+                       torch.tensor([0, 1, -1, 2**32 - 1, 2**32, -(2**63), 2**63 - 1])])
+    steps = torch.randint(0, 2**31, seeds.shape, generator=gen)
+    steps[:100] = torch.arange(100)
+    host = seeded_uniform_host(seeds.tolist(), steps.tolist())
+    assert torch.equal(torch.from_numpy(host), seeded_uniform(seeds, steps))
+    assert 0 <= host.min() and host.max() < 1 and len(set(host.tolist())) > 3990
