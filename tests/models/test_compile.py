@@ -17,7 +17,7 @@ from tiny_presets import FAMILY_TINY_PRESETS, small_chunks
 
 import lintime.ops.dispatch as dispatch
 from lintime.models import CausalLM, get_preset
-from tolerances import assert_exact
+from tolerances import assert_exact, assert_exact_grad
 
 # (family, packed) -> where the CPU path reads values on the host, which breaks the graph
 CPU_BREAKS = {
@@ -76,7 +76,7 @@ def _compiled_equals_eager(model, packed: bool, what: str) -> None:
     closs, cgrads = _step(compiled, model, ids, targets, cu)
     assert_exact(f"{what} loss", loss, closs)
     for (pname, _), g, cg in zip(model.named_parameters(), grads, cgrads):
-        assert_exact(f"{what} d{pname}", g, cg)
+        assert_exact_grad(f"{what} d{pname}", g, cg)
 
 
 CASES = [(name, packed) for name in FAMILY_TINY_PRESETS for packed in (False, True)]
