@@ -57,7 +57,7 @@ PHASES = [
 ]
 
 
-def fake_step(eng: Engine, table: torch.Tensor):
+def fake_step(table: torch.Tensor):
     """A decoding step that returns row ``s``'s logits of its own step count from ``table [T, B, V]``."""
     count = [0]
 
@@ -197,7 +197,7 @@ def main() -> None:
     timer = Timer()
     owners = {"engine": eng, "slots": eng._slots}
     if args.step == "fake":
-        eng._slots.decode_step = fake_step(eng, logits_table(args.new_tokens + 1, args.requests, tok.vocab_size))
+        eng._slots.decode_step = fake_step(logits_table(args.new_tokens + 1, args.requests, tok.vocab_size))
     for name, owner, attr in PHASES if args.phases else ():
         owner = owners.get(owner, owner)
         if hasattr(owner, attr):
