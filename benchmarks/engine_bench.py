@@ -2,7 +2,8 @@
 ``--prompt-tokens`` prompt submitted at once, ``--new-tokens`` each, with the decoding step replayed from CUDA graphs
 and eagerly, two rounds each.  Reported: wall time, output tokens/s, time to first token (p50 / max) and the gaps
 between a request's tokens (p50 / p99), from the engine's own event times.  Set against ``serve_bench.py`` (the
-same load through ``lintime serve`` and the ``openai`` client), it splits the engine's cost from the HTTP layer's.
+same load through ``lintime serve`` and the ``openai`` client), it splits the engine's cost from the HTTP layer's;
+``engine_host_bench.py`` splits the loop thread's host work per decoding iteration from the step's, on the CPU.
 
     python3 benchmarks/engine_bench.py runs/flash-base --out $OUT
 
