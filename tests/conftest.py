@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# One intra-op thread in every process a test starts (CLI runs, subprocess checks, spawned ranks), set before
+# torch is imported here so that they all inherit it: a child on PyTorch's default (one thread per core) contends with
+# the other xdist worker and with itself; a tiny model's forward + backward ran dozens of times slower that way on a 2-core
+# machine (tests/test_without_triton.py's family loop: 10-12 s against 0.2-2 s).  The in-process rule is below.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # Without CUDA, Triton kernels run in Triton's CPU interpreter.  Triton reads the
 # variable when a kernel module is imported, so it is set here, in the root conftest, before any
@@ -38,8 +44,46 @@ except ImportError:  # hypothesis is in the `test` extra
 torch.set_num_threads(1)
 
 
+# Modules holding the suite's longest tests (or a long shared set-up), longest first: they run first.  pytest-xdist's
+# ``load`` schedule hands out tests in collection order, so a long test near the end of the order keeps one worker
+# busy while the other has nothing left; at the front it overlaps with the short tests.  Whole modules move, in their
+# own order, so a module-scoped fixture is still set up once per worker.  The many short kernel tests of tests/ops
+# already sit mid-order and stay there: what must not come last is a long one.
+SLOW_MODULES = (
+    "tests/distributed/test_distributed.py",
+    "tests/cli/test_mqar_cli.py",
+    "tests/test_without_triton.py",
+    "tests/quality/test_quality_mqar.py",
+    "tests/ops/gau/test_gau.py",
+    "tests/distributed/test_ddp_graph_step.py",
+    "tests/serving/test_serve_bench.py",
+    "tests/test_imports.py",
+    "tests/serving/test_server.py",
+    "tests/hf/test_hf_model.py",
+    "tests/bench/test_recall_sweep.py",
+    "tests/cli/test_new_user.py",
+    "tests/training/test_tasks_graph.py",
+    "tests/evaluation/test_mqar_mix.py",
+    "tests/bench/test_train_default.py",
+    "tests/training/test_compiled_model.py",
+    "tests/quality/test_quality_retrieval_ft.py",
+    "tests/cli/test_eval_tasks_cli.py",
+    "tests/quality/test_quality_bpe.py",
+)
+
+
+def _slow_rank(item) -> int:
+    path = item.nodeid.split("::", 1)[0]
+    try:
+        return SLOW_MODULES.index(path)
+    except ValueError:
+        return len(SLOW_MODULES)
+
+
 def pytest_collection_modifyitems(config, items):
-    """``@pytest.mark.cuda`` means "needs a CUDA device": such tests are skipped without one."""
+    """The modules of :data:`SLOW_MODULES` first (a stable sort: every other test keeps its place), and
+    ``@pytest.mark.cuda`` means "needs a CUDA device": such tests are skipped without one."""
+    items[:] = sorted(items, key=_slow_rank)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
