@@ -254,3 +254,41 @@ print(bad)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip() == "[]", res.stdout
+
+
+# Modules that `lintime generate` must not import: another command's stack (serving, HF, benchmarks, evaluation,
+# the training loop), plotting and logging libraries, and the compiler (only --compile needs it).
+GENERATE_MUST_NOT_IMPORT = (
+    "transformers", "matplotlib", "tensorboard", "fastapi", "uvicorn", "torch._dynamo", "torch._inductor",
+    "lintime.serving", "lintime.hf", "lintime.bench", "lintime.evaluation", "lintime.training.trainer",
+    "lintime.training.run_setup", "lintime.training.step",
+)
+
+
+def test_generate_imports_only_what_it_needs(tmp_path):
+    """A fresh interpreter runs ``lintime generate`` on a tiny run folder (its lazy imports included), then
+    lists the modules above it took in."""
+    code = f"""
+import sys
+import torch
+from lintime.data import ByteTokenizer
+from lintime.models import CausalLM, get_preset
+from lintime.training.checkpoint import save_checkpoint, write_run_config
+
+tok = ByteTokenizer()
+model = CausalLM(get_preset("flash-tiny", vocab_size=tok.vocab_size))
+run = {str(tmp_path / "run")!r}
+write_run_config(run, model_config=model.config, objective="clm", tokenizer=tok, train={{}})
+save_checkpoint(run, 1, model, {{"step": 1}})
+del model
+forbidden = {GENERATE_MUST_NOT_IMPORT!r}
+assert not [m for m in sys.modules if m.startswith(forbidden)], "the test's set-up imported them"
+from lintime.cli import main
+assert main(["generate", run, "--prompt", "ab", "--max-new-tokens", "3", "--no-stats"]) == 0
+print()
+print("IMPORTED", sorted(m for m in sys.modules if m.startswith(forbidden)))
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    line = next(x for x in res.stdout.splitlines() if x.startswith("IMPORTED"))
+    assert line == "IMPORTED []", line

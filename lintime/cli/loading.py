@@ -46,7 +46,7 @@ def _load_export(path: Path, hf: dict, device) -> LoadedModel:
     from safetensors.torch import load_file
 
     from lintime.models import CausalLM, ModelConfig
-    from lintime.training.checkpoint import LoadedModel
+    from lintime.training.checkpoint import LoadedModel, nonfinite_tensors
 
     try:
         model = CausalLM(ModelConfig.from_dict(hf["lintime_model"]))
@@ -61,7 +61,7 @@ def _load_export(path: Path, hf: dict, device) -> LoadedModel:
     if missing or unexpected:
         raise ValueError(f"{path / HF_WEIGHTS} does not fit its config.json: {len(missing)} missing, "
                          f"{len(unexpected)} unexpected tensors (e.g. {(missing or unexpected)[0]})")
-    bad = [k for k, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    bad = nonfinite_tensors(model)
     if bad:
         raise ValueError(f"{path / HF_WEIGHTS} is corrupted: {len(bad)} tensor(s) hold NaN or infinity (e.g. {bad[0]})")
     tokenizer = _export_tokenizer(path, model.config.vocab_size)

@@ -59,6 +59,8 @@ import json
 import os
 import re
 import shutil
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,9 +112,9 @@ __all__ = [
     "ABANDONED_DIR", "CHECKPOINTS_DIR", "CHECKSUM_FILE", "CONFIG_FILE", "DCP_MARK", "LATEST_FILE", "OPTIM_DIR",
     "STATE_FILE", "TOKENIZER_DIR", "WEIGHTS_FILE", "LoadedModel", "abandon_notice", "atomic_write_text",
     "build_model", "file_sha256", "later_checkpoints", "list_checkpoints", "load_model", "load_sharded_optimizer",
-    "load_trainer_state", "load_weights", "newest_intact_checkpoint", "optimizer_state_by_name", "read_run_config",
-    "resolve_checkpoint", "run_dir_of", "save_checkpoint", "save_distributed_checkpoint", "set_optimizer_by_name",
-    "step_dir_name", "verify_checkpoint", "write_run_config",
+    "load_trainer_state", "load_weights", "newest_intact_checkpoint", "nonfinite_tensors",
+    "optimizer_state_by_name", "read_run_config", "resolve_checkpoint", "run_dir_of", "save_checkpoint",
+    "save_distributed_checkpoint", "set_optimizer_by_name", "step_dir_name", "verify_checkpoint", "write_run_config",
 ]
 
 
@@ -228,18 +230,20 @@ def build_model(config: dict) -> nn.Module:
     return (CausalLM if config["objective"] == "clm" else MaskedLM)(model_config)
 
 
-def load_weights(model: nn.Module, step_dir: str | os.PathLike, device: str | torch.device = "cpu") -> None:
+def load_weights(model: nn.Module, step_dir: str | os.PathLike, device: str | torch.device = "cpu", *,
+                 checked: Future | None = None) -> None:
     """Load ``model.safetensors`` of ``step_dir`` into ``model`` (strict: every name and shape must
     match); a mismatch raises ``ValueError`` with one line naming the first differences.  The file
     must match the checksum recorded at save and every loaded value must be finite, else
-    ``ValueError`` says the checkpoint is corrupted and names the run's newest intact one."""
+    ``ValueError`` says the checkpoint is corrupted and names the run's newest intact one.
+    ``checked``: the checksum comparison of the weights, already started (:func:`load_model`)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_model as st_load_model
 
     path = Path(step_dir) / WEIGHTS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"weights not found: {path}")
-    problem = verify_checkpoint(step_dir, (WEIGHTS_FILE,))
+    problem = checked.result() if checked is not None else verify_checkpoint(step_dir, (WEIGHTS_FILE,))
     if problem is not None:
         raise _corrupted(Path(step_dir), problem)
     try:
@@ -257,9 +261,19 @@ def load_weights(model: nn.Module, step_dir: str | os.PathLike, device: str | to
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(sorted(unexpected)[:3])})")
         raise ValueError(f"checkpoint {path} does not fit this model: {'; '.join(parts)} tensors")
-    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    bad = nonfinite_tensors(model)
     if bad:
         raise _corrupted(Path(step_dir), f"{len(bad)} tensor(s) of {WEIGHTS_FILE} hold NaN or infinity (e.g. {bad[0]})")
+
+
+def nonfinite_tensors(model: nn.Module) -> list[str]:
+    """Names, in ``state_dict`` order, of the floating-point tensors of ``model`` that hold NaN or infinity:
+    a min and max per tensor (NaN propagates through both) and one read of the results on the host."""
+    named = [(name, t) for name, t in model.state_dict().items() if t.is_floating_point() and t.numel()]
+    if not named:
+        return []
+    finite = torch.stack([torch.isfinite(torch.stack(torch.aminmax(t))).all() for _, t in named]).tolist()
+    return [name for (name, _), ok in zip(named, finite) if not ok]
 
 
 def load_trainer_state(step_dir: str | os.PathLike) -> dict:
@@ -274,6 +288,21 @@ def load_trainer_state(step_dir: str | os.PathLike) -> dict:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # a truncated or foreign file raises several kinds of errors
         raise ValueError(f"trainer state {path} is unreadable: {_one_line(err)}") from None
+
+
+def _in_background(fn, *args) -> Future:
+    """``fn(*args)`` on a daemon thread (an early error exit does not wait for it); its result or exception in the
+    returned future."""
+    done: Future = Future()
+
+    def run():
+        try:
+            done.set_result(fn(*args))
+        except BaseException as err:
+            done.set_exception(err)
+
+    threading.Thread(target=run, name="lintime-checksum", daemon=True).start()
+    return done
 
 
 @dataclass
@@ -303,8 +332,9 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> L
         raise FileNotFoundError(str(err)) from None
     if tokenizer.name != config["tokenizer"]:
         raise ValueError(f"run {run_dir}: tokenizer/ is {tokenizer.name!r} but config.json says {config['tokenizer']!r}")
+    checked = _in_background(verify_checkpoint, step_dir, (WEIGHTS_FILE,))  # hashing the file overlaps the build
     model = build_model(config)
-    load_weights(model, step_dir)
+    load_weights(model, step_dir, checked=checked)
     model.to(device).eval()
     m = _STEP_DIR.match(step_dir.name)
     step = int(m.group(1)) if m else -1
