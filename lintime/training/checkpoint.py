@@ -55,6 +55,7 @@ the step folders' handling (names, checksums, publishing, retention) is in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -221,13 +222,44 @@ def read_run_config(run_dir: str | os.PathLike) -> dict:
     return config
 
 
-def build_model(config: dict) -> nn.Module:
-    """A fresh ``CausalLM`` / ``MaskedLM`` from a run config dict (``config.json``)."""
+def build_model(config: dict, *, initialise: bool = True) -> nn.Module:
+    """A fresh ``CausalLM`` / ``MaskedLM`` from a run config dict (``config.json``).  ``initialise=False``: the
+    parameters are left as allocated (``torch.nn.init``'s functions do nothing while the model is built), for a
+    strict load that overwrites every one of them (:func:`load_weights`); buffers are built as always."""
     try:
         model_config = ModelConfig.from_dict(config["model"])
     except (ValueError, TypeError) as err:
         raise ValueError(f"the run's model config cannot be built here: {_one_line(err)}") from None
-    return (CausalLM if config["objective"] == "clm" else MaskedLM)(model_config)
+    cls = CausalLM if config["objective"] == "clm" else MaskedLM
+    if initialise:
+        return cls(model_config)
+    with _init_skipped():
+        return cls(model_config)
+
+
+_INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+                   "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_",
+                   "sparse_")
+_INIT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _init_skipped():
+    """``torch.nn.init``'s functions return their tensor untouched inside the block (a model whose weights a load
+    replaces need not draw them: the random draws cost more than the load)."""
+    with _INIT_LOCK:
+        saved = {name: getattr(nn.init, name) for name in _INIT_FUNCTIONS if hasattr(nn.init, name)}
+        try:
+            for name in saved:
+                setattr(nn.init, name, _keep)
+            yield
+        finally:
+            for name, fn in saved.items():
+                setattr(nn.init, name, fn)
+
+
+def _keep(tensor, *args, **kwargs):
+    return tensor
 
 
 def load_weights(model: nn.Module, step_dir: str | os.PathLike, device: str | torch.device = "cpu", *,
@@ -333,7 +365,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> L
     if tokenizer.name != config["tokenizer"]:
         raise ValueError(f"run {run_dir}: tokenizer/ is {tokenizer.name!r} but config.json says {config['tokenizer']!r}")
     checked = _in_background(verify_checkpoint, step_dir, (WEIGHTS_FILE,))  # hashing the file overlaps the build
-    model = build_model(config)
+    model = build_model(config, initialise=False)  # load_weights overwrites every parameter (strict)
     load_weights(model, step_dir, checked=checked)
     model.to(device).eval()
     m = _STEP_DIR.match(step_dir.name)
