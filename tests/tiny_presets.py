@@ -48,3 +48,14 @@ def small_chunks(config: ModelConfig) -> ModelConfig:
 
 # preset -> its mixer changes (for helpers that take them as keyword arguments)
 SMALL_CHUNKS = {name: _small_changes(all_presets()[name]) for name in FAMILY_TINY_PRESETS}
+
+
+def saved_run(run, model, *, objective: str = "clm"):
+    """``run`` (a path) as a run folder holding ``model`` at step 1, byte tokenizer: what ``load_model`` /
+    ``lintime generate`` read.  Returns ``run``."""
+    from lintime.data import ByteTokenizer
+    from lintime.training.checkpoint import save_checkpoint, write_run_config
+
+    write_run_config(run, model_config=model.config, objective=objective, tokenizer=ByteTokenizer(), train={})
+    save_checkpoint(run, 1, model, {"step": 1})
+    return run

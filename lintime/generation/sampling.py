@@ -177,8 +177,7 @@ def sample_seeded(
     greedy = _checked_greedy(logits, temperature)
     if greedy is not None:
         return greedy
-    probs = filtered_probs(logits, temperature, top_k, top_p)  # [B, V] fp32
-    return _inverse_cdf(probs, seeded_uniform(seeds, step)[:, None])
+    return sample_uniform(logits, seeded_uniform(seeds, step), temperature=temperature, top_k=top_k, top_p=top_p)
 
 
 def sample_uniform(

@@ -10,7 +10,8 @@ import torch
 from lintime.cli import main
 from lintime.data import ByteTokenizer
 from lintime.models import CausalLM, get_preset
-from lintime.training.checkpoint import WEIGHTS_FILE, load_model, nonfinite_tensors, save_checkpoint, write_run_config
+from lintime.training.checkpoint import WEIGHTS_FILE, load_model, nonfinite_tensors
+from tiny_presets import saved_run
 
 
 @pytest.fixture(scope="module")
@@ -18,10 +19,7 @@ def run_dir(tmp_path_factory):
     tok = ByteTokenizer()
     torch.manual_seed(0)
     model = CausalLM(get_preset("flash-tiny", vocab_size=tok.vocab_size))
-    run = tmp_path_factory.mktemp("load") / "run"
-    write_run_config(run, model_config=model.config, objective="clm", tokenizer=tok, train={})
-    save_checkpoint(run, 1, model, {"step": 1})
-    return run
+    return saved_run(tmp_path_factory.mktemp("load") / "run", model)
 
 
 class _Mixed(torch.nn.Module):

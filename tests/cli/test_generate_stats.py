@@ -12,7 +12,7 @@ from lintime.cli import main
 from lintime.cli.generate import stats_line
 from lintime.data import ByteTokenizer
 from lintime.models import CausalLM, get_preset
-from lintime.training.checkpoint import save_checkpoint, write_run_config
+from tiny_presets import saved_run
 
 LINE = re.compile(r"\[prefill (\d+) tokens in [\d.]+ s; (decoder set-up [\d.]+ s; )?(\d+) new tokens in ([\d.]+) s \(([\d.]+) ms per token, "
                   r"(\w+) path, [\d.]+ tokens/s\); decoding state per sample")
@@ -23,10 +23,7 @@ def run_dir(tmp_path_factory):
     tok = ByteTokenizer()
     torch.manual_seed(0)
     model = CausalLM(get_preset("gla-tiny", vocab_size=tok.vocab_size))
-    run = tmp_path_factory.mktemp("gen") / "run"
-    write_run_config(run, model_config=model.config, objective="clm", tokenizer=tok, train={})
-    save_checkpoint(run, 1, model, {"step": 1})
-    return run
+    return saved_run(tmp_path_factory.mktemp("gen") / "run", model)
 
 
 @pytest.mark.parametrize("decode", ["auto", "static"])

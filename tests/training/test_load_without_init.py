@@ -8,11 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from lintime.data import ByteTokenizer
 from lintime.models import CausalLM, MaskedLM, get_preset
 from lintime.training import checkpoint as ckpt
-from lintime.training import load_model, save_checkpoint
-from tiny_presets import FAMILY_TINY_PRESETS
+from lintime.training import load_model
+from tiny_presets import FAMILY_TINY_PRESETS, saved_run
 
 
 def _saved(tmp_path, name: str, objective: str = "clm"):
@@ -22,10 +21,7 @@ def _saved(tmp_path, name: str, objective: str = "clm"):
     with torch.no_grad():  # every parameter away from its init, so an unloaded one cannot pass for loaded
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.01)
-    run = tmp_path / "run"
-    ckpt.write_run_config(run, model_config=cfg, objective=objective, tokenizer=ByteTokenizer(), train={"seed": 0})
-    save_checkpoint(run, 1, model, {"step": 1})
-    return run, model
+    return saved_run(tmp_path / "run", model, objective=objective), model
 
 
 @pytest.mark.parametrize("name", FAMILY_TINY_PRESETS)
