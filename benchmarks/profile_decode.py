@@ -89,7 +89,8 @@ def _needles(category: str) -> tuple[str, ...]:
 _GROUP_RULES = (
     ("vq decode", ("vqdecode",), ()),
     ("vq quantize", ("vqquantize", "vqquantisation"), ()),
-    ("mixer kernels", _needles("attention op") + ("decodestepkernel", "decodeadvancekernel"), ()),
+    ("mixer kernels", _needles("attention op") + ("decodescoreskernel", "decodevalueskernel", "decodeadvancekernel"),
+     ()),
     ("casts / copies", ("memcpy", "memset", "copykernel", "fillfunctor"),
      ("aten::to", "aten::tocopy", "aten::copy", "aten::clone", "aten::contiguous", "aten::fill", "aten::zero",
       "aten::indexcopy")),

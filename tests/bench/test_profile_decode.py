@@ -36,7 +36,8 @@ COPY = "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_ker
     (("vq_decode_merge_kernel",), "vq decode"),
     (("vq_quantize_kernel",), "vq quantize"),
     (("vq_quantisation", "aten::baddbmm", "aten::bmm"), "vq quantize"),  # the layer's range beats the GEMM
-    (("decode_step_kernel",), "mixer kernels"),  # FLASH's fused step
+    (("decode_scores_kernel",), "mixer kernels"),  # FLASH's fused step
+    (("decode_values_kernel",), "mixer kernels"),
     (("gla_recurrent_kernel",), "mixer kernels"),
     (("aten::linear", "aten::to", "aten::_to_copy", "aten::copy_", COPY), "casts / copies"),  # autocast's weight cast
     ((COPY,), "casts / copies"),  # the same kernel replayed, by its name

@@ -189,7 +189,7 @@ def mixed_chunk_decode_step_(
     The same numbers as :func:`lintime.modules.gau_heads` then :func:`mixed_chunk_attention` (recurrent form),
     but ``state``'s own tensors hold the next state: no new state, fixed shapes, no host read (once ``state``'s
     ``fill`` / ``count`` are checked: a decoding loop pays one read, on its first step), so a CUDA graph can
-    capture it.  On CUDA two fused kernels (:mod:`lintime.ops.mixed_chunk.triton.decode`).
+    capture it.  On CUDA three fused kernels (:mod:`lintime.ops.mixed_chunk.triton.decode`).
 
     Args:
         h: ``[N, 2E + S]`` the projection (before silu) of each sequence's token.
@@ -259,7 +259,7 @@ def _check_step_args(op, h, gamma, beta, positions, state, rel_bias, scale, line
 
 
 def _fused_step(op, h, gamma, beta, positions, state, rel_bias, scale, linear_norm, rope_base) -> torch.Tensor:
-    """The ``'triton'`` backend of :func:`mixed_chunk_decode_step_`: two kernels writing ``state`` in place."""
+    """The ``'triton'`` backend of :func:`mixed_chunk_decode_step_`: three kernels writing ``state`` in place."""
     N, C, _, S = state.k_quad.shape
     E = state.v.shape[-1]
     require_triton(op)

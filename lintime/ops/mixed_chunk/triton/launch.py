@@ -46,14 +46,15 @@ class MixedChunkLaunch(LaunchConfig):
     tma: bool = True
     # the fused reduction's do / v / state tiles through TMA too: a little faster (measured in bf16 only)
     tma_red: bool = True
-    # decoding step (not measured yet; register counts from ptxas at S = 128, C = 256, bf16)
-    dec_bc: int = 64  # chunk slots per block (>= 16: tl.dot's minimum)
+    # decoding step: a scores kernel (one program per sequence and dec_bc-slot block) then a values kernel (one
+    # program per sequence and value-column block), so the keys are read and scored once per sequence
+    dec_bc: int = 64  # chunk slots per block in both kernels (>= 16: tl.dot's minimum)
+    dec_warps_scores: int = 4
     dec_be: int = 32  # value columns per program: FLASH-base (E = 1536) gets 48 programs per sequence at batch 1
-    dec_warps: int = 4  # 242 registers with 32 columns, no spills (64 columns on 4 warps spill)
-    # many sequences (:meth:`decode_tiles`): each program reads every key of its sequence once, so wider programs
-    # read the keys fewer times once the GPU is full anyway; 64 columns on 8 warps do not spill either
+    dec_warps: int = 4
+    # many sequences (:meth:`decode_tiles`): wider programs once the GPU is full anyway
     dec_be_wide: int = 64
-    dec_warps_wide: int = 8
+    dec_warps_wide: int = 4
 
     def thin_walk(self, n: int, H: int, S: int, E: int, device) -> MixedChunkLaunch:
         """This config with the state walk's ``S`` tile halved (once, from more than 64) where that alone gives every
@@ -66,8 +67,8 @@ class MixedChunkLaunch(LaunchConfig):
         return _thin_walk(n, H, S, E, self, str(device))
 
     def decode_tiles(self, N: int, E: int, device) -> tuple[int, int, int]:
-        """``(chunk slots per block, value columns per program, warps)`` of the decoding step for ``N`` sequences of
-        ``E`` value columns: the wide programs once more than four programs per SM would run."""
+        """``(chunk slots per block, value columns per program, warps)`` of the decoding step's values kernel for
+        ``N`` sequences of ``E`` value columns: the wide programs once more than four programs per SM would run."""
         if N * cdiv(E, self.dec_be) > 4 * sm_count(device):
             return self.dec_bc, self.dec_be_wide, self.dec_warps_wide
         return self.dec_bc, self.dec_be, self.dec_warps
@@ -97,7 +98,8 @@ def _default_launch(S: int, E: int, dtype: torch.dtype, C: int, interp: bool) ->
     if interp:
         return MixedChunkLaunch(bg=16, bs=16, bk=16, be_fwd=16, be_dv=16, be_red=16, bg_red=16, warps_red=1,
                                 warps_fwd=1, warps_bwd=1, stages=1, bt=16, bs_state=16, be_state=16, seg_chunks=2,
-                                fix_bs=8, dec_bc=8, dec_be=16, dec_warps=1, dec_be_wide=16, dec_warps_wide=1)
+                                fix_bs=8, dec_bc=8, dec_warps_scores=1, dec_be=16, dec_warps=1, dec_be_wide=16,
+                                dec_warps_wide=1)
     common = {"bg": min(64, block(C)), "bs_state": min(128, block(S))}
     if dtype == torch.bfloat16:
         return MixedChunkLaunch(bs=min(128, block(S)), bg_red=min(128, block(C)), **common)
