@@ -48,11 +48,11 @@ class MixedChunkLaunch(LaunchConfig):
     tma_red: bool = True
     # decoding step: a scores kernel (one program per sequence and dec_bc-slot block) then a values kernel (one
     # program per sequence and value-column block), so the keys are read and scored once per sequence
-    dec_bc: int = 64  # chunk slots per block in both kernels (>= 16: tl.dot's minimum)
-    dec_warps_scores: int = 4
+    dec_bc: int = 128  # chunk slots per block in both kernels (>= 16: tl.dot's minimum); 64 and 32 were slower
+    dec_warps_scores: int = 8  # 8 warps on the scores' [128, 128] key tiles; 2 and 4 were a little slower
     dec_be: int = 32  # value columns per program: FLASH-base (E = 1536) gets 48 programs per sequence at batch 1
     dec_warps: int = 4
-    # many sequences (:meth:`decode_tiles`): wider programs once the GPU is full anyway
+    # many sequences (:meth:`decode_tiles`): wider programs once the GPU is full anyway (128 and 256 were slower)
     dec_be_wide: int = 64
     dec_warps_wide: int = 4
 
