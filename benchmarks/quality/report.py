@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """The study's tables and plots (issue 43) from the run records of ``run.py``.
 
-Reads ``benchmarks/quality/runs/*.json`` against the plan (``run.plan()``) and rewrites the block
+Reads ``benchmarks/quality/runs/*.json`` against the plan (``run.plan(runs_dir=...)``: with the rungs the
+learning-rate sweep's adaptive ladder has called for) and rewrites the block
 between ``<!-- BEGIN quality-study -->`` and ``<!-- END quality-study -->`` in ``docs/results.md``
 (plots: ``docs/results/quality_*.png`` when matplotlib is there, else a line says they were skipped).
 
 What each table computes (every cell states seeds, tokens, context, training time and commit; a
 planned cell with no finished run says ``not run``):
 
+* **learning-rate sweep**: each family's rungs (a column per factor on any family's ladder; ``-`` where a
+  factor is not on that family's) and the chosen rate with its factor and whether it is interior to the
+  ladder or at its cap, or what the family's study runs wait for (``run.sweep_ladder``);
 * **final scores**: validation and test bits per byte (``lintime.evaluation.evaluate``, first 2^22
   tokens of each split, whole documents, at the training context), mean ± sample standard deviation
   over the finished seeds;
@@ -178,17 +182,27 @@ def cell_info(recs: list[dict]) -> str:
 
 
 def study_tables(records: dict, plan: list) -> dict:
-    """Every number the page shows, as data: ``{context: {family: {...}}}`` plus the sweep."""
+    """Every number the page shows, as data: ``{context: {family: {...}}}`` plus the sweep (each family's rungs as
+    its adaptive ladder has them, ``run.sweep_ladder``, and the ladder's verdict)."""
     contexts = sorted({r.context for r in plan if r.kind == "study"})
     families = list(dict.fromkeys(r.family for r in plan))
-    out: dict = {"contexts": {}, "sweep": {}}
+    start, (lo, hi) = study.ladder_rule(bool(plan) and plan[0].smoke)
+    out: dict = {"contexts": {}, "sweep": {}, "ladder": {},
+                 "ladder_rule": {"start": start, "range": (lo, hi), "step": study.LR_LADDER_STEP}}
     for fam in families:
-        sweep = [r for r in plan if r.kind == "sweep" and r.family == fam]
-        out["sweep"][fam] = [{"id": r.id, "lr": r.lr, "factor": r.lr_factor, "context": r.context,
-                              "status": records.get(r.id, {}).get("status", "not run"),
-                              "validation_bpb": (records[r.id]["final"]["validation_bpb"]
-                                                 if records.get(r.id, {}).get("status") == "done" else None)}
-                             for r in sweep]
+        lad = study.sweep_ladder(fam, plan, records)
+        out["sweep"][fam] = []
+        for r in lad.rungs:
+            rec = records.get(r.id) or {}
+            bpb = (rec.get("final") or {}).get("validation_bpb") if rec.get("status") == "done" else None
+            out["sweep"][fam].append({
+                "id": r.id, "lr": r.lr, "factor": r.lr_factor, "context": r.context,
+                "status": rec.get("status", "not run"), "diverged": study.diverged(rec),
+                "validation_bpb": bpb if isinstance(bpb, (int, float)) and math.isfinite(bpb) else None})
+        out["ladder"][fam] = {
+            "state": lad.state, "why": lad.why, "lr": lad.best.lr if lad.best else None,
+            "factor": lad.best.lr_factor if lad.best else None, "rungs": len(lad.rungs),
+            "waiting": [(r.lr_factor, (records.get(r.id) or {}).get("status", "not run")) for r in lad.waiting]}
     for ctx in contexts:
         row: dict = {}
         planned = {fam: [r for r in plan if r.kind == "study" and r.family == fam and r.context == ctx]
@@ -224,27 +238,53 @@ def study_tables(records: dict, plan: list) -> dict:
     return out
 
 
-def markdown(tables: dict, plots: list[str], note: str = "") -> str:
-    L: list[str] = []
-    sweep = tables["sweep"]
-    L.append("### Learning-rate sweep\n")
-    L.append("Context 1024, seed 0, the seed recipe's peak rate x 0.5 / 1 / 2; the study runs use the rate with the "
-             "lowest final validation bits per byte.\n")
+def sweep_cell(s: dict | None) -> str:
+    """A sweep table cell: the rung's final validation bits per byte and rate, why it has none, or ``-`` (the factor
+    is not on this family's ladder)."""
+    if s is None:
+        return "-"
+    if s["validation_bpb"] is not None:
+        return f"{s['validation_bpb']:.4f} (lr {s['lr']:.2g})"
+    if s["diverged"]:
+        return "diverged" if s["status"] == "failed" else "no finite score"
+    return s["status"]
+
+
+def chosen_text(lad: dict) -> str:
+    """The sweep table's 'chosen' cell: the rate with its factor and whether it is interior or at the cap, or what
+    the family's study waits for."""
+    if lad["state"] in ("interior", "at the cap"):
+        return f"{lad['lr']:.2g} (x{lad['factor']:g}, {lad['state']})"
+    if lad["state"] == "waits":
+        return "- (waits: " + ", ".join(f"x{f:g} {st}" for f, st in lad["waiting"]) + ")"
+    return "- (no finite score)" if lad["rungs"] else "-"
+
+
+def sweep_markdown(tables: dict) -> list[str]:
+    sweep, rule = tables["sweep"], tables["ladder_rule"]
+    (lo, hi), step = rule["range"], rule["step"]
+    ctx = sorted({s["context"] for rows in sweep.values() for s in rows})
+    L = ["### Learning-rate sweep\n",
+         f"Context {'/'.join(map(str, ctx)) or '-'}, seed 0, an adaptive ladder on the seed recipe's peak rate: first "
+         f"x {' / '.join(f'{f:g}' for f in rule['start'])}; while a family's best run (lowest final validation bits "
+         f"per byte) is at the top or bottom edge of its ladder, the next rung out (x {step:g} or x 1/{step:g} that "
+         f"edge's factor) is run, within x {lo:g} to x {hi:g} (the cap). A rung that diverged or ended without a "
+         f"finite score counts as worse than any finished one, so it also ends the ladder on its side. A family's "
+         f"study runs use its best rate and wait until that is interior to the ladder or at the cap ('chosen' says "
+         f"which, or what they wait for); `-`: not on that family's ladder. Sweep runs skip retrieval by the plan "
+         f"(it is measured on the study runs; sweep records from before that rule keep an as-trained measurement, "
+         f"unused here).\n"]
     factors = sorted({s["factor"] for rows in sweep.values() for s in rows})
     L.append("| family | " + " | ".join(f"x {f:g}" for f in factors) + " | chosen |")
     L.append("|---|" + "---|" * (len(factors) + 1))
     for fam, rows in sweep.items():
-        cells, best = [], None
-        for f in factors:
-            s = next((x for x in rows if x["factor"] == f), None)
-            if s is None or s["validation_bpb"] is None:
-                cells.append("not run" if s is None or s["status"] == "not run" else s["status"])
-            else:
-                cells.append(f"{s['validation_bpb']:.4f} (lr {s['lr']:.2g})")
-        if all(s["validation_bpb"] is not None for s in rows):
-            best = min(rows, key=lambda s: s["validation_bpb"])
-        L.append(f"| {NAMES.get(fam, fam)} | " + " | ".join(cells) + f" | {format(best['lr'], '.2g') if best else '-'} |")
-    L.append("")
+        cells = [sweep_cell(next((x for x in rows if x["factor"] == f), None)) for f in factors]
+        L.append(f"| {NAMES.get(fam, fam)} | " + " | ".join(cells) + f" | {chosen_text(tables['ladder'][fam])} |")
+    return L + [""]
+
+
+def markdown(tables: dict, plots: list[str], note: str = "") -> str:
+    L: list[str] = sweep_markdown(tables)
     for ctx, row in tables["contexts"].items():
         L.append(f"### Context {ctx}\n")
         L.append("| family | seeds | validation bits/byte | test bits/byte | lr | tokens, training time, commit |")
@@ -555,7 +595,10 @@ def render(runs_dir: Path, plan: list, *, plots_dir: Path | None, plots_rel: str
     tables = study_tables(records, plan)
     n_done = sum(1 for r in plan if records.get(r.id, {}).get("status") == "done")
     plots, note = make_plots(tables, plots_dir, plots_rel) if plots_dir is not None else ([], "")
-    head = (f"{n_done} of {len(plan)} planned runs done ({sum(r.kind == 'sweep' for r in plan)} sweep runs, "
+    start = study.ladder_rule(bool(plan) and plan[0].smoke)[0]
+    n_ext = sum(r.kind == "sweep" and r.lr_factor not in start for r in plan)
+    head = (f"{n_done} of {len(plan)} planned runs done ({sum(r.kind == 'sweep' for r in plan)} sweep runs"
+            + (f" with {n_ext} ladder extension{'s' if n_ext > 1 else ''}" if n_ext else "") + ", "
             f"{sum(r.kind == 'study' for r in plan)} study runs, {sum(r.kind == 'bpe' for r in plan)} BPE runs); "
             f"records: `benchmarks/quality/runs/`; "
             f"regenerate with `python3 benchmarks/quality/report.py`.\n")
@@ -579,8 +622,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--print", action="store_true", help="print the block, write nothing")
     ap.add_argument("--page", type=Path, default=RESULTS_MD)
     args = ap.parse_args(argv)
-    plan = study.plan(smoke=args.smoke)
     runs_dir = args.runs_dir or (study.DATA / "smoke_runs" if args.smoke else study.RUNS)
+    plan = study.plan(smoke=args.smoke, runs_dir=runs_dir)  # with the sweep's ladder as the records have it
     if args.print:
         print(render(runs_dir, plan, plots_dir=None))
         print(render_retrieval(runs_dir, plan))

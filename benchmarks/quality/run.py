@@ -9,9 +9,15 @@ The plan (``plan()``; ``--list`` prints it with each run's estimated device time
   ``flash`` for FLASH and for its Transformer++ baseline, ``gla``, ``vq``) and the trainer's default,
   fastest exact path on CUDA (bf16 autocast, the training step in one CUDA graph, documents packed
   so that none sees another);
-* **learning-rate sweep** (kind ``sweep``): at context 1024, seed 0, the recipe's peak rate x 0.5,
-  1 and 2 (:data:`LR_FACTORS`); the study runs of a family use the rate whose sweep run ended with
-  the lowest validation bits per byte, and wait until the family's sweep is complete;
+* **learning-rate sweep** (kind ``sweep``): at context 1024, seed 0, an adaptive ladder on the
+  recipe's peak rate (:func:`sweep_ladder`): first x 0.5, 1 and 2 (:data:`LR_FACTORS`); while the
+  family's best run (lowest final validation bits per byte; a rung that diverged counts as worse than
+  any finished one) is at the ladder's top or bottom edge, the next rung out, x 2 or x 1/2 that edge's
+  factor (ids ``sweep-<family>-1024-lrx4`` ...), within :data:`LR_FACTOR_RANGE`; the plan holds the
+  rungs the records have called for so far (``plan(runs_dir=...)``), right after the family's first
+  ones, so the scheduler runs them before any study run.  A family's study runs use its best rate and
+  wait until the best is interior to the ladder or at the cap.  Sweep runs measure no retrieval
+  (it is measured on the study runs);
 * **study** (kind ``study``): contexts 1024, 4096, 8192 for every family and 32768 for every family
   (Transformer++ at 32k "as far as it fits": it needs several GPUs to finish in one call); seeds
   0, 1, 2 at 1024 and 8192, seed 0 elsewhere;
@@ -31,7 +37,8 @@ The plan (``plan()``; ``--list`` prints it with each run's estimated device time
   validation and test per-token perplexity and bits per byte on the same documents as the byte
   runs' final scores (so its bits per byte compare with theirs); no retrieval.
 * **retrieval** (issue 43 item 3, ``retrieval.py``): passkey and a multi-key needle at 1x / 2x / 4x
-  the trained context on each byte run's final model ("as trained", the record's ``retrieval``),
+  the trained context on each study run's final model ("as trained", the record's ``retrieval``; the
+  sweep and BPE runs skip it by the plan, :attr:`Run.no_retrieval_why`, and record why),
   then a **retrieval fine-tune**, the same for every family (:data:`RETRIEVAL_FT_STEPS` steps of the
   run's batch at its context, :data:`RETRIEVAL_FT_LR_FACTOR` x its peak rate, ``lintime train
   --init-from`` on a jsonl of train-split text and :data:`RETRIEVAL_FT_MIX` synthetic passkey /
@@ -50,15 +57,17 @@ On a warm machine an interrupted run resumes from its last checkpoint in ``--wor
 (``lintime train --resume``); elsewhere it starts over.
 
 Records: one JSON per run in ``benchmarks/quality/runs/<id>.json`` (committed): status
-(``done`` / ``incomplete`` / ``failed``), the plan entry, the exact ``lintime train`` command, the
-commit, the device, seeds, tokens, context, the validation curve (step, tokens, training seconds,
+(``done`` / ``incomplete`` / ``failed``; a failed one says whether its training ``diverged``), the
+plan entry, the exact ``lintime train`` command, the commit, the device, seeds, tokens, context,
+the validation curve (step, tokens, training seconds,
 bits per byte; per-token loss and perplexity), the training-loss curve, the final validation and test
 scores (bits per byte, per-token perplexity, the tokens, bytes and documents scored), timing; a BPE
 run also its tokenizer (name, the cache's split counts, epochs).
 
 Usage::
 
-    python3 benchmarks/quality/run.py --list                       # the plan, what is done, device-time estimates
+    python3 benchmarks/quality/run.py --list                       # the plan, what is done, device-time estimates,
+                                                                   # each family's learning-rate ladder
     python3 benchmarks/quality/run.py --budget-s 540               # GPU call: unpack the corpus, run what fits
     python3 benchmarks/quality/run.py --budget-s 540 --only sweep  # only the learning-rate sweep (also: study, bpe,
                                                                    # a family, a run id, a context like 8192)
@@ -100,7 +109,14 @@ CURVE_POINTS = 16
 CURVE_EVAL_TOKENS = 2**18
 FINAL_EVAL_TOKENS = 2**22
 SWEEP_CONTEXT = 1024
-LR_FACTORS = (0.5, 1.0, 2.0)
+LR_FACTORS = (0.5, 1.0, 2.0)  # the sweep's first rungs, on the recipe's peak rate
+# The adaptive ladder (sweep_ladder): while a family's best sweep run is at its ladder's top (bottom) edge, the next
+# rung out is planned at LR_LADDER_STEP x (1 / LR_LADDER_STEP x) that edge's factor, as long as it stays within
+# LR_FACTOR_RANGE.
+LR_LADDER_STEP = 2.0
+# 16x either way of the seed recipe's tuned rate: a best that far off says the recipe does not fit this setup (worth
+# reporting, not chasing), and it bounds a family's sweep at 5 runs (~25 device-minutes)
+LR_FACTOR_RANGE = (1 / 8, 8.0)
 SEEDS_BY_CONTEXT = {1024: (0, 1, 2), 4096: (0,), 8192: (0, 1, 2), 32768: (0,)}
 CALL_TRAIN_S = 420.0  # training seconds one 10-minute call leaves after start-up, unpacking, compiling, evaluation
 START_S = 45.0  # per run: process start, model build, compile / graph capture (measured: 20-60 s on an H200)
@@ -165,6 +181,7 @@ SMOKE = {  # the --smoke pipeline: tiny presets, the smoke corpus, a few steps
     "families": {"flash": ("flash-tiny", "flash", 3e-3), "transformer-pp": ("transformer-pp-tiny", "flash", 3e-3)},
     "contexts": {128: (0,)}, "sweep_context": 128, "tokens": 8 * 1024, "tokens_per_batch": 1024,
     "micro": 1024, "curve_eval_tokens": 1024, "final_eval_tokens": 2048, "lr_factors": (0.5, 1.0),
+    "lr_factor_range": (0.25, 2.0),  # one rung past either edge: the extension and the cap, in seconds
     "retrieval_trials": 1, "retrieval_depths": (0.0, 0.5, 1.0), "bpe_vocab": 512, "retrieval_ft_steps": 2,
 }
 
@@ -201,9 +218,18 @@ class Run:
         return zlib.crc32(key.encode())
 
     @property
+    def no_retrieval_why(self) -> str | None:
+        """Why the plan measures no retrieval (as trained or fine-tuned) on this run; ``None``: it does."""
+        if self.kind == "bpe":
+            return "BPE run: retrieval is measured on the byte runs"
+        if self.kind == "sweep":
+            return "sweep run: retrieval is measured on the study runs"
+        return None
+
+    @property
     def retrieval_s(self) -> float:
-        """Seconds reserved for retrieval after the scoring: none for the BPE runs (measured on the byte runs)."""
-        return 0.0 if self.kind == "bpe" else RETRIEVAL_S
+        """Seconds reserved for retrieval after the scoring: none where the plan skips it (:attr:`no_retrieval_why`)."""
+        return 0.0 if self.no_retrieval_why else RETRIEVAL_S
 
     @property
     def smoke(self) -> bool:
@@ -215,14 +241,14 @@ class Run:
 
     @property
     def ft_tokens(self) -> int:
-        """Training tokens of the retrieval fine-tune (0 for the BPE runs: no retrieval)."""
-        return 0 if self.kind == "bpe" else self.ft_steps * self.tokens_per_batch
+        """Training tokens of the retrieval fine-tune (0 where the plan skips retrieval: the sweep and BPE runs)."""
+        return 0 if self.no_retrieval_why else self.ft_steps * self.tokens_per_batch
 
     @property
     def retrieval_ft_s(self) -> float:
         """Estimated seconds of the retrieval fine-tune stage on the run's GPUs (documents, start-up, training at
-        the planned rate, retrieval again); 0 for the BPE runs."""
-        if self.kind == "bpe":
+        the planned rate, retrieval again); 0 where the plan skips retrieval (the sweep and BPE runs)."""
+        if self.no_retrieval_why:
             return 0.0
         return RETRIEVAL_FT_PREP_S + START_S + self.est_s * self.ft_tokens / self.tokens + RETRIEVAL_S
 
@@ -255,11 +281,14 @@ def run_tokens(train_tokens: int | None) -> int:
     return steps * TOKENS_PER_BATCH
 
 
-def plan(smoke: bool = False, train_tokens: int | None = None, bpe_train_tokens: int | None = None) -> list[Run]:
+def plan(smoke: bool = False, train_tokens: int | None = None, bpe_train_tokens: int | None = None,
+         runs_dir: Path | None = None) -> list[Run]:
     """Every run of the study, in the order they are run: the sweep first (it decides the study's
     rates), then seed 0 of every (context, family) -- short contexts first --, then the BPE part,
     then the other seeds.  ``train_tokens`` / ``bpe_train_tokens``: the train split in bytes / in
-    BPE tokens (default: the corpus manifest's / :data:`BPE_TRAIN_TOKENS`)."""
+    BPE tokens (default: the corpus manifest's / :data:`BPE_TRAIN_TOKENS`).  ``runs_dir``: the run
+    records; with them, each family's sweep also holds the rungs its adaptive ladder has called for so
+    far (:func:`sweep_ladder`), right after its first ones; without them, the fixed plan."""
     if smoke:
         s = SMOKE
         fams, contexts, sweep_ctx, factors = s["families"], s["contexts"], s["sweep_context"], s["lr_factors"]
@@ -288,8 +317,9 @@ def plan(smoke: bool = False, train_tokens: int | None = None, bpe_train_tokens:
 
     runs = []
     for fam, (_, _, base_lr) in fams.items():
-        for f in factors:
-            runs.append(make("sweep", fam, sweep_ctx, 0, base_lr * f, f, f"sweep-{fam}-{sweep_ctx}-lrx{f:g}"))
+        first = [make("sweep", fam, sweep_ctx, 0, base_lr * f, f, sweep_id(fam, sweep_ctx, f)) for f in factors]
+        ladder = sweep_ladder(fam, first, runs_dir) if runs_dir is not None else None
+        runs += first + ([r for r in ladder.order if r not in first] if ladder else [])
     for seed_rank in (0, 1):
         for ctx, seeds in contexts.items():
             for seed in seeds:
@@ -303,6 +333,17 @@ def plan(smoke: bool = False, train_tokens: int | None = None, bpe_train_tokens:
                     runs.append(make("bpe", fam, bpe_ctx, seed, None, None, f"bpe-{fam}-{bpe_ctx}-s{seed}",
                                      n_tokens=bpe_tokens, tokenizer=bpe_spec))
     return runs
+
+
+def sweep_id(family: str, context: int, factor: float) -> str:
+    return f"sweep-{family}-{context}-lrx{factor:g}"
+
+
+def ladder_rule(smoke: bool) -> tuple[tuple[float, ...], tuple[float, float]]:
+    """The sweep's first factors and the ladder's cap ``(lowest, highest factor)``."""
+    if smoke:
+        return SMOKE["lr_factors"], SMOKE["lr_factor_range"]
+    return LR_FACTORS, LR_FACTOR_RANGE
 
 
 def cache_dir(run: Run, data: Path) -> Path:
@@ -355,16 +396,105 @@ def is_done(run: Run, runs_dir: Path) -> bool:
     return bool(rec) and rec.get("status") == "done"
 
 
+def diverged(rec: dict | None) -> bool:
+    """The run ended without a finite validation score: training diverged (lintime train stops with "training
+    diverged"), or it finished with a non-finite final score."""
+    if not rec:
+        return False
+    if rec.get("status") == "failed":
+        return bool(rec.get("diverged")) or "training diverged" in (rec.get("error") or "")
+    if rec.get("status") == "done":
+        v = (rec.get("final") or {}).get("validation_bpb")
+        return not isinstance(v, (int, float)) or not math.isfinite(v)
+    return False
+
+
+def settled(run: Run, runs_dir: Path) -> bool:
+    """Nothing more to run: done, or a sweep rung that diverged (the ladder counts it as worse than any finished rung;
+    a rerun would diverge again).  Any other failure is run again."""
+    rec = read_record(run, runs_dir)
+    return bool(rec) and (rec.get("status") == "done" or (run.kind == "sweep" and diverged(rec)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Ladder:
+    """A family's learning-rate sweep (:func:`sweep_ladder`)."""
+
+    rungs: tuple[Run, ...]  # lowest factor first: the first rungs and those the records have called for so far
+    order: tuple[Run, ...]  # the same runs in plan order: the first rungs, then each extension as it was called for
+    best: Run | None  # the chosen rung; None while the study waits, or when no rung has a finite score
+    state: str  # "interior" | "at the cap" | "waits" | "no score"
+    why: str
+    waiting: tuple[Run, ...] = ()  # rungs not yet ended (state "waits")
+
+
+def _rung(edge: Run, factor: float) -> Run:
+    """The sweep run of ``edge``'s family at ``factor`` x the recipe's rate (otherwise ``edge``'s run)."""
+    base = (SMOKE["families"] if edge.smoke else FAMILIES)[edge.family][2]
+    return dataclasses.replace(edge, id=sweep_id(edge.family, edge.context, factor), lr=base * factor,
+                               lr_factor=factor)
+
+
+def sweep_ladder(family: str, runs: list[Run], records: Path | dict[str, dict]) -> Ladder:
+    """The family's sweep as the records make it (``records``: the runs folder, or ``{run id: record}``).
+
+    Adaptive ladder: once every rung has ended, the best is the rung with the lowest final validation bits per byte;
+    a rung that diverged or ended without a finite score counts as worse than any finished one, so it also stops the
+    ladder on its side.  A best at the ladder's top (bottom) edge calls for the next rung out, :data:`LR_LADDER_STEP`
+    x (1 / that) the edge's factor, and the family's study waits for it; the ladder ends when the best is interior, or
+    at an edge whose next rung would leave the cap (:data:`LR_FACTOR_RANGE`; the smoke's ``lr_factor_range``)."""
+    rungs = sorted((r for r in runs if r.kind == "sweep" and r.family == family), key=lambda r: r.lr_factor)
+    if not rungs:
+        return Ladder((), (), None, "no score", f"no sweep run of {family} in the plan")
+    order = [r for r in runs if r in rungs]
+    start, (lo, hi) = ladder_rule(rungs[0].smoke)
+    cap = f"x{lo:g}-x{hi:g}"
+
+    def rec_of(r: Run) -> dict | None:
+        return read_record(r, records) if isinstance(records, Path) else records.get(r.id)
+
+    while True:
+        recs = {r.id: rec_of(r) for r in rungs}
+        ended = [r for r in rungs if (recs[r.id] or {}).get("status") == "done" or diverged(recs[r.id])]
+        score = {r.id: math.inf if diverged(recs[r.id]) else recs[r.id]["final"]["validation_bpb"] for r in ended}
+        waiting = [r for r in rungs if r not in ended]
+        if waiting:
+            why = "waits for the learning-rate sweep (" + ", ".join(
+                f"{r.id} {(recs[r.id] or {}).get('status', 'not run')}" for r in waiting) + ")"
+            if ended and any(r.lr_factor not in start for r in waiting):  # an extension rung: say why it is there
+                prev = min(ended, key=lambda r: score[r.id])
+                side = "top" if waiting[-1].lr_factor > prev.lr_factor else "bottom"
+                why += f"; the best so far, x{prev.lr_factor:g}, is at the {side} edge of the ended rungs"
+            return Ladder(tuple(rungs), tuple(order), None, "waits", why, tuple(waiting))
+        if all(math.isinf(v) for v in score.values()):
+            return Ladder(tuple(rungs), tuple(order), None, "no score",
+                          f"no sweep run of {family} ended with a finite validation score: no rate to choose")
+        best = min(rungs, key=lambda r: score[r.id])  # a tie: the lower rate
+        i = rungs.index(best)
+        new = []
+        if i == len(rungs) - 1 and best.lr_factor * LR_LADDER_STEP <= hi * (1 + 1e-9):
+            new.append(_rung(best, best.lr_factor * LR_LADDER_STEP))
+        if i == 0 and best.lr_factor / LR_LADDER_STEP >= lo * (1 - 1e-9):
+            new.append(_rung(best, best.lr_factor / LR_LADDER_STEP))
+        if not new:
+            break
+        rungs = sorted(rungs + new, key=lambda r: r.lr_factor)
+        order += new
+    head = f"swept at context {best.context}: {best.id} (x{best.lr_factor:g}, "
+    bad = [f"x{r.lr_factor:g}" for r in rungs if math.isinf(score[r.id])]
+    tail = f"; {', '.join(bad)} diverged or ended without a finite score: worse than any finished rung)" if bad else ")"
+    if 0 < i < len(rungs) - 1:
+        return Ladder(tuple(rungs), tuple(order), best, "interior",
+                      head + f"interior: the rungs either side score worse; ladder {cap}" + tail)
+    return Ladder(tuple(rungs), tuple(order), best, "at the cap",
+                  head + f"at the cap: the next rung out would leave the ladder's {cap}" + tail)
+
+
 def swept_lr(family: str, runs: list[Run], runs_dir: Path) -> tuple[float | None, str]:
-    """The family's rate: its sweep run with the lowest final validation bits per byte, once every
-    sweep run of the family is done; ``(None, why)`` before that."""
-    sweep = [r for r in runs if r.kind == "sweep" and r.family == family]
-    recs = [(r, read_record(r, runs_dir)) for r in sweep]
-    missing = [r.id for r, rec in recs if not rec or rec.get("status") != "done"]
-    if missing:
-        return None, f"waits for the learning-rate sweep ({', '.join(missing)})"
-    best = min(recs, key=lambda rr: rr[1]["final"]["validation_bpb"])
-    return best[0].lr, f"swept at context {best[0].context}: {best[0].id}"
+    """The family's rate: the best rung of its sweep's adaptive ladder (:func:`sweep_ladder`) once the best is
+    interior or at the cap; ``(None, why)`` before that (its sweep runs, or the next rung out, not done yet)."""
+    ladder = sweep_ladder(family, runs, runs_dir)
+    return (ladder.best.lr if ladder.best else None), ladder.why
 
 
 def git_commit() -> str | None:
@@ -694,17 +824,18 @@ def run_one(run: Run, lr: float, lr_source: str, *, data: Path, work: Path, runs
             time_budget_s: float, gpus: int, log: Path, in_process: bool = False, retrieval: bool = True,
             retrieval_ft: bool = True) -> dict:
     """Train ``run`` (resuming a checkpoint in ``work`` when there is one), score it, measure
-    retrieval on it (unless ``retrieval`` is False), fine-tune it for retrieval and measure again
-    (unless ``retrieval`` or ``retrieval_ft`` is False, or it does not fit), write its record; all inside
-    ``time_budget_s``."""
+    retrieval on it (unless ``retrieval`` is False or the plan skips it: :attr:`Run.no_retrieval_why`),
+    fine-tune it for retrieval and measure again (unless ``retrieval`` or ``retrieval_ft`` is False, or it
+    does not fit), write its record; all inside ``time_budget_s``."""
     t_start = time.monotonic()
     run_dir = work / run.id
     resume = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
-    retrieval = retrieval and run.kind != "bpe"
+    retrieval = retrieval and not run.no_retrieval_why
     train_s = max(time_budget_s - START_S - EVAL_S - (run.retrieval_s if retrieval else 0.0), 5.0)
     cmd = train_command(run, lr, data=data, work=work, device=device, time_min=train_s / 60, resume=resume, gpus=gpus)
     rec = read_record(run, runs_dir) or {}
     slices = rec.get("slices", [])
+    rec.pop("diverged", None)  # an earlier slice's
     rec.update({"id": run.id, "status": "running", "run": dataclasses.asdict(run) | {"steps": run.steps},
                 "lr": lr, "lr_source": lr_source, "commit": git_commit(), "environment": environment(device),
                 "gpus": gpus, "corpus": _corpus_summary(manifest_of(data, run))})
@@ -724,6 +855,7 @@ def run_one(run: Run, lr: float, lr_source: str, *, data: Path, work: Path, runs
     if proc.returncode != 0:
         rec["status"] = "failed"
         rec["error"] = _tail(log)
+        rec["diverged"] = "training diverged" in rec["error"]  # lintime train's message (see diverged())
     elif steps_done < run.steps:
         rec["status"] = "incomplete"
     else:
@@ -742,10 +874,9 @@ def run_one(run: Run, lr: float, lr_source: str, *, data: Path, work: Path, runs
             import retrieval as retrieval_mod  # noqa: PLC0415 - beside this script
 
             end = t_start + time_budget_s - 5.0
-            if run.kind == "bpe":
-                why = "BPE run: retrieval is measured on the byte runs"
-                rec["retrieval"] = retrieval_mod.not_run(run.context, why)
-                rec["retrieval_ft"] = ft_not_run(run, None, why)
+            if run.no_retrieval_why:  # by the plan (a sweep or BPE run)
+                rec["retrieval"] = retrieval_mod.not_run(run.context, run.no_retrieval_why)
+                rec["retrieval_ft"] = ft_not_run(run, None, run.no_retrieval_why)
             elif not retrieval:
                 rec["retrieval"] = retrieval_mod.not_run(run.context, "--no-retrieval")
                 rec["retrieval_ft"] = ft_not_run(run, lr, "--no-retrieval")
@@ -760,7 +891,7 @@ def run_one(run: Run, lr: float, lr_source: str, *, data: Path, work: Path, runs
                     rec["retrieval"] = retrieval_mod.not_run(run.context, f"failed: {type(err).__name__}: {err}")
             del loaded
             retrieval_mod._free_memory()
-            if run.kind != "bpe" and retrieval:
+            if retrieval:
                 if not retrieval_ft:
                     rec["retrieval_ft"] = ft_not_run(run, lr, "--no-retrieval-ft")
                 else:
@@ -841,6 +972,24 @@ def select(runs: list[Run], only: str | None) -> list[Run]:
     return [r for r in runs if hit(r)]
 
 
+def next_plan(smoke: bool, only: str | None, runs_dir: Path,
+              taken: set[str]) -> tuple[list[Run], list[Run], list[Run]]:
+    """``(the plan, the runs ``only`` selects, those left to start)`` as the records now stand (a finished sweep
+    rung may have called for its family's next rung); ``taken``: ids not to start again in this call."""
+    all_runs = plan(smoke=smoke, runs_dir=runs_dir)
+    runs = select(all_runs, only)
+    return all_runs, runs, [r for r in runs if r.id not in taken and not settled(r, runs_dir)]
+
+
+def start_estimate(run: Run, device: str, retrieval: bool = True) -> float:
+    """Seconds the scheduler needs left to start ``run``: training + start-up + scoring + the retrieval reserve where
+    the run measures retrieval (a study run, without ``--no-retrieval``); the fine-tune is checked by the run itself.
+    On a CPU (the smoke) a flat 10 s."""
+    if device != "cuda":
+        return 10.0
+    return run.est_s + START_S + EVAL_S + (run.retrieval_s if retrieval else 0.0)
+
+
 def gpu_ids() -> list[str]:
     import torch
 
@@ -875,14 +1024,18 @@ def describe(runs: list[Run], runs_dir: Path, smoke: bool = False, call_s: float
     for r in runs:
         rec = read_record(r, runs_dir)
         st = rec.get("status") if rec else "not run"
-        if rec and st == "done" and r.kind != "bpe":
+        if rec and st == "done" and not r.no_retrieval_why:
             st += f", rft {(rec.get('retrieval_ft') or {}).get('status', 'not run')}"
+        if r.kind == "sweep" and diverged(rec):
+            st += ", diverged: worse than any finished rung"
+        if r.kind == "sweep" and r.lr_factor not in ladder_rule(smoke)[0]:
+            st += " (ladder extension)"
         tot += r.est_device_s
         ft_tot += r.est_ft_device_s
-        left += 0 if st.startswith("done") else r.est_device_s + r.est_ft_device_s
+        left += 0 if settled(r, runs_dir) else r.est_device_s + r.est_ft_device_s
         epochs = r.tokens / (BPE_TRAIN_TOKENS if r.tokenizer != "byte" else split) if split else None
         whole = r.est_s + START_S + EVAL_S + r.retrieval_s + r.retrieval_ft_s
-        fits = "-" if r.kind == "bpe" else ("yes" if whole <= call_s else f"no {whole:.0f}")
+        fits = "-" if r.no_retrieval_why else ("yes" if whole <= call_s else f"no {whole:.0f}")
         lines.append(f"{r.id:34s} {r.kind:6s} {r.context:6d} {r.tokenizer:>9s} {r.tokens / 1e6:7.1f}M "
                      f"{'-' if epochs is None else format(epochs, '.2f'):>6s} {r.gpus:4d} {r.est_s:11.0f} "
                      f"{r.est_device_s:9.0f} {r.est_ft_device_s:7.0f} {fits:>8s}  {st}")
@@ -891,7 +1044,8 @@ def describe(runs: list[Run], runs_dir: Path, smoke: bool = False, call_s: float
     lines.append(f"{len(runs)} runs; estimated device time {(tot + prep) / 3600:.1f} GPU-hours in all, "
                  f"{(tot + ft_tot + prep) / 3600:.1f} with the retrieval fine-tunes, "
                  f"{(left + prep_left) / 3600:.1f} left (training at the planned throughputs + {START_S:.0f} s start + "
-                 f"{EVAL_S:.0f} s scoring + {RETRIEVAL_S:.0f} s retrieval per run, none for the bpe runs"
+                 f"{EVAL_S:.0f} s scoring + {RETRIEVAL_S:.0f} s retrieval per study run: none for the sweep and "
+                 f"bpe runs"
                  + (f"; + {prep:.0f} s once per call with a bpe run: its tokenizer and cache" if prep else "") + ")")
     steps = SMOKE["retrieval_ft_steps"] if smoke else RETRIEVAL_FT_STEPS
     lines.append(f"retrieval fine-tune ('+ rft s'): {steps} steps of the run's batch at its context, "
@@ -899,6 +1053,13 @@ def describe(runs: list[Run], runs_dir: Path, smoke: bool = False, call_s: float
                  f"rate; {RETRIEVAL_FT_PREP_S:.0f} s documents + {START_S:.0f} s start + training + "
                  f"{RETRIEVAL_S:.0f} s retrieval; 'rft fits': the run with it within one {call_s:.0f}-s call "
                  f"(else the run skips it, recorded 'not run' with the reason)")
+    start, (lo, hi) = ladder_rule(smoke)
+    for fam in dict.fromkeys(r.family for r in runs if r.kind == "sweep"):
+        lines.append(f"learning-rate ladder ({fam}): {sweep_ladder(fam, runs, runs_dir).why}")
+    if any(r.kind == "sweep" for r in runs):
+        lines.append(f"(the ladder starts at x {' / '.join(f'{f:g}' for f in start)}; a best at its top / bottom edge "
+                     f"adds the next rung out, x{LR_LADDER_STEP:g} / x1/{LR_LADDER_STEP:g} of that edge, within "
+                     f"x{lo:g}-x{hi:g}; the family's study runs wait until the best is interior or at the cap)")
     return "\n".join(lines)
 
 
@@ -924,8 +1085,8 @@ def main(argv: list[str] | None = None) -> int:
     args.data = args.data or (DATA / "smoke" if args.smoke else DATA)
     if args.smoke and args.work == WORK:
         args.work = DATA / "smoke_work"
-    all_runs = plan(smoke=args.smoke)
-    runs = select(all_runs, args.only)
+    taken: set[str] = set()  # started in this call (never twice), or planned on more GPUs than this machine has
+    all_runs, runs, pending = next_plan(args.smoke, args.only, runs_dir, taken)
     if args.list:
         print(describe(runs, runs_dir, smoke=args.smoke, call_s=args.budget_s))
         return 0
@@ -938,8 +1099,7 @@ def main(argv: list[str] | None = None) -> int:
     free = list(slots)
     (args.work / "logs").mkdir(parents=True, exist_ok=True)
     print(f"run: {len(slots)} slot(s) ({device}); budget {args.budget_s:.0f} s; "
-          f"{sum(not is_done(r, runs_dir) for r in runs)} of {len(runs)} selected runs left", flush=True)
-    pending = [r for r in runs if not is_done(r, runs_dir)]
+          f"{len(pending)} of {len(runs)} selected runs left", flush=True)
     running: dict[int, tuple[subprocess.Popen, Run, list[str]]] = {}
     started = 0
     skipped: dict[str, str] = {}
@@ -952,6 +1112,7 @@ def main(argv: list[str] | None = None) -> int:
                          if rec.get("status") == "done" else ""), flush=True)
                 free.extend(held)
                 del running[pid]
+                all_runs, runs, pending = next_plan(args.smoke, args.only, runs_dir, taken)
         left = deadline - time.monotonic()
         launched = False
         for r in list(pending):
@@ -961,9 +1122,9 @@ def main(argv: list[str] | None = None) -> int:
             if need > len(slots):
                 skipped[r.id] = f"planned on {r.gpus} GPUs, this machine has {len(slots)}"
                 pending.remove(r)
+                taken.add(r.id)
                 continue
-            est = (r.est_s + START_S + EVAL_S + (0.0 if args.no_retrieval else r.retrieval_s)) \
-                if device == "cuda" else 10.0
+            est = start_estimate(r, device, retrieval=not args.no_retrieval)
             if est > left:
                 skipped[r.id] = f"needs ~{est:.0f} s, {left:.0f} s left"
                 continue
@@ -1002,11 +1163,12 @@ def main(argv: list[str] | None = None) -> int:
                       + (f", val {rec['final']['validation_bpb']:.4f} test {rec['final']['test_bpb']:.4f} bits/byte"
                          if rec["status"] == "done" else ""), flush=True)
                 free.extend(held)
-                pending.remove(r)
+                taken.add(r.id)
                 skipped.pop(r.id, None)
                 started += 1
                 launched = True
-                break  # re-scan: a finished sweep may unblock study runs
+                all_runs, runs, pending = next_plan(args.smoke, args.only, runs_dir, taken)
+                break  # re-scan: a finished sweep may unblock study runs, or call for the next rung
             cmd = [sys.executable, str(Path(__file__).resolve()), "_one", "--id", r.id, "--lr", repr(lr),
                    "--lr-source", why, "--time-s", f"{left - 5:.0f}", "--data", str(args.data),
                    "--runs-dir", str(runs_dir), "--work", str(args.work), "--device", device,
@@ -1019,6 +1181,7 @@ def main(argv: list[str] | None = None) -> int:
             proc = subprocess.Popen(cmd, env=env, start_new_session=True)
             running[proc.pid] = (proc, r, held)
             pending.remove(r)
+            taken.add(r.id)
             skipped.pop(r.id, None)
             started += 1
             launched = True
@@ -1053,7 +1216,7 @@ def main_one(argv: list[str]) -> int:
     ap.add_argument("--no-retrieval", action="store_true")
     ap.add_argument("--no-retrieval-ft", action="store_true")
     a = ap.parse_args(argv)
-    run = {r.id: r for r in plan(smoke=a.smoke)}[a.id]
+    run = {r.id: r for r in plan(smoke=a.smoke, runs_dir=a.runs_dir)}[a.id]
     run_one(run, a.lr, a.lr_source, data=a.data, work=a.work, runs_dir=a.runs_dir, device=a.device,
             time_budget_s=a.time_s, gpus=a.gpus, log=a.work / "logs" / f"{run.id}.log", retrieval=not a.no_retrieval,
             retrieval_ft=not a.no_retrieval_ft)

@@ -70,8 +70,13 @@ def test_study_runs_wait_for_their_family_sweep_and_take_its_best_rate(tmp_path)
     assert lr is None and "waits" in why
     for r, v in zip(sweep, (3.0, 2.5)):
         _write(tmp_path, r, _record(r, [(1.0, v + 1), (2.0, v)]))
+    # the best (x1) is at the ladder's top edge: the study waits for the next rung, x2
+    lr, why = study.swept_lr("flash", runs, tmp_path)
+    assert lr is None and "lrx2 not run" in why
+    up = next(r for r in study.plan(smoke=True, runs_dir=tmp_path) if r.id == "sweep-flash-128-lrx2")
+    _write(tmp_path, up, _record(up, [(1.0, 3.5), (2.0, 2.7)]))
     lr, _ = study.swept_lr("flash", runs, tmp_path)
-    assert lr == sweep[1].lr  # the lower final validation score
+    assert lr == sweep[1].lr  # the lowest final validation score, now between two worse ones
 
 
 def test_time_to_reach_and_value_at_interpolate():
@@ -107,9 +112,9 @@ def test_speed_up_equal_time_and_not_run_cells(tmp_path):
     flash_line = next(line for line in md.splitlines() if line.startswith("| FLASH | ") and "x (1 seed)" in line)
     assert f"{ref_time / t_reach:.2f}x" in flash_line
     assert "on 2 GPUs (DDP)" in md
-    # the sweep was not run: its cells say so
+    # the sweep was not run: its cells say so, and 'chosen' what the study waits for
     sweep_line = next(line for line in md.splitlines() if line.startswith("| FLASH | not run"))
-    assert sweep_line.count("not run") == 2
+    assert sweep_line == "| FLASH | not run | not run | - (waits: x0.5 not run, x1 not run) |"
     # a context-free plan cell with no record: every column 'not run'
     runs2 = runs + [dataclasses.replace(ref, id="transformer-pp-256-s0", context=256),
                     dataclasses.replace(flash, id="flash-256-s0", context=256)]

@@ -163,20 +163,30 @@ def test_the_plan_lists_the_fine_tune_and_whether_it_fits(tmp_path, capsys):
 
 
 def test_a_smoke_run_records_both_retrieval_blocks(tmp_path):
-    """One smoke run end to end on a CPU: training, scoring, retrieval as trained, the fine-tune through
-    ``lintime train --init-from`` on the mixed documents, retrieval again; then --no-retrieval-ft and --no-retrieval."""
+    """One smoke study run end to end on a CPU: training, scoring, retrieval as trained, the fine-tune through
+    ``lintime train --init-from`` on the mixed documents, retrieval again; then --no-retrieval-ft and --no-retrieval.
+    (Sweep runs skip retrieval by the plan: test_quality_sweep.py.)"""
     from lintime.data import prepare
 
     data = tmp_path / "data"
     _corpus(data)
     prepare(str(data / "corpus"), "byte", data / "cache", quiet=True)
     runs_dir, work = tmp_path / "runs", tmp_path / "work"
-    rid = "sweep-transformer-pp-128-lrx1"
+    # the family's sweep, typed in: x1 best between x0.5 and the ladder's x2, so the study run starts at x1's rate
+    first = [r for r in study.plan(smoke=True) if r.kind == "sweep" and r.family == "transformer-pp"]
+    x1 = next(r for r in first if r.lr_factor == 1.0)
+    for f, v in ((0.5, 6.0), (1.0, 5.0), (2.0, 5.5)):
+        (runs_dir / f"sweep-transformer-pp-128-lrx{f:g}.json").parent.mkdir(parents=True, exist_ok=True)
+        (runs_dir / f"sweep-transformer-pp-128-lrx{f:g}.json").write_text(json.dumps(
+            {"id": f"sweep-transformer-pp-128-lrx{f:g}", "status": "done", "lr": x1.lr * f,
+             "final": {"validation_bpb": v, "test_bpb": v}}))
+    rid = "transformer-pp-128-s0"
     args = ["--smoke", "--only", rid, "--data", str(data), "--runs-dir", str(runs_dir), "--work", str(work),
             "--device", "cpu"]
     assert study.main(args) == 0
     rec = json.loads((runs_dir / f"{rid}.json").read_text())
     assert rec["status"] == "done", rec.get("error")
+    assert rec["lr"] == x1.lr and "x1, interior" in rec["lr_source"]
     assert rec["retrieval"]["cells"] and rt.accuracy(rec["retrieval"], "passkey", 1) is not None
     ft = rec["retrieval_ft"]
     assert ft["status"] == "done", ft.get("why")
