@@ -46,6 +46,22 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return x.dtype
 
 
+def _products(x: Tensor, spec: tuple, params) -> tuple[tuple[Tensor, ...], Tensor, list[Tensor]]:
+    """The forward of :class:`_Linear`: ``(outputs, x as [m, d] in the compute dtype, the weights in it)``."""
+    dt = _compute_dtype(x)
+    x2 = x.reshape(-1, x.shape[-1]).to(dt)
+    ws, bs, i = [], [], 0
+    for _, has_bias in spec:
+        ws.append(params[i].to(dt))
+        bs.append(params[i + 1].to(dt) if has_bias else None)
+        i += 1 + has_bias
+    ys = []
+    with torch.autocast(x.device.type, enabled=False):
+        for w, b, (parts, _) in zip(ws, bs, spec):
+            ys += [x2 @ w[i:j].t() if b is None else torch.addmm(b[i:j], x2, w[i:j].t()) for i, j in parts]
+    return tuple(y.view(*x.shape[:-1], y.shape[-1]) for y in ys), x2, ws
+
+
 class _Linear(torch.autograd.Function):
     """``F.linear`` of one input through one or more weights, each weight's rows ``parts`` (``((0, n1), (n1, n2),
     ..)``, covering every row in order) one product and one output each; ``dx`` summed over every part in the
@@ -54,21 +70,11 @@ class _Linear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, spec: tuple, *params: Tensor):
-        dt = _compute_dtype(x)
-        x2 = x.reshape(-1, x.shape[-1]).to(dt)
-        ws, bs, i = [], [], 0
-        for _, has_bias in spec:
-            ws.append(params[i].to(dt))
-            bs.append(params[i + 1].to(dt) if has_bias else None)
-            i += 1 + has_bias
-        ys = []
-        with torch.autocast(x.device.type, enabled=False):
-            for w, b, (parts, _) in zip(ws, bs, spec):
-                ys += [x2 @ w[i:j].t() if b is None else torch.addmm(b[i:j], x2, w[i:j].t()) for i, j in parts]
+        ys, x2, ws = _products(x, spec, params)
         ctx.save_for_backward(x2, *ws)
         ctx.spec, ctx.x_shape, ctx.x_dtype = spec, x.shape, x.dtype
         ctx.dtypes = tuple(p.dtype for p in params)
-        return tuple(y.view(*x.shape[:-1], y.shape[-1]) for y in ys)
+        return ys
 
     @staticmethod
     def backward(ctx, *grads: Tensor | None):
@@ -115,6 +121,11 @@ def _apply(x: Tensor, layers) -> tuple[Tensor, ...]:
     """``layers``: ``(weight, bias or None, parts)`` triples."""
     spec = tuple((parts, b is not None) for _, b, parts in layers)
     params = [t for w, b, _ in layers for t in ((w,) if b is None else (w, b))]
+    if not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params))):
+        # nothing to differentiate: the products alone.  torch.compile inlines a Function's forward there and drops
+        # its ``ctx`` when the arguments after it are as many as forward's parameters after it (*params counted as
+        # one): a weight with its bias made a compiled validation forward fail (tests/layers/test_split_linear.py)
+        return _products(x, spec, params)[0]
     return _Linear.apply(x, spec, *params)
 
 

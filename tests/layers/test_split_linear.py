@@ -148,3 +148,35 @@ def test_cuda_autocast_weight_grad_in_fp32():
     assert err(grads[0][1]) <= 1e-5 < err(grads[1][1])
     for name, a, b in zip(("dx", "db"), (grads[0][0], grads[0][2]), (grads[1][0], grads[1][2])):
         torch.testing.assert_close(a, b, rtol=2**-7, atol=2**-7 * b.abs().max().item(), msg=name)
+
+
+def test_without_gradients_compiles_in_one_graph_and_equals_the_products():
+    """With nothing to differentiate (a validation forward: no_grad, or no input requiring one) the layers run their
+    products without the autograd Function: compiled as one graph (fullgraph) for every count of weights and biases --
+    a Function's forward inlined by torch.compile there lost its ``ctx`` for a weight with its bias -- and equal to
+    F.linear's values, eager and compiled."""
+    from lintime.layers._split_linear import dense, multi_linear
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 6, generator=g)
+    w1, w2 = torch.randn(5, 6, generator=g, requires_grad=True), torch.randn(7, 6, generator=g, requires_grad=True)
+    b1, b2 = torch.randn(5, generator=g, requires_grad=True), torch.randn(7, generator=g, requires_grad=True)
+    cases = {
+        "dense": (lambda x: dense(x, w1, None), lambda x: [F.linear(x, w1)]),
+        "dense with bias": (lambda x: dense(x, w1, b1), lambda x: [F.linear(x, w1, b1)]),
+        "split with bias": (lambda x: split_linear(x, w2, b2, 3), lambda x: F.linear(x, w2, b2).split([3, 4], -1)),
+        "multi": (lambda x: multi_linear(x, [(w1, b1, None), (w2, b2, (3, 4))]),
+                  lambda x: [F.linear(x, w1, b1), *F.linear(x, w2, b2).split([3, 4], -1)]),
+    }
+    for name, (fn, ref) in cases.items():
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+        with torch.no_grad():
+            want = ref(x)
+            for form, out in (("eager", fn(x)), ("compiled", compiled(x))):
+                out = [out] if isinstance(out, torch.Tensor) else out
+                assert len(out) == len(want), (name, form)
+                for i, (a, b) in enumerate(zip(want, out)):
+                    assert_exact(f"{name} {form} output {i}", a, b)
+    # with gradients the Function still runs (its backward: dx summed over the parts)
+    assert "_Linear" in type(dense(x, w1, b1).grad_fn).__name__
