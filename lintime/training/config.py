@@ -152,7 +152,8 @@ class TrainConfig:
     from independent draws), ``device`` (``auto`` = cuda when available), ``precision`` (``auto`` = bf16
     autocast on CUDA, fp32 on CPU), ``compile`` (``auto``, the default: the fastest of the forms below that is exact
     here; ``off``: eager steps; ``model``: ``torch.compile`` the model; ``graph``: the whole step captured in one CUDA
-    graph, documents packed anew every batch included where the model plans them on the device; see
+    graph, documents packed anew every batch included where the model plans them on the device; under FSDP2
+    ``model`` and ``auto`` on CUDA compile every block after sharding; see
     :func:`lintime.training.compile.choose_compile`; ``True`` / ``False`` mean ``auto`` / ``off``),
     ``fused`` (the layers' fused elementwise kernels and the fused linear + cross-entropy loss; ``False``: their
     PyTorch reference forms, to check the fused path against), ``deterministic``
@@ -220,7 +221,8 @@ class TrainConfig:
     precision: str = _field("auto", 'auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16.')
     compile: str = _field("auto",
         'auto (the fastest exact form here, one line says which: on CUDA the whole step in one CUDA graph, '
-        'documents packed anew every batch included for the families that plan them on the device), off '
+        'documents packed anew every batch included for the families that plan them on the device; under '
+        '--parallel fsdp every block compiled after sharding), off '
         '(eager steps), model (torch.compile the model) or graph; --compile alone = auto (see docs/models.md, '
         'Compiling).')
     fused: bool = _field(True,

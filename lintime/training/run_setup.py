@@ -25,7 +25,7 @@ from lintime.data import BatchIterator, DataError, Tokenizer, default_cache_dir,
 from lintime.models import CausalLM, MaskedLM, ModelConfig, get_preset
 from lintime.training import checkpoint as ckpt
 from lintime.training import parallel as par
-from lintime.training.compile import CompiledModel, choose_compile
+from lintime.training.compile import CompiledModel, choose_compile, compile_blocks
 from lintime.training.config import RESUMABLE_CHANGES, TrainConfig
 from lintime.training.context_parallel import ContextParallel
 from lintime.training.graphed import GraphedStep
@@ -126,8 +126,12 @@ def prepare_run(cfg: TrainConfig, env, *, out, name, resume, progress: bool, say
     wrapped, opt, opt_step, train_it, (step, tokens, elapsed) = _build_optimizer(cfg, env, start, model, amp, train_ds,
                                                                                 tokenizer)
     run_dir, restarted = _make_run_folder(cfg, env, start, model_cfg, tokenizer, say, guards)
-    fwd_model = CompiledModel(wrapped, say, "the training step") if compile_mode == "model" else wrapped
-    eval_model = CompiledModel(model, say, "the validation forward") if compile_mode == "model" else model
+    fwd_model, eval_model = wrapped, model
+    if compile_mode == "model" and env.distributed and cfg.parallel == "fsdp" and env.cp_size == 1:
+        compile_blocks(model, say)  # in place: FSDP2's hooks stay around each block (wrapped is model)
+    elif compile_mode == "model":
+        fwd_model = CompiledModel(wrapped, say, "the training step")
+        eval_model = CompiledModel(model, say, "the validation forward")
     micro_local = cfg.rows_per_micro_batch // env.dp_size
     # data parallel: this rank's rows, the DDP wrapper left for the eager step a failed capture falls back to
     graphed = GraphedStep(model, opt, rows=cfg.rows_per_batch // env.dp_size, context_len=cfg.context_len,

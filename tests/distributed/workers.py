@@ -10,11 +10,12 @@ from lintime.models import CausalLM, get_preset
 
 
 def tiny_model(preset: str, chunk: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> CausalLM:
-    """A 2-layer model of ``preset`` (``dtype``, fp64 by default) with chunk (or block) length ``chunk``."""
+    """A 2-layer model of ``preset`` (``dtype``, fp64 by default) with chunk (or block) length ``chunk`` where its mixer
+    has one (softmax attention has none)."""
     cfg = get_preset(preset)
     sub = cfg.mixer
-    field = "block_len" if hasattr(sub, "block_len") else "chunk_size"
-    sub = dataclasses.replace(sub, **{field: chunk})
+    field = "block_len" if hasattr(sub, "block_len") else "chunk_size" if hasattr(sub, "chunk_size") else None
+    sub = dataclasses.replace(sub, **{field: chunk}) if field is not None else sub
     cfg = dataclasses.replace(cfg, mixer=sub, n_layers=2, d_model=32 if preset != "vq-tiny" else cfg.d_model)
     torch.manual_seed(seed)
     return CausalLM(cfg).to(dtype)
@@ -209,6 +210,85 @@ def train_run(config_dict: dict, out: str, name: str, resume: str | None = None,
             if row.get("loss") is not None:
                 losses.append((row["step"], row["loss"]))
     return {"step": res.step, "losses": losses, "first_loss": res.first_loss, "checkpoint": str(res.checkpoint)}
+
+
+def _rank_batch(i: int, rank: int, rows: int, T: int, vocab: int):
+    """Step ``i``'s rows of ``rank`` (each rank its own): ``Batch`` of documents packed anew (a boundary that moves
+    every step and one that differs between the ranks), the first row's first quarter without targets."""
+    from lintime.data.packing import Batch
+
+    g = torch.Generator().manual_seed(100 * i + rank)
+    ids = torch.randint(0, vocab, (rows, T), generator=g)
+    targets = torch.randint(0, vocab, (rows, T), generator=g)
+    targets[0, : T // 4] = -100
+    cu = [0]
+    for r in range(rows):
+        cu += [r * T + c for c in sorted({3 + i + r, T // 2 + rank})] + [(r + 1) * T]
+    zeros = torch.zeros(rows, T, dtype=torch.long)
+    return Batch(ids, targets, torch.tensor(cu, dtype=torch.int32), zeros, zeros, torch.arange(rows),
+                 torch.zeros(rows, dtype=torch.long))
+
+
+def fsdp_compiled_vs_eager(preset: str, chunk: int, rows: int, T: int, steps: int) -> dict:
+    """On each rank: ``steps`` trainer steps of the same fp32 model under FSDP2 (``wrap_model``'s defaults: one unit
+    per block, the first resharded after its forward, forward prefetch) on this rank's documents-packed rows, one
+    micro-batch per row (accumulation), the loss scaled as the trainer scales it, ``finish_grads``, clipping that
+    bites, ``ShardStep`` (AdamW on the local shards) at a changing rate; after step 1 a validation forward (eval
+    mode, no gradient) and ``reshard``.  Once eager, once with ``compile_blocks`` (backend ``aot_eager``: dynamo's
+    graphs and AOT autograd's forward / backward split, run as PyTorch ops).  Returns per run the per-step losses
+    and gradient norms, the validation logits, the parameters gathered whole; for the compiled run also its notices,
+    whether each block traced as one graph, and how many graphs dynamo made."""
+    from torch._dynamo.utils import counters
+
+    from lintime.training import parallel as par
+    from lintime.training.compile import compile_blocks
+    from lintime.training.step import forward_backward, packed_rows
+
+    def whole(t):
+        return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
+
+    env = par.init_distributed("cpu", "fsdp", 1)
+    out = {}
+    for mode in ("eager", "compiled"):
+        model = tiny_model(preset, chunk, dtype=torch.float32)
+        par.wrap_model(model, env, "fsdp", None)
+        lines: list[str] = []
+        torch._dynamo.reset()
+        counters.clear()
+        forms = compile_blocks(model, lines.append, backend="aot_eager") if mode == "compiled" else []
+        opt = torch.optim.AdamW(model.param_groups(0.01), lr=1e-3, betas=(0.9, 0.99))
+        stepper = par.ShardStep(opt)
+        losses, norms, grads, val = [], [], [], None
+        for i in range(steps):
+            batch = _rank_batch(i, env.rank, rows, T, model.config.vocab_size)
+            for group in opt.param_groups:
+                group["lr"] = 1e-3 * (i + 1)
+            n = par.global_count(int((batch.targets != -100).sum()), env)
+            loss, _ = forward_backward(model, batch, micro_rows=1, n_targets=n, replicas=env.world,
+                                       loss_scale=float(env.world), to_host=False)
+            par.finish_grads(model, env, "fsdp")
+            norms.append(par.clip_grad_norm(model, 0.05, to_host=False))
+            grads.append({n: whole(p.grad) for n, p in model.named_parameters()})
+            stepper.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.float())
+            if i == 1:  # the trainer's validation: eval mode, no gradient, then every unit resharded
+                ids, _, cu = packed_rows(batch, 0, 1)
+                model.eval()
+                with torch.no_grad():
+                    val = model(ids, cu_seqlens=cu).detach().clone()
+                model.train()
+                par.reshard(model)
+        out[mode] = {"losses": torch.stack(losses), "norms": torch.stack(norms), "val": val, "grads": grads,
+                     "params": {n: whole(p) for n, p in model.named_parameters()},
+                     "lines": lines, "fullgraph": [f.fullgraph for f in forms],
+                     "graphs": counters["stats"]["unique_graphs"]}
+    return out
+
+
+def fsdp_compiled_runs(jobs: list[tuple]) -> list[dict]:
+    """:func:`fsdp_compiled_vs_eager` for each job's arguments, in one set of processes (one start-up for all)."""
+    return [fsdp_compiled_vs_eager(*args) for args in jobs]
 
 
 def ddp_graph_vs_eager(preset: str, chunk: int, rows: int, T: int, steps: int) -> dict:

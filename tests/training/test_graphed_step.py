@@ -44,7 +44,7 @@ def test_compile_modes_and_their_one_line():
     # where the step cannot be captured: a CPU, FSDP2 / context parallelism, DDP of a model whose forward writes
     # buffers, a layout the model plans on the host
     for kw, why in ((dict(device=cpu, distributed=False, packing="rows"), "CUDA device"),
-                    (dict(device=CUDA, distributed=True, packing="rows", parallel="fsdp"), "FSDP2"),
+                    (dict(device=CUDA, distributed=True, packing="rows", parallel="fsdp", cp_size=2), "context"),
                     (dict(device=CUDA, distributed=True, packing="rows", parallel="ddp", cp_size=2), "context"),
                     (dict(device=CUDA, distributed=True, packing="rows", parallel="ddp", updates_buffers=True),
                      "buffers"),
@@ -57,6 +57,28 @@ def test_compile_modes_and_their_one_line():
             assert mode == "off" and why in line and "\n" not in line, (asked, kw, line)
     with pytest.raises(ValueError, match="compile mode"):
         choose_compile("fast", device=cpu, distributed=False, packing="rows")
+
+
+def test_fsdp_takes_the_blocks_compiled_with_one_line():
+    """FSDP2 (no context parallelism) on CUDA: ``auto`` compiles the blocks after sharding and says why there is no
+    graph; ``model`` compiles the blocks too and says so; ``graph`` still cannot capture (eager, with the reason); a
+    CPU run's ``auto`` stays eager and silent (tests/distributed/test_fsdp_compiled_step.py runs the compiled form)."""
+    fsdp = dict(distributed=True, packing="documents", static_packing=True, parallel="fsdp")
+    for layout in ("documents", "rows"):
+        mode, line = choose_compile("auto", device=CUDA, **{**fsdp, "packing": layout})
+        assert mode == "model" and "\n" not in line, line
+        assert "no CUDA graph (FSDP2 all-gathers" in line and "each block compiled on its own after sharding" in line
+    mode, line = choose_compile("model", device=CUDA, **fsdp)
+    assert mode == "model" and line.startswith("lintime train: --compile model: each block compiled")
+    mode, line = choose_compile("graph", device=CUDA, **fsdp)
+    assert mode == "off" and "FSDP2" in line and line.endswith("eager steps")
+    assert choose_compile("auto", device=torch.device("cpu"), **fsdp) == ("off", None)
+    # under FSDP2 with context parallelism the mixers hand states between ranks: eager, and `model` as it always was
+    mode, line = choose_compile("auto", device=CUDA, **fsdp, cp_size=2)
+    assert mode == "off" and "context parallelism" in line
+    assert choose_compile("model", device=CUDA, **fsdp, cp_size=2) == ("model", None)
+    # a single process and DDP are unchanged: `model` is the whole model, said nothing about
+    assert choose_compile("model", device=CUDA, distributed=True, packing="rows", parallel="ddp") == ("model", None)
 
 
 def test_the_older_bool_flag_still_means_on_and_off():
