@@ -52,6 +52,7 @@ torch.set_num_threads(1)
 SLOW_MODULES = (
     "tests/distributed/test_distributed.py",
     "tests/cli/test_mqar_cli.py",
+    "tests/distributed/test_fsdp_compiled_step.py",
     "tests/test_without_triton.py",
     "tests/quality/test_quality_mqar.py",
     "tests/ops/gau/test_gau.py",

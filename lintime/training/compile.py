@@ -53,9 +53,10 @@ def choose_compile(mode: str, *, device: torch.device, distributed: bool, packin
     """The form a run with ``--compile mode`` takes -- ``off`` (eager), ``model`` (:class:`CompiledModel`) or
     ``graph`` (the captured step) -- and the one line that says so (``None``: nothing to say).
 
-    ``auto``: ``graph`` where the step can be captured (:func:`graph_obstacle`), else :data:`AUTO_FALLBACK`, or
-    ``model`` under FSDP2 on CUDA; ``graph`` where it cannot: eager, with the reason.  ``off`` and ``model``
-    are taken as asked (``model`` under FSDP2: the blocks compiled, :func:`compile_blocks`, which its line says)."""
+    ``auto``: ``graph`` where the step can be captured (:func:`graph_obstacle`), else :data:`AUTO_FALLBACK`;
+    ``graph`` where it cannot: eager, with the reason.  ``off`` and ``model`` are taken as asked (``model`` under
+    FSDP2: the blocks compiled, :func:`compile_blocks`, which its line says; the line of ``auto`` under FSDP2 on
+    CUDA points to it)."""
     fsdp = distributed and parallel == "fsdp" and cp_size == 1
     if mode == "off" or (mode == "model" and not fsdp):
         return mode, None
@@ -74,9 +75,9 @@ def choose_compile(mode: str, *, device: torch.device, distributed: bool, packin
     if mode == "auto" and device.type != "cuda":
         return AUTO_FALLBACK, None  # nothing to say: graphs are a CUDA matter
     if mode == "auto" and fsdp:
-        # the eager FSDP2 step is host-bound at small per-GPU batches (docs/distributed.md, "Measured: 4 GPUs"):
-        # compiled blocks take the per-op Python out of it
-        return "model", f"lintime train: --compile auto: no CUDA graph ({why}); {_BLOCKS}"
+        # eager until the compiled blocks are measured against it on GPUs (docs/design/training_step.md)
+        return AUTO_FALLBACK, (f"lintime train: --compile auto: no CUDA graph ({why}); eager steps "
+                               f"(--compile model: each block compiled after sharding)")
     fallback = AUTO_FALLBACK if mode == "auto" else "off"
     what = {"off": "eager steps", "model": "the compiled model"}[fallback]
     return fallback, f"lintime train: --compile {mode}: no CUDA graph ({why}); {what}"

@@ -153,7 +153,7 @@ class TrainConfig:
     autocast on CUDA, fp32 on CPU), ``compile`` (``auto``, the default: the fastest of the forms below that is exact
     here; ``off``: eager steps; ``model``: ``torch.compile`` the model; ``graph``: the whole step captured in one CUDA
     graph, documents packed anew every batch included where the model plans them on the device; under FSDP2
-    ``model`` and ``auto`` on CUDA compile every block after sharding; see
+    ``model`` compiles every block after sharding (``auto``: eager steps); see
     :func:`lintime.training.compile.choose_compile`; ``True`` / ``False`` mean ``auto`` / ``off``),
     ``fused`` (the layers' fused elementwise kernels and the fused linear + cross-entropy loss; ``False``: their
     PyTorch reference forms, to check the fused path against), ``deterministic``
@@ -221,9 +221,9 @@ class TrainConfig:
     precision: str = _field("auto", 'auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16.')
     compile: str = _field("auto",
         'auto (the fastest exact form here, one line says which: on CUDA the whole step in one CUDA graph, '
-        'documents packed anew every batch included for the families that plan them on the device; under '
-        '--parallel fsdp every block compiled after sharding), off '
-        '(eager steps), model (torch.compile the model) or graph; --compile alone = auto (see docs/models.md, '
+        'documents packed anew every batch included for the families that plan them on the device), off '
+        '(eager steps), model (torch.compile the model; under --parallel fsdp every block compiled after '
+        'sharding) or graph; --compile alone = auto (see docs/models.md, '
         'Compiling).')
     fused: bool = _field(True,
         "the layers' fused elementwise kernels and the fused linear + cross-entropy loss; --no-fused runs "

@@ -1,5 +1,5 @@
-"""The FSDP2 training step with its blocks compiled (``compile_blocks``: what ``--compile auto`` takes under
-``--parallel fsdp`` on CUDA, and ``--compile model`` under FSDP2 everywhere) against the eager FSDP2 step, on 2 gloo
+"""The FSDP2 training step with its blocks compiled (``compile_blocks``: what ``--compile model`` takes under
+``--parallel fsdp``) against the eager FSDP2 step, on 2 gloo
 CPU processes, over 3 steps of documents packed anew every step, accumulation over two micro-batches, clipping that
 bites, AdamW on the local shards at a changing rate, and a validation forward (eval mode, no gradient, then
 ``reshard``) between steps 2 and 3: the same loss shares, gradient norms and validation logits, every parameter's
