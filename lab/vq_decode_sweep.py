@@ -1,0 +1,175 @@
+"""Transformer-VQ's fused decoding step (:func:`lintime.ops.vq.triton.decode.triton_decode_step_`) per variant of
+:class:`~lintime.ops.vq.triton.launch.VQLaunch`'s decoding fields (``dec_*``: slot / code / value tiles, key splits),
+at vq-base's shape (``K = 128``, ``V = 1536``, ``S = 512`` codes, ``L = 512``, one head, bf16, the relative bias), for
+several batch sizes, in one process.
+
+    PYTHONPATH=. python3 lab/vq_decode_sweep.py [--batches 1,64] [--variants default,...] [--out f.json]
+    PYTHONPATH=. python3 lab/vq_decode_sweep.py --smoke   # the code path on a CPU: interpreter, tiny shape, no timing
+
+Each sequence starts past its first two blocks (position ``2L + r``, ``r`` random per sequence: a full previous block
+in the window and a cache), so a step reads what a long decode reads; ``STEPS`` consecutive steps (a block end among
+them for some sequences) are captured in one CUDA graph and replayed from a copy of the same starting state; the
+median over ``--rounds`` rounds that time every variant in turn, per step, in microseconds.  A variant is the default
+launch with some fields replaced (the step takes its launch from ``default_launch``, patched here).  Every variant's
+outputs and final state are checked against the default's (bf16 outputs within 2 bf16 ulps of the largest value; the
+fp32 cache within 1e-5 of its largest); a variant that fails exits non-zero after the JSON is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+
+if "--smoke" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+from lintime.ops.vq.state import VQState  # noqa: E402
+from lintime.ops.vq.triton import decode as dec  # noqa: E402
+from lintime.ops.vq.triton.launch import default_launch  # noqa: E402
+
+K, V, S, L, H = 128, 1536, 512, 512, 1
+STEPS = 16
+VARIANTS = {  # name: dec_* fields over the default launch
+    "default": {},
+    "bn64": {"dec_bn": 64},
+    "bn64bs64": {"dec_bn": 64, "dec_bs": 64},
+    "bn128bs128": {"dec_bn": 128, "dec_bs": 128},
+    "bv64": {"dec_bv": 64},
+    "bv256": {"dec_bv": 256},
+    "split8": {"dec_split_per_sm": 8},
+    "split16": {"dec_split_per_sm": 16},
+    "split32": {"dec_split_per_sm": 32},
+    "bn64split16": {"dec_bn": 64, "dec_bs": 64, "dec_split_per_sm": 16},
+}
+
+
+def problem(N: int, dev: str, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    dt = torch.bfloat16
+    r = torch.randint(0, L, (N,), generator=g)
+    filled = (torch.arange(2 * L)[None, :] < (L + r)[:, None])  # previous block + the current one's first r slots
+    cb = torch.randn(H, S, K, generator=g) * 0.5
+    codes = torch.randint(0, S, (N, 2 * L, H), generator=g) * filled[:, :, None]
+    k_hat = cb[0][codes[:, :, 0]][:, :, None] * filled[:, :, None, None]
+    state = VQState(
+        cache_mean=torch.randn(N, H, S, V, generator=g).to(dev),
+        cache_count=torch.randint(1, 8, (N, H, S), generator=g).float().to(dev),
+        k_hat=k_hat.to(dev, dt).contiguous(),
+        v=(torch.randn(N, 2 * L, H, V, generator=g) * filled[:, :, None, None]).to(dev, dt),
+        codes=codes.to(dev), pos=(2 * L + r).to(dev))
+    q = torch.randn(STEPS, N, H, K, generator=g).to(dev, dt)
+    zn = torch.randint(0, S, (STEPS, N, H), generator=g)
+    kn = cb[0][zn[..., 0]][:, :, None].to(dev, dt)
+    vn = torch.randn(STEPS, N, H, V, generator=g).to(dev, dt)
+    qv = torch.randn(STEPS, N, H, K, generator=g).to(dev, dt)
+    rt = (0.3 * torch.randn(L + 1, H, K, generator=g)).to(dev, dt)
+    return (q, kn, zn.to(dev), vn, qv), cb.to(dev, dt), rt, state
+
+
+def clone(st: VQState) -> VQState:
+    return VQState(**{f.name: getattr(st, f.name).clone() for f in dataclasses.fields(st)})
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batches", default="1,64")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--replays", type=int, default=10)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shape: checks only")
+    a = ap.parse_args(argv)
+    if a.smoke:
+        global K, V, S, L, STEPS
+        K, V, S, L, STEPS = 16, 48, 16, 8, 10
+    dev = "cpu" if a.smoke else "cuda"
+    base = default_launch(K, V, torch.bfloat16)
+    names = a.variants.split(",")
+    rows, failed = [], []
+
+    def launch_of(name):
+        cfg = dataclasses.replace(base, **VARIANTS[name])
+        return lambda *args, **kw: cfg
+
+    for N in (int(x) for x in a.batches.split(",")):
+        (q, kn, zn, vn, qv), cb, rt, st0 = problem(N, dev)
+
+        def steps(st):
+            return [dec.triton_decode_step_(q[t], kn[t], zn[t], vn[t], cb, st, rel_bias=(qv[t], rt))
+                    for t in range(STEPS)]
+
+        graphs, results = {}, {}
+        for name in names:
+            dec.default_launch = launch_of(name)
+            try:
+                st = clone(st0)
+                results[name] = (torch.stack(steps(st)).float(), st)  # compiles; the reference run
+                if a.smoke:
+                    continue
+                work = clone(st0)
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    steps(work)
+                torch.cuda.current_stream().wait_stream(s)
+                for f in dataclasses.fields(work):
+                    getattr(work, f.name).copy_(getattr(st0, f.name))
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    steps(work)
+                graphs[name] = (graph, work)
+            finally:
+                dec.default_launch = default_launch
+        ref_out, ref_st = results["default"]
+        for name, (out, st) in results.items():
+            e_out = (out - ref_out).abs().max().item() / ref_out.abs().max().item()
+            e_m = (st.cache_mean - ref_st.cache_mean).abs().max().item() / ref_st.cache_mean.abs().max().item()
+            same = all(torch.equal(getattr(st, f), getattr(ref_st, f)) for f in ("pos", "codes", "cache_count"))
+            ok = e_out <= 2 * 2 ** -8 and e_m <= 1e-5 and same
+            if not ok:
+                failed.append((N, name, e_out, e_m, same))
+            results[name] = {"out_rel_err": e_out, "cache_rel_err": e_m, "counters_equal": same, "ok": ok}
+        for name in results if a.smoke else ():
+            rows.append({"N": N, "variant": name, **results[name]})
+            print(f"N={N:4d} {name:12s} out err {results[name]['out_rel_err']:.2e} "
+                  f"{'ok' if results[name]['ok'] else 'MISMATCH'}", flush=True)
+        times = {n: [] for n in graphs}
+        start = stop = None if a.smoke else torch.cuda.Event(enable_timing=True)
+        if not a.smoke:
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(0 if a.smoke else a.rounds):
+            for name, (graph, work) in graphs.items():
+                per = []
+                for _ in range(a.replays):
+                    for f in dataclasses.fields(work):
+                        getattr(work, f.name).copy_(getattr(st0, f.name))
+                    start.record()
+                    graph.replay()
+                    stop.record()
+                    torch.cuda.synchronize()
+                    per.append(start.elapsed_time(stop) * 1000 / STEPS)
+                times[name].append(statistics.median(per))
+        for name in graphs:
+            us = statistics.median(times[name])
+            rows.append({"N": N, "variant": name, "us_per_step": us, **results[name]})
+            print(f"N={N:4d} {name:12s} {us:9.2f} us/step  out err {results[name]['out_rel_err']:.2e} "
+                  f"cache err {results[name]['cache_rel_err']:.2e} {'ok' if results[name]['ok'] else 'MISMATCH'}",
+                  flush=True)
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump({"shape": {"K": K, "V": V, "S": S, "L": L, "H": H, "dtype": "bf16", "steps": STEPS},
+                       "variants": {n: VARIANTS[n] for n in names}, "rows": rows,
+                       "device": "cpu (interpreter)" if a.smoke else torch.cuda.get_device_name(0)}, fh, indent=1)
+    for f in failed:
+        print("MISMATCH", f, file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
