@@ -1,10 +1,12 @@
-"""The interleaved A/B loop the lab's two-mode scripts share (``gla_gate_ab.py``, ``residual_ab.py``): both modes
-warmed up, then ``rounds`` rounds that time each mode in turn (so a drifting clock or a neighbour's load falls on
-both), medians, peak memory, and the one result line.  Timing: :func:`lintime.bench.measure.call_times_ms` (the
-device synchronised around every call)."""
+"""The interleaved A/B loops the lab's scripts share.  :func:`interleaved` (``gla_gate_ab.py``, ``residual_ab.py``):
+both modes warmed up, then ``rounds`` rounds that time each mode in turn (so a drifting clock or a neighbour's load
+falls on both), medians, peak memory, and the one result line; timing: :func:`lintime.bench.measure.call_times_ms`
+(the device synchronised around every call).  :func:`stateful_replays` (``flash_decode_sweep.py``,
+``vq_decode_sweep.py``): captured steps that update a state in place, each replay from the same starting state."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Callable
 
@@ -43,3 +45,35 @@ def line(label: str, row: dict) -> str:
     return (f"{label}  plain {p['ms']:7.1f} ms ({p['tok_s'] / 1e3:5.0f}k tok/s, {p['peak_gib']:.1f} GiB)  "
             f"fused {f['ms']:7.1f} ms ({f['tok_s'] / 1e3:5.0f}k tok/s, {f['peak_gib']:.1f} GiB)  "
             f"x{row['speedup']:.3f}  loss {row['loss_plain']:.6f} / {row['loss_fused']:.6f}")
+
+
+def cloned(state):
+    """A copy of the dataclass ``state`` with every tensor field cloned."""
+    return type(state)(**{f.name: getattr(state, f.name).clone() for f in dataclasses.fields(state)})
+
+
+def restore(state, start) -> None:
+    """Every tensor field of the dataclass ``state`` overwritten by ``start``'s (same shapes)."""
+    for f in dataclasses.fields(state):
+        getattr(state, f.name).copy_(getattr(start, f.name))
+
+
+def stateful_replays(graphs: dict[str, tuple], start, rounds: int, replays: int, steps: int) -> dict[str, float]:
+    """``{name: median us per step}`` of ``graphs`` (``name: (graph, state)``: a CUDA graph of ``steps`` steps that
+    update ``state`` in place), in ``rounds`` rounds that replay every graph ``replays`` times in turn, each replay
+    from ``start``'s values (the copy not timed: CUDA events around the replay only); a round's median per graph,
+    then the median over the rounds."""
+    times: dict[str, list[float]] = {n: [] for n in graphs}
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(rounds):
+        for name, (graph, state) in graphs.items():
+            per = []
+            for _ in range(replays):
+                restore(state, start)
+                begin.record()
+                graph.replay()
+                end.record()
+                torch.cuda.synchronize()
+                per.append(begin.elapsed_time(end) * 1000 / steps)
+            times[name].append(statistics.median(per))
+    return {n: statistics.median(t) for n, t in times.items()}

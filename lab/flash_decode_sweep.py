@@ -20,10 +20,12 @@ import argparse
 import dataclasses
 import importlib.util
 import json
-import statistics
 import sys
 
 import torch
+from ab import cloned, stateful_replays
+
+from lintime.bench.measure import capture_graph
 
 from lintime.ops import MixedChunkState
 from lintime.ops.mixed_chunk.triton import decode as dec
@@ -63,10 +65,6 @@ def problem(N: int, seed: int = 0):
     return h, gamma, beta, pos, bias, state
 
 
-def clone(st: MixedChunkState) -> MixedChunkState:
-    return MixedChunkState(**{f.name: getattr(st, f.name).clone() for f in dataclasses.fields(st)})
-
-
 def steps_fn(launcher, launch, h, gamma, beta, pos, bias, st):
     flat = [st.kv[:, 0], st.count, st.k_quad[:, :, 0], st.k_lin[:, :, 0], st.v[:, :, 0], st.fill]
 
@@ -97,22 +95,12 @@ def main(argv=None) -> int:
         h, gamma, beta, pos, bias, st0 = problem(N)
         graphs, results = {}, {}
         for name, (fn, launch) in launchers.items():
-            st = clone(st0)
+            st = cloned(st0)
             outs = steps_fn(fn, launch, h, gamma, beta, pos, bias, st)()  # compiles; the reference run
             torch.cuda.synchronize()
             results[name] = (torch.stack(outs).float(), st)
-            work = clone(st0)
-            run = steps_fn(fn, launch, h, gamma, beta, pos, bias, work)
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                run()
-            torch.cuda.current_stream().wait_stream(s)
-            graph = torch.cuda.CUDAGraph()
-            for f in dataclasses.fields(work):
-                getattr(work, f.name).copy_(getattr(st0, f.name))
-            with torch.cuda.graph(graph):
-                run()
+            work = cloned(st0)
+            graph, _ = capture_graph(steps_fn(fn, launch, h, gamma, beta, pos, bias, work))
             graphs[name] = (graph, work)
         ref_out, ref_st = results["default"]
         for name, (out, st) in results.items():
@@ -123,22 +111,9 @@ def main(argv=None) -> int:
             if not ok:
                 failed.append((N, name, e_out, e_kv, same))
             results[name] = {"out_rel_err": e_out, "kv_rel_err": e_kv, "counters_equal": same, "ok": ok}
-        times = {n: [] for n in graphs}
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(a.rounds):
-            for name, (graph, work) in graphs.items():
-                per = []
-                for _ in range(a.replays):
-                    for f in dataclasses.fields(work):
-                        getattr(work, f.name).copy_(getattr(st0, f.name))
-                    start.record()
-                    graph.replay()
-                    stop.record()
-                    torch.cuda.synchronize()
-                    per.append(start.elapsed_time(stop) * 1000 / STEPS)
-                times[name].append(statistics.median(per))
+        times = stateful_replays(graphs, st0, a.rounds, a.replays, STEPS)
         for name in graphs:
-            us = statistics.median(times[name])
+            us = times[name]
             rows.append({"N": N, "variant": name, "us_per_step": us, **results[name]})
             print(f"N={N:4d} {name:10s} {us:8.2f} us/step  out err {results[name]['out_rel_err']:.2e} "
                   f"kv err {results[name]['kv_rel_err']:.2e} {'ok' if results[name]['ok'] else 'MISMATCH'}", flush=True)

@@ -21,7 +21,6 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
 
 if "--smoke" in sys.argv:
@@ -29,6 +28,9 @@ if "--smoke" in sys.argv:
 
 import torch  # noqa: E402
 
+from ab import cloned, stateful_replays  # noqa: E402
+
+from lintime.bench.measure import capture_graph  # noqa: E402
 from lintime.ops.vq.state import VQState  # noqa: E402
 from lintime.ops.vq.triton import decode as dec  # noqa: E402
 from lintime.ops.vq.triton.launch import default_launch  # noqa: E402
@@ -72,10 +74,6 @@ def problem(N: int, dev: str, seed: int = 0):
     return (q, kn, zn.to(dev), vn, qv), cb.to(dev, dt), rt, state
 
 
-def clone(st: VQState) -> VQState:
-    return VQState(**{f.name: getattr(st, f.name).clone() for f in dataclasses.fields(st)})
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", default="1,64")
@@ -108,21 +106,12 @@ def main(argv=None) -> int:
         for name in names:
             dec.default_launch = launch_of(name)
             try:
-                st = clone(st0)
+                st = cloned(st0)
                 results[name] = (torch.stack(steps(st)).float(), st)  # compiles; the reference run
                 if a.smoke:
                     continue
-                work = clone(st0)
-                s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    steps(work)
-                torch.cuda.current_stream().wait_stream(s)
-                for f in dataclasses.fields(work):
-                    getattr(work, f.name).copy_(getattr(st0, f.name))
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    steps(work)
+                work = cloned(st0)
+                graph, _ = capture_graph(lambda: steps(work))
                 graphs[name] = (graph, work)
             finally:
                 dec.default_launch = default_launch
@@ -139,24 +128,9 @@ def main(argv=None) -> int:
             rows.append({"N": N, "variant": name, **results[name]})
             print(f"N={N:4d} {name:12s} out err {results[name]['out_rel_err']:.2e} "
                   f"{'ok' if results[name]['ok'] else 'MISMATCH'}", flush=True)
-        times = {n: [] for n in graphs}
-        start = stop = None if a.smoke else torch.cuda.Event(enable_timing=True)
-        if not a.smoke:
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(0 if a.smoke else a.rounds):
-            for name, (graph, work) in graphs.items():
-                per = []
-                for _ in range(a.replays):
-                    for f in dataclasses.fields(work):
-                        getattr(work, f.name).copy_(getattr(st0, f.name))
-                    start.record()
-                    graph.replay()
-                    stop.record()
-                    torch.cuda.synchronize()
-                    per.append(start.elapsed_time(stop) * 1000 / STEPS)
-                times[name].append(statistics.median(per))
+        times = {} if a.smoke else stateful_replays(graphs, st0, a.rounds, a.replays, STEPS)
         for name in graphs:
-            us = statistics.median(times[name])
+            us = times[name]
             rows.append({"N": N, "variant": name, "us_per_step": us, **results[name]})
             print(f"N={N:4d} {name:12s} {us:9.2f} us/step  out err {results[name]['out_rel_err']:.2e} "
                   f"cache err {results[name]['cache_rel_err']:.2e} {'ok' if results[name]['ok'] else 'MISMATCH'}",

@@ -59,3 +59,15 @@ def saved_run(run, model, *, objective: str = "clm"):
     write_run_config(run, model_config=model.config, objective=objective, tokenizer=ByteTokenizer(), train={})
     save_checkpoint(run, 1, model, {"step": 1})
     return run
+
+
+def saved_preset_run(run, preset: str, *, seed: int = 0):
+    """:func:`saved_run` of a fresh ``preset`` model with the byte vocabulary, its weights drawn after
+    ``torch.manual_seed(seed)``.  Returns ``run``."""
+    import torch
+
+    from lintime.data import ByteTokenizer
+    from lintime.models import CausalLM, get_preset
+
+    torch.manual_seed(seed)
+    return saved_run(run, CausalLM(get_preset(preset, vocab_size=ByteTokenizer().vocab_size)))

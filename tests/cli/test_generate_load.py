@@ -11,15 +11,12 @@ from lintime.cli import main
 from lintime.data import ByteTokenizer
 from lintime.models import CausalLM, get_preset
 from lintime.training.checkpoint import WEIGHTS_FILE, load_model, nonfinite_tensors
-from tiny_presets import saved_run
+from tiny_presets import saved_preset_run
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    tok = ByteTokenizer()
-    torch.manual_seed(0)
-    model = CausalLM(get_preset("flash-tiny", vocab_size=tok.vocab_size))
-    return saved_run(tmp_path_factory.mktemp("load") / "run", model)
+    return saved_preset_run(tmp_path_factory.mktemp("load") / "run", "flash-tiny")
 
 
 class _Mixed(torch.nn.Module):

@@ -6,13 +6,11 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
 
 from lintime.cli import main
 from lintime.cli.generate import stats_line
 from lintime.data import ByteTokenizer
-from lintime.models import CausalLM, get_preset
-from tiny_presets import saved_run
+from tiny_presets import saved_preset_run
 
 LINE = re.compile(r"\[prefill (\d+) tokens in [\d.]+ s; (decoder set-up [\d.]+ s; )?(\d+) new tokens in ([\d.]+) s \(([\d.]+) ms per token, "
                   r"(\w+) path, [\d.]+ tokens/s\); decoding state per sample")
@@ -20,10 +18,7 @@ LINE = re.compile(r"\[prefill (\d+) tokens in [\d.]+ s; (decoder set-up [\d.]+ s
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    tok = ByteTokenizer()
-    torch.manual_seed(0)
-    model = CausalLM(get_preset("gla-tiny", vocab_size=tok.vocab_size))
-    return saved_run(tmp_path_factory.mktemp("gen") / "run", model)
+    return saved_preset_run(tmp_path_factory.mktemp("gen") / "run", "gla-tiny")
 
 
 @pytest.mark.parametrize("decode", ["auto", "static"])

@@ -93,7 +93,7 @@ def decode_scores_kernel(
         if HAS_BIAS:
             b_s += tl.load(bias + (f - o_c + C - 1), mask=m_c, other=0.).to(tl.float32)  # b[i - j]
         b_s = tl.maximum(b_s, 0.)
-        tl.store(w + i_n * C + o_c, b_s * b_s, mask=m_c & (o_c < C))
+        tl.store(w + i_n * C + o_c, b_s * b_s, mask=m_c)  # slots 0..fill: inside the chunk
 
 
 @triton.jit
