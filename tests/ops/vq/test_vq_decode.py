@@ -3,8 +3,9 @@
 Chain: the in-place PyTorch composite (``backend="recurrent"``) equals ``vq_attention`` on one token with a state
 (the op's own decoding call; fp64, exact rule), and the fused kernels (``backend="triton"``, through the
 interpreter on the CPU) equal the composite token by token -- output and every state field -- in fp32 (exact rule)
-and fp16 (half rule against the fp64 composite), over tokens that cross block ends with and without a previous
-block, rows at different positions (a packed prefill), with and without the window bias, several heads.  On CUDA
+and fp16 / bf16 (half rule against the fp64 composite), over tokens that cross block ends with and without a
+previous block, rows at different positions (a packed prefill), with and without the window bias and the relative
+table, several heads, key splits and value tiles (partial ones too), score blocks across the window's end.  On CUDA
 the same at the vq-base shape in bf16.
 """
 
@@ -99,38 +100,41 @@ def _half_steps(g, st, cb, H, K, V, S, L, dtype, steps):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test (CPU tensors)")
-def test_fused_step_fp16_half_rule():
-    """fp16 window buffers and inputs, fp32 cache: the fused output within the half rule of the fp16 composite,
-    both against the fp64 composite from the same (rounded) inputs; the states stay equal to the composite's."""
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fused_step_half_rule(dtype):
+    """fp16 / bf16 window buffers and inputs, fp32 cache: the fused output within the half rule of the composite
+    in ``dtype``, both against the fp64 composite from the same (rounded) inputs; the states stay equal to the
+    composite's."""
     g = torch.Generator().manual_seed(2)
     H, K, V, S, L = 1, 16, 32, 16, 8
     cb = torch.randn(H, S, K, generator=g) * 0.5
-    st = _prefilled(g, H, K, V, S, L, cb, torch.float16, lens=(7, 12))
-    _half_steps(g, st, cb, H, K, V, S, L, torch.float16, 12)
+    st = _prefilled(g, H, K, V, S, L, cb, dtype, lens=(7, 12))
+    _half_steps(g, st, cb, H, K, V, S, L, dtype, 12)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test (CPU tensors)")
-@pytest.mark.parametrize("splits", [1, 2, 5])
-def test_key_splits_equal_the_composite(splits):
-    """The attention kernel's key splits (flash-decoding: partial softmax sums merged by the combine kernel; 1 =
-    one program walks every key) equal the composite: splits inside the window, inside the cache and across both,
-    with the relative bias, across block ends (fp32, exact rule, interpreter)."""
+@pytest.mark.parametrize("splits, L, bias", [(1, 8, False), (2, 6, True), (5, 8, True)])
+def test_key_splits_equal_the_composite(splits, L, bias):
+    """The values kernel's key splits (flash-decoding: each split's share of the output summed by the combine
+    kernel; 1 = one program per value tile walks every key) equal the composite: splits inside the window, inside
+    the cache and across both, with the relative bias (and the dense bias beside it), across block ends, two value
+    tiles (one partial) (fp32, exact rule, interpreter).  ``L = 6``: the scores kernel's 16-key blocks and the
+    splits' chunks cross from the window's 12 slots into the codes."""
     from lintime.ops.vq.triton.decode import triton_decode_step_
 
     g = torch.Generator().manual_seed(8)
-    # 2L + S = 36 keys; one head and one value tile (the splits are the point: heads and value tiles are
-    # test_fused_step_equals_the_composite_fp32's)
-    H, K, V, S, L = 1, 16, 16, 20, 8
+    H, K, V, S = 1, 16, 24, 20  # 2L + S = 36 or 32 keys; heads are test_fused_step_equals_the_composite_fp32's
     cb = torch.randn(H, S, K, generator=g) * 0.5
     st = _prefilled(g, H, K, V, S, L, cb, torch.float32)
     ref, fused = _copy(st), _copy(st)
     r = torch.randn(L + 1, H, K, generator=g) * 0.3
-    for t in range(6):  # positions 11..16 (a block end at 15) and 5..10 (at 7)
-        q, k_hat, z, v, _ = _tokens(g, 2, 1, H, K, V, S, L, cb, torch.float32)
+    for t in range(6):  # L = 8: positions 11..16 (a block end at 15) and 5..10 (at 7); L = 6: block ends at 11, 5
+        q, k_hat, z, v, b = _tokens(g, 2, 1, H, K, V, S, L, cb, torch.float32)
         qv = torch.randn(2, H, K, generator=g)
         args = (q[:, 0], k_hat[:, 0], z[:, 0], v[:, 0], cb)
-        o_ref = vq_decode_step_(*args, ref, rel_bias=(qv, r), backend="recurrent")
-        o = triton_decode_step_(*args, fused, rel_bias=(qv, r), splits=splits)
+        b = b[:, 0] if bias else None
+        o_ref = vq_decode_step_(*args, ref, bias=b, rel_bias=(qv, r), backend="recurrent")
+        o = triton_decode_step_(*args, fused, bias=b, rel_bias=(qv, r), splits=splits)
         assert_exact(f"splits {splits} token {t} o", o_ref, o)
         for f in FIELDS:
             assert_exact(f"splits {splits} token {t} {f}", getattr(ref, f).double(), getattr(fused, f).double())

@@ -21,7 +21,7 @@ DOT = ("bm_p", "bn_p", "bm_o", "bd_o", "bk_o", "bm_d", "bn_d", "bk_d", "bn_k", "
        "dec_bsm", "dec_bvm")
 # tiles that only meet tl.arange
 ARANGE = ("delta_br", "delta_bd", "rel_br", "rel_bt", "scan_bs", "scan_bv", "sums_br", "sums_bv", "gate_bm",
-          "gate_be", "dec_bn", "dec_bs", "dec_bv", "dec_bj")
+          "gate_be", "dec_bt", "dec_bn", "dec_bs", "dec_bv", "dec_br", "dec_bj")
 WARPS = [f.name for f in dataclasses.fields(VQLaunch) if "warps" in f.name]
 
 

@@ -75,31 +75,35 @@ class VQLaunch(LaunchConfig):
     q_warp_elems: int = 2048  # warps grow with the tile: one per this many elements ...
     q_warps_min: int = 4  # ... at least 4 ...
     q_warps_max: int = 8  # ... at most 8 (reached by the walk's 16k-element tiles)
-    # decoding step's attention (:meth:`decode_tiles`; tiles not timed, splits measured): slot / code tiles of 32 under
-    # a 128-wide value tile (vq-base: 12 programs per sequence, each reading the window's keys, the relative table and
-    # the codebook from L2); no register spills at vq-base (``docs/design/kernels.md``)
-    dec_bn: int = 32  # window slots per step
-    dec_bs: int = 32  # cache codes per step
-    dec_bv: int = 128  # value columns per program
+    # decoding step (:meth:`decode_tiles`; tiles not timed, splits measured): a scores kernel reads each sequence's
+    # keys, relative table rows and codebook once, in blocks; a values kernel per value tile weights the values
+    dec_bt: int = 32  # scores kernel: keys per program (three [32, K] fp32 tiles -- keys, table rows, codewords)
+    dec_warps_scores: int = 4  # ... warps (Triton's default; one dependent load round per program)
+    dec_bn: int = 32  # values kernel: window slots per step (a [32, 128] fp32 accumulator, summed once at the end)
+    dec_bs: int = 32  # ... cache codes per step (the fp32 means: twice the bytes of a window tile of as many rows)
+    dec_bv: int = 128  # ... value columns per program (12 programs per sequence at vq-base before the key splits)
+    dec_br: int = 2048  # ... score row chunk of the softmax's max and denominator (vq-base's 1,536 keys in one)
+    dec_warps_values: int = 4  # ... warps (Triton's default)
     dec_bj: int = 32  # the block-end shift: window slots per program
     dec_bsm: int = 64  # the block-end merge: codes per program and slots per step of its one-hot product
     dec_bvm: int = 64  # ... value columns per step ([64, 64] x [64, 64] fp32 products)
     dec_warps_merge: int = 8  # ... 8 warps: with 4 its fp32 tiles spilled registers
     dec_stages_merge: int = 1  # ... one stage (no spills with 8 warps); it runs once per L tokens, not tuned
-    # flash-decoding key splits (:meth:`decode_splits`): a program's key tiles are a chain of dependent loads, so
-    # shorter chains on more programs finish sooner (fewer, longer splits were slower)
+    # flash-decoding key splits of the values kernel (:meth:`decode_splits`): a program's key tiles are a chain of
+    # dependent loads, so shorter chains on more programs finish sooner (fewer, longer splits were slower)
     dec_split_per_sm: int = 4  # splits to about this many programs per SM (0: every split dec_split_tiles long)
     dec_split_tiles: int = 2  # each split walks at least this many key tiles
 
     def decode_tiles(self, K: int, V: int) -> dict:
-        """The decoding step's tiles for ``K``-wide keys and ``V``-wide values: the attention kernel's ``BN`` (window
-        slots), ``BS`` (codes), ``BV`` (value columns) and ``BK`` (the whole key), the shift's ``BJ`` slots, the
-        merge's ``BSM`` codes (and slots per step) and ``BVM`` value columns."""
-        return dict(BN=self.dec_bn, BS=self.dec_bs, BV=min(self.dec_bv, block(V)), BJ=self.dec_bj, BK=block(K),
-                    BSM=self.dec_bsm, BVM=min(self.dec_bvm, block(V)))
+        """The decoding step's tiles for ``K``-wide keys and ``V``-wide values: the scores kernel's ``BT`` keys and
+        ``BK`` (the whole key), the values kernel's ``BN`` (window slots), ``BS`` (codes), ``BV`` (value columns)
+        and ``BR`` (score row chunk), the shift's ``BJ`` slots, the merge's ``BSM`` codes (and slots per step) and
+        ``BVM`` value columns."""
+        return dict(BT=self.dec_bt, BN=self.dec_bn, BS=self.dec_bs, BV=min(self.dec_bv, block(V)), BR=self.dec_br,
+                    BJ=self.dec_bj, BK=block(K), BSM=self.dec_bsm, BVM=min(self.dec_bvm, block(V)))
 
     def decode_splits(self, programs: int, keys: int, BN: int, device, splits: int | None = None) -> tuple[int, int]:
-        """``(CH, NSPLIT)``: the attention kernel's ``keys`` (``2L + S``) in ``NSPLIT`` chunks of ``CH`` (a multiple
+        """``(CH, NSPLIT)``: the values kernel's ``keys`` (``2L + S``) in ``NSPLIT`` chunks of ``CH`` (a multiple
         of ``BN``).  ``splits`` given: that many (tests; 1: one program walks every key).  Else ``programs``
         (sequences x heads x value tiles) take about ``dec_split_per_sm`` programs per SM, each split walking at least
         ``dec_split_tiles`` key tiles (vq-base at batch 1: 12 programs, 24 splits of 64 keys; at batch 64 none);
@@ -163,8 +167,8 @@ def _default_launch(K: int, V: int, dtype: torch.dtype, interp: bool) -> VQLaunc
         return VQLaunch(bm_p=16, bn_p=16, warps_p=1, bm_o=16, bd_o=16, bk_o=16, warps_o=1, bm_d=16, bn_d=16,
                         bk_d=16, warps_d=1, bn_k=16, bi_k=16, bd_k=16, warps_k=1, stages=1, scan_bs=16, scan_bv=16,
                         sums_bv=16, gate_bm=4, gate_be=16, asg_bm=16, asg_bs=16, asg_warps=1, q_split_per_sm=0,
-                        q_fixed_codes=16, q_warps_max=4, dec_bn=16, dec_bs=16, dec_bv=16, dec_bj=16, dec_bsm=16,
-                        dec_bvm=16, dec_split_per_sm=0)
+                        q_fixed_codes=16, q_warps_max=4, dec_bt=16, dec_bn=16, dec_bs=16, dec_bv=16, dec_br=16,
+                        dec_bj=16, dec_bsm=16, dec_bvm=16, dec_split_per_sm=0)
     if dtype == torch.float32:
         return VQLaunch()  # the exact path (IEEE products), not the fast one: not tuned
     # half inputs: the fastest tiles at vq-base, one axis at a time from 128 x 128 x 64 products (256-wide value
