@@ -79,6 +79,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,64,256")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--old", default=None, help="another tree's decode.py, timed as variant 'old'")
+    ap.add_argument("--old-fields", default=json.dumps(OLD_LAUNCH),
+                    help="JSON: the dec_* fields the old decode.py runs with (default: fdb2dac's one-kernel step's; "
+                         "'{}' for the default launch)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--out", default=None)
@@ -89,7 +92,7 @@ def main(argv=None) -> int:
         spec = importlib.util.spec_from_file_location("old_decode", a.old)
         old = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(old)
-        launchers["old"] = (old.triton_decode_step_, dataclasses.replace(base, **OLD_LAUNCH))
+        launchers["old"] = (old.triton_decode_step_, dataclasses.replace(base, **json.loads(a.old_fields)))
     rows, failed = [], []
     for N in (int(x) for x in a.batches.split(",")):
         h, gamma, beta, pos, bias, st0 = problem(N)
