@@ -272,8 +272,7 @@ def sweep_markdown(tables: dict) -> list[str]:
          f"finite score counts as worse than any finished one, so it also ends the ladder on its side. A family's "
          f"study runs use its best rate and wait until that is interior to the ladder or at the cap ('chosen' says "
          f"which, or what they wait for); `-`: not on that family's ladder. Sweep runs skip retrieval by the plan "
-         f"(it is measured on the study runs; sweep records from before that rule keep an as-trained measurement, "
-         f"unused here).\n"]
+         f"(it is measured on the study runs). A rung with a record shows even while a first rung still waits.\n"]
     factors = sorted({s["factor"] for rows in sweep.values() for s in rows})
     L.append("| family | " + " | ".join(f"x {f:g}" for f in factors) + " | chosen |")
     L.append("|---|" + "---|" * (len(factors) + 1))
@@ -447,7 +446,7 @@ def retrieval_cell_text(c: dict) -> str:
 
 
 def retrieval_markdown(tab: dict) -> str:
-    ft = (f"{study.RETRIEVAL_FT_STEPS} steps of the run's batch (2^18 tokens: "
+    ft = (f"{study.RETRIEVAL_FT_STEPS} steps of the run's batch (2^{study.TOKENS_PER_BATCH.bit_length() - 1} tokens: "
           f"{study.RETRIEVAL_FT_STEPS * study.TOKENS_PER_BATCH / 1e6:.1f}M tokens) at the run's context, "
           f"{study.RETRIEVAL_FT_LR_FACTOR:g} x its peak rate ({study.RETRIEVAL_FT_WARMUP:.1%} warm-up, cosine to 0, a "
           f"fresh optimiser), on a mixture of the corpus's train split and {study.RETRIEVAL_FT_MIX:.0%} synthetic "

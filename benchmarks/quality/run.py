@@ -103,7 +103,11 @@ MANIFEST = HERE / "corpus_manifest.json"
 
 MIN_TOKENS = 100_000_000
 MAX_EPOCHS = 2.0
-TOKENS_PER_BATCH = 2**18
+# 2^16 tokens a step, 1,716 steps a run: FLASH's x1 sweep run at 2^18 (the seed's batch, 429 steps) ended at 1.991
+# validation bits per byte and the same run at 2^16 at 1.471, at the same tokens/s (benchmarks/quality/README.md)
+TOKENS_PER_BATCH = 2**16
+# a run's tokens are whole blocks of this many (the plan's first batch): every batch it has used divides them
+TOKENS_QUANTUM = 2**18
 MICRO_BATCH_TOKENS = 2**15
 CURVE_POINTS = 16
 CURVE_EVAL_TOKENS = 2**18
@@ -127,14 +131,14 @@ RETRIEVAL_S = 60.0
 RETRIEVAL_TRIALS = 10  # per depth: x 5 depths = 50 prompts per length and task
 RETRIEVAL_TOKENS_PER_S = 2e5  # the first cell's estimate (prompt tokens / s); later cells scale measured ones
 # The retrieval fine-tune (after the "as trained" retrieval, the same for every family): the run's final model trained
-# RETRIEVAL_FT_STEPS more steps of the run's batch (2^18 tokens: 8.4M tokens, ~7.5 % of the run) at the run's context
+# RETRIEVAL_FT_STEPS more steps of the run's batch (2^16 tokens: 8.4M tokens, ~7.5 % of the run) at the run's context
 # with `lintime train --init-from`, on a mixture of the train split's text and synthetic passkey / needle documents
 # (retrieval.fine_tune_documents: RETRIEVAL_FT_MIX of the tokens synthetic; keys / values / names never the
 # evaluation's), at RETRIEVAL_FT_LR_FACTOR x the run's peak rate (warm-up RETRIEVAL_FT_WARMUP of the steps, then
 # cosine to 0), a fresh optimiser; then retrieval again at 1x / 2x / 4x.  Its time (RETRIEVAL_FT_PREP_S to write and
 # tokenise the documents + START_S + training + RETRIEVAL_S) is checked against the run's deadline before it starts;
 # what does not fit is recorded "not run" with the reason.
-RETRIEVAL_FT_STEPS = 32
+RETRIEVAL_FT_STEPS = 128
 RETRIEVAL_FT_MIX = 0.5
 RETRIEVAL_FT_LR_FACTOR = 0.1
 RETRIEVAL_FT_WARMUP = 0.125
@@ -270,15 +274,16 @@ def corpus_train_tokens(manifest: Path = MANIFEST) -> int | None:
 
 
 def run_tokens(train_tokens: int | None) -> int:
-    """``max(100M, 1 epoch)``, capped at 2 epochs, in whole optimiser steps (rounded up, but never above 2 epochs).
+    """``max(100M, 1 epoch)``, capped at 2 epochs, in whole :data:`TOKENS_QUANTUM` blocks (so whole optimiser steps;
+    rounded up, but never above 2 epochs).
     ``train_tokens``: the train split in the run's tokens (bytes; BPE tokens for the bpe part)."""
     t = MIN_TOKENS if train_tokens is None else max(MIN_TOKENS, train_tokens)
     if train_tokens is not None:
         t = min(t, int(MAX_EPOCHS * train_tokens))
-    steps = math.ceil(t / TOKENS_PER_BATCH)
-    if train_tokens is not None and steps * TOKENS_PER_BATCH > MAX_EPOCHS * train_tokens:
-        steps -= 1  # never above 2 epochs
-    return steps * TOKENS_PER_BATCH
+    blocks = math.ceil(t / TOKENS_QUANTUM)
+    if train_tokens is not None and blocks * TOKENS_QUANTUM > MAX_EPOCHS * train_tokens:
+        blocks -= 1  # never above 2 epochs
+    return blocks * TOKENS_QUANTUM
 
 
 def plan(smoke: bool = False, train_tokens: int | None = None, bpe_train_tokens: int | None = None,
@@ -442,7 +447,8 @@ def sweep_ladder(family: str, runs: list[Run], records: Path | dict[str, dict]) 
     a rung that diverged or ended without a finite score counts as worse than any finished one, so it also stops the
     ladder on its side.  A best at the ladder's top (bottom) edge calls for the next rung out, :data:`LR_LADDER_STEP`
     x (1 / that) the edge's factor, and the family's study waits for it; the ladder ends when the best is interior, or
-    at an edge whose next rung would leave the cap (:data:`LR_FACTOR_RANGE`; the smoke's ``lr_factor_range``)."""
+    at an edge whose next rung would leave the cap (:data:`LR_FACTOR_RANGE`; the smoke's ``lr_factor_range``).  A rung
+    with a record (on the ladder's grid, within the cap) is on it from the start."""
     rungs = sorted((r for r in runs if r.kind == "sweep" and r.family == family), key=lambda r: r.lr_factor)
     if not rungs:
         return Ladder((), (), None, "no score", f"no sweep run of {family} in the plan")
@@ -452,6 +458,14 @@ def sweep_ladder(family: str, runs: list[Run], records: Path | dict[str, dict]) 
 
     def rec_of(r: Run) -> dict | None:
         return read_record(r, records) if isinstance(records, Path) else records.get(r.id)
+
+    # a rung with a record is on the ladder even while a first rung still waits (its run is done, and shows)
+    known = {r.lr_factor for r in rungs}
+    ran = sorted({f for f in (lo * LR_LADDER_STEP ** k for k in range(round(math.log(hi / lo, LR_LADDER_STEP)) + 1))
+                  if f not in known and rec_of(_rung(rungs[0], f))})
+    if ran:
+        extra = [_rung(rungs[0], f) for f in ran]
+        rungs, order = sorted(rungs + extra, key=lambda r: r.lr_factor), order + extra
 
     while True:
         recs = {r.id: rec_of(r) for r in rungs}

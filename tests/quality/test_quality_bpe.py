@@ -55,8 +55,8 @@ def test_the_bpe_part_is_in_the_plan_with_the_budget_rule_in_bpe_tokens():
     assert {r.preset for r in bpe} == {"flash-base", "transformer-pp-base", "gla-base", "vq-base"}
     for r in bpe:
         assert (r.context, r.seed, r.tokenizer, r.lr) == (1024, 0, "bpe:32000", None)  # lr: the family's swept one
-        # 29,859,740 train tokens: 100M would be 3.3 epochs, so 2 epochs, whole steps of 2^18 below it
-        assert r.tokens == (2 * 29_859_740 // 2**18) * 2**18 == 59_506_688 and r.steps == 227
+        # 29,859,740 train tokens: 100M would be 3.3 epochs, so 2 epochs, whole 2^18 blocks below it, 2^16 a step
+        assert r.tokens == (2 * 29_859_740 // 2**18) * 2**18 == 59_506_688 and r.steps == 59_506_688 // 2**16 == 908
         assert 1.0 <= r.tokens / study.BPE_TRAIN_TOKENS <= 2.0
         assert r.gpus == 1 and r.est_s <= study.CALL_TRAIN_S and r.retrieval_s == 0.0
         assert r.est_device_s == pytest.approx(r.est_s + study.START_S + study.EVAL_S)

@@ -221,20 +221,29 @@ def test_the_sweep_table_has_a_column_per_factor_and_says_what_was_chosen(tmp_pa
     assert "Sweep runs skip retrieval by the plan" in md
 
 
-def test_the_first_gpu_sweep_records_read_with_their_retrieval_entries(tmp_path):
-    """The first three GPU sweep records (committed before the rule: an as-trained retrieval entry, the fine-tune "not
-    run: --no-retrieval-ft"; validation 2.451 / 1.991 / 1.706 bits per byte at x0.5 / 1 / 2) are read by the ladder
-    and the report like the new ones.  Copies, so that later records do not change what is tested."""
-    for f in ("0.5", "1", "2"):
+def test_the_gpu_sweep_records_drive_the_ladder_to_its_cap(tmp_path):
+    """The committed GPU records of FLASH's sweep at 2^16 tokens a step (x1 / 2 / 4 / 8: validation 1.4710 / 1.3748 /
+    1.3518 / 1.3418 bits per byte; their retrieval "not run" by the sweep rule) read through the ladder and the report.
+    Without x0.5 the ladder waits for it, x4 and x8 on it already (they have records); with an x0.5 record (typed in,
+    worse) its best, x8, is at the cap.  Copies, so that later records do not change what is tested."""
+    for f in ("1", "2", "4", "8"):
         name = f"sweep-flash-1024-lrx{f}.json"
         (tmp_path / name).write_text((study.RUNS / name).read_text())
     recs = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
-    assert all(r["retrieval"]["cells"] and r["retrieval_ft"]["why"] == "--no-retrieval-ft" for r in recs.values())
+    assert all(r["run"]["tokens_per_batch"] == study.TOKENS_PER_BATCH for r in recs.values())
+    assert all(c["status"] == "not run" for r in recs.values() for c in r["retrieval"]["cells"])
     plan = _plan(tmp_path)
-    assert "sweep-flash-1024-lrx4" in [r.id for r in plan]  # x2 is the best, at the top edge
-    md = rep.render(tmp_path, plan, plots_dir=None)
-    assert "| FLASH | 2.4510 (lr 0.00035) | 1.9912 (lr 0.0007) | 1.7058 (lr 0.0014) | not run | " \
-           "- (waits: x4 not run) |" in md
+    assert study.sweep_ladder("flash", plan, tmp_path).state == "waits"
+    assert "| FLASH | not run | 1.4710 (lr 0.0007) | 1.3748 (lr 0.0014) | 1.3518 (lr 0.0028) | 1.3418 (lr 0.0056) | " \
+           "- (waits: x0.5 not run) |" in rep.render(tmp_path, plan, plots_dir=None)
+    x05 = next(r for r in plan if r.id == "sweep-flash-1024-lrx0.5")
+    _write(tmp_path, x05, _record(x05, 1.6))
+    plan = _plan(tmp_path)
+    lad = study.sweep_ladder("flash", plan, tmp_path)
+    assert [r.lr_factor for r in lad.rungs] == [0.5, 1.0, 2.0, 4.0, 8.0]
+    assert (lad.state, lad.best.id) == ("at the cap", "sweep-flash-1024-lrx8")
+    assert study.swept_lr("flash", plan, tmp_path)[0] == pytest.approx(8 * x05.lr / 0.5)
+    assert "| FLASH | 1.6000 (lr 0.00035) | 1.4710 (lr 0.0007) |" in rep.render(tmp_path, plan, plots_dir=None)
     # the retrieval table holds the study runs only: the sweep records' entries do not show there
     tab = rep.retrieval_table(rep.load(tmp_path, plan), plan)
     assert all(not c["acc"] for stages in tab["rows"][1024].values() for cells in stages.values()
