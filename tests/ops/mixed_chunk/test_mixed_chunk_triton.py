@@ -168,9 +168,10 @@ def test_tma_and_pointer_paths(tma, red, causal, monkeypatch):
     monkeypatch.setattr(launchers, "tma_descriptors",
                         lambda *specs: taken.append(real(*specs) is not None) or real(*specs))
     C, H, S, E = 32, 2, 32, 32
-    # 70 tokens after 13 buffered ones: three chunks (19, 32, 19 new tokens), two segments; a short chunk of 13 alone;
-    # the last: a short last chunk of whole walk steps
-    lens = [70, 1, 0, 13, 48]
+    # 70 tokens after 13 buffered ones: three chunks (19, 32, 19 new tokens: full chunks, then a short last one of a
+    # whole walk step and a partial one), two segments; a short chunk of 13 alone; the last: a short chunk of one
+    # whole walk step (16 tokens) at the end of the packed tokens
+    lens = [70, 1, 0, 13, 16]
     launch = dataclasses.replace(default_launch(S, E, torch.float32, C), tma=bool(tma), tma_red=bool(red))
     assert plan.tma_shapes(launch, S, E, C, torch.device("cpu")) == bool(tma)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
