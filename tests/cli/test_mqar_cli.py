@@ -68,8 +68,10 @@ def test_mqar_training_prints_its_plan_and_shows_progress(tmp_path, capsys, monk
 
 # --- 2: Ctrl-C / SIGTERM left no checkpoint and an empty metrics.jsonl ----------------------------
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_scores_and_saves_the_mqar_run(tmp_path, sig):
+def test_a_signal_scores_and_saves_the_mqar_run(tmp_path):
+    """SIGTERM here; SIGINT goes through the same handler (lintime/training/runguard.py ``StopSignals`` takes both) and
+    is sent to a real ``lintime train`` in tests/cli/test_new_user.py."""
+    sig = signal.SIGTERM
     run = tmp_path / "runs" / "r"
     per_epoch = 8192 // 8
     args = _mqar(tmp_path / "runs", "r", "--examples", "8192", "--tokens-per-batch", str(8 * 32), "--no-progress")
@@ -118,7 +120,7 @@ def _doc_commands() -> list[list[str]]:
     return [shlex.split(cmd) for cmd in block.replace("\\\n", " ").splitlines() if cmd.strip()]
 
 
-def test_the_docs_mqar_example_finishes_in_about_a_minute(tmp_path):
+def test_the_docs_mqar_example_finishes_in_about_a_minute(tmp_path, capsys, monkeypatch):
     commands = _doc_commands()
     train = next(c for c in commands if c[:2] == ["lintime", "train"])
     started = time.perf_counter()
@@ -136,13 +138,15 @@ def test_the_docs_mqar_example_finishes_in_about_a_minute(tmp_path):
     assert rows and rows[-1]["val_accuracy"] > 0.99, rows  # it learns the lookup, as the doc says
     for cmd in commands:
         if cmd[:2] == ["lintime", "eval"]:
-            ev = subprocess.run([sys.executable, "-m", "lintime", *cmd[1:], "--no-progress"], cwd=tmp_path, env=ENV,
-                                capture_output=True, text=True, timeout=120)
-            assert ev.returncode == 0, ev.stderr
-            table = ev.stdout.splitlines()
+            # in this process (the train command above is the real one the time claim is about): relative paths as
+            # the docs' commands run from the folder of the train command
+            monkeypatch.chdir(tmp_path)
+            assert main([*cmd[1:], "--no-progress"]) == 0
+            stdout = capsys.readouterr().out
+            table = stdout.splitlines()
             head = next(i for i, ln in enumerate(table) if ln.split()[:1] == ["seq_len"])
             acc = float(table[head + 1].split()[table[head].split().index("accuracy")])
-            assert acc > 0.99, ev.stdout
+            assert acc > 0.99, stdout
 
 
 # --- 4: eval called the task's vocabulary "byte tokenizer" -------------------------------------------
