@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "lintime"
 
@@ -205,23 +207,6 @@ def test_root_package_imports_nothing():
     assert _imports("lintime", MODULES["lintime"]) == []
 
 
-def test_import_lintime_has_no_side_effects():
-    """A fresh interpreter: ``import lintime`` imports no subpackage and no transformers, and
-    installs no import hook; the model, training, generation and CLI packages load no
-    transformers either (HF registration happens on ``import lintime.hf`` only)."""
-    code = """
-import sys
-import lintime
-assert not any(m.startswith("lintime.") for m in sys.modules), "import lintime imported a subpackage"
-assert "transformers" not in sys.modules, "import lintime imported transformers"
-assert not any(type(f).__module__.startswith("lintime") for f in sys.meta_path), "import hook installed"
-import lintime.models, lintime.training, lintime.generation, lintime.cli
-assert "transformers" not in sys.modules, "a lintime package imported transformers"
-"""
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-
-
 def test_families_stand_alone():
     """No family module imports another (loading ``vq`` must not register ``gau``): what they share is
     lintime/models/shared.py."""
@@ -238,17 +223,21 @@ def test_no_package_attribute_shadows_its_module():
 import importlib, pkgutil, types
 import lintime
 bad = []
-for info in pkgutil.walk_packages(lintime.__path__, "lintime."):
-    if not info.ispkg or ".triton" in info.name or info.name in ("lintime.hf",):
-        continue
-    try:
-        pkg = importlib.import_module(info.name)
-    except ImportError:
-        continue
-    for sub in pkgutil.iter_modules(pkg.__path__):
-        value = getattr(pkg, sub.name, None)
-        if value is not None and not isinstance(value, types.ModuleType):
-            bad.append(f"{info.name}.{sub.name}")
+def walk(pkg):  # every package below lintime, as pkgutil.walk_packages, without importing lintime.hf and the
+    # Triton packages (not checked; the walk would take in transformers and triton for nothing)
+    for info in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + "."):
+        if not info.ispkg or ".triton" in info.name or info.name in ("lintime.hf",):
+            continue
+        try:
+            sub_pkg = importlib.import_module(info.name)
+        except ImportError:
+            continue
+        for sub in pkgutil.iter_modules(sub_pkg.__path__):
+            value = getattr(sub_pkg, sub.name, None)
+            if value is not None and not isinstance(value, types.ModuleType):
+                bad.append(f"{info.name}.{sub.name}")
+        walk(sub_pkg)
+walk(lintime)
 print(bad)
 '''
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -265,11 +254,20 @@ GENERATE_MUST_NOT_IMPORT = (
 )
 
 
-def test_generate_imports_only_what_it_needs(tmp_path):
-    """A fresh interpreter runs ``lintime generate`` on a tiny run folder (its lazy imports included), then
-    lists the modules above it took in."""
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory) -> dict:
+    """One fresh interpreter for two checks, in this order: ``import lintime`` alone (what it imports and installs),
+    then ``lintime generate`` on a tiny run folder (its lazy imports included) and the modules above it that it took
+    in, then ``import lintime.models, lintime.training, lintime.generation, lintime.cli``.  Returns what each step
+    saw."""
+    run = tmp_path_factory.mktemp("imports") / "run"
     code = f"""
-import sys
+import json, sys
+seen = {{}}
+import lintime
+seen["root"] = {{"subpackages": sorted(m for m in sys.modules if m.startswith("lintime.")),
+                "transformers": "transformers" in sys.modules,
+                "hooks": [repr(f) for f in sys.meta_path if type(f).__module__.startswith("lintime")]}}
 import torch
 from lintime.data import ByteTokenizer
 from lintime.models import CausalLM, get_preset
@@ -277,18 +275,39 @@ from lintime.training.checkpoint import save_checkpoint, write_run_config
 
 tok = ByteTokenizer()
 model = CausalLM(get_preset("flash-tiny", vocab_size=tok.vocab_size))
-run = {str(tmp_path / "run")!r}
+run = {str(run)!r}
 write_run_config(run, model_config=model.config, objective="clm", tokenizer=tok, train={{}})
 save_checkpoint(run, 1, model, {{"step": 1}})
 del model
 forbidden = {GENERATE_MUST_NOT_IMPORT!r}
-assert not [m for m in sys.modules if m.startswith(forbidden)], "the test's set-up imported them"
+seen["setup_imported"] = sorted(m for m in sys.modules if m.startswith(forbidden))
 from lintime.cli import main
-assert main(["generate", run, "--prompt", "ab", "--max-new-tokens", "3", "--no-stats"]) == 0
+seen["generate_rc"] = main(["generate", run, "--prompt", "ab", "--max-new-tokens", "3", "--no-stats"])
+seen["generate_imported"] = sorted(m for m in sys.modules if m.startswith(forbidden))
+import lintime.models, lintime.training, lintime.generation, lintime.cli
+seen["packages_transformers"] = "transformers" in sys.modules
 print()
-print("IMPORTED", sorted(m for m in sys.modules if m.startswith(forbidden)))
+print("SEEN", json.dumps(seen))
 """
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    line = next(x for x in res.stdout.splitlines() if x.startswith("IMPORTED"))
-    assert line == "IMPORTED []", line
+    return json.loads(next(x for x in res.stdout.splitlines() if x.startswith("SEEN "))[len("SEEN "):])
+
+
+def test_import_lintime_has_no_side_effects(fresh):
+    """A fresh interpreter: ``import lintime`` imports no subpackage and no transformers, and
+    installs no import hook; the model, training, generation and CLI packages load no transformers either
+    (HF registration happens on ``import lintime.hf`` only)."""
+    root = fresh["root"]
+    assert root["subpackages"] == [], "import lintime imported a subpackage"
+    assert not root["transformers"], "import lintime imported transformers"
+    assert root["hooks"] == [], "import hook installed"
+    assert not fresh["packages_transformers"], "a lintime package imported transformers"
+
+
+def test_generate_imports_only_what_it_needs(fresh):
+    """A fresh interpreter runs ``lintime generate`` on a tiny run folder (its lazy imports included), then
+    lists the modules above it took in."""
+    assert fresh["setup_imported"] == [], "the test's set-up imported them"
+    assert fresh["generate_rc"] == 0
+    assert fresh["generate_imported"] == [], fresh["generate_imported"]
