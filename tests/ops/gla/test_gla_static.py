@@ -114,14 +114,20 @@ def _check_padding(static, h0, dfinal):
         assert torch.equal(static["dh0"][n:], dfinal[n:])
 
 
-@pytest.mark.parametrize("ns, with_h0", [(0, True), (1, False), (2, True), (None, True)])
+# ``None``: the public op, whose automatic segment length at these shapes is one segment per sequence (asserted
+# below), so it also runs the ``ns = 0`` kernels; 1, 2: materialised segments through the Triton entry
+@pytest.mark.parametrize("ns, with_h0", [(1, False), (2, True), (None, True)])
 def test_static_equals_dynamic_and_per_document_fp32(ns, with_h0, monkeypatch):
     """fp32: static padded offsets == the unpadded offsets (same kernels) == each document alone through the naive
     recurrence (exact tolerance), forward, final states and every gradient.  The static call (forward with the final
     state, backward with the initial state's gradient) makes no host sync of any kind and builds no tensor from host
     data (:func:`lintime.generation.profiling.count_host_syncs`), and never consults the per-tensor plan cache."""
+    from lintime.ops.gla.triton.ops import segment_chunks_for
+
     refuse_plan_cache_for_static(monkeypatch)
     xs, h0, do, dfinal = _inputs(2, 16, 16)
+    if ns is None:
+        assert segment_chunks_for(xs[0], xs[2], _cu(LENS, NCAP)) == 0  # one segment per sequence
     h0 = h0 if with_h0 else None
     cu = _cu(LENS, NCAP)
     with count_host_syncs() as c:
