@@ -131,8 +131,9 @@ def _check_padding(static, state, w, causal):
             assert torch.equal(static[f"d{name}0"][n:], w[name][n:].float()), f"d{name}0"
 
 
-CASES = [(True, True, 0), (True, False, 1), (True, True, 2), (True, True, None), (False, True, 0), (False, True, 2),
-         (False, False, 1)]
+# ``None``: the public op, whose automatic segment length at these shapes is one segment per sequence (asserted in
+# the test), so (True, True, None) also runs the ``ns = 0`` kernels causal and normalised
+CASES = [(True, False, 1), (True, True, 2), (True, True, None), (False, True, 0), (False, True, 2), (False, False, 1)]
 
 
 @pytest.mark.parametrize("causal, normalize, ns", CASES)
@@ -141,11 +142,15 @@ def test_static_equals_dynamic_and_per_document_fp32(causal, normalize, ns, monk
     form (exact tolerance), forward, final states and every gradient.  The static call (forward with the final states,
     backward with the initial state's gradients) makes no host sync of any kind and builds no tensor from host data
     (:func:`lintime.generation.profiling.count_host_syncs`), and never consults the per-tensor plan cache."""
+    from lintime.ops.linear.triton.ops import segment_chunks_for
+
     refuse_plan_cache_for_static(monkeypatch)
     xs, state, w = _inputs(2, 16, 16)
     state = state if causal else None
     kw = dict(causal=causal, normalize=normalize)
     cu = _cu(LENS, NCAP)
+    if ns is None:
+        assert segment_chunks_for(xs[0], xs[2], cu) == 0  # one segment per sequence
     with count_host_syncs() as c:
         static = _run(xs, state, w, cu, ns, **kw)
     assert_no_host_read(c)
