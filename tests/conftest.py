@@ -53,10 +53,10 @@ SLOW_MODULES = (
     "tests/distributed/test_distributed.py",
     "tests/cli/test_mqar_cli.py",
     "tests/distributed/test_fsdp_compiled_step.py",
+    "tests/distributed/test_ddp_graph_step.py",  # next to the one above: they share one launch (a session fixture)
     "tests/test_without_triton.py",
     "tests/quality/test_quality_mqar.py",
     "tests/ops/gau/test_gau.py",
-    "tests/distributed/test_ddp_graph_step.py",
     "tests/serving/test_serve_bench.py",
     "tests/test_imports.py",
     "tests/serving/test_server.py",

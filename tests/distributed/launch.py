@@ -94,7 +94,7 @@ def run_ranks_outcome(fn, world: int, *args, timeout: float = 60.0, dist_timeout
         time.sleep(0.1)
     reports: dict[int, tuple] = {}
     with contextlib.suppress(Exception):
-        while True:
+        while len(reports) < len(ended):  # every rank that ended by itself sent one report (unless it crashed)
             rank, status, value = queue.get(timeout=1.0)
             reports[rank] = (status, value)
     out = []

@@ -5,24 +5,24 @@ on 2 gloo CPU processes: its body run eagerly (``capture=False``) gives the same
 itself needs CUDA and NCCL (not in CI): what is captured is this body, two graphs around the all-reduce.
 
 Both presets run in ONE launch of the 2 processes (``ddp_graph_vs_eager_presets``; a process start-up costs seconds on a
-loaded CI machine), the test below checks each preset's piece."""
+loaded CI machine), together with test_fsdp_compiled_step.py's check (``graph_steps_launched`` of
+tests/distributed/conftest.py); the test below checks each preset's piece."""
 
 from __future__ import annotations
 
 import pytest
-from launch import run_ranks
-from workers import ddp_graph_vs_eager_presets
 
 from tolerances import assert_exact
 
-PRESETS = ("flash-tiny", "gla-tiny")
+PRESETS = ("flash-tiny", "gla-tiny")  # DDP_GRAPH_PRESETS of tests/distributed/conftest.py
 
 
 @pytest.fixture(scope="module")
-def launched() -> dict:
-    """``{preset: [rank 0's result, rank 1's]}`` of ``ddp_graph_vs_eager`` (chunk 8, 2 rows of 32, 3 steps)."""
-    outs = run_ranks(ddp_graph_vs_eager_presets, 2, PRESETS, 8, 2, 32, 3, timeout=300)
-    return {preset: [out[i] for out in outs] for i, preset in enumerate(PRESETS)}
+def launched(graph_steps_launched) -> dict:
+    """``{preset: [rank 0's result, rank 1's]}`` of ``ddp_graph_vs_eager`` (chunk 8, 2 rows of 32, 3 steps), launched
+    with tests/distributed/test_fsdp_compiled_step.py's check."""
+    assert tuple(graph_steps_launched["ddp"]) == PRESETS
+    return graph_steps_launched["ddp"]
 
 
 @pytest.mark.parametrize("preset", PRESETS)

@@ -26,18 +26,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from launch import run_ranks
-from workers import fsdp_compiled_runs
 
 from tolerances import assert_exact, assert_exact_grad
 
-JOB = ("transformer-pp-tiny", 8, 2, 32, 3)  # preset, chunk, rows per rank, T, steps
-
 
 @pytest.fixture(scope="module")
-def launched() -> list[dict]:
-    """``[rank 0's result, rank 1's]`` of ``fsdp_compiled_vs_eager``."""
-    return [out[0] for out in run_ranks(fsdp_compiled_runs, 2, [JOB], timeout=300)]
+def launched(graph_steps_launched) -> list[dict]:
+    """``[rank 0's result, rank 1's]`` of ``fsdp_compiled_vs_eager`` (job ``FSDP_COMPILED_JOB`` of
+    tests/distributed/conftest.py: transformer-pp-tiny, chunk 8, 2 rows of 32 per rank, 3 steps), launched with
+    tests/distributed/test_ddp_graph_step.py's check."""
+    return graph_steps_launched["fsdp"]
 
 
 def _flat(params: dict) -> torch.Tensor:

@@ -351,3 +351,15 @@ def ddp_graph_vs_eager(preset: str, chunk: int, rows: int, T: int, steps: int) -
 def ddp_graph_vs_eager_presets(presets: tuple[str, ...], chunk: int, rows: int, T: int, steps: int) -> list[dict]:
     """:func:`ddp_graph_vs_eager` for each preset in turn, in one set of processes (one start-up for all)."""
     return [ddp_graph_vs_eager(preset, chunk, rows, T, steps) for preset in presets]
+
+
+def graph_steps(fsdp_jobs: list[tuple], ddp_args: tuple) -> dict:
+    """The two graph-step checks in one set of processes (one start-up for both; the group started here, as
+    :func:`scenarios` does, and left alone by both): ``{"ddp": ddp_graph_vs_eager_presets(*ddp_args),
+    "fsdp": fsdp_compiled_runs(fsdp_jobs)}``, the DDP one first (the FSDP one resets dynamo for itself)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    return {"ddp": ddp_graph_vs_eager_presets(*ddp_args), "fsdp": fsdp_compiled_runs(fsdp_jobs)}
