@@ -1,13 +1,12 @@
-"""A small code corpus, prepared once, for the distributed training tests; the one launch of the graph-step checks
-(tests/distributed/test_ddp_graph_step.py and test_fsdp_compiled_step.py)."""
+"""A small code corpus, prepared once, for the distributed training tests, their training settings, and the one
+launch of the 2 processes that every 2-process check of this folder reads (tests/distributed/plan.py)."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
-from launch import run_ranks
-from workers import graph_steps
+from plan import base_config, launch_all
 
 from lintime.data import prepare
 
@@ -29,17 +28,15 @@ def dist_corpus(tmp_path_factory) -> tuple[str, str]:
 
 
 
-# what the graph-step tests run: test_fsdp_compiled_step.py (preset, chunk, rows per rank, T, steps) and
-# test_ddp_graph_step.py (presets, chunk, rows per rank, T, steps)
-FSDP_COMPILED_JOB = ("transformer-pp-tiny", 8, 2, 32, 3)
-DDP_GRAPH_PRESETS = ("flash-tiny", "gla-tiny")
+
+@pytest.fixture(scope="session")
+def base(dist_corpus) -> dict:
+    """The training runs' settings (tests/distributed/plan.py ``base_config``)."""
+    return base_config(*dist_corpus)
 
 
 @pytest.fixture(scope="session")
-def graph_steps_launched() -> dict:
-    """Both graph-step checks on the same 2 gloo processes (a launch's start-up costs seconds on a loaded CI
-    machine): ``{"fsdp": [rank 0's fsdp_compiled_vs_eager result, rank 1's], "ddp": {preset: [rank 0's
-    ddp_graph_vs_eager result, rank 1's]}}``."""
-    outs = run_ranks(graph_steps, 2, [FSDP_COMPILED_JOB], (DDP_GRAPH_PRESETS, 8, 2, 32, 3), timeout=400)
-    return {"fsdp": [out["fsdp"][0] for out in outs],
-            "ddp": {preset: [out["ddp"][i] for out in outs] for i, preset in enumerate(DDP_GRAPH_PRESETS)}}
+def launched_all(base, tmp_path_factory) -> dict:
+    """Every 2-process check of test_distributed.py, test_ddp_graph_step.py and test_fsdp_compiled_step.py from one
+    launch of the 2 gloo processes, with the single-process references and resumes (``plan.launch_all``)."""
+    return launch_all(base, tmp_path_factory.mktemp("dist_runs"))

@@ -5,7 +5,7 @@ on 2 gloo CPU processes: its body run eagerly (``capture=False``) gives the same
 itself needs CUDA and NCCL (not in CI): what is captured is this body, two graphs around the all-reduce.
 
 Both presets run in ONE launch of the 2 processes (``ddp_graph_vs_eager_presets``; a process start-up costs seconds on a
-loaded CI machine), together with test_fsdp_compiled_step.py's check (``graph_steps_launched`` of
+loaded CI machine), together with every other 2-process check of this folder (``launched_all`` of
 tests/distributed/conftest.py); the test below checks each preset's piece."""
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import pytest
 
 from tolerances import assert_exact
 
-PRESETS = ("flash-tiny", "gla-tiny")  # DDP_GRAPH_PRESETS of tests/distributed/conftest.py
+PRESETS = ("flash-tiny", "gla-tiny")  # DDP_GRAPH_PRESETS of tests/distributed/plan.py
 
 
 @pytest.fixture(scope="module")
-def launched(graph_steps_launched) -> dict:
-    """``{preset: [rank 0's result, rank 1's]}`` of ``ddp_graph_vs_eager`` (chunk 8, 2 rows of 32, 3 steps), launched
-    with tests/distributed/test_fsdp_compiled_step.py's check."""
-    assert tuple(graph_steps_launched["ddp"]) == PRESETS
-    return graph_steps_launched["ddp"]
+def launched(launched_all) -> dict:
+    """``{preset: [rank 0's result, rank 1's]}`` of ``ddp_graph_vs_eager`` (chunk 8, 2 rows of 32, 3 steps), from the
+    folder's one launch of the 2 processes (``launched_all`` of tests/distributed/conftest.py)."""
+    assert tuple(launched_all["ddp_graph"]) == PRESETS
+    return launched_all["ddp_graph"]
 
 
 @pytest.mark.parametrize("preset", PRESETS)

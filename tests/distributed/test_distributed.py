@@ -1,7 +1,8 @@
 """Distributed training on the CPU: 2 gloo processes (tests/distributed/launch.py, hard timeouts).
 
 Every 2-process scenario runs in ONE launch (``workers.scenarios``: the same two processes run
-them in turn; a process start-up costs seconds on a loaded CI machine), and the single-process
+them in turn; a process start-up costs seconds on a loaded CI machine; the launch also runs the checks of
+test_ddp_graph_step.py and test_fsdp_compiled_step.py, tests/distributed/plan.py), and the single-process
 references and resumes run in the test process; the ``two_ranks`` fixture does it all once and
 the tests below check its pieces:
 
@@ -29,14 +30,26 @@ of AdamW amplify them little (a lost optimizer state or a wrong batch moves a lo
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import shutil
 
 import pytest
 import torch
-from launch import run_ranks, run_ranks_outcome
-from workers import clip_rows, fail_at, scenarios, single_step, tiny_model
+from launch import run_ranks_outcome
+from plan import (
+    CLIP,
+    CLIP_WRAPS,
+    CP_AMP_PRESETS,
+    CP_PRESETS,
+    ONE_RANK_RESUMES,
+    ROWS,
+    SHARD_STEP,
+    STEP2,
+    STEPS,
+    TWO_RANK_RUNS,
+    T,
+)
+from plan import config as _config
+from workers import clip_rows, fail_at, single_step, tiny_model
 
 from lintime.models import CausalLM, get_preset
 from tolerances import (
@@ -46,92 +59,20 @@ from tolerances import (
     assert_half_rule,
     rel_rms,
 )
-from lintime.training import TrainConfig, load_model, train
+from lintime.training import TrainConfig, load_model
 from lintime.training.context_parallel import ContextParallel
 from lintime.training.parallel import DistEnv
 
 LOSS_RTOL = 1e-5
-STEPS = 4
-CP_PRESETS = (("flash-tiny", 8), ("gla-tiny", 8), ("linear-tiny", 8), ("vq-tiny", 8))
-# under bf16 autocast: the families whose final state is not all in the residual stream's dtype
-CP_AMP_PRESETS = (("flash-tiny", 8), ("vq-tiny", 8))
-ROWS, T = 2, 64
-STEP2 = "checkpoints/step_00000002"
-# (name, parallel, context parallel, resumed from the run folder's step 2 | None); context
-# parallel: each rank's half row must be whole chunks (flash-tiny: C = 64), so T = 128
-TWO_RANK_RUNS = (
-    ("ddp", "ddp", 1, None),
-    ("fsdp", "fsdp", 1, None),
-    ("cp", "none", 2, None),
-    ("single-to-fsdp2", "fsdp", 1, "single"),
-    ("single-to-ddp2", "ddp", 1, "single"),
-    ("ddp-to-ddp2", "ddp", 1, "ddp"),
-)
-ONE_RANK_RESUMES = (("fsdp-to-1", "fsdp"), ("ddp-to-1", "ddp"))
-CLIP = ("flash-tiny", 8, 33, 0.05)  # preset, chunk, T, max norm (bites: the norm is larger)
-# wrap_model settings: one unit per block (the first resharded after forward, forward prefetch), and both
-# blocks of the 2-layer model in one unit without prefetch
-CLIP_WRAPS = ({}, {"blocks_per_unit": 2, "prefetch": False})
-SHARD_STEP = ("flash-tiny", 8, 33, 4)  # preset, chunk, T, steps
-
-
-def _run_losses(run_dir) -> list[float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if r.get("loss") is not None]
-
-
-def _config(base: dict, cp: int = 1, **kw) -> dict:
-    return {**base, "context_len": 64 * cp, **kw}
 
 
 @pytest.fixture(scope="module")
-def base(dist_corpus) -> dict:
-    corpus, cache = dist_corpus
-    # a checkpoint and a validation pass at step 2 of 4
-    return dict(preset="flash-tiny", corpus=corpus, cache_dir=cache, context_len=64, tokens_per_batch=512,
-                micro_batch_tokens=256, steps=STEPS, log_every=1, eval_every=2, eval_tokens=128, save_every=2,
-                keep=0, plots=False, sample_tokens=0, device="cpu", lr=3e-3)
-
-
-@pytest.fixture(scope="module")
-def two_ranks(base, tmp_path_factory) -> dict:
-    """Single-process references, then every 2-process scenario in one launch, then the
-    2 -> 1 resumes.  ``{"out", "single": {cp: losses}, "cp_ops": [...], "runs": {name: result},
-    "resumed": {name: (TrainResult, losses)}}``."""
-    out = tmp_path_factory.mktemp("dist_runs")
-    single = {}
-    for cp in (1, 2):
-        res = train(TrainConfig(**_config(base, cp)), out=str(out), name=f"single-cp{cp}", progress=False, echo=None)
-        single[cp] = _run_losses(res.run_dir)
-    jobs = [("cp_op", (p, c, ROWS, T)) for p, c in CP_PRESETS]
-    jobs += [("cp_op", (p, c, ROWS, T, True)) for p, c in CP_AMP_PRESETS]
-    for name, parallel, cp, origin in TWO_RANK_RUNS:
-        resume = None
-        if origin is not None:
-            src = out / ("single-cp1" if origin == "single" else origin)
-            if origin == "single":
-                shutil.copytree(src, out / name)
-            else:  # made in this launch: copied there
-                jobs.append(("copy", (str(src), str(out / name))))
-            resume = str(out / name / STEP2)
-        jobs.append(("train", (_config(base, cp, parallel=parallel, context_parallel=cp), str(out), name, resume)))
-    jobs += [("clip", (*CLIP, wrap)) for wrap in CLIP_WRAPS]
-    jobs.append(("shard_step", SHARD_STEP))
-    outs = run_ranks(scenarios, 2, jobs, timeout=300)
-    results = outs[0]  # rank 0 (its metrics hold the losses); the op checks need both ranks
-    n_ops = len(CP_PRESETS) + len(CP_AMP_PRESETS)
-    cp_ops = [(outs[0][i], outs[1][i]) for i in range(len(CP_PRESETS))]
-    cp_amp_ops = [(outs[0][i], outs[1][i]) for i in range(len(CP_PRESETS), n_ops)]
-    runs = {args[2]: r for (kind, args), r in zip(jobs, results) if kind == "train"}
-    resumed = {}
-    for name, origin in ONE_RANK_RESUMES:
-        shutil.copytree(out / origin, out / name)
-        res = train(TrainConfig(**_config(base, parallel="none")), out=str(out), resume=out / name / STEP2,
-                    progress=False, echo=None)
-        resumed[name] = (res, _run_losses(out / name))
-    return {"out": out, "single": single, "cp_ops": cp_ops, "cp_amp_ops": cp_amp_ops, "runs": runs, "resumed": resumed,
-            "clip": [(outs[0][i], outs[1][i]) for i in range(-len(CLIP_WRAPS) - 1, -1)],
-            "shard_step": (outs[0][-1], outs[1][-1])}
+def two_ranks(launched_all) -> dict:
+    """The folder's one launch (``launched_all`` of tests/distributed/conftest.py, ``plan.launch_all``): the
+    single-process references, every 2-process scenario in one launch, then the 2 -> 1 resumes.  ``{"out", "single":
+    {cp: losses}, "cp_ops": [...], "cp_amp_ops": [...], "runs": {name: result}, "resumed": {name: (TrainResult,
+    losses)}, "clip", "shard_step", ...}``."""
+    return launched_all
 
 
 def _assert_losses(label: str, ref: list[float], got: list[float]) -> None:

@@ -18,7 +18,7 @@ preset is transformer-pp-tiny, whose blocks trace as one graph each on the CPU (
 call); FLASH's packed chunk layout is read on the host on the CPU (its graph breaks: tests/training/
 test_compiled_model.py compiles its blocks, on CUDA its ops are opaque custom ops).
 
-Slow: the two processes' start and dynamo's tracing of the two blocks (train and validation graphs) take ~20 s on a
+Slow: dynamo's tracing of the two blocks (train and validation graphs) takes seconds on a
 2-core machine.  Not tested here: the speed (no GPU), inductor's kernels, NCCL.
 """
 
@@ -31,11 +31,11 @@ from tolerances import assert_exact, assert_exact_grad
 
 
 @pytest.fixture(scope="module")
-def launched(graph_steps_launched) -> list[dict]:
-    """``[rank 0's result, rank 1's]`` of ``fsdp_compiled_vs_eager`` (job ``FSDP_COMPILED_JOB`` of
-    tests/distributed/conftest.py: transformer-pp-tiny, chunk 8, 2 rows of 32 per rank, 3 steps), launched with
-    tests/distributed/test_ddp_graph_step.py's check."""
-    return graph_steps_launched["fsdp"]
+def launched(launched_all) -> list[dict]:
+    """``[rank 0's result, rank 1's]`` of ``fsdp_compiled_vs_eager`` (``FSDP_COMPILED_JOB`` of
+    tests/distributed/plan.py: transformer-pp-tiny, chunk 8, 2 rows of 32 per rank, 3 steps), from the folder's one
+    launch of the 2 processes (``launched_all`` of tests/distributed/conftest.py)."""
+    return launched_all["fsdp_compiled"]
 
 
 def _flat(params: dict) -> torch.Tensor:

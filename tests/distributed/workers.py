@@ -146,7 +146,9 @@ def scenarios(jobs: list[tuple[str, tuple]]) -> list:
     process group is started once here and ``lintime.training.train`` leaves a group it did not
     start alone.  Jobs: ``("cp_op", args of context_parallel_step)``, ``("train", args of
     train_run)``, ``("clip", args of fsdp_clip_step)``,
-    ``("shard_step", args of shard_step_run)``, ``("copy", (src, dst))`` (rank 0 copies a run folder, then all wait)."""
+    ``("shard_step", args of shard_step_run)``, ``("ddp_graph", args of ddp_graph_vs_eager_presets)``,
+    ``("fsdp_compiled", args of fsdp_compiled_vs_eager)``, ``("copy", (src, dst))`` (rank 0 copies a run folder, then
+    all wait)."""
     import datetime
     import shutil
 
@@ -163,6 +165,10 @@ def scenarios(jobs: list[tuple[str, tuple]]) -> list:
             out.append(fsdp_clip_step(*args))
         elif kind == "shard_step":
             out.append(shard_step_run(*args))
+        elif kind == "ddp_graph":
+            out.append(ddp_graph_vs_eager_presets(*args))
+        elif kind == "fsdp_compiled":
+            out.append(fsdp_compiled_vs_eager(*args))
         elif kind == "copy":
             if dist.get_rank() == 0:
                 shutil.copytree(*args)
@@ -352,14 +358,3 @@ def ddp_graph_vs_eager_presets(presets: tuple[str, ...], chunk: int, rows: int, 
     """:func:`ddp_graph_vs_eager` for each preset in turn, in one set of processes (one start-up for all)."""
     return [ddp_graph_vs_eager(preset, chunk, rows, T, steps) for preset in presets]
 
-
-def graph_steps(fsdp_jobs: list[tuple], ddp_args: tuple) -> dict:
-    """The two graph-step checks in one set of processes (one start-up for both; the group started here, as
-    :func:`scenarios` does, and left alone by both): ``{"ddp": ddp_graph_vs_eager_presets(*ddp_args),
-    "fsdp": fsdp_compiled_runs(fsdp_jobs)}``, the DDP one first (the FSDP one resets dynamo for itself)."""
-    import datetime
-
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    return {"ddp": ddp_graph_vs_eager_presets(*ddp_args), "fsdp": fsdp_compiled_runs(fsdp_jobs)}
