@@ -25,6 +25,53 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
+def _patch_the_interpreter_once() -> None:
+    """Triton's interpreter patches ``triton.language`` for a kernel's launch (``_patch_lang``: ``inspect.getmembers``
+    over the language modules the kernel's globals name, wrapping every builtin) and undoes it at the launch's end,
+    and patches again on every call of a ``@triton.jit`` function inside the kernel (``tl.sum``, ``tl.zeros``, our
+    helpers): about a quarter of an interpreted kernel test's time.  Here a launch patches both language modules
+    (``triton.language`` and ``triton.language.core``, with Triton's own ``_patch_lang``) and undoes both at its end,
+    and a call inside it finds everything it would patch already patched, so it skips the patching.  The kernels run
+    the same interpreted code either way; with any other interpreter layout nothing is changed, and
+    ``LINTIME_TEST_PLAIN_INTERPRETER=1`` leaves the interpreter as Triton ships it (to rule this out)."""
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:  # no Triton: the suite's CPU-only paths
+        return
+    patch, scope_cls = getattr(interpreter, "_patch_lang", None), getattr(interpreter, "_LangPatchScope", None)
+    if patch is None or scope_cls is None or not callable(getattr(scope_cls, "restore", None)):
+        return
+
+    class _BothLanguages:  # what _patch_lang reads of a function: the modules its globals name
+        __globals__ = {"tl": tl, "core": tl.core}
+
+    active = [0]  # launches whose patches are in place (launches do not nest; calls inside them do)
+
+    def patch_lang(fn):
+        if active[0]:
+            return scope_cls()  # a call inside a launch: nothing to patch, nothing to undo
+        outer, inner, done = patch(fn), patch(_BothLanguages), [False]
+        undo = outer.restore
+
+        def restore():
+            inner.restore()
+            undo()
+            if not done[0]:
+                done[0] = True
+                active[0] -= 1
+
+        outer.restore = restore
+        active[0] += 1
+        return outer
+
+    interpreter._patch_lang = patch_lang
+
+
+if os.environ.get("TRITON_INTERPRET") == "1" and not os.environ.get("LINTIME_TEST_PLAIN_INTERPRETER"):
+    _patch_the_interpreter_once()
+
 # hypothesis: deterministic, CI-sized
 try:
     from hypothesis import HealthCheck, settings
