@@ -33,7 +33,9 @@ def _patch_the_interpreter_once() -> None:
     helpers): about a quarter of an interpreted kernel test's time.  Here a launch patches both language modules
     (``triton.language`` and ``triton.language.core``, with Triton's own ``_patch_lang``) and undoes both at its end,
     and a call inside it finds everything it would patch already patched, so it skips the patching.  The kernels run
-    the same interpreted code either way; with any other interpreter layout nothing is changed, and
+    the same interpreted code either way.  And its table from Triton's dtypes to NumPy's, built anew on every call of
+    ``_get_np_dtype`` (hundreds of thousands a test file), is remembered.  With any other interpreter layout nothing is
+    changed, and
     ``LINTIME_TEST_PLAIN_INTERPRETER=1`` leaves the interpreter as Triton ships it (to rule this out)."""
     try:
         import triton.language as tl
@@ -67,6 +69,20 @@ def _patch_the_interpreter_once() -> None:
         return outer
 
     interpreter._patch_lang = patch_lang
+
+    np_dtype, np_dtypes = getattr(interpreter, "_get_np_dtype", None), {}
+    if callable(np_dtype):
+
+        def get_np_dtype(tt_dtype):
+            try:
+                return np_dtypes[tt_dtype]
+            except KeyError:
+                np_dtypes[tt_dtype] = found = np_dtype(tt_dtype)
+                return found
+            except TypeError:  # not hashable: ask Triton
+                return np_dtype(tt_dtype)
+
+        interpreter._get_np_dtype = get_np_dtype
 
 
 if os.environ.get("TRITON_INTERPRET") == "1" and not os.environ.get("LINTIME_TEST_PLAIN_INTERPRETER"):
