@@ -75,8 +75,9 @@ class VQLaunch(LaunchConfig):
     q_warp_elems: int = 2048  # warps grow with the tile: one per this many elements ...
     q_warps_min: int = 4  # ... at least 4 ...
     q_warps_max: int = 8  # ... at most 8 (reached by the walk's 16k-element tiles)
-    # decoding step (:meth:`decode_tiles`; tiles not timed, splits measured): a scores kernel reads each sequence's
-    # keys, relative table rows and codebook once, in blocks; a values kernel per value tile weights the values
+    # decoding step (:meth:`decode_tiles`; tiles and splits swept at vq-base: none beat these): a scores kernel reads
+    # each sequence's keys, relative table rows and codebook once, in blocks; a values kernel per value tile weights
+    # the values
     dec_bt: int = 32  # scores kernel: keys per program (three [32, K] fp32 tiles -- keys, table rows, codewords)
     dec_warps_scores: int = 4  # ... warps (Triton's default; one dependent load round per program)
     dec_bn: int = 32  # values kernel: window slots per step (a [32, 128] fp32 accumulator, summed once at the end)
