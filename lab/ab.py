@@ -2,11 +2,13 @@
 both modes warmed up, then ``rounds`` rounds that time each mode in turn (so a drifting clock or a neighbour's load
 falls on both), medians, peak memory, and the one result line; timing: :func:`lintime.bench.measure.call_times_ms`
 (the device synchronised around every call).  :func:`stateful_replays` (``flash_decode_sweep.py``,
-``vq_decode_sweep.py``): captured steps that update a state in place, each replay from the same starting state."""
+``vq_decode_sweep.py``): captured steps that update a state in place, each replay from the same starting state;
+:func:`module_from_file`: their ``--old`` tree's ``decode.py``."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import statistics
 from collections.abc import Callable
 
@@ -45,6 +47,14 @@ def line(label: str, row: dict) -> str:
     return (f"{label}  plain {p['ms']:7.1f} ms ({p['tok_s'] / 1e3:5.0f}k tok/s, {p['peak_gib']:.1f} GiB)  "
             f"fused {f['ms']:7.1f} ms ({f['tok_s'] / 1e3:5.0f}k tok/s, {f['peak_gib']:.1f} GiB)  "
             f"x{row['speedup']:.3f}  loss {row['loss_plain']:.6f} / {row['loss_fused']:.6f}")
+
+
+def module_from_file(path: str, name: str):
+    """The Python file ``path`` loaded as a module named ``name`` (another tree's copy of one of lintime's modules)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def cloned(state):

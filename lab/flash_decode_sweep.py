@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import sys
 
 import torch
-from ab import cloned, stateful_replays
+from ab import cloned, module_from_file, stateful_replays
 
 from lintime.bench.measure import capture_graph
 
@@ -89,9 +88,7 @@ def main(argv=None) -> int:
     base = default_launch(S, E, torch.bfloat16, C)
     launchers = {v: (dec.triton_decode_step_, dataclasses.replace(base, **VARIANTS[v])) for v in a.variants.split(",")}
     if a.old:
-        spec = importlib.util.spec_from_file_location("old_decode", a.old)
-        old = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(old)
+        old = module_from_file(a.old, "old_decode")
         launchers["old"] = (old.triton_decode_step_, dataclasses.replace(base, **json.loads(a.old_fields)))
     rows, failed = [], []
     for N in (int(x) for x in a.batches.split(",")):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import os
 import sys
@@ -34,7 +33,7 @@ if "--smoke" in sys.argv:
 
 import torch  # noqa: E402
 
-from ab import cloned, stateful_replays  # noqa: E402
+from ab import cloned, module_from_file, stateful_replays  # noqa: E402
 
 from lintime.bench.measure import capture_graph  # noqa: E402
 from lintime.ops.vq.state import VQState  # noqa: E402
@@ -109,9 +108,7 @@ def main(argv=None) -> int:
     launchers = {v: (dec.triton_decode_step_, dataclasses.replace(base, **VARIANTS[v])) for v in names}
     old = None
     if a.old:
-        spec = importlib.util.spec_from_file_location("old_vq_decode", a.old)
-        old = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(old)
+        old = module_from_file(a.old, "old_vq_decode")
         launchers["old"] = (old.triton_decode_step_, dataclasses.replace(base, **OLD_LAUNCH))
     rows, failed = [], []
 

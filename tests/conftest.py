@@ -35,8 +35,7 @@ def _patch_the_interpreter_once() -> None:
     and a call inside it finds everything it would patch already patched, so it skips the patching.  The kernels run
     the same interpreted code either way.  And its table from Triton's dtypes to NumPy's, built anew on every call of
     ``_get_np_dtype`` (hundreds of thousands a test file), is remembered.  With any other interpreter layout nothing is
-    changed, and
-    ``LINTIME_TEST_PLAIN_INTERPRETER=1`` leaves the interpreter as Triton ships it (to rule this out)."""
+    changed, and ``LINTIME_TEST_PLAIN_INTERPRETER=1`` leaves the interpreter as Triton ships it (to rule this out)."""
     try:
         import triton.language as tl
         from triton.runtime import interpreter

@@ -292,11 +292,6 @@ def fsdp_compiled_vs_eager(preset: str, chunk: int, rows: int, T: int, steps: in
     return out
 
 
-def fsdp_compiled_runs(jobs: list[tuple]) -> list[dict]:
-    """:func:`fsdp_compiled_vs_eager` for each job's arguments, in one set of processes (one start-up for all)."""
-    return [fsdp_compiled_vs_eager(*args) for args in jobs]
-
-
 def ddp_graph_vs_eager(preset: str, chunk: int, rows: int, T: int, steps: int) -> dict:
     """On each rank: ``steps`` training steps of the same fp64 model on this rank's documents-packed rows, once as the
     trainer's eager DDP step (``forward_backward`` through the DDP wrapper with the global target count and
